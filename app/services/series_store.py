@@ -1,0 +1,147 @@
+"""Bounded in-memory window of recent samples per series.
+
+This is the hot store the policy engine reads every tick. A series is identified by
+(node, metric name, sorted labels). Each series keeps at most ``max_points`` samples and nothing
+older than ``window_seconds`` (relative to the newest sample), so memory stays bounded whatever
+the agents send. It is thread-safe: ingest appends from request handlers while the policy tick
+and the rollup job read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesKey:
+    node: str
+    name: str
+    labels: Labels = ()
+
+    @classmethod
+    def of(cls, node: str, name: str, labels: Mapping[str, str] | None = None) -> SeriesKey:
+        return cls(node, name, tuple(sorted((labels or {}).items())))
+
+    def label(self, key: str, default: str | None = None) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    ts: float
+    value: float
+
+
+class _Series:
+    __slots__ = ("points",)
+
+    def __init__(self, max_points: int) -> None:
+        self.points: deque[tuple[float, float]] = deque(maxlen=max_points)
+
+
+class SeriesStore:
+    """Per-series ring buffers with time-based trimming."""
+
+    def __init__(self, *, window_seconds: float = 900.0, max_points: int = 1200) -> None:
+        if window_seconds <= 0 or max_points <= 0:
+            raise ValueError("window_seconds and max_points must be positive")
+        self.window_seconds = window_seconds
+        self.max_points = max_points
+        self._series: dict[SeriesKey, _Series] = {}
+        self._lock = threading.Lock()
+
+    def append(self, key: SeriesKey, ts: float, value: float) -> None:
+        self.extend([(key, ts, value)])
+
+    def extend(self, samples: Iterable[tuple[SeriesKey, float, float]]) -> int:
+        """Add samples; returns how many were stored. Out-of-order samples are kept in order."""
+        n = 0
+        with self._lock:
+            for key, ts, value in samples:
+                series = self._series.get(key)
+                if series is None:
+                    series = self._series[key] = _Series(self.max_points)
+                pts = series.points
+                if pts and ts < pts[-1][0]:
+                    # Rare (clock skew between agents' batches): insert in place to keep order.
+                    items = list(pts)
+                    lo = 0
+                    hi = len(items)
+                    while lo < hi:
+                        mid = (lo + hi) // 2
+                        if items[mid][0] <= ts:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    items.insert(lo, (ts, value))
+                    pts.clear()
+                    pts.extend(items[-self.max_points :])
+                else:
+                    pts.append((ts, value))
+                horizon = pts[-1][0] - self.window_seconds
+                while pts and pts[0][0] < horizon:
+                    pts.popleft()
+                n += 1
+        return n
+
+    def keys(self, *, node: str | None = None, name: str | None = None) -> list[SeriesKey]:
+        with self._lock:
+            return [
+                k
+                for k in self._series
+                if (node is None or k.node == node) and (name is None or k.name == name)
+            ]
+
+    def latest(self, key: SeriesKey) -> Point | None:
+        with self._lock:
+            series = self._series.get(key)
+            if series is None or not series.points:
+                return None
+            ts, value = series.points[-1]
+            return Point(ts, value)
+
+    def since(self, key: SeriesKey, since_ts: float) -> list[Point]:
+        with self._lock:
+            series = self._series.get(key)
+            if series is None:
+                return []
+            return [Point(ts, v) for ts, v in series.points if ts >= since_ts]
+
+    def rate(self, key: SeriesKey, window_seconds: float, *, now: float) -> float | None:
+        """Per-second increase of a counter over the last ``window_seconds`` (resets tolerated)."""
+        pts = self.since(key, now - window_seconds)
+        if len(pts) < 2:
+            return None
+        increase = 0.0
+        for prev, cur in zip(pts, pts[1:], strict=False):
+            delta = cur.value - prev.value
+            increase += delta if delta >= 0 else cur.value  # counter reset: count from zero
+        elapsed = pts[-1].ts - pts[0].ts
+        return increase / elapsed if elapsed > 0 else None
+
+    def items(self) -> Iterator[tuple[SeriesKey, Point]]:
+        """Latest point of every series (a snapshot, safe to iterate while ingest continues)."""
+        with self._lock:
+            snapshot = [(k, s.points[-1]) for k, s in self._series.items() if s.points]
+        for key, (ts, value) in snapshot:
+            yield key, Point(ts, value)
+
+    def drop_older_than(self, ts: float) -> int:
+        """Forget series whose newest sample is older than ``ts``; returns how many were dropped."""
+        with self._lock:
+            stale = [k for k, s in self._series.items() if not s.points or s.points[-1][0] < ts]
+            for k in stale:
+                del self._series[k]
+        return len(stale)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._series)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment and install RLGuard into it.
+#   scripts/bootstrap.sh          runtime only
+#   scripts/bootstrap.sh dev      runtime + test tools
+# torch is pinned to 2.13.0 (CPU build) because that wheel is available offline here; the
+# project itself accepts torch>=2.4.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra="${1:-}"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+if [ "$extra" = "dev" ]; then
+    .venv/bin/python -m pip install -q -e ".[dev]"
+else
+    .venv/bin/python -m pip install -q -e .
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# README command 2: install everything and run the whole test suite.
+# Needs PostgreSQL (127.0.0.1:5432, database `test`) and Redis (127.0.0.1:6379); the tests fail
+# loudly when either is missing. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh dev
+bash scripts/system-deps.sh
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+
+from app.services.series_store import SeriesKey, SeriesStore
+
+
+def test_latest_since_and_window_trim() -> None:
+    store = SeriesStore(window_seconds=10, max_points=100)
+    key = SeriesKey.of("n1", "gpu_util", {"gpu": "0"})
+    for t in range(30):
+        store.append(key, float(t), float(t * 2))
+    assert store.latest(key).value == 58.0
+    pts = store.since(key, 0)
+    assert pts[0].ts == 19.0  # older than newest - window was dropped
+    assert [p.ts for p in store.since(key, 25)] == [25.0, 26.0, 27.0, 28.0, 29.0]
+
+
+def test_max_points_bounds_memory() -> None:
+    store = SeriesStore(window_seconds=1e9, max_points=5)
+    key = SeriesKey.of("n1", "x")
+    store.extend((key, float(t), 1.0) for t in range(50))
+    assert len(store.since(key, 0)) == 5
+
+
+def test_out_of_order_sample_is_inserted_in_order() -> None:
+    store = SeriesStore()
+    key = SeriesKey.of("n1", "x")
+    store.extend([(key, 1.0, 1.0), (key, 3.0, 3.0), (key, 2.0, 2.0)])
+    assert [p.ts for p in store.since(key, 0)] == [1.0, 2.0, 3.0]
+    assert store.latest(key).value == 3.0
+
+
+def test_labels_are_order_insensitive() -> None:
+    a = SeriesKey.of("n", "m", {"a": "1", "b": "2"})
+    b = SeriesKey.of("n", "m", {"b": "2", "a": "1"})
+    assert a == b
+    assert a.label("b") == "2"
+    assert a.label("zz") is None
+
+
+def test_rate_handles_counter_reset() -> None:
+    store = SeriesStore()
+    key = SeriesKey.of("n", "xid_total")
+    store.extend([(key, 0.0, 10.0), (key, 1.0, 12.0), (key, 2.0, 1.0), (key, 4.0, 3.0)])
+    # increases: 2, reset->1, 2 => 5 over 4 s
+    assert store.rate(key, 100, now=4.0) == pytest.approx(1.25)
+
+
+def test_drop_older_than_and_keys_filter() -> None:
+    store = SeriesStore()
+    store.append(SeriesKey.of("a", "m"), 1.0, 1.0)
+    store.append(SeriesKey.of("b", "m"), 100.0, 1.0)
+    assert {k.node for k in store.keys(name="m")} == {"a", "b"}
+    assert store.drop_older_than(50.0) == 1
+    assert [k.node for k in store.keys()] == ["b"]
+
+
+def test_rejects_bad_bounds() -> None:
+    with pytest.raises(ValueError):
+        SeriesStore(window_seconds=0)
