@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recovery.checkpoint import _atomic
+from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError
+
+
+def _commit(root: Path, name: str, payload: bytes) -> Path:
+    tmp = _atomic.make_tmp_dir(root, name)
+    digest = _atomic.write_file_durable(tmp / "data.bin", payload)
+    final = root / name
+    _atomic.commit_dir(tmp, final, files=[digest], marker_name="DONE", metadata={"k": 1})
+    return final
+
+
+def test_commit_then_verify_returns_metadata(tmp_path: Path) -> None:
+    final = _commit(tmp_path, "a", b"x" * 1000)
+    body = _atomic.verify_committed_dir(final, "DONE")
+    assert body["metadata"] == {"k": 1}
+    assert body["files"]["data.bin"]["size"] == 1000
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(_atomic.TMP_PREFIX)]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda d: (d / "DONE").unlink(), "no DONE marker"),
+        (lambda d: (d / "data.bin").write_bytes(b"x" * 999), "999 bytes"),
+        (lambda d: (d / "data.bin").write_bytes(b"y" + b"x" * 999), "checksum mismatch"),
+        (lambda d: (d / "data.bin").unlink(), "missing"),
+        (lambda d: (d / "DONE").write_text("{"), "unreadable"),
+    ],
+)
+def test_damaged_directory_is_rejected_with_reason(tmp_path: Path, damage, reason: str) -> None:
+    final = _commit(tmp_path, "a", b"x" * 1000)
+    damage(final)
+    with pytest.raises(CheckpointCorrupt, match=reason):
+        _atomic.verify_committed_dir(final, "DONE")
+
+
+def test_marker_edit_is_caught_by_its_own_checksum(tmp_path: Path) -> None:
+    final = _commit(tmp_path, "a", b"x" * 10)
+    marker = json.loads((final / "DONE").read_text())
+    marker["body"]["metadata"]["k"] = 2
+    (final / "DONE").write_text(json.dumps(marker))
+    with pytest.raises(CheckpointCorrupt, match="its own checksum"):
+        _atomic.verify_committed_dir(final, "DONE")
+
+
+def test_commit_refuses_to_overwrite_and_leaves_tmp(tmp_path: Path) -> None:
+    _commit(tmp_path, "a", b"1")
+    tmp = _atomic.make_tmp_dir(tmp_path, "a")
+    digest = _atomic.write_file_durable(tmp / "data.bin", b"2")
+    with pytest.raises(CheckpointInputError, match="overwrite"):
+        _atomic.commit_dir(tmp, tmp_path / "a", files=[digest], marker_name="DONE", metadata={})
+    assert (tmp_path / "a" / "data.bin").read_bytes() == b"1"
+
+
+def test_commit_refuses_unlisted_files(tmp_path: Path) -> None:
+    tmp = _atomic.make_tmp_dir(tmp_path, "b")
+    digest = _atomic.write_file_durable(tmp / "data.bin", b"2")
+    (tmp / "stray").write_bytes(b"")
+    with pytest.raises(CheckpointInputError, match="stray"):
+        _atomic.commit_dir(tmp, tmp_path / "b", files=[digest], marker_name="DONE", metadata={})
+    assert not (tmp_path / "b").exists()
