@@ -1,0 +1,299 @@
+"""Heartbeat files that training processes write for the node agent.
+
+Each training process (a trainer rank, a rollout worker) owns one file,
+``<run_dir>/heartbeat/<role>-<rank>.json``, which it replaces atomically (temporary file in the
+same directory, then ``os.replace``) so the agent never reads half a file. The agent turns these
+files into the job's golden metrics (see ``docs/metrics.md``).
+
+``update`` merges what the training code knows now and writes at most once per ``interval``;
+``start_keepalive`` rewrites the file every ``interval`` from a background thread so that a long
+training step does not look like a dead process (``updated_at`` still tells how old the progress
+is). Every public method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from recovery.errors import RecoveryError, RecoveryTimeout
+
+log = logging.getLogger("rlguard.recovery.report")
+
+HEARTBEAT_FORMAT = 1
+HEARTBEAT_DIRNAME = "heartbeat"
+# The golden metric counts rebuilds over five minutes; older timestamps are not carried.
+SHARD_REBUILD_WINDOW_S = 300.0
+_MAX_REBUILD_TIMESTAMPS = 256
+_ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.]+$")  # no "-": it separates role from rank in the name
+_UNSET: Any = object()
+
+
+class HeartbeatError(RecoveryError, ValueError):
+    """Bad arguments to :class:`HeartbeatReporter`, or its file could not be written."""
+
+
+def heartbeat_path(run_dir: str | os.PathLike[str], role: str, rank: int) -> Path:
+    """Return the heartbeat file of ``role``/``rank`` inside ``run_dir``."""
+    return Path(run_dir) / HEARTBEAT_DIRNAME / f"{role}-{rank}.json"
+
+
+def _check_count(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HeartbeatError(f"{name} must be an int or None, got {value!r}")
+    if value < 0:
+        raise HeartbeatError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _check_latency(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise HeartbeatError(f"state_log_latency_ms must be a number or None, got {value!r}")
+    number = float(value)
+    if not (number >= 0.0 and number != float("inf")):
+        raise HeartbeatError(f"state_log_latency_ms must be finite and >= 0, got {value!r}")
+    return number
+
+
+class HeartbeatReporter:
+    """Writes one participant's heartbeat file; training code calls it, the node agent reads it.
+
+    ``run_dir`` is the job's run directory, ``role`` a short name without ``-`` (``trainer``,
+    ``rollout``), ``rank`` the participant's rank. ``job`` defaults to the run directory's name.
+    ``interval`` bounds how often ``update`` writes (seconds); ``clock`` returns wall-clock seconds
+    and is injectable for tests. ``lock_timeout`` bounds every wait for the internal lock.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        role: str,
+        rank: int,
+        *,
+        job: str | None = None,
+        interval: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        pid: int | None = None,
+        lock_timeout: float = 5.0,
+    ) -> None:
+        if not isinstance(role, str) or not _ROLE_PATTERN.match(role):
+            raise HeartbeatError(f"role must match [A-Za-z0-9_.]+ (no '-'), got {role!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise HeartbeatError(f"rank must be an int >= 0, got {rank!r}")
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
+            0 < interval < float("inf")
+        ):
+            raise HeartbeatError(f"interval must be a positive number of seconds, got {interval!r}")
+        if job is not None and (not isinstance(job, str) or not job.strip()):
+            raise HeartbeatError(f"job must be a non-empty string or None, got {job!r}")
+        if not (isinstance(lock_timeout, int | float) and lock_timeout > 0):
+            raise HeartbeatError(f"lock_timeout must be a positive number, got {lock_timeout!r}")
+        self._run_dir = Path(run_dir)
+        self._path = heartbeat_path(run_dir, role, rank)
+        self._interval = float(interval)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lock_timeout = float(lock_timeout)
+        self._last_write = float("-inf")
+        self._stop = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        self._rebuilds: deque[float] = deque(maxlen=_MAX_REBUILD_TIMESTAMPS)
+        self._state: dict[str, Any] = {
+            "format": HEARTBEAT_FORMAT,
+            "job": job if job is not None else self._run_dir.resolve().name,
+            "role": role,
+            "rank": rank,
+            "pid": os.getpid() if pid is None else int(pid),
+            "phase": "INIT",
+            "step": None,
+            "tokens_generated": None,
+            "rollouts_pending": None,
+            "rollouts_scheduled": None,
+            "shard_rebuilds": [],
+            "shard_rebuilds_total": 0,
+            "state_log_write_latency_ms": None,
+            "updated_at": clock(),
+            "ts": None,
+        }
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def path(self) -> Path:
+        """The heartbeat file this reporter writes."""
+        return self._path
+
+    def _acquire(self) -> None:
+        if not self._lock.acquire(timeout=self._lock_timeout):
+            raise RecoveryTimeout(
+                f"heartbeat reporter lock for {self._path} not acquired within {self._lock_timeout}s"
+            )
+
+    def update(
+        self,
+        *,
+        phase: str | None = None,
+        step: int | None = _UNSET,
+        tokens: int | None = _UNSET,
+        pending: int | None = _UNSET,
+        scheduled: int | None = _UNSET,
+        state_log_latency_ms: float | None = _UNSET,
+        force: bool = False,
+    ) -> bool:
+        """Merge the given fields into the heartbeat; write it if ``interval`` has passed.
+
+        ``tokens`` is the cumulative number of tokens generated by this participant. A field left
+        out keeps its previous value; passing ``None`` clears it. Returns True when the file was
+        written by this call (``force=True`` always writes). Bad values raise
+        :class:`HeartbeatError` and change nothing.
+        """
+        changes: dict[str, Any] = {}
+        if phase is not None:
+            if not isinstance(phase, str) or not phase.strip():
+                raise HeartbeatError(f"phase must be a non-empty string, got {phase!r}")
+            changes["phase"] = phase
+        for key, name, value in (
+            ("step", "step", step),
+            ("tokens_generated", "tokens", tokens),
+            ("rollouts_pending", "pending", pending),
+            ("rollouts_scheduled", "scheduled", scheduled),
+        ):
+            if value is not _UNSET:
+                changes[key] = _check_count(name, value)
+        if state_log_latency_ms is not _UNSET:
+            changes["state_log_write_latency_ms"] = _check_latency(state_log_latency_ms)
+        self._acquire()
+        try:
+            self._state.update(changes)
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(force)
+        finally:
+            self._lock.release()
+
+    def add_tokens(self, count: int) -> bool:
+        """Add ``count`` generated tokens to the cumulative total; write if ``interval`` has passed."""
+        checked = _check_count("count", count)
+        self._acquire()
+        try:
+            self._state["tokens_generated"] = (self._state["tokens_generated"] or 0) + (checked or 0)
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(False)
+        finally:
+            self._lock.release()
+
+    def record_shard_rebuild(self, ts: float | None = None) -> bool:
+        """Record one actor shard rebuild (at ``ts``, default now) and write the heartbeat at once.
+
+        Rebuilds are rare and feed ``actor_shard_rebuild_count_5m``, so they are not held back by
+        the write interval.
+        """
+        when = self._clock() if ts is None else float(ts)
+        self._acquire()
+        try:
+            self._rebuilds.append(when)
+            self._state["shard_rebuilds_total"] += 1
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
+    def record_state_log_latency(self, latency_ms: float) -> bool:
+        """Record the latency of the last state-log append; write if ``interval`` has passed."""
+        return self.update(state_log_latency_ms=latency_ms)
+
+    def flush(self) -> None:
+        """Write the heartbeat now, whatever the interval."""
+        self._acquire()
+        try:
+            self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the heartbeat document as it would be written now (a copy)."""
+        self._acquire()
+        try:
+            return self._document_locked()
+        finally:
+            self._lock.release()
+
+    def start_keepalive(self) -> None:
+        """Rewrite the heartbeat every ``interval`` from a daemon thread until :meth:`close`."""
+        if self._keepalive is not None:
+            return
+        self._stop.clear()
+        thread = threading.Thread(
+            target=self._keepalive_loop, name=f"heartbeat-{self._path.stem}", daemon=True
+        )
+        self._keepalive = thread
+        thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the keepalive thread (waiting at most ``timeout`` seconds) and write a last time."""
+        thread = self._keepalive
+        self._stop.set()
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise RecoveryTimeout(f"heartbeat keepalive thread did not stop within {timeout}s")
+            self._keepalive = None
+        self.flush()
+
+    def __enter__(self) -> HeartbeatReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _keepalive_loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.flush()
+            except (OSError, RecoveryError) as exc:
+                # A full disk must not kill the training process; the agent sees the age grow.
+                log.warning("heartbeat write to %s failed: %s", self._path, exc)
+
+    def _document_locked(self) -> dict[str, Any]:
+        now = self._clock()
+        doc = dict(self._state)
+        doc["shard_rebuilds"] = [t for t in self._rebuilds if now - t <= SHARD_REBUILD_WINDOW_S]
+        doc["ts"] = now
+        return doc
+
+    def _write_if_due_locked(self, force: bool) -> bool:
+        now = self._clock()
+        if not force and now - self._last_write < self._interval:
+            return False
+        doc = self._document_locked()
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        directory = self._path.parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            # A dot-prefixed temporary name: the agent reads only "*.json" files.
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{self._path.name}.", dir=directory)
+        except OSError as exc:
+            raise HeartbeatError(f"cannot create heartbeat file in {directory}: {exc}") from exc
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(tmp_name, self._path)
+        except OSError as exc:
+            try:
+                os.unlink(tmp_name)
+            except FileNotFoundError:
+                pass
+            raise HeartbeatError(f"cannot write heartbeat {self._path}: {exc}") from exc
+        self._last_write = now
+        return True
