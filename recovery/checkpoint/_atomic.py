@@ -63,7 +63,9 @@ def make_tmp_dir(parent: Path, label: str) -> Path:
     return tmp
 
 
-def write_file_durable(path: Path, data: memoryview | bytes, *, chunk_size: int = _CHUNK) -> FileDigest:
+def write_file_durable(
+    path: Path, data: memoryview | bytes, *, chunk_size: int = _CHUNK
+) -> FileDigest:
     """Write ``data`` to a new file ``path``, fsync it and return its size and SHA-256.
 
     The page-cache writes are fast; the expensive part is ``fsync``. The digest is computed in a
@@ -107,6 +109,26 @@ def digest_file(path: Path, *, chunk_size: int = _CHUNK) -> FileDigest:
             digest.update(block)
             size += len(block)
     return FileDigest(name=path.name, size=size, sha256=digest.hexdigest())
+
+
+def copy_file_durable(src: Path, dst: Path, *, chunk_size: int = _CHUNK) -> FileDigest:
+    """Stream ``src`` into a new file ``dst``, fsync it and return the digest of what was read."""
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with open(src, "rb") as fh:
+            while block := fh.read(chunk_size):
+                digest.update(block)
+                view = memoryview(block)
+                written = 0
+                while written < len(view):
+                    written += os.write(fd, view[written:])
+                size += len(block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return FileDigest(name=dst.name, size=size, sha256=digest.hexdigest())
 
 
 def _marker_body_digest(body: Mapping[str, Any]) -> str:

@@ -1,0 +1,567 @@
+"""The checkpoint engine: a memory copy in the training loop, everything else in the background.
+
+``save()`` validates the state, copies every tensor into reusable host buffers (one flat buffer per
+layer, grown only when the state grows) and returns a :class:`SaveHandle`. A background thread
+then writes the buffers through :mod:`recovery.checkpoint._atomic` (temporary directory → fsync →
+SHA-256 → rename → ``COMMITTED`` marker), optionally mirrors the committed directory to a second
+root, and applies retention. Because the buffers are reused, a save never overlaps the previous
+one: it waits for it or is refused (``when_busy``).
+
+On disk a checkpoint is ``<root>/ckpt-<seq>/`` holding ``core.bin`` (and ``aux.bin`` when an aux
+component was given), ``manifest.json`` (each component's JSON skeleton and tensor slots) and the
+``COMMITTED`` marker (checksums, the version vector, the step → weight-version table, the layers
+and the transient components the caller must clear on restore). ``seq`` increases with every save
+of a root, so "newest" is the last thing written, even after a rollback to an older version.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from recovery.checkpoint import _atomic, _serialize
+from recovery.checkpoint.errors import (
+    CheckpointBusy,
+    CheckpointCorrupt,
+    CheckpointInputError,
+    CheckpointWriteError,
+)
+from recovery.checkpoint.version import VersionVector, WeightVersionTable
+from recovery.errors import RecoveryTimeout
+
+log = logging.getLogger("rlguard.recovery.checkpoint")
+
+Layer = Literal["core", "aux", "transient"]
+PERSISTED_LAYERS: tuple[Layer, ...] = ("core", "aux")
+MARKER = "COMMITTED"
+MANIFEST = "manifest.json"
+_DIR_RE = re.compile(r"^ckpt-(\d{10})$")
+
+# The default layer of each well-known component (seed 002, §3.3). Callers may pass their own map.
+DEFAULT_LAYERS: dict[str, Layer] = {
+    "model": "core",
+    "optimizer": "core",
+    "lr_scheduler": "core",
+    "step": "core",
+    "inference_weight_version": "core",
+    "generation_config": "core",
+    "experience_buffer": "aux",
+    "rollout_stats": "aux",
+    "kv_cache": "transient",
+    "request_queue": "transient",
+    "dataloader_position": "transient",
+}
+DEFAULT_REQUIRED_CORE: tuple[str, ...] = tuple(k for k, v in DEFAULT_LAYERS.items() if v == "core")
+DEFAULT_TRANSIENT: tuple[str, ...] = tuple(k for k, v in DEFAULT_LAYERS.items() if v == "transient")
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A checkpoint directory that ``latest()`` passed over, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint as described by its marker."""
+
+    path: Path
+    seq: int
+    version: VersionVector
+    weight_versions: WeightVersionTable
+    layers: dict[str, list[str]]
+    transient: list[str]
+    created_at: float
+    files: dict[str, dict[str, Any]]
+    skipped: tuple[SkippedCheckpoint, ...] = field(default=())
+
+    @property
+    def components(self) -> list[str]:
+        """Every persisted component, core first."""
+        return [c for layer in PERSISTED_LAYERS for c in self.layers.get(layer, [])]
+
+    @classmethod
+    def from_marker(
+        cls, path: Path, body: Mapping[str, Any], skipped: tuple[SkippedCheckpoint, ...] = ()
+    ) -> CheckpointInfo:
+        """Build the info from a verified marker body."""
+        meta = body["metadata"]
+        try:
+            return cls(
+                path=path,
+                seq=int(meta["seq"]),
+                version=VersionVector.from_json(meta["version"]),
+                weight_versions=WeightVersionTable.from_json(meta["weight_versions"]),
+                layers={str(k): list(v) for k, v in meta["layers"].items()},
+                transient=list(meta["transient"]),
+                created_at=float(meta["created_at"]),
+                files=dict(body["files"]),
+                skipped=skipped,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointCorrupt(f"{path.name}: marker metadata is malformed: {exc!r}") from None
+
+
+class SaveHandle:
+    """The background part of one ``save()``: poll ``done``/``error`` or ``wait()`` for it."""
+
+    def __init__(self, seq: int, version: VersionVector, blocking_seconds: float) -> None:
+        self.seq = seq
+        self.version = version
+        self.blocking_seconds = blocking_seconds
+        self._committed = threading.Event()
+        self._finished = threading.Event()
+        self._info: CheckpointInfo | None = None
+        self._error: BaseException | None = None
+        self.mirror_error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the local checkpoint is committed or the write has failed."""
+        return self._committed.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The failure of the background write, if it failed."""
+        return self._error
+
+    def wait(self, timeout: float) -> CheckpointInfo:
+        """Block until the local commit; raises the write's error or :class:`RecoveryTimeout`."""
+        if not self._committed.wait(timeout):
+            raise RecoveryTimeout(f"checkpoint {self.seq} not committed within {timeout} s")
+        if self._error is not None:
+            raise CheckpointWriteError(f"checkpoint {self.seq} failed: {self._error!r}") from (
+                self._error
+            )
+        assert self._info is not None
+        return self._info
+
+    def wait_finished(self, timeout: float) -> None:
+        """Block until the whole background job (commit, mirror, retention) has ended."""
+        if not self._finished.wait(timeout):
+            raise RecoveryTimeout(f"checkpoint {self.seq} background job still running")
+
+    @property
+    def finished(self) -> bool:
+        """True once the buffers are free again (commit, mirror and retention are over)."""
+        return self._finished.is_set()
+
+
+def _check_layers(
+    state: Mapping[str, Any], layers: Mapping[str, str], required_core: Iterable[str]
+) -> dict[str, list[str]]:
+    if not isinstance(state, Mapping) or not state:
+        raise CheckpointInputError(
+            f"state must be a non-empty mapping of components, got {state!r:.80}"
+        )
+    by_layer: dict[str, list[str]] = {"core": [], "aux": [], "transient": []}
+    for name in state:
+        if not isinstance(name, str) or not name:
+            raise CheckpointInputError(f"component names must be non-empty strings, got {name!r}")
+        layer = layers.get(name)
+        if layer is None:
+            raise CheckpointInputError(f"component {name!r} has no layer (core, aux or transient)")
+        if layer not in by_layer:
+            raise CheckpointInputError(f"component {name!r} has unknown layer {layer!r}")
+        by_layer[layer].append(name)
+    missing = [c for c in required_core if c not in by_layer["core"]]
+    if missing:
+        raise CheckpointInputError(f"core components missing from the state: {missing}")
+    return by_layer
+
+
+class CheckpointEngine:
+    """Asynchronous, crash-safe checkpoints under ``root`` with retention and an optional mirror.
+
+    ``when_busy``: ``"wait"`` (a save waits up to its ``timeout`` for the previous one) or
+    ``"refuse"`` (raises :class:`CheckpointBusy`). ``mirror``: a second root (e.g. a network
+    filesystem) the committed checkpoint is copied to in the background; ``keep`` applies to both.
+    Only one process may save into a root at a time (an ``flock`` taken at the first save).
+    Reading (``latest``/``load``) needs no lock.
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        keep: int = 3,
+        when_busy: Literal["wait", "refuse"] = "wait",
+        mirror: Path | str | None = None,
+        layers: Mapping[str, str] | None = None,
+        required_core: Iterable[str] = DEFAULT_REQUIRED_CORE,
+        pin_memory: bool = False,
+        lock_timeout: float = 10.0,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise CheckpointInputError(f"keep must be an int >= 1, got {keep!r}")
+        if when_busy not in ("wait", "refuse"):
+            raise CheckpointInputError(f"when_busy must be 'wait' or 'refuse', got {when_busy!r}")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.mirror = Path(mirror) if mirror is not None else None
+        if self.mirror is not None:
+            if self.mirror.resolve() == self.root.resolve():
+                raise CheckpointInputError(f"mirror {self.mirror} is the same directory as root")
+            self.mirror.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+        self.when_busy = when_busy
+        self.layers: dict[str, str] = dict(DEFAULT_LAYERS if layers is None else layers)
+        self.required_core = tuple(required_core)
+        self.pin_memory = pin_memory and torch.cuda.is_available()
+        self.lock_timeout = lock_timeout
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._current: SaveHandle | None = None
+        self._save_lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self._next_seq: int | None = None
+        self.last_skipped: tuple[SkippedCheckpoint, ...] = ()
+
+    # ---- writer side -------------------------------------------------------------------------
+
+    def _acquire_writer_lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise RecoveryTimeout(
+                        f"another process is saving into {self.root} (lock held > {self.lock_timeout} s)"
+                    ) from None
+                time.sleep(0.01)
+        self._lock_fd = fd
+        # We are the only writer now: whatever temporary directories exist were left by a writer
+        # that died; they never became checkpoints.
+        for root in (self.root, self.mirror):
+            if root is None:
+                continue
+            for stale in root.glob(f"{_atomic.TMP_PREFIX}*"):
+                log.info("removing %s left by an interrupted save", stale)
+                shutil.rmtree(stale, ignore_errors=True)
+        self._next_seq = max((s for s, _ in _list_dirs(self.root)), default=0) + 1
+
+    def _ensure_buffer(self, layer: str, size: int) -> torch.Tensor:
+        buf = self._buffers.get(layer)
+        if buf is None or buf.numel() < size:
+            # Grow with headroom so a state that grows a little does not reallocate every time.
+            capacity = max(size, int(size * 1.1)) if buf is not None else size
+            buf = torch.empty(max(capacity, 1), dtype=torch.uint8, pin_memory=self.pin_memory)
+            self._buffers[layer] = buf
+        return buf
+
+    def save(
+        self,
+        state: Mapping[str, Any],
+        *,
+        version: VersionVector,
+        layers: Mapping[str, str] | None = None,
+        weight_versions: WeightVersionTable | None = None,
+        timeout: float = 600.0,
+    ) -> SaveHandle:
+        """Copy ``state`` to host buffers and write it in the background; returns at once after.
+
+        ``state`` maps component names (``model``, ``optimizer``, ...) to values; ``layers``
+        (default: the engine's map) gives each component's layer. Transient components are not
+        written, only listed in the marker. Bad input raises :class:`CheckpointInputError` before
+        anything changes. With ``when_busy="wait"`` the call waits up to ``timeout`` seconds for the
+        previous save to finish.
+        """
+        started = time.perf_counter()
+        if not isinstance(version, VersionVector):
+            raise CheckpointInputError(f"version must be a VersionVector, got {version!r}")
+        table = weight_versions if weight_versions is not None else WeightVersionTable()
+        if not isinstance(table, WeightVersionTable):
+            raise CheckpointInputError(
+                f"weight_versions must be a WeightVersionTable, got {table!r}"
+            )
+        layer_map = self.layers if layers is None else dict(layers)
+        by_layer = _check_layers(state, layer_map, self.required_core)
+        flat: dict[str, _serialize.Flattener] = {}
+        skeletons: dict[str, Any] = {}
+        for layer in PERSISTED_LAYERS:
+            if not by_layer[layer]:
+                continue
+            flattener = _serialize.Flattener()
+            for name in by_layer[layer]:
+                skeletons[name] = {"layer": layer, "value": flattener.encode(state[name], name)}
+            flat[layer] = flattener
+        with self._save_lock:
+            previous = self._current
+            if previous is not None and not previous.finished:
+                if self.when_busy == "refuse":
+                    raise CheckpointBusy(
+                        f"checkpoint {previous.seq} is still being written; save refused"
+                    )
+                try:
+                    previous.wait_finished(timeout)
+                except RecoveryTimeout:
+                    raise RecoveryTimeout(
+                        f"previous checkpoint {previous.seq} still writing after {timeout} s; "
+                        "nothing was saved"
+                    ) from None
+            self._acquire_writer_lock()
+            assert self._next_seq is not None
+            seq = self._next_seq
+            self._next_seq += 1
+            sizes: dict[str, int] = {}
+            for layer_name, flattener in flat.items():
+                buf = self._ensure_buffer(layer_name, flattener.size)
+                _serialize.copy_into(buf, flattener.tensors, flattener.slots)
+                sizes[layer_name] = flattener.size
+            if any(t.is_cuda for f in flat.values() for t in f.tensors):
+                torch.cuda.synchronize()
+            # Tensor indices in a skeleton count within its layer's file.
+            manifest = {
+                "components": skeletons,
+                "slots": {layer: [s.as_json() for s in f.slots] for layer, f in flat.items()},
+            }
+            metadata = {
+                "seq": seq,
+                "version": version.as_json(),
+                "weight_versions": table.as_json(),
+                "layers": {
+                    layer: names for layer, names in by_layer.items() if layer != "transient"
+                },
+                "transient": sorted(set(by_layer["transient"])),
+                "created_at": time.time(),
+            }
+            handle = SaveHandle(seq, version, time.perf_counter() - started)
+            self._current = handle
+            thread = threading.Thread(
+                target=self._background,
+                args=(handle, sizes, manifest, metadata),
+                name=f"rlguard-ckpt-{seq}",
+                daemon=True,
+            )
+            thread.start()
+        return handle
+
+    def _background(
+        self,
+        handle: SaveHandle,
+        sizes: dict[str, int],
+        manifest: dict[str, Any],
+        metadata: dict[str, Any],
+    ) -> None:
+        final = self.root / f"ckpt-{handle.seq:010d}"
+        tmp: Path | None = None
+        try:
+            tmp = _atomic.make_tmp_dir(self.root, final.name)
+            digests = []
+            for layer, size in sizes.items():
+                data = self._buffers[layer][:size].numpy().data
+                digests.append(_atomic.write_file_durable(tmp / f"{layer}.bin", data))
+            encoded = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
+            digests.append(_atomic.write_file_durable(tmp / MANIFEST, encoded))
+            body = _atomic.commit_dir(
+                tmp, final, files=digests, marker_name=MARKER, metadata=metadata
+            )
+            handle._info = CheckpointInfo.from_marker(final, body)
+            log.info("checkpoint %s committed at %s", final.name, handle.version)
+        except BaseException as exc:  # reported through the handle, never swallowed
+            handle._error = exc
+            log.error("checkpoint %s failed: %r", final.name, exc)
+            if tmp is not None and tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            handle._committed.set()
+            handle._finished.set()
+            return
+        handle._committed.set()
+        try:
+            if self.mirror is not None:
+                self._mirror_one(final, body)
+                _apply_retention(self.mirror, self.keep)
+            _apply_retention(self.root, self.keep)
+        except BaseException as exc:  # the local checkpoint is safe; the mirror is best effort
+            handle.mirror_error = exc
+            log.error("mirroring/retention after %s failed: %r", final.name, exc)
+        finally:
+            handle._finished.set()
+
+    def _mirror_one(self, local: Path, body: Mapping[str, Any]) -> None:
+        assert self.mirror is not None
+        target = self.mirror / local.name
+        tmp = _atomic.make_tmp_dir(self.mirror, local.name)
+        try:
+            digests = []
+            for name, expected in sorted(body["files"].items()):
+                digest = _atomic.copy_file_durable(local / name, tmp / name)
+                if digest.sha256 != expected["sha256"] or digest.size != expected["size"]:
+                    raise CheckpointCorrupt(
+                        f"{local.name}/{name} changed after commit; not mirrored"
+                    )
+                digests.append(digest)
+            _atomic.commit_dir(
+                tmp, target, files=digests, marker_name=MARKER, metadata=body["metadata"]
+            )
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def close(self, timeout: float = 600.0) -> None:
+        """Wait for the background job, release the writer lock and the host buffers."""
+        current = self._current
+        if current is not None:
+            current.wait_finished(timeout)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._buffers.clear()
+
+    def __enter__(self) -> CheckpointEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- reader side -------------------------------------------------------------------------
+
+    def latest(self, *, valid_only: bool = True, root: Path | None = None) -> CheckpointInfo | None:
+        """The newest checkpoint whose marker and checksums verify (``valid_only=False``: whose
+        marker merely parses). Skipped directories and the reasons are in ``info.skipped`` and
+        ``self.last_skipped``. ``root`` selects the mirror instead of the local root.
+        """
+        where = self.root if root is None else Path(root)
+        skipped: list[SkippedCheckpoint] = []
+        found: CheckpointInfo | None = None
+        for _seq, path in sorted(_list_dirs(where), reverse=True):
+            try:
+                if valid_only:
+                    body = _atomic.verify_committed_dir(path, MARKER)
+                else:
+                    body = _atomic.read_marker(path, MARKER)
+                found = CheckpointInfo.from_marker(path, body, tuple(skipped))
+                break
+            except CheckpointCorrupt as exc:
+                skipped.append(SkippedCheckpoint(path.name, str(exc)))
+                log.warning("skipping checkpoint %s: %s", path.name, exc)
+        self.last_skipped = tuple(skipped)
+        return found
+
+    def list_committed(self) -> list[Path]:
+        """Final checkpoint directories under the root, oldest first (not verified)."""
+        return [p for _, p in sorted(_list_dirs(self.root))]
+
+    def load(
+        self,
+        info: CheckpointInfo,
+        *,
+        layers: Iterable[str] = PERSISTED_LAYERS,
+        verify: bool = True,
+        map_location: str | torch.device = "cpu",
+    ) -> dict[str, Any]:
+        """Read the components of the requested ``layers`` from ``info``'s checkpoint.
+
+        Every file read is checked against the marker's size and SHA-256 (unless ``verify`` is
+        False), so a checkpoint damaged after ``latest()`` still never loads. Tensors of one layer
+        are views into one buffer per layer; clone them if they must outlive the rest.
+        """
+        wanted = list(layers)
+        for layer in wanted:
+            if layer not in PERSISTED_LAYERS:
+                raise CheckpointInputError(
+                    f"cannot load layer {layer!r}: only {list(PERSISTED_LAYERS)} are persisted"
+                )
+        body = _atomic.read_marker(info.path, MARKER)
+        files: dict[str, Any] = body["files"]
+        manifest = json.loads(_read_verified(info.path, MANIFEST, files, verify))
+        out: dict[str, Any] = {}
+        for layer in wanted:
+            names = info.layers.get(layer, [])
+            if not names:
+                continue
+            raw = _read_verified(info.path, f"{layer}.bin", files, verify)
+            if raw:
+                buffer = torch.frombuffer(raw, dtype=torch.uint8)
+            else:
+                buffer = torch.empty(0, dtype=torch.uint8)
+            try:
+                slots = [_serialize.TensorSlot.from_json(s) for s in manifest["slots"][layer]]
+                tensors = _serialize.views_of(buffer, slots)
+                if str(map_location) != "cpu":
+                    tensors = [t.to(map_location) for t in tensors]
+                for name in names:
+                    out[name] = _serialize.decode(manifest["components"][name]["value"], tensors)
+            except (KeyError, IndexError, TypeError) as exc:
+                raise CheckpointCorrupt(
+                    f"{info.path.name}: manifest is inconsistent: {exc!r}"
+                ) from None
+        return out
+
+
+def _read_verified(directory: Path, name: str, files: Mapping[str, Any], verify: bool) -> bytearray:
+    expected = files.get(name)
+    if expected is None:
+        raise CheckpointCorrupt(f"{directory.name}: marker does not list {name}")
+    path = directory / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{directory.name}: file {name} is missing") from None
+    if size != expected["size"]:
+        raise CheckpointCorrupt(
+            f"{directory.name}: file {name} is {size} bytes, marker says {expected['size']}"
+        )
+    data = bytearray(size)
+    view = memoryview(data)
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as fh:
+        pos = 0
+        while pos < size:
+            n = fh.readinto(view[pos : pos + (8 << 20)])
+            if not n:
+                raise CheckpointCorrupt(f"{directory.name}: file {name} shrank while reading")
+            if verify:
+                digest.update(view[pos : pos + n])
+            pos += n
+    if verify and digest.hexdigest() != expected["sha256"]:
+        raise CheckpointCorrupt(f"{directory.name}: checksum mismatch in {name}")
+    return data
+
+
+def _list_dirs(root: Path) -> list[tuple[int, Path]]:
+    out = []
+    for path in root.iterdir():
+        m = _DIR_RE.match(path.name)
+        if m and path.is_dir():
+            out.append((int(m.group(1)), path))
+    return out
+
+
+def _apply_retention(root: Path, keep: int) -> None:
+    """Keep the newest ``keep`` committed checkpoints; drop older ones and unmarked leftovers."""
+    dirs = sorted(_list_dirs(root), reverse=True)
+    kept = 0
+    for _seq, path in dirs:
+        committed = (path / MARKER).exists()
+        if committed and kept < keep:
+            kept += 1
+            continue
+        if not committed and kept == 0:
+            continue  # newer than every committed one: leave it for latest() to report
+        # Rename first so a crash mid-delete never leaves a half-deleted directory under a
+        # checkpoint name; the next writer removes ``.tmp-*`` leftovers.
+        trash = root / f"{_atomic.TMP_PREFIX}trash-{path.name}"
+        os.rename(path, trash)
+        _atomic.fsync_dir(root)
+        shutil.rmtree(trash)
