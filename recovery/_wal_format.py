@@ -1,0 +1,112 @@
+"""On-disk record format of the write-ahead log.
+
+A segment is a plain sequence of records. Each record is a 12-byte header (magic ``RLW1``,
+payload length, CRC-32 of length and payload) followed by a compact JSON payload. The CRC
+covers the length field too, so a flipped length byte is caught instead of making the reader
+jump to a wrong offset. A segment is scanned front to back; the scan stops at the first record
+that does not decode and says whether a valid record follows it (corruption in the middle) or
+not (a torn or corrupt tail).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAGIC = b"RLW1"
+HEADER = struct.Struct("<4sII")
+_LENGTH = struct.Struct("<I")
+# A record holds ids, paths and checksums, never bulk data; anything longer than this is a
+# damaged length field, not a real record.
+MAX_PAYLOAD_BYTES = 1 << 20
+
+
+def encode_record(payload: dict[str, Any]) -> bytes:
+    """Frame ``payload`` as one record: header (magic, length, CRC) plus JSON bytes."""
+    body = orjson.dumps(payload)
+    if len(body) > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"WAL record payload of {len(body)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    return HEADER.pack(MAGIC, len(body), _crc(len(body), body)) + body
+
+
+def _crc(length: int, body: bytes | memoryview) -> int:
+    return zlib.crc32(body, zlib.crc32(_LENGTH.pack(length)))
+
+
+@dataclass(frozen=True)
+class DecodedRecord:
+    """One valid record found by a scan: its byte range and its payload."""
+
+    offset: int
+    end: int
+    payload: dict[str, Any]
+
+
+def decode_at(buf: bytes, offset: int, stop: int) -> DecodedRecord | str:
+    """Decode the record starting at ``offset``; return it, or the reason it is invalid."""
+    if stop - offset < HEADER.size:
+        return f"{stop - offset} bytes left, shorter than a record header"
+    magic, length, crc = HEADER.unpack_from(buf, offset)
+    if magic != MAGIC:
+        return f"bad magic {magic!r}"
+    if length > MAX_PAYLOAD_BYTES:
+        return f"length field {length} exceeds {MAX_PAYLOAD_BYTES}"
+    start = offset + HEADER.size
+    end = start + length
+    if end > stop:
+        return f"record of {length} payload bytes runs past the end ({stop - start} left)"
+    body = memoryview(buf)[start:end]
+    if _crc(length, body) != crc:
+        return "checksum mismatch"
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return f"payload is not JSON ({exc})"
+    if not isinstance(payload, dict):
+        return f"payload is {type(payload).__name__}, not an object"
+    return DecodedRecord(offset, end, payload)
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What a scan of one segment found.
+
+    ``valid_end`` is the offset just past the last good record before any problem;
+    ``problem`` describes the first undecodable record (None when the scan reached ``stop``
+    cleanly); ``resumes_at`` is the offset of a valid record found after the problem, which
+    makes the problem corruption in the middle rather than a damaged tail.
+    """
+
+    records: list[DecodedRecord]
+    valid_end: int
+    problem: str | None = None
+    resumes_at: int | None = None
+
+
+def scan(buf: bytes, start: int = 0, stop: int | None = None) -> ScanResult:
+    """Decode records in ``buf[start:stop]`` until the end or the first invalid record."""
+    end = len(buf) if stop is None else stop
+    records: list[DecodedRecord] = []
+    offset = start
+    while offset < end:
+        decoded = decode_at(buf, offset, end)
+        if isinstance(decoded, str):
+            return ScanResult(records, offset, decoded, _next_valid_record(buf, offset + 1, end))
+        records.append(decoded)
+        offset = decoded.end
+    return ScanResult(records, offset)
+
+
+def _next_valid_record(buf: bytes, offset: int, stop: int) -> int | None:
+    """Offset of the first fully valid record at or after ``offset``, if any."""
+    while True:
+        candidate = buf.find(MAGIC, offset, stop)
+        if candidate < 0:
+            return None
+        if isinstance(decode_at(buf, candidate, stop), DecodedRecord):
+            return candidate
+        offset = candidate + 1

@@ -1,0 +1,720 @@
+"""Write-ahead log for rollout steps: nothing acknowledged is lost when a process is killed.
+
+A step is appended (PENDING) before it runs, moves to EXECUTING, and ends COMPLETED or FAILED.
+Status changes are appended as new records, never rewritten in place; the last record of an
+entry wins. Bulk data lives in files beside the log (``data/``), fsynced before the record that
+names them; the record holds the path and a SHA-256 checksum.
+
+Durability and concurrency:
+
+* a call returns only once its record is on stable storage (``sync=True``);
+* any number of threads and processes may append to one directory: records are serialized by
+  the append lock, and fsyncs are shared through the sync lock and the shared durable mark
+  (:mod:`recovery._wal_locks`) so one ``fdatasync`` covers every record written before it
+  started (group commit);
+* on open, a torn or corrupt tail (a writer killed mid-record, a flipped byte in the last
+  record) is truncated; a corrupt record followed by valid ones raises
+  :class:`WALCorruptionError`.
+
+Layout of ``directory``: ``wal-<16 digits>.log`` segments, ``data/`` files, ``wal.state`` (the
+shared positions), ``append.lock`` and ``sync.lock``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from recovery._wal_errors import (
+    WALClosedError,
+    WALCorruptionError,
+    WALDataError,
+    WALError,
+    WALLockTimeout,
+)
+from recovery._wal_format import DecodedRecord, encode_record, scan
+from recovery._wal_locks import ProcessLock, SharedState, read_boot_id
+from recovery._wal_segments import SegmentDirectory, fsync_directory, read_range
+
+__all__ = [
+    "StepType",
+    "WALClosedError",
+    "WALCorruptionError",
+    "WALDataError",
+    "WALEntry",
+    "WALError",
+    "WALLockTimeout",
+    "WALStatus",
+    "WriteAheadLog",
+]
+
+logger = logging.getLogger("rlguard.recovery.wal")
+
+DEFAULT_SEGMENT_BYTES = 64 << 20
+MIN_SEGMENT_BYTES = 1024
+MAX_ENTRY_ID_CHARS = 512
+
+
+class WALStatus(StrEnum):
+    """Lifecycle of a logged step."""
+
+    PENDING = "pending"
+    EXECUTING = "executing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class StepType(StrEnum):
+    """The kind of rollout step an entry stands for."""
+
+    GENERATE = "generate"
+    REWARD = "reward"
+    UPDATE = "update"
+
+
+@dataclass(frozen=True)
+class WALEntry:
+    """The latest known state of one logged step."""
+
+    entry_id: str
+    step_type: StepType
+    status: WALStatus
+    data_path: Path | None
+    checksum: str | None
+    created_at: float
+    updated_at: float
+    error: str | None = None
+
+
+def _parse_status(value: object) -> WALStatus:
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return WALStatus(value)
+    except ValueError:
+        allowed = ", ".join(s.value for s in WALStatus)
+        raise WALError(f"unknown WAL status {value!r}; expected one of {allowed}") from None
+
+
+def _parse_step_type(value: object) -> StepType:
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return StepType(value)
+    except ValueError:
+        allowed = ", ".join(s.value for s in StepType)
+        raise WALError(f"unknown step type {value!r}; expected one of {allowed}") from None
+
+
+def _check_entry_id(entry_id: object) -> str:
+    if not isinstance(entry_id, str):
+        raise WALError(f"entry_id must be a string, got {type(entry_id).__name__} {entry_id!r}")
+    if not entry_id.strip():
+        raise WALError(f"entry_id must not be empty or blank, got {entry_id!r}")
+    if len(entry_id) > MAX_ENTRY_ID_CHARS:
+        raise WALError(f"entry_id is {len(entry_id)} characters, more than {MAX_ENTRY_ID_CHARS}")
+    return entry_id
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+class WriteAheadLog:
+    """A crash-safe, multi-process write-ahead log of rollout steps in ``directory``.
+
+    ``sync=False`` skips every fsync (records still survive a killed process, not a power
+    loss); ``segment_bytes`` is the size at which a new segment file is started;
+    ``lock_timeout`` bounds every wait for another writer, in seconds.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        sync: bool = True,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        lock_timeout: float = 30.0,
+    ) -> None:
+        if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int):
+            raise WALError(f"segment_bytes must be an int, got {segment_bytes!r}")
+        if segment_bytes < MIN_SEGMENT_BYTES:
+            raise WALError(
+                f"segment_bytes={segment_bytes} is below the minimum {MIN_SEGMENT_BYTES}"
+            )
+        if not isinstance(lock_timeout, int | float) or not lock_timeout > 0:
+            raise WALError(
+                f"lock_timeout must be a positive number of seconds, got {lock_timeout!r}"
+            )
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / "data").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise WALError(f"cannot create WAL directory {self.directory}: {exc}") from exc
+        self._sync = bool(sync)
+        self._segment_bytes = segment_bytes
+        self._timeout = float(lock_timeout)
+        self._segments = SegmentDirectory(self.directory, sync=self._sync)
+        self._append_lock = ProcessLock(self.directory / "append.lock")
+        self._sync_lock = ProcessLock(self.directory / "sync.lock")
+        self._closed = False
+        self._index: dict[str, WALEntry] = {}
+        self._cursor = (0, 0)
+        self._generation = -1
+        self._seg_no = 0
+        self._seg_fd = -1
+        try:
+            self._sync_lock.acquire(self._timeout)
+            try:
+                self._append_lock.acquire(self._timeout)
+                try:
+                    self._state = SharedState(self.directory / "wal.state")
+                    try:
+                        self._open_locked()
+                    except BaseException:
+                        self._state.close()
+                        raise
+                finally:
+                    self._append_lock.release()
+            finally:
+                self._sync_lock.release()
+        except BaseException:
+            if self._seg_fd >= 0:
+                os.close(self._seg_fd)
+            self._append_lock.close()
+            self._sync_lock.close()
+            raise
+
+    # ------------------------------------------------------------------ public API
+
+    def append(
+        self,
+        entry_id: str,
+        step_type: StepType | str,
+        *,
+        data: bytes | None = None,
+        data_path: str | os.PathLike[str] | None = None,
+    ) -> WALEntry:
+        """Log a new PENDING step and return once the record is durable.
+
+        ``data`` is written to a file under ``data/`` and fsynced first; ``data_path`` names a
+        file the caller already wrote (it is fsynced and checksummed, not copied). Raises
+        :class:`WALError` without writing anything for an empty id, an unknown step type, an
+        id already in the log, or both/invalid data arguments.
+        """
+        self._check_open()
+        eid = _check_entry_id(entry_id)
+        step = _parse_step_type(step_type)
+        if data is not None and data_path is not None:
+            raise WALError(f"entry {eid!r}: pass data or data_path, not both")
+        if data is not None and not isinstance(data, bytes | bytearray | memoryview):
+            raise WALError(f"entry {eid!r}: data must be bytes, got {type(data).__name__}")
+        external: Path | None = None
+        if data_path is not None:
+            external = Path(data_path)
+            if not external.is_file():
+                raise WALError(
+                    f"entry {eid!r}: data_path {str(external)!r} is not an existing file"
+                )
+        if data is not None or external is not None:
+            # Fail before writing a data file when the id is already known.
+            with self._locked_append():
+                if eid in self._index:
+                    raise WALError(f"entry {eid!r} is already in the log")
+        stored_path: str | None = None
+        checksum: str | None = None
+        owned_file: Path | None = None
+        if data is not None:
+            owned_file, checksum = self._write_data_file(eid, bytes(data))
+            stored_path = owned_file.relative_to(self.directory).as_posix()
+        elif external is not None:
+            checksum = self._fsync_and_checksum(external)
+            stored_path = str(external.resolve())
+        now = time.time()
+        entry = WALEntry(
+            entry_id=eid,
+            step_type=step,
+            status=WALStatus.PENDING,
+            data_path=self._resolve(stored_path),
+            checksum=checksum,
+            created_at=now,
+            updated_at=now,
+        )
+        payload: dict[str, Any] = {
+            "k": "a",
+            "id": eid,
+            "t": step.value,
+            "s": WALStatus.PENDING.value,
+            "ts": now,
+            "p": stored_path,
+            "c": checksum,
+        }
+
+        def refuse_duplicate() -> None:
+            if eid in self._index:
+                raise WALError(f"entry {eid!r} is already in the log")
+
+        try:
+            self._write_and_wait(payload, check=refuse_duplicate, entry=entry)
+        except BaseException:
+            if owned_file is not None:
+                owned_file.unlink(missing_ok=True)
+            raise
+        return entry
+
+    def update_status(
+        self, entry_id: str, status: WALStatus | str, *, error: str | None = None
+    ) -> WALEntry:
+        """Append a status change for an existing entry; return once it is durable.
+
+        ``error`` may only accompany FAILED. Raises :class:`WALError` (writing nothing) for an
+        unknown status, an unknown entry or a change out of COMPLETED; re-marking a COMPLETED
+        entry COMPLETED is a no-op.
+        """
+        self._check_open()
+        eid = _check_entry_id(entry_id)
+        new_status = _parse_status(status)
+        if error is not None:
+            if not isinstance(error, str):
+                raise WALError(f"error must be a string, got {type(error).__name__}")
+            if new_status is not WALStatus.FAILED:
+                raise WALError(
+                    f"entry {eid!r}: an error message goes only with FAILED, not {new_status}"
+                )
+        now = time.time()
+        payload: dict[str, Any] = {
+            "k": "s",
+            "id": eid,
+            "s": new_status.value,
+            "ts": now,
+            "e": error,
+        }
+        result: list[WALEntry] = []
+
+        def check() -> None:
+            current = self._index.get(eid)
+            if current is None:
+                raise WALError(f"cannot set status of unknown entry {eid!r}")
+            if current.status is WALStatus.COMPLETED and new_status is not WALStatus.COMPLETED:
+                raise WALError(f"entry {eid!r} is COMPLETED; it cannot move to {new_status}")
+            result.append(replace(current, status=new_status, updated_at=now, error=error))
+
+        def unchanged() -> WALEntry | None:
+            # COMPLETED -> COMPLETED (a retry after a crash) changes nothing and writes nothing.
+            current = self._index.get(eid)
+            if current is None or new_status is not WALStatus.COMPLETED:
+                return None
+            return current if current.status is WALStatus.COMPLETED else None
+
+        return self._write_and_wait(payload, check=check, entry=None, result=result, skip=unchanged)
+
+    def recover(self) -> list[WALEntry]:
+        """Every entry whose last status is not COMPLETED, in append order (as of now)."""
+        with self._locked_append():
+            return [e for e in self._index.values() if e.status is not WALStatus.COMPLETED]
+
+    def get(self, entry_id: str) -> WALEntry | None:
+        """The latest state of ``entry_id``, or None if the log does not hold it."""
+        eid = _check_entry_id(entry_id)
+        with self._locked_append():
+            return self._index.get(eid)
+
+    def entries(self) -> list[WALEntry]:
+        """All entries the log holds, in append order."""
+        with self._locked_append():
+            return list(self._index.values())
+
+    def read_data(self, entry_id: str) -> bytes:
+        """The bytes of an entry's data file, after checking them against the checksum."""
+        entry = self.get(entry_id)
+        if entry is None:
+            raise WALError(f"unknown entry {entry_id!r}")
+        if entry.data_path is None or entry.checksum is None:
+            raise WALDataError(f"entry {entry_id!r} has no data file")
+        try:
+            content = entry.data_path.read_bytes()
+        except OSError as exc:
+            raise WALDataError(f"entry {entry_id!r}: cannot read {entry.data_path}: {exc}") from exc
+        actual = "sha256:" + hashlib.sha256(content).hexdigest()
+        if actual != entry.checksum:
+            raise WALDataError(
+                f"entry {entry_id!r}: {entry.data_path} has checksum {actual}, log says {entry.checksum}"
+            )
+        return content
+
+    def compact(self, *, delete_data: bool = True) -> int:
+        """Drop COMPLETED entries from the log, atomically; return how many were dropped.
+
+        The surviving entries are written, with their current state, into one new segment that
+        starts with a marker saying it supersedes every older segment; it is fsynced and renamed
+        into place before the old segments are deleted, so a crash at any point leaves either
+        the old or the new history, never a mix. With ``delete_data`` the data files the log
+        wrote itself (under ``data/``) for dropped entries are deleted afterwards.
+        """
+        self._check_open()
+        self._sync_lock.acquire(self._timeout)
+        try:
+            self._append_lock.acquire(self._timeout)
+            try:
+                self._catch_up_locked()
+                kept = [e for e in self._index.values() if e.status is not WALStatus.COMPLETED]
+                dropped = [e for e in self._index.values() if e.status is WALStatus.COMPLETED]
+                new_seg = self._state.write_position()[0] + 1
+                records = [encode_record({"k": "base", "seg": new_seg, "ts": time.time()})]
+                records += [encode_record(self._snapshot_payload(e)) for e in kept]
+                end = self._segments.install_compacted(new_seg, b"".join(records))
+                self._state.set_write_position(new_seg, end)
+                self._state.advance_durable(new_seg, end)
+                self._state.bump_generation()
+                self._segments.remove_below(new_seg)
+                self._full_scan_locked()
+            finally:
+                self._append_lock.release()
+        finally:
+            self._sync_lock.release()
+        if delete_data:
+            for entry in dropped:
+                if (
+                    entry.data_path is not None
+                    and entry.data_path.parent == self.directory / "data"
+                ):
+                    entry.data_path.unlink(missing_ok=True)
+        logger.info(
+            "compacted WAL %s: dropped %d completed entries, kept %d",
+            self.directory,
+            len(dropped),
+            len(kept),
+        )
+        return len(dropped)
+
+    def close(self) -> None:
+        """Release the log's files; later calls raise :class:`WALClosedError`. Idempotent."""
+        if self._closed:
+            return
+        self._append_lock.acquire(self._timeout)
+        try:
+            self._closed = True
+            if self._seg_fd >= 0:
+                os.close(self._seg_fd)
+                self._seg_fd = -1
+            self._state.close()
+        finally:
+            self._append_lock.release()
+        self._append_lock.close()
+        self._sync_lock.close()
+
+    def __enter__(self) -> WriteAheadLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writing
+
+    def _write_and_wait(
+        self,
+        payload: dict[str, Any],
+        *,
+        check: Callable[[], None],
+        entry: WALEntry | None,
+        result: list[WALEntry] | None = None,
+        skip: Callable[[], WALEntry | None] | None = None,
+    ) -> WALEntry:
+        """Validate under the append lock, write one record, then wait until it is durable."""
+        record = encode_record(payload)
+        deadline = time.monotonic() + self._timeout
+        self._append_lock.acquire(self._timeout)
+        leader_fd = -1
+        try:
+            self._check_open()
+            self._catch_up_locked()
+            if skip is not None:
+                unchanged = skip()
+                if unchanged is not None:
+                    return unchanged
+            check()
+            position = self._write_record_locked(record)
+            self._apply(payload)
+            written = entry if entry is not None else (result[0] if result else None)
+            assert written is not None
+            if self._sync and self._sync_lock.try_acquire():
+                # Nobody is syncing: we lead, and the position we cover is our own record's end.
+                try:
+                    leader_fd = os.dup(self._seg_fd)
+                except BaseException:
+                    self._sync_lock.release()
+                    raise
+        finally:
+            self._append_lock.release()
+        if leader_fd >= 0:
+            try:
+                os.fdatasync(leader_fd)
+                self._state.advance_durable(*position)
+            finally:
+                os.close(leader_fd)
+                self._sync_lock.release()
+        elif self._sync:
+            self._wait_durable(position, deadline)
+        return written
+
+    def _write_record_locked(self, record: bytes) -> tuple[int, int]:
+        seg, end = self._state.write_position()
+        self._ensure_segment_fd(seg)
+        size = os.fstat(self._seg_fd).st_size
+        if size != end:
+            # A writer was killed after writing part (or all) of a record but before moving the
+            # shared write position: those bytes were never acknowledged, so drop them.
+            logger.warning(
+                "WAL %s: discarding %d bytes left by an interrupted writer in segment %d",
+                self.directory,
+                size - end,
+                seg,
+            )
+            os.ftruncate(self._seg_fd, end)
+        if end > 0 and end + len(record) > self._segment_bytes:
+            if self._sync:
+                os.fdatasync(self._seg_fd)
+            seg, end = seg + 1, 0
+            self._segments.create(seg)
+            self._ensure_segment_fd(seg)
+        written = os.pwrite(self._seg_fd, record, end)
+        if written != len(record):
+            os.ftruncate(self._seg_fd, end)
+            raise WALError(f"short write to WAL segment {seg}: {written} of {len(record)} bytes")
+        end += written
+        self._state.set_write_position(seg, end)
+        self._cursor = (seg, end)
+        return seg, end
+
+    def _wait_durable(self, position: tuple[int, int], deadline: float) -> None:
+        """Return once ``position`` is durable, running the fsync ourselves if nobody did."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WALLockTimeout(f"timed out waiting for WAL {self.directory} to become durable")
+        self._sync_lock.acquire(remaining)
+        try:
+            if self._state.durable_position() >= position:
+                return  # a previous leader's fsync covered our record
+            self._append_lock.acquire(max(deadline - time.monotonic(), 0.001))
+            try:
+                target = self._state.write_position()
+                self._ensure_segment_fd(target[0])
+                fd = os.dup(self._seg_fd)
+            finally:
+                self._append_lock.release()
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            self._state.advance_durable(*target)
+        finally:
+            self._sync_lock.release()
+
+    def _write_data_file(self, entry_id: str, data: bytes) -> tuple[Path, str]:
+        stem = hashlib.sha256(entry_id.encode()).hexdigest()[:24]
+        path = self.directory / "data" / f"{stem}-{secrets.token_hex(4)}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if self._sync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        if self._sync:
+            fsync_directory(path.parent)
+        return path, "sha256:" + hashlib.sha256(data).hexdigest()
+
+    def _fsync_and_checksum(self, path: Path) -> str:
+        if self._sync:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return _sha256_file(path)
+
+    # ------------------------------------------------------------------ reading
+
+    def _locked_append(self) -> _AppendLockContext:
+        self._check_open()
+        return _AppendLockContext(self)
+
+    def _open_locked(self) -> None:
+        """Open in this process: repair the files if needed, reset the shared positions, load."""
+        boot_id = read_boot_id()
+        valid = self._state.is_valid_for(boot_id)
+        repaired = self._segments.repair()
+        seg, end = repaired.last_segment, repaired.valid_end
+        if self._sync:
+            # Earlier segments were fsynced when the log rotated past them; after this the
+            # whole log is durable and the durable mark can say so.
+            self._segments.fsync_segment(seg)
+        generation = self._state.generation + (1 if repaired.changed or not valid else 0)
+        self._state.reset(boot_id, generation, seg, end)
+        self._full_scan_locked()
+
+    def _full_scan_locked(self) -> None:
+        self._index = {}
+        self._generation = self._state.generation
+        write_seg, write_end = self._state.write_position()
+        segs = self._segments.list()
+        for seg in segs:
+            stop = write_end if seg == write_seg else None
+            self._read_segment(seg, 0, stop)
+        self._cursor = (write_seg, write_end)
+
+    def _catch_up_locked(self) -> None:
+        """Apply the records other writers appended since this process last looked."""
+        if self._state.generation != self._generation:
+            self._full_scan_locked()
+            return
+        target = self._state.write_position()
+        while self._cursor < target:
+            seg, offset = self._cursor
+            if seg < target[0]:
+                self._read_segment(seg, offset, None)
+                self._cursor = (seg + 1, 0)
+            else:
+                self._read_segment(seg, offset, target[1])
+                self._cursor = target
+
+    def _read_segment(self, seg: int, offset: int, stop: int | None) -> None:
+        path = self._segments.path(seg)
+        buf = read_range(path, offset, stop)
+        if stop is not None and offset + len(buf) < stop:
+            raise WALCorruptionError(
+                path, offset + len(buf), f"segment is shorter than its recorded end {stop}"
+            )
+        result = scan(buf)
+        if result.problem is not None:
+            raise WALCorruptionError(path, offset + result.valid_end, result.problem)
+        for record in result.records:
+            self._apply_decoded(path, offset, record)
+
+    def _apply_decoded(self, path: Path, base: int, record: DecodedRecord) -> None:
+        try:
+            self._apply(record.payload)
+        except (KeyError, ValueError, TypeError, WALError) as exc:
+            raise WALCorruptionError(
+                path, base + record.offset, f"record does not describe a WAL change: {exc}"
+            ) from exc
+
+    def _apply(self, payload: dict[str, Any]) -> None:
+        kind = payload["k"]
+        if kind == "base":
+            return
+        eid = payload["id"]
+        if not isinstance(eid, str):
+            raise TypeError(f"entry id {eid!r}")
+        if kind == "a":
+            created = float(payload.get("cts", payload["ts"]))
+            self._index[eid] = WALEntry(
+                entry_id=eid,
+                step_type=StepType(payload["t"]),
+                status=WALStatus(payload["s"]),
+                data_path=self._resolve(payload.get("p")),
+                checksum=payload.get("c"),
+                created_at=created,
+                updated_at=float(payload["ts"]),
+                error=payload.get("e"),
+            )
+        elif kind == "s":
+            current = self._index.get(eid)
+            if current is None:
+                raise WALError(f"status change for entry {eid!r} that was never appended")
+            self._index[eid] = replace(
+                current,
+                status=WALStatus(payload["s"]),
+                updated_at=float(payload["ts"]),
+                error=payload.get("e"),
+            )
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")
+
+    def _snapshot_payload(self, entry: WALEntry) -> dict[str, Any]:
+        stored: str | None = None
+        if entry.data_path is not None:
+            try:
+                stored = entry.data_path.relative_to(self.directory).as_posix()
+            except ValueError:
+                stored = str(entry.data_path)
+        return {
+            "k": "a",
+            "id": entry.entry_id,
+            "t": entry.step_type.value,
+            "s": entry.status.value,
+            "cts": entry.created_at,
+            "ts": entry.updated_at,
+            "p": stored,
+            "c": entry.checksum,
+            "e": entry.error,
+        }
+
+    def _resolve(self, stored: object) -> Path | None:
+        if stored is None:
+            return None
+        if not isinstance(stored, str):
+            raise TypeError(f"data path {stored!r}")
+        path = Path(stored)
+        return path if path.is_absolute() else self.directory / path
+
+    def _ensure_segment_fd(self, seg: int) -> None:
+        if seg == self._seg_no and self._seg_fd >= 0:
+            return
+        fd = os.open(self._segments.path(seg), os.O_RDWR | os.O_CLOEXEC)
+        if self._seg_fd >= 0:
+            os.close(self._seg_fd)
+        self._seg_fd, self._seg_no = fd, seg
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WALClosedError(f"WAL {self.directory} is closed")
+
+
+class _AppendLockContext:
+    """Holds the append lock and brings the index up to date for a read."""
+
+    def __init__(self, wal: WriteAheadLog) -> None:
+        self._wal = wal
+
+    def __enter__(self) -> None:
+        wal = self._wal
+        wal._append_lock.acquire(wal._timeout)
+        try:
+            wal._check_open()
+            wal._catch_up_locked()
+        except BaseException:
+            wal._append_lock.release()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._wal._append_lock.release()
