@@ -1,0 +1,331 @@
+"""Job signals: the training processes' heartbeat files and the tail of the state log.
+
+Reads ``<run_dir>/heartbeat/*.json`` (written by ``recovery.report.HeartbeatReporter``) and the
+lines appended to ``<run_dir>/state_log.jsonl`` since the last round, and derives the golden
+metrics per job/role/rank (names in ``docs/metrics.md``). A heartbeat file that is missing its
+required fields or is not valid JSON (half-written by a foreign writer, corrupted) is skipped for
+that round and logged once per file until it is readable again; it never stops the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agents.samples import Participant, Sample, make_sample
+
+log = logging.getLogger("rlguard.agent.job")
+
+HEARTBEAT_DIRNAME = "heartbeat"
+STATE_LOG_NAME = "state_log.jsonl"
+REBUILD_WINDOW_S = 300.0
+_MAX_HEARTBEAT_BYTES = 1 << 20
+_STATE_LOG_INITIAL_TAIL = 64 * 1024  # on start, look back this far for the current state
+_STATE_LOG_MAX_READ = 4 << 20  # per round, so a huge backlog cannot stall a round
+
+
+class HeartbeatInvalid(ValueError):
+    """A heartbeat document that cannot be used this round (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The fields of one heartbeat file that the agent uses."""
+
+    job: str
+    role: str
+    rank: int
+    phase: str
+    ts: float
+    updated_at: float | None
+    step: int | None
+    tokens_generated: int | None
+    rollouts_pending: int | None
+    rollouts_scheduled: int | None
+    shard_rebuilds: tuple[float, ...]
+    shard_rebuilds_total: int | None
+    state_log_write_latency_ms: float | None
+
+
+def _number(doc: dict[str, Any], key: str) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise HeartbeatInvalid(f"field {key!r} is not a finite number: {value!r}")
+    return float(value)
+
+
+def _count(doc: dict[str, Any], key: str) -> int | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HeartbeatInvalid(f"field {key!r} is not a count: {value!r}")
+    return value
+
+
+def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
+    """Parse one heartbeat file's bytes; raise :class:`HeartbeatInvalid` naming the problem."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise HeartbeatInvalid(f"not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise HeartbeatInvalid(f"not a JSON object but {type(doc).__name__}")
+    role = doc.get("role")
+    if not isinstance(role, str) or not role:
+        raise HeartbeatInvalid(f"field 'role' missing or not a string: {role!r}")
+    rank = _count(doc, "rank")
+    if rank is None:
+        raise HeartbeatInvalid("field 'rank' missing")
+    ts = _number(doc, "ts")
+    if ts is None:
+        raise HeartbeatInvalid("field 'ts' missing")
+    job = doc.get("job")
+    phase = doc.get("phase")
+    rebuilds = doc.get("shard_rebuilds") or []
+    if not isinstance(rebuilds, list) or not all(
+        isinstance(t, int | float) and not isinstance(t, bool) for t in rebuilds
+    ):
+        raise HeartbeatInvalid(f"field 'shard_rebuilds' is not a list of timestamps: {rebuilds!r}")
+    return Heartbeat(
+        job=job if isinstance(job, str) and job else default_job,
+        role=role,
+        rank=rank,
+        phase=phase if isinstance(phase, str) and phase else "UNKNOWN",
+        ts=ts,
+        updated_at=_number(doc, "updated_at"),
+        step=_count(doc, "step"),
+        tokens_generated=_count(doc, "tokens_generated"),
+        rollouts_pending=_count(doc, "rollouts_pending"),
+        rollouts_scheduled=_count(doc, "rollouts_scheduled"),
+        shard_rebuilds=tuple(float(t) for t in rebuilds),
+        shard_rebuilds_total=_count(doc, "shard_rebuilds_total"),
+        state_log_write_latency_ms=_number(doc, "state_log_write_latency_ms"),
+    )
+
+
+@dataclass
+class _FileCache:
+    key: tuple[int, int, int]  # (inode, size, mtime_ns): unchanged file, unchanged content
+    heartbeat: Heartbeat
+
+
+@dataclass
+class _Rate:
+    ts: float
+    tokens: int
+
+
+@dataclass
+class _StateLogTail:
+    """Reads only the complete lines appended since the last round."""
+
+    path: Path
+    inode: int | None = None
+    offset: int = 0
+    partial: bytes = b""
+    transitions: int = 0
+    last_ts: float | None = None
+    last_state: str | None = None
+    bad_lines: int = 0
+    warned: set[str] = field(default_factory=set)
+
+    def poll(self) -> None:
+        try:
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            return
+        with handle:
+            st = os.fstat(handle.fileno())
+            first_open = self.inode is None
+            if self.inode != st.st_ino or st.st_size < self.offset:
+                # New or rotated/truncated file: start over (from the tail when first seen, so the
+                # agent learns the current state without reading a long history).
+                self.inode = st.st_ino
+                self.partial = b""
+                self.offset = max(0, st.st_size - _STATE_LOG_INITIAL_TAIL) if first_open else 0
+            if st.st_size == self.offset:
+                return
+            handle.seek(self.offset)
+            chunk = handle.read(_STATE_LOG_MAX_READ)
+        skip_first = first_open and self.offset > 0
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = lines.pop()  # incomplete last line (or b"") waits for its newline
+        if skip_first and lines:
+            lines.pop(0)  # started mid-line
+        for line in lines:
+            if line.strip():
+                self._consume(line, count=not first_open)
+
+    def _consume(self, line: bytes, *, count: bool) -> None:
+        try:
+            doc = orjson.loads(line)
+            ts = doc.get("ts", doc.get("timestamp"))
+            state = doc["state"]
+            if (
+                not isinstance(state, str)
+                or isinstance(ts, bool)
+                or not isinstance(ts, int | float)
+            ):
+                raise ValueError(f"bad ts/state in {line[:120]!r}")
+        except (orjson.JSONDecodeError, KeyError, AttributeError, ValueError) as exc:
+            self.bad_lines += 1
+            if "line" not in self.warned:
+                self.warned.add("line")
+                log.warning("state log %s: skipping an unreadable line (%s)", self.path, exc)
+            return
+        if count:
+            self.transitions += 1
+        self.last_ts = float(ts)
+        self.last_state = state
+
+
+class JobCollector:
+    """Turns the run directory's heartbeat files and state log into job samples and participants.
+
+    ``clock`` is the agent's wall clock (heartbeat ages are computed against it). Job samples
+    never carry ``simulated="1"``: they come from real files even when the GPUs are simulated.
+    """
+
+    def __init__(self, run_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self._run_dir = Path(run_dir)
+        self._heartbeat_dir = self._run_dir / HEARTBEAT_DIRNAME
+        self._default_job = self._run_dir.resolve().name
+        self._clock = clock
+        self._cache: dict[str, _FileCache] = {}
+        self._rates: dict[tuple[str, str, int], _Rate] = {}
+        self._bad_files: set[str] = set()
+        self._state_log = _StateLogTail(self._run_dir / STATE_LOG_NAME)
+        self._job_name: str | None = None
+        self.skipped_last_round = 0
+
+    def collect(self) -> tuple[list[Sample], list[Participant]]:
+        """Read the heartbeats and state log once; return this round's samples and participants."""
+        now = self._clock()
+        samples: list[Sample] = []
+        participants: list[Participant] = []
+        heartbeats = self._read_heartbeats()
+        for hb in heartbeats:
+            self._job_name = self._job_name or hb.job
+            self._derive(hb, now, samples)
+            participants.append(
+                {
+                    "job": hb.job,
+                    "role": hb.role,
+                    "rank": hb.rank,
+                    "phase": hb.phase,
+                    "step": hb.step if hb.step is not None else 0,
+                    "ts": hb.ts,
+                }
+            )
+        self._collect_state_log(now, samples)
+        return samples, participants
+
+    def _read_heartbeats(self) -> list[Heartbeat]:
+        out: list[Heartbeat] = []
+        seen: set[str] = set()
+        skipped = 0
+        try:
+            entries = list(os.scandir(self._heartbeat_dir))
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            name = entry.name
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            seen.add(name)
+            try:
+                st = entry.stat()
+                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                cached = self._cache.get(name)
+                if cached is not None and cached.key == key:
+                    out.append(cached.heartbeat)
+                    continue
+                if st.st_size > _MAX_HEARTBEAT_BYTES:
+                    raise HeartbeatInvalid(f"{st.st_size} bytes, more than {_MAX_HEARTBEAT_BYTES}")
+                with open(entry.path, "rb") as handle:
+                    raw = handle.read(_MAX_HEARTBEAT_BYTES + 1)
+                hb = parse_heartbeat(raw, self._default_job)
+            except FileNotFoundError:
+                continue  # replaced or removed between listing and reading
+            except (HeartbeatInvalid, OSError) as exc:
+                skipped += 1
+                self._cache.pop(name, None)
+                if name not in self._bad_files:
+                    self._bad_files.add(name)
+                    log.warning("heartbeat %s skipped: %s", entry.path, exc)
+                continue
+            if name in self._bad_files:
+                self._bad_files.discard(name)
+                log.info("heartbeat %s is readable again", entry.path)
+            self._cache[name] = _FileCache(key, hb)
+            out.append(hb)
+        for gone in set(self._cache) - seen:
+            del self._cache[gone]
+        self.skipped_last_round = skipped
+        return out
+
+    def _derive(self, hb: Heartbeat, now: float, out: list[Sample]) -> None:
+        labels = {"job": hb.job, "role": hb.role, "rank": str(hb.rank)}
+
+        def add(name: str, value: float) -> None:
+            out.append(make_sample(name, value, now, labels))
+
+        add("participant_heartbeat_age_seconds", max(0.0, now - hb.ts))
+        if hb.updated_at is not None:
+            add("participant_progress_age_seconds", max(0.0, now - hb.updated_at))
+        if hb.step is not None:
+            add("train_step", hb.step)
+        if hb.rollouts_pending is not None:
+            add("rollout_pending_count", hb.rollouts_pending)
+        if hb.rollouts_scheduled is not None:
+            add("rollout_scheduled_count", hb.rollouts_scheduled)
+            if hb.rollouts_scheduled > 0 and hb.rollouts_pending is not None:
+                add("rollout_pending_ratio", hb.rollouts_pending / hb.rollouts_scheduled)
+        if hb.shard_rebuilds_total is not None:
+            add("actor_shard_rebuilds_total", hb.shard_rebuilds_total)
+            recent = sum(1 for t in hb.shard_rebuilds if now - t <= REBUILD_WINDOW_S)
+            add("actor_shard_rebuild_count_5m", recent)
+        if hb.state_log_write_latency_ms is not None:
+            add("state_log_write_latency_ms", hb.state_log_write_latency_ms)
+        if hb.tokens_generated is not None:
+            add("rollout_tokens_generated_total", hb.tokens_generated)
+            key = (hb.job, hb.role, hb.rank)
+            previous = self._rates.get(key)
+            if previous is None or hb.ts != previous.ts:
+                self._rates[key] = _Rate(hb.ts, hb.tokens_generated)
+            if (
+                previous is not None
+                and hb.ts > previous.ts
+                and hb.tokens_generated >= previous.tokens
+            ):
+                add(
+                    "rollout_tokens_per_second",
+                    (hb.tokens_generated - previous.tokens) / (hb.ts - previous.ts),
+                )
+
+    def _collect_state_log(self, now: float, out: list[Sample]) -> None:
+        tail = self._state_log
+        tail.poll()
+        if tail.last_ts is None:
+            return
+        labels = {"job": self._job_name or self._default_job}
+        out.append(make_sample("job_state_transitions_total", tail.transitions, now, labels))
+        out.append(
+            make_sample("job_state_log_age_seconds", max(0.0, now - tail.last_ts), now, labels)
+        )
+        out.append(
+            make_sample("job_safe_mode", 1 if tail.last_state == "SAFE_MODE" else 0, now, labels)
+        )

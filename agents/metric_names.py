@@ -1,0 +1,84 @@
+"""Names of the metrics the agent sends (the table in ``docs/metrics.md``) and their priority.
+
+Kept in one place so that the collectors, the spool's drop policy and the documentation cannot
+drift apart: a name used by a collector must be listed here.
+"""
+
+from __future__ import annotations
+
+# XID codes that point at failing hardware or a dead GPU context (NVIDIA's XID catalogue):
+# 48 double-bit ECC, 63/64 ECC page retirement / row remap, 74 NVLink error, 79 fallen off the
+# bus, 94/95 contained / uncontained ECC error.
+CRITICAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 94, 95})
+
+GPU_METRICS: frozenset[str] = frozenset(
+    {
+        "gpu_info",
+        "gpu_lost",
+        "gpu_utilization_ratio",
+        "gpu_memory_utilization_ratio",
+        "gpu_memory_used_bytes",
+        "gpu_memory_total_bytes",
+        "gpu_temperature_celsius",
+        "gpu_power_watts",
+        "gpu_power_limit_watts",
+        "gpu_sm_clock_hertz",
+        "gpu_throttle_reasons_bitmask",
+        "gpu_throttle_thermal_active",
+        "gpu_throttle_power_active",
+        "gpu_throttle_hw_slowdown_active",
+        "gpu_ecc_corrected_errors_total",
+        "gpu_ecc_uncorrected_errors_total",
+        "gpu_retired_pages_total",
+        "gpu_retired_pages_pending",
+        "gpu_remapped_rows_corrected_total",
+        "gpu_remapped_rows_uncorrected_total",
+        "gpu_remapped_rows_pending",
+        "gpu_remapped_rows_failure",
+        "gpu_pcie_replay_total",
+        "gpu_nvlink_crc_errors_total",
+        "gpu_nvlink_replay_errors_total",
+        "gpu_nvlink_recovery_errors_total",
+        "gpu_xid_events_total",
+        "gpu_xid_critical_events_total",
+        "gpu_xid_last_code",
+    }
+)
+
+JOB_METRICS: frozenset[str] = frozenset(
+    {
+        "rollout_pending_ratio",
+        "rollout_pending_count",
+        "rollout_scheduled_count",
+        "actor_shard_rebuild_count_5m",
+        "actor_shard_rebuilds_total",
+        "state_log_write_latency_ms",
+        "rollout_tokens_generated_total",
+        "rollout_tokens_per_second",
+        "train_step",
+        "participant_heartbeat_age_seconds",
+        "participant_progress_age_seconds",
+        "job_state_transitions_total",
+        "job_state_log_age_seconds",
+        "job_safe_mode",
+    }
+)
+
+AGENT_METRICS: frozenset[str] = frozenset(
+    {
+        "agent_nvml_available",
+        "agent_gpus_monitored",
+        "agent_spool_bytes",
+        "agent_spool_batches",
+        "agent_dropped_samples_total",
+        "agent_batches_sent_total",
+        "agent_send_failures_total",
+    }
+)
+
+ALL_METRICS: frozenset[str] = GPU_METRICS | JOB_METRICS | AGENT_METRICS
+
+
+def is_job_signal(name: str) -> bool:
+    """True for samples the spool keeps longest: job signals outrank GPU and agent samples."""
+    return name in JOB_METRICS
