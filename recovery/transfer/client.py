@@ -1,0 +1,140 @@
+"""The receiving side of one connection to one source: manifest, then a verified chunk stream."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recovery.transfer.errors import (
+    PeerDeadError,
+    ProtocolError,
+    UnknownVersionError,
+    VersionDiscardedError,
+)
+from recovery.transfer.manifest import WeightManifest
+from recovery.transfer.transport import PayloadReader, Transport
+from recovery.transfer.wire import (
+    CHUNK_NOT_READY,
+    CHUNK_OK,
+    CHUNK_SOURCE_GAVE_UP,
+    CHUNK_UNKNOWN,
+    recv_chunk_header,
+    recv_message,
+    send_message,
+)
+
+
+class SourceGaveUpError(VersionDiscardedError):
+    """This one source dropped the version; the registry says whether it is gone everywhere."""
+
+
+@dataclass
+class StreamResult:
+    """What one chunk stream delivered."""
+
+    verified: int = 0
+    corrupt: int = 0
+    bytes: int = 0
+
+
+class SourceSession:
+    """A connection to one source for one pull; every call is bounded by ``timeout``."""
+
+    def __init__(self, transport: Transport, address: str, *, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._transport = transport
+        self._channel = transport.connect(address, timeout=timeout)
+        self._payload: PayloadReader | None = None
+
+    def close(self) -> None:
+        """Close the channel and any payload mapping."""
+        if self._payload is not None:
+            self._payload.close()
+        self._channel.close()
+
+    def __enter__(self) -> SourceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def manifest(self, name: str, version: int) -> WeightManifest:
+        """Ask the source for its manifest of ``name`` v``version``."""
+        send_message(self._channel, {"op": "manifest", "name": name, "version": version}, timeout=self.timeout)
+        reply = recv_message(self._channel, timeout=self.timeout)
+        if not reply.get("ok"):
+            if reply.get("error") == "unknown_version":
+                raise UnknownVersionError(f"{self.address} does not hold {name!r} v{version}")
+            raise ProtocolError(f"{self.address} refused the manifest request: {reply!r:.200}")
+        manifest = WeightManifest.from_json(reply["manifest"])
+        if (manifest.name, manifest.version) != (name, version):
+            raise ProtocolError(
+                f"{self.address} answered {manifest.name!r} v{manifest.version} "
+                f"for {name!r} v{version}"
+            )
+        if not self._transport.inline_payload:
+            extra: dict[str, Any] = reply.get("extra") or {}
+            self._payload = self._transport.open_payload(extra)
+            if self._payload is None:
+                raise ProtocolError(f"{self.address} sent no payload location for {self._transport.name}")
+        return manifest
+
+    def stats(self) -> dict[str, Any]:
+        """The source's per-version serving counters."""
+        send_message(self._channel, {"op": "stats"}, timeout=self.timeout)
+        reply = recv_message(self._channel, timeout=self.timeout)
+        stats = reply.get("stats")
+        if not isinstance(stats, dict):
+            raise ProtocolError(f"{self.address} sent malformed stats")
+        return stats
+
+    def stream(
+        self,
+        manifest: WeightManifest,
+        ids: Sequence[int],
+        dest: Sequence[memoryview],
+        on_verified: Callable[[int], None],
+        on_corrupt: Callable[[int, int], None],
+    ) -> StreamResult:
+        """Receive chunks ``ids`` into ``dest`` (in place) and verify each against the manifest.
+
+        A verified chunk is reported through ``on_verified`` as soon as it landed, so a relay can
+        serve it onwards while the rest still arrives.
+        """
+        result = StreamResult()
+        if not ids:
+            return result
+        request = {"op": "chunks", "name": manifest.name, "version": manifest.version, "ids": list(ids)}
+        send_message(self._channel, request, timeout=self.timeout)
+        for expected in ids:
+            index, status, length = recv_chunk_header(self._channel, timeout=self.timeout)
+            if status == CHUNK_SOURCE_GAVE_UP:
+                raise SourceGaveUpError(f"{self.address} dropped {manifest.name!r} v{manifest.version}")
+            if status == CHUNK_NOT_READY:
+                raise PeerDeadError(self.address, f"relay never got chunk {index}")
+            if status == CHUNK_UNKNOWN:
+                raise UnknownVersionError(f"{self.address} does not hold chunk {index} of v{manifest.version}")
+            chunk = manifest.chunks[expected]
+            if status != CHUNK_OK or index != expected or length != chunk.length:
+                raise ProtocolError(
+                    f"{self.address} sent chunk {index} status {status} length {length}, "
+                    f"expected chunk {expected} of {chunk.length} bytes"
+                )
+            view = dest[expected]
+            if self._payload is None:
+                self._channel.recv_into(view, timeout=self.timeout)
+            else:
+                spec = manifest.tensors[chunk.tensor]
+                self._payload.read_into(view, spec.name, chunk.offset)
+            actual = zlib.crc32(view)
+            if actual == chunk.crc32:
+                result.verified += 1
+                result.bytes += length
+                on_verified(expected)
+            else:
+                result.corrupt += 1
+                on_corrupt(expected, actual)
+        return result

@@ -1,0 +1,140 @@
+"""The trainer side: publish a version, keep its lease alive, commit once a replica holds it.
+
+A version counts as published (committed) only when at least ``min_replicas`` receivers hold a
+complete, verified copy. Until then the publisher renews a short lease; if it dies, the lease
+lapses, the registry aborts the version and every receiver discards its partial copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from recovery.transfer.errors import (
+    TransferConfigError,
+    TransferError,
+    TransferTimeout,
+    VersionDiscardedError,
+)
+from recovery.transfer.manifest import (
+    DEFAULT_CHUNK_BYTES,
+    NonContiguousPolicy,
+    build_manifest,
+    prepare_tensors,
+)
+from recovery.transfer.registry import COMMITTED, SourceRegistry
+from recovery.transfer.server import WeightServer
+from recovery.transfer.store import ServedVersion, WeightStore
+from recovery.transfer.transport import Transport
+
+log = logging.getLogger("rlguard.recovery.transfer.publisher")
+
+
+@dataclass
+class Publication:
+    """One version being published; :meth:`wait_committed` blocks until it is usable."""
+
+    name: str
+    version: int
+    manifest_digest: str
+    _done: threading.Event = field(default_factory=threading.Event)
+    state: str = "publishing"
+    error: str = ""
+
+    def wait_committed(self, *, timeout: float) -> None:
+        """Block until committed; raises VersionDiscardedError or TransferTimeout."""
+        if not self._done.wait(timeout):
+            raise TransferTimeout("registry", f"{self.name!r} v{self.version} not committed in {timeout}s")
+        if self.state != COMMITTED:
+            raise VersionDiscardedError(f"{self.name!r} v{self.version} was aborted: {self.error}")
+
+
+class WeightPublisher:
+    """Serves the trainer's weight sets and drives their publish → commit protocol."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        transport: Transport,
+        registry: SourceRegistry,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        lease_s: float = 10.0,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        noncontiguous: NonContiguousPolicy = "copy",
+        egress_bytes_per_s: float | None = None,
+        poll_interval: float = 0.05,
+    ) -> None:
+        if not lease_s > 0 or not poll_interval > 0:
+            raise TransferConfigError(f"lease_s and poll_interval must be positive, got {lease_s!r}, {poll_interval!r}")
+        self.name = name
+        self.transport = transport
+        self.registry = registry
+        self.lease_s = lease_s
+        self.chunk_bytes = chunk_bytes
+        self.noncontiguous: NonContiguousPolicy = noncontiguous
+        self.poll_interval = poll_interval
+        self.store = WeightStore()
+        self.server = WeightServer(self.store, transport, host=host, port=port, egress_bytes_per_s=egress_bytes_per_s)
+        self.address = self.server.address
+        self._closed = threading.Event()
+
+    def publish(self, version: int, tensors: Mapping[str, torch.Tensor], *, min_replicas: int = 1) -> Publication:
+        """Start serving ``tensors`` as ``version``; the caller must not modify them until retired.
+
+        Non-contiguous tensors are copied or refused according to ``noncontiguous``.
+        """
+        if not isinstance(min_replicas, int) or min_replicas < 1:
+            raise TransferConfigError(f"min_replicas must be an int >= 1, got {min_replicas!r}")
+        ready = prepare_tensors(tensors, noncontiguous=self.noncontiguous)
+        manifest = build_manifest(self.name, version, ready, chunk_bytes=self.chunk_bytes)
+        buffers = self.transport.adopt(ready, tag=f"{self.name}-v{version}")
+        served = ServedVersion(manifest, buffers, complete=True)
+        digest = manifest.digest()
+        self.registry.begin(name=self.name, version=version, manifest_digest=digest,
+                            publisher=self.address, lease_s=self.lease_s)
+        self.store.add(served)
+        publication = Publication(self.name, version, digest)
+        threading.Thread(
+            target=self._drive, args=(publication, min_replicas), name=f"publish-{self.name}-v{version}", daemon=True
+        ).start()
+        return publication
+
+    def _drive(self, publication: Publication, min_replicas: int) -> None:
+        # Renew often enough that two missed renewals still leave the lease alive.
+        period = min(self.lease_s / 3, self.poll_interval)
+        try:
+            while not self._closed.wait(period):
+                info = self.registry.renew(name=self.name, version=publication.version, lease_s=self.lease_s)
+                if info.complete_sources - 1 >= min_replicas:
+                    self.registry.commit(name=self.name, version=publication.version)
+                    publication.state = COMMITTED
+                    log.info("committed", extra={"weight_set": self.name, "version": publication.version})
+                    return
+            publication.state, publication.error = "aborted", "publisher closed before commit"
+        except TransferError as exc:
+            publication.state, publication.error = "aborted", str(exc)
+            log.warning("publication aborted", extra={"weight_set": self.name, "error": str(exc)})
+            # The registry may be the thing that failed: only local resources are released here.
+            served = self.store.remove(self.name, publication.version)
+            if served is not None:
+                served.buffers.release()
+        finally:
+            publication._done.set()
+
+    def retire(self, version: int) -> None:
+        """Stop serving ``version`` and free its buffers."""
+        served = self.store.remove(self.name, version)
+        if served is not None:
+            self.registry.withdraw(name=self.name, version=version, address=self.address)
+            served.buffers.release()
+
+    def close(self) -> None:
+        """Stop serving everything."""
+        self._closed.set()
+        self.server.close()

@@ -1,0 +1,140 @@
+"""The default transport: plain TCP sockets, ``recv_into`` straight into the receiver's tensors.
+
+Chunk bytes are never staged in a Python buffer on either side: the server sends memoryviews of
+its tensors and the client receives into memoryviews of its own preallocated tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import ClassVar
+
+from recovery.transfer.errors import PeerDeadError, TransferTimeout
+from recovery.transfer.transport import ConnectionHandler, Transport, split_address
+
+log = logging.getLogger("rlguard.recovery.transfer.tcp")
+
+ACCEPT_POLL_S = 0.5
+
+
+class TcpChannel:
+    """A connected TCP socket speaking the :class:`recovery.transfer.wire.Channel` protocol."""
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes | memoryview, *, timeout: float) -> None:
+        """Send everything; ``timeout`` bounds each wait for progress (a hung peer)."""
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            raise TransferTimeout(self.peer, f"no send progress for {timeout}s") from exc
+        except OSError as exc:
+            raise PeerDeadError(self.peer, f"send failed: {exc}") from exc
+
+    def recv_into(self, buffer: memoryview, *, timeout: float) -> None:
+        """Fill ``buffer``; ``timeout`` bounds each wait for progress (a hung peer)."""
+        self.sock.settimeout(timeout)
+        got, want = 0, len(buffer)
+        try:
+            while got < want:
+                n = self.sock.recv_into(buffer[got:], want - got)
+                if n == 0:
+                    raise PeerDeadError(self.peer, f"connection closed after {got}/{want} bytes")
+                got += n
+        except TimeoutError as exc:
+            raise TransferTimeout(
+                self.peer, f"no data for {timeout}s ({got}/{want} bytes received)"
+            ) from exc
+        except PeerDeadError:
+            raise
+        except OSError as exc:
+            raise PeerDeadError(self.peer, f"receive failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already disconnected: closing is all that is left to do
+        self.sock.close()
+
+
+class TcpListener:
+    """Accept loop in a daemon thread; one handler thread per connection."""
+
+    def __init__(self, host: str, port: int, handler: ConnectionHandler) -> None:
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(128)
+        self._sock.settimeout(ACCEPT_POLL_S)
+        bound_host, bound_port = self._sock.getsockname()[:2]
+        self.address = f"{bound_host}:{bound_port}"
+        self._handler = handler
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[TcpChannel] = set()
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"tcp-listener-{bound_port}", daemon=True
+        )
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._closed.is_set():
+                    return
+                raise
+            channel = TcpChannel(conn, f"{peer[0]}:{peer[1]}")
+            with self._lock:
+                self._open.add(channel)
+            threading.Thread(target=self._serve, args=(channel,), daemon=True).start()
+
+    def _serve(self, channel: TcpChannel) -> None:
+        try:
+            self._handler(channel)
+        finally:
+            channel.close()
+            with self._lock:
+                self._open.discard(channel)
+
+    def close(self) -> None:
+        """Stop accepting and cut open connections, so their handlers end."""
+        self._closed.set()
+        self._sock.close()
+        with self._lock:
+            channels = list(self._open)
+        for channel in channels:
+            channel.close()
+        self._thread.join(timeout=ACCEPT_POLL_S * 4)
+
+
+class TcpTransport(Transport):
+    """Plain sockets; works anywhere, including between network namespaces."""
+
+    name: ClassVar[str] = "tcp"
+
+    def listen(self, host: str, port: int, handler: ConnectionHandler) -> TcpListener:
+        """Listen on ``host:port``."""
+        return TcpListener(host, port, handler)
+
+    def connect(self, address: str, *, timeout: float) -> TcpChannel:
+        """Connect to ``address`` within ``timeout`` seconds."""
+        host, port = split_address(address)
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except TimeoutError as exc:
+            raise TransferTimeout(address, f"connect took longer than {timeout}s") from exc
+        except OSError as exc:
+            raise PeerDeadError(address, f"connect failed: {exc}") from exc
+        return TcpChannel(sock, address)
