@@ -1,0 +1,110 @@
+"""Tiers and recovery plans: the policy file's tier rules plus RobustRL's escalation.
+
+Escalation gives up on local recovery and plans a whole-job restart (heavy, so it waits for an
+approver) when a fault hits a job in its first step, when the same step fails again, or when a
+local recovery of the same incident has failed ``local_recovery_failures`` times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.policy.plans import ActionName, PlannedAction
+from app.policy.policy_file import Policy
+from app.policy.signals import FaultSignal, Tier
+from app.policy.world import World
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    tier: Tier
+    actions: tuple[ActionName, ...]
+    escalated: bool
+    reasons: tuple[str, ...]
+
+
+class Classifier:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def classify(
+        self, signal: FaultSignal, *, job_step: int | None, recovery_failures: int = 0
+    ) -> Classification:
+        rule = self.policy.tier_rule(signal.kind)
+        esc = self.policy.escalation
+        reasons: list[str] = []
+        # Only faults that need recovery escalate: an alert-only signal (throttling, drift)
+        # in the first step must not restart a job.
+        if rule.plan:
+            if job_step is not None and job_step <= esc.first_step_max:
+                reasons.append(f"anomaly in the job's first step (step {job_step})")
+            same = signal.extra.get("same_step_failures")
+            if isinstance(same, int) and same >= esc.same_step_failures:
+                reasons.append(f"step {signal.step} failed {same} times")
+            if recovery_failures >= esc.local_recovery_failures:
+                reasons.append(f"local recovery failed {recovery_failures} times")
+        if reasons:
+            return Classification(Tier.HEAVY, esc.plan, True, tuple(reasons))
+        return Classification(rule.tier, rule.plan, False, ())
+
+
+def _jobs(signal: FaultSignal, world: World) -> list[str]:
+    if signal.subject.job is not None:
+        return [signal.subject.job]
+    if signal.subject.node is not None:
+        return world.jobs_on_node(signal.subject.node)
+    return []
+
+
+def plan_actions(
+    *, policy: Policy, classification: Classification, signal: FaultSignal, world: World
+) -> list[PlannedAction]:
+    """Expand the classification's action names into concrete actions with their targets."""
+    heavy = classification.tier is Tier.HEAVY
+    automatic = set(policy.approval.automatic_actions)
+    subj = signal.subject
+    out: list[PlannedAction] = []
+
+    def add(action: ActionName, job: str | None, node: str | None, **params: object) -> None:
+        needs = heavy and action not in automatic
+        clean = {k: v for k, v in params.items() if v is not None}
+        planned = PlannedAction(action, job, node, needs, clean)
+        if all(p.identity() != planned.identity() for p in out):
+            out.append(planned)
+
+    for action in classification.actions:
+        for job in _jobs(signal, world):
+            members = [p for p in world.participants if p.job == job]
+            if action is ActionName.ENTER_SAFE_MODE:
+                nodes = sorted({p.node for p in members}) or ([subj.node] if subj.node else [])
+                for node in nodes:
+                    add(action, job, node, reason=signal.kind.value)
+            elif action is ActionName.RETRY_ROLLOUT_BATCH:
+                if subj.node:
+                    add(
+                        action,
+                        job,
+                        subj.node,
+                        role=subj.role,
+                        rank=subj.rank,
+                        max_retries=policy.recovery.rollout_retry_times,
+                        timeout_sec=policy.recovery.rollout_timeout_sec,
+                    )
+            elif action is ActionName.SKIP_FAILED_STEP:
+                if subj.node:
+                    add(action, job, subj.node, step=signal.step, role=subj.role, rank=subj.rank)
+            elif action is ActionName.REBUILD_SHARD:
+                if subj.node:
+                    add(action, job, subj.node, rank=subj.rank)
+            elif action is ActionName.RESCHEDULE_BATCHES:
+                add(action, job, None, away_from=subj.node)
+            elif action is ActionName.RESTART_ROLE:
+                if subj.role is not None:
+                    add(action, job, subj.node, role=subj.role, rank=subj.rank)
+                else:
+                    on_node = [p for p in members if subj.node is None or p.node == subj.node]
+                    for p in sorted(on_node, key=lambda p: (p.role, p.rank)):
+                        add(action, job, p.node, role=p.role, rank=p.rank)
+            else:  # restore_checkpoint, restart_job: the whole job
+                add(action, job, None)
+    return out

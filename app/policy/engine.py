@@ -1,0 +1,256 @@
+"""The policy engine: one ``tick(world)`` runs the detectors, classifies, and decides.
+
+The engine is pure (no database, no clock of its own): given the same worlds in the same order
+it makes the same decisions, which is what makes trace replay and fast tests possible. The
+server persists the decisions (app.services.incidents) and tells the engine about recovery
+outcomes (``record_recovery_failure``) and incidents closed elsewhere (``forget``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from app.policy.classifier import Classification, Classifier, plan_actions
+from app.policy.detectors import (
+    Detector,
+    HeartbeatDetector,
+    NodeSilenceDetector,
+    default_detectors,
+)
+from app.policy.plans import PlannedAction
+from app.policy.policy_file import Policy
+from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
+from app.policy.world import ParticipantView, World
+
+log = logging.getLogger("rlguard.policy")
+
+
+class DecisionType(StrEnum):
+    OPEN = "open"
+    UPDATE = "update"
+    ESCALATE = "escalate"
+    RESOLVE = "resolve"
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentDecision:
+    type: DecisionType
+    key: str
+    kind: FaultKind
+    subject: Subject
+    tier: Tier
+    at: float
+    signal: FaultSignal | None
+    actions: tuple[PlannedAction, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def detection_delay(self) -> float | None:
+        if self.signal is None or self.signal.since is None:
+            return None
+        return self.at - self.signal.since
+
+
+@dataclass(slots=True)
+class OpenIncident:
+    """What the engine remembers about an incident while it is open."""
+
+    key: str
+    kind: FaultKind
+    subject: Subject
+    tier: Tier
+    opened_at: float
+    last_active: float
+    last_since: float | None = None
+    escalated: bool = False
+    recovery_failures: int = 0
+
+
+@dataclass(slots=True)
+class TickResult:
+    at: float
+    decisions: list[IncidentDecision] = field(default_factory=list)
+    signals: list[FaultSignal] = field(default_factory=list)
+    suspected_participants: list[ParticipantView] = field(default_factory=list)
+    suspected_nodes: list[str] = field(default_factory=list)
+
+
+# A signal of the first kind about a participant makes one of the second kind about the same
+# participant redundant (one incident per root cause, not an alert storm).
+_SUPERSEDES = {FaultKind.ROLLOUT_DOWN: FaultKind.HEARTBEAT_LOST}
+
+
+class PolicyEngine:
+    def __init__(self, policy: Policy, *, detectors: list[Detector] | None = None) -> None:
+        self.policy = policy
+        self.detectors = detectors if detectors is not None else default_detectors(policy)
+        self.classifier = Classifier(policy)
+        self._open: dict[str, OpenIncident] = {}
+        self._metric_names = sorted({n for d in self.detectors for n in d.metrics})
+
+    # -- state shared with the server ---------------------------------------------------------
+
+    @property
+    def open_incidents(self) -> dict[str, OpenIncident]:
+        return dict(self._open)
+
+    def restore(self, incidents: list[OpenIncident]) -> None:
+        """Take over incidents that were open before a restart (from the database)."""
+        for inc in incidents:
+            self._open[inc.key] = inc
+
+    def forget(self, key: str) -> None:
+        """The incident was closed outside the engine (resolved by an operator, approval)."""
+        self._open.pop(key, None)
+
+    def record_recovery_failure(self, key: str) -> None:
+        inc = self._open.get(key)
+        if inc is not None:
+            inc.recovery_failures += 1
+
+    # -- the tick --------------------------------------------------------------------------
+
+    def tick(self, world: World) -> TickResult:
+        world.index_latest(self._metric_names)
+        signals: list[FaultSignal] = []
+        result = TickResult(at=world.now)
+        for det in self.detectors:
+            signals.extend(det.detect(world))
+            if isinstance(det, HeartbeatDetector):
+                result.suspected_participants = det.suspected
+            elif isinstance(det, NodeSilenceDetector):
+                result.suspected_nodes = det.suspected
+        signals = _drop_superseded(signals)
+        result.signals = signals
+        active: dict[str, FaultSignal] = {}
+        for sig in signals:
+            active.setdefault(sig.incident_key, sig)
+        for key, sig in active.items():
+            decision = self._on_signal(world, key, sig)
+            if decision is not None:
+                result.decisions.append(decision)
+        result.decisions.extend(self._escalate_failed_recoveries(world, active))
+        result.decisions.extend(self._resolve_quiet(world.now, active))
+        for d in result.decisions:
+            log.info(
+                "incident %s",
+                d.type.value,
+                extra={"incident": d.key, "tier": d.tier.value, "actions": len(d.actions)},
+            )
+        return result
+
+    def _on_signal(self, world: World, key: str, sig: FaultSignal) -> IncidentDecision | None:
+        inc = self._open.get(key)
+        job_step = self._job_step(world, sig)
+        if inc is None:
+            cls = self.classifier.classify(sig, job_step=job_step)
+            self._open[key] = OpenIncident(
+                key=key,
+                kind=sig.kind,
+                subject=sig.subject,
+                tier=cls.tier,
+                opened_at=world.now,
+                last_active=world.now,
+                last_since=sig.since,
+                escalated=cls.escalated,
+            )
+            return self._decision(DecisionType.OPEN, key, sig, cls, world)
+        inc.last_active = world.now
+        if inc.escalated:
+            return None
+        cls = self.classifier.classify(sig, job_step=None, recovery_failures=inc.recovery_failures)
+        if cls.escalated or cls.tier.rank > inc.tier.rank:
+            inc.tier = cls.tier
+            inc.escalated = cls.escalated
+            inc.last_since = sig.since
+            return self._decision(DecisionType.ESCALATE, key, sig, cls, world)
+        if sig.since != inc.last_since:
+            # A new occurrence (another XID, a new breach run): worth recording, no new plan.
+            inc.last_since = sig.since
+            return IncidentDecision(
+                DecisionType.UPDATE, key, sig.kind, sig.subject, inc.tier, world.now, sig
+            )
+        return None
+
+    def _escalate_failed_recoveries(
+        self, world: World, active: dict[str, FaultSignal]
+    ) -> list[IncidentDecision]:
+        out = []
+        limit = self.policy.escalation.local_recovery_failures
+        for key, inc in self._open.items():
+            if inc.escalated or inc.recovery_failures < limit or key in active:
+                continue  # active ones were handled in _on_signal
+            sig = FaultSignal(
+                kind=inc.kind,
+                subject=inc.subject,
+                evidence=_no_evidence(inc),
+                suggested_tier=inc.tier,
+                detected_at=world.now,
+                since=inc.last_since,
+            )
+            cls = self.classifier.classify(
+                sig, job_step=None, recovery_failures=inc.recovery_failures
+            )
+            inc.tier, inc.escalated = cls.tier, True
+            out.append(self._decision(DecisionType.ESCALATE, key, sig, cls, world))
+        return out
+
+    def _resolve_quiet(self, now: float, active: dict[str, FaultSignal]) -> list[IncidentDecision]:
+        quiet = self.policy.incidents.quiet_period_seconds
+        out = []
+        for key, inc in list(self._open.items()):
+            if key in active or now - inc.last_active < quiet:
+                continue
+            if inc.tier is Tier.HEAVY:
+                # A heavy incident waits for its approver; it is closed by the service, not by
+                # the signal going away (the job stays in SAFE_MODE until someone decides).
+                continue
+            del self._open[key]
+            out.append(
+                IncidentDecision(
+                    DecisionType.RESOLVE, key, inc.kind, inc.subject, inc.tier, now, None
+                )
+            )
+        return out
+
+    def _decision(
+        self, type_: DecisionType, key: str, sig: FaultSignal, cls: Classification, world: World
+    ) -> IncidentDecision:
+        actions = plan_actions(policy=self.policy, classification=cls, signal=sig, world=world)
+        return IncidentDecision(
+            type_, key, sig.kind, sig.subject, cls.tier, world.now, sig, tuple(actions), cls.reasons
+        )
+
+    @staticmethod
+    def _job_step(world: World, sig: FaultSignal) -> int | None:
+        if sig.subject.job is not None:
+            return world.job_step(sig.subject.job)
+        if sig.subject.node is not None:
+            steps = [
+                s
+                for j in world.jobs_on_node(sig.subject.node)
+                if (s := world.job_step(j)) is not None
+            ]
+            return min(steps) if steps else None
+        return None
+
+
+def _drop_superseded(signals: list[FaultSignal]) -> list[FaultSignal]:
+    present = {(s.kind, s.subject.job, s.subject.role, s.subject.rank) for s in signals}
+    out = []
+    for s in signals:
+        hidden = any(
+            winner_kind
+            for winner_kind, loser in _SUPERSEDES.items()
+            if s.kind is loser
+            and (winner_kind, s.subject.job, s.subject.role, s.subject.rank) in present
+        )
+        if not hidden:
+            out.append(s)
+    return out
+
+
+def _no_evidence(inc: OpenIncident) -> Evidence:
+    return Evidence(metric=None, detail=f"local recovery failed {inc.recovery_failures} times")

@@ -1,0 +1,43 @@
+"""Every metric name the policy engine reads, in one place.
+
+The names follow the agent's table in ``docs/metrics.md`` (the golden metrics keep the names of
+DESIGN.md). When the agent renames a metric, this module is the only thing to change.
+"""
+
+from __future__ import annotations
+
+# --- golden metrics (per job/role/rank, from the heartbeat files and the state log) ---
+ROLLOUT_PENDING_RATIO = "rollout_pending_ratio"
+ACTOR_SHARD_REBUILD_COUNT_5M = "actor_shard_rebuild_count_5m"
+STATE_LOG_WRITE_LATENCY_MS = "state_log_write_latency_ms"
+
+# --- job signals (labels job, role, rank) ---
+ROLLOUT_TOKENS_PER_SECOND = "rollout_tokens_per_second"
+TRAIN_STEP = "train_step"
+PARTICIPANT_HEARTBEAT_AGE_SECONDS = "participant_heartbeat_age_seconds"
+JOB_SAFE_MODE = "job_safe_mode"
+
+# Step-level failure signals. NOT in docs/metrics.md yet (the agent does not derive them from
+# the state log so far); Alertmanager or a future agent version can send them under these names.
+TRAIN_STEP_FAILURES_TOTAL = "train_step_failures_total"  # counter: failed train steps (OOM ...)
+TRAIN_LAST_FAILED_STEP = "train_last_failed_step"  # gauge: the step number of the newest failure
+ROLLOUT_BATCH_TIMEOUTS_TOTAL = "rollout_batch_timeouts_total"  # counter
+ACTOR_SHARD_STALE = "actor_shard_stale"  # gauge 0/1
+STATE_LOG_WRITE_ERRORS_TOTAL = "state_log_write_errors_total"  # counter: failed appends
+
+# --- GPU health (labels gpu; from NVML, docs/metrics.md) ---
+GPU_UTILIZATION_RATIO = "gpu_utilization_ratio"  # 0..1
+GPU_XID_CRITICAL_EVENTS_TOTAL = "gpu_xid_critical_events_total"
+GPU_XID_LAST_CODE = "gpu_xid_last_code"
+GPU_ECC_UNCORRECTED_TOTAL = "gpu_ecc_uncorrected_errors_total"
+GPU_REMAPPED_ROWS_FAILURE = "gpu_remapped_rows_failure"
+GPU_THROTTLE_THERMAL = "gpu_throttle_thermal_active"
+GPU_THROTTLE_POWER = "gpu_throttle_power_active"
+GPU_LOST = "gpu_lost"
+
+# Label names the detectors rely on.
+LABEL_JOB = "job"
+LABEL_ROLE = "role"
+LABEL_RANK = "rank"
+LABEL_GPU = "gpu"
+LABEL_XID = "xid"

@@ -1,0 +1,80 @@
+"""Recovery actions the policy engine can plan, and where each one runs.
+
+Node-local actions act on files of the node (the job's WAL, control file, shard snapshots), so
+they go to the queue of the node's own worker; cluster actions (rescheduling, launcher hooks,
+checkpoint restore) go to the shared ``cluster`` queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class ActionName(StrEnum):
+    RETRY_ROLLOUT_BATCH = "retry_rollout_batch"
+    SKIP_FAILED_STEP = "skip_failed_step"
+    REBUILD_SHARD = "rebuild_shard"
+    RESCHEDULE_BATCHES = "reschedule_batches"
+    RESTART_ROLE = "restart_role"
+    ENTER_SAFE_MODE = "enter_safe_mode"
+    RESTORE_CHECKPOINT = "restore_checkpoint"
+    RESTART_JOB = "restart_job"
+
+
+NODE_LOCAL_ACTIONS = frozenset(
+    {
+        ActionName.RETRY_ROLLOUT_BATCH,
+        ActionName.SKIP_FAILED_STEP,
+        ActionName.REBUILD_SHARD,
+        ActionName.ENTER_SAFE_MODE,
+    }
+)
+
+CLUSTER_QUEUE = "cluster"
+
+
+def queue_for(action: ActionName, node: str | None) -> str:
+    """The Celery queue an action is routed to."""
+    if action in NODE_LOCAL_ACTIONS:
+        if not node:
+            raise ValueError(f"node-local action {action.value} needs a node")
+        return f"node.{node}"
+    return CLUSTER_QUEUE
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedAction:
+    """One step of a recovery plan, before it is written to the outbox."""
+
+    action: ActionName
+    job: str | None
+    node: str | None
+    needs_approval: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queue(self) -> str:
+        return queue_for(self.action, self.node)
+
+    def identity(self) -> str:
+        """What makes two planned actions the same (for the idempotency key)."""
+        rank = self.params.get("rank")
+        role = self.params.get("role")
+        step = self.params.get("step")
+        return ":".join(
+            str(p)
+            for p in (self.action.value, self.job, self.node, role, rank, step)
+            if p is not None
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "job": self.job,
+            "node": self.node,
+            "queue": self.queue,
+            "needs_approval": self.needs_approval,
+            "params": dict(self.params),
+        }

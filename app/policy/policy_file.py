@@ -1,0 +1,208 @@
+"""Loading and validating the policy file (``policy.yaml``).
+
+The file is data, not code: thresholds, tier rules, escalation and the Alertmanager mapping. A
+mistake in it must stop the server at start with a message that names the bad key, not surface
+as a wrong decision at three in the morning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from app.policy import metric_names as m
+from app.policy.plans import ActionName
+from app.policy.signals import FaultKind, Tier
+
+DEFAULT_POLICY_PATH = Path(__file__).with_name("policy.yaml")
+
+GOLDEN_METRICS = (
+    m.ROLLOUT_PENDING_RATIO,
+    m.ACTOR_SHARD_REBUILD_COUNT_5M,
+    m.STATE_LOG_WRITE_LATENCY_MS,
+)
+
+
+class PolicyFileError(ValueError):
+    """The policy file is missing, unreadable or invalid; the message names the bad key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GoldenMetricRule(_Strict):
+    healthy: float
+    warning: float
+    inclusive: bool = False
+    breach_seconds: float = Field(ge=0)
+    kind: FaultKind
+
+    def breaches(self, value: float) -> bool:
+        return value >= self.warning if self.inclusive else value > self.warning
+
+    @model_validator(mode="after")
+    def _healthy_below_warning(self) -> GoldenMetricRule:
+        if self.healthy > self.warning:
+            raise ValueError(f"healthy ({self.healthy}) must not exceed warning ({self.warning})")
+        return self
+
+
+class TrainerDetection(_Strict):
+    roles: tuple[str, ...] = ("trainer",)
+    active_phases: tuple[str, ...] = ("TRAIN",)
+    idle_timeout_seconds: float = Field(300, gt=0)
+    idle_utilization_ratio: float = Field(0.05, ge=0, le=1)
+
+
+class RolloutDetection(_Strict):
+    roles: tuple[str, ...] = ("rollout",)
+    stall_timeout_seconds: float = Field(60, gt=0)
+
+
+class HeartbeatDetection(_Strict):
+    suspect_seconds: float = Field(15, gt=0)
+    confirm_seconds: float = Field(60, gt=0)
+    finished_phases: tuple[str, ...] = ("DONE", "STOPPED", "FINISHED")
+
+
+class NodeDetection(_Strict):
+    several_lost_min: int = Field(2, ge=2)
+
+
+class GpuDetection(_Strict):
+    critical_xids: tuple[int, ...] = (48, 63, 64, 74, 79, 94, 95)
+    event_hold_seconds: float = Field(120, gt=0)
+    throttle_sustain_seconds: float = Field(60, gt=0)
+
+
+class StorageDetection(_Strict):
+    error_window_seconds: float = Field(60, gt=0)
+
+
+class EnvDriftDetection(_Strict):
+    ignore_keys: tuple[str, ...] = ()
+
+
+class Detection(_Strict):
+    stale_sample_seconds: float = Field(15, gt=0)
+    trainer: TrainerDetection = TrainerDetection()
+    rollout: RolloutDetection = RolloutDetection()
+    heartbeat: HeartbeatDetection = HeartbeatDetection()
+    nodes: NodeDetection = NodeDetection()
+    gpu: GpuDetection = GpuDetection()
+    storage: StorageDetection = StorageDetection()
+    env_drift: EnvDriftDetection = EnvDriftDetection()
+
+
+class TierRule(_Strict):
+    tier: Tier
+    plan: tuple[ActionName, ...] = ()
+
+
+class Escalation(_Strict):
+    first_step_max: int = Field(1, ge=0)
+    same_step_failures: int = Field(2, ge=2)
+    local_recovery_failures: int = Field(2, ge=1)
+    plan: tuple[ActionName, ...] = (ActionName.ENTER_SAFE_MODE, ActionName.RESTART_JOB)
+
+
+class Approval(_Strict):
+    automatic_actions: tuple[ActionName, ...] = (ActionName.ENTER_SAFE_MODE,)
+    expire_seconds: float = Field(3600, gt=0)
+
+
+class RecoveryLimits(_Strict):
+    rollout_retry_times: int = Field(3, ge=0)
+    rollout_timeout_sec: float = Field(120, gt=0)
+
+
+class Incidents(_Strict):
+    quiet_period_seconds: float = Field(30, ge=0)
+
+
+SubjectPart = Literal["node", "job", "role", "rank", "gpu"]
+
+
+class AlertmanagerMapping(_Strict):
+    kind_label: str = "rlguard_kind"
+    alertname_kinds: dict[str, FaultKind] = Field(default_factory=dict)
+    default_kind: FaultKind = FaultKind.EXTERNAL_ALERT
+    subject_labels: dict[SubjectPart, str] = Field(default_factory=dict)
+
+
+class Policy(_Strict):
+    version: Literal[1]
+    tick_seconds: float = Field(1.0, gt=0)
+    incidents: Incidents = Incidents()
+    golden_metrics: dict[str, GoldenMetricRule]
+    detection: Detection = Detection()
+    tiers: dict[FaultKind, TierRule]
+    escalation: Escalation = Escalation()
+    approval: Approval = Approval()
+    recovery: RecoveryLimits = RecoveryLimits()
+    alertmanager: AlertmanagerMapping = AlertmanagerMapping()
+
+    @model_validator(mode="after")
+    def _complete(self) -> Policy:
+        unknown = sorted(set(self.golden_metrics) - set(GOLDEN_METRICS))
+        if unknown:
+            raise ValueError(
+                f"golden_metrics.{unknown[0]}: not a golden metric "
+                f"(expected one of {', '.join(GOLDEN_METRICS)})"
+            )
+        missing = sorted(k.value for k in FaultKind if k not in self.tiers)
+        if missing:
+            raise ValueError(f"tiers: no rule for fault kind(s) {', '.join(missing)}")
+        return self
+
+    def tier_rule(self, kind: FaultKind) -> TierRule:
+        return self.tiers[kind]
+
+
+def _format_error(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        got = err.get("input")
+        shown = (
+            ""
+            if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict)
+            else f" (got {got!r})"
+        )
+        lines.append(f"{loc}: {msg}{shown}")
+    return f"invalid policy file {source}: " + "; ".join(lines)
+
+
+def parse_policy(data: Any, *, source: str = "<policy>") -> Policy:
+    """Validate already-parsed policy data; raises PolicyFileError naming the bad key."""
+    if not isinstance(data, dict):
+        raise PolicyFileError(f"invalid policy file {source}: the top level must be a mapping")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyFileError(_format_error(source, exc)) from None
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Load the policy from ``path`` (default: the shipped ``policy.yaml``)."""
+    p = Path(path) if path is not None else DEFAULT_POLICY_PATH
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyFileError(f"cannot read policy file {p}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyFileError(f"policy file {p} is not valid YAML: {exc}") from None
+    return parse_policy(data, source=str(p))
+
+
+def default_policy() -> Policy:
+    return load_policy(DEFAULT_POLICY_PATH)

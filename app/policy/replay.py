@@ -1,0 +1,310 @@
+"""Replay a recorded trace through a fresh, in-process series store and policy engine.
+
+A trace is JSON lines, one ingest batch per line, exactly the body of ``POST /api/v1/ingest``
+(``agent_id``, ``node``, ``seq``, ``sent_at``, ``samples``, ``participants``, ``fingerprint``);
+the agent writes one with ``--record FILE``. Files ending in ``.gz`` are read compressed.
+
+Time is the replay clock: it starts at the first batch's ``sent_at`` and the engine ticks every
+``tick_seconds`` of trace time, as fast as the machine allows (or ``speed`` times real time).
+A labels file beside the trace (``<trace>.labels.json``) makes replay also score the result.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.policy.clock import ManualClock
+from app.policy.engine import DecisionType, IncidentDecision, PolicyEngine
+from app.policy.policy_file import Policy, default_policy
+from app.policy.signals import Tier
+from app.policy.world import ParticipantView, World
+from app.services.series_store import SeriesKey, SeriesStore
+
+
+class TraceError(ValueError):
+    """A trace line is not an ingest batch; the message names the line and the field."""
+
+
+def read_trace(path: str | Path) -> Iterator[dict[str, Any]]:
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                batch = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"{p}:{lineno}: not JSON: {exc.msg}") from None
+            _check_batch(batch, f"{p}:{lineno}")
+            yield batch
+
+
+def _check_batch(batch: Any, where: str) -> None:
+    if not isinstance(batch, dict):
+        raise TraceError(f"{where}: a batch must be a JSON object")
+    for name, types in (("node", str), ("sent_at", (int, float)), ("samples", list)):
+        if not isinstance(batch.get(name), types):
+            raise TraceError(f"{where}: field {name!r} missing or of the wrong type")
+    if not math.isfinite(batch["sent_at"]):
+        raise TraceError(f"{where}: sent_at must be finite")
+
+
+class ReplayIngest:
+    """The bits of the server's ingest the policy engine reads, kept in memory."""
+
+    def __init__(self, store: SeriesStore) -> None:
+        self.store = store
+        self.participants: dict[tuple[str, str, int], ParticipantView] = {}
+        self.node_last_seen: dict[str, float] = {}
+        self.fingerprints: dict[str, dict[str, str]] = {}
+
+    def apply(self, batch: dict[str, Any]) -> None:
+        node = batch["node"]
+        self.store.extend(
+            (
+                SeriesKey.of(node, s["name"], s.get("labels") or {}),
+                float(s["ts"]),
+                float(s["value"]),
+            )
+            for s in batch["samples"]
+        )
+        for p in batch.get("participants") or []:
+            view = ParticipantView(
+                job=p["job"],
+                role=p["role"],
+                rank=int(p["rank"]),
+                node=node,
+                phase=p["phase"],
+                step=int(p["step"]),
+                last_heartbeat_ts=float(p["ts"]),
+            )
+            self.participants[view.key] = view
+        self.node_last_seen[node] = max(self.node_last_seen.get(node, 0.0), float(batch["sent_at"]))
+        if batch.get("fingerprint"):
+            self.fingerprints[node] = dict(batch["fingerprint"])
+
+    def world(self, now: float) -> World:
+        return World(
+            now=now,
+            store=self.store,
+            participants=list(self.participants.values()),
+            node_last_seen=dict(self.node_last_seen),
+            fingerprints=self.fingerprints,
+        )
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    decisions: list[IncidentDecision] = field(default_factory=list)
+    ticks: int = 0
+    start_ts: float = 0.0
+    trace_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    @property
+    def opened(self) -> list[IncidentDecision]:
+        return [d for d in self.decisions if d.type is DecisionType.OPEN]
+
+
+def replay(
+    batches: Iterable[dict[str, Any]],
+    *,
+    policy: Policy | None = None,
+    speed: float | None = None,
+    tail_seconds: float = 0.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ReplayResult:
+    """Feed ``batches`` in order, ticking the engine on the replay clock."""
+    policy = policy or default_policy()
+    if speed is not None and speed <= 0:
+        raise ValueError(f"speed must be positive, got {speed}")
+    ingest = ReplayIngest(SeriesStore())
+    engine = PolicyEngine(policy)
+    result = ReplayResult()
+    clock: ManualClock | None = None
+    next_tick = 0.0
+    started = time.perf_counter()
+
+    def tick_until(t: float) -> None:
+        nonlocal next_tick
+        assert clock is not None
+        while next_tick <= t:
+            if speed is not None:
+                sleep((next_tick - clock.now()) / speed)
+            clock.advance_to(next_tick)
+            result.decisions.extend(engine.tick(ingest.world(clock.now())).decisions)
+            result.ticks += 1
+            next_tick += policy.tick_seconds
+
+    first = None
+    last = None
+    for batch in batches:
+        sent = float(batch["sent_at"])
+        if clock is None:
+            clock = ManualClock(sent)
+            first = sent
+            result.start_ts = sent
+            next_tick = sent + policy.tick_seconds
+        tick_until(sent)
+        ingest.apply(batch)
+        last = max(last or sent, sent)
+    if clock is not None and last is not None and first is not None:
+        tick_until(last + tail_seconds)
+        result.trace_seconds = last - first
+    result.wall_seconds = time.perf_counter() - started
+    return result
+
+
+# -- scoring against labels -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Score:
+    expected: int = 0
+    matched: int = 0
+    opened: int = 0
+    false_positive: list[str] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)
+    false_heavy: list[str] = field(default_factory=list)
+    late: list[str] = field(default_factory=list)
+    delays: list[float] = field(default_factory=list)
+
+    def add(self, other: Score) -> None:
+        self.expected += other.expected
+        self.matched += other.matched
+        self.opened += other.opened
+        self.false_positive += other.false_positive
+        self.missed += other.missed
+        self.false_heavy += other.false_heavy
+        self.late += other.late
+        self.delays += other.delays
+
+    @property
+    def precision(self) -> float:
+        true_opens = self.opened - len(self.false_positive)
+        return true_opens / self.opened if self.opened else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.matched / self.expected if self.expected else 1.0
+
+
+def _subject_matches(want: dict[str, Any], got: dict[str, Any]) -> bool:
+    return all(str(got.get(k)) == str(v) for k, v in want.items())
+
+
+def score(result: ReplayResult, labels: dict[str, Any], *, slack_seconds: float = 2.0) -> Score:
+    """Match opened incidents to the labelled faults.
+
+    An expected fault is found by an incident of the same kind whose subject contains the
+    label's subject, opened no earlier than the fault's start; its delay must be at most the
+    label's window + ``slack_seconds``. Every other opened incident is a false positive.
+    """
+    sc = Score(expected=len(labels.get("expect", [])))
+    opens = result.opened
+    sc.opened = len(opens)
+    used: set[int] = set()
+    escalations = [d for d in result.decisions if d.type is DecisionType.ESCALATE]
+    for exp in labels.get("expect", []):
+        if exp.get("decision") == "escalate":
+            _score_escalation(sc, exp, escalations, labels, slack_seconds)
+            continue
+        found = None
+        for i, d in enumerate(opens):
+            if i in used or d.kind.value != exp["kind"]:
+                continue
+            if not _subject_matches(exp.get("subject", {}), d.subject.to_dict()):
+                continue
+            if d.at < exp["start"] - 1e-6:
+                continue
+            found = i
+            break
+        name = f"{labels.get('name', '?')}:{exp['kind']}"
+        if found is None:
+            sc.missed.append(name)
+            continue
+        used.add(found)
+        sc.matched += 1
+        d = opens[found]
+        delay = d.at - exp["start"]
+        sc.delays.append(delay)
+        if delay > exp["window"] + slack_seconds:
+            sc.late.append(f"{name} after {delay:.1f}s (window {exp['window']}s)")
+        if d.tier is Tier.HEAVY and exp.get("tier") != "heavy":
+            sc.false_heavy.append(name)
+    for i, d in enumerate(opens):
+        if i not in used:
+            sc.false_positive.append(f"{labels.get('name', '?')}:{d.key}@{d.at:.0f}")
+            if d.tier is Tier.HEAVY:
+                sc.false_heavy.append(d.key)
+    return sc
+
+
+def _score_escalation(
+    sc: Score,
+    exp: dict[str, Any],
+    escalations: list[IncidentDecision],
+    labels: dict[str, Any],
+    slack_seconds: float,
+) -> None:
+    name = f"{labels.get('name', '?')}:escalate:{exp['kind']}"
+    for d in escalations:
+        if (
+            d.kind.value == exp["kind"]
+            and _subject_matches(exp.get("subject", {}), d.subject.to_dict())
+            and d.at >= exp["start"] - 1e-6
+        ):
+            sc.matched += 1
+            delay = d.at - exp["start"]
+            sc.delays.append(delay)
+            if delay > exp["window"] + slack_seconds:
+                sc.late.append(f"{name} after {delay:.1f}s (window {exp['window']}s)")
+            return
+    sc.missed.append(name)
+
+
+def labels_path(trace: Path) -> Path:
+    name = trace.name.removesuffix(".gz").removesuffix(".jsonl")
+    return trace.with_name(f"{name}.labels.json")
+
+
+def format_report(result: ReplayResult, sc: Score | None = None) -> list[str]:
+    lines = [
+        f"replayed {result.trace_seconds:.0f}s of trace in {result.wall_seconds:.2f}s "
+        f"({result.ticks} ticks)"
+    ]
+    for d in result.decisions:
+        delay = d.detection_delay
+        shown = (
+            f" detected after {delay:.1f}s"
+            if d.type is DecisionType.OPEN and delay is not None
+            else ""
+        )
+        acts = ", ".join(a.action.value + ("*" if a.needs_approval else "") for a in d.actions)
+        reason = f" because {'; '.join(d.reasons)}" if d.reasons else ""
+        lines.append(
+            f"t+{d.at - result.start_ts:<5.0f} {d.type.value:8} {d.tier.value:6} "
+            f"{d.key}{shown}{reason}" + (f" plan: {acts}" if acts else "")
+        )
+    if sc is not None:
+        lines.append(
+            f"expected {sc.expected}, found {sc.matched}, opened {sc.opened}: "
+            f"precision {sc.precision:.3f} recall {sc.recall:.3f}"
+        )
+        for label, items in (
+            ("missed", sc.missed),
+            ("false positive", sc.false_positive),
+            ("false heavy", sc.false_heavy),
+            ("late", sc.late),
+        ):
+            for item in items:
+                lines.append(f"{label}: {item}")
+    return lines

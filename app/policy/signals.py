@@ -1,0 +1,151 @@
+"""Fault signals: what a detector saw, about whom, and why.
+
+A signal is the unit between detection and classification. It is plain data (JSON-friendly) so
+it can be stored with its incident and shown on the dashboard as the evidence for a decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class FaultKind(StrEnum):
+    # golden metrics
+    ROLLOUT_PENDING_HIGH = "rollout_pending_high"
+    SHARD_REBUILD_STORM = "shard_rebuild_storm"
+    STATE_LOG_SLOW = "state_log_slow"
+    # storage
+    STORAGE_UNWRITABLE = "storage_unwritable"
+    # role-aware idleness and liveness
+    TRAINER_IDLE = "trainer_idle"
+    ROLLOUT_DOWN = "rollout_down"
+    HEARTBEAT_LOST = "heartbeat_lost"
+    NODE_SILENT = "node_silent"
+    NODES_LOST = "nodes_lost"
+    # step-level failures reported by the job
+    STEP_FAILED = "step_failed"
+    ROLLOUT_BATCH_TIMEOUT = "rollout_batch_timeout"
+    SHARD_STALE = "shard_stale"
+    # GPU health
+    GPU_XID = "gpu_xid"
+    GPU_ECC_UNCORRECTABLE = "gpu_ecc_uncorrectable"
+    GPU_ROW_REMAP_FAILURE = "gpu_row_remap_failure"
+    GPU_THROTTLED = "gpu_throttled"
+    GPU_LOST = "gpu_lost"
+    # environment
+    ENV_DRIFT = "env_drift"
+    # anything Alertmanager sends that the label mapping does not place elsewhere
+    EXTERNAL_ALERT = "external_alert"
+
+
+class Tier(StrEnum):
+    LIGHT = "light"
+    MEDIUM = "medium"
+    HEAVY = "heavy"
+
+    @property
+    def rank(self) -> int:
+        return _TIER_RANK[self]
+
+
+_TIER_RANK = {Tier.LIGHT: 1, Tier.MEDIUM: 2, Tier.HEAVY: 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """Whom a signal is about; unset parts are not part of the subject."""
+
+    node: str | None = None
+    job: str | None = None
+    role: str | None = None
+    rank: int | None = None
+    gpu: str | None = None
+
+    def key(self) -> str:
+        """A stable text key: same subject, same key (used to group signals into incidents)."""
+        parts = [
+            f"{name}={value}"
+            for name, value in (
+                ("job", self.job),
+                ("role", self.role),
+                ("rank", self.rank),
+                ("node", self.node),
+                ("gpu", self.gpu),
+            )
+            if value is not None
+        ]
+        return "/".join(parts) or "cluster"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Subject:
+        rank = data.get("rank")
+        return cls(
+            node=data.get("node"),
+            job=data.get("job"),
+            role=data.get("role"),
+            rank=int(rank) if rank is not None else None,
+            gpu=None if data.get("gpu") is None else str(data["gpu"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """Why a detector fired: the values it looked at, over which window, against what."""
+
+    metric: str | None
+    values: tuple[tuple[float, float], ...] = ()  # (ts, value), oldest first, capped
+    window_seconds: float = 0.0
+    threshold: float | None = None
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "values": [list(v) for v in self.values],
+            "window_seconds": self.window_seconds,
+            "threshold": self.threshold,
+            "detail": self.detail,
+        }
+
+
+MAX_EVIDENCE_POINTS = 60
+
+
+def cap_points(points: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """Keep evidence small: the newest ``MAX_EVIDENCE_POINTS`` samples."""
+    return tuple(points[-MAX_EVIDENCE_POINTS:])
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSignal:
+    kind: FaultKind
+    subject: Subject
+    evidence: Evidence
+    suggested_tier: Tier
+    detected_at: float
+    # Since when the condition holds (first breaching sample, last heartbeat ...): the dashboard
+    # shows it, and replay uses it to measure how long detection took.
+    since: float | None = None
+    step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def incident_key(self) -> str:
+        return f"{self.kind.value}:{self.subject.key()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "subject": self.subject.to_dict(),
+            "evidence": self.evidence.to_dict(),
+            "suggested_tier": self.suggested_tier.value,
+            "detected_at": self.detected_at,
+            "since": self.since,
+            "step": self.step,
+            "extra": dict(self.extra),
+        }

@@ -1,0 +1,452 @@
+"""Generate the labelled policy trace corpus (run: python -m tests.policy_traces.make_traces).
+
+Each trace is a small simulated cluster (3 nodes × 2 GPUs; one job with two trainer ranks on
+n0 and one rollout rank on each of n1 and n2) sending one ingest batch per node per second,
+exactly in the ingest body format, with one fault injected (or a must-not-fire situation).
+The agent behaviour is modelled after docs/metrics.md: a dead process keeps its stale heartbeat
+(the participant's ``ts`` stops moving) and ``rollout_tokens_per_second`` is only sent when a
+new heartbeat arrives; a silent node sends nothing at all.
+
+Next to each ``<name>.jsonl.gz`` a ``<name>.labels.json`` lists the faults that must be found
+(kind, subject, start time, the configured detection window, the tier when it must be heavy).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+T0 = 1_700_000_000.0
+JOB = "grpo-a"
+GPUS = ("0", "1")
+PARTICIPANTS = {  # node → [(role, rank)]
+    "n0": [("trainer", 0), ("trainer", 1)],
+    "n1": [("rollout", 0)],
+    "n2": [("rollout", 1)],
+}
+FINGERPRINT = {"python": "3.11.9", "torch": "2.4.1", "cuda": "12.4", "driver": "550.54", "hash": "a1b2"}
+
+
+@dataclass
+class Sim:
+    """Mutable simulation state a scenario changes at chosen times."""
+
+    seed: int
+    duration: float
+    rng: random.Random = field(init=False)
+    silent_nodes: dict[str, tuple[float, float]] = field(default_factory=dict)  # node → [from, to)
+    step: int = 20
+    phase: dict[tuple[str, int], str] = field(default_factory=dict)
+    # per-second hook: (t, sim) → None, may change overrides below
+    hooks: list[Callable[[float, Sim], None]] = field(default_factory=list)
+    gpu_override: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (node,gpu,metric)
+    gpu_missing: set[tuple[str, str]] = field(default_factory=set)  # lost GPUs: only gpu_lost sent
+    part_override: dict[tuple[int, str, str], float] = field(default_factory=dict)  # (rank, role, metric)
+    dead: dict[tuple[str, int], float] = field(default_factory=dict)  # (role, rank) → died at
+    hb_frozen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    fingerprints: dict[str, dict[str, str]] = field(default_factory=dict)
+    trainer_util: float | None = None  # forced trainer-node GPU utilization
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        for parts in PARTICIPANTS.values():
+            for role, rank in parts:
+                self.phase[(role, rank)] = "TRAIN" if role == "trainer" else "ROLLOUT"
+
+
+def _silent(sim: Sim, node: str, t: float) -> bool:
+    span = sim.silent_nodes.get(node)
+    return span is not None and span[0] <= t < span[1]
+
+
+def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
+    r = sim.rng
+    ts = round(t + r.uniform(0.0, 0.2), 3)
+    samples: list[dict[str, Any]] = []
+
+    def add(name: str, value: float, **labels: str) -> None:
+        samples.append({"name": name, "value": round(value, 3), "ts": ts, "labels": labels})
+
+    for gpu in GPUS:
+        if (node, gpu) in sim.gpu_missing:
+            add("gpu_lost", 1, gpu=gpu)
+            continue
+        if node == "n0":
+            util = sim.trainer_util if sim.trainer_util is not None else r.uniform(0.7, 0.95)
+        else:
+            util = r.uniform(0.3, 0.9)
+        defaults = {
+            "gpu_utilization_ratio": util,
+            "gpu_temperature_celsius": r.uniform(55, 70),
+            "gpu_xid_critical_events_total": 0,
+            "gpu_xid_last_code": None,
+            "gpu_ecc_uncorrected_errors_total": 0,
+            "gpu_remapped_rows_failure": 0,
+            "gpu_throttle_thermal_active": 0,
+            "gpu_throttle_power_active": 0,
+            "gpu_lost": 0,
+        }
+        for name, value in defaults.items():
+            value = sim.gpu_override.get((node, gpu, name), value)
+            if value is not None:
+                add(name, value, gpu=gpu)
+    participants = []
+    for role, rank in PARTICIPANTS[node]:
+        labels = {"job": JOB, "role": role, "rank": str(rank)}
+        died = sim.dead.get((role, rank))
+        alive = died is None or t < died
+        frozen = sim.hb_frozen.get((role, rank))
+        hb_ts = round(t - r.uniform(0.0, 2.0), 3)  # the reporter rewrites every ~2 s
+        if not alive:
+            hb_ts = round(died - 1.0, 3)  # type: ignore[operator]
+        elif frozen and frozen[0] <= t < frozen[1]:
+            hb_ts = round(frozen[0] - 1.0, 3)
+        fresh_heartbeat = alive and not (frozen and frozen[0] <= t < frozen[1])
+
+        def val(metric: str, default: float) -> float:
+            return sim.part_override.get((rank, role, metric), default)
+
+        add("rollout_pending_ratio", val("rollout_pending_ratio", r.uniform(0.0, 0.08)), **labels)
+        add("actor_shard_rebuild_count_5m", val("actor_shard_rebuild_count_5m", 0), **labels)
+        add("state_log_write_latency_ms", val("state_log_write_latency_ms", r.uniform(5, 40)), **labels)
+        add("train_step", sim.step, **labels)
+        add("train_step_failures_total", val("train_step_failures_total", 0), **labels)
+        if (rank, role, "train_last_failed_step") in sim.part_override:
+            add("train_last_failed_step", val("train_last_failed_step", 0), **labels)
+        add("rollout_batch_timeouts_total", val("rollout_batch_timeouts_total", 0), **labels)
+        add("state_log_write_errors_total", val("state_log_write_errors_total", 0), **labels)
+        add("actor_shard_stale", val("actor_shard_stale", 0), **labels)
+        add("participant_heartbeat_age_seconds", t - hb_ts, **labels)
+        if role == "rollout" and fresh_heartbeat:
+            add("rollout_tokens_per_second", val("rollout_tokens_per_second", r.uniform(800, 1500)), **labels)
+        participants.append(
+            {"job": JOB, "role": role, "rank": rank, "phase": sim.phase[(role, rank)],
+             "step": sim.step, "ts": hb_ts}
+        )
+    return {
+        "agent_id": f"agent-{node}",
+        "node": node,
+        "seq": seq,
+        "sent_at": round(t + 0.25, 3),
+        "samples": samples,
+        "participants": participants,
+        "fingerprint": sim.fingerprints.get(node, FINGERPRINT) if seq == 1 else None,
+    }
+
+
+def simulate(sim: Sim) -> list[dict[str, Any]]:
+    out = []
+    seqs = dict.fromkeys(PARTICIPANTS, 0)
+    for second in range(int(sim.duration)):
+        t = T0 + second
+        for hook in sim.hooks:
+            hook(t, sim)
+        for node in PARTICIPANTS:
+            if _silent(sim, node, t):
+                continue
+            seqs[node] += 1
+            out.append(_batch(sim, node, t, seqs[node]))
+    return out
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+Scenario = Callable[[int], tuple[Sim, list[dict[str, Any]], str]]
+
+
+def at(start: float, end: float, fn: Callable[[Sim], None], undo: Callable[[Sim], None] | None = None):
+    def hook(t: float, sim: Sim) -> None:
+        if T0 + start <= t < T0 + end:
+            fn(sim)
+        elif undo is not None and t >= T0 + end:
+            undo(sim)
+
+    return hook
+
+
+def exp(kind: str, start: float, window: float, tier: str | None = None, decision: str = "open", **subject: Any) -> dict[str, Any]:
+    e: dict[str, Any] = {"kind": kind, "start": T0 + start, "window": window, "subject": {"job": JOB, **subject} if "job" not in subject else subject}
+    if subject.get("job", JOB) is None:
+        e["subject"] = {k: v for k, v in subject.items() if k != "job"}
+    if tier:
+        e["tier"] = tier
+    if decision != "open":
+        e["decision"] = decision
+    return e
+
+
+def golden(metric: str, kind: str, value: float, window: float, hold: float):
+    def make(v: int) -> tuple[Sim, list[dict[str, Any]], str]:
+        start = 50 + 7 * v
+        role, rank = (("rollout", 0), ("rollout", 1), ("trainer", 1))[v % 3]
+        node = {("rollout", 0): "n1", ("rollout", 1): "n2", ("trainer", 1): "n0"}[(role, rank)]
+        sim = Sim(seed=100 + v, duration=start + window + hold + 20)
+        sim.hooks.append(at(start, start + window + hold, lambda s: s.part_override.__setitem__((rank, role, metric), value),
+                            lambda s: s.part_override.pop((rank, role, metric), None)))
+        return sim, [exp(kind, start, window, role=role, rank=rank, node=node)], f"{metric} above warning on {role}-{rank}"
+    return make
+
+
+def counter_event(metric: str, kind: str, role: str, rank: int, tier: str | None = None, step_label: bool = False):
+    def make(v: int) -> tuple[Sim, list[dict[str, Any]], str]:
+        start = 40 + 9 * v
+        sim = Sim(seed=200 + v, duration=start + 40)
+        def bump(s: Sim) -> None:
+            s.part_override[(rank, role, metric)] = 1
+            if step_label:
+                s.part_override[(rank, role, "train_last_failed_step")] = s.step
+        sim.hooks.append(at(start, 10_000, bump))
+        node = {("trainer", 0): "n0", ("trainer", 1): "n0", ("rollout", 0): "n1", ("rollout", 1): "n2"}[(role, rank)]
+        return sim, [exp(kind, start, 0, tier=tier, role=role, rank=rank, node=node)], f"{metric} rises once"
+    return make
+
+
+def gpu_event(metric: str, kind: str, value: float, window: float, node: str, gpu: str, xid: int | None = None, until: float | None = None):
+    def make(v: int) -> tuple[Sim, list[dict[str, Any]], str]:
+        start = 45 + 6 * v
+        g = GPUS[(int(gpu) + v) % 2]
+        sim = Sim(seed=300 + v, duration=start + window + 40)
+        def on(s: Sim) -> None:
+            s.gpu_override[(node, g, metric)] = value
+            if xid is not None:
+                s.gpu_override[(node, g, "gpu_xid_last_code")] = xid
+        end = start + until if until is not None else 10_000
+        sim.hooks.append(at(start, end, on, lambda s: s.gpu_override.pop((node, g, metric), None)))
+        return sim, [exp(kind, start, window, job=None, node=node, gpu=g)], f"{metric} on {node}/gpu{g}"
+    return make
+
+
+def gpu_lost(v: int):
+    start = 50 + 5 * v
+    node, g = ("n2", GPUS[v % 2])
+    sim = Sim(seed=400 + v, duration=start + 40)
+    sim.hooks.append(at(start, 10_000, lambda s: s.gpu_missing.add((node, g))))
+    return sim, [exp("gpu_lost", start, 0, job=None, node=node, gpu=g)], "GPU falls off the bus"
+
+
+def trainer_idle(v: int):
+    start = 40 + 10 * v
+    sim = Sim(seed=500 + v, duration=start + 300 + 20)
+    sim.hooks.append(at(start, 10_000, lambda s: setattr(s, "trainer_util", 0.01)))
+    return sim, [exp("trainer_idle", start, 300, role="trainer", node="n0")], "trainer hangs in TRAIN"
+
+
+def rollout_down(v: int):
+    start = 50 + 8 * v
+    role, rank, node = ("rollout", v % 2, "n1" if v % 2 == 0 else "n2")
+    sim = Sim(seed=600 + v, duration=start + 60 + 40)
+    sim.dead[(role, rank)] = T0 + start
+    return sim, [exp("rollout_down", start, 60, role=role, rank=rank, node=node)], "rollout process dies"
+
+
+def heartbeat_lost(v: int):
+    start = 45 + 8 * v
+    rank = v % 2
+    sim = Sim(seed=700 + v, duration=start + 75 + 30)
+    sim.dead[("trainer", rank)] = T0 + start
+    return sim, [exp("heartbeat_lost", start, 75, role="trainer", rank=rank, node="n0")], "trainer process dies, node alive"
+
+
+def node_silent(v: int):
+    start = 40 + 10 * v
+    node = ("n1", "n2")[v % 2]
+    sim = Sim(seed=800 + v, duration=start + 75 + 30)
+    sim.silent_nodes[node] = (T0 + start, T0 + 10_000)
+    return sim, [exp("node_silent", start, 75, job=None, node=node)], f"{node} goes silent"
+
+
+def nodes_lost(v: int):
+    start = 40 + 5 * v
+    sim = Sim(seed=900 + v, duration=start + 75 + 40)
+    sim.silent_nodes["n1"] = (T0 + start, T0 + 10_000)
+    sim.silent_nodes["n2"] = (T0 + start + (0 if v == 0 else 1), T0 + 10_000)
+    expect = [exp("nodes_lost", start, 75, tier="heavy")]
+    if v:
+        # n1 is confirmed one tick before n2: its own medium incident is a true detection.
+        expect.append(exp("node_silent", start, 75, job=None, node="n1"))
+    return sim, expect, "two rollout nodes go silent"
+
+
+def env_drift(v: int):
+    sim = Sim(seed=1000 + v, duration=30)
+    sim.fingerprints["n2"] = dict(FINGERPRINT, torch="2.3.0" if v == 0 else "2.4.1", cuda="12.4" if v == 0 else "12.1")
+    return sim, [exp("env_drift", 0, 2)], "n2 runs another torch/CUDA"
+
+
+def first_step(v: int):
+    start = 30 + 5 * v
+    sim = Sim(seed=1100 + v, duration=start + 40)
+    sim.step = 1
+    sim.hooks.append(at(start, 10_000, lambda s: (s.part_override.__setitem__((0, "trainer", "train_step_failures_total"), 1), s.part_override.__setitem__((0, "trainer", "train_last_failed_step"), 1))))
+    return sim, [exp("step_failed", start, 0, tier="heavy", role="trainer", rank=0, node="n0")], "OOM in the job's first step"
+
+
+def same_step_twice(v: int):
+    start = 40 + 5 * v
+    sim = Sim(seed=1200 + v, duration=start + 70)
+    def fail(n: int) -> Callable[[Sim], None]:
+        def f(s: Sim) -> None:
+            s.part_override[(0, "trainer", "train_step_failures_total")] = n
+            s.part_override[(0, "trainer", "train_last_failed_step")] = 20
+        return f
+    sim.hooks.append(at(start, start + 30, fail(1)))
+    sim.hooks.append(at(start + 30, 10_000, fail(2)))
+    return sim, [
+        exp("step_failed", start, 0, role="trainer", rank=0, node="n0"),
+        exp("step_failed", start + 30, 0, tier="heavy", decision="escalate", role="trainer", rank=0, node="n0"),
+    ], "step 20 fails, is retried and fails again"
+
+
+POSITIVE: dict[str, tuple[Scenario, int]] = {
+    "pending_ratio": (golden("rollout_pending_ratio", "rollout_pending_high", 0.55, 30, 20), 3),
+    "shard_rebuilds": (golden("actor_shard_rebuild_count_5m", "shard_rebuild_storm", 2, 0, 30), 3),
+    "state_log_latency": (golden("state_log_write_latency_ms", "state_log_slow", 450, 10, 20), 3),
+    "storage_unwritable": (counter_event("state_log_write_errors_total", "storage_unwritable", "trainer", 0, tier="heavy"), 2),
+    "step_failed": (counter_event("train_step_failures_total", "step_failed", "trainer", 1, step_label=True), 2),
+    "batch_timeout": (counter_event("rollout_batch_timeouts_total", "rollout_batch_timeout", "rollout", 0), 2),
+    "shard_stale": (counter_event("actor_shard_stale", "shard_stale", "trainer", 1), 2),
+    "gpu_xid": (gpu_event("gpu_xid_critical_events_total", "gpu_xid", 1, 0, "n1", "0", xid=79), 2),
+    "gpu_ecc": (gpu_event("gpu_ecc_uncorrected_errors_total", "gpu_ecc_uncorrectable", 2, 0, "n0", "1"), 2),
+    "gpu_remap": (gpu_event("gpu_remapped_rows_failure", "gpu_row_remap_failure", 1, 0, "n2", "0"), 2),
+    "gpu_throttle": (gpu_event("gpu_throttle_thermal_active", "gpu_throttled", 1, 60, "n1", "1", until=90), 2),
+    "gpu_lost": (gpu_lost, 2),
+    "trainer_idle": (trainer_idle, 2),
+    "rollout_down": (rollout_down, 2),
+    "heartbeat_lost": (heartbeat_lost, 2),
+    "node_silent": (node_silent, 2),
+    "nodes_lost": (nodes_lost, 2),
+    "env_drift": (env_drift, 2),
+    "first_step": (first_step, 2),
+    "same_step_twice": (same_step_twice, 2),
+}
+
+
+# -- must-not-fire ----------------------------------------------------------------------------
+
+
+def healthy(v: int):
+    return Sim(seed=2000 + v, duration=200), [], "healthy cluster"
+
+
+def tool_wait(v: int):
+    sim = Sim(seed=2100 + v, duration=220)
+    sim.hooks.append(at(40, 40 + 130, lambda s: s.part_override.__setitem__((v % 2, "rollout", "rollout_tokens_per_second"), 0),
+                        lambda s: s.part_override.pop((v % 2, "rollout", "rollout_tokens_per_second"), None)))
+    return sim, [], "rollout waits 130 s on a tool: zero tokens, heartbeat alive"
+
+
+def weight_sync_idle(v: int):
+    sim = Sim(seed=2200 + v, duration=420)
+    def sync(s: Sim) -> None:
+        s.trainer_util = 0.0
+        s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "WEIGHT_SYNC"
+    def back(s: Sim) -> None:
+        s.trainer_util = None
+        s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "TRAIN"
+    sim.hooks.append(at(30, 30 + 340, sync, back))
+    return sim, [], "trainer idle 340 s during weight sync"
+
+
+def short_train_idle(v: int):
+    sim = Sim(seed=2300 + v, duration=330)
+    sim.hooks.append(at(20, 20 + 270, lambda s: setattr(s, "trainer_util", 0.0), lambda s: setattr(s, "trainer_util", None)))
+    return sim, [], "trainer idle 270 s in TRAIN (under the 300 s timeout)"
+
+
+def idle_across_phases(v: int):
+    sim = Sim(seed=2400 + v, duration=400)
+    sim.trainer_util = 0.0
+    def rollout_phase(s: Sim) -> None:
+        s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "ROLLOUT"
+    def train_phase(s: Sim) -> None:
+        s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "TRAIN"
+    sim.hooks.append(at(0, 180, rollout_phase, train_phase))
+    sim.hooks.append(at(180 + 250, 10_000, lambda s: setattr(s, "trainer_util", None)))
+    sim.duration = 180 + 250 + 10
+    return sim, [], "idle 180 s in ROLLOUT then 250 s in TRAIN: only TRAIN time counts"
+
+
+def node_gap(v: int):
+    sim = Sim(seed=2500 + v, duration=160)
+    node = ("n1", "n2")[v % 2]
+    sim.silent_nodes[node] = (T0 + 60, T0 + 80)
+    return sim, [], f"{node} misses 20 s of heartbeats and comes back"
+
+
+def heartbeat_gap(v: int):
+    sim = Sim(seed=2600 + v, duration=160)
+    sim.hb_frozen[("trainer", v % 2)] = (T0 + 60, T0 + 80)
+    sim.hb_frozen[("rollout", v % 2)] = (T0 + 60, T0 + 80)
+    return sim, [], "participants' heartbeats stall 20 s and resume"
+
+
+def brief_spikes(v: int):
+    sim = Sim(seed=2700 + v, duration=200)
+    sim.hooks.append(at(40, 46, lambda s: s.part_override.__setitem__((0, "trainer", "state_log_write_latency_ms"), 600),
+                        lambda s: s.part_override.pop((0, "trainer", "state_log_write_latency_ms"), None)))
+    sim.hooks.append(at(70, 90, lambda s: s.part_override.__setitem__((0, "rollout", "rollout_pending_ratio"), 0.7),
+                        lambda s: s.part_override.pop((0, "rollout", "rollout_pending_ratio"), None)))
+    sim.hooks.append(at(100, 135, lambda s: s.gpu_override.__setitem__(("n1", "0", "gpu_throttle_thermal_active"), 1),
+                        lambda s: s.gpu_override.pop(("n1", "0", "gpu_throttle_thermal_active"), None)))
+    sim.hooks.append(at(140, 141, lambda s: s.part_override.__setitem__((1, "trainer", "actor_shard_rebuild_count_5m"), 1),
+                        lambda s: s.part_override.pop((1, "trainer", "actor_shard_rebuild_count_5m"), None)))
+    return sim, [], "spikes shorter than their breach durations"
+
+
+def preexisting_counters(v: int):
+    sim = Sim(seed=2800 + v, duration=120)
+    sim.gpu_override[("n0", "0", "gpu_ecc_uncorrected_errors_total")] = 5
+    sim.gpu_override[("n1", "1", "gpu_xid_critical_events_total")] = 2
+    sim.part_override[(0, "trainer", "train_step_failures_total")] = 3
+    return sim, [], "counters already non-zero when the agent starts reporting"
+
+
+NEGATIVE: dict[str, tuple[Scenario, int]] = {
+    "healthy": (healthy, 2),
+    "tool_wait": (tool_wait, 2),
+    "weight_sync_idle": (weight_sync_idle, 1),
+    "short_train_idle": (short_train_idle, 1),
+    "idle_across_phases": (idle_across_phases, 1),
+    "node_gap": (node_gap, 2),
+    "heartbeat_gap": (heartbeat_gap, 2),
+    "brief_spikes": (brief_spikes, 2),
+    "preexisting_counters": (preexisting_counters, 1),
+}
+
+
+def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+        for b in batches:
+            gz.write((json.dumps(b, separators=(",", ":")) + "\n").encode())
+    path.write_bytes(buf.getvalue())
+
+
+def main() -> None:
+    for old in HERE.glob("*.jsonl.gz"):
+        old.unlink()
+    for old in HERE.glob("*.labels.json"):
+        old.unlink()
+    total = 0
+    for group, table in (("fault", POSITIVE), ("ok", NEGATIVE)):
+        for name, (scenario, variants) in table.items():
+            for v in range(variants):
+                sim, expect, description = scenario(v)
+                batches = simulate(sim)
+                trace = f"{group}_{name}_{v}"
+                _write_gz(HERE / f"{trace}.jsonl.gz", batches)
+                labels = {"name": trace, "description": description, "expect": expect}
+                (HERE / f"{trace}.labels.json").write_text(json.dumps(labels, indent=1) + "\n")
+                total += 1
+    print(f"wrote {total} traces to {HERE}")
+
+
+if __name__ == "__main__":
+    main()
