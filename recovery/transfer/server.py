@@ -137,6 +137,10 @@ class WeightServer:
         if self._limiter is None:
             channel.send(view, timeout=self._send_timeout)
             return
+        if not self.transport.stream_oriented:
+            self._limiter.throttle(len(view))
+            channel.send(view, timeout=self._send_timeout)
+            return
         for start in range(0, len(view), SLICE_BYTES):
             piece = view[start : start + SLICE_BYTES]
             self._limiter.throttle(len(piece))

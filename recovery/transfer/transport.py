@@ -50,6 +50,9 @@ class Transport(ABC):
     #: True when chunk bytes follow their header on the channel; False when they are read
     #: through :meth:`open_payload` (the header then only says the chunk is ready).
     inline_payload: ClassVar[bool] = True
+    #: True when a send may be split into several sends (a byte stream); message transports
+    #: (ucx) need each send matched by one receive of the same size, so payloads go whole.
+    stream_oriented: ClassVar[bool] = True
 
     @abstractmethod
     def listen(self, host: str, port: int, handler: ConnectionHandler) -> Listener:

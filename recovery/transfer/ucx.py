@@ -1,0 +1,163 @@
+"""The ``ucx`` transport (the ``ucx`` extra: ``ucxx``): RDMA where the fabric has it, TCP otherwise.
+
+ucxx is asyncio-based; the rest of the library is synchronous threads. The transport therefore
+runs one event loop in a daemon thread, submits every send/receive to it, and waits on the result
+with the caller's timeout (cancelling the operation and aborting the endpoint when it runs out).
+Each protocol message is one ucxx tag message of exactly the size the receiver posts, which the
+framing in :mod:`recovery.transfer.wire` guarantees.
+
+``TCP_CM_REUSEADDR=y`` is passed to UCX so a listener restarted on the same port after a crash
+can bind again (the TCP connection manager otherwise refuses while the old socket lingers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import logging
+import threading
+from collections.abc import Coroutine, Mapping
+from types import ModuleType
+from typing import Any, ClassVar
+
+from recovery.transfer.errors import PeerDeadError, TransferTimeout, TransportUnavailableError
+from recovery.transfer.transport import ConnectionHandler, Transport, split_address
+
+log = logging.getLogger("rlguard.recovery.transfer.ucx")
+
+UCX_OPTIONS: dict[str, str] = {"TCP_CM_REUSEADDR": "y"}
+_INIT_LOCK = threading.Lock()
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+ABORT_PERIOD_NS = 10**9
+
+
+def _ucx_error() -> type[BaseException]:
+    errors: type[BaseException] = importlib.import_module("ucxx.exceptions").UCXError
+    return errors
+
+
+def load_ucxx() -> ModuleType:
+    """Import ``ucxx`` or raise :class:`TransportUnavailableError` saying how to get it."""
+    try:
+        return importlib.import_module("ucxx")
+    except ImportError as exc:
+        raise TransportUnavailableError(
+            "the ucx transport needs the 'ucx' extra (pip install 'rlguard[ucx]', which installs "
+            f"ucxx); it is not importable here: {exc}"
+        ) from exc
+
+
+def _event_loop(ucxx: ModuleType, options: Mapping[str, str]) -> asyncio.AbstractEventLoop:
+    """The process-wide loop that drives ucxx (UCX is initialised once per process)."""
+    global _LOOP
+    with _INIT_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="ucx-loop", daemon=True).start()
+
+            async def init() -> None:
+                ucxx.init(options=dict(options))
+
+            asyncio.run_coroutine_threadsafe(init(), loop).result(timeout=30)
+            _LOOP = loop
+        return _LOOP
+
+
+class UcxChannel:
+    """One ucxx endpoint used synchronously; every call waits at most its ``timeout``."""
+
+    def __init__(self, endpoint: Any, loop: asyncio.AbstractEventLoop, peer: str, ucxx: ModuleType) -> None:
+        self.endpoint = endpoint
+        self.peer = peer
+        self._loop = loop
+        self._errors: tuple[type[BaseException], ...] = (_ucx_error(),)
+
+    def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, what: str) -> None:
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            self.close()
+            raise TransferTimeout(self.peer, f"{what} made no progress for {timeout}s") from exc
+        except self._errors as exc:
+            raise PeerDeadError(self.peer, f"{what} failed: {exc}") from exc
+
+    def send(self, data: bytes | memoryview, *, timeout: float) -> None:
+        """Send ``data`` as one message."""
+        self._wait(self.endpoint.send(data), timeout, "send")
+
+    def recv_into(self, buffer: memoryview, *, timeout: float) -> None:
+        """Receive one message of exactly ``len(buffer)`` bytes into ``buffer``."""
+        self._wait(self.endpoint.recv(buffer), timeout, "receive")
+
+    def close(self) -> None:
+        """Abort the endpoint (idempotent; a clean close would wait on the peer)."""
+        if not self.endpoint.closed:
+            # abort() blocks for at most ``period`` ns; run it on the loop thread, which owns
+            # the endpoint, so it never races an in-flight request's completion.
+            self._loop.call_soon_threadsafe(self.endpoint.abort, ABORT_PERIOD_NS)
+
+
+class UcxListener:
+    """A ucxx listener whose connections are handled by blocking handlers in worker threads."""
+
+    def __init__(self, ucxx: ModuleType, loop: asyncio.AbstractEventLoop, host: str, port: int,
+                 handler: ConnectionHandler) -> None:
+        self._loop = loop
+
+        async def on_connect(endpoint: Any) -> None:
+            channel = UcxChannel(endpoint, loop, f"ucx-peer-{id(endpoint):x}", ucxx)
+            try:
+                await loop.run_in_executor(None, handler, channel)
+            finally:
+                channel.close()
+
+        async def create() -> Any:
+            return ucxx.create_listener(on_connect, port=port or None)
+
+        self._listener = asyncio.run_coroutine_threadsafe(create(), loop).result(timeout=30)
+        self.address = f"{host}:{self._listener.port}"
+
+    def close(self) -> None:
+        """Stop listening."""
+        async def close() -> None:
+            self._listener.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
+
+
+class UcxTransport(Transport):
+    """Point-to-point transfer over UCX; ``options`` are extra UCX settings (no ``UCX_`` prefix)."""
+
+    name: ClassVar[str] = "ucx"
+    stream_oriented: ClassVar[bool] = False
+
+    def __init__(self, *, options: Mapping[str, str] | None = None) -> None:
+        self._ucxx = load_ucxx()
+        self._loop = _event_loop(self._ucxx, {**UCX_OPTIONS, **(options or {})})
+
+    def listen(self, host: str, port: int, handler: ConnectionHandler) -> UcxListener:
+        """Listen on ``port`` (0 = a free one); peers reach it at ``host:port``."""
+        return UcxListener(self._ucxx, self._loop, host, port, handler)
+
+    def connect(self, address: str, *, timeout: float) -> UcxChannel:
+        """Open an endpoint to ``address`` within ``timeout``."""
+        host, port = split_address(address)
+        ucxx = self._ucxx
+
+        async def create() -> Any:
+            return await ucxx.create_endpoint(host, port)
+
+        future = asyncio.run_coroutine_threadsafe(create(), self._loop)
+        try:
+            endpoint = future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise TransferTimeout(address, f"ucx connect took longer than {timeout}s") from exc
+        except _ucx_error() as exc:
+            raise PeerDeadError(address, f"ucx connect failed: {exc}") from exc
+        return UcxChannel(endpoint, self._loop, address, ucxx)
