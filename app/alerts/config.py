@@ -164,6 +164,9 @@ class AlertsConfig(BaseModel):
     group_wait_s: float = Field(default=10.0, ge=0.0, le=600.0)
     repeat_interval_s: float = Field(default=1800.0, ge=60.0, le=7 * 86400.0)
     channels: tuple[ChannelConfig, ...] = ()
+    # Optional operator allowlist: when set, every channel's host must be in it, and the
+    # delivery client refuses any other host even if a channel somehow named one.
+    host_allowlist: tuple[str, ...] = ()
 
     @field_validator("external_base_url")
     @classmethod
@@ -194,6 +197,13 @@ class AlertsConfig(BaseModel):
             if channel.name in seen:
                 raise ValueError(f"channel name {channel.name!r} is used twice")
             seen.add(channel.name)
+        if self.host_allowlist:
+            allowed = {h.lower() for h in self.host_allowlist}
+            for channel in self.channels:
+                if channel.host not in allowed:
+                    raise ValueError(
+                        f"channel {channel.name!r}: host {channel.host!r} is not in host_allowlist"
+                    )
         return self
 
     @property
@@ -212,6 +222,8 @@ class AlertsConfig(BaseModel):
         raise AlertConfigError(f"no alert channel named {name!r} (configured: {known})")
 
     def allowed_hosts(self) -> frozenset[str]:
+        if self.host_allowlist:
+            return frozenset(h.lower() for h in self.host_allowlist)
         return frozenset(c.host for c in self.channels)
 
     def incident_url(self, incident_id: int) -> str:

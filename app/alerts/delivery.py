@@ -188,6 +188,7 @@ class AlertDeliveryClient:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         transport: httpx.BaseTransport | None = None,
+        allowed_hosts: frozenset[str] | None = None,
     ) -> None:
         self._config = config
         self._policy = policy or RetryPolicy()
@@ -195,7 +196,10 @@ class AlertDeliveryClient:
         self._sleep = sleep
         self._clock = clock
         self._rng = rng
+        # An explicit set can only narrow what the configuration allows, never widen it.
         self._allowed_hosts = config.allowed_hosts()
+        if allowed_hosts is not None:
+            self._allowed_hosts &= frozenset(h.lower() for h in allowed_hosts)
         for channel in config.channels:
             register_url(channel.url.get_secret_value())
             if isinstance(channel, WebhookChannel):

@@ -18,11 +18,9 @@ MARKDOWN_MAX_BYTES = 4096
 TEXT_MAX_BYTES = 2048
 TIER_COLOUR = {Tier.LIGHT: "comment", Tier.MEDIUM: "info", Tier.HEAVY: "warning"}
 
-# Ingested values must not become markup: angle brackets would open a <font> or <@mention>,
+# Ingested values must not become markup: '<' would open a <font> or a <@mention>,
 # square brackets a [link](...). Full-width look-alikes keep the text readable.
-_NEUTRALIZE = str.maketrans(
-    {"<": "＜", ">": "＞", "[": "［", "]": "］", "\n": " ", "\r": " ", "`": "'"}
-)
+_NEUTRALIZE = str.maketrans({"<": "＜", "[": "［", "]": "］", "\n": " ", "\r": " ", "`": "'"})
 
 
 def neutralize(value: str) -> str:
@@ -63,7 +61,8 @@ def render_wecom(
         f'<font color="{colour}">**{content.emoji} {content.tier_label}**</font> '
         f"**{neutralize(content.headline)}**"
     ]
-    body = [f"> {field.label}: {neutralize(field.value)}" for field in content.fields]
+    sep = text(content.locale, "label_sep")
+    body = [f"> {field.label}{sep}{neutralize(field.value)}" for field in content.fields]
     body += [neutralize(note) for note in content.notes]
     links = f"[{content.incident_label}]({content.incident_url})"
     if content.approval_url:
