@@ -1,6 +1,321 @@
-"""The `rlguard` command line (filled in by the foundation work)."""
+"""The ``rlguard`` command line.
+
+Commands print only what the contract says on stdout (a token for ``token create`` and
+``user create``); everything else goes to stderr. A bad value ends with one line
+``rlguard: error: ...`` and exit status 2; an unreachable or unmigrated database with status 1.
+"""
+
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlmodel import Session
+
+from app.core.config import ConfigError, Settings, get_settings
+from app.services.errors import ServiceError
+
+T = TypeVar("T")
+
+cli = typer.Typer(
+    name="rlguard",
+    help="RLGuard: keeps RL post-training jobs alive (server, database, tokens, users, agent).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_cli = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+token_cli = typer.Typer(help="API tokens for node agents.", no_args_is_help=True)
+user_cli = typer.Typer(help="Users of the dashboard and REST API.", no_args_is_help=True)
+cli.add_typer(db_cli, name="db")
+cli.add_typer(token_cli, name="token")
+cli.add_typer(user_cli, name="user")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"rlguard: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def info(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _safe_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def load_settings() -> Settings:
+    from pydantic import ValidationError
+
+    get_settings.cache_clear()
+    try:
+        return get_settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "RLGUARD_" + "__".join(str(p) for p in err["loc"]).upper()
+        fail(f"{where}: {err['msg']} (got {err.get('input')!r})")
+
+
+def run_db(settings: Settings, action: Callable[[Session], T]) -> T:
+    """Run ``action`` in a session on the configured database, with one-line errors."""
+    from app.core.db import make_engine
+
+    engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
+    try:
+        with Session(engine, expire_on_commit=False) as session:
+            result = action(session)
+            session.commit()
+            return result
+    except ServiceError as exc:
+        fail(str(exc))
+    except (OperationalError, ProgrammingError) as exc:
+        text = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        hint = ""
+        if "no such table" in text or "does not exist" in text:
+            hint = "; run `rlguard db upgrade` first"
+        fail(f"database {_safe_url(settings.db_url)}: {text}{hint}", code=1)
+    finally:
+        engine.dispose()
+
+
+# -- db ---------------------------------------------------------------------------------------
+
+
+@db_cli.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
+) -> None:
+    """Apply migrations up to REVISION (default: the latest)."""
+    from app.core import migrate
+
+    settings = load_settings()
+    try:
+        migrate.upgrade(settings.db_url, revision)
+    except OperationalError as exc:
+        fail(f"database {_safe_url(settings.db_url)}: {str(exc.orig).splitlines()[0]}", code=1)
+    except Exception as exc:  # alembic raises CommandError / util errors for bad revisions
+        from alembic.util import CommandError
+
+        if isinstance(exc, CommandError):
+            fail(f"revision {revision!r}: {exc}")
+        raise
+    info(f"database {_safe_url(settings.db_url)} is at {migrate.current_revision(settings.db_url)}")
+
+
+@db_cli.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision, or 'base'.")],
+) -> None:
+    """Revert migrations down to REVISION."""
+    from alembic.util import CommandError
+
+    from app.core import migrate
+
+    settings = load_settings()
+    try:
+        migrate.downgrade(settings.db_url, revision)
+    except CommandError as exc:
+        fail(f"revision {revision!r}: {exc}")
+    info(f"database {_safe_url(settings.db_url)} is at {migrate.current_revision(settings.db_url)}")
+
+
+@db_cli.command("current")
+def db_current() -> None:
+    """Print the database's current revision."""
+    from app.core import migrate
+
+    settings = load_settings()
+    try:
+        typer.echo(migrate.current_revision(settings.db_url) or "(empty)")
+    except OperationalError as exc:
+        fail(f"database {_safe_url(settings.db_url)}: {str(exc.orig).splitlines()[0]}", code=1)
+
+
+# -- tokens and users -------------------------------------------------------------------------
+
+
+@token_cli.command("create")
+def token_create(
+    node: Annotated[str, typer.Option("--node", help="The node this token may ingest for.")],
+    description: Annotated[str, typer.Option(help="Free text shown in token lists.")] = "",
+) -> None:
+    """Issue a node token; prints only the token (it is shown once, only a hash is kept)."""
+    from app.services.tokens import create_node_token
+
+    settings = load_settings()
+    _token, plaintext = run_db(
+        settings,
+        lambda s: create_node_token(s, node=node, actor="cli", description=description),
+    )
+    typer.echo(plaintext)
+
+
+@token_cli.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(help="The token's id.")]) -> None:
+    """Revoke a token (ingest with it stops within the server's token cache time, 5 s)."""
+    from app.services.tokens import revoke_token
+
+    run_db(load_settings(), lambda s: revoke_token(s, token_id=token_id, actor="cli"))
+    info(f"token {token_id} revoked")
+
+
+@token_cli.command("list")
+def token_list() -> None:
+    """List tokens (id, kind, owner, prefix, state); never the secrets."""
+    from sqlmodel import select
+
+    from app.models import ApiToken
+
+    rows = run_db(load_settings(), lambda s: list(s.exec(select(ApiToken)).all()))
+    for t in rows:
+        owner = f"node:{t.node_name}" if t.node_name else f"user_id:{t.user_id}"
+        state = "revoked" if t.revoked_at else "active"
+        typer.echo(f"{t.id}\t{t.kind}\t{owner}\t{t.prefix}…\t{state}")
+
+
+@user_cli.command("create")
+def user_create(
+    name: Annotated[str, typer.Argument(help="User name.")],
+    role: Annotated[str, typer.Option(help="viewer | operator | approver | admin")],
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="Read a login password from stdin.")
+    ] = False,
+) -> None:
+    """Create a user; prints only an API bearer token for that user."""
+    from app.services.users import create_user, parse_role
+
+    try:
+        parsed = parse_role(role)
+    except ServiceError as exc:
+        fail(str(exc))
+    password = None
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+        if not password:
+            fail("--password-stdin given but stdin was empty")
+    _user, token = run_db(
+        load_settings(),
+        lambda s: create_user(s, name=name, role=parsed, password=password, actor="cli"),
+    )
+    typer.echo(token)
+
+
+# -- serving ----------------------------------------------------------------------------------
+
+
+def _check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        fail(f"--port {port} is not a TCP port (1-65535)")
+
+
+def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
+    import uvicorn
+
+    from app.core import migrate
+    from app.core.logging import configure_logging
+
+    configure_logging(settings.log_level)
+    try:
+        settings.check_secret()
+    except ConfigError as exc:
+        fail(str(exc))
+    try:
+        current = migrate.current_revision(settings.db_url)
+    except OperationalError as exc:
+        fail(f"database {_safe_url(settings.db_url)}: {str(exc.orig).splitlines()[0]}", code=1)
+    if current != migrate.head_revision(settings.db_url):
+        fail(
+            f"database {_safe_url(settings.db_url)} is at revision {current or '(empty)'}, not "
+            "the latest; run `rlguard db upgrade`",
+            code=1,
+        )
+    uvicorn.run(
+        "app.main:create_app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=15,
+    )
+
+
+@cli.command("server")
+def server(
+    host: Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve the API and pages (the database must already be migrated)."""
+    settings = load_settings()
+    port = settings.port if port is None else port
+    _check_port(port)
+    _serve(settings, host or settings.host, port, access_log)
+
+
+@cli.command("up")
+def up(
+    host: Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Everything on one machine: data dir, secret, migrations, first admin, server, workers."""
+    from app.core import migrate
+    from app.core.db import make_engine
+    from app.core.supervisor import ChildSupervisor, embedded_children
+    from app.services import bootstrap
+
+    settings = load_settings()
+    port = settings.port if port is None else port
+    _check_port(port)
+    host = host or settings.host
+    try:
+        bootstrap.ensure_data_dir(settings)
+    except OSError as exc:
+        fail(f"RLGUARD_DATA_DIR {settings.data_dir}: {exc.strerror}")
+    if bootstrap.ensure_secret(settings):
+        info(f"generated a secret key in {settings.secret_file}")
+    settings = load_settings()
+    try:
+        migrate.upgrade(settings.db_url)
+    except OperationalError as exc:
+        fail(f"database {_safe_url(settings.db_url)}: {str(exc.orig).splitlines()[0]}", code=1)
+    engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
+    try:
+        admin = bootstrap.ensure_first_admin(settings, engine)
+    finally:
+        engine.dispose()
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    info(f"RLGuard at http://{shown}:{port}/ (API docs at /docs), data in {settings.data_dir}")
+    if admin is not None:
+        info(
+            f"created the first admin user '{admin.name}'; its password and API token are in "
+            f"{admin.credentials_file} (readable only by you)"
+        )
+    supervisor = ChildSupervisor(embedded_children(settings))
+    supervisor.start()
+    try:
+        _serve(settings, host, port, access_log)
+    finally:
+        supervisor.stop()
+
+
+@cli.command(
+    "agent",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def agent(ctx: typer.Context) -> None:
+    """Run the node agent (`python -m agents ARGS`); every argument is passed through."""
+    argv = [sys.executable, "-m", "agents", *ctx.args]
+    os.execv(sys.executable, argv)
 
 
 def main() -> None:
-    raise SystemExit("rlguard: CLI not built yet")
+    cli()

@@ -1,0 +1,68 @@
+"""``POST /api/v1/ingest``: node agents' batches (see ``app.services.ingest`` for the guarantees)."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from app.api.deps import IngestDep, NodeAuth
+from app.models.public import IngestAck
+from app.services.ingest_validation import IngestRejected
+
+router = APIRouter(prefix="/api/v1", tags=["ingest"])
+
+
+async def read_capped_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise IngestRejected(
+                f"Content-Length {declared!r} is not a number", status_code=400, kind="bad_json"
+            ) from None
+        if size > limit:
+            raise IngestRejected(
+                f"body is {size} bytes, more than the limit of {limit}",
+                status_code=413,
+                kind="too_large",
+            )
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise IngestRejected(
+                f"body is more than the limit of {limit} bytes", status_code=413, kind="too_large"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "/ingest",
+    response_model=IngestAck,
+    summary="Ingest one batch of samples and participant heartbeats from a node agent",
+    responses={
+        400: {"description": "malformed JSON"},
+        401: {"description": "no token, or an unknown or revoked token"},
+        403: {"description": "a user token, or a token of another node"},
+        413: {"description": "body larger than the configured limit"},
+        422: {"description": "a field is invalid or a limit is exceeded; nothing was applied"},
+        503: {"description": "applied in memory but not yet durable; retry the same seq"},
+    },
+)
+async def ingest(request: Request, identity: NodeAuth, service: IngestDep) -> Response:
+    limits = service.limits
+    try:
+        body = await read_capped_body(request, limits.max_body_bytes)
+    except IngestRejected as exc:
+        service.metrics.ingest_rejections.labels(reason=exc.kind).inc()
+        raise
+    result = await service.ingest(body, token_node=identity.node)
+    return Response(
+        orjson.dumps({"accepted": result.accepted, "duplicate": result.duplicate}),
+        media_type="application/json",
+    )

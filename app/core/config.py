@@ -1,0 +1,165 @@
+"""Server settings, read from ``RLGUARD_*`` environment variables.
+
+One ``Settings`` object, cached by :func:`get_settings`. Nested groups (``ingest``, ``policy``,
+``series``) are set with a double underscore, e.g. ``RLGUARD_POLICY__TRAINER_IDLE_TIMEOUT=120``.
+
+The secret key comes from ``RLGUARD_SECRET_KEY``, else from ``<data_dir>/secret_key`` (written by
+``rlguard up``), else it stays the public default, which :meth:`Settings.check_secret` refuses
+outside dev mode (``RLGUARD_DEV=1``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SECRET_KEY = "rlguard-insecure-default-secret"
+SECRET_FILE_NAME = "secret_key"
+
+
+class ConfigError(RuntimeError):
+    """A setting has a value the server cannot run with; the message names it."""
+
+
+class GoldenThresholds(BaseModel):
+    """Healthy / warning bounds of the three golden metrics (DESIGN.md, from the seeds)."""
+
+    rollout_pending_ratio_healthy: float = 0.1
+    rollout_pending_ratio_warning: float = 0.3
+    actor_shard_rebuild_count_5m_healthy: float = 0
+    actor_shard_rebuild_count_5m_warning: float = 2
+    state_log_write_latency_ms_healthy: float = 50.0
+    state_log_write_latency_ms_warning: float = 200.0
+
+
+class PolicySettings(BaseModel):
+    """Detector and recovery defaults the policy engine reads (all in seconds unless named)."""
+
+    tick_seconds: Annotated[float, Field(gt=0)] = 1.0
+    trainer_idle_timeout: Annotated[float, Field(gt=0)] = 300.0
+    rollout_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
+    heartbeat_suspect_after: Annotated[float, Field(gt=0)] = 15.0
+    heartbeat_confirm_after: Annotated[float, Field(gt=0)] = 60.0
+    rollout_retry_times: Annotated[int, Field(ge=0)] = 3
+    rollout_timeout_sec: Annotated[float, Field(gt=0)] = 120.0
+    snapshot_interval_steps: Annotated[int, Field(gt=0)] = 25
+    checkpoint_interval_steps: Annotated[int, Field(gt=0)] = 50
+    severity_thresholds: GoldenThresholds = GoldenThresholds()
+
+    @model_validator(mode="after")
+    def _confirm_after_suspect(self) -> PolicySettings:
+        if self.heartbeat_confirm_after < self.heartbeat_suspect_after:
+            raise ValueError(
+                f"heartbeat_confirm_after ({self.heartbeat_confirm_after}) must not be shorter "
+                f"than heartbeat_suspect_after ({self.heartbeat_suspect_after})"
+            )
+        return self
+
+
+class IngestLimits(BaseModel):
+    """Bounds on one ``POST /api/v1/ingest`` batch; anything beyond them is refused whole."""
+
+    max_body_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
+    max_samples: Annotated[int, Field(gt=0)] = 5000
+    max_participants: Annotated[int, Field(ge=0)] = 1024
+    max_labels: Annotated[int, Field(ge=0)] = 16
+    max_label_name_length: Annotated[int, Field(gt=0)] = 64
+    max_label_value_length: Annotated[int, Field(gt=0)] = 128
+    max_name_length: Annotated[int, Field(gt=0)] = 200
+    max_id_length: Annotated[int, Field(gt=0)] = 128
+    max_fingerprint_keys: Annotated[int, Field(ge=0)] = 128
+    max_fingerprint_value_length: Annotated[int, Field(gt=0)] = 512
+    # Samples stamped further ahead of the server clock than this are refused: a wrong agent
+    # clock would otherwise pin "latest" values and rollup minutes in the future.
+    max_future_skew_seconds: Annotated[float, Field(gt=0)] = 600.0
+    # How long a request waits for its batch's durable commit before answering 503.
+    commit_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # Node-token lookups are cached this long; revocation through the API is immediate, a
+    # revocation from another process (the CLI) takes effect within this many seconds.
+    token_cache_seconds: Annotated[float, Field(ge=0)] = 5.0
+
+
+class SeriesSettings(BaseModel):
+    """In-memory window, Prometheus export and per-minute rollups."""
+
+    window_seconds: Annotated[float, Field(gt=0)] = 900.0
+    max_points: Annotated[int, Field(gt=0)] = 1200
+    rollup_interval_seconds: Annotated[float, Field(gt=0)] = 15.0
+    # A minute is rolled up once the server clock is this far past its end (late batches).
+    rollup_grace_seconds: Annotated[float, Field(ge=0)] = 10.0
+    rollup_retention_days: Annotated[float, Field(gt=0)] = 30.0
+    # Labels kept on the exported /metrics series (node is always kept); see app/metrics.py.
+    export_labels: list[str] = ["gpu", "job", "role"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RLGUARD_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    dev: bool = False
+    data_dir: Path = Path("data")
+    database_url: str | None = None
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    secret_key: str = DEFAULT_SECRET_KEY
+    log_level: str = "info"
+    # Mounts /bench/baseline-ingest (orjson.loads + list.extend) for benchmarks/ingest.py only.
+    bench_endpoints: bool = False
+    # SQLite durability: FULL fsyncs every commit (acknowledged batches survive power loss).
+    sqlite_synchronous: str = "FULL"
+
+    ingest: IngestLimits = IngestLimits()
+    series: SeriesSettings = SeriesSettings()
+    policy: PolicySettings = PolicySettings()
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @field_validator("sqlite_synchronous")
+    @classmethod
+    def _known_sync_mode(cls, v: str) -> str:
+        if v.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError(f"sqlite_synchronous must be OFF|NORMAL|FULL|EXTRA, got {v!r}")
+        return v.upper()
+
+    @model_validator(mode="after")
+    def _derive_defaults(self) -> Settings:
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.data_dir / 'rlguard.db'}"
+        if self.secret_key == DEFAULT_SECRET_KEY:
+            secret_file = self.data_dir / SECRET_FILE_NAME
+            if secret_file.is_file():
+                self.secret_key = secret_file.read_text().strip() or DEFAULT_SECRET_KEY
+        return self
+
+    @property
+    def db_url(self) -> str:
+        assert self.database_url is not None  # set by _derive_defaults
+        return self.database_url
+
+    @property
+    def secret_file(self) -> Path:
+        return self.data_dir / SECRET_FILE_NAME
+
+    def check_secret(self) -> None:
+        """Refuse the public default secret unless dev mode is on."""
+        if self.secret_key == DEFAULT_SECRET_KEY and not self.dev:
+            raise ConfigError(
+                "RLGUARD_SECRET_KEY is the built-in default; set it (or run `rlguard up`, which "
+                f"generates {self.secret_file}), or set RLGUARD_DEV=1 for development"
+            )
+        if len(self.secret_key) < 16 and not self.dev:
+            raise ConfigError("RLGUARD_SECRET_KEY is shorter than 16 characters")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

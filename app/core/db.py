@@ -1,0 +1,70 @@
+"""Database engine and sessions.
+
+SQLite (the embedded default) gets WAL journaling, a busy timeout so concurrent writers (server,
+CLI, worker) wait instead of failing, foreign keys, and the configured ``synchronous`` level.
+The schema is never created here: ``alembic upgrade head`` (``app.core.migrate``) owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+from sqlmodel import Session
+
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) -> Engine:
+    """An engine for ``url``; creates the SQLite file's directory when needed."""
+    if is_sqlite(url):
+        db_path = make_url(url).database
+        if db_path and db_path != ":memory:":
+            Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            **kwargs,
+        )
+        sync_mode = sqlite_synchronous.upper()
+
+        @sa.event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA synchronous={sync_mode}")
+            cur.close()
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    return sa.create_engine(url, **kwargs)
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error."""
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+def ping(engine: Engine) -> None:
+    """Raises if the database cannot answer a trivial query."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))

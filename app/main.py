@@ -1,0 +1,111 @@
+"""The FastAPI application.
+
+``create_app(settings)`` builds one app with its own engine, series store, metrics registry,
+ingest service and rollup writer (so tests can run several side by side).
+``create_app_from_env()`` is the factory ``rlguard server`` hands to uvicorn.
+
+In-process readers (the policy engine) find the shared objects on ``app.state``:
+``series_store`` (``SeriesStore``), ``ingest`` (``IngestService``: participants, agents),
+``engine``, ``settings``, ``metrics`` (``ServerMetrics``), ``registry``.
+
+Later features that must run inside the server process (the policy tick, the scheduler lease)
+add an async context manager factory to ``EXTRA_LIFESPANS`` (or pass ``extra_lifespans=``): each
+is entered after ingest has started and exited before it stops, with the app as argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from app.api.middleware import RequestMetricsMiddleware
+from app.api.routes import bench, health, ingest, jobs, nodes, series, tokens, users
+from app.core.config import Settings, get_settings
+from app.core.db import make_engine
+from app.metrics import build_registry
+from app.services.errors import ServiceError
+from app.services.ingest import IngestService
+from app.services.rollups import RollupWriter
+from app.services.series_store import SeriesStore
+from app.services.tokens import NodeTokenCache
+
+log = logging.getLogger("rlguard.server")
+
+LifespanFactory = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+EXTRA_LIFESPANS: list[LifespanFactory] = []
+
+
+def create_app(
+    settings: Settings | None = None, *, extra_lifespans: Sequence[LifespanFactory] | None = None
+) -> FastAPI:
+    settings = settings or get_settings()
+    settings.check_secret()
+    hooks = list(EXTRA_LIFESPANS if extra_lifespans is None else extra_lifespans)
+
+    engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
+    store = SeriesStore(
+        window_seconds=settings.series.window_seconds, max_points=settings.series.max_points
+    )
+    registry, metrics = build_registry(store, settings.series.export_labels)
+    ingest_service = IngestService(
+        engine=engine, store=store, limits=settings.ingest, metrics=metrics
+    )
+    rollups = RollupWriter(engine=engine, store=store, settings=settings.series, metrics=metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await ingest_service.start()
+        rollups.start()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for hook in hooks:
+                    await stack.enter_async_context(hook(app))
+                log.info("rlguard server ready", extra={"database": engine.url.get_backend_name()})
+                yield
+        finally:
+            await rollups.stop()
+            await ingest_service.stop()
+            engine.dispose()
+
+    app = FastAPI(
+        title="RLGuard",
+        version="0.1.0",
+        summary="Control plane for RL post-training clusters",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.series_store = store
+    app.state.registry = registry
+    app.state.metrics = metrics
+    app.state.ingest = ingest_service
+    app.state.rollups = rollups
+    app.state.node_tokens = NodeTokenCache(engine, ttl=settings.ingest.token_cache_seconds)
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        body = await run_in_threadpool(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    for module in (health, ingest, nodes, jobs, series, tokens, users):
+        app.include_router(module.router)
+    if settings.bench_endpoints:
+        app.include_router(bench.router)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    return create_app(get_settings())

@@ -1,0 +1,169 @@
+"""Everything ``/metrics`` exports: the server's own metrics and the agents' latest values.
+
+* ``ServerMetrics``: counters and histograms about the server itself (ingest batches, samples,
+  rejections, commit latency, HTTP request latency). Every metric is created on the registry given
+  to it, so each app (and each test) can use a fresh ``CollectorRegistry``.
+* ``SeriesCollector``: a custom Collector that, at scrape time, turns the latest point of every
+  series in the ``SeriesStore`` into ``rlguard_<name>{node, gpu, job, role}``.
+
+Label policy for the agents' series: only ``node`` plus the labels in
+``settings.series.export_labels`` (default gpu, job, role) are exported. Everything else (rank,
+pid, step, run id, ...) is dropped because each distinct value would be a new Prometheus series
+forever. Rank is left out on purpose: per-rank detail is in the REST API and the policy engine;
+in Prometheus a job's roles are what dashboards group by. Series that become identical once those
+labels are dropped are collapsed into one sample: the newest (ties: the larger value), and the
+number collapsed is exported as ``rlguard_export_collapsed_series``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.services.series_store import SeriesStore
+
+PREFIX = "rlguard_"
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ServerMetrics:
+    """The server's own metrics, all registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.ingest_batches = Counter(
+            "rlguard_ingest_batches",
+            "Ingest batches answered, by result (accepted or duplicate)",
+            ["result"],
+            registry=registry,
+        )
+        self.ingest_samples = Counter(
+            "rlguard_ingest_samples", "Samples applied to the series store", registry=registry
+        )
+        self.ingest_rejections = Counter(
+            "rlguard_ingest_rejections",
+            "Ingest requests refused, by reason class",
+            ["reason"],
+            registry=registry,
+        )
+        self.ingest_commit_seconds = Histogram(
+            "rlguard_ingest_commit_duration_seconds",
+            "Time to commit one group of ingest batches to the database",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ingest_commit_group_size = Histogram(
+            "rlguard_ingest_commit_group_agents",
+            "Agents whose batches were committed together in one transaction",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=registry,
+        )
+        self.ingest_commit_failures = Counter(
+            "rlguard_ingest_commit_failures",
+            "Failed ingest group commits (retried)",
+            registry=registry,
+        )
+        self.http_request_seconds = Histogram(
+            "rlguard_http_request_duration_seconds",
+            "HTTP request latency by method, route template and status",
+            ["method", "route", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.rollup_rows = Counter(
+            "rlguard_rollup_rows_written",
+            "Per-minute rollup rows written (inserted or merged)",
+            registry=registry,
+        )
+        self.rollup_failures = Counter(
+            "rlguard_rollup_failures", "Failed rollup passes (retried)", registry=registry
+        )
+
+
+def exported_name(name: str) -> str:
+    return name if name.startswith(PREFIX) else PREFIX + name
+
+
+class SeriesCollector(Collector):
+    """Latest value of every series in ``store``, computed at scrape time."""
+
+    def __init__(
+        self,
+        store: SeriesStore,
+        export_labels: Iterable[str],
+        *,
+        reserved_names: Iterable[str] = (),
+    ) -> None:
+        self.store = store
+        # Names the server's own metrics use: an agent series may not shadow them.
+        self.reserved = frozenset(reserved_names)
+        self.export_labels = tuple(dict.fromkeys(lb for lb in export_labels if lb != "node"))
+        self.label_names = ("node", *self.export_labels)
+
+    def _is_reserved(self, name: str) -> bool:
+        # A family "x" owns x, x_total, x_bucket, x_count, x_sum, x_created ...
+        return any(name == r or name.startswith(r + "_") for r in self.reserved)
+
+    def collect(self) -> Iterator[Metric]:
+        # name -> label values -> (ts, value); collisions keep the newest point.
+        by_name: dict[str, dict[tuple[str, ...], tuple[float, float]]] = {}
+        collapsed = skipped = 0
+        for key, point in self.store.items():
+            name = exported_name(key.name)
+            if self._is_reserved(name):
+                skipped += 1
+                continue
+            labels = dict(key.labels)
+            values = (key.node, *(labels.get(lb, "") for lb in self.export_labels))
+            family = by_name.setdefault(name, {})
+            prev = family.get(values)
+            if prev is not None:
+                collapsed += 1
+                if (prev[0], prev[1]) >= (point.ts, point.value):
+                    continue
+            family[values] = (point.ts, point.value)
+        for name in sorted(by_name):
+            samples = by_name[name]
+            metric: CounterMetricFamily | GaugeMetricFamily
+            if name.endswith("_total"):
+                metric = CounterMetricFamily(
+                    name[: -len("_total")], "Agent-reported counter", labels=self.label_names
+                )
+            else:
+                metric = GaugeMetricFamily(name, "Agent-reported value", labels=self.label_names)
+            for values, (_ts, value) in samples.items():
+                metric.add_metric(list(values), value)
+            yield metric
+        yield GaugeMetricFamily(
+            "rlguard_export_collapsed_series",
+            "Series merged into another at export because their dropped labels differed",
+            value=collapsed,
+        )
+        yield GaugeMetricFamily(
+            "rlguard_export_skipped_series",
+            "Agent series not exported because their name is one of the server's own metrics",
+            value=skipped,
+        )
+        yield GaugeMetricFamily(
+            "rlguard_series_exported", "Series in the in-memory window", value=len(self.store)
+        )
+
+
+def build_registry(
+    store: SeriesStore, export_labels: Iterable[str]
+) -> tuple[CollectorRegistry, ServerMetrics]:
+    """A fresh registry with the server metrics and the series collector on it."""
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = ServerMetrics(registry)
+    reserved = {
+        "rlguard_export_collapsed_series",
+        "rlguard_export_skipped_series",
+        "rlguard_series_exported",
+    }
+    reserved.update(family.name for family in registry.collect())
+    registry.register(SeriesCollector(store, export_labels, reserved_names=reserved))
+    return registry, metrics

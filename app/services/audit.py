@@ -1,0 +1,23 @@
+"""Audit log writes. The caller's session commits the row with the change it describes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session
+
+from app.models import AuditEvent
+
+
+def record_audit(
+    session: Session,
+    *,
+    actor: str,
+    action: str,
+    target: str = "",
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Add an audit row to ``session`` (committed, or rolled back, with the change itself)."""
+    event = AuditEvent(actor=actor, action=action, target=target, detail=detail or {})
+    session.add(event)
+    return event

@@ -1,0 +1,37 @@
+"""Errors the services raise; routes map them to HTTP statuses, the CLI to one-line messages."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error a service raises on purpose; the message is safe to show."""
+
+    status_code = 400
+
+
+class InvalidInput(ServiceError):
+    status_code = 422
+
+
+class NotFound(ServiceError):
+    status_code = 404
+
+
+class Conflict(ServiceError):
+    status_code = 409
+
+
+class NotAuthenticated(ServiceError):
+    status_code = 401
+
+
+class Forbidden(ServiceError):
+    status_code = 403
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+
+
+class Unavailable(ServiceError):
+    status_code = 503

@@ -1,0 +1,258 @@
+"""Ingest: validate a batch, apply it to the series store once, acknowledge it once it is durable.
+
+How "acknowledged only after it is in the series store" and "a duplicate is refused also after a
+restart" fit together:
+
+1. A request is validated (``ingest_validation``) and checked against its agent's dedupe window
+   (``ingest_dedupe``), all on the event loop with no ``await`` in between, so two deliveries of
+   one (node, agent, seq) can never both pass.
+2. A new batch is appended to the in-memory ``SeriesStore`` at once (the policy engine sees it on
+   its next tick), its seq is marked in the in-memory window, and its durable effects (node
+   last-seen and fingerprint, jobs, participants' phase/step/heartbeat) plus the agent's new
+   window are queued for the group committer.
+3. The group committer writes everything queued so far in ONE database transaction
+   (``ingest_persist.write_ingest_group``), then resolves the waiting requests. Only then is
+   ``{"accepted": N, "duplicate": false}`` sent. Concurrent requests share one commit (and one
+   fsync), which is what keeps the hot path fast.
+4. A delivery whose seq is already marked answers ``{"duplicate": true}``, but also only once the
+   agent's window is durable: otherwise "duplicate" could be acknowledged for a batch whose
+   original delivery is lost by a crash a moment later.
+
+If the process dies between 2 and 3, nothing was acknowledged, the window in the database does not
+contain the seq, and the agent's retry is applied (once) by the restarted server. If it dies after
+3, the retry is refused as a duplicate, because the window is loaded from the database at start.
+If the commit fails (database down), the request gets 503 after ``commit_timeout_seconds``; the
+batch stays in memory and marked, the committer keeps retrying, and the agent's retry is answered
+"duplicate" once the commit finally succeeds. The in-memory window of samples itself is volatile by
+design (it is a cache for the policy engine; ``MetricRollup`` keeps history).
+
+The server must run as ONE process per database for this (the windows live in its memory); the
+policy engine reads the same in-process store (``app.state.series_store``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Engine
+
+from app.core.config import IngestLimits
+from app.metrics import ServerMetrics
+from app.models import utcnow
+from app.services.errors import Unavailable
+from app.services.ingest_dedupe import DedupeWindow
+from app.services.ingest_persist import (
+    IngestGroup,
+    NodeSeen,
+    ParticipantSeen,
+    load_cursors,
+    write_ingest_group,
+)
+from app.services.ingest_validation import BatchValidator, IngestRejected, ValidBatch
+from app.services.series_store import SeriesStore
+
+log = logging.getLogger("rlguard.ingest")
+
+_RETRY_MIN_S = 0.2
+_RETRY_MAX_S = 5.0
+
+
+@dataclass(slots=True)
+class IngestResult:
+    accepted: int
+    duplicate: bool
+
+
+@dataclass(slots=True)
+class _AgentState:
+    window: DedupeWindow
+    version: int = 0  # bumped on every mark
+    durable_version: int = 0  # the version the database holds
+    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ParticipantState:
+    job: str
+    role: str
+    rank: int
+    node: str
+    phase: str
+    step: int
+    ts: float
+
+
+class IngestService:
+    """Owns the dedupe windows and the group committer; one per server process."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        store: SeriesStore,
+        limits: IngestLimits,
+        metrics: ServerMetrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.limits = limits
+        self.metrics = metrics
+        self.validator = BatchValidator(limits, clock=clock)
+        self._agents: dict[tuple[str, str], _AgentState] = {}
+        self._pending = IngestGroup()
+        self._pending_versions: dict[tuple[str, str], int] = {}
+        self._participants: dict[tuple[str, str, int], ParticipantState] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        windows = await asyncio.to_thread(load_cursors, self.engine)
+        self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
+        self._task = asyncio.create_task(self._commit_loop(), name="rlguard-ingest-committer")
+        log.info("ingest started", extra={"agents": len(self._agents)})
+
+    async def stop(self) -> None:
+        """Flush what is pending (so acknowledged-pending requests complete), then stop."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=self.limits.commit_timeout_seconds)
+            except TimeoutError:
+                log.error("ingest committer did not flush in time; pending batches not acked")
+                self._task.cancel()
+            self._task = None
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    async def ingest(self, body: bytes, *, token_node: str) -> IngestResult:
+        m = self.metrics
+        try:
+            batch = self.validator.validate(body)
+            if batch.node != token_node:
+                raise IngestRejected(
+                    f"node {batch.node!r} in the body does not match the token's node "
+                    f"{token_node!r}",
+                    status_code=403,
+                    kind="wrong_node",
+                )
+        except IngestRejected as exc:
+            m.ingest_rejections.labels(reason=exc.kind).inc()
+            raise
+        key = (batch.node, batch.agent_id)
+        state = self._agents.get(key)
+        if state is None:
+            state = self._agents[key] = _AgentState(window=DedupeWindow())
+        if not state.window.mark(batch.seq):
+            m.ingest_batches.labels(result="duplicate").inc()
+            await self._wait_durable(key, state, state.version)
+            return IngestResult(accepted=0, duplicate=True)
+        # From here to the end of _queue there is no await: store, window and queue move together.
+        stored = self.store.extend(batch.samples)
+        state.version += 1
+        self._queue(batch, state)
+        m.ingest_batches.labels(result="accepted").inc()
+        m.ingest_samples.inc(stored)
+        await self._wait_durable(key, state, state.version)
+        return IngestResult(accepted=stored, duplicate=False)
+
+    def _queue(self, batch: ValidBatch, state: _AgentState) -> None:
+        key = (batch.node, batch.agent_id)
+        pending = self._pending
+        pending.cursors[key] = (state.window.high_seq, state.window.window_mask)
+        self._pending_versions[key] = state.version
+        seen = utcnow()
+        node = pending.nodes.get(batch.node)
+        if node is None:
+            pending.nodes[batch.node] = NodeSeen(batch.agent_id, seen, batch.fingerprint)
+        else:
+            node.agent_id, node.seen_at = batch.agent_id, seen
+            if batch.fingerprint is not None:
+                node.fingerprint = batch.fingerprint
+        for p in batch.participants:
+            pending.jobs[p.job] = seen
+            pkey = (p.job, p.role, p.rank)
+            known = pending.participants.get(pkey)
+            if known is None or known.ts <= p.ts:
+                pending.participants[pkey] = ParticipantSeen(batch.node, p.phase, p.step, p.ts)
+            mem = self._participants.get(pkey)
+            if mem is None or mem.ts <= p.ts:
+                self._participants[pkey] = ParticipantState(
+                    p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts
+                )
+        self._wake.set()
+
+    async def _wait_durable(self, key: tuple[str, str], state: _AgentState, version: int) -> None:
+        if state.durable_version >= version:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state.waiters.append((version, fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout=self.limits.commit_timeout_seconds)
+        except TimeoutError:
+            self.metrics.ingest_rejections.labels(reason="not_durable").inc()
+            raise Unavailable(
+                "the batch is applied in memory but could not be committed to the database "
+                f"within {self.limits.commit_timeout_seconds:g} s; retry the same seq"
+            ) from None
+
+    # -- the group committer ------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        backoff = _RETRY_MIN_S
+        while True:
+            if not self._pending:
+                if self._stopping:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            group, versions = self._pending, self._pending_versions
+            self._pending, self._pending_versions = IngestGroup(), {}
+            started = time.perf_counter()
+            try:
+                await asyncio.to_thread(write_ingest_group, self.engine, group)
+            except Exception:
+                # Keep the group (newer state wins) and retry; waiters time out with 503.
+                log.exception("ingest commit failed; retrying in %.1f s", backoff)
+                self.metrics.ingest_commit_failures.inc()
+                self._pending.absorb_older(group)
+                for k, v in versions.items():
+                    self._pending_versions.setdefault(k, v)
+                if self._stopping and backoff >= _RETRY_MAX_S:
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _RETRY_MAX_S)
+                continue
+            backoff = _RETRY_MIN_S
+            self.metrics.ingest_commit_seconds.observe(time.perf_counter() - started)
+            self.metrics.ingest_commit_group_size.observe(len(group.cursors))
+            for k, version in versions.items():
+                state = self._agents[k]
+                if version > state.durable_version:
+                    state.durable_version = version
+                still = []
+                for want, fut in state.waiters:
+                    if want <= state.durable_version:
+                        if not fut.done():
+                            fut.set_result(None)
+                    else:
+                        still.append((want, fut))
+                state.waiters = still
+
+    # -- read side ----------------------------------------------------------------------------
+
+    def participants(self) -> list[ParticipantState]:
+        """Latest reported state of every participant seen since the server started."""
+        return list(self._participants.values())
+
+    def agents(self) -> int:
+        return len(self._agents)

@@ -1,0 +1,174 @@
+"""The database side of ingest: one transaction per group of acknowledged-to-be batches.
+
+``write_ingest_group`` upserts, in ONE transaction, the dedupe cursors of every batch in the group
+together with the batches' durable effects (node last-seen and fingerprint, jobs, participants).
+Either all of it commits or none of it does, so a batch is never recorded as applied without its
+effects, nor its effects written without it being recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from app.models import IngestCursor, Job, Node, Participant, from_epoch, utcnow
+from app.services.ingest_dedupe import DedupeWindow
+
+
+@dataclass(slots=True)
+class NodeSeen:
+    agent_id: str
+    seen_at: datetime
+    fingerprint: dict[str, str] | None = None
+
+
+@dataclass(slots=True)
+class ParticipantSeen:
+    node: str
+    phase: str
+    step: int
+    ts: float
+
+
+@dataclass(slots=True)
+class IngestGroup:
+    """What one commit writes: latest state per key (later batches overwrite earlier ones)."""
+
+    cursors: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    nodes: dict[str, NodeSeen] = field(default_factory=dict)
+    jobs: dict[str, datetime] = field(default_factory=dict)
+    participants: dict[tuple[str, str, int], ParticipantSeen] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.cursors or self.nodes or self.jobs or self.participants)
+
+    def absorb_older(self, older: IngestGroup) -> None:
+        """Put back a group whose commit failed; newer pending state wins key by key."""
+        for k, v in older.cursors.items():
+            self.cursors.setdefault(k, v)
+        for k, n in older.nodes.items():
+            cur = self.nodes.get(k)
+            if cur is None:
+                self.nodes[k] = n
+            elif cur.fingerprint is None and n.fingerprint is not None:
+                cur.fingerprint = n.fingerprint
+        for k, t in older.jobs.items():
+            self.jobs.setdefault(k, t)
+        for k, p in older.participants.items():
+            cur_p = self.participants.get(k)
+            if cur_p is None or cur_p.ts < p.ts:
+                self.participants[k] = p
+
+
+def fingerprint_hash(fp: dict[str, str]) -> str:
+    return hashlib.sha256(orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _insert(conn: Connection, table: sa.Table) -> Any:
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    if conn.dialect.name == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database dialect {conn.dialect.name!r}")
+
+
+def write_ingest_group(engine: Engine, group: IngestGroup) -> None:
+    now = utcnow()
+    cursor_t = IngestCursor.__table__  # type: ignore[attr-defined]
+    node_t = Node.__table__  # type: ignore[attr-defined]
+    job_t = Job.__table__  # type: ignore[attr-defined]
+    part_t = Participant.__table__  # type: ignore[attr-defined]
+    with engine.begin() as conn:
+        if group.jobs:
+            ins = _insert(conn, job_t)
+            conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["name"], set_={"last_seen_at": ins.excluded.last_seen_at}
+                ),
+                [{"name": n, "created_at": now, "last_seen_at": t} for n, t in group.jobs.items()],
+            )
+        if group.nodes:
+            conn.execute(
+                sa.update(node_t)
+                .where(node_t.c.name == sa.bindparam("b_name"))
+                .values(last_seen_at=sa.bindparam("b_seen"), last_agent_id=sa.bindparam("b_agent")),
+                [
+                    {"b_name": n, "b_seen": s.seen_at, "b_agent": s.agent_id}
+                    for n, s in group.nodes.items()
+                ],
+            )
+            with_fp = [(n, s.fingerprint) for n, s in group.nodes.items() if s.fingerprint]
+            if with_fp:
+                conn.execute(
+                    sa.update(node_t)
+                    .where(node_t.c.name == sa.bindparam("b_name"))
+                    .values(fingerprint=sa.bindparam("b_fp"), fingerprint_hash=sa.bindparam("b_h")),
+                    [{"b_name": n, "b_fp": fp, "b_h": fingerprint_hash(fp)} for n, fp in with_fp],
+                )
+        if group.participants:
+            ins = _insert(conn, part_t)
+            conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["job_name", "role", "rank"],
+                    set_={
+                        c: getattr(ins.excluded, c)
+                        for c in ("node_name", "phase", "step", "last_heartbeat_at", "updated_at")
+                    },
+                ),
+                [
+                    {
+                        "job_name": job,
+                        "role": role,
+                        "rank": rank,
+                        "node_name": p.node,
+                        "phase": p.phase,
+                        "step": p.step,
+                        "last_heartbeat_at": from_epoch(p.ts),
+                        "updated_at": now,
+                    }
+                    for (job, role, rank), p in group.participants.items()
+                ],
+            )
+        if group.cursors:
+            ins = _insert(conn, cursor_t)
+            conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["node_name", "agent_id"],
+                    set_={
+                        "high_seq": ins.excluded.high_seq,
+                        "window_mask": ins.excluded.window_mask,
+                        "updated_at": ins.excluded.updated_at,
+                    },
+                ),
+                [
+                    {
+                        "node_name": node,
+                        "agent_id": agent,
+                        "high_seq": high,
+                        "window_mask": mask,
+                        "updated_at": now,
+                    }
+                    for (node, agent), (high, mask) in group.cursors.items()
+                ],
+            )
+
+
+def load_cursors(engine: Engine) -> dict[tuple[str, str], DedupeWindow]:
+    cursor_t = IngestCursor.__table__  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                cursor_t.c.node_name,
+                cursor_t.c.agent_id,
+                cursor_t.c.high_seq,
+                cursor_t.c.window_mask,
+            )
+        ).all()
+    return {(r[0], r[1]): DedupeWindow(r[2], r[3]) for r in rows}

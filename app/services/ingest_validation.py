@@ -1,0 +1,311 @@
+"""Validation of ``POST /api/v1/ingest`` bodies.
+
+The envelope and participants are checked by pydantic models built from the configured limits.
+Samples (up to thousands per batch, the hot path) are checked by a tight loop instead: the same
+rules, but a (metric name, labels) pair that passed once is cached together with its
+``SeriesKey``, so the name pattern and the label rules run once per series, not once per sample.
+``IngestBatchDoc`` is the full pydantic description of the body (for OpenAPI and for the tests
+that check both validators agree).
+
+Every violation raises ``IngestRejected`` whose message names the field and the bad value; nothing
+is applied from a rejected batch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from app.core.config import IngestLimits
+from app.services.errors import InvalidInput, PayloadTooLarge, ServiceError
+from app.services.series_store import SeriesKey
+
+METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+# Node, agent, job and role identifiers: printable, no spaces, no path tricks at the start.
+ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]*$"
+PHASE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+_METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
+_LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
+_SAMPLE_FIELDS = frozenset({"name", "value", "ts", "labels"})
+_KEY_CACHE_LIMIT = 200_000
+
+
+class IngestRejected(ServiceError):
+    """A batch refused as a whole; ``status_code`` is the HTTP status, the message the reason."""
+
+    def __init__(self, reason: str, *, status_code: int = 422, kind: str = "invalid") -> None:
+        super().__init__(reason)
+        self.status_code = status_code
+        # low-cardinality reason class for the rejection counter
+        self.kind = kind
+
+
+@dataclass(slots=True)
+class ParticipantReport:
+    job: str
+    role: str
+    rank: int
+    phase: str
+    step: int
+    ts: float
+
+
+@dataclass(slots=True)
+class ValidBatch:
+    agent_id: str
+    node: str
+    seq: int
+    sent_at: float
+    samples: list[tuple[SeriesKey, float, float]]
+    participants: list[ParticipantReport]
+    fingerprint: dict[str, str] | None
+
+
+def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]]:
+    """(envelope model, full documentation model) for these limits."""
+    Finite = Annotated[float, Field(allow_inf_nan=False)]  # noqa: N806
+    Ident = Annotated[  # noqa: N806
+        str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=limits.max_id_length)
+    ]
+    Phase = Annotated[  # noqa: N806
+        str, StringConstraints(pattern=PHASE_PATTERN, min_length=1, max_length=64)
+    ]
+    FpKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]  # noqa: N806
+    FpValue = Annotated[  # noqa: N806
+        str, StringConstraints(max_length=limits.max_fingerprint_value_length)
+    ]
+    Fingerprint = Annotated[  # noqa: N806
+        dict[FpKey, FpValue], Field(max_length=limits.max_fingerprint_keys)
+    ]
+    MetricName = Annotated[  # noqa: N806
+        str, StringConstraints(pattern=METRIC_NAME_PATTERN, max_length=limits.max_name_length)
+    ]
+    LabelName = Annotated[  # noqa: N806
+        str,
+        StringConstraints(pattern=LABEL_NAME_PATTERN, max_length=limits.max_label_name_length),
+    ]
+    LabelValue = Annotated[  # noqa: N806
+        str, StringConstraints(max_length=limits.max_label_value_length)
+    ]
+    Labels = Annotated[dict[LabelName, LabelValue], Field(max_length=limits.max_labels)]  # noqa: N806
+    strict = ConfigDict(strict=True, extra="forbid")
+
+    class Participant(BaseModel):
+        model_config = strict
+        job: Ident
+        role: Ident
+        rank: Annotated[int, Field(ge=0, le=1_000_000)]
+        phase: Phase
+        step: Annotated[int, Field(ge=0, le=2**62)]
+        ts: Finite
+
+    class IngestEnvelope(BaseModel):
+        model_config = strict
+        agent_id: Ident
+        node: Ident
+        seq: Annotated[int, Field(ge=0, le=2**62)]
+        sent_at: Finite
+        samples: Annotated[list[Any], Field(max_length=limits.max_samples)]
+        participants: Annotated[list[Participant], Field(max_length=limits.max_participants)] = []
+        fingerprint: Fingerprint | None = None
+
+    class Sample(BaseModel):
+        model_config = strict
+        name: MetricName
+        value: Finite
+        ts: Annotated[float, Field(allow_inf_nan=False, ge=0)]
+        labels: Labels = {}
+
+    class IngestBatchDoc(IngestEnvelope):
+        samples: Annotated[list[Sample], Field(max_length=limits.max_samples)]  # type: ignore[assignment]
+
+    return IngestEnvelope, IngestBatchDoc
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _pydantic_reason(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err["loc"]) or "body"
+        got = f" (got {_short(err['input'])})" if err["type"] != "missing" else ""
+        parts.append(f"{loc}: {err['msg']}{got}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+class BatchValidator:
+    """Parses and checks one ingest body against ``limits``; keeps a cache of valid series."""
+
+    def __init__(self, limits: IngestLimits, *, clock: Callable[[], float] = time.time) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._envelope, self.doc_model = build_models(limits)
+        self._keys: dict[tuple[str, str, tuple[tuple[Any, Any], ...]], SeriesKey] = {}
+
+    def validate(self, body: bytes) -> ValidBatch:
+        if len(body) > self.limits.max_body_bytes:
+            raise IngestRejected(
+                f"body is {len(body)} bytes, more than the limit of {self.limits.max_body_bytes}",
+                status_code=PayloadTooLarge.status_code,
+                kind="too_large",
+            )
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            hint = ""
+            if b"NaN" in body or b"Infinity" in body:
+                hint = " (NaN and Infinity are not JSON numbers; only finite values are accepted)"
+            raise IngestRejected(
+                f"body is not valid JSON: {exc}{hint}", status_code=400, kind="bad_json"
+            ) from None
+        if type(data) is not dict:
+            raise IngestRejected(f"body must be a JSON object, got {type(data).__name__}")
+        try:
+            env = self._envelope.model_validate(data)
+        except ValidationError as exc:
+            too_many = [e for e in exc.errors() if e["type"] == "too_long"]
+            raise IngestRejected(
+                _pydantic_reason(exc), kind="limit" if too_many else "invalid"
+            ) from None
+        samples = self._check_samples(env.node, env.samples)  # type: ignore[attr-defined]
+        parts = [
+            ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts)
+            for p in env.participants  # type: ignore[attr-defined]
+        ]
+        horizon = self._clock() + self.limits.max_future_skew_seconds
+        for i, p in enumerate(parts):
+            if p.ts > horizon:
+                raise IngestRejected(
+                    f"participants[{i}].ts: {p.ts} is more than "
+                    f"{self.limits.max_future_skew_seconds:g} s ahead of the server clock"
+                )
+        return ValidBatch(
+            agent_id=env.agent_id,  # type: ignore[attr-defined]
+            node=env.node,  # type: ignore[attr-defined]
+            seq=env.seq,  # type: ignore[attr-defined]
+            sent_at=env.sent_at,  # type: ignore[attr-defined]
+            samples=samples,
+            participants=parts,
+            fingerprint=env.fingerprint,  # type: ignore[attr-defined]
+        )
+
+    def _check_samples(self, node: str, raw: list[Any]) -> list[tuple[SeriesKey, float, float]]:
+        out: list[tuple[SeriesKey, float, float]] = []
+        append = out.append
+        keys = self._keys
+        isfinite = math.isfinite
+        horizon = self._clock() + self.limits.max_future_skew_seconds
+        for i, s in enumerate(raw):
+            if type(s) is not dict:
+                raise IngestRejected(f"samples[{i}]: must be an object, got {_short(s)}")
+            value = s.get("value")
+            ts = s.get("ts")
+            labels = s.get("labels")
+            tv = type(value)
+            if tv is not float:
+                if tv is not int:
+                    raise IngestRejected(
+                        f"samples[{i}].value: must be a number, got {_short(value)}"
+                    )
+                value = self._int_to_float(value, f"samples[{i}].value")
+            elif not isfinite(value):
+                raise IngestRejected(f"samples[{i}].value: must be finite, got {value}")
+            tt = type(ts)
+            if tt is not float:
+                if tt is not int:
+                    raise IngestRejected(f"samples[{i}].ts: must be a number, got {_short(ts)}")
+                ts = self._int_to_float(ts, f"samples[{i}].ts")
+            if not 0.0 <= ts <= horizon:
+                raise IngestRejected(
+                    f"samples[{i}].ts: {ts!r} is negative or more than "
+                    f"{self.limits.max_future_skew_seconds:g} s ahead of the server clock"
+                )
+            try:
+                cache_key = (node, s["name"], tuple(labels.items()) if labels else ())
+                key = keys.get(cache_key)
+            except (KeyError, AttributeError, TypeError):
+                key = None
+            if key is None or len(s) > 4:
+                key = self._new_series(i, node, s)
+            append((key, ts, value))
+        return out
+
+    @staticmethod
+    def _int_to_float(v: int, where: str) -> float:
+        try:
+            return float(v)
+        except OverflowError:
+            raise IngestRejected(f"{where}: {_short(v)} is too large") from None
+
+    def _new_series(self, i: int, node: str, s: dict[str, Any]) -> SeriesKey:
+        """Full checks of a sample's name, labels and fields; caches the resulting key."""
+        lim = self.limits
+        extra = set(s) - _SAMPLE_FIELDS
+        if extra:
+            raise IngestRejected(f"samples[{i}]: unknown field(s) {sorted(extra)}")
+        missing = {"name", "value", "ts"} - set(s)
+        if missing:
+            raise IngestRejected(f"samples[{i}]: missing field(s) {sorted(missing)}")
+        name = s["name"]
+        if type(name) is not str or not _METRIC_NAME_RE.match(name):
+            raise IngestRejected(
+                f"samples[{i}].name: {_short(name)} does not match {METRIC_NAME_PATTERN}"
+            )
+        if len(name) > lim.max_name_length:
+            raise IngestRejected(
+                f"samples[{i}].name: {_short(name)} is longer than {lim.max_name_length} characters",
+                kind="limit",
+            )
+        labels = s.get("labels")
+        if labels is None:
+            labels = {}
+        if type(labels) is not dict:
+            raise IngestRejected(f"samples[{i}].labels: must be an object, got {_short(labels)}")
+        if len(labels) > lim.max_labels:
+            raise IngestRejected(
+                f"samples[{i}].labels: {len(labels)} labels, more than the limit of "
+                f"{lim.max_labels}",
+                kind="limit",
+            )
+        for k, v in labels.items():
+            if not _LABEL_NAME_RE.match(k) or len(k) > lim.max_label_name_length:
+                raise IngestRejected(
+                    f"samples[{i}].labels: label name {_short(k)} must match {LABEL_NAME_PATTERN} "
+                    f"and be at most {lim.max_label_name_length} characters"
+                )
+            if type(v) is not str:
+                raise IngestRejected(f"samples[{i}].labels.{k}: must be a string, got {_short(v)}")
+            if len(v) > lim.max_label_value_length:
+                raise IngestRejected(
+                    f"samples[{i}].labels.{k}: value is longer than "
+                    f"{lim.max_label_value_length} characters",
+                    kind="limit",
+                )
+        key = SeriesKey.of(node, name, labels)
+        if len(self._keys) >= _KEY_CACHE_LIMIT:
+            self._keys.clear()  # bounded memory under label churn; refills on the next batches
+        self._keys[(node, name, tuple(labels.items()))] = key
+        return key
+
+
+__all__ = [
+    "BatchValidator",
+    "IngestRejected",
+    "InvalidInput",
+    "ParticipantReport",
+    "ValidBatch",
+    "build_models",
+]

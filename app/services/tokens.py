@@ -1,0 +1,165 @@
+"""API tokens: creation (shown once), lookup by hash, revocation, and the ingest-path cache."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.models import ApiToken, Node, TokenKind, User, utcnow
+from app.services.audit import record_audit
+from app.services.errors import InvalidInput, NotFound
+from app.services.ingest_validation import ID_PATTERN
+
+_NODE_NAME_RE = re.compile(ID_PATTERN)
+_PREFIX = {TokenKind.node: "rlgn_", TokenKind.user: "rlgu_"}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _new_token(kind: TokenKind) -> str:
+    return _PREFIX[kind] + secrets.token_urlsafe(32)
+
+
+def validate_node_name(name: str) -> str:
+    if not name or len(name) > 128 or not _NODE_NAME_RE.match(name):
+        raise InvalidInput(
+            f"invalid node name {name!r}: use 1-128 characters of letters, digits and _.:@/- "
+            "(not starting with . : @ / -)"
+        )
+    return name
+
+
+def create_node_token(
+    session: Session, *, node: str, actor: str, description: str = ""
+) -> tuple[ApiToken, str]:
+    """Issue a token that may ingest for ``node`` (registered if new). Returns (row, plaintext)."""
+    validate_node_name(node)
+    if session.exec(select(Node).where(Node.name == node)).first() is None:
+        session.add(Node(name=node))
+        session.flush()
+        record_audit(session, actor=actor, action="node.register", target=node)
+    plaintext = _new_token(TokenKind.node)
+    token = ApiToken(
+        kind=TokenKind.node,
+        token_hash=hash_token(plaintext),
+        prefix=plaintext[:10],
+        node_name=node,
+        description=description,
+    )
+    session.add(token)
+    session.flush()
+    record_audit(
+        session,
+        actor=actor,
+        action="token.create",
+        target=f"node:{node}",
+        detail={"token_id": token.id, "prefix": token.prefix, "kind": "node"},
+    )
+    return token, plaintext
+
+
+def create_user_token(
+    session: Session, *, user: User, actor: str, description: str = ""
+) -> tuple[ApiToken, str]:
+    plaintext = _new_token(TokenKind.user)
+    token = ApiToken(
+        kind=TokenKind.user,
+        token_hash=hash_token(plaintext),
+        prefix=plaintext[:10],
+        user_id=user.id,
+        description=description,
+    )
+    session.add(token)
+    session.flush()
+    record_audit(
+        session,
+        actor=actor,
+        action="token.create",
+        target=f"user:{user.name}",
+        detail={"token_id": token.id, "prefix": token.prefix, "kind": "user"},
+    )
+    return token, plaintext
+
+
+def find_active_token(session: Session, plaintext: str) -> ApiToken | None:
+    token = session.exec(
+        select(ApiToken).where(ApiToken.token_hash == hash_token(plaintext))
+    ).first()
+    if token is None or token.revoked_at is not None:
+        return None
+    return token
+
+
+def revoke_token(session: Session, *, token_id: int, actor: str) -> ApiToken:
+    token = session.get(ApiToken, token_id)
+    if token is None:
+        raise NotFound(f"no token with id {token_id}")
+    if token.revoked_at is None:
+        token.revoked_at = utcnow()
+        session.add(token)
+        record_audit(
+            session,
+            actor=actor,
+            action="token.revoke",
+            target=f"token:{token_id}",
+            detail={"prefix": token.prefix, "kind": str(token.kind)},
+        )
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class NodeIdentity:
+    node: str
+    token_id: int
+
+
+class NodeTokenCache:
+    """Resolves node tokens for the ingest hot path without a database query per request.
+
+    Positive and negative answers are kept ``ttl`` seconds; ``forget`` drops one at once (used
+    when a token is revoked through this process's API).
+    """
+
+    def __init__(
+        self, engine: Engine, *, ttl: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.engine = engine
+        self.ttl = ttl
+        self._clock = clock
+        self._entries: dict[str, tuple[float, NodeIdentity | None, str]] = {}
+
+    def cached(self, plaintext: str) -> tuple[bool, NodeIdentity | None, str]:
+        """(hit, identity, why-not) from the cache alone."""
+        entry = self._entries.get(hash_token(plaintext))
+        if entry is None or entry[0] < self._clock():
+            return False, None, ""
+        return True, entry[1], entry[2]
+
+    def lookup(self, plaintext: str) -> tuple[NodeIdentity | None, str]:
+        """Database lookup (blocking); caches and returns (identity, why-not)."""
+        h = hash_token(plaintext)
+        with Session(self.engine) as session:
+            token = session.exec(select(ApiToken).where(ApiToken.token_hash == h)).first()
+            if token is None or token.revoked_at is not None:
+                result: tuple[NodeIdentity | None, str] = (None, "unknown or revoked token")
+            elif token.kind != TokenKind.node or token.node_name is None:
+                result = (None, "this is a user token; ingest needs a node token")
+            else:
+                assert token.id is not None
+                result = (NodeIdentity(token.node_name, token.id), "")
+        if len(self._entries) > 100_000:
+            self._entries.clear()
+        self._entries[h] = (self._clock() + self.ttl, result[0], result[1])
+        return result
+
+    def forget_all(self) -> None:
+        self._entries.clear()
