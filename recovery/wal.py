@@ -22,18 +22,22 @@ shared positions), ``append.lock`` and ``sync.lock``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from recovery._wal_data import (
+    checksum_bytes,
+    checksum_file,
+    fsync_file,
+    read_verified,
+    write_data_file,
+)
 from recovery._wal_errors import (
     WALClosedError,
     WALCorruptionError,
@@ -42,8 +46,17 @@ from recovery._wal_errors import (
     WALLockTimeout,
 )
 from recovery._wal_format import DecodedRecord, encode_record, scan
+from recovery._wal_index import (
+    EntryIndex,
+    StepType,
+    WALEntry,
+    WALStatus,
+    check_entry_id,
+    parse_status,
+    parse_step_type,
+)
 from recovery._wal_locks import ProcessLock, SharedState, read_boot_id
-from recovery._wal_segments import SegmentDirectory, fsync_directory, read_range
+from recovery._wal_segments import SegmentDirectory, read_range
 
 __all__ = [
     "StepType",
@@ -53,6 +66,7 @@ __all__ = [
     "WALEntry",
     "WALError",
     "WALLockTimeout",
+    "WALStats",
     "WALStatus",
     "WriteAheadLog",
 ]
@@ -61,76 +75,17 @@ logger = logging.getLogger("rlguard.recovery.wal")
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 MIN_SEGMENT_BYTES = 1024
-MAX_ENTRY_ID_CHARS = 512
-
-
-class WALStatus(StrEnum):
-    """Lifecycle of a logged step."""
-
-    PENDING = "pending"
-    EXECUTING = "executing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-class StepType(StrEnum):
-    """The kind of rollout step an entry stands for."""
-
-    GENERATE = "generate"
-    REWARD = "reward"
-    UPDATE = "update"
 
 
 @dataclass(frozen=True)
-class WALEntry:
-    """The latest known state of one logged step."""
+class WALStats:
+    """What this handle did since it was opened: records it wrote and fsyncs it ran.
 
-    entry_id: str
-    step_type: StepType
-    status: WALStatus
-    data_path: Path | None
-    checksum: str | None
-    created_at: float
-    updated_at: float
-    error: str | None = None
+    With group commit, ``fsyncs`` summed over all writers stays well below ``records``.
+    """
 
-
-def _parse_status(value: object) -> WALStatus:
-    try:
-        if not isinstance(value, str):
-            raise ValueError(value)
-        return WALStatus(value)
-    except ValueError:
-        allowed = ", ".join(s.value for s in WALStatus)
-        raise WALError(f"unknown WAL status {value!r}; expected one of {allowed}") from None
-
-
-def _parse_step_type(value: object) -> StepType:
-    try:
-        if not isinstance(value, str):
-            raise ValueError(value)
-        return StepType(value)
-    except ValueError:
-        allowed = ", ".join(s.value for s in StepType)
-        raise WALError(f"unknown step type {value!r}; expected one of {allowed}") from None
-
-
-def _check_entry_id(entry_id: object) -> str:
-    if not isinstance(entry_id, str):
-        raise WALError(f"entry_id must be a string, got {type(entry_id).__name__} {entry_id!r}")
-    if not entry_id.strip():
-        raise WALError(f"entry_id must not be empty or blank, got {entry_id!r}")
-    if len(entry_id) > MAX_ENTRY_ID_CHARS:
-        raise WALError(f"entry_id is {len(entry_id)} characters, more than {MAX_ENTRY_ID_CHARS}")
-    return entry_id
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    records: int
+    fsyncs: int
 
 
 class WriteAheadLog:
@@ -172,11 +127,13 @@ class WriteAheadLog:
         self._append_lock = ProcessLock(self.directory / "append.lock")
         self._sync_lock = ProcessLock(self.directory / "sync.lock")
         self._closed = False
-        self._index: dict[str, WALEntry] = {}
+        self._index = EntryIndex(self.directory)
         self._cursor = (0, 0)
         self._generation = -1
         self._seg_no = 0
         self._seg_fd = -1
+        self._records_written = 0  # changed under the append lock
+        self._fsyncs = 0  # changed under the sync lock
         try:
             self._sync_lock.acquire(self._timeout)
             try:
@@ -217,8 +174,8 @@ class WriteAheadLog:
         id already in the log, or both/invalid data arguments.
         """
         self._check_open()
-        eid = _check_entry_id(entry_id)
-        step = _parse_step_type(step_type)
+        eid = check_entry_id(entry_id)
+        step = parse_step_type(step_type)
         if data is not None and data_path is not None:
             raise WALError(f"entry {eid!r}: pass data or data_path, not both")
         if data is not None and not isinstance(data, bytes | bytearray | memoryview):
@@ -233,23 +190,27 @@ class WriteAheadLog:
         if data is not None or external is not None:
             # Fail before writing a data file when the id is already known.
             with self._locked_append():
-                if eid in self._index:
+                if eid in self._index.entries:
                     raise WALError(f"entry {eid!r} is already in the log")
         stored_path: str | None = None
         checksum: str | None = None
         owned_file: Path | None = None
         if data is not None:
-            owned_file, checksum = self._write_data_file(eid, bytes(data))
+            content = bytes(data)
+            owned_file = write_data_file(self.directory / "data", eid, content, sync=self._sync)
+            checksum = checksum_bytes(content)
             stored_path = owned_file.relative_to(self.directory).as_posix()
         elif external is not None:
-            checksum = self._fsync_and_checksum(external)
+            if self._sync:
+                fsync_file(external)
+            checksum = checksum_file(external)
             stored_path = str(external.resolve())
         now = time.time()
         entry = WALEntry(
             entry_id=eid,
             step_type=step,
             status=WALStatus.PENDING,
-            data_path=self._resolve(stored_path),
+            data_path=self._index.resolve(stored_path),
             checksum=checksum,
             created_at=now,
             updated_at=now,
@@ -264,17 +225,17 @@ class WriteAheadLog:
             "c": checksum,
         }
 
-        def refuse_duplicate() -> None:
-            if eid in self._index:
+        def prepare() -> tuple[bool, WALEntry]:
+            if eid in self._index.entries:
                 raise WALError(f"entry {eid!r} is already in the log")
+            return True, entry
 
         try:
-            self._write_and_wait(payload, check=refuse_duplicate, entry=entry)
+            return self._write_and_wait(payload, prepare)
         except BaseException:
             if owned_file is not None:
                 owned_file.unlink(missing_ok=True)
             raise
-        return entry
 
     def update_status(
         self, entry_id: str, status: WALStatus | str, *, error: str | None = None
@@ -286,8 +247,8 @@ class WriteAheadLog:
         entry COMPLETED is a no-op.
         """
         self._check_open()
-        eid = _check_entry_id(entry_id)
-        new_status = _parse_status(status)
+        eid = check_entry_id(entry_id)
+        new_status = parse_status(status)
         if error is not None:
             if not isinstance(error, str):
                 raise WALError(f"error must be a string, got {type(error).__name__}")
@@ -303,40 +264,35 @@ class WriteAheadLog:
             "ts": now,
             "e": error,
         }
-        result: list[WALEntry] = []
 
-        def check() -> None:
-            current = self._index.get(eid)
+        def prepare() -> tuple[bool, WALEntry]:
+            current = self._index.entries.get(eid)
             if current is None:
                 raise WALError(f"cannot set status of unknown entry {eid!r}")
-            if current.status is WALStatus.COMPLETED and new_status is not WALStatus.COMPLETED:
+            if current.status is WALStatus.COMPLETED:
+                if new_status is WALStatus.COMPLETED:
+                    # A retry of the final update after a crash: nothing to change or write.
+                    return False, current
                 raise WALError(f"entry {eid!r} is COMPLETED; it cannot move to {new_status}")
-            result.append(replace(current, status=new_status, updated_at=now, error=error))
+            return True, replace(current, status=new_status, updated_at=now, error=error)
 
-        def unchanged() -> WALEntry | None:
-            # COMPLETED -> COMPLETED (a retry after a crash) changes nothing and writes nothing.
-            current = self._index.get(eid)
-            if current is None or new_status is not WALStatus.COMPLETED:
-                return None
-            return current if current.status is WALStatus.COMPLETED else None
-
-        return self._write_and_wait(payload, check=check, entry=None, result=result, skip=unchanged)
+        return self._write_and_wait(payload, prepare)
 
     def recover(self) -> list[WALEntry]:
         """Every entry whose last status is not COMPLETED, in append order (as of now)."""
         with self._locked_append():
-            return [e for e in self._index.values() if e.status is not WALStatus.COMPLETED]
+            return [e for e in self._index.entries.values() if e.status is not WALStatus.COMPLETED]
 
     def get(self, entry_id: str) -> WALEntry | None:
         """The latest state of ``entry_id``, or None if the log does not hold it."""
-        eid = _check_entry_id(entry_id)
+        eid = check_entry_id(entry_id)
         with self._locked_append():
-            return self._index.get(eid)
+            return self._index.entries.get(eid)
 
     def entries(self) -> list[WALEntry]:
         """All entries the log holds, in append order."""
         with self._locked_append():
-            return list(self._index.values())
+            return list(self._index.entries.values())
 
     def read_data(self, entry_id: str) -> bytes:
         """The bytes of an entry's data file, after checking them against the checksum."""
@@ -345,16 +301,7 @@ class WriteAheadLog:
             raise WALError(f"unknown entry {entry_id!r}")
         if entry.data_path is None or entry.checksum is None:
             raise WALDataError(f"entry {entry_id!r} has no data file")
-        try:
-            content = entry.data_path.read_bytes()
-        except OSError as exc:
-            raise WALDataError(f"entry {entry_id!r}: cannot read {entry.data_path}: {exc}") from exc
-        actual = "sha256:" + hashlib.sha256(content).hexdigest()
-        if actual != entry.checksum:
-            raise WALDataError(
-                f"entry {entry_id!r}: {entry.data_path} has checksum {actual}, log says {entry.checksum}"
-            )
-        return content
+        return read_verified(entry.data_path, entry.checksum, entry_id)
 
     def compact(self, *, delete_data: bool = True) -> int:
         """Drop COMPLETED entries from the log, atomically; return how many were dropped.
@@ -371,11 +318,15 @@ class WriteAheadLog:
             self._append_lock.acquire(self._timeout)
             try:
                 self._catch_up_locked()
-                kept = [e for e in self._index.values() if e.status is not WALStatus.COMPLETED]
-                dropped = [e for e in self._index.values() if e.status is WALStatus.COMPLETED]
+                kept = [
+                    e for e in self._index.entries.values() if e.status is not WALStatus.COMPLETED
+                ]
+                dropped = [
+                    e for e in self._index.entries.values() if e.status is WALStatus.COMPLETED
+                ]
                 new_seg = self._state.write_position()[0] + 1
                 records = [encode_record({"k": "base", "seg": new_seg, "ts": time.time()})]
-                records += [encode_record(self._snapshot_payload(e)) for e in kept]
+                records += [encode_record(self._index.snapshot_payload(e)) for e in kept]
                 end = self._segments.install_compacted(new_seg, b"".join(records))
                 self._state.set_write_position(new_seg, end)
                 self._state.advance_durable(new_seg, end)
@@ -400,6 +351,10 @@ class WriteAheadLog:
             len(kept),
         )
         return len(dropped)
+
+    def stats(self) -> WALStats:
+        """Records written and fsyncs run by this handle since it was opened."""
+        return WALStats(records=self._records_written, fsyncs=self._fsyncs)
 
     def close(self) -> None:
         """Release the log's files; later calls raise :class:`WALClosedError`. Idempotent."""
@@ -431,15 +386,13 @@ class WriteAheadLog:
     # ------------------------------------------------------------------ writing
 
     def _write_and_wait(
-        self,
-        payload: dict[str, Any],
-        *,
-        check: Callable[[], None],
-        entry: WALEntry | None,
-        result: list[WALEntry] | None = None,
-        skip: Callable[[], WALEntry | None] | None = None,
+        self, payload: dict[str, Any], prepare: Callable[[], tuple[bool, WALEntry]]
     ) -> WALEntry:
-        """Validate under the append lock, write one record, then wait until it is durable."""
+        """Write one record and return once it is durable.
+
+        ``prepare`` runs under the append lock against an up-to-date index: it raises to refuse
+        the change, or says whether a record is needed and what the entry becomes.
+        """
         record = encode_record(payload)
         deadline = time.monotonic() + self._timeout
         self._append_lock.acquire(self._timeout)
@@ -447,15 +400,12 @@ class WriteAheadLog:
         try:
             self._check_open()
             self._catch_up_locked()
-            if skip is not None:
-                unchanged = skip()
-                if unchanged is not None:
-                    return unchanged
-            check()
+            needed, written = prepare()
+            if not needed:
+                return written
             position = self._write_record_locked(record)
-            self._apply(payload)
-            written = entry if entry is not None else (result[0] if result else None)
-            assert written is not None
+            self._records_written += 1
+            self._index.apply(payload)
             if self._sync and self._sync_lock.try_acquire():
                 # Nobody is syncing: we lead, and the position we cover is our own record's end.
                 try:
@@ -468,6 +418,7 @@ class WriteAheadLog:
         if leader_fd >= 0:
             try:
                 os.fdatasync(leader_fd)
+                self._fsyncs += 1
                 self._state.advance_durable(*position)
             finally:
                 os.close(leader_fd)
@@ -523,39 +474,12 @@ class WriteAheadLog:
                 self._append_lock.release()
             try:
                 os.fdatasync(fd)
+                self._fsyncs += 1
             finally:
                 os.close(fd)
             self._state.advance_durable(*target)
         finally:
             self._sync_lock.release()
-
-    def _write_data_file(self, entry_id: str, data: bytes) -> tuple[Path, str]:
-        stem = hashlib.sha256(entry_id.encode()).hexdigest()[:24]
-        path = self.directory / "data" / f"{stem}-{secrets.token_hex(4)}.bin"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self._sync:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        if self._sync:
-            fsync_directory(path.parent)
-        return path, "sha256:" + hashlib.sha256(data).hexdigest()
-
-    def _fsync_and_checksum(self, path: Path) -> str:
-        if self._sync:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return _sha256_file(path)
 
     # ------------------------------------------------------------------ reading
 
@@ -578,13 +502,13 @@ class WriteAheadLog:
         self._full_scan_locked()
 
     def _full_scan_locked(self) -> None:
-        self._index = {}
+        self._index.clear()
         self._generation = self._state.generation
         write_seg, write_end = self._state.write_position()
-        segs = self._segments.list()
-        for seg in segs:
-            stop = write_end if seg == write_seg else None
-            self._read_segment(seg, 0, stop)
+        for seg in self._segments.list():
+            if seg > write_seg:
+                break  # created by a writer killed while rotating: nothing acknowledged there
+            self._read_segment(seg, 0, write_end if seg == write_seg else None)
         self._cursor = (write_seg, write_end)
 
     def _catch_up_locked(self) -> None:
@@ -617,70 +541,11 @@ class WriteAheadLog:
 
     def _apply_decoded(self, path: Path, base: int, record: DecodedRecord) -> None:
         try:
-            self._apply(record.payload)
+            self._index.apply(record.payload)
         except (KeyError, ValueError, TypeError, WALError) as exc:
             raise WALCorruptionError(
                 path, base + record.offset, f"record does not describe a WAL change: {exc}"
             ) from exc
-
-    def _apply(self, payload: dict[str, Any]) -> None:
-        kind = payload["k"]
-        if kind == "base":
-            return
-        eid = payload["id"]
-        if not isinstance(eid, str):
-            raise TypeError(f"entry id {eid!r}")
-        if kind == "a":
-            created = float(payload.get("cts", payload["ts"]))
-            self._index[eid] = WALEntry(
-                entry_id=eid,
-                step_type=StepType(payload["t"]),
-                status=WALStatus(payload["s"]),
-                data_path=self._resolve(payload.get("p")),
-                checksum=payload.get("c"),
-                created_at=created,
-                updated_at=float(payload["ts"]),
-                error=payload.get("e"),
-            )
-        elif kind == "s":
-            current = self._index.get(eid)
-            if current is None:
-                raise WALError(f"status change for entry {eid!r} that was never appended")
-            self._index[eid] = replace(
-                current,
-                status=WALStatus(payload["s"]),
-                updated_at=float(payload["ts"]),
-                error=payload.get("e"),
-            )
-        else:
-            raise ValueError(f"unknown record kind {kind!r}")
-
-    def _snapshot_payload(self, entry: WALEntry) -> dict[str, Any]:
-        stored: str | None = None
-        if entry.data_path is not None:
-            try:
-                stored = entry.data_path.relative_to(self.directory).as_posix()
-            except ValueError:
-                stored = str(entry.data_path)
-        return {
-            "k": "a",
-            "id": entry.entry_id,
-            "t": entry.step_type.value,
-            "s": entry.status.value,
-            "cts": entry.created_at,
-            "ts": entry.updated_at,
-            "p": stored,
-            "c": entry.checksum,
-            "e": entry.error,
-        }
-
-    def _resolve(self, stored: object) -> Path | None:
-        if stored is None:
-            return None
-        if not isinstance(stored, str):
-            raise TypeError(f"data path {stored!r}")
-        path = Path(stored)
-        return path if path.is_absolute() else self.directory / path
 
     def _ensure_segment_fd(self, seg: int) -> None:
         if seg == self._seg_no and self._seg_fd >= 0:
