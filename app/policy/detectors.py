@@ -41,6 +41,28 @@ class Detector:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
+        self._since: dict[object, float] = {}
+        self._since_now: dict[object, float] = {}
+
+    def run(self, world: World) -> list[FaultSignal]:
+        """``detect`` plus bookkeeping: conditions that did not hold this tick are forgotten."""
+        self._since_now = {}
+        out = self.detect(world)
+        self._since = self._since_now
+        return out
+
+    def sticky_since(self, ident: object, start: float, *, open_ended: bool) -> float:
+        """Keep the start of a condition stable while it lasts.
+
+        Detectors look back over a bounded window; when the condition fills the whole window
+        (``open_ended``) its true start lies further back: keep the start seen on earlier ticks,
+        so one long breach stays one occurrence instead of a start that moves every tick.
+        """
+        prev = self._since.get(ident)
+        if open_ended and prev is not None and prev <= start:
+            start = prev
+        self._since_now[ident] = start
+        return start
 
     def tier(self, kind: FaultKind) -> Tier:
         return self.policy.tier_rule(kind).tier
@@ -111,7 +133,7 @@ class GoldenMetricDetector(Detector):
         run = breach_run(points, rule.breaches)
         if not run:
             return None
-        start = run[0].ts
+        start = self.sticky_since(key, run[0].ts, open_ended=len(run) == len(points))
         covered = len(run) < len(points) or start <= world.now - rule.breach_seconds
         if not covered or world.now - start < rule.breach_seconds:
             return None
@@ -256,6 +278,8 @@ class RolloutStallDetector(Detector):
             if key is None:
                 continue
             stall_since = self._stall_since(world, key)
+            if stall_since is not None:
+                stall_since = self.sticky_since(key, stall_since, open_ended=True)
             if stall_since is None or world.now - stall_since < cfg.stall_timeout_seconds:
                 continue
             points = world.store.since(key, stall_since - 1)
@@ -587,7 +611,10 @@ class GpuHealthDetector(Detector):
                 run = breach_run(points, lambda v: v >= 1)
                 if not run or len(run) == len(points) and run[0].ts > world.now - sustain:
                     continue
-                if world.now - run[0].ts < sustain:
+                start = self.sticky_since(
+                    ("throttle", key), run[0].ts, open_ended=len(run) == len(points)
+                )
+                if world.now - start < sustain:
                     continue
                 seen.add(ident)
                 evidence = Evidence(

@@ -117,7 +117,7 @@ class PolicyEngine:
         signals: list[FaultSignal] = []
         result = TickResult(at=world.now)
         for det in self.detectors:
-            signals.extend(det.detect(world))
+            signals.extend(det.run(world))
             if isinstance(det, HeartbeatDetector):
                 result.suspected_participants = det.suspected
             elif isinstance(det, NodeSilenceDetector):

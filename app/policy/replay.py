@@ -308,3 +308,20 @@ def format_report(result: ReplayResult, sc: Score | None = None) -> list[str]:
             for item in items:
                 lines.append(f"{label}: {item}")
     return lines
+
+
+def replay_file(
+    trace: str | Path, *, speed: float | None = None, policy_path: str | Path | None = None,
+    tail_seconds: float = 0.0,
+) -> tuple[ReplayResult, Score | None]:
+    """Replay one trace file (and score it when a labels file sits beside it)."""
+    from app.policy.policy_file import load_policy
+
+    path = Path(trace)
+    if not path.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    policy = load_policy(policy_path) if policy_path is not None else default_policy()
+    result = replay(read_trace(path), policy=policy, speed=speed, tail_seconds=tail_seconds)
+    lp = labels_path(path)
+    sc = score(result, json.loads(lp.read_text())) if lp.is_file() else None
+    return result, sc

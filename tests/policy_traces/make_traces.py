@@ -110,7 +110,7 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
             hb_ts = round(frozen[0] - 1.0, 3)
         fresh_heartbeat = alive and not (frozen and frozen[0] <= t < frozen[1])
 
-        def val(metric: str, default: float) -> float:
+        def val(metric: str, default: float, rank: int = rank, role: str = role) -> float:
             return sim.part_override.get((rank, role, metric), default)
 
         add("rollout_pending_ratio", val("rollout_pending_ratio", r.uniform(0.0, 0.08)), **labels)
@@ -429,10 +429,10 @@ def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:
     path.write_bytes(buf.getvalue())
 
 
-def main() -> None:
-    for old in HERE.glob("*.jsonl.gz"):
+def main(out_dir: Path = HERE) -> int:
+    for old in out_dir.glob("*.jsonl.gz"):
         old.unlink()
-    for old in HERE.glob("*.labels.json"):
+    for old in out_dir.glob("*.labels.json"):
         old.unlink()
     total = 0
     for group, table in (("fault", POSITIVE), ("ok", NEGATIVE)):
@@ -441,11 +441,12 @@ def main() -> None:
                 sim, expect, description = scenario(v)
                 batches = simulate(sim)
                 trace = f"{group}_{name}_{v}"
-                _write_gz(HERE / f"{trace}.jsonl.gz", batches)
+                _write_gz(out_dir / f"{trace}.jsonl.gz", batches)
                 labels = {"name": trace, "description": description, "expect": expect}
-                (HERE / f"{trace}.labels.json").write_text(json.dumps(labels, indent=1) + "\n")
+                (out_dir / f"{trace}.labels.json").write_text(json.dumps(labels, indent=1) + "\n")
                 total += 1
-    print(f"wrote {total} traces to {HERE}")
+    print(f"wrote {total} traces to {out_dir}")
+    return total
 
 
 if __name__ == "__main__":

@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import pytest
+
+from app.policy import metric_names as m
+from app.policy.engine import DecisionType, OpenIncident, PolicyEngine
+from app.policy.plans import ActionName
+from app.policy.signals import FaultKind, Subject, Tier
+
+from ._helpers import JOB, Cluster
+
+pytestmark = pytest.mark.timeout(30)
+
+T = {"job": JOB, "role": "trainer", "rank": "0"}
+R = {"job": JOB, "role": "rollout", "rank": "0"}
+
+
+def _base(c: Cluster) -> None:
+    c.participant("trainer", 0, "n0", step=20)
+    c.participant("rollout", 0, "n1", phase="ROLLOUT", step=20)
+    c.put("n0", m.GPU_UTILIZATION_RATIO, 0.9, gpu="0")
+    c.put("n1", m.ROLLOUT_TOKENS_PER_SECOND, 1000, **R)
+
+
+def test_repeated_signal_is_one_incident_and_resolves_after_quiet_period() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(5, _base, engine=e)
+
+    def slow(c: Cluster) -> None:
+        _base(c)
+        c.put("n0", m.STATE_LOG_WRITE_LATENCY_MS, 900, **T)
+
+    ds = c.run(60, slow, engine=e)
+    assert [d.type for d in ds] == [DecisionType.OPEN]
+    assert ds[0].kind is FaultKind.STATE_LOG_SLOW and ds[0].tier is Tier.MEDIUM
+    ds = c.run(
+        29, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_LATENCY_MS, 20, **T)), engine=e
+    )
+    assert ds == []
+    ds = c.run(
+        3, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_LATENCY_MS, 20, **T)), engine=e
+    )
+    assert [d.type for d in ds] == [DecisionType.RESOLVE] and e.open_incidents == {}
+
+
+def test_new_occurrence_updates_without_a_new_plan() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(
+        3, lambda c: (_base(c), c.put("n1", m.GPU_XID_CRITICAL_EVENTS_TOTAL, 0, gpu="0")), engine=e
+    )
+    ds = c.run(
+        10, lambda c: (_base(c), c.put("n1", m.GPU_XID_CRITICAL_EVENTS_TOTAL, 1, gpu="0")), engine=e
+    )
+    assert [d.type for d in ds] == [DecisionType.OPEN]
+    assert [a.action for a in ds[0].actions] == [ActionName.RESCHEDULE_BATCHES]
+    ds = c.run(
+        5, lambda c: (_base(c), c.put("n1", m.GPU_XID_CRITICAL_EVENTS_TOTAL, 2, gpu="0")), engine=e
+    )
+    assert [d.type for d in ds] == []  # same episode (within the hold): nothing new to plan
+    ds = c.run(200, lambda c: _base(c), engine=e)
+    assert [d.type for d in ds] == [DecisionType.RESOLVE]
+
+
+def test_recovery_failing_twice_escalates_to_whole_job_restart() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(3, _base, engine=e)
+    ds = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
+    [opened] = ds
+    assert opened.tier is Tier.MEDIUM
+    e.record_recovery_failure(opened.key)
+    assert c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e) == []
+    e.record_recovery_failure(opened.key)
+    [esc] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
+    assert esc.type is DecisionType.ESCALATE and esc.tier is Tier.HEAVY
+    kinds = {(a.action, a.needs_approval) for a in esc.actions}
+    assert kinds == {(ActionName.ENTER_SAFE_MODE, False), (ActionName.RESTART_JOB, True)}
+    # heavy incidents wait for the approver: the signal going away does not resolve them
+    assert c.run(120, _base, engine=e) == []
+    e.forget(opened.key)
+    assert e.open_incidents == {}
+
+
+def test_failed_recovery_escalates_even_after_the_signal_went_quiet() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(3, _base, engine=e)
+    [opened] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
+    c.run(5, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 0, **T)), engine=e)
+    e.record_recovery_failure(opened.key)
+    e.record_recovery_failure(opened.key)
+    [esc] = c.run(1, _base, engine=e)
+    assert esc.type is DecisionType.ESCALATE and esc.key == opened.key
+
+
+def test_rollout_down_supersedes_heartbeat_lost() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(10, _base, engine=e)
+    died = c.now
+
+    def dead(c: Cluster) -> None:
+        c.participant("trainer", 0, "n0", step=20)
+        c.put("n0", m.GPU_UTILIZATION_RATIO, 0.9, gpu="0")
+        c.put("n1", m.GPU_UTILIZATION_RATIO, 0.0, gpu="0")
+        c.participant("rollout", 0, "n1", phase="ROLLOUT", step=20, heartbeat=died)
+
+    ds = c.run(150, dead, engine=e)
+    assert [(d.type, d.kind) for d in ds] == [(DecisionType.OPEN, FaultKind.ROLLOUT_DOWN)]
+    assert {a.action for a in ds[0].actions} == {
+        ActionName.RESCHEDULE_BATCHES,
+        ActionName.RESTART_ROLE,
+    }
+
+
+def test_restored_incidents_are_not_opened_twice() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(3, _base, engine=e)
+    key = f"shard_stale:{Subject(job=JOB, role='trainer', rank=0, node='n0').key()}"
+    e.restore([OpenIncident(key, FaultKind.SHARD_STALE, Subject(), Tier.MEDIUM, c.now, c.now)])
+    ds = c.run(5, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
+    assert [d.type for d in ds if d.type is DecisionType.OPEN] == []

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.policy.plans import ActionName
+from app.policy.policy_file import DEFAULT_POLICY_PATH, PolicyFileError, load_policy, parse_policy
+from app.policy.signals import FaultKind, Tier
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _data() -> dict:
+    return yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+
+
+def test_shipped_policy_has_design_defaults() -> None:
+    p = load_policy()
+    g = p.golden_metrics
+    assert (g["rollout_pending_ratio"].healthy, g["rollout_pending_ratio"].warning) == (0.1, 0.3)
+    assert (
+        g["actor_shard_rebuild_count_5m"].warning == 2
+        and g["actor_shard_rebuild_count_5m"].inclusive
+    )
+    assert (g["state_log_write_latency_ms"].healthy, g["state_log_write_latency_ms"].warning) == (
+        50,
+        200,
+    )
+    d = p.detection
+    assert d.trainer.idle_timeout_seconds == 300 and d.rollout.stall_timeout_seconds == 60
+    assert (d.heartbeat.suspect_seconds, d.heartbeat.confirm_seconds) == (15, 60)
+    assert p.recovery.rollout_retry_times == 3 and p.recovery.rollout_timeout_sec == 120
+    assert p.tick_seconds == 1.0
+    assert set(p.tiers) == set(FaultKind)
+    assert p.tiers[FaultKind.STEP_FAILED].tier is Tier.LIGHT
+    assert p.tiers[FaultKind.NODE_SILENT].tier is Tier.MEDIUM
+    assert p.tiers[FaultKind.NODES_LOST].tier is Tier.HEAVY
+    assert p.tiers[FaultKind.STORAGE_UNWRITABLE].tier is Tier.HEAVY
+    assert p.escalation.plan == (ActionName.ENTER_SAFE_MODE, ActionName.RESTART_JOB)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d["tiers"]["step_failed"].__setitem__("tier", "lite"), "tiers.step_failed.tier"),
+        (
+            lambda d: d["detection"]["heartbeat"].__setitem__("suspekt_seconds", 3),
+            "detection.heartbeat.suspekt_seconds: unknown key",
+        ),
+        (
+            lambda d: d["detection"]["heartbeat"].__setitem__("suspect_seconds", -1),
+            "detection.heartbeat.suspect_seconds",
+        ),
+        (lambda d: d["tiers"].pop("gpu_lost"), "no rule for fault kind(s) gpu_lost"),
+        (lambda d: d["tiers"].__setitem__("gpu_on_fire", {"tier": "heavy"}), "tiers.gpu_on_fire"),
+        (
+            lambda d: d["tiers"]["node_silent"].__setitem__("plan", ["reboot_everything"]),
+            "tiers.node_silent.plan.0",
+        ),
+        (
+            lambda d: d["golden_metrics"].__setitem__(
+                "gpu_temp", d["golden_metrics"]["rollout_pending_ratio"]
+            ),
+            "golden_metrics.gpu_temp: not a golden metric",
+        ),
+        (
+            lambda d: d["golden_metrics"]["rollout_pending_ratio"].__setitem__("healthy", 0.9),
+            "healthy (0.9) must not exceed warning",
+        ),
+        (lambda d: d.__setitem__("version", 2), "version"),
+        (lambda d: d["approval"].__setitem__("expire_seconds", "soon"), "approval.expire_seconds"),
+        (
+            lambda d: d["alertmanager"]["subject_labels"].__setitem__("pod", "pod"),
+            "alertmanager.subject_labels.pod",
+        ),
+    ],
+)
+def test_bad_policy_is_refused_naming_the_key(mutate, needle: str) -> None:
+    data = _data()
+    mutate(data)
+    with pytest.raises(PolicyFileError) as err:
+        parse_policy(data, source="test.yaml")
+    assert needle in str(err.value)
+    assert "test.yaml" in str(err.value)
+
+
+def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
+    with pytest.raises(PolicyFileError, match="cannot read policy file"):
+        load_policy(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tiers: [unclosed\n")
+    with pytest.raises(PolicyFileError, match="not valid YAML"):
+        load_policy(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n- 2\n")
+    with pytest.raises(PolicyFileError, match="top level must be a mapping"):
+        load_policy(top)
+
+
+def test_custom_policy_file_changes_thresholds(tmp_path: Path) -> None:
+    data = _data()
+    data["detection"]["heartbeat"]["suspect_seconds"] = 5
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(data))
+    assert load_policy(f).detection.heartbeat.suspect_seconds == 5
