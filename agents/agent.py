@@ -1,0 +1,268 @@
+"""The agent's main loop: collect every ``interval``, spool the batch, let the sender deliver it.
+
+One round: NVML samples, job signals from the run directory, the agent's own health samples,
+and the environment fingerprint when it is due; then one ingest body (split when it would exceed
+``max_samples_per_batch``) appended to the spool. The sender thread delivers independently, so
+a slow or dead server never delays sampling.
+
+SIGTERM (or SIGINT): the current round is collected and spooled, the sender gets what is left of
+``shutdown_grace`` to deliver, and the process exits; whatever is not delivered stays in the spool
+for the next start. The whole shutdown stays within 5 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import orjson
+
+from agents.collectors.job import JobCollector
+from agents.collectors.nvml import NvmlCollector
+from agents.fake_nvml import FakeNVML
+from agents.fingerprint import DEFAULT_PACKAGES, collect_fingerprint
+from agents.samples import Sample, make_sample
+from agents.sender import Sender
+from agents.simulate import apply_fault_files
+from agents.spool import Spool
+
+log = logging.getLogger("rlguard.agent")
+
+STATUS_FILENAME = "status.json"
+_FINGERPRINT_CHECK_S = 60.0  # how often the environment is re-read for changes
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent needs; ``python -m agents`` builds it from the command line."""
+
+    server: str
+    token: str
+    node: str
+    run_dir: Path
+    spool_dir: Path
+    interval: float = 1.0
+    simulate_gpus: int = 0
+    spool_max_bytes: int = 256 * 1024 * 1024
+    record: Path | None = None
+    fingerprint_packages: tuple[str, ...] = DEFAULT_PACKAGES
+    fingerprint_resend_s: float = 300.0
+    max_samples_per_batch: int = 4000
+    shutdown_grace: float = 3.0
+    spool_fsync: bool = True
+    backoff_max: float = 15.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def default_spool_dir(node: str) -> Path:
+    """``$XDG_STATE_HOME/rlguard/agent-<node>`` (``~/.local/state/...`` when unset)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rlguard" / f"agent-{node}"
+
+
+class Agent:
+    """One node agent. ``nvml`` overrides the NVML backend (tests); ``clock`` the wall clock."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        nvml: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self.fake: FakeNVML | None = None
+        if nvml is None:
+            if config.simulate_gpus > 0:
+                self.fake = FakeNVML(config.simulate_gpus, clock=clock)
+                nvml = self.fake
+            else:
+                import pynvml
+
+                nvml = pynvml
+        elif isinstance(nvml, FakeNVML):
+            self.fake = nvml
+        self.nvml = NvmlCollector(nvml, simulated=config.simulate_gpus > 0, clock=clock)
+        self.jobs = JobCollector(config.run_dir, clock=clock)
+        self.spool = Spool(
+            config.spool_dir,
+            node=config.node,
+            max_bytes=config.spool_max_bytes,
+            fsync=config.spool_fsync,
+        )
+        self.sender = Sender(
+            self.spool,
+            url=config.server,
+            token=config.token,
+            backoff_max=config.backoff_max,
+            clock=clock,
+        )
+        self._stop = threading.Event()
+        self._fingerprint_hash: str | None = None
+        self._fingerprint_sent_at = float("-inf")
+        self._fingerprint_checked_at = float("-inf")
+        self._record = open(config.record, "ab") if config.record else None  # noqa: SIM115
+        self.rounds = 0
+        self.started_at = clock()
+
+    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        """Ask the loop to finish its round and shut down (safe to call from a signal handler)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the agent cleanly."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def run(self) -> int:
+        """Run until stopped; returns the process exit code."""
+        self.nvml.start()
+        self.sender.start()
+        log.info(
+            "agent %s for node %s: server %s, run dir %s, spool %s",
+            self.spool.agent_id,
+            self.config.node,
+            self.config.server,
+            self.config.run_dir,
+            self.config.spool_dir,
+        )
+        next_round = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self.round()
+                next_round += self.config.interval
+                delay = next_round - time.monotonic()
+                if delay < 0:  # fell behind (a very slow disk): do not try to catch up in a burst
+                    next_round = time.monotonic()
+                    delay = 0
+                self._stop.wait(delay)
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        """Spool the current round, give the sender the grace period, stop, write the status."""
+        deadline = time.monotonic() + self.config.shutdown_grace
+        try:
+            self.round()
+        except OSError as exc:
+            log.error("final round could not be spooled: %s", exc)
+        self.sender.stop(timeout=max(0.1, deadline - time.monotonic()))
+        self.write_status()
+        self.nvml.close()
+        if self._record is not None:
+            self._record.close()
+            self._record = None
+        stats = self.spool.stats()
+        log.info(
+            "agent stopped: %d batch(es), %d sample(s) left in the spool for the next start",
+            stats.batches,
+            stats.samples,
+        )
+
+    def round(self) -> None:
+        """Collect once and spool the result (one or more ingest bodies)."""
+        if self.fake is not None:
+            apply_fault_files(self.config.run_dir, self.fake)
+        now = self._clock()
+        samples: list[Sample] = self.nvml.collect()
+        job_samples, participants = self.jobs.collect()
+        samples.extend(job_samples)
+        samples.extend(self._own_samples(now))
+        fingerprint = self._fingerprint_if_due(now)
+        limit = self.config.max_samples_per_batch
+        chunks = [samples[i : i + limit] for i in range(0, len(samples), limit)] or [[]]
+        for index, chunk in enumerate(chunks):
+            body: dict[str, Any] = {
+                "agent_id": self.spool.agent_id,
+                "node": self.config.node,
+                "samples": chunk,
+                "participants": participants if index == 0 else [],
+                "fingerprint": fingerprint if index == 0 else None,
+            }
+            seq = self.spool.append(body)
+            if self._record is not None:
+                self._record.write(orjson.dumps({**body, "seq": seq, "sent_at": now}) + b"\n")
+                self._record.flush()
+        self.rounds += 1
+        self.write_status()
+
+    def _fingerprint_if_due(self, now: float) -> dict[str, str] | None:
+        """The fingerprint when it is new, changed, or not sent for ``fingerprint_resend_s``."""
+        if now - self._fingerprint_checked_at < _FINGERPRINT_CHECK_S:
+            return None
+        self._fingerprint_checked_at = now
+        fp = collect_fingerprint(
+            self.config.fingerprint_packages, driver=self.nvml.driver_versions()
+        )
+        same = fp["hash"] == self._fingerprint_hash
+        if same and now - self._fingerprint_sent_at < self.config.fingerprint_resend_s:
+            return None
+        if not same and self._fingerprint_hash is not None:
+            log.warning(
+                "environment fingerprint changed: %s -> %s", self._fingerprint_hash, fp["hash"]
+            )
+        self._fingerprint_hash = fp["hash"]
+        self._fingerprint_sent_at = now
+        return fp
+
+    def _own_samples(self, now: float) -> list[Sample]:
+        st = self.spool.stats()
+        sent = self.sender.stats
+        out = [
+            make_sample("agent_nvml_available", 1 if self.nvml.available else 0, now, {}),
+            make_sample("agent_gpus_monitored", self.nvml.gpu_count, now, {}),
+            make_sample("agent_spool_bytes", st.bytes, now, {}),
+            make_sample("agent_spool_batches", st.batches, now, {}),
+            make_sample("agent_batches_sent_total", sent.batches_sent, now, {}),
+            make_sample("agent_send_failures_total", sent.send_failures, now, {}),
+        ]
+        for reason, count in sorted(st.dropped.items()):
+            out.append(make_sample("agent_dropped_samples_total", count, now, {"reason": reason}))
+        return out
+
+    def status(self) -> dict[str, Any]:
+        """The agent's health as ``--status`` prints it."""
+        st = self.spool.stats()
+        sent = self.sender.stats
+        return {
+            "agent_id": self.spool.agent_id,
+            "node": self.config.node,
+            "pid": os.getpid(),
+            "server": self.config.server,
+            "started_at": self.started_at,
+            "updated_at": self._clock(),
+            "rounds": self.rounds,
+            "nvml_available": self.nvml.available,
+            "nvml_unavailable_reason": self.nvml.unavailable_reason,
+            "gpus": self.nvml.gpu_count,
+            "simulated": self.fake is not None,
+            "last_send_ok": sent.last_send_ok,
+            "last_error": sent.last_error,
+            "batches_sent": sent.batches_sent,
+            "duplicates": sent.duplicates,
+            "send_failures": sent.send_failures,
+            "spool_batches": st.batches,
+            "spool_bytes": st.bytes,
+            "spool_samples": st.samples,
+            "spool_max_bytes": self.spool.max_bytes,
+            "dropped": st.dropped,
+            "produced_samples": st.produced_samples,
+            "acked_samples": st.acked_samples,
+        }
+
+    def write_status(self) -> None:
+        """Replace ``<spool_dir>/status.json`` (read by ``--status``); no fsync: it is advisory."""
+        path = self.config.spool_dir / STATUS_FILENAME
+        tmp = path.with_name(f".{STATUS_FILENAME}.tmp")
+        tmp.write_bytes(orjson.dumps(self.status(), option=orjson.OPT_INDENT_2))
+        os.replace(tmp, path)
