@@ -1,0 +1,130 @@
+"""Run a child process, SIGKILL it at a random moment, and collect what it acknowledged.
+
+The child is forked from the test process (fast: no interpreter start-up per kill) and
+reports over a pipe *after* each call returned (``A ...``), announcing it first (``B ...``), so
+the parent knows exactly which operations were acknowledged and which one may have been in
+flight when the kill landed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Reporter:
+    """The child's side of the pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def begin(self, op: str) -> None:
+        """Announce an operation about to start."""
+        self._send(f"B {op}\n")
+
+    def ack(self, op: str) -> None:
+        """Report an operation whose call has returned."""
+        self._send(f"A {op}\n")
+
+    def _send(self, line: str) -> None:
+        data = line.encode()
+        assert len(data) < 512  # one write() of < PIPE_BUF bytes is atomic
+        os.write(self._fd, data)
+
+
+@dataclass
+class ChildRun:
+    """What one killed child reported."""
+
+    acked: list[str] = field(default_factory=list)
+    in_flight: str | None = None
+    exit_status: int = 0
+    error: str = ""
+
+
+def run_and_kill(child: Callable[[Reporter], None], kill_after: float) -> ChildRun:
+    """Fork, run ``child`` until it is SIGKILLed ``kill_after`` seconds later, collect reports."""
+    return run_many_and_kill([child], [kill_after])[0]
+
+
+def _fork_child(child: Callable[[Reporter], None]) -> tuple[int, int, int]:
+    read_fd, write_fd = os.pipe()
+    err_read, err_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        os.close(read_fd)
+        os.close(err_read)
+        status = 0
+        try:
+            child(Reporter(write_fd))
+        except BaseException:
+            os.write(err_write, traceback.format_exc().encode()[-4000:])
+            status = 3
+        os._exit(status)
+    os.close(write_fd)
+    os.close(err_write)
+    return pid, read_fd, err_read
+
+
+def run_many_and_kill(
+    children: list[Callable[[Reporter], None]], kill_after: list[float]
+) -> list[ChildRun]:
+    """Run several children at once, SIGKILL each at its own time, collect their reports."""
+    started = [_fork_child(child) for child in children]
+    unreaped = {pid for pid, _, _ in started}
+    t0 = time.monotonic()
+    try:
+        for pid, delay in sorted(
+            zip([p for p, _, _ in started], kill_after, strict=True), key=lambda x: x[1]
+        ):
+            time.sleep(max(0.0, t0 + delay - time.monotonic()))
+            os.kill(pid, signal.SIGKILL)
+        runs = []
+        for pid, read_fd, err_read in started:
+            _, status = os.waitpid(pid, 0)
+            unreaped.discard(pid)
+            runs.append(_collect(read_fd, err_read, status))
+        return runs
+    finally:
+        for pid in unreaped:  # only children we have not reaped: their pid cannot be reused yet
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        for _, read_fd, err_read in started:
+            os.close(read_fd)
+            os.close(err_read)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _collect(read_fd: int, err_fd: int, status: int) -> ChildRun:
+    run = ChildRun(exit_status=status, error=_read_all(err_fd).decode(errors="replace"))
+    for line in _read_all(read_fd).decode().splitlines():
+        kind, _, op = line.partition(" ")
+        if kind == "B":
+            run.in_flight = op
+        elif kind == "A":
+            assert op == run.in_flight, (
+                f"ack {op!r} without its begin (last begin {run.in_flight!r})"
+            )
+            run.acked.append(op)
+            run.in_flight = None
+    return run
+
+
+def assert_killed(run: ChildRun) -> None:
+    """The child must have died of our SIGKILL, not of an exception of its own."""
+    assert not run.error, f"child failed before the kill:\n{run.error}"
+    assert os.WIFSIGNALED(run.exit_status) and os.WTERMSIG(run.exit_status) == signal.SIGKILL, (
+        f"child was not killed by SIGKILL (status {run.exit_status}); it stopped early"
+    )
