@@ -166,7 +166,7 @@ class BatchValidator:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             hint = ""
-            if b"NaN" in body or b"Infinity" in body:
+            if b"NaN" in body or b"Infinity" in body or "infinity" in str(exc):
                 hint = " (NaN and Infinity are not JSON numbers; only finite values are accepted)"
             raise IngestRejected(
                 f"body is not valid JSON: {exc}{hint}", status_code=400, kind="bad_json"
