@@ -1,0 +1,171 @@
+"""How the dashboard colours a GPU, a node and a participant.
+
+Levels are ``ok`` (green), ``warn`` (amber), ``bad`` (red) and ``idle`` (grey: no data). The
+colour is a summary for the eye; the policy engine, not this module, decides what is a fault.
+Liveness bounds come from the policy settings (the same 15 s / 60 s the detectors use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+# NVML metric names, as the agent sends them (docs/metrics.md).
+GPU_UTIL = "gpu_utilization_ratio"
+GPU_TEMP = "gpu_temperature_celsius"
+GPU_MEM_USED = "gpu_memory_used_bytes"
+GPU_MEM_TOTAL = "gpu_memory_total_bytes"
+GPU_POWER = "gpu_power_watts"
+GPU_LOST = "gpu_lost"
+GPU_THROTTLE_THERMAL = "gpu_throttle_thermal_active"
+GPU_THROTTLE_POWER = "gpu_throttle_power_active"
+GPU_REMAP_FAILURE = "gpu_remapped_rows_failure"
+GPU_ECC_UNCORRECTED = "gpu_ecc_uncorrected_errors_total"
+GPU_ECC_CORRECTED = "gpu_ecc_corrected_errors_total"
+GPU_XID_CRITICAL = "gpu_xid_critical_events_total"
+GPU_XID_LAST = "gpu_xid_last_code"
+
+GPU_METRICS = frozenset(
+    {
+        GPU_UTIL,
+        GPU_TEMP,
+        GPU_MEM_USED,
+        GPU_MEM_TOTAL,
+        GPU_POWER,
+        GPU_LOST,
+        GPU_THROTTLE_THERMAL,
+        GPU_THROTTLE_POWER,
+        GPU_REMAP_FAILURE,
+        GPU_ECC_UNCORRECTED,
+        GPU_XID_CRITICAL,
+        GPU_XID_LAST,
+    }
+)
+
+# Data-centre GPUs start slowing themselves down around 85-90 °C; amber a little before that so
+# the operator sees the trend, red where the hardware is already protecting itself.
+GPU_TEMP_WARN_C = 83.0
+GPU_TEMP_BAD_C = 90.0
+
+LEVEL_RANK = {"idle": 0, "ok": 1, "warn": 2, "bad": 3}
+TIER_LEVEL = {"light": "warn", "medium": "bad", "heavy": "bad"}
+
+
+def worst(levels: Iterable[str]) -> str:
+    result = "idle"
+    for level in levels:
+        if LEVEL_RANK[level] > LEVEL_RANK[result]:
+            result = level
+    return result
+
+
+@dataclass(slots=True)
+class GpuNow:
+    """Latest values of one GPU (``None`` where the agent sent nothing)."""
+
+    index: str
+    util: float | None = None  # 0..1
+    temp: float | None = None
+    mem_used: float | None = None
+    mem_total: float | None = None
+    power: float | None = None
+    lost: bool = False
+    throttled: list[str] = field(default_factory=list)
+    remap_failure: bool = False
+    ecc_uncorrected: float | None = None
+    xid_critical: float | None = None
+    xid_last: float | None = None
+
+    @property
+    def mem_ratio(self) -> float | None:
+        if self.mem_used is None or not self.mem_total:
+            return None
+        return self.mem_used / self.mem_total
+
+    @property
+    def level(self) -> str:
+        return gpu_level(self)[0]
+
+    @property
+    def reasons(self) -> list[str]:
+        return gpu_level(self)[1]
+
+    def absorb(self, name: str, value: float) -> None:
+        if name == GPU_UTIL:
+            self.util = value
+        elif name == GPU_TEMP:
+            self.temp = value
+        elif name == GPU_MEM_USED:
+            self.mem_used = value
+        elif name == GPU_MEM_TOTAL:
+            self.mem_total = value
+        elif name == GPU_POWER:
+            self.power = value
+        elif name == GPU_LOST:
+            self.lost = value >= 1
+        elif name == GPU_THROTTLE_THERMAL and value >= 1:
+            self.throttled.append("thermal")
+        elif name == GPU_THROTTLE_POWER and value >= 1:
+            self.throttled.append("power")
+        elif name == GPU_REMAP_FAILURE:
+            self.remap_failure = value >= 1
+        elif name == GPU_ECC_UNCORRECTED:
+            self.ecc_uncorrected = value
+        elif name == GPU_XID_CRITICAL:
+            self.xid_critical = value
+        elif name == GPU_XID_LAST:
+            self.xid_last = value
+
+
+def gpu_level(gpu: GpuNow) -> tuple[str, list[str]]:
+    reasons: list[str] = []
+    level = "ok"
+    if gpu.lost:
+        return "bad", ["GPU lost from the bus"]
+    if gpu.remap_failure:
+        level = "bad"
+        reasons.append("row remapping failed")
+    if gpu.temp is not None and gpu.temp >= GPU_TEMP_BAD_C:
+        level = "bad"
+        reasons.append(f"{gpu.temp:.0f} °C")
+    elif gpu.temp is not None and gpu.temp >= GPU_TEMP_WARN_C:
+        level = worst([level, "warn"])
+        reasons.append(f"{gpu.temp:.0f} °C")
+    if gpu.throttled:
+        level = worst([level, "warn"])
+        reasons.append("throttled: " + ", ".join(gpu.throttled))
+    if gpu.util is None and gpu.temp is None and gpu.mem_used is None:
+        return "idle", ["no samples"]
+    return level, reasons
+
+
+def liveness_level(age_seconds: float | None, *, suspect_after: float, confirm_after: float) -> str:
+    """ok while heartbeats are fresh, warn once suspected, bad once confirmed, idle if never seen."""
+    if age_seconds is None:
+        return "idle"
+    if age_seconds >= confirm_after:
+        return "bad"
+    if age_seconds >= suspect_after:
+        return "warn"
+    return "ok"
+
+
+def liveness_mark(age_seconds: float | None, *, suspect_after: float, confirm_after: float) -> str:
+    level = liveness_level(age_seconds, suspect_after=suspect_after, confirm_after=confirm_after)
+    return {"ok": "alive", "warn": "suspected", "bad": "confirmed lost", "idle": "never seen"}[
+        level
+    ]
+
+
+def gpus_from_latest(latest: Mapping[str, Mapping[str, float]]) -> list[GpuNow]:
+    """``{gpu index: {metric: value}}`` → GPUs sorted by numeric index."""
+    gpus: list[GpuNow] = []
+    for index, metrics in latest.items():
+        gpu = GpuNow(index=index)
+        for name, value in metrics.items():
+            gpu.absorb(name, value)
+        gpus.append(gpu)
+    gpus.sort(
+        key=lambda g: (not g.index.isdigit(), int(g.index) if g.index.isdigit() else 0, g.index)
+    )
+    return gpus

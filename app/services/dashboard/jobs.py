@@ -1,0 +1,213 @@
+"""The Job page: participants with heartbeat age and liveness marks, golden metrics with bands."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlmodel import Session, select
+
+from app.core.config import GoldenThresholds
+from app.models import Job, MetricRollup, from_epoch
+from app.services import cluster
+from app.services.dashboard.charts import Band, ChartSpec, Threshold, aligned_chart, golden_bands
+from app.services.dashboard.health import liveness_level, liveness_mark
+from app.services.series_store import SeriesStore
+
+HISTORY_MINUTES = 60
+STEP_SECONDS = 10.0
+ROLLOUT_PENDING_RATIO = "rollout_pending_ratio"
+SHARD_REBUILDS_5M = "actor_shard_rebuild_count_5m"
+STATE_LOG_LATENCY_MS = "state_log_write_latency_ms"
+TRAIN_STEP = "train_step"
+TOKENS_PER_SECOND = "rollout_tokens_per_second"
+JOB_SAFE_MODE = "job_safe_mode"
+
+
+@dataclass(slots=True)
+class ParticipantRow:
+    role: str
+    rank: int
+    node: str | None
+    phase: str
+    step: int
+    heartbeat_age: float
+    level: str
+    mark: str
+
+
+@dataclass(slots=True)
+class JobDetail:
+    name: str
+    participants: list[ParticipantRow]
+    golden: list[ChartSpec]
+    progress: list[ChartSpec]
+    safe_mode: bool
+    last_seen_age: float | None
+
+
+def participant_rows(
+    session: Session, *, job: str, now: float, suspect_after: float, confirm_after: float
+) -> list[ParticipantRow]:
+    """Raises ``NotFound`` (from the cluster service) for an unknown job."""
+    detail = cluster.job_detail(session, name=job, now=now)
+    return [
+        ParticipantRow(
+            role=p.role,
+            rank=p.rank,
+            node=p.node,
+            phase=p.phase,
+            step=p.step,
+            heartbeat_age=p.heartbeat_age_seconds,
+            level=liveness_level(
+                p.heartbeat_age_seconds, suspect_after=suspect_after, confirm_after=confirm_after
+            ),
+            mark=liveness_mark(
+                p.heartbeat_age_seconds, suspect_after=suspect_after, confirm_after=confirm_after
+            ),
+        )
+        for p in detail.participant_list
+    ]
+
+
+def job_series(
+    session: Session, store: SeriesStore, *, job: str, name: str, now: float
+) -> dict[str, list[tuple[float, float]]]:
+    """``{"role/rank": [(ts, value)]}`` over the last hour: rollups, then the live window."""
+    since = from_epoch(now) - timedelta(minutes=HISTORY_MINUTES)
+    r = MetricRollup
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    # Few rows per job (participants x minutes), so the label filter runs here rather than as a
+    # JSON expression that SQLite and PostgreSQL would spell differently.
+    for labels, minute, avg in session.exec(
+        select(r.labels, r.minute, r.avg)
+        .where(r.name == name, r.minute >= since)
+        .order_by(r.minute)  # type: ignore[arg-type]
+    ).all():
+        labels = labels or {}
+        if labels.get("job") == job:
+            out[_who(labels.get("role"), labels.get("rank"))].append(
+                (minute.timestamp(), float(avg))
+            )
+    for key in store.keys(name=name):
+        if key.label("job") != job:
+            continue
+        who = _who(key.label("role"), key.label("rank"))
+        points = out[who]
+        start = points[-1][0] + 60.0 if points else now - HISTORY_MINUTES * 60
+        points.extend((p.ts, p.value) for p in store.since(key, start))
+    return out
+
+
+def _who(role: str | None, rank: str | int | None) -> str:
+    if role is None and rank is None:
+        return "job"
+    return f"{role or '?'}/{rank if rank is not None else '?'}"
+
+
+def golden_charts(
+    session: Session, store: SeriesStore, *, job: str, now: float, thresholds: GoldenThresholds
+) -> list[ChartSpec]:
+    t = thresholds
+    specs: list[tuple[str, str, str, float, float]] = [
+        (
+            ROLLOUT_PENDING_RATIO,
+            "Rollout pending ratio",
+            "",
+            t.rollout_pending_ratio_healthy,
+            t.rollout_pending_ratio_warning,
+        ),
+        (
+            SHARD_REBUILDS_5M,
+            "Actor shard rebuilds (5 min)",
+            "",
+            t.actor_shard_rebuild_count_5m_healthy,
+            t.actor_shard_rebuild_count_5m_warning,
+        ),
+        (
+            STATE_LOG_LATENCY_MS,
+            "State-log write latency",
+            "ms",
+            t.state_log_write_latency_ms_healthy,
+            t.state_log_write_latency_ms_warning,
+        ),
+    ]
+    charts = []
+    for metric, title, unit, healthy, warning in specs:
+        spec = aligned_chart(
+            title,
+            dict(sorted(job_series(session, store, job=job, name=metric, now=now).items())),
+            step_seconds=STEP_SECONDS,
+            unit=unit,
+        )
+        if metric == SHARD_REBUILDS_5M:
+            # A count: healthy means exactly 0, so the green band covers [0, 1).
+            spec.bands = [
+                Band(None, max(healthy, 0) + 1, "ok"),
+                Band(max(healthy, 0) + 1, warning, "warn"),
+                Band(warning, None, "bad"),
+            ]
+        else:
+            spec.bands = golden_bands(healthy, warning)
+        spec.thresholds = [
+            Threshold(
+                healthy, f"healthy {'≤' if metric == SHARD_REBUILDS_5M else '<'} {healthy:g}", "ok"
+            ),
+            Threshold(
+                warning,
+                f"warning {'≥' if metric == SHARD_REBUILDS_5M else '>'} {warning:g}",
+                "warn",
+            ),
+        ]
+        spec.y_min = 0.0
+        charts.append(spec)
+    return charts
+
+
+def job_detail(
+    *,
+    session: Session,
+    store: SeriesStore,
+    name: str,
+    now: float,
+    suspect_after: float,
+    confirm_after: float,
+    thresholds: GoldenThresholds,
+) -> JobDetail:
+    """Raises ``NotFound`` (from the cluster service) for an unknown job."""
+    participants = participant_rows(
+        session, job=name, now=now, suspect_after=suspect_after, confirm_after=confirm_after
+    )
+    job = session.exec(select(Job).where(Job.name == name)).one()
+    progress = [
+        aligned_chart(
+            "Training step",
+            dict(sorted(job_series(session, store, job=name, name=TRAIN_STEP, now=now).items())),
+            step_seconds=STEP_SECONDS,
+        ),
+        aligned_chart(
+            "Rollout tokens / s",
+            dict(
+                sorted(
+                    job_series(session, store, job=name, name=TOKENS_PER_SECOND, now=now).items()
+                )
+            ),
+            step_seconds=STEP_SECONDS,
+            unit="tok/s",
+        ),
+    ]
+    safe = any(
+        key.label("job") == name and (point := store.latest(key)) is not None and point.value >= 1
+        for key in store.keys(name=JOB_SAFE_MODE)
+    )
+    return JobDetail(
+        name=name,
+        participants=participants,
+        golden=golden_charts(session, store, job=name, now=now, thresholds=thresholds),
+        progress=progress,
+        safe_mode=safe,
+        last_seen_age=None
+        if job.last_seen_at is None
+        else max(0.0, now - job.last_seen_at.timestamp()),
+    )

@@ -1,0 +1,72 @@
+"""Job page: participants (polling), golden metrics with their bands, progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from app.services.dashboard.jobs import HISTORY_MINUTES, job_detail, participant_rows
+from app.views.context import DbDep, RuntimeDep, SignedInDep
+from app.views.rendering import render
+
+router = APIRouter(include_in_schema=False)
+
+POLL_SECONDS = 3
+
+
+@router.get("/jobs/{name}", response_class=HTMLResponse)
+def job_page(
+    name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    p = rt.settings.policy
+    job = job_detail(
+        session=session,
+        store=rt.store,
+        name=name,
+        now=page.now,
+        suspect_after=p.heartbeat_suspect_after,
+        confirm_after=p.heartbeat_confirm_after,
+        thresholds=p.severity_thresholds,
+    )
+    if job is None:
+        return render(
+            request,
+            page,
+            "pages/error.html",
+            {
+                "title": "Unknown job",
+                "message": f"No job named {name!r} has reported a participant.",
+            },
+            status_code=404,
+        )
+    data: dict[str, Any] = {
+        "job": job,
+        "participants": job.participants,
+        "job_name": job.name,
+        "poll_seconds": POLL_SECONDS,
+        "history_minutes": HISTORY_MINUTES,
+        "active_nav": "overview",
+    }
+    return render(request, page, "pages/job.html", data)
+
+
+@router.get("/ui/jobs/{name}/participants", response_class=HTMLResponse)
+def job_participants_partial(
+    name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    p = rt.settings.policy
+    rows = participant_rows(
+        session,
+        job=name,
+        now=page.now,
+        suspect_after=p.heartbeat_suspect_after,
+        confirm_after=p.heartbeat_confirm_after,
+    )
+    return render(
+        request,
+        page,
+        "partials/_job_participants.html",
+        {"participants": rows, "job_name": name, "poll_seconds": POLL_SECONDS},
+    )

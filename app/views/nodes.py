@@ -1,0 +1,44 @@
+"""Node page: per-GPU charts, XID/ECC history, fingerprint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from app.services.dashboard.nodes import HISTORY_MINUTES, node_detail
+from app.views.context import DbDep, RuntimeDep, SignedInDep
+from app.views.rendering import render
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/nodes/{name}", response_class=HTMLResponse)
+def node_page(
+    name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    p = rt.settings.policy
+    node = node_detail(
+        session=session,
+        store=rt.store,
+        name=name,
+        now=page.now,
+        suspect_after=p.heartbeat_suspect_after,
+        confirm_after=p.heartbeat_confirm_after,
+    )
+    if node is None:
+        return render(
+            request,
+            page,
+            "pages/error.html",
+            {
+                "title": "Unknown node",
+                "message": f"No node named {name!r} has registered or reported.",
+            },
+            status_code=404,
+        )
+    return render(
+        request,
+        page,
+        "pages/node.html",
+        {"node": node, "history_minutes": HISTORY_MINUTES, "active_nav": "overview"},
+    )

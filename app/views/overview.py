@@ -1,0 +1,68 @@
+"""Overview: node grid, open incidents, jobs, pending approvals. Its parts poll."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+
+from app.services.dashboard.overview import job_rows, overview_health
+from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
+from app.views.rendering import render
+
+router = APIRouter(include_in_schema=False)
+
+POLL_SECONDS = 3
+
+
+def _health(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
+    p = rt.settings.policy
+    return {
+        "health": overview_health(
+            session=session,
+            store=rt.store,
+            now=page.now,
+            suspect_after=p.heartbeat_suspect_after,
+            confirm_after=p.heartbeat_confirm_after,
+        ),
+        "poll_seconds": POLL_SECONDS,
+        "pending_approvals": page.pending_approvals,
+    }
+
+
+def _jobs(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
+    p = rt.settings.policy
+    return {
+        "jobs": job_rows(
+            session=session,
+            now=page.now,
+            suspect_after=p.heartbeat_suspect_after,
+            confirm_after=p.heartbeat_confirm_after,
+        ),
+        "poll_seconds": POLL_SECONDS,
+    }
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview_page(
+    request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    data = {"active_nav": "overview"}
+    data.update(_health(rt, session, page))
+    data.update(_jobs(rt, session, page))
+    return render(request, page, "pages/overview.html", data)
+
+
+@router.get("/ui/overview/health", response_class=HTMLResponse)
+def overview_health_partial(
+    request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    return render(request, page, "partials/_overview_health.html", _health(rt, session, page))
+
+
+@router.get("/ui/overview/jobs", response_class=HTMLResponse)
+def overview_jobs_partial(
+    request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    return render(request, page, "partials/_overview_jobs.html", _jobs(rt, session, page))
