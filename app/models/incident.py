@@ -1,0 +1,79 @@
+"""Incidents: grouped fault signals with their timeline and evidence."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+from app.models._types import UTCDateTime, utcnow
+
+
+class IncidentStatus(enum.StrEnum):
+    open = "open"
+    resolved = "resolved"
+
+
+class Incident(SQLModel, table=True):
+    """One fault (kind + subject) from its first signal until it is resolved.
+
+    ``open_key`` equals ``key`` while the incident is open and is NULL once resolved; its unique
+    constraint is what makes "one open incident per kind and subject" hold even with two
+    writers racing (NULLs never collide, on SQLite and PostgreSQL alike).
+    """
+
+    __tablename__ = "incident"
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(max_length=300, index=True)
+    open_key: str | None = Field(default=None, max_length=300, unique=True)
+    kind: str = Field(max_length=64, index=True)
+    tier: str = Field(max_length=16)
+    status: str = Field(default=IncidentStatus.open.value, max_length=16, index=True)
+    subject: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    job: str | None = Field(default=None, max_length=128, index=True)
+    node: str | None = Field(default=None, max_length=128)
+    summary: str = Field(default="", max_length=500)
+    evidence: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    reasons: list[str] = Field(default_factory=list, sa_type=sa.JSON)
+    escalated: bool = False
+    safe_mode: bool = False
+    recovery_failures: int = 0
+    opened_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    resolved_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    detection_delay_seconds: float | None = None
+
+
+class IncidentEvent(SQLModel, table=True):
+    """One line of an incident's timeline: what happened, who did it, when."""
+
+    __tablename__ = "incident_event"
+
+    id: int | None = Field(default=None, primary_key=True)
+    incident_id: int = Field(foreign_key="incident.id", index=True, ondelete="CASCADE")
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # opened, updated, escalated, action_planned, action_started, action_succeeded,
+    # action_failed, approval_requested, approval_granted, approval_rejected, approval_expired,
+    # safe_mode, resolved
+    type: str = Field(max_length=32)
+    actor: str = Field(default="system", max_length=160)  # system, user:<name>, worker:<host>
+    detail: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+
+
+class FaultSignalRecord(SQLModel, table=True):
+    """A fault signal as the engine saw it when it opened, updated or escalated an incident."""
+
+    __tablename__ = "fault_signal"
+
+    id: int | None = Field(default=None, primary_key=True)
+    incident_id: int = Field(foreign_key="incident.id", index=True, ondelete="CASCADE")
+    at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    kind: str = Field(max_length=64)
+    tier: str = Field(max_length=16)
+    subject: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    evidence: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    since: float | None = None
