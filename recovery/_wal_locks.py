@@ -34,8 +34,9 @@ class ProcessLock:
     timeout, so a contended lock is polled with ``LOCK_NB`` until the deadline.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, timeout_error: type[Exception] = WALLockTimeout) -> None:
         self.path = path
+        self._timeout_error = timeout_error
         self._mutex = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
@@ -43,7 +44,9 @@ class ProcessLock:
         """Take the lock, or raise :class:`WALLockTimeout` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         if not self._mutex.acquire(timeout=max(timeout, 0.0)):
-            raise WALLockTimeout(f"timed out after {timeout:.3f}s waiting for {self.path} (thread)")
+            raise self._timeout_error(
+                f"timed out after {timeout:.3f}s waiting for {self.path} (thread)"
+            )
         delay = _POLL_FIRST_S
         while True:
             try:
@@ -57,7 +60,7 @@ class ProcessLock:
             now = time.monotonic()
             if now >= deadline:
                 self._mutex.release()
-                raise WALLockTimeout(f"timed out after {timeout:.3f}s waiting for {self.path}")
+                raise self._timeout_error(f"timed out after {timeout:.3f}s waiting for {self.path}")
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, _POLL_MAX_S)
 

@@ -46,9 +46,17 @@ class ChildRun:
     error: str = ""
 
 
-def run_and_kill(child: Callable[[Reporter], None], kill_after: float) -> ChildRun:
-    """Fork, run ``child`` until it is SIGKILLed ``kill_after`` seconds later, collect reports."""
-    return run_many_and_kill([child], [kill_after])[0]
+def run_and_kill(
+    child: Callable[[Reporter], None],
+    kill_after: float,
+    *,
+    while_running: Callable[[], None] | None = None,
+) -> ChildRun:
+    """Fork, run ``child`` until it is SIGKILLed ``kill_after`` seconds later, collect reports.
+
+    ``while_running`` is called repeatedly in the parent until the kill (a concurrent reader).
+    """
+    return run_many_and_kill([child], [kill_after], while_running=while_running)[0]
 
 
 def _fork_child(child: Callable[[Reporter], None]) -> tuple[int, int, int]:
@@ -71,7 +79,10 @@ def _fork_child(child: Callable[[Reporter], None]) -> tuple[int, int, int]:
 
 
 def run_many_and_kill(
-    children: list[Callable[[Reporter], None]], kill_after: list[float]
+    children: list[Callable[[Reporter], None]],
+    kill_after: list[float],
+    *,
+    while_running: Callable[[], None] | None = None,
 ) -> list[ChildRun]:
     """Run several children at once, SIGKILL each at its own time, collect their reports."""
     started = [_fork_child(child) for child in children]
@@ -81,6 +92,8 @@ def run_many_and_kill(
         for pid, delay in sorted(
             zip([p for p, _, _ in started], kill_after, strict=True), key=lambda x: x[1]
         ):
+            while while_running is not None and time.monotonic() < t0 + delay:
+                while_running()
             time.sleep(max(0.0, t0 + delay - time.monotonic()))
             os.kill(pid, signal.SIGKILL)
         runs = []
