@@ -251,12 +251,23 @@ def parse_alerts_config(data: object) -> AlertsConfig:
         raise AlertConfigError("invalid alerts configuration: " + "; ".join(problems)) from None
 
 
-def load_alerts_config(path: Path) -> AlertsConfig:
-    """Read an alerts configuration from a YAML file (the `alerts:` key, or the whole file)."""
+def read_alerts_file(path: Path) -> dict[str, Any]:
+    """The raw alerts mapping of a YAML file (its `alerts:` key, or the whole file)."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise AlertConfigError(f"cannot read alerts configuration {path}: {exc}") from None
     if isinstance(data, dict) and "alerts" in data:
         data = data["alerts"]
-    return parse_alerts_config(data or {})
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise AlertConfigError(
+            f"alerts configuration {path} must be a mapping, got {type(data).__name__}"
+        )
+    return data
+
+
+def load_alerts_config(path: Path) -> AlertsConfig:
+    """Read and validate an alerts configuration from a YAML file."""
+    return parse_alerts_config(read_alerts_file(path))

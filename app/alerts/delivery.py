@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,7 +33,7 @@ import httpx
 from app.alerts.config import AlertsConfig, ChannelConfig, WebhookChannel, WeComChannel
 from app.alerts.errors import AlertConfigError, HostNotAllowedError
 from app.alerts.message import RenderedMessage, encode_body
-from app.alerts.ratelimit import RateLimiter, SlidingWindowRateLimiter
+from app.alerts.ratelimit import RateLimiter, RateLimitWaitTooLong, SlidingWindowRateLimiter
 from app.alerts.redaction import install_log_filter, redact, register_secret, register_url
 from app.alerts.webhook import signature_headers
 
@@ -115,6 +115,7 @@ class _Outcome:
     response_code: int | None
     error: str | None
     retry_after_s: float | None = None
+    rate_limit_wait_s: float = 0.0
 
 
 def parse_retry_after(value: str | None, *, now: float) -> float | None:
@@ -269,11 +270,8 @@ class AlertDeliveryClient:
         body = encode_body(part)
         waited = 0.0
         for attempt in range(1, self._policy.max_attempts + 1):
-            if isinstance(channel, WeComChannel):
-                waited += self._limiter.acquire(
-                    channel.name, limit=channel.max_per_minute, window_s=60.0
-                )
-            outcome = self._attempt(channel, url, body)
+            outcome = self._limited_attempt(channel, url, body)
+            waited += outcome.rate_limit_wait_s
             record.attempts += 1
             record.response_code = outcome.response_code
             record.attempt_log.append(
@@ -319,6 +317,23 @@ class AlertDeliveryClient:
             waited = delay
         record.status = DeliveryStatus.FAILED
         return False
+
+    def _limited_attempt(self, channel: ChannelConfig, url: str, body: bytes) -> _Outcome:
+        """One attempt, after the channel's rate limiter let it through."""
+        if not isinstance(channel, WeComChannel):
+            return self._attempt(channel, url, body)
+        try:
+            waited = self._limiter.acquire(
+                channel.name,
+                limit=channel.max_per_minute,
+                window_s=60.0,
+                max_wait_s=self._policy.max_retry_after_s,
+            )
+        except RateLimitWaitTooLong as exc:
+            # Not even tried: the robot would refuse it anyway. The next try waits as usual.
+            return _Outcome(False, True, None, f"local rate limit: {exc}")
+        outcome = self._attempt(channel, url, body)
+        return replace(outcome, rate_limit_wait_s=waited)
 
     def _attempt(self, channel: ChannelConfig, url: str, body: bytes) -> _Outcome:
         headers = {"Content-Type": "application/json; charset=utf-8"}

@@ -228,3 +228,52 @@ def reminders_due(
         return []
     latest = int(elapsed / repeat_interval)
     return [latest] if latest > already_sent else []
+
+
+def event_to_json(event: AlertEvent) -> dict[str, object]:
+    """A JSON-safe dict that `event_from_json` turns back into the same event."""
+    return {
+        "incident_id": event.incident_id,
+        "event_id": event.event_id,
+        "kind": event.kind.value,
+        "tier": event.tier.value,
+        "occurred_at": event.occurred_at.isoformat(),
+        "fault_kind": event.fault_kind,
+        "job": event.job,
+        "node": event.node,
+        "role": event.role,
+        "evidence_summary": event.evidence_summary,
+        "actions_taken": list(event.actions_taken),
+        "approval_id": event.approval_id,
+        "decision": event.decision.value if event.decision else None,
+        "decided_by": event.decided_by,
+        "comment": event.comment,
+        "failed_action": event.failed_action,
+        "error": event.error,
+        "incident_opened_at": event.incident_opened_at.isoformat()
+        if event.incident_opened_at
+        else None,
+        "extra": dict(event.extra),
+    }
+
+
+def event_from_json(data: dict[str, object]) -> AlertEvent:
+    """Inverse of `event_to_json`; a bad document raises `AlertEventError` naming the field."""
+    if not isinstance(data, dict):
+        raise AlertEventError(f"an alert event must be a JSON object, got {type(data).__name__}")
+    values = dict(data)
+    for name in ("occurred_at", "incident_opened_at"):
+        raw = values.get(name)
+        if isinstance(raw, str):
+            try:
+                values[name] = datetime.fromisoformat(raw)
+            except ValueError:
+                raise AlertEventError(f"{name}={raw!r} is not an ISO 8601 time") from None
+    actions = values.get("actions_taken") or ()
+    if not isinstance(actions, list | tuple):
+        raise AlertEventError(f"actions_taken={actions!r} is not a list")
+    values["actions_taken"] = tuple(actions)
+    try:
+        return AlertEvent(**values)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise AlertEventError(f"bad alert event document: {exc}") from None

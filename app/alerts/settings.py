@@ -1,0 +1,60 @@
+"""Where the server finds its alert channels.
+
+The channels live in a YAML file (webhook URLs are secrets, so they are kept out of the policy
+file that is shared and reviewed): `RLGUARD_ALERTS_FILE`, else `<data_dir>/alerts.yaml` when it
+exists, else no channels at all. `RLGUARD_ALERTS_EXTERNAL_BASE_URL` overrides the base URL of the
+links in messages; without either, links point at the server's own bind address.
+
+Example `alerts.yaml`:
+
+    alerts:
+      external_base_url: https://rlguard.example.com
+      group_wait_s: 10
+      repeat_interval_s: 1800
+      channels:
+        - {type: slack, name: oncall-slack, url: "https://hooks.slack.com/services/…", min_tier: medium}
+        - type: wecom
+          name: oncall-wecom
+          url: "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=…"
+          locale: zh
+          min_tier: medium
+          mentioned_mobile_list: ["13800138000"]
+        - {type: webhook, name: pager, url: "https://pager.example.com/hook", signing_secret: "…"}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.alerts.config import AlertsConfig, parse_alerts_config, read_alerts_file
+from app.alerts.errors import AlertConfigError
+
+DEFAULT_FILE_NAME = "alerts.yaml"
+
+
+class AlertFileSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLGUARD_ALERTS_", extra="ignore")
+
+    file: Path | None = None
+    external_base_url: str | None = None
+
+
+def load_server_alerts_config(
+    *, data_dir: Path, host: str, port: int, env: AlertFileSettings | None = None
+) -> AlertsConfig:
+    """The alerts configuration the server and its workers use (see the module docstring)."""
+    env = env or AlertFileSettings()
+    if env.file is not None:
+        if not env.file.is_file():
+            raise AlertConfigError(f"RLGUARD_ALERTS_FILE={str(env.file)!r} does not exist")
+        data = read_alerts_file(env.file)
+    elif (data_dir / DEFAULT_FILE_NAME).is_file():
+        data = read_alerts_file(data_dir / DEFAULT_FILE_NAME)
+    else:
+        data = {}
+    if env.external_base_url:
+        data["external_base_url"] = env.external_base_url
+    data.setdefault("external_base_url", f"http://{host}:{port}")
+    return parse_alerts_config(data)
