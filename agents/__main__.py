@@ -267,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # httpx logs every request at INFO: one line per second per agent is noise, not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     config = AgentConfig(
         server=args.server,
         token=token,

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import httpx
 import orjson
 
 from agents.collectors.job import JobCollector
@@ -69,7 +70,12 @@ def default_spool_dir(node: str) -> Path:
 
 
 class Agent:
-    """One node agent. ``nvml`` overrides the NVML backend (tests); ``clock`` the wall clock."""
+    """One node agent.
+
+    ``nvml`` overrides the NVML backend, ``clock`` the wall clock and ``transport`` the HTTP
+    transport (all for tests); by default the real ``pynvml`` (or the simulated NVML with
+    ``simulate_gpus``), ``time.time`` and the network.
+    """
 
     def __init__(
         self,
@@ -77,6 +83,7 @@ class Agent:
         *,
         nvml: Any = None,
         clock: Callable[[], float] = time.time,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -105,6 +112,7 @@ class Agent:
             token=config.token,
             backoff_max=config.backoff_max,
             clock=clock,
+            transport=transport,
         )
         self._stop = threading.Event()
         self._fingerprint_hash: str | None = None

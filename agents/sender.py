@@ -75,12 +75,14 @@ class Sender:
         gzip_min_bytes: int = 64 * 1024,
         clock: Callable[[], float] = time.time,
         seed: int | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._spool = spool
         self._endpoint = url.rstrip("/") + "/api/v1/ingest"
         self._client = httpx.Client(
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
             timeout=httpx.Timeout(request_timeout, connect=connect_timeout),
+            transport=transport,
         )
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
