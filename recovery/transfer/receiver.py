@@ -112,6 +112,9 @@ class WeightReceiver:
         self._slots: list[Buffers] = [transport.allocate(self.specs, tag=f"{name}-slot{i}") for i in (0, 1)]
         self._slot_version: list[int | None] = [None, None]
         self._live: int | None = None
+        #: Progress of the pull in flight, readable from other threads (monitoring, tests).
+        self.current_source: str | None = None
+        self.verified_chunks = 0
         self.store = WeightStore()
         self.server: WeightServer | None = None
         if serve_as_relay:
@@ -161,6 +164,7 @@ class WeightReceiver:
         slot = 1 if self._live == 0 else 0
         self._vacate(slot)
         pull = _Pull(self.name, version, start + timeout)
+        self.verified_chunks = 0
         try:
             if self.server is not None:
                 self.store.expect(self.name, version)
@@ -211,6 +215,7 @@ class WeightReceiver:
             pull.suspect.clear()  # a suspect source is better than none; per-chunk attempts bound it
             time.sleep(min(self.poll_interval, step))
             return
+        self.current_source = source
         try:
             with SourceSession(self.transport, source, timeout=step) as session:
                 if pull.manifest is None:
@@ -232,6 +237,7 @@ class WeightReceiver:
             log.warning("source misbehaved", extra={"source": source, "error": str(exc)})
             pull.suspect.add(source)
         finally:
+            self.current_source = None
             self.registry.release_source(name=self.name, version=version, receiver=self.address)
 
     def _start(self, pull: _Pull, slot: int, manifest: WeightManifest, source: str) -> None:
@@ -255,6 +261,7 @@ class WeightReceiver:
 
         def verified(index: int) -> None:
             pull.missing.discard(index)
+            self.verified_chunks += 1
             pull.report.chunks_by_source[source] = pull.report.chunks_by_source.get(source, 0) + 1
             if pull.served is not None:
                 pull.served.mark_ready(index)

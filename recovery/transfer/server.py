@@ -128,6 +128,9 @@ class WeightServer:
                 channel.send(pack_chunk_header(index, status, 0), timeout=self._send_timeout)
                 return
             view = served.views[index]
+            if not inline and self._limiter is not None:
+                # The reader copies the bytes itself; pacing readiness caps its read rate.
+                self._limiter.throttle(len(view))
             channel.send(pack_chunk_header(index, CHUNK_OK, len(view)), timeout=self._send_timeout)
             if inline:
                 self._send_payload(channel, view)
