@@ -1,0 +1,302 @@
+"""Thin adapters from recovery actions to the recovery library and the job's run directory.
+
+Each adapter checks the world before it acts, so running it twice has the effect of running it
+once: SAFE_MODE already set is left alone, a WAL entry already FAILED is not failed again, a
+request file already written is not rewritten. Errors are ``ActionError`` (permanent: the
+action fails and counts toward escalation) or ``TransientActionError`` (the task retries).
+
+Run directory layout used here: ``<run_root>/<job>/`` holding ``wal/`` (recovery.wal),
+``checkpoints/`` (recovery.checkpoint), ``shards/`` (recovery.shards), the control file
+(recovery.control when present) and ``recovery/`` (requests the job picks up, retry ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.services.actions import ActionSnapshot
+from recovery.checkpoint.engine import CheckpointEngine
+from recovery.errors import RecoveryError
+from recovery.wal import WALStatus, WriteAheadLog
+
+log = logging.getLogger("rlguard.recovery_adapters")
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SAFE_MODE = "SAFE_MODE"
+
+
+class ActionError(Exception):
+    """The action cannot succeed as things are (counts as a failed local recovery)."""
+
+
+class TransientActionError(Exception):
+    """Worth retrying with backoff (a lock held, a hook that timed out)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionContext:
+    run_root: Path
+    launcher: str | None
+    launcher_timeout: float
+
+    def run_dir(self, job: str | None) -> Path:
+        if job is None or not _SAFE_NAME.match(job):
+            raise ActionError(f"job name {job!r} cannot name a run directory")
+        path = self.run_root / job
+        if not path.is_dir():
+            raise ActionError(f"run directory {path} does not exist")
+        return path
+
+
+def _write_json_atomic(path: Path, body: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(body, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TransientActionError(f"cannot read {path}: {exc}") from exc
+    return data if isinstance(data, dict) else None
+
+
+# -- control file (SAFE_MODE) -------------------------------------------------------------------
+
+
+def _control_api() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    try:
+        from recovery import control  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return control.read_control, control.write_control
+
+
+def read_mode(run_dir: Path) -> str | None:
+    api = _control_api()
+    if api is not None:
+        state = api[0](run_dir)
+        return getattr(state, "mode", None) if not isinstance(state, dict) else state.get("mode")
+    body = _read_json(run_dir / "control.json")
+    return None if body is None else body.get("mode")
+
+
+def enter_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    run_dir = ctx.run_dir(a.job)
+    if read_mode(run_dir) == SAFE_MODE:
+        return {"mode": SAFE_MODE, "already": True}
+    reason = f"incident {a.incident_id}: {a.params.get('reason', 'heavy fault')}"
+    api = _control_api()
+    if api is not None:
+        api[1](run_dir, SAFE_MODE, reason)
+    else:
+        _write_json_atomic(
+            run_dir / "control.json", {"mode": SAFE_MODE, "reason": reason, "ts": time.time()}
+        )
+    return {"mode": SAFE_MODE, "already": False}
+
+
+# -- WAL: retry a timed-out rollout batch -------------------------------------------------------
+
+
+def retry_rollout_batch(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Mark EXECUTING entries older than the rollout timeout FAILED so the job reschedules them,
+    at most ``max_retries`` times per entry (a ledger in ``recovery/retries.json`` counts)."""
+    run_dir = ctx.run_dir(a.job)
+    timeout = float(a.params.get("timeout_sec", 120))
+    max_retries = int(a.params.get("max_retries", 3))
+    ledger_path = run_dir / "recovery" / "retries.json"
+    ledger: dict[str, int] = dict((_read_json(ledger_path) or {}).get("entries", {}))
+    failed: list[str] = []
+    exhausted: list[str] = []
+    try:
+        wal = WriteAheadLog(run_dir / "wal", lock_timeout=10.0)
+    except RecoveryError as exc:
+        raise TransientActionError(f"cannot open the WAL of {a.job}: {exc}") from exc
+    try:
+        now = time.time()
+        for entry in wal.recover():
+            if entry.status is not WALStatus.EXECUTING or now - entry.updated_at < timeout:
+                continue
+            if ledger.get(entry.entry_id, 0) >= max_retries:
+                exhausted.append(entry.entry_id)
+                continue
+            ledger[entry.entry_id] = ledger.get(entry.entry_id, 0) + 1
+            _write_json_atomic(ledger_path, {"entries": ledger})  # count before acting
+            wal.update_status(
+                entry.entry_id,
+                WALStatus.FAILED,
+                error=f"rollout timeout, retry {ledger[entry.entry_id]}",
+            )
+            failed.append(entry.entry_id)
+    finally:
+        wal.close()
+    if exhausted and not failed:
+        raise ActionError(f"entries out of retries ({max_retries}): {', '.join(exhausted)}")
+    return {"failed_for_retry": failed, "out_of_retries": exhausted}
+
+
+# -- requests the job picks up ------------------------------------------------------------------
+
+
+def _request(run_dir: Path, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    path = run_dir / "recovery" / "requests" / f"{name}.json"
+    existing = _read_json(path)
+    if existing is not None:
+        return {"request": str(path), "already": True}
+    _write_json_atomic(path, {**body, "ts": time.time()})
+    return {"request": str(path), "already": False}
+
+
+def skip_failed_step(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    run_dir = ctx.run_dir(a.job)
+    step = a.params.get("step")
+    if step is None:
+        raise ActionError("skip_failed_step needs the failed step number")
+    return _request(
+        run_dir,
+        f"skip_step-{int(step)}",
+        {
+            "action": "skip_failed_step",
+            "step": int(step),
+            "role": a.params.get("role"),
+            "rank": a.params.get("rank"),
+        },
+    )
+
+
+def rebuild_shard(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Check that a verified snapshot exists for the shard, then ask the job to rebuild from it."""
+    from recovery.shards import ShardSnapshotter
+
+    run_dir = ctx.run_dir(a.job)
+    rank = a.params.get("rank")
+    shard_ids = (
+        [f"rank{rank}"]
+        if rank is not None
+        else sorted(p.name for p in (run_dir / "shards").iterdir() if p.is_dir())
+        if (run_dir / "shards").is_dir()
+        else []
+    )
+    if not shard_ids:
+        raise ActionError(f"no shard snapshots under {run_dir / 'shards'}")
+    snaps = ShardSnapshotter(run_dir / "shards")
+    out = []
+    for shard in shard_ids:
+        info = snaps.latest(shard)
+        if info is None:
+            raise ActionError(f"shard {shard} has no verified snapshot to rebuild from")
+        r = _request(
+            run_dir,
+            f"rebuild-{shard}",
+            {
+                "action": "rebuild_shard",
+                "shard": shard,
+                "snapshot": str(info.path),
+                "step": info.step,
+            },
+        )
+        out.append({"shard": shard, "snapshot": str(info.path), "step": info.step, **r})
+    return {"shards": out}
+
+
+def restore_checkpoint(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Find the newest checkpoint whose marker and checksums verify and ask the job to load it."""
+    run_dir = ctx.run_dir(a.job)
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        raise ActionError(f"no checkpoint directory {root}")
+    info = CheckpointEngine(root).latest()
+    if info is None:
+        raise ActionError(f"no valid checkpoint under {root}")
+    body = {
+        "action": "restore_checkpoint",
+        "checkpoint": str(info.path),
+        "seq": info.seq,
+        "incident": a.incident_id,
+    }
+    result = {
+        "checkpoint": str(info.path),
+        "seq": info.seq,
+        **_request(run_dir, f"restore-inc{a.incident_id}", body),
+    }
+    if ctx.launcher:
+        result["launcher"] = _launch(ctx, a, extra={"checkpoint": str(info.path)})
+    return result
+
+
+# -- launcher hook: restart a role or the job, move batches ----------------------------------------
+
+
+def _launch(
+    ctx: ActionContext, a: ActionSnapshot, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    if not ctx.launcher:
+        raise ActionError(
+            f"{a.action} needs a launcher hook (RLGUARD_RECOVERY_LAUNCHER is not set)"
+        )
+    argv = [ctx.launcher, a.action, "--job", a.job or ""]
+    if a.node:
+        argv += ["--node", a.node]
+    for key in ("role", "rank", "away_from"):
+        if a.params.get(key) is not None:
+            argv += [f"--{key.replace('_', '-')}", str(a.params[key])]
+    argv += ["--idempotency-key", a.idempotency_key]
+    if extra:
+        argv += ["--extra", json.dumps(extra, sort_keys=True)]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=ctx.launcher_timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise TransientActionError(f"launcher timed out after {ctx.launcher_timeout:g}s") from exc
+    except OSError as exc:
+        raise ActionError(f"cannot run launcher {ctx.launcher}: {exc}") from exc
+    if proc.returncode != 0:
+        raise ActionError(f"launcher exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return {"exit": 0, "stdout": proc.stdout.strip()[-500:]}
+
+
+def restart_role(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    return _launch(ctx, a)
+
+
+def restart_job(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    return _launch(ctx, a)
+
+
+def reschedule_batches(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    return _launch(ctx, a)
+
+
+ADAPTERS: dict[str, Callable[[ActionContext, ActionSnapshot], dict[str, Any]]] = {
+    "enter_safe_mode": enter_safe_mode,
+    "retry_rollout_batch": retry_rollout_batch,
+    "skip_failed_step": skip_failed_step,
+    "rebuild_shard": rebuild_shard,
+    "restore_checkpoint": restore_checkpoint,
+    "restart_role": restart_role,
+    "restart_job": restart_job,
+    "reschedule_batches": reschedule_batches,
+}

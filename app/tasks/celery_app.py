@@ -1,0 +1,67 @@
+"""The Celery application: Redis when ``RLGUARD_REDIS_URL`` is set, otherwise a broker that
+needs no server (kombu's SQLAlchemy transport on a SQLite file under the data directory).
+
+Queues: ``cluster`` for cluster-wide actions and ``node.<node>`` for node-local ones (routing is
+explicit: the dispatcher names the queue of every message). Tasks are idempotent, so they are
+acknowledged late and given back when a worker is lost; the Redis visibility timeout is above
+the longest task's time limit.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from app.core.config import Settings, get_settings
+from app.tasks.settings import RecoverySettings, get_recovery_settings
+
+CLUSTER_QUEUE = "cluster"
+
+
+def broker_url(settings: Settings) -> str:
+    if settings.redis_url:
+        return settings.redis_url
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqla+sqlite:///{settings.data_dir / 'celery-broker.sqlite'}"
+
+
+def make_celery(
+    settings: Settings | None = None, recovery: RecoverySettings | None = None
+) -> Celery:
+    settings = settings or get_settings()
+    recovery = recovery or get_recovery_settings()
+    app = Celery("rlguard", broker=broker_url(settings), include=["app.tasks.recovery_tasks"])
+    transport_options: dict[str, object] = {}
+    if settings.redis_url:
+        transport_options = {
+            "visibility_timeout": recovery.visibility_timeout_seconds,
+            "socket_timeout": recovery.broker_timeout_seconds,
+            "socket_connect_timeout": recovery.broker_timeout_seconds,
+        }
+    else:
+        transport_options = {"polling_interval": 0.2}
+    app.conf.update(
+        task_default_queue=CLUSTER_QUEUE,
+        task_queues=[Queue(CLUSTER_QUEUE)],
+        task_create_missing_queues=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        task_time_limit=recovery.task_time_limit,
+        task_soft_time_limit=recovery.task_time_limit - 10,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=recovery.broker_timeout_seconds,
+        # Publishing must not hang the dispatcher when the broker is down: fail fast, the
+        # outbox row stays pending and the next pass sends it.
+        task_publish_retry=False,
+        accept_content=["json"],
+        task_serializer="json",
+        enable_utc=True,
+    )
+    return app
+
+
+celery_app = make_celery()
