@@ -10,11 +10,12 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.alerts import queue as service
 from app.alerts.delivery import AlertDeliveryClient, DeliveryRecord, DeliveryStatus, RetryPolicy
 from app.alerts.errors import AlertEventError
 from app.alerts.render import render_batch
 from app.models.alert import AlertDelivery, DeliveryState
-from app.services import alerts as service
+from app.services.alerts import list_deliveries
 from tests.unit.app.alerts._factories import T0, config, event, tier_scenario
 from tests.unit.app.alerts._recording_server import RecordingServer, wecom
 
@@ -282,16 +283,16 @@ def test_heavy_incidents_get_one_reminder_per_interval(engine: Engine) -> None:
 def test_listing_and_its_bad_input(engine: Engine) -> None:
     queue(engine, three_signals())
     with Session(engine) as session:
-        everything = service.list_deliveries(session)
+        everything = list_deliveries(session)
         assert [r.id for r in everything] == sorted((r.id for r in everything), reverse=True)
-        assert len(service.list_deliveries(session, channel="pager")) == 3
-        assert len(service.list_deliveries(session, limit=2, before_id=everything[0].id)) == 2
-        assert service.list_deliveries(session, incident_id=999) == []
-        assert len(service.list_deliveries(session, state="pending")) == 9
+        assert len(list_deliveries(session, channel="pager")) == 3
+        assert len(list_deliveries(session, limit=2, before_id=everything[0].id)) == 2
+        assert list_deliveries(session, incident_id=999) == []
+        assert len(list_deliveries(session, state="pending")) == 9
         with pytest.raises(AlertEventError, match="state='lost' is not one of"):
-            service.list_deliveries(session, state="lost")
+            list_deliveries(session, state="lost")
         with pytest.raises(AlertEventError, match="limit=0"):
-            service.list_deliveries(session, limit=0)
+            list_deliveries(session, limit=0)
 
 
 @pytest.mark.timeout(60)
