@@ -39,7 +39,7 @@ from recovery.checkpoint.errors import (
     CheckpointInputError,
     CheckpointWriteError,
 )
-from recovery.checkpoint.version import VersionVector, WeightVersionTable
+from recovery.checkpoint.version import Ordering, VersionVector, WeightVersionTable
 from recovery.errors import RecoveryTimeout
 
 log = logging.getLogger("rlguard.recovery.checkpoint")
@@ -436,21 +436,38 @@ class CheckpointEngine:
 
     # ---- reader side -------------------------------------------------------------------------
 
-    def latest(self, *, valid_only: bool = True, root: Path | None = None) -> CheckpointInfo | None:
+    def latest(
+        self,
+        *,
+        valid_only: bool = True,
+        root: Path | None = None,
+        not_after: VersionVector | None = None,
+    ) -> CheckpointInfo | None:
         """The newest checkpoint whose marker and checksums verify (``valid_only=False``: whose
         marker merely parses). Skipped directories and the reasons are in ``info.skipped`` and
         ``self.last_skipped``. ``root`` selects the mirror instead of the local root.
+        ``not_after`` skips checkpoints whose version is not at or before it (used on restore
+        with the coordinator's committed global version: anything newer came from a round that
+        never committed).
         """
         where = self.root if root is None else Path(root)
         skipped: list[SkippedCheckpoint] = []
         found: CheckpointInfo | None = None
         for _seq, path in sorted(_list_dirs(where), reverse=True):
             try:
+                body = _atomic.read_marker(path, MARKER)
+                candidate = CheckpointInfo.from_marker(path, body, tuple(skipped))
+                if not_after is not None and candidate.version.compare(not_after) not in (
+                    Ordering.EQUAL,
+                    Ordering.BEHIND,
+                ):
+                    raise CheckpointCorrupt(
+                        f"{path.name}: version {candidate.version} is not at or before the "
+                        f"committed global version {not_after} (its round never committed)"
+                    )
                 if valid_only:
-                    body = _atomic.verify_committed_dir(path, MARKER)
-                else:
-                    body = _atomic.read_marker(path, MARKER)
-                found = CheckpointInfo.from_marker(path, body, tuple(skipped))
+                    _atomic.verify_committed_dir(path, MARKER)
+                found = candidate
                 break
             except CheckpointCorrupt as exc:
                 skipped.append(SkippedCheckpoint(path.name, str(exc)))
