@@ -105,6 +105,12 @@ class PolicyEngine:
         """The incident was closed outside the engine (resolved by an operator, approval)."""
         self._open.pop(key, None)
 
+    def set_recovery_failures(self, key: str, count: int) -> None:
+        """How many local recoveries of this incident failed (kept in the database)."""
+        inc = self._open.get(key)
+        if inc is not None:
+            inc.recovery_failures = count
+
     def record_recovery_failure(self, key: str) -> None:
         inc = self._open.get(key)
         if inc is not None:

@@ -1,0 +1,43 @@
+"""Prometheus Alertmanager webhook (version 4): alerts become fault signals."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
+from app.api.deps import OperatorUser, SessionDep
+from app.policy.external import AlertmanagerPayload, AlertMappingError, map_alert
+from app.services.audit import record_audit
+from app.services.errors import InvalidInput, Unavailable
+
+router = APIRouter(prefix="/api/v1/alertmanager", tags=["alertmanager"])
+
+
+class AlertmanagerAck(BaseModel):
+    firing: int
+    resolved: int
+
+
+@router.post("", response_model=AlertmanagerAck, summary="Alertmanager webhook receiver (v4)")
+def receive(
+    payload: AlertmanagerPayload, request: Request, session: SessionDep, user: OperatorUser
+) -> AlertmanagerAck:
+    sched = getattr(request.app.state, "policy_scheduler", None)
+    if sched is None:
+        raise Unavailable(
+            "the policy scheduler is not running in this server; alerts cannot be taken"
+        )
+    try:
+        mapped = [map_alert(a, sched.policy.alertmanager) for a in payload.alerts]
+    except AlertMappingError as exc:
+        raise InvalidInput(str(exc)) from None
+    fired, resolved = sched.external.apply(mapped)
+    record_audit(
+        session,
+        actor=f"user:{user.name}",
+        action="alertmanager.webhook",
+        target=payload.receiver,
+        detail={"firing": fired, "resolved": resolved, "group": payload.groupKey[:200]},
+    )
+    session.commit()
+    return AlertmanagerAck(firing=fired, resolved=resolved)

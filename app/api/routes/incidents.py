@@ -1,0 +1,33 @@
+"""Incidents: list and detail (timeline, evidence, signals, actions, approvals)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import SessionDep, ViewerUser
+from app.models.incident_public import IncidentDetail, IncidentsPublic
+from app.services import incidents
+
+router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
+
+
+@router.get("", response_model=IncidentsPublic, summary="Incidents, newest first")
+def list_incidents(
+    session: SessionDep,
+    _user: ViewerUser,
+    status: str = Query("all", description="open, resolved or all"),
+    tier: str | None = Query(None, description="light, medium or heavy"),
+    job: str | None = Query(None, max_length=128),
+    limit: int = Query(100),
+    offset: int = Query(0),
+) -> IncidentsPublic:
+    return incidents.list_incidents(
+        session, status=status, tier=tier, job=job, limit=limit, offset=offset
+    )
+
+
+@router.get(
+    "/{incident_id}", response_model=IncidentDetail, summary="One incident with its timeline"
+)
+def get_incident(incident_id: int, session: SessionDep, _user: ViewerUser) -> IncidentDetail:
+    return incidents.incident_detail(session, incident_id=incident_id)
