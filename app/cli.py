@@ -317,5 +317,10 @@ def agent(ctx: typer.Context) -> None:
     os.execv(sys.executable, argv)
 
 
+from app import cli_policy  # noqa: E402 - `rlguard worker`, `rlguard replay`, embedded worker
+
+cli_policy.register(cli)
+
+
 def main() -> None:
     cli()
