@@ -21,6 +21,7 @@ from recovery.transfer import (
     WeightReceiver,
 )
 from recovery.transfer.registry import ABORTED, COMMITTED
+from recovery.transfer.shm import ShmTransport
 from recovery.transfer.transport import Transport
 from tests.integration.transfer.conftest import Cluster
 from tests.integration.transfer.weights import NAME, make_weights, same_bits, specs
@@ -228,17 +229,20 @@ def test_hung_only_source_raises_transfer_timeout_and_keeps_live_weights(
         recv.close()
 
 
-def test_shm_segments_of_a_killed_relay_are_swept(cluster: Cluster, transport: Transport) -> None:
-    if cluster.transport_name != "shm":
-        pytest.skip("shared-memory segments exist only with the shm transport")
-    from recovery.transfer.shm import ShmTransport
+def test_shm_segments_of_a_killed_relay_are_swept() -> None:
+    cluster = Cluster("shm")
+    try:
+        _check_sweep(cluster, ShmTransport(sweep=False))
+    finally:
+        cluster.close()
 
+
+def _check_sweep(cluster: Cluster, shm: ShmTransport) -> None:
     publisher = cluster.peer("publisher")
     publisher.send("publish 1")
     relay = cluster.peer("relay")
     relay.send("pull 1")
     relay.wait("pulled")
-    shm = ShmTransport(sweep=False)
     mine = sorted(p.name for p in shm.shm_dir.glob(f"{shm.prefix}-{relay.proc.pid}-*"))
     assert len(mine) == 2  # its two receive slots
     relay.kill()
