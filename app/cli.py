@@ -317,10 +317,30 @@ def agent(ctx: typer.Context) -> None:
     os.execv(sys.executable, argv)
 
 
-from app import cli_policy  # noqa: E402 - `rlguard worker`, `rlguard replay`, embedded worker
+_extensions_registered = False
 
-cli_policy.register(cli)
+
+def register_extensions() -> None:
+    """Commands and embedded children that later features add (`rlguard worker`, `replay`)."""
+    global _extensions_registered
+    if _extensions_registered:
+        return
+    from app import cli_policy
+
+    cli_policy.register(cli)
+    _extensions_registered = True
 
 
 def main() -> None:
-    cli()
+    from pydantic import ValidationError
+
+    try:
+        # Inside the guard: extensions may read settings at import time (the Celery app does),
+        # and a bad RLGUARD_* value must still end in one line, not a traceback.
+        register_extensions()
+        cli()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "RLGUARD_" + "__".join(str(p) for p in err["loc"]).upper()
+        typer.echo(f"rlguard: error: {where}: {err['msg']} (got {err.get('input')!r})", err=True)
+        raise SystemExit(2) from None

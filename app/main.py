@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -104,7 +105,35 @@ def create_app(
     if settings.bench_endpoints:
         app.include_router(bench.router)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    _document_ingest_body(app, ingest_service)
     return app
+
+
+def _document_ingest_body(app: FastAPI, service: IngestService) -> None:
+    """The ingest route reads raw bytes (fast path); publish the body's full schema anyway."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = default_openapi()
+        doc = service.validator.doc_model.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(doc.pop("$defs", {}))
+        doc["title"] = "IngestBatch"
+        schemas["IngestBatch"] = doc
+        spec["paths"]["/api/v1/ingest"]["post"]["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}
+            },
+        }
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app_from_env() -> FastAPI:

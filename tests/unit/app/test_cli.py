@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import cli, register_extensions
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["up"],
+        ["server"],
+        ["db"],
+        ["db", "upgrade"],
+        ["db", "downgrade"],
+        ["db", "current"],
+        ["token"],
+        ["token", "create"],
+        ["token", "revoke"],
+        ["token", "list"],
+        ["user"],
+        ["user", "create"],
+    ],
+)
+def test_help_on_every_command(args: list[str]) -> None:
+    register_extensions()
+    result = CliRunner().invoke(cli, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage" in result.output
+
+
+def test_user_create_needs_a_role() -> None:
+    result = CliRunner().invoke(cli, ["user", "create", "bob"])
+    assert result.exit_code == 2
+    assert "--role" in result.output
