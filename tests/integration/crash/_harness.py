@@ -27,7 +27,7 @@ class Reporter:
         self._send(f"B {op}\n")
 
     def ack(self, op: str) -> None:
-        """Report an operation whose call has returned."""
+        """Report an operation whose call has returned: the begun op, then any results."""
         self._send(f"A {op}\n")
 
     def _send(self, line: str) -> None:
@@ -127,9 +127,10 @@ def _collect(read_fd: int, err_fd: int, status: int) -> ChildRun:
         if kind == "B":
             run.in_flight = op
         elif kind == "A":
-            assert op == run.in_flight, (
-                f"ack {op!r} without its begin (last begin {run.in_flight!r})"
-            )
+            # an ack repeats the begun operation and may add what it returned
+            assert run.in_flight is not None and (
+                op == run.in_flight or op.startswith(run.in_flight + " ")
+            ), f"ack {op!r} without its begin (last begin {run.in_flight!r})"
             run.acked.append(op)
             run.in_flight = None
     return run

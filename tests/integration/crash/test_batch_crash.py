@@ -67,5 +67,5 @@ def test_batch_writer_killed_50_times(tmp_path: Path) -> None:
         assert not leftovers
         assert {b.batch_id for b in committed_batches(tmp_path)} == listed
         assert all((tmp_path / n / "SUCCESS").exists() for n in os.listdir(tmp_path) if n[0] == "b")
-    assert len(acked) > 100, f"too few batches committed before the kills: {len(acked)}"
+    assert len(acked) > 50, f"too few batches committed before the kills: {len(acked)}"
     assert seen_live, "the concurrent reader never saw a batch"
