@@ -192,7 +192,14 @@ class ShardSnapshotter:
         shard_dir.mkdir(parents=True, exist_ok=True)
         final = shard_dir / f"snap-{step:012d}"
         if final.exists():
-            raise ShardInputError(f"shard {shard_id!r} already has a snapshot at step {step}")
+            try:
+                read_marker(final, MARKER)
+            except CheckpointCorrupt:
+                # A writer killed between rename and marker: the directory was never a snapshot.
+                log.warning("replacing unmarked snapshot directory", extra={"path": str(final)})
+                shutil.rmtree(final)
+            else:
+                raise ShardInputError(f"shard {shard_id!r} already has a snapshot at step {step}")
         self._sweep_tmp(shard_dir)
         index: list[dict[str, Any]] = []
         changed: list[tuple[str, torch.Tensor, torch.Tensor]] = []
