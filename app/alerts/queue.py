@@ -136,24 +136,40 @@ def queue_events(
 
 
 def dispatch(
-    session: Session, *, ids: Sequence[int], enqueue: Callable[[int, datetime], None]
+    session: Session,
+    *,
+    ids: Sequence[int],
+    enqueue: Callable[[int, datetime], None],
+    now: datetime | None = None,
 ) -> int:
     """Hand committed rows to the queue (`enqueue(id, eta)`); returns how many went.
 
-    A broker that is down must not block the caller: the failure is logged and the rows stay
-    pending for the sweeper (`due_for_dispatch`) to send later.
+    A broker that is down must not block the caller: the first failure is logged, the rest is
+    left for the next sweep (`due_for_dispatch`). With `now`, each row sent is stamped so the
+    sweeper does not send it again for a while; the caller commits.
     """
     sent = 0
+    table = AlertDelivery.__table__  # type: ignore[attr-defined]
     for delivery_id in ids:
         row = session.get(AlertDelivery, delivery_id)
         if row is None:
             continue
+        eta = row.next_attempt_at if row.state == DeliveryState.RETRYING.value else row.due_at
         try:
-            enqueue(delivery_id, row.due_at)
-            sent += 1
-        except Exception:  # noqa: BLE001 - any broker error; the sweeper retries the row
-            log.exception(
-                "could not enqueue alert delivery %d; the sweeper will retry", delivery_id
+            enqueue(delivery_id, eta or row.due_at)
+        except Exception as exc:  # kombu/redis raise many types; all mean "not sent now"
+            log.warning(
+                "alert delivery %d not enqueued (%s: %s); %d row(s) wait for the next sweep",
+                delivery_id,
+                type(exc).__name__,
+                exc,
+                len(ids) - sent,
+            )
+            break
+        sent += 1
+        if now is not None:
+            session.execute(
+                sa.update(table).where(table.c.id == delivery_id).values(updated_at=now)
             )
     return sent
 
@@ -366,7 +382,10 @@ def due_for_dispatch(
                     d.state.in_([DeliveryState.RETRYING.value, DeliveryState.SENDING.value]),  # type: ignore[attr-defined]
                     d.next_attempt_at <= now,  # type: ignore[operator]
                 ),
-            )
+            ),
+            # Not sent (or touched by a worker) within the grace period: a row that was just
+            # enqueued is left alone, so a stopped worker does not pile up copies in the queue.
+            d.updated_at <= now - grace,  # type: ignore[operator]
         )
         .order_by(d.id)  # type: ignore[arg-type]
     ).all()

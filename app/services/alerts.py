@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import AlertDeliveryClient, DeliveryRecord, RetryPolicy
 from app.alerts.errors import AlertEventError
 from app.alerts.events import AlertEvent, Decision, EventKind, Tier
-from app.alerts.queue import actions_taken, queue_events
+from app.alerts.queue import (
+    actions_taken,
+    dispatch,
+    due_for_dispatch,
+    queue_events,
+    queue_reminders,
+)
 from app.alerts.render import render_test_message
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery, DeliveryState
-from app.models.incident import Incident, IncidentEvent
+from app.models.incident import Incident, IncidentEvent, IncidentStatus
 
 log = logging.getLogger("rlguard.alerts.service")
 
@@ -117,13 +124,19 @@ def on_incident_event(session: Session, row: IncidentEvent) -> None:
     """
     if row.type not in _TIMELINE:
         return
+    try:
+        config = current_config()
+    except Exception:
+        log.exception(
+            "alerts configuration unusable; incident %s (%s) not alerted", row.incident_id, row.type
+        )
+        return
+    if not config.channels:
+        return
     # The caller's own pending rows are flushed outside our savepoint, so that rolling our
     # savepoint back could never take their rows with it.
     session.flush()
     try:
-        config = current_config()
-        if not config.channels:
-            return
         with session.begin_nested():
             event = alert_event_for(session, row)
             if event is None:
@@ -204,3 +217,37 @@ def send_test_message(
     message = render_test_message(channel=target, config=config, now=now)
     with AlertDeliveryClient(config, policy=policy) as client:
         return client.send(target.name, message)
+
+
+def _incident_is_open(session: Session) -> Callable[[int], bool]:
+    def is_open(incident_id: int) -> bool:
+        incident = session.get(Incident, incident_id)
+        return incident is not None and incident.status == IncidentStatus.open.value
+
+    return is_open
+
+
+def run_alert_maintenance(
+    engine: Engine,
+    *,
+    now: datetime | None = None,
+    grace: timedelta = timedelta(seconds=60),
+    enqueue: Callable[[int, datetime], None] | None = None,
+) -> tuple[int, int]:
+    """The periodic part (the server's scheduler runs it every few seconds): re-enqueue rows
+    whose task was lost or whose retry is due, and queue repeat reminders for unresolved heavy
+    incidents. Returns (rows enqueued, reminders queued)."""
+    config = current_config()
+    if not config.channels:
+        return 0, 0
+    now = now or utcnow()
+    with Session(engine, expire_on_commit=False) as session:
+        due = due_for_dispatch(session, now=now, grace=grace)
+        reminders = queue_reminders(
+            session, config=config, now=now, is_open=_incident_is_open(session)
+        )
+        session.commit()
+        ids = [i for i, _ in due] + reminders
+        sent = dispatch(session, ids=ids, enqueue=enqueue or _enqueue(), now=now)
+        session.commit()
+    return sent, len(reminders)
