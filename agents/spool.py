@@ -15,7 +15,8 @@ one mechanism instead of two (a memory queue plus an outage path).
 When the spool is over ``max_bytes`` it makes room by dropping, oldest batch first, the GPU and
 agent samples (cheap to lose: the next second brings new ones), and only when no such sample is
 left, whole batches (job signals last). Every dropped sample is counted (``dropped["spool_full"]``).
-A batch being delivered is pinned and never trimmed under the sender.
+A batch being delivered is pinned and never trimmed under the sender; while it still holds GPU
+samples the spool may exceed ``max_bytes`` by that one batch rather than drop job signals early.
 """
 
 from __future__ import annotations
@@ -224,6 +225,10 @@ class Spool:
             total -= entry.size - len(data)
             entry.size, entry.samples, entry.low_priority = len(data), len(kept), 0
             self._state["dropped"]["spool_full"] += dropped
+        if any(e.low_priority for e in self._entries):
+            # Only the batch being delivered still has GPU samples: go over the limit by that
+            # one batch for the moment rather than drop job signals before GPU samples.
+            return
         # Second pass: whole batches, oldest first (only job signals are left by now).
         for entry in list(self._entries):
             if total <= self.max_bytes:

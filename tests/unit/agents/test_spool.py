@@ -194,3 +194,24 @@ def test_kill_9_while_appending_leaves_a_clean_ordered_spool(tmp_path: Path) -> 
         st = sp.stats()
         # a kill between a batch file and the counters can miss the count of that one batch
         assert 0 <= st.acked_samples - st.produced_samples <= 5 * kills
+
+
+def test_job_signals_not_dropped_while_the_pinned_batch_still_has_gpu_samples(
+    tmp_path: Path,
+) -> None:
+    full = len(orjson.dumps({**body(40, 2), "seq": 0}))
+    sp = Spool(tmp_path, node="n1", max_bytes=full + 400)
+    sp.append(body(40, 2))
+    pinned, _raw = sp.wait_oldest(0)  # type: ignore[misc]
+    for _ in range(4):
+        sp.append(body(40, 2))
+    st = sp.stats()
+    # every unpinned batch lost its GPU samples, but no job signal was dropped
+    assert st.samples == 40 + 5 * 2
+    assert st.dropped["spool_full"] == 4 * 40
+    sp.unpin()
+    sp.append(body(40, 2))  # now the formerly pinned batch is trimmed, and the newest too
+    st = sp.stats()
+    assert st.dropped["spool_full"] == 6 * 40
+    assert st.samples == 6 * 2
+    accounting_holds(sp)
