@@ -136,6 +136,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _not_a_number(i: int, field: str, sample: dict[str, Any]) -> str:
+    if field not in sample:
+        return f"samples[{i}].{field}: missing"
+    return f"samples[{i}].{field}: must be a number, got {_short(sample[field])}"
+
+
 def _pydantic_reason(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:
@@ -217,16 +223,14 @@ class BatchValidator:
             tv = type(value)
             if tv is not float:
                 if tv is not int:
-                    raise IngestRejected(
-                        f"samples[{i}].value: must be a number, got {_short(value)}"
-                    )
+                    raise IngestRejected(_not_a_number(i, "value", s))
                 value = self._int_to_float(value, f"samples[{i}].value")
             elif not isfinite(value):
                 raise IngestRejected(f"samples[{i}].value: must be finite, got {value}")
             tt = type(ts)
             if tt is not float:
                 if tt is not int:
-                    raise IngestRejected(f"samples[{i}].ts: must be a number, got {_short(ts)}")
+                    raise IngestRejected(_not_a_number(i, "ts", s))
                 ts = self._int_to_float(ts, f"samples[{i}].ts")
             if not 0.0 <= ts <= horizon:
                 raise IngestRejected(
@@ -238,7 +242,7 @@ class BatchValidator:
                 key = keys.get(cache_key)
             except (KeyError, AttributeError, TypeError):
                 key = None
-            if key is None or len(s) > 4:
+            if key is None or len(s) != (3 if labels is None else 4):
                 key = self._new_series(i, node, s)
             append((key, ts, value))
         return out
@@ -269,9 +273,7 @@ class BatchValidator:
                 f"samples[{i}].name: {_short(name)} is longer than {lim.max_name_length} characters",
                 kind="limit",
             )
-        labels = s.get("labels")
-        if labels is None:
-            labels = {}
+        labels = s.get("labels", {})
         if type(labels) is not dict:
             raise IngestRejected(f"samples[{i}].labels: must be an object, got {_short(labels)}")
         if len(labels) > lim.max_labels:

@@ -19,7 +19,6 @@ from sqlmodel import Session
 
 from app.core import migrate
 from app.core.config import Settings
-from app.core.db import make_engine
 from app.main import create_app
 from app.models import Role
 from app.services.tokens import create_node_token
