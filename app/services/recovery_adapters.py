@@ -7,7 +7,7 @@ action fails and counts toward escalation) or ``TransientActionError`` (the task
 
 Run directory layout used here: ``<run_root>/<job>/`` holding ``wal/`` (recovery.wal),
 ``checkpoints/`` (recovery.checkpoint), ``shards/`` (recovery.shards), the control file
-(recovery.control when present) and ``recovery/`` (requests the job picks up, retry ledger).
+(recovery.control) and ``recovery/`` (requests the job picks up, retry ledger).
 """
 
 from __future__ import annotations
@@ -25,13 +25,19 @@ from typing import Any
 
 from app.services.actions import ActionSnapshot
 from recovery.checkpoint.engine import CheckpointEngine
+from recovery.control import (
+    ControlError,
+    ControlLockTimeout,
+    ControlMode,
+    read_control,
+    write_control,
+)
 from recovery.errors import RecoveryError
 from recovery.wal import WALStatus, WriteAheadLog
 
 log = logging.getLogger("rlguard.recovery_adapters")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SAFE_MODE = "SAFE_MODE"
 
 
 class ActionError(Exception):
@@ -85,36 +91,27 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 # -- control file (SAFE_MODE) -------------------------------------------------------------------
 
 
-def _control_api() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+def read_mode(run_dir: Path) -> str:
     try:
-        from recovery import control  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return control.read_control, control.write_control
-
-
-def read_mode(run_dir: Path) -> str | None:
-    api = _control_api()
-    if api is not None:
-        state = api[0](run_dir)
-        return getattr(state, "mode", None) if not isinstance(state, dict) else state.get("mode")
-    body = _read_json(run_dir / "control.json")
-    return None if body is None else body.get("mode")
+        return read_control(run_dir).mode.value
+    except ControlError as exc:
+        raise TransientActionError(str(exc)) from exc
 
 
 def enter_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Tell the job to stop new rollouts (the phase machine obeys the control file)."""
     run_dir = ctx.run_dir(a.job)
-    if read_mode(run_dir) == SAFE_MODE:
-        return {"mode": SAFE_MODE, "already": True}
+    current = read_control(run_dir)
+    if current.mode is ControlMode.SAFE_MODE:
+        return {"mode": current.mode.value, "revision": current.revision, "already": True}
     reason = f"incident {a.incident_id}: {a.params.get('reason', 'heavy fault')}"
-    api = _control_api()
-    if api is not None:
-        api[1](run_dir, SAFE_MODE, reason)
-    else:
-        _write_json_atomic(
-            run_dir / "control.json", {"mode": SAFE_MODE, "reason": reason, "ts": time.time()}
-        )
-    return {"mode": SAFE_MODE, "already": False}
+    try:
+        state = write_control(run_dir, ControlMode.SAFE_MODE, reason, timeout=10.0)
+    except ControlLockTimeout as exc:
+        raise TransientActionError(str(exc)) from exc
+    except ControlError as exc:
+        raise ActionError(str(exc)) from exc
+    return {"mode": state.mode.value, "revision": state.revision, "already": False}
 
 
 # -- WAL: retry a timed-out rollout batch -------------------------------------------------------

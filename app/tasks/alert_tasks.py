@@ -21,7 +21,7 @@ from sqlmodel import Session
 
 from app.alerts.delivery import AlertDeliveryClient, RetryPolicy
 from app.alerts.errors import AlertError
-from app.alerts.queue import SendPlan, Wait, claim, record_result
+from app.alerts.queue import SendPlan, TaskRetryPolicy, Wait, claim, record_result
 from app.alerts.render import render_batch
 from app.core.config import get_settings
 from app.core.db import make_engine
@@ -62,7 +62,13 @@ def run_delivery(task: Task, delivery_id: int) -> str:
     engine = _engine()
     try:
         with Session(engine, expire_on_commit=False) as session:
-            plan = claim(session, delivery_id=delivery_id, config=config, now=utcnow())
+            plan = claim(
+                session,
+                delivery_id=delivery_id,
+                config=config,
+                now=utcnow(),
+                retry=TaskRetryPolicy.from_config(config),
+            )
     except OperationalError as exc:
         raise task.retry(
             exc=exc, countdown=min(60, 2**task.request.retries), max_retries=MAX_DB_RETRIES
@@ -85,7 +91,13 @@ def _send(plan: SendPlan) -> str:
     with AlertDeliveryClient(config, policy=IN_TASK_POLICY) as client:
         outcome = client.send(plan.channel, message, start_part=plan.start_part)
     with Session(_engine(), expire_on_commit=False) as session:
-        row = record_result(session, lead_id=plan.lead_id, record=outcome, now=utcnow())
+        row = record_result(
+            session,
+            lead_id=plan.lead_id,
+            record=outcome,
+            now=utcnow(),
+            retry=TaskRetryPolicy.from_config(config),
+        )
     if row.state == DeliveryState.RETRYING.value and row.next_attempt_at is not None:
         try:
             enqueue_delivery(plan.lead_id, row.next_attempt_at)

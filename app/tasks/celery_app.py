@@ -39,7 +39,11 @@ def make_celery(
             "socket_connect_timeout": recovery.broker_timeout_seconds,
         }
     else:
-        transport_options = {"polling_interval": 0.2}
+        # The SQLAlchemy transport hands its transport options to create_engine, so the poll
+        # interval (default 1 s) can only be set on the transport class.
+        from kombu.transport.sqlalchemy import Transport
+
+        Transport.polling_interval = 0.2
     app.conf.update(
         task_default_queue=CLUSTER_QUEUE,
         task_queues=[Queue(CLUSTER_QUEUE)],
@@ -48,7 +52,7 @@ def make_celery(
         task_reject_on_worker_lost=True,
         task_ignore_result=True,
         task_time_limit=recovery.task_time_limit,
-        task_soft_time_limit=recovery.task_time_limit - 10,
+        task_soft_time_limit=recovery.task_time_limit * 0.9,
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
         broker_transport_options=transport_options,

@@ -26,7 +26,7 @@ class RecoverySettings(BaseSettings):
     # Policy file (default: the shipped app/policy/policy.yaml).
     policy_file: Path | None = None
     # A worker holds an action this long; the task's hard time limit stays below it.
-    action_lease_seconds: Annotated[float, Field(gt=10)] = 180.0
+    action_lease_seconds: Annotated[float, Field(ge=5)] = 180.0
     max_attempts: Annotated[int, Field(ge=1)] = 5
     # The outbox re-sends an action not started this long after it was sent.
     redispatch_after_seconds: Annotated[float, Field(gt=0)] = 30.0
@@ -43,7 +43,9 @@ class RecoverySettings(BaseSettings):
 
     @property
     def task_time_limit(self) -> float:
-        return self.action_lease_seconds - 10.0
+        """Hard limit of one task run: well inside the lease, so a stuck task is killed before
+        another worker may take its action over."""
+        return self.action_lease_seconds * 0.8
 
 
 @lru_cache(maxsize=1)
