@@ -16,6 +16,7 @@ of a root, so "newest" is the last thing written, even after a rollback to an ol
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -89,6 +90,8 @@ class CheckpointInfo:
     created_at: float
     files: dict[str, dict[str, Any]]
     skipped: tuple[SkippedCheckpoint, ...] = field(default=())
+    # (inode, size, mtime_ns) of each file as it was when its checksum verified.
+    verified: dict[str, tuple[int, int, int]] = field(default_factory=dict, compare=False)
 
     @property
     def components(self) -> list[str]:
@@ -466,7 +469,9 @@ class CheckpointEngine:
                         f"committed global version {not_after} (its round never committed)"
                     )
                 if valid_only:
+                    stats = {name: _stat_key(path / name) for name in candidate.files}
                     _atomic.verify_committed_dir(path, MARKER)
+                    candidate = dataclasses.replace(candidate, verified=stats)
                 found = candidate
                 break
             except CheckpointCorrupt as exc:
@@ -484,16 +489,29 @@ class CheckpointEngine:
         info: CheckpointInfo,
         *,
         layers: Iterable[str] = PERSISTED_LAYERS,
-        verify: bool = True,
+        verify: Literal["if-changed", "full", "none"] = "if-changed",
         map_location: str | torch.device = "cpu",
     ) -> dict[str, Any]:
         """Read the components of the requested ``layers`` from ``info``'s checkpoint.
 
-        Every file read is checked against the marker's size and SHA-256 (unless ``verify`` is
-        False), so a checkpoint damaged after ``latest()`` still never loads. Tensors of one layer
-        are views into one buffer per layer; clone them if they must outlive the rest.
+        Every file read is checked against the marker's size and SHA-256, so a checkpoint
+        damaged after ``latest()`` still never loads. ``verify="if-changed"`` (the default) skips
+        re-hashing a file whose inode, size and mtime are what they were when ``latest()`` hashed
+        it moments ago; ``"full"`` re-hashes everything; ``"none"`` checks sizes only. Tensors of
+        one layer are views into one buffer per layer; clone them if they must outlive the rest.
         """
+        if verify not in ("if-changed", "full", "none"):
+            raise CheckpointInputError(
+                f"verify must be 'if-changed', 'full' or 'none', got {verify!r}"
+            )
         wanted = list(layers)
+
+        def must_hash(name: str) -> bool:
+            if verify == "none":
+                return False
+            known = info.verified.get(name)
+            return verify == "full" or known is None or known != _stat_key(info.path / name)
+
         for layer in wanted:
             if layer not in PERSISTED_LAYERS:
                 raise CheckpointInputError(
@@ -501,17 +519,17 @@ class CheckpointEngine:
                 )
         body = _atomic.read_marker(info.path, MARKER)
         files: dict[str, Any] = body["files"]
-        manifest = json.loads(_read_verified(info.path, MANIFEST, files, verify))
+        raw_manifest = _read_verified(info.path, MANIFEST, files, must_hash(MANIFEST))
+        try:
+            manifest = json.loads(raw_manifest.numpy().tobytes())
+        except ValueError as exc:
+            raise CheckpointCorrupt(f"{info.path.name}: manifest is not JSON: {exc}") from None
         out: dict[str, Any] = {}
         for layer in wanted:
             names = info.layers.get(layer, [])
             if not names:
                 continue
-            raw = _read_verified(info.path, f"{layer}.bin", files, verify)
-            if raw:
-                buffer = torch.frombuffer(raw, dtype=torch.uint8)
-            else:
-                buffer = torch.empty(0, dtype=torch.uint8)
+            buffer = _read_verified(info.path, f"{layer}.bin", files, must_hash(f"{layer}.bin"))
             try:
                 slots = [_serialize.TensorSlot.from_json(s) for s in manifest["slots"][layer]]
                 tensors = _serialize.views_of(buffer, slots)
@@ -526,7 +544,10 @@ class CheckpointEngine:
         return out
 
 
-def _read_verified(directory: Path, name: str, files: Mapping[str, Any], verify: bool) -> bytearray:
+def _read_verified(
+    directory: Path, name: str, files: Mapping[str, Any], verify: bool
+) -> torch.Tensor:
+    """Read a listed file into a fresh uint8 tensor (no zero-fill), checking size and hash."""
     expected = files.get(name)
     if expected is None:
         raise CheckpointCorrupt(f"{directory.name}: marker does not list {name}")
@@ -539,8 +560,8 @@ def _read_verified(directory: Path, name: str, files: Mapping[str, Any], verify:
         raise CheckpointCorrupt(
             f"{directory.name}: file {name} is {size} bytes, marker says {expected['size']}"
         )
-    data = bytearray(size)
-    view = memoryview(data)
+    data = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(data.numpy().data).cast("B")
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as fh:
         pos = 0
@@ -554,6 +575,14 @@ def _read_verified(directory: Path, name: str, files: Mapping[str, Any], verify:
     if verify and digest.hexdigest() != expected["sha256"]:
         raise CheckpointCorrupt(f"{directory.name}: checksum mismatch in {name}")
     return data
+
+
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (-1, -1, -1)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _list_dirs(root: Path) -> list[tuple[int, Path]]:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,44 @@ def test_corrupt_newest_falls_back_to_previous(
 
 
 def test_damage_after_latest_is_caught_by_load(eng: CheckpointEngine) -> None:
-    info = _save(eng, small_training_state(), 1)
-    assert eng.latest() == info
+    _save(eng, small_training_state(), 1)
+    info = eng.latest()
+    assert info is not None and set(info.verified) == {"core.bin", "manifest.json"}
     _damage_flip(info.path)
     with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        eng.load(info, verify="full")
+
+
+def test_if_changed_rehashes_files_touched_since_latest(eng: CheckpointEngine) -> None:
+    _save(eng, small_training_state(), 1)
+    info = eng.latest()
+    assert info is not None
+    eng.load(info)  # untouched: trusted from latest()'s hash
+    core = info.path / "core.bin"
+    damaged = bytearray(core.read_bytes())
+    damaged[7] ^= 0xFF
+    replacement = info.path / "core.new"
+    replacement.write_bytes(bytes(damaged))
+    os.replace(replacement, core)  # a rewrite: new inode
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch in core.bin"):
         eng.load(info)
+    fresh = eng.latest()
+    assert fresh is None
+    with pytest.raises(CheckpointInputError, match="verify must be"):
+        eng.load(info, verify="sometimes")  # type: ignore[arg-type]
+
+
+def test_in_place_edit_with_new_mtime_is_rehashed(eng: CheckpointEngine) -> None:
+    _save(eng, small_training_state(), 1)
+    info = eng.latest()
+    assert info is not None
+    core = info.path / "core.bin"
+    before = core.stat()
+    _damage_flip(info.path)
+    os.utime(core, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch"):
+        eng.load(info)
+    assert eng.load(info, verify="none")["step"] == 3  # sizes only: the caller's explicit choice
 
 
 def test_valid_only_false_returns_newest_with_a_marker(eng: CheckpointEngine) -> None:
