@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from recovery.transfer.errors import (
@@ -13,7 +15,7 @@ from recovery.transfer.errors import (
     UnknownVersionError,
     VersionDiscardedError,
 )
-from recovery.transfer.manifest import WeightManifest
+from recovery.transfer.manifest import Checksum, WeightManifest, checksum_function
 from recovery.transfer.transport import PayloadReader, Transport
 from recovery.transfer.wire import (
     CHUNK_NOT_READY,
@@ -98,43 +100,77 @@ class SourceSession:
         dest: Sequence[memoryview],
         on_verified: Callable[[int], None],
         on_corrupt: Callable[[int, int], None],
+        *,
+        pool: Executor | None = None,
+        window: int = 8,
     ) -> StreamResult:
         """Receive chunks ``ids`` into ``dest`` (in place) and verify each against the manifest.
 
         A verified chunk is reported through ``on_verified`` as soon as it landed, so a relay can
-        serve it onwards while the rest still arrives.
+        serve it onwards while the rest still arrives. With a ``pool``, checksums (and, for
+        shm, the copies) run on its threads while the next chunk is received, at most
+        ``window`` chunks ahead; results are still reported in order. If the source fails
+        mid-stream, the chunks that fully arrived are still verified and reported before the
+        error propagates, so they are not fetched again.
         """
         result = StreamResult()
         if not ids:
             return result
+        digest_of = checksum_function(manifest.checksum)
         request = {"op": "chunks", "name": manifest.name, "version": manifest.version, "ids": list(ids)}
         send_message(self._channel, request, timeout=self.timeout)
-        for expected in ids:
-            index, status, length = recv_chunk_header(self._channel, timeout=self.timeout)
-            if status == CHUNK_SOURCE_GAVE_UP:
-                raise SourceGaveUpError(f"{self.address} dropped {manifest.name!r} v{manifest.version}")
-            if status == CHUNK_NOT_READY:
-                raise PeerDeadError(self.address, f"relay never got chunk {index}")
-            if status == CHUNK_UNKNOWN:
-                raise UnknownVersionError(f"{self.address} does not hold chunk {index} of v{manifest.version}")
-            chunk = manifest.chunks[expected]
-            if status != CHUNK_OK or index != expected or length != chunk.length:
-                raise ProtocolError(
-                    f"{self.address} sent chunk {index} status {status} length {length}, "
-                    f"expected chunk {expected} of {chunk.length} bytes"
-                )
-            view = dest[expected]
-            if self._payload is None:
-                self._channel.recv_into(view, timeout=self.timeout)
-            else:
-                spec = manifest.tensors[chunk.tensor]
-                self._payload.read_into(view, spec.name, chunk.offset)
-            actual = zlib.crc32(view)
-            if actual == chunk.crc32:
-                result.verified += 1
-                result.bytes += length
-                on_verified(expected)
-            else:
-                result.corrupt += 1
-                on_corrupt(expected, actual)
+        pending: deque[tuple[int, Future[int] | int]] = deque()
+
+        def settle(keep: int) -> None:
+            while len(pending) > keep or (pending and _done(pending[0][1])):
+                index, outcome = pending.popleft()
+                actual = outcome if isinstance(outcome, int) else outcome.result()
+                if actual == manifest.chunks[index].checksum:
+                    result.verified += 1
+                    result.bytes += manifest.chunks[index].length
+                    on_verified(index)
+                else:
+                    result.corrupt += 1
+                    on_corrupt(index, actual)
+
+        try:
+            for expected in ids:
+                self._expect_header(manifest, expected)
+                chunk = manifest.chunks[expected]
+                view = dest[expected]
+                payload = self._payload
+                if payload is None:
+                    self._channel.recv_into(view, timeout=self.timeout)
+                    work: Callable[[], int] = partial(digest_of, view)
+                else:
+                    work = partial(_copy_and_digest, payload, view, manifest.tensors[chunk.tensor].name,
+                                   chunk.offset, digest_of)
+                pending.append((expected, work() if pool is None else pool.submit(work)))
+                settle(keep=window)
+        finally:
+            settle(keep=0)
         return result
+
+    def _expect_header(self, manifest: WeightManifest, expected: int) -> None:
+        index, status, length = recv_chunk_header(self._channel, timeout=self.timeout)
+        if status == CHUNK_SOURCE_GAVE_UP:
+            raise SourceGaveUpError(f"{self.address} dropped {manifest.name!r} v{manifest.version}")
+        if status == CHUNK_NOT_READY:
+            raise PeerDeadError(self.address, f"relay never got chunk {index}")
+        if status == CHUNK_UNKNOWN:
+            raise UnknownVersionError(f"{self.address} does not hold chunk {index} of v{manifest.version}")
+        chunk = manifest.chunks[expected]
+        if status != CHUNK_OK or index != expected or length != chunk.length:
+            raise ProtocolError(
+                f"{self.address} sent chunk {index} status {status} length {length}, "
+                f"expected chunk {expected} of {chunk.length} bytes"
+            )
+
+
+def _done(outcome: Future[int] | int) -> bool:
+    return isinstance(outcome, int) or outcome.done()
+
+
+def _copy_and_digest(payload: PayloadReader, dest: memoryview, tensor: str, offset: int, digest_of: Checksum) -> int:
+    payload.read_into(dest, tensor, offset)
+    return digest_of(dest)

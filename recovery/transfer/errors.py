@@ -43,7 +43,7 @@ class ChunkChecksumError(TransferError):
 
     def __init__(self, chunk_index: int, expected: int, actual: int, source: str) -> None:
         super().__init__(
-            f"chunk {chunk_index} from {source} has crc32 {actual:#010x}, "
+            f"chunk {chunk_index} from {source} has checksum {actual:#010x}, "
             f"manifest says {expected:#010x}"
         )
         self.chunk_index = chunk_index

@@ -9,11 +9,12 @@ whichever relay it came from.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -43,6 +44,34 @@ DTYPES: dict[str, torch.dtype] = {
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 NonContiguousPolicy = Literal["copy", "refuse"]
+
+Checksum = Callable[[memoryview], int]
+
+
+def _available_checksums() -> dict[str, Checksum]:
+    found: dict[str, Checksum] = {"crc32": zlib.crc32}
+    try:
+        # Hardware CRC32C (SSE4.2 / ARMv8) when the optional ``crc32c`` package is installed:
+        # verification is on the receiver's critical path, and zlib's crc32 is slower.
+        found["crc32c"] = cast(Checksum, importlib.import_module("crc32c").crc32c)
+    except ImportError:
+        pass
+    return found
+
+
+CHECKSUMS = _available_checksums()
+DEFAULT_CHECKSUM = "crc32c" if "crc32c" in CHECKSUMS else "crc32"
+
+
+def checksum_function(name: str) -> Checksum:
+    """The chunk checksum called ``name``; a clear error when it is not available here."""
+    try:
+        return CHECKSUMS[name]
+    except KeyError:
+        raise TransferConfigError(
+            f"checksum {name!r} is not available in this process; available: {sorted(CHECKSUMS)}"
+            + (" (install the 'crc32c' package)" if name == "crc32c" else "")
+        ) from None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -101,7 +130,7 @@ class ChunkRef:
     tensor: int
     offset: int
     length: int
-    crc32: int
+    checksum: int
 
 
 @dataclass(frozen=True)
@@ -113,6 +142,7 @@ class WeightManifest:
     chunk_bytes: int
     tensors: tuple[TensorSpec, ...]
     chunks: tuple[ChunkRef, ...]
+    checksum: str = "crc32"
 
     @property
     def total_bytes(self) -> int:
@@ -125,8 +155,9 @@ class WeightManifest:
             "name": self.name,
             "version": self.version,
             "chunk_bytes": self.chunk_bytes,
+            "checksum": self.checksum,
             "tensors": [[t.name, t.dtype, list(t.shape)] for t in self.tensors],
-            "chunks": [[c.tensor, c.offset, c.length, c.crc32] for c in self.chunks],
+            "chunks": [[c.tensor, c.offset, c.length, c.checksum] for c in self.chunks],
         }
 
     def digest(self) -> str:
@@ -146,7 +177,8 @@ class WeightManifest:
                 for i, (t, o, n, c) in enumerate(data["chunks"])
             )
             manifest = WeightManifest(
-                str(data["name"]), int(data["version"]), int(data["chunk_bytes"]), tensors, chunks
+                str(data["name"]), int(data["version"]), int(data["chunk_bytes"]), tensors, chunks,
+                str(data["checksum"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed manifest: {exc!r}") from exc
@@ -155,6 +187,8 @@ class WeightManifest:
 
     def validate(self) -> None:
         """Check internal consistency: known dtypes, chunks exactly tiling every tensor."""
+        if self.checksum not in ("crc32", "crc32c"):
+            raise ProtocolError(f"unknown chunk checksum {self.checksum!r}")
         for spec in self.tensors:
             if spec.dtype not in DTYPES:
                 raise ProtocolError(f"tensor {spec.name!r} has unknown dtype {spec.dtype!r}")
@@ -225,8 +259,10 @@ def build_manifest(
     tensors: Mapping[str, torch.Tensor],
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    checksum: str = DEFAULT_CHECKSUM,
 ) -> WeightManifest:
     """Describe contiguous ``tensors`` as version ``version`` of ``name``, checksumming each chunk."""
+    digest_of = checksum_function(checksum)
     if not name or not isinstance(name, str):
         raise TransferConfigError(f"weight set name must be a non-empty string, got {name!r}")
     if not isinstance(version, int) or version < 0:
@@ -240,8 +276,8 @@ def build_manifest(
         view = byte_view(tensor)
         for offset in range(0, len(view), chunk_bytes):
             piece = view[offset : offset + chunk_bytes]
-            chunks.append(ChunkRef(len(chunks), t_index, offset, len(piece), zlib.crc32(piece)))
-    return WeightManifest(name, version, chunk_bytes, tuple(specs), tuple(chunks))
+            chunks.append(ChunkRef(len(chunks), t_index, offset, len(piece), digest_of(piece)))
+    return WeightManifest(name, version, chunk_bytes, tuple(specs), tuple(chunks), checksum)
 
 
 def chunk_views(manifest: WeightManifest, tensors: Mapping[str, torch.Tensor]) -> list[memoryview]:

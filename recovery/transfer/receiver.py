@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -93,7 +94,10 @@ class WeightReceiver:
         max_chunk_attempts: int = 3,
         poll_interval: float = 0.05,
         egress_bytes_per_s: float | None = None,
+        verify_threads: int = 2,
     ) -> None:
+        if not isinstance(verify_threads, int) or verify_threads < 0:
+            raise TransferConfigError(f"verify_threads must be an int >= 0, got {verify_threads!r}")
         if not timeout > 0 or not poll_interval > 0:
             raise TransferConfigError(f"timeout and poll_interval must be positive, got {timeout!r}, {poll_interval!r}")
         if not isinstance(max_chunk_attempts, int) or max_chunk_attempts < 1:
@@ -115,6 +119,8 @@ class WeightReceiver:
         #: Progress of the pull in flight, readable from other threads (monitoring, tests).
         self.current_source: str | None = None
         self.verified_chunks = 0
+        # Checksums (and shm copies) run here while the next chunk arrives; 0 = inline.
+        self._pool = ThreadPoolExecutor(verify_threads, thread_name_prefix="verify") if verify_threads else None
         self.store = WeightStore()
         self.server: WeightServer | None = None
         if serve_as_relay:
@@ -273,9 +279,9 @@ class WeightReceiver:
             log.warning("corrupt chunk", extra={"chunk": index, "source": source})
             if pull.attempts[index] >= self.max_chunk_attempts:
                 assert pull.manifest is not None
-                raise ChunkChecksumError(index, pull.manifest.chunks[index].crc32, actual, source)
+                raise ChunkChecksumError(index, pull.manifest.chunks[index].checksum, actual, source)
 
-        session.stream(pull.manifest, sorted(pull.missing), pull.views, verified, corrupt)
+        session.stream(pull.manifest, sorted(pull.missing), pull.views, verified, corrupt, pool=self._pool)
         if pull.served is not None and not pull.missing:
             pull.served.mark_complete()
 
@@ -297,5 +303,7 @@ class WeightReceiver:
         """Stop serving and release both slots."""
         if self.server is not None:
             self.server.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         for buffers in self._slots:
             buffers.release()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import zlib
 
 import pytest
@@ -12,11 +13,14 @@ from recovery.transfer.errors import (
     TransferConfigError,
 )
 from recovery.transfer.manifest import (
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
     DTYPES,
     TensorSpec,
     WeightManifest,
     build_manifest,
     byte_view,
+    checksum_function,
     chunk_views,
     prepare_tensors,
 )
@@ -38,8 +42,24 @@ def test_chunks_tile_every_tensor_and_carry_crc32() -> None:
         (0, 0, 512), (0, 512, 512), (0, 1024, 512), (0, 1536, 464), (1, 0, 56),
     ]
     views = chunk_views(manifest, tensors)
-    assert [zlib.crc32(v) for v in views] == [c.crc32 for c in manifest.chunks]
+    digest_of = checksum_function(manifest.checksum)
+    assert [digest_of(v) for v in views] == [c.checksum for c in manifest.chunks]
     assert manifest.total_bytes == 2056
+
+
+def test_zlib_crc32_is_always_available_and_crc32c_only_when_installed() -> None:
+    manifest = build_manifest("policy", 1, weights(), chunk_bytes=512, checksum="crc32")
+    assert manifest.checksum == "crc32"
+    assert manifest.chunks[0].checksum == zlib.crc32(chunk_views(manifest, weights())[0])
+    assert DEFAULT_CHECKSUM in CHECKSUMS
+    if importlib.util.find_spec("crc32c") is None:
+        with pytest.raises(TransferConfigError, match="'crc32c' is not available.*install"):
+            build_manifest("policy", 1, weights(), checksum="crc32c")
+    else:
+        assert DEFAULT_CHECKSUM == "crc32c"
+        assert build_manifest("policy", 1, weights(), checksum="crc32c").checksum == "crc32c"
+    with pytest.raises(TransferConfigError, match="'md5' is not available"):
+        build_manifest("policy", 1, weights(), checksum="md5")
 
 
 def test_json_round_trip_keeps_digest_and_specs() -> None:
@@ -119,6 +139,7 @@ def test_check_fits_names_the_mismatched_tensor() -> None:
         lambda d: d["chunks"].pop(1),  # a gap in the tiling
         lambda d: d["chunks"][0].__setitem__(0, 9),  # chunk names a tensor that does not exist
         lambda d: d["tensors"][1].__setitem__(2, [-7]),
+        lambda d: d.__setitem__("checksum", "sha1"),
     ],
 )
 def test_malformed_manifests_from_peers_are_protocol_errors(mutate: object) -> None:
