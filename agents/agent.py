@@ -33,7 +33,7 @@ from agents.fingerprint import DEFAULT_PACKAGES, collect_fingerprint
 from agents.samples import Sample, make_sample
 from agents.sender import Sender
 from agents.simulate import apply_fault_files
-from agents.spool import Spool
+from agents.spool import Spool, SpoolError
 
 log = logging.getLogger("rlguard.agent")
 
@@ -121,6 +121,7 @@ class Agent:
         self._record = open(config.record, "ab") if config.record else None  # noqa: SIM115
         self.rounds = 0
         self.started_at = clock()
+        self._spool_failing = False
 
     def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """Ask the loop to finish its round and shut down (safe to call from a signal handler)."""
@@ -160,10 +161,7 @@ class Agent:
     def shutdown(self) -> None:
         """Spool the current round, give the sender the grace period, stop, write the status."""
         deadline = time.monotonic() + self.config.shutdown_grace
-        try:
-            self.round()
-        except OSError as exc:
-            log.error("final round could not be spooled: %s", exc)
+        self.round()
         self.sender.stop(timeout=max(0.1, deadline - time.monotonic()))
         self.write_status()
         self.nvml.close()
@@ -197,10 +195,24 @@ class Agent:
                 "participants": participants if index == 0 else [],
                 "fingerprint": fingerprint if index == 0 else None,
             }
-            seq = self.spool.append(body)
+            try:
+                seq = self.spool.append(body)
+            except SpoolError as exc:
+                if not self._spool_failing:
+                    log.error("round lost: %s", exc)
+                self._spool_failing = True
+                continue
+            if self._spool_failing:
+                log.warning("spool writable again")
+                self._spool_failing = False
             if self._record is not None:
-                self._record.write(orjson.dumps({**body, "seq": seq, "sent_at": now}) + b"\n")
-                self._record.flush()
+                try:
+                    self._record.write(orjson.dumps({**body, "seq": seq, "sent_at": now}) + b"\n")
+                    self._record.flush()
+                except OSError as exc:
+                    log.error("recording to %s stopped: %s", self.config.record, exc)
+                    self._record.close()
+                    self._record = None
         self.rounds += 1
         self.write_status()
 
@@ -272,5 +284,9 @@ class Agent:
         """Replace ``<spool_dir>/status.json`` (read by ``--status``); no fsync: it is advisory."""
         path = self.config.spool_dir / STATUS_FILENAME
         tmp = path.with_name(f".{STATUS_FILENAME}.tmp")
-        tmp.write_bytes(orjson.dumps(self.status(), option=orjson.OPT_INDENT_2))
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(orjson.dumps(self.status(), option=orjson.OPT_INDENT_2))
+            os.replace(tmp, path)
+        except OSError as exc:
+            # Advisory only: a full disk must not stop the sampling; the spool logs its own errors.
+            log.debug("status file %s not written: %s", path, exc)

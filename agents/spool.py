@@ -189,7 +189,9 @@ class Spool:
     def append(self, body: dict[str, Any]) -> int:
         """Give ``body`` the next ``seq``, store it durably, make room if over the limit.
 
-        ``body`` must not contain ``seq``; returns the seq assigned.
+        ``body`` must not contain ``seq``; returns the seq assigned. Raises :class:`SpoolError`
+        when the disk refuses the write; the batch's samples are then counted as dropped
+        (``spool_write_failed``).
         """
         samples, low, participants = _count(body)
         with self._lock:
@@ -199,13 +201,32 @@ class Spool:
                 self._state["seq_reserved"] = self._next_seq + _SEQ_BLOCK
             body = {**body, "seq": seq}
             data = orjson.dumps(body)
-            _atomic_write(self._path(seq), data, fsync=self._fsync)
-            self._entries.append(_Entry(seq, len(data), samples, low, participants))
             self._state["produced_samples"] += samples
-            self._make_room_locked()
-            self._save_state_locked()
-            self._changed.notify_all()
+            try:
+                _atomic_write(self._path(seq), data, fsync=self._fsync)
+            except OSError as exc:
+                # Disk full or gone: this round is lost, and counted as such.
+                self._state["dropped"]["spool_write_failed"] = (
+                    self._state["dropped"].get("spool_write_failed", 0) + samples
+                )
+                self._path(seq).with_name(f".{self._path(seq).name}.tmp").unlink(missing_ok=True)
+                self._try_save_state_locked()
+                raise SpoolError(f"cannot write batch seq={seq} to {self._batches}: {exc}") from exc
+            self._entries.append(_Entry(seq, len(data), samples, low, participants))
+            try:
+                self._make_room_locked()
+                self._save_state_locked()
+            except OSError as exc:
+                raise SpoolError(f"spool {self.directory} cannot be updated: {exc}") from exc
+            finally:
+                self._changed.notify_all()
         return seq
+
+    def _try_save_state_locked(self) -> None:
+        try:
+            self._save_state_locked()
+        except OSError as exc:
+            log.error("spool state %s cannot be written: %s", self._state_path, exc)
 
     def _make_room_locked(self) -> None:
         total = sum(e.size for e in self._entries)

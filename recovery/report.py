@@ -34,12 +34,24 @@ HEARTBEAT_DIRNAME = "heartbeat"
 # The golden metric counts rebuilds over five minutes; older timestamps are not carried.
 SHARD_REBUILD_WINDOW_S = 300.0
 _MAX_REBUILD_TIMESTAMPS = 256
-_ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.]+$")  # no "-": it separates role from rank in the name
+_ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.]{1,64}$")  # no "-": it separates role from rank
+# The server's ingest rules for job names and phases; a heartbeat that breaks them is skipped by
+# the agent, so the reporter refuses such values up front.
+JOB_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,127}$")
+PHASE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _UNSET: Any = object()
 
 
 class HeartbeatError(RecoveryError, ValueError):
     """Bad arguments to :class:`HeartbeatReporter`, or its file could not be written."""
+
+
+def safe_job_name(name: str) -> str:
+    """``name`` (e.g. a run directory's name) turned into a valid job name."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.:@/-]", "_", name)[:128]
+    if not JOB_PATTERN.match(cleaned):
+        cleaned = ("_" + cleaned)[:128]
+    return cleaned
 
 
 def heartbeat_path(run_dir: str | os.PathLike[str], role: str, rank: int) -> Path:
@@ -90,15 +102,20 @@ class HeartbeatReporter:
         lock_timeout: float = 5.0,
     ) -> None:
         if not isinstance(role, str) or not _ROLE_PATTERN.match(role):
-            raise HeartbeatError(f"role must match [A-Za-z0-9_.]+ (no '-'), got {role!r}")
+            raise HeartbeatError(f"role must be 1-64 of [A-Za-z0-9_.] (no '-'), got {role!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise HeartbeatError(f"rank must be an int >= 0, got {rank!r}")
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
-            0 < interval < float("inf")
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not (0 < interval < float("inf"))
         ):
             raise HeartbeatError(f"interval must be a positive number of seconds, got {interval!r}")
-        if job is not None and (not isinstance(job, str) or not job.strip()):
-            raise HeartbeatError(f"job must be a non-empty string or None, got {job!r}")
+        if job is not None and (not isinstance(job, str) or not JOB_PATTERN.match(job)):
+            raise HeartbeatError(
+                f"job must be 1-128 letters, digits or _.:@/- (not starting with punctuation) "
+                f"or None, got {job!r}"
+            )
         if not (isinstance(lock_timeout, int | float) and lock_timeout > 0):
             raise HeartbeatError(f"lock_timeout must be a positive number, got {lock_timeout!r}")
         self._run_dir = Path(run_dir)
@@ -113,7 +130,7 @@ class HeartbeatReporter:
         self._rebuilds: deque[float] = deque(maxlen=_MAX_REBUILD_TIMESTAMPS)
         self._state: dict[str, Any] = {
             "format": HEARTBEAT_FORMAT,
-            "job": job if job is not None else self._run_dir.resolve().name,
+            "job": job if job is not None else safe_job_name(self._run_dir.resolve().name),
             "role": role,
             "rank": rank,
             "pid": os.getpid() if pid is None else int(pid),
@@ -161,8 +178,10 @@ class HeartbeatReporter:
         """
         changes: dict[str, Any] = {}
         if phase is not None:
-            if not isinstance(phase, str) or not phase.strip():
-                raise HeartbeatError(f"phase must be a non-empty string, got {phase!r}")
+            if not isinstance(phase, str) or not PHASE_PATTERN.match(phase):
+                raise HeartbeatError(
+                    f"phase must be a name of letters, digits and _ (at most 64), got {phase!r}"
+                )
             changes["phase"] = phase
         for key, name, value in (
             ("step", "step", step),
@@ -187,7 +206,9 @@ class HeartbeatReporter:
         checked = _check_count("count", count)
         self._acquire()
         try:
-            self._state["tokens_generated"] = (self._state["tokens_generated"] or 0) + (checked or 0)
+            self._state["tokens_generated"] = (self._state["tokens_generated"] or 0) + (
+                checked or 0
+            )
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(False)
         finally:

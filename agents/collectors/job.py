@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from agents.samples import Participant, Sample, make_sample
+from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
 
 log = logging.getLogger("rlguard.agent.job")
 
@@ -30,6 +31,12 @@ REBUILD_WINDOW_S = 300.0
 _MAX_HEARTBEAT_BYTES = 1 << 20
 _STATE_LOG_INITIAL_TAIL = 64 * 1024  # on start, look back this far for the current state
 _STATE_LOG_MAX_READ = 4 << 20  # per round, so a huge backlog cannot stall a round
+# The ingest contract's rules for names: one participant that breaks them would get the whole
+# batch (GPU samples included) refused, so such a heartbeat is skipped here instead.
+_ID_RE = JOB_PATTERN
+_PHASE_RE = PHASE_PATTERN
+_MAX_RANK = 1_000_000
+_MAX_STEP = 2**62
 
 
 class HeartbeatInvalid(ValueError):
@@ -90,8 +97,19 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
     ts = _number(doc, "ts")
     if ts is None:
         raise HeartbeatInvalid("field 'ts' missing")
+    if not _ID_RE.match(role):
+        raise HeartbeatInvalid(f"field 'role' is not a valid identifier: {role!r}")
+    if rank > _MAX_RANK:
+        raise HeartbeatInvalid(f"field 'rank' is above {_MAX_RANK}: {rank!r}")
     job = doc.get("job")
+    if job is not None and (not isinstance(job, str) or not _ID_RE.match(job)):
+        raise HeartbeatInvalid(f"field 'job' is not a valid identifier: {job!r}")
     phase = doc.get("phase")
+    if phase is not None and (not isinstance(phase, str) or not _PHASE_RE.match(phase)):
+        raise HeartbeatInvalid(f"field 'phase' is not a valid phase name: {phase!r}")
+    step = _count(doc, "step")
+    if step is not None and step > _MAX_STEP:
+        raise HeartbeatInvalid(f"field 'step' is above 2**62: {step!r}")
     rebuilds = doc.get("shard_rebuilds") or []
     if not isinstance(rebuilds, list) or not all(
         isinstance(t, int | float) and not isinstance(t, bool) for t in rebuilds
@@ -104,7 +122,7 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
         phase=phase if isinstance(phase, str) and phase else "UNKNOWN",
         ts=ts,
         updated_at=_number(doc, "updated_at"),
-        step=_count(doc, "step"),
+        step=step,
         tokens_generated=_count(doc, "tokens_generated"),
         rollouts_pending=_count(doc, "rollouts_pending"),
         rollouts_scheduled=_count(doc, "rollouts_scheduled"),
@@ -202,7 +220,7 @@ class JobCollector:
     def __init__(self, run_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
         self._run_dir = Path(run_dir)
         self._heartbeat_dir = self._run_dir / HEARTBEAT_DIRNAME
-        self._default_job = self._run_dir.resolve().name
+        self._default_job = safe_job_name(self._run_dir.resolve().name)
         self._clock = clock
         self._cache: dict[str, _FileCache] = {}
         self._rates: dict[tuple[str, str, int], _Rate] = {}

@@ -206,3 +206,31 @@ def test_without_nvml_job_signals_still_flow(tmp_path: Path) -> None:
     names = {s["name"] for s in samples}
     assert "train_step" in names and not any(n.startswith("gpu_") for n in names)
     assert [s["value"] for s in samples if s["name"] == "agent_nvml_available"] == [0.0]
+
+
+def test_a_full_disk_loses_rounds_but_not_the_agent(
+    setup: tuple[Agent, Clock, FakeNVML, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import errno
+    import logging
+
+    import agents.spool as spool_module
+
+    agent, _clock, _fake, _run = setup
+    real = spool_module._atomic_write
+
+    def full(path: Path, data: bytes, *, fsync: bool) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_module, "_atomic_write", full)
+    with caplog.at_level(logging.ERROR, logger="rlguard.agent"):
+        agent.round()
+        agent.round()
+    assert len([r for r in caplog.records if "round lost" in r.getMessage()]) == 1
+    monkeypatch.setattr(spool_module, "_atomic_write", real)
+    agent.round()
+    st = agent.spool.stats()
+    assert st.batches == 1 and st.dropped["spool_write_failed"] > 0
+    assert st.produced_samples == st.samples + st.dropped["spool_write_failed"]

@@ -215,3 +215,30 @@ def test_job_signals_not_dropped_while_the_pinned_batch_still_has_gpu_samples(
     assert st.dropped["spool_full"] == 6 * 40
     assert st.samples == 6 * 2
     accounting_holds(sp)
+
+
+def test_disk_full_loses_the_round_counted_and_the_spool_stays_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import agents.spool as spool_module
+
+    sp = Spool(tmp_path, node="n1", max_bytes=10**9)
+    sp.append(body(2, 1))
+    real = spool_module._atomic_write
+
+    def full(path: Path, data: bytes, *, fsync: bool) -> None:
+        if path.parent.name == "batches":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data, fsync=fsync)
+
+    monkeypatch.setattr(spool_module, "_atomic_write", full)
+    with pytest.raises(SpoolError, match="No space left"):
+        sp.append(body(4, 1))
+    monkeypatch.setattr(spool_module, "_atomic_write", real)
+    sp.append(body(1, 1))
+    st = sp.stats()
+    assert st.dropped["spool_write_failed"] == 5
+    assert st.batches == 2
+    accounting_holds(sp)

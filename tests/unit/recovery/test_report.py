@@ -129,6 +129,8 @@ def test_state_log_latency(tmp_path: Path) -> None:
         ({"interval": 0}, "interval"),
         ({"interval": float("nan")}, "nan"),
         ({"job": "  "}, "job"),
+        ({"job": "my job"}, "'my job'"),
+        ({"job": "-x"}, "'-x'"),
     ],
 )
 def test_bad_constructor_arguments_name_the_value(
@@ -150,6 +152,7 @@ def test_bad_constructor_arguments_name_the_value(
         ({"pending": "2"}, "'2'"),
         ({"scheduled": True}, "True"),
         ({"phase": ""}, "phase"),
+        ({"phase": "in progress"}, "'in progress'"),
         ({"state_log_latency_ms": float("inf")}, "inf"),
         ({"state_log_latency_ms": -1.0}, "-1.0"),
     ],
@@ -237,3 +240,9 @@ def test_reader_never_sees_a_partial_file_even_when_writer_is_killed(tmp_path: P
         proc.join(10)
     doc = json.loads(path.read_bytes())
     assert doc["tokens_generated"] == doc["step"] * 10
+
+
+def test_default_job_from_an_awkward_run_directory_name(tmp_path: Path) -> None:
+    rep = HeartbeatReporter(tmp_path / "run #7", "trainer", 0, clock=FakeClock())
+    rep.flush()
+    assert read(rep.path)["job"] == "run__7"

@@ -114,6 +114,10 @@ def test_counter_reset_after_restart_gives_no_negative_rate(tmp_path: Path, cloc
         b'{"role": "rollout", "rank": -2, "ts": 1.0}',
         b'{"role": "rollout", "rank": 2, "ts": "yesterday"}',
         b'{"role": "rollout", "rank": 2, "ts": 1.0, "rollouts_pending": "many"}',
+        b'{"role": "rollout worker", "rank": 2, "ts": 1.0}',
+        b'{"role": "rollout", "rank": 2, "ts": 1.0, "phase": "in progress"}',
+        b'{"role": "rollout", "rank": 2, "ts": 1.0, "job": "-job"}',
+        b'{"role": "rollout", "rank": 2000000, "ts": 1.0}',
     ],
 )
 def test_corrupt_heartbeat_is_skipped_and_others_still_reported(
@@ -202,3 +206,12 @@ def test_state_log_first_read_starts_in_the_tail_of_a_long_file(
     samples, _ = col.collect()
     assert series(samples, "job_state_log_age_seconds") == [1.0]
     assert series(samples, "job_state_transitions_total") == [0]
+
+
+def test_run_directory_name_is_made_a_valid_job_name(tmp_path: Path, clock: Clock) -> None:
+    run = tmp_path / "my run (v2)"
+    hb = run / "heartbeat"
+    hb.mkdir(parents=True)
+    (hb / "trainer-0.json").write_text('{"role": "trainer", "rank": 0, "ts": 1.0}')
+    _samples, participants = JobCollector(run, clock=clock).collect()
+    assert participants[0]["job"] == "my_run__v2_"
