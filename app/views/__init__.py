@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from app.views import admin, auth, jobs, nodes, overview
+from app.views import admin, alerts, approvals, auth, incidents, jobs, nodes, overview
 from app.views.rendering import STATIC_DIR
 
 router = APIRouter(include_in_schema=False)
-for _module in (auth, overview, nodes, jobs, admin):
+for _module in (auth, overview, nodes, jobs, incidents, approvals, alerts, admin):
     router.include_router(_module.router)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
+from app.alerts.errors import AlertConfigError
+from app.services import alerts as alerts_service
 from app.services.dashboard.admin import BadFilter, audit_page, settings_view
 from app.views.context import DbDep, RuntimeDep, SignedInDep
-from app.views.rendering import is_htmx, render
+from app.views.rendering import error_page, is_htmx, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -24,14 +26,7 @@ def audit(
     try:
         result = audit_page(session, actor=actor.strip(), action=action.strip(), before_id=before)
     except BadFilter as exc:
-        return render(
-            request,
-            page,
-            "pages/error.html",
-            {"title": "Bad filter", "message": str(exc)},
-            status_code=400,
-            headers={"X-RLGuard-Reason": str(exc)},
-        )
+        return error_page(request, page, "Bad filter", str(exc), status_code=400)
     template = "partials/_audit_table.html" if is_htmx(request) else "pages/audit.html"
     return render(
         request, page, template, {"audit": result, "active_nav": "audit"}, vary_on_hx=True
@@ -40,11 +35,18 @@ def audit(
 
 @router.get("/settings", response_class=HTMLResponse)
 def settings_page(request: Request, page: SignedInDep, rt: RuntimeDep) -> HTMLResponse:
-    state = request.app.state
-    policy = getattr(state, "policy", None)
-    alerts = getattr(state, "alerts_config", None)
-    channels = [c.public() for c in alerts.channels] if alerts is not None else []
+    # The server may keep the policy it loaded on app.state; without one the detectors run on
+    # the defaults in the settings, which the page shows either way.
+    policy = getattr(request.app.state, "policy", None)
+    channels_error = None
+    try:
+        channels = [c.public() for c in alerts_service.current_config().channels]
+    except AlertConfigError as exc:
+        channels, channels_error = [], str(exc)
     view = settings_view(rt.settings, policy=policy, channels=channels)
     return render(
-        request, page, "pages/settings.html", {"settings": view, "active_nav": "settings"}
+        request,
+        page,
+        "pages/settings.html",
+        {"settings": view, "channels_error": channels_error, "active_nav": "settings"},
     )

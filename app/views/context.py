@@ -21,6 +21,7 @@ from app.api.deps import SessionDep
 from app.core.config import Settings
 from app.models import Role, User
 from app.services import web_auth
+from app.services.dashboard.incidents import pending_approvals_count
 from app.services.series_store import SeriesStore
 
 log = logging.getLogger("rlguard.views")
@@ -111,7 +112,7 @@ def page_context(request: Request, rt: RuntimeDep, session: DbDep) -> PageContex
 
 
 def signed_in_page(
-    request: Request, page: Annotated[PageContext, Depends(page_context)]
+    request: Request, page: Annotated[PageContext, Depends(page_context)], session: DbDep
 ) -> PageContext:
     """The context of a page that needs a signed-in user; others are sent to the login form."""
     if page.user is None:
@@ -124,6 +125,7 @@ def signed_in_page(
                 status_code=401, detail="sign in first", headers={"HX-Redirect": login}
             )
         raise HTTPException(status_code=303, detail="sign in first", headers={"Location": login})
+    page.pending_approvals = pending_approvals_count(session)
     return page
 
 

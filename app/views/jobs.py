@@ -8,8 +8,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.services.dashboard.jobs import HISTORY_MINUTES, job_detail, participant_rows
+from app.services.errors import NotFound
 from app.views.context import DbDep, RuntimeDep, SignedInDep
-from app.views.rendering import render
+from app.views.rendering import error_page, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -21,26 +22,18 @@ def job_page(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
     p = rt.settings.policy
-    job = job_detail(
-        session=session,
-        store=rt.store,
-        name=name,
-        now=page.now,
-        suspect_after=p.heartbeat_suspect_after,
-        confirm_after=p.heartbeat_confirm_after,
-        thresholds=p.severity_thresholds,
-    )
-    if job is None:
-        return render(
-            request,
-            page,
-            "pages/error.html",
-            {
-                "title": "Unknown job",
-                "message": f"No job named {name!r} has reported a participant.",
-            },
-            status_code=404,
+    try:
+        job = job_detail(
+            session=session,
+            store=rt.store,
+            name=name,
+            now=page.now,
+            suspect_after=p.heartbeat_suspect_after,
+            confirm_after=p.heartbeat_confirm_after,
+            thresholds=p.severity_thresholds,
         )
+    except NotFound as exc:
+        return error_page(request, page, "Unknown job", str(exc), status_code=404)
     data: dict[str, Any] = {
         "job": job,
         "participants": job.participants,
@@ -57,13 +50,16 @@ def job_participants_partial(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
     p = rt.settings.policy
-    rows = participant_rows(
-        session,
-        job=name,
-        now=page.now,
-        suspect_after=p.heartbeat_suspect_after,
-        confirm_after=p.heartbeat_confirm_after,
-    )
+    try:
+        rows = participant_rows(
+            session,
+            job=name,
+            now=page.now,
+            suspect_after=p.heartbeat_suspect_after,
+            confirm_after=p.heartbeat_confirm_after,
+        )
+    except NotFound as exc:
+        return error_page(request, page, "Unknown job", str(exc), status_code=404)
     return render(
         request,
         page,

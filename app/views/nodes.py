@@ -6,8 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.services.dashboard.nodes import HISTORY_MINUTES, node_detail
+from app.services.errors import NotFound
 from app.views.context import DbDep, RuntimeDep, SignedInDep
-from app.views.rendering import render
+from app.views.rendering import error_page, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -17,25 +18,17 @@ def node_page(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
     p = rt.settings.policy
-    node = node_detail(
-        session=session,
-        store=rt.store,
-        name=name,
-        now=page.now,
-        suspect_after=p.heartbeat_suspect_after,
-        confirm_after=p.heartbeat_confirm_after,
-    )
-    if node is None:
-        return render(
-            request,
-            page,
-            "pages/error.html",
-            {
-                "title": "Unknown node",
-                "message": f"No node named {name!r} has registered or reported.",
-            },
-            status_code=404,
+    try:
+        node = node_detail(
+            session=session,
+            store=rt.store,
+            name=name,
+            now=page.now,
+            suspect_after=p.heartbeat_suspect_after,
+            confirm_after=p.heartbeat_confirm_after,
         )
+    except NotFound as exc:
+        return error_page(request, page, "Unknown node", str(exc), status_code=404)
     return render(
         request,
         page,

@@ -7,6 +7,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.services import incidents as incidents_service
+from app.services.dashboard.incidents import (
+    open_incident_counts,
+    open_tiers_by_node,
+    safe_mode_jobs,
+)
 from app.services.dashboard.overview import job_rows, overview_health
 from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
 from app.views.rendering import render
@@ -25,7 +31,9 @@ def _health(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
             now=page.now,
             suspect_after=p.heartbeat_suspect_after,
             confirm_after=p.heartbeat_confirm_after,
+            incident_tiers_by_node=open_tiers_by_node(session),
         ),
+        "incident_counts": open_incident_counts(session),
         "poll_seconds": POLL_SECONDS,
         "pending_approvals": page.pending_approvals,
     }
@@ -39,18 +47,32 @@ def _jobs(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
             now=page.now,
             suspect_after=p.heartbeat_suspect_after,
             confirm_after=p.heartbeat_confirm_after,
+            safe_mode_jobs=safe_mode_jobs(session),
         ),
         "poll_seconds": POLL_SECONDS,
     }
+
+
+OVERVIEW_INCIDENTS = 12
+
+
+def _incidents(session: Any) -> dict[str, Any]:
+    result = incidents_service.list_incidents(session, status="open", limit=OVERVIEW_INCIDENTS)
+    tier_order = {"heavy": 0, "medium": 1, "light": 2}
+    rows = sorted(
+        result.incidents, key=lambda i: (tier_order.get(i.tier, 3), -i.updated_at.timestamp())
+    )
+    return {"open_incidents": rows, "open_total": result.count, "poll_seconds": POLL_SECONDS}
 
 
 @router.get("/", response_class=HTMLResponse)
 def overview_page(
     request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
-    data = {"active_nav": "overview"}
+    data: dict[str, Any] = {"active_nav": "overview"}
     data.update(_health(rt, session, page))
     data.update(_jobs(rt, session, page))
+    data.update(_incidents(session))
     return render(request, page, "pages/overview.html", data)
 
 
@@ -66,3 +88,8 @@ def overview_jobs_partial(
     request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
     return render(request, page, "partials/_overview_jobs.html", _jobs(rt, session, page))
+
+
+@router.get("/ui/overview/incidents", response_class=HTMLResponse)
+def overview_incidents_partial(request: Request, page: SignedInDep, session: DbDep) -> HTMLResponse:
+    return render(request, page, "partials/_overview_incidents.html", _incidents(session))

@@ -1,0 +1,187 @@
+"""Incidents and approvals as the dashboard shows them.
+
+Lists and details come from ``app.services.incidents`` (the REST API's service); this module adds
+what only the pages need: counts for the overview tiles, the evidence of a fault signal as a chart
+that shows the window the detector looked at and the threshold that fired, and the timeline in
+words and colours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlmodel import Session, col, func, select
+
+from app.models.approval import Approval, ApprovalStatus
+from app.models.incident import Incident, IncidentStatus
+from app.models.incident_public import FaultSignalPublic, IncidentDetail
+from app.services import incidents as incidents_service
+from app.services.dashboard.charts import ChartSpec, Threshold, aligned_chart, golden_bands
+from app.services.dashboard.health import TIER_LEVEL
+
+TIERS = ("light", "medium", "heavy")
+
+# Timeline event types (see app.models.incident.IncidentEvent) → colour and words for people.
+EVENT_LABELS: dict[str, tuple[str, str]] = {
+    "opened": ("bad", "Incident opened"),
+    "updated": ("idle", "New evidence"),
+    "escalated": ("bad", "Escalated"),
+    "action_planned": ("idle", "Action planned"),
+    "action_started": ("warn", "Action started"),
+    "action_succeeded": ("ok", "Action succeeded"),
+    "action_failed": ("bad", "Action failed"),
+    "approval_requested": ("warn", "Approval requested"),
+    "approval_granted": ("ok", "Approved"),
+    "approval_rejected": ("bad", "Rejected"),
+    "approval_expired": ("bad", "Approval expired"),
+    "safe_mode": ("warn", "Job put in SAFE_MODE"),
+    "resolved": ("ok", "Resolved"),
+}
+
+ACTION_LEVELS = {
+    "pending_approval": "warn",
+    "pending": "idle",
+    "dispatched": "idle",
+    "running": "warn",
+    "succeeded": "ok",
+    "failed": "bad",
+    "cancelled": "idle",
+}
+
+
+@dataclass(slots=True)
+class IncidentCounts:
+    light: int = 0
+    medium: int = 0
+    heavy: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.light + self.medium + self.heavy
+
+
+def open_incident_counts(session: Session) -> IncidentCounts:
+    counts = IncidentCounts()
+    rows = session.exec(
+        select(Incident.tier, func.count())
+        .where(Incident.status == IncidentStatus.open.value)
+        .group_by(Incident.tier)
+    ).all()
+    for tier, n in rows:
+        if tier in TIERS:
+            setattr(counts, tier, int(n))
+    return counts
+
+
+def open_tiers_by_node(session: Session) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for node, tier in session.exec(
+        select(Incident.node, Incident.tier).where(Incident.status == IncidentStatus.open.value)
+    ).all():
+        if node:
+            out.setdefault(node, []).append(tier)
+    return out
+
+
+def safe_mode_jobs(session: Session) -> set[str]:
+    rows = session.exec(
+        select(Incident.job).where(
+            Incident.status == IncidentStatus.open.value, col(Incident.safe_mode).is_(True)
+        )
+    ).all()
+    return {job for job in rows if job}
+
+
+def pending_approvals_count(session: Session) -> int:
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(Approval)
+            .where(Approval.status == ApprovalStatus.pending.value)
+        ).one()
+    )
+
+
+def evidence_chart(evidence: dict[str, Any], *, title: str = "Evidence") -> ChartSpec | None:
+    """The series window a detector looked at, the threshold it compared with, the window shaded."""
+    values = evidence.get("values") or []
+    points: list[tuple[float, float]] = []
+    for item in values:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            try:
+                points.append((float(item[0]), float(item[1])))
+            except (TypeError, ValueError):
+                continue
+    if not points:
+        return None
+    metric = str(evidence.get("metric") or "value")
+    step = max(1.0, (points[-1][0] - points[0][0]) / 300) if len(points) > 1 else 1.0
+    spec = aligned_chart(title, {metric: points}, step_seconds=step)
+    threshold = evidence.get("threshold")
+    window = evidence.get("window_seconds")
+    if isinstance(threshold, int | float):
+        spec.thresholds = [Threshold(float(threshold), f"threshold {threshold:g}", "bad")]
+    if isinstance(window, int | float) and window > 0:
+        end = points[-1][0]
+        spec.window = (end - float(window), end)
+    healthy = evidence.get("healthy")
+    if (
+        isinstance(healthy, int | float)
+        and isinstance(threshold, int | float)
+        and healthy < threshold
+    ):
+        spec.bands = golden_bands(float(healthy), float(threshold))
+    return spec
+
+
+@dataclass(slots=True)
+class TimelineEntry:
+    at: Any
+    level: str
+    title: str
+    actor: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def timeline_entries(events: list[Any]) -> list[TimelineEntry]:
+    out = []
+    for e in events:
+        level, title = EVENT_LABELS.get(e.type, ("idle", e.type.replace("_", " ").capitalize()))
+        detail = {k: v for k, v in (e.detail or {}).items() if v not in (None, "", [], {})}
+        out.append(TimelineEntry(at=e.at, level=level, title=title, actor=e.actor, detail=detail))
+    return out
+
+
+def tier_level(tier: str) -> str:
+    return TIER_LEVEL.get(tier, "idle")
+
+
+@dataclass(slots=True)
+class IncidentPage:
+    incident: IncidentDetail
+    level: str
+    evidence: ChartSpec | None
+    signal_charts: list[tuple[FaultSignalPublic, ChartSpec | None]]
+    timeline: list[TimelineEntry]
+
+    @property
+    def final(self) -> bool:
+        """Nothing on the page can change any more: it stops polling."""
+        inc = self.incident
+        busy = {"pending_approval", "pending", "dispatched", "running"}
+        return inc.status == "resolved" and not any(a.status in busy for a in inc.actions)
+
+
+def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
+    """Raises ``NotFound`` (from the incidents service) for an unknown id."""
+    detail = incidents_service.incident_detail(session, incident_id=incident_id)
+    return IncidentPage(
+        incident=detail,
+        level=tier_level(detail.tier),
+        evidence=evidence_chart(
+            detail.evidence, title=f"Evidence: {detail.evidence.get('metric') or detail.kind}"
+        ),
+        signal_charts=[(sig, evidence_chart(sig.evidence)) for sig in detail.signals[-3:]],
+        timeline=timeline_entries(detail.timeline),
+    )
