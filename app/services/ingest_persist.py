@@ -71,93 +71,115 @@ def fingerprint_hash(fp: dict[str, str]) -> str:
     return hashlib.sha256(orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _insert(conn: Connection, table: sa.Table) -> Any:
-    if conn.dialect.name == "postgresql":
-        return postgresql.insert(table)
-    if conn.dialect.name == "sqlite":
-        return sqlite.insert(table)
-    raise RuntimeError(f"unsupported database dialect {conn.dialect.name!r}")
+class _Statements:
+    """The group commit's statements, built once per dialect (building and cache-keying a
+    statement costs more than executing it for a small group)."""
+
+    def __init__(self, dialect: str) -> None:
+        if dialect == "postgresql":
+            insert: Any = postgresql.insert
+        elif dialect == "sqlite":
+            insert = sqlite.insert
+        else:
+            raise RuntimeError(f"unsupported database dialect {dialect!r}")
+        node_t = Node.__table__  # type: ignore[attr-defined]
+        job_i = insert(Job.__table__)  # type: ignore[attr-defined]
+        self.jobs = job_i.on_conflict_do_update(
+            index_elements=["name"], set_={"last_seen_at": job_i.excluded.last_seen_at}
+        )
+        self.nodes = (
+            sa.update(node_t)
+            .where(node_t.c.name == sa.bindparam("b_name"))
+            .values(last_seen_at=sa.bindparam("b_seen"), last_agent_id=sa.bindparam("b_agent"))
+        )
+        self.fingerprints = (
+            sa.update(node_t)
+            .where(node_t.c.name == sa.bindparam("b_name"))
+            .values(fingerprint=sa.bindparam("b_fp"), fingerprint_hash=sa.bindparam("b_h"))
+        )
+        part_i = insert(Participant.__table__)  # type: ignore[attr-defined]
+        self.participants = part_i.on_conflict_do_update(
+            index_elements=["job_name", "role", "rank"],
+            set_={
+                c: getattr(part_i.excluded, c)
+                for c in ("node_name", "phase", "step", "last_heartbeat_at", "updated_at")
+            },
+        )
+        cur_i = insert(IngestCursor.__table__)  # type: ignore[attr-defined]
+        self.cursors = cur_i.on_conflict_do_update(
+            index_elements=["node_name", "agent_id"],
+            set_={
+                "high_seq": cur_i.excluded.high_seq,
+                "window_mask": cur_i.excluded.window_mask,
+                "updated_at": cur_i.excluded.updated_at,
+            },
+        )
+
+
+_STATEMENTS: dict[str, _Statements] = {}
 
 
 def write_ingest_group(engine: Engine, group: IngestGroup) -> None:
+    dialect = engine.dialect.name
+    st = _STATEMENTS.get(dialect)
+    if st is None:
+        st = _STATEMENTS[dialect] = _Statements(dialect)
     now = utcnow()
-    cursor_t = IngestCursor.__table__  # type: ignore[attr-defined]
-    node_t = Node.__table__  # type: ignore[attr-defined]
-    job_t = Job.__table__  # type: ignore[attr-defined]
-    part_t = Participant.__table__  # type: ignore[attr-defined]
     with engine.begin() as conn:
-        if group.jobs:
-            ins = _insert(conn, job_t)
+        _write(conn, st, group, now)
+
+
+def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime) -> None:
+    if group.jobs:
+        conn.execute(
+            st.jobs,
+            [{"name": n, "created_at": now, "last_seen_at": t} for n, t in group.jobs.items()],
+        )
+    if group.nodes:
+        conn.execute(
+            st.nodes,
+            [
+                {"b_name": n, "b_seen": s.seen_at, "b_agent": s.agent_id}
+                for n, s in group.nodes.items()
+            ],
+        )
+        with_fp = [(n, s.fingerprint) for n, s in group.nodes.items() if s.fingerprint]
+        if with_fp:
             conn.execute(
-                ins.on_conflict_do_update(
-                    index_elements=["name"], set_={"last_seen_at": ins.excluded.last_seen_at}
-                ),
-                [{"name": n, "created_at": now, "last_seen_at": t} for n, t in group.jobs.items()],
+                st.fingerprints,
+                [{"b_name": n, "b_fp": fp, "b_h": fingerprint_hash(fp)} for n, fp in with_fp],
             )
-        if group.nodes:
-            conn.execute(
-                sa.update(node_t)
-                .where(node_t.c.name == sa.bindparam("b_name"))
-                .values(last_seen_at=sa.bindparam("b_seen"), last_agent_id=sa.bindparam("b_agent")),
-                [
-                    {"b_name": n, "b_seen": s.seen_at, "b_agent": s.agent_id}
-                    for n, s in group.nodes.items()
-                ],
-            )
-            with_fp = [(n, s.fingerprint) for n, s in group.nodes.items() if s.fingerprint]
-            if with_fp:
-                conn.execute(
-                    sa.update(node_t)
-                    .where(node_t.c.name == sa.bindparam("b_name"))
-                    .values(fingerprint=sa.bindparam("b_fp"), fingerprint_hash=sa.bindparam("b_h")),
-                    [{"b_name": n, "b_fp": fp, "b_h": fingerprint_hash(fp)} for n, fp in with_fp],
-                )
-        if group.participants:
-            ins = _insert(conn, part_t)
-            conn.execute(
-                ins.on_conflict_do_update(
-                    index_elements=["job_name", "role", "rank"],
-                    set_={
-                        c: getattr(ins.excluded, c)
-                        for c in ("node_name", "phase", "step", "last_heartbeat_at", "updated_at")
-                    },
-                ),
-                [
-                    {
-                        "job_name": job,
-                        "role": role,
-                        "rank": rank,
-                        "node_name": p.node,
-                        "phase": p.phase,
-                        "step": p.step,
-                        "last_heartbeat_at": from_epoch(p.ts),
-                        "updated_at": now,
-                    }
-                    for (job, role, rank), p in group.participants.items()
-                ],
-            )
-        if group.cursors:
-            ins = _insert(conn, cursor_t)
-            conn.execute(
-                ins.on_conflict_do_update(
-                    index_elements=["node_name", "agent_id"],
-                    set_={
-                        "high_seq": ins.excluded.high_seq,
-                        "window_mask": ins.excluded.window_mask,
-                        "updated_at": ins.excluded.updated_at,
-                    },
-                ),
-                [
-                    {
-                        "node_name": node,
-                        "agent_id": agent,
-                        "high_seq": high,
-                        "window_mask": mask,
-                        "updated_at": now,
-                    }
-                    for (node, agent), (high, mask) in group.cursors.items()
-                ],
-            )
+    if group.participants:
+        conn.execute(
+            st.participants,
+            [
+                {
+                    "job_name": job,
+                    "role": role,
+                    "rank": rank,
+                    "node_name": p.node,
+                    "phase": p.phase,
+                    "step": p.step,
+                    "last_heartbeat_at": from_epoch(p.ts),
+                    "updated_at": now,
+                }
+                for (job, role, rank), p in group.participants.items()
+            ],
+        )
+    if group.cursors:
+        conn.execute(
+            st.cursors,
+            [
+                {
+                    "node_name": node,
+                    "agent_id": agent,
+                    "high_seq": high,
+                    "window_mask": mask,
+                    "updated_at": now,
+                }
+                for (node, agent), (high, mask) in group.cursors.items()
+            ],
+        )
 
 
 def load_cursors(engine: Engine) -> dict[tuple[str, str], DedupeWindow]:

@@ -37,6 +37,7 @@ _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
 _SAMPLE_FIELDS = frozenset({"name", "value", "ts", "labels"})
 _KEY_CACHE_LIMIT = 200_000
+_MISSING = object()
 
 
 class IngestRejected(ServiceError):
@@ -114,7 +115,6 @@ def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]
         node: Ident
         seq: Annotated[int, Field(ge=0, le=2**62)]
         sent_at: Finite
-        samples: Annotated[list[Any], Field(max_length=limits.max_samples)]
         participants: Annotated[list[Participant], Field(max_length=limits.max_participants)] = []
         fingerprint: Fingerprint | None = None
 
@@ -159,7 +159,9 @@ class BatchValidator:
         self.limits = limits
         self._clock = clock
         self._envelope, self.doc_model = build_models(limits)
-        self._keys: dict[tuple[str, str, tuple[tuple[Any, Any], ...]], SeriesKey] = {}
+        # node -> (metric name, labels as sent) -> key, for series that passed every check
+        self._keys: dict[str, dict[tuple[str, tuple[tuple[Any, Any], ...]], SeriesKey]] = {}
+        self._cached_keys = 0
 
     def validate(self, body: bytes) -> ValidBatch:
         if len(body) > self.limits.max_body_bytes:
@@ -179,6 +181,8 @@ class BatchValidator:
             ) from None
         if type(data) is not dict:
             raise IngestRejected(f"body must be a JSON object, got {type(data).__name__}")
+        # Samples are taken out and checked by the loop below, not by pydantic (hot path).
+        raw_samples = data.pop("samples", _MISSING)
         try:
             env = self._envelope.model_validate(data)
         except ValidationError as exc:
@@ -186,7 +190,17 @@ class BatchValidator:
             raise IngestRejected(
                 _pydantic_reason(exc), kind="limit" if too_many else "invalid"
             ) from None
-        samples = self._check_samples(env.node, env.samples)  # type: ignore[attr-defined]
+        if raw_samples is _MISSING:
+            raise IngestRejected("samples: missing")
+        if type(raw_samples) is not list:
+            raise IngestRejected(f"samples: must be a list, got {_short(raw_samples)}")
+        if len(raw_samples) > self.limits.max_samples:
+            raise IngestRejected(
+                f"samples: {len(raw_samples)} samples, more than the limit of "
+                f"{self.limits.max_samples}",
+                kind="limit",
+            )
+        samples = self._check_samples(env.node, raw_samples)  # type: ignore[attr-defined]
         parts = [
             ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts)
             for p in env.participants  # type: ignore[attr-defined]
@@ -209,43 +223,60 @@ class BatchValidator:
         )
 
     def _check_samples(self, node: str, raw: list[Any]) -> list[tuple[SeriesKey, float, float]]:
+        """The fast loop: a sample of a known series with float value and ts passes with a few
+        lookups; anything else goes through ``_check_one``, which applies every rule."""
         out: list[tuple[SeriesKey, float, float]] = []
         append = out.append
-        keys = self._keys
-        isfinite = math.isfinite
+        keys = self._keys.get(node)
+        if keys is None:
+            keys = self._keys[node] = {}
         horizon = self._clock() + self.limits.max_future_skew_seconds
         for i, s in enumerate(raw):
-            if type(s) is not dict:
-                raise IngestRejected(f"samples[{i}]: must be an object, got {_short(s)}")
-            value = s.get("value")
-            ts = s.get("ts")
-            labels = s.get("labels")
-            tv = type(value)
-            if tv is not float:
-                if tv is not int:
-                    raise IngestRejected(_not_a_number(i, "value", s))
-                value = self._int_to_float(value, f"samples[{i}].value")
-            elif not isfinite(value):
-                raise IngestRejected(f"samples[{i}].value: must be finite, got {value}")
-            tt = type(ts)
-            if tt is not float:
-                if tt is not int:
-                    raise IngestRejected(_not_a_number(i, "ts", s))
-                ts = self._int_to_float(ts, f"samples[{i}].ts")
-            if not 0.0 <= ts <= horizon:
-                raise IngestRejected(
-                    f"samples[{i}].ts: {ts!r} is negative or more than "
-                    f"{self.limits.max_future_skew_seconds:g} s ahead of the server clock"
-                )
             try:
-                cache_key = (node, s["name"], tuple(labels.items()) if labels else ())
-                key = keys.get(cache_key)
-            except (KeyError, AttributeError, TypeError):
-                key = None
-            if key is None or len(s) != (3 if labels is None else 4):
-                key = self._new_series(i, node, s)
+                value = s["value"]
+                ts = s["ts"]
+                labels = s.get("labels")
+                key = keys[(s["name"], tuple(labels.items()) if labels else ())]
+            except (KeyError, TypeError, AttributeError):
+                append(self._check_one(i, node, s, horizon))
+                continue
+            # orjson never yields NaN or inf floats, so a float here is finite.
+            if (
+                type(value) is not float
+                or type(ts) is not float
+                or not 0.0 <= ts <= horizon
+                or len(s) != (3 if labels is None else 4)
+            ):
+                append(self._check_one(i, node, s, horizon))
+                continue
             append((key, ts, value))
         return out
+
+    def _check_one(
+        self, i: int, node: str, s: Any, horizon: float
+    ) -> tuple[SeriesKey, float, float]:
+        if type(s) is not dict:
+            raise IngestRejected(f"samples[{i}]: must be an object, got {_short(s)}")
+        value = s.get("value")
+        ts = s.get("ts")
+        tv = type(value)
+        if tv is not float:
+            if tv is not int:
+                raise IngestRejected(_not_a_number(i, "value", s))
+            value = self._int_to_float(value, f"samples[{i}].value")
+        elif not math.isfinite(value):
+            raise IngestRejected(f"samples[{i}].value: must be finite, got {value}")
+        tt = type(ts)
+        if tt is not float:
+            if tt is not int:
+                raise IngestRejected(_not_a_number(i, "ts", s))
+            ts = self._int_to_float(ts, f"samples[{i}].ts")
+        if not 0.0 <= ts <= horizon:
+            raise IngestRejected(
+                f"samples[{i}].ts: {ts!r} is negative or more than "
+                f"{self.limits.max_future_skew_seconds:g} s ahead of the server clock"
+            )
+        return self._new_series(i, node, s), ts, value
 
     @staticmethod
     def _int_to_float(v: int, where: str) -> float:
@@ -297,9 +328,12 @@ class BatchValidator:
                     kind="limit",
                 )
         key = SeriesKey.of(node, name, labels)
-        if len(self._keys) >= _KEY_CACHE_LIMIT:
-            self._keys.clear()  # bounded memory under label churn; refills on the next batches
-        self._keys[(node, name, tuple(labels.items()))] = key
+        self._cached_keys += 1
+        if self._cached_keys > _KEY_CACHE_LIMIT:
+            # bounded memory under label churn; refills from the next batches
+            self._keys.clear()
+            self._cached_keys = 0
+        self._keys.setdefault(node, {})[(name, tuple(labels.items()))] = key
         return key
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -22,6 +22,15 @@ class SeriesKey:
     node: str
     name: str
     labels: Labels = ()
+    # Computed once: every ingested sample looks its series up by key, and hashing the nested
+    # label tuple each time was a measurable share of the ingest hot path.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.node, self.name, self.labels)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def of(cls, node: str, name: str, labels: Mapping[str, str] | None = None) -> SeriesKey:
@@ -64,11 +73,13 @@ class SeriesStore:
     def extend(self, samples: Iterable[tuple[SeriesKey, float, float]]) -> int:
         """Add samples; returns how many were stored. Out-of-order samples are kept in order."""
         n = 0
+        all_series = self._series
+        window = self.window_seconds
         with self._lock:
             for key, ts, value in samples:
-                series = self._series.get(key)
+                series = all_series.get(key)
                 if series is None:
-                    series = self._series[key] = _Series(self.max_points)
+                    series = all_series[key] = _Series(self.max_points)
                 pts = series.points
                 if pts and ts < pts[-1][0]:
                     # Rare (clock skew between agents' batches): insert in place to keep order.
@@ -86,7 +97,7 @@ class SeriesStore:
                     pts.extend(items[-self.max_points :])
                 else:
                     pts.append((ts, value))
-                horizon = pts[-1][0] - self.window_seconds
+                horizon = pts[-1][0] - window
                 while pts and pts[0][0] < horizon:
                     pts.popleft()
                 n += 1

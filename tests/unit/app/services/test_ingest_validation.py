@@ -55,7 +55,7 @@ def test_a_cached_series_still_gets_every_per_sample_check() -> None:
 def test_limits_come_from_settings() -> None:
     v = validator()
     s = {"name": "m", "value": 1.0, "ts": NOW}
-    with pytest.raises(IngestRejected, match="at most 20 items") as exc:
+    with pytest.raises(IngestRejected, match="21 samples, more than the limit of 20") as exc:
         v.validate(body([s] * 21))
     assert exc.value.kind == "limit"
     with pytest.raises(IngestRejected, match="4 labels, more than the limit of 3"):

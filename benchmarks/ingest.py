@@ -1,0 +1,226 @@
+"""Ingest throughput and latency against a real uvicorn server, with a baseline in the same run.
+
+    .venv/bin/python benchmarks/ingest.py                 # 4 clients, 2 rounds of 8 s per endpoint
+    .venv/bin/python benchmarks/ingest.py --clients 8 --seconds 20 --rounds 3
+    .venv/bin/python benchmarks/ingest.py --database-url postgresql+psycopg://postgres@127.0.0.1/test
+
+Starts ``uvicorn app.main:create_app_from_env`` in a subprocess on a fresh SQLite database (or the
+given one, which must be empty or migrated), with the bench-only baseline endpoint enabled. N
+client processes (one node and agent each) post 500-sample batches over keep-alive connections
+for a bounded time, alternating rounds between:
+
+* ``baseline``: ``POST /bench/baseline-ingest``: only ``orjson.loads`` + ``list.extend`` (the
+  framework's ceiling), and
+* ``ingest``: ``POST /api/v1/ingest``: token check, validation, dedupe, series store, durable
+  group commit.
+
+Prints samples/s and p50/p99 request latency for each and the ratio ingest/baseline. Target:
+ratio >= 0.6 and ingest p99 <= 25 ms at 4 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import multiprocessing as mp
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+METRICS_PER_GPU = 62  # x 8 GPUs = 496 samples, + 4 node-level = 500
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+TS_PLACEHOLDER = b"1000000000.5"
+
+
+def make_body(node: str, agent: str) -> tuple[bytes, bytes]:
+    """(prefix, suffix); a request body is prefix + seq + suffix with the placeholder timestamps
+    replaced by the current time, so every series sees increasing timestamps, as from an agent."""
+    samples = [
+        {"name": f"gpu_metric_{m}", "value": float(m * 1.5 + g), "ts": 1000000000.5, "labels": {"gpu": str(g)}}
+        for g in range(8)
+        for m in range(METRICS_PER_GPU)
+    ]
+    samples += [
+        {"name": f"node_metric_{i}", "value": float(i), "ts": 1000000000.5, "labels": {}} for i in range(4)
+    ]
+    assert len(samples) == 500
+    doc = orjson.dumps(
+        {"agent_id": agent, "node": node, "seq": 0, "sent_at": 1000000000.5, "samples": samples}
+    )
+    assert doc.count(TS_PLACEHOLDER) == 501
+    prefix, _, suffix = doc.partition(b'"seq":0,')
+    return prefix + b'"seq":', b"," + suffix
+
+
+def client(
+    port: int, path: str, token: str, node: str, seconds: float, seq0: int, queue: mp.Queue
+) -> None:
+    prefix, suffix = make_body(node, f"agent-{node}")
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    latencies: list[float] = []
+    samples = 0
+    errors = 0
+    seq = seq0
+    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
+    while time.perf_counter() < deadline:
+        now = repr(time.time()).encode()
+        body = (prefix + str(seq).encode() + suffix).replace(TS_PLACEHOLDER, now)
+        t0 = time.perf_counter()
+        conn.request("POST", path, body, headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        latencies.append(time.perf_counter() - t0)
+        if resp.status == 200:
+            samples += orjson.loads(data)["accepted"]
+        else:
+            errors += 1
+        seq += 1
+    elapsed = time.perf_counter() - started
+    conn.close()
+    queue.put((node, latencies, samples, errors, elapsed, seq))
+
+
+def run_phase(port: int, path: str, tokens: list[tuple[str, str]], seconds: float, seqs: list[int]) -> dict:
+    queue: mp.Queue = mp.Queue()
+    procs = [
+        mp.Process(target=client, args=(port, path, tok, node, seconds, seqs[i], queue))
+        for i, (node, tok) in enumerate(tokens)
+    ]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=seconds + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    final_seq = {r[0]: r[5] for r in results}
+    lat = sorted(x for r in results for x in r[1])
+    samples = sum(r[2] for r in results)
+    errors = sum(r[3] for r in results)
+    elapsed = max(r[4] for r in results)
+    next_seqs = [final_seq[node] for node, _tok in tokens]
+    return {
+        "samples_per_s": samples / elapsed,
+        "requests": len(lat),
+        "errors": errors,
+        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan"),
+        "next_seqs": next_seqs,
+    }
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("server did not become ready")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=8.0, help="per round and endpoint")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--database-url", default=None)
+    args = ap.parse_args()
+    if args.clients < 1 or args.seconds <= 0 or args.rounds < 1:
+        ap.error("--clients, --seconds and --rounds must be positive")
+
+    from sqlmodel import Session
+
+    from app.core import migrate
+    from app.core.db import make_engine
+    from app.services.tokens import create_node_token
+
+    tmp = Path(tempfile.mkdtemp(prefix="rlguard-bench-"))
+    url = args.database_url or f"sqlite:///{tmp / 'bench.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    run_id = os.getpid()
+    tokens = []
+    with Session(engine) as s:
+        for i in range(args.clients):
+            node = f"bench-{run_id}-{i}"
+            _t, plain = create_node_token(s, node=node, actor="benchmark")
+            tokens.append((node, plain))
+        s.commit()
+    engine.dispose()
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "RLGUARD_DATABASE_URL": url,
+        "RLGUARD_DATA_DIR": str(tmp),
+        "RLGUARD_DEV": "1",
+        "RLGUARD_BENCH_ENDPOINTS": "1",
+        "RLGUARD_LOG_LEVEL": "warning",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:create_app_from_env", "--factory",
+         "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"],
+        env=env, cwd=ROOT, start_new_session=True,
+    )
+    try:
+        wait_ready(port, server)
+        backend = url.split(":", 1)[0]
+        print(f"server: uvicorn, 1 process, {backend}; {args.clients} clients x 500-sample batches; "
+              f"{args.rounds} rounds x {args.seconds:g} s per endpoint")
+        run_phase(port, "/bench/baseline-ingest", tokens, 1.0, [0] * args.clients)  # warm-up
+        seqs = [0] * args.clients
+        results: dict[str, list[dict]] = {"baseline": [], "ingest": []}
+        for _ in range(args.rounds):
+            results["baseline"].append(run_phase(port, "/bench/baseline-ingest", tokens, args.seconds, [0] * args.clients))
+            r = run_phase(port, "/api/v1/ingest", tokens, args.seconds, seqs)
+            seqs = r["next_seqs"]
+            results["ingest"].append(r)
+        summary = {}
+        for name, rs in results.items():
+            sps = statistics.mean(r["samples_per_s"] for r in rs)
+            p50 = statistics.mean(r["p50_ms"] for r in rs)
+            p99 = max(r["p99_ms"] for r in rs)
+            errors = sum(r["errors"] for r in rs)
+            reqs = sum(r["requests"] for r in rs)
+            summary[name] = (sps, p99)
+            print(f"{name:9s} {sps:12,.0f} samples/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+                  f"({reqs} requests, {errors} errors)")
+        ratio = summary["ingest"][0] / summary["baseline"][0]
+        ok = ratio >= 0.6 and summary["ingest"][1] <= 25.0
+        print(f"ratio ingest/baseline = {ratio:.2f}  (target >= 0.60, ingest p99 <= 25 ms: "
+              f"{'met' if ok else 'NOT met'})")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(5)
+
+
+if __name__ == "__main__":
+    main()
