@@ -163,12 +163,15 @@ def copy_into(
     buffer: torch.Tensor, tensors: Sequence[torch.Tensor], slots: Sequence[TensorSlot]
 ) -> None:
     """Copy every tensor into its slot of the flat uint8 ``buffer`` (the blocking part of save)."""
+    # Device-to-host copies into a pinned buffer are queued asynchronously; the caller
+    # synchronizes once after the last one instead of once per tensor.
+    pinned = buffer.is_pinned()
     with torch.no_grad():
         for t, slot in zip(tensors, slots, strict=True):
             if slot.nbytes == 0:
                 continue
             dst = buffer[slot.offset : slot.offset + slot.nbytes].view(t.dtype).view(t.shape)
-            dst.copy_(t)
+            dst.copy_(t, non_blocking=pinned and t.device.type == "cuda")
 
 
 def views_of(buffer: torch.Tensor, slots: Sequence[TensorSlot]) -> list[torch.Tensor]:
