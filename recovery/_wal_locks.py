@@ -19,11 +19,14 @@ import time
 from pathlib import Path
 
 from recovery._wal_errors import WALLockTimeout
+from recovery._wal_futex import SharedCounter
 
 # Back-off while polling a contended flock: short at first because the append lock is held for
 # microseconds, capped so a waiter notices a released sync lock within about a millisecond.
 _POLL_FIRST_S = 0.00005
 _POLL_MAX_S = 0.001
+# Longest sleep on a counter before looking again (covers wake-ups that never come).
+_WAKE_CHECK_S = 0.005
 
 
 class ProcessLock:
@@ -31,7 +34,9 @@ class ProcessLock:
 
     A ``threading.Lock`` orders the threads of one process (flock does not: all threads share
     the one open file description), and ``flock`` on a file orders processes. ``flock`` has no
-    timeout, so a contended lock is polled with ``LOCK_NB`` until the deadline.
+    timeout, so a contended lock is retried with ``LOCK_NB`` until the deadline; between tries
+    the waiter sleeps on the lock's :class:`SharedCounter` when one is attached (every release
+    bumps it and wakes the sleepers), else for a short, growing interval.
     """
 
     def __init__(self, path: Path, *, timeout_error: type[Exception] = WALLockTimeout) -> None:
@@ -39,6 +44,11 @@ class ProcessLock:
         self._timeout_error = timeout_error
         self._mutex = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._released: SharedCounter | None = None
+
+    def attach_counter(self, counter: SharedCounter | None) -> None:
+        """Use ``counter`` (shared by all processes using this lock) to wait for releases."""
+        self._released = counter
 
     def acquire(self, timeout: float) -> None:
         """Take the lock, or raise :class:`WALLockTimeout` after ``timeout`` seconds."""
@@ -49,6 +59,8 @@ class ProcessLock:
             )
         delay = _POLL_FIRST_S
         while True:
+            counter = self._released
+            seen = counter.value() if counter is not None else 0
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
@@ -61,8 +73,12 @@ class ProcessLock:
             if now >= deadline:
                 self._mutex.release()
                 raise self._timeout_error(f"timed out after {timeout:.3f}s waiting for {self.path}")
-            time.sleep(min(delay, deadline - now))
-            delay = min(delay * 2, _POLL_MAX_S)
+            if counter is not None:
+                # Bounded sleep: a holder killed by SIGKILL releases the flock without a wake-up.
+                counter.wait_while(seen, min(deadline - now, _WAKE_CHECK_S))
+            else:
+                time.sleep(min(delay, deadline - now))
+                delay = min(delay * 2, _POLL_MAX_S)
 
     def try_acquire(self) -> bool:
         """Take the lock only if nobody holds it; never waits."""
@@ -84,6 +100,8 @@ class ProcessLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._mutex.release()
+            if self._released is not None:
+                self._released.bump_and_wake()
 
     def close(self) -> None:
         """Close the lock file; the lock must not be held."""
@@ -104,8 +122,17 @@ def read_boot_id() -> bytes:
 
 
 _STATE_MAGIC = b"RLGWAL01"
-# magic, boot id, generation, write segment, write end, durable segment, durable end
-_STATE = struct.Struct("<8s16sQQQQQ")
+# magic, boot id, generation, write segment, write end (little-endian, at offset 0)
+_STATE = struct.Struct("<8s16sQQQ")
+# The durable mark is one native, 8-byte-aligned word (segment << 32 | offset): CPython copies
+# a native "Q" with one memcpy, which is a single load/store on x86-64 and AArch64, so a
+# waiter may read it without the sync lock and never sees half of an update.
+_DURABLE = struct.Struct("Q")
+_DURABLE_OFFSET = 64
+_SYNC_COUNTER_OFFSET = 72
+_APPEND_COUNTER_OFFSET = 76
+_OFFSET_BITS = 32
+MAX_SEGMENT_OFFSET = (1 << _OFFSET_BITS) - 1
 STATE_FILE_BYTES = 4096
 
 
@@ -114,8 +141,8 @@ class SharedState:
 
     * ``write_seg``/``write_end``: where the next record goes; changed only under the append
       lock, after a record was completely written, so every byte before it is whole records.
-    * ``durable_seg``/``durable_end``: everything up to here is known to be on stable storage;
-      changed only under the sync lock, and only after an fsync returned.
+    * the durable mark (segment, offset): everything up to it is known to be on stable
+      storage; raised only under the sync lock, and only after an fsync returned.
     * ``generation``: bumped when segments are replaced (compaction, repair), telling other
       processes to re-read the log from scratch.
     """
@@ -125,9 +152,13 @@ class SharedState:
         if os.fstat(self._fd).st_size < STATE_FILE_BYTES:
             os.ftruncate(self._fd, STATE_FILE_BYTES)
         self._map = mmap.mmap(self._fd, STATE_FILE_BYTES, mmap.MAP_SHARED)
+        #: Bumped after the sync lock is released (the durable mark may have moved).
+        self.sync_released = SharedCounter(self._map, _SYNC_COUNTER_OFFSET)
+        #: Bumped after the append lock is released.
+        self.append_released = SharedCounter(self._map, _APPEND_COUNTER_OFFSET)
 
-    def _unpack(self) -> tuple[bytes, bytes, int, int, int, int, int]:
-        values: tuple[bytes, bytes, int, int, int, int, int] = _STATE.unpack_from(self._map, 0)
+    def _unpack(self) -> tuple[bytes, bytes, int, int, int]:
+        values: tuple[bytes, bytes, int, int, int] = _STATE.unpack_from(self._map, 0)
         return values
 
     def is_valid_for(self, boot_id: bytes) -> bool:
@@ -136,8 +167,9 @@ class SharedState:
         return magic == _STATE_MAGIC and boot == boot_id
 
     def reset(self, boot_id: bytes, generation: int, seg: int, end: int) -> None:
-        """Rewrite the whole state: next write and durable both at ``(seg, end)``."""
-        _STATE.pack_into(self._map, 0, _STATE_MAGIC, boot_id, generation, seg, end, seg, end)
+        """Rewrite the whole state: next write and durable mark both at ``(seg, end)``."""
+        _STATE.pack_into(self._map, 0, _STATE_MAGIC, boot_id, generation, seg, end)
+        _DURABLE.pack_into(self._map, _DURABLE_OFFSET, _pack(seg, end))
 
     @property
     def generation(self) -> int:
@@ -154,14 +186,14 @@ class SharedState:
         struct.pack_into("<QQ", self._map, 32, seg, end)
 
     def durable_position(self) -> tuple[int, int]:
-        """(segment, offset) up to which records are known durable."""
-        values = self._unpack()
-        return values[5], values[6]
+        """(segment, offset) up to which records are known durable; safe without a lock."""
+        (word,) = _DURABLE.unpack_from(self._map, _DURABLE_OFFSET)
+        return word >> _OFFSET_BITS, word & MAX_SEGMENT_OFFSET
 
     def advance_durable(self, seg: int, end: int) -> None:
         """Move the durable mark forward (never back); caller holds the sync lock."""
         if (seg, end) > self.durable_position():
-            struct.pack_into("<QQ", self._map, 48, seg, end)
+            _DURABLE.pack_into(self._map, _DURABLE_OFFSET, _pack(seg, end))
 
     def bump_generation(self) -> int:
         """Increment and return the generation; caller holds both locks."""
@@ -171,5 +203,13 @@ class SharedState:
 
     def close(self) -> None:
         """Unmap and close the state file."""
+        self.sync_released.detach()
+        self.append_released.detach()
         self._map.close()
         os.close(self._fd)
+
+
+def _pack(seg: int, end: int) -> int:
+    if end > MAX_SEGMENT_OFFSET or seg >= 1 << (64 - _OFFSET_BITS):
+        raise ValueError(f"WAL position ({seg}, {end}) does not fit the durable mark")
+    return seg << _OFFSET_BITS | end

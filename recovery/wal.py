@@ -46,6 +46,7 @@ from recovery._wal_errors import (
     WALLockTimeout,
 )
 from recovery._wal_format import DecodedRecord, encode_record, scan
+from recovery._wal_groupcommit import GroupCommit
 from recovery._wal_index import (
     EntryIndex,
     StepType,
@@ -55,7 +56,7 @@ from recovery._wal_index import (
     parse_status,
     parse_step_type,
 )
-from recovery._wal_locks import ProcessLock, SharedState, read_boot_id
+from recovery._wal_locks import MAX_SEGMENT_OFFSET, ProcessLock, SharedState, read_boot_id
 from recovery._wal_segments import SegmentDirectory, read_range
 
 __all__ = [
@@ -75,6 +76,8 @@ logger = logging.getLogger("rlguard.recovery.wal")
 
 DEFAULT_SEGMENT_BYTES = 64 << 20
 MIN_SEGMENT_BYTES = 1024
+# Offsets must fit the shared durable mark; a record may start just below the limit.
+MAX_SEGMENT_BYTES = MAX_SEGMENT_OFFSET - (2 << 20)
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,9 @@ class WriteAheadLog:
     ) -> None:
         if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int):
             raise WALError(f"segment_bytes must be an int, got {segment_bytes!r}")
-        if segment_bytes < MIN_SEGMENT_BYTES:
+        if not MIN_SEGMENT_BYTES <= segment_bytes <= MAX_SEGMENT_BYTES:
             raise WALError(
-                f"segment_bytes={segment_bytes} is below the minimum {MIN_SEGMENT_BYTES}"
+                f"segment_bytes={segment_bytes} is outside {MIN_SEGMENT_BYTES}..{MAX_SEGMENT_BYTES}"
             )
         if not isinstance(lock_timeout, int | float) or not lock_timeout > 0:
             raise WALError(
@@ -133,16 +136,19 @@ class WriteAheadLog:
         self._seg_no = 0
         self._seg_fd = -1
         self._records_written = 0  # changed under the append lock
-        self._fsyncs = 0  # changed under the sync lock
         try:
             self._sync_lock.acquire(self._timeout)
             try:
                 self._append_lock.acquire(self._timeout)
                 try:
                     self._state = SharedState(self.directory / "wal.state")
+                    self._append_lock.attach_counter(self._state.append_released)
+                    self._sync_lock.attach_counter(self._state.sync_released)
+                    self._group = GroupCommit(self._state, self._sync_lock, self._snapshot_for_sync)
                     try:
                         self._open_locked()
                     except BaseException:
+                        self._detach_counters()
                         self._state.close()
                         raise
                 finally:
@@ -354,7 +360,7 @@ class WriteAheadLog:
 
     def stats(self) -> WALStats:
         """Records written and fsyncs run by this handle since it was opened."""
-        return WALStats(records=self._records_written, fsyncs=self._fsyncs)
+        return WALStats(records=self._records_written, fsyncs=self._group.fsyncs)
 
     def close(self) -> None:
         """Release the log's files; later calls raise :class:`WALClosedError`. Idempotent."""
@@ -366,11 +372,16 @@ class WriteAheadLog:
             if self._seg_fd >= 0:
                 os.close(self._seg_fd)
                 self._seg_fd = -1
-            self._state.close()
         finally:
             self._append_lock.release()
+        self._detach_counters()
+        self._state.close()
         self._append_lock.close()
         self._sync_lock.close()
+
+    def _detach_counters(self) -> None:
+        self._append_lock.attach_counter(None)
+        self._sync_lock.attach_counter(None)
 
     def __enter__(self) -> WriteAheadLog:
         return self
@@ -405,26 +416,20 @@ class WriteAheadLog:
                 return written
             position = self._write_record_locked(record)
             self._records_written += 1
-            self._index.apply(payload)
-            if self._sync and self._sync_lock.try_acquire():
-                # Nobody is syncing: we lead, and the position we cover is our own record's end.
+            self._index.entries[written.entry_id] = written
+            if self._sync and self._group.try_lead_now():
+                # Nobody here or elsewhere is syncing: lead, covering our own record's end.
                 try:
                     leader_fd = os.dup(self._seg_fd)
                 except BaseException:
-                    self._sync_lock.release()
+                    self._group.lead_failed()
                     raise
         finally:
             self._append_lock.release()
         if leader_fd >= 0:
-            try:
-                os.fdatasync(leader_fd)
-                self._fsyncs += 1
-                self._state.advance_durable(*position)
-            finally:
-                os.close(leader_fd)
-                self._sync_lock.release()
+            self._group.lead(position, leader_fd)
         elif self._sync:
-            self._wait_durable(position, deadline)
+            self._group.wait(position, deadline)
         return written
 
     def _write_record_locked(self, record: bytes) -> tuple[int, int]:
@@ -456,30 +461,15 @@ class WriteAheadLog:
         self._cursor = (seg, end)
         return seg, end
 
-    def _wait_durable(self, position: tuple[int, int], deadline: float) -> None:
-        """Return once ``position`` is durable, running the fsync ourselves if nobody did."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise WALLockTimeout(f"timed out waiting for WAL {self.directory} to become durable")
-        self._sync_lock.acquire(remaining)
+    def _snapshot_for_sync(self, timeout: float) -> tuple[tuple[int, int], int]:
+        """The current write position and a descriptor of its segment, for a sync leader."""
+        self._append_lock.acquire(timeout)
         try:
-            if self._state.durable_position() >= position:
-                return  # a previous leader's fsync covered our record
-            self._append_lock.acquire(max(deadline - time.monotonic(), 0.001))
-            try:
-                target = self._state.write_position()
-                self._ensure_segment_fd(target[0])
-                fd = os.dup(self._seg_fd)
-            finally:
-                self._append_lock.release()
-            try:
-                os.fdatasync(fd)
-                self._fsyncs += 1
-            finally:
-                os.close(fd)
-            self._state.advance_durable(*target)
+            target = self._state.write_position()
+            self._ensure_segment_fd(target[0])
+            return target, os.dup(self._seg_fd)
         finally:
-            self._sync_lock.release()
+            self._append_lock.release()
 
     # ------------------------------------------------------------------ reading
 
@@ -528,7 +518,11 @@ class WriteAheadLog:
 
     def _read_segment(self, seg: int, offset: int, stop: int | None) -> None:
         path = self._segments.path(seg)
-        buf = read_range(path, offset, stop)
+        if seg == self._seg_no and self._seg_fd >= 0 and stop is not None:
+            # Catching up on the segment we write to: read through our open descriptor.
+            buf = os.pread(self._seg_fd, stop - offset, offset)
+        else:
+            buf = read_range(path, offset, stop)
         if stop is not None and offset + len(buf) < stop:
             raise WALCorruptionError(
                 path, offset + len(buf), f"segment is shorter than its recorded end {stop}"

@@ -1,0 +1,130 @@
+"""Group commit: one fdatasync makes the records of many threads and processes durable.
+
+Every appender, after writing its record, needs the durable mark (in the shared state) to
+reach the end of its record. Inside a process, one thread at a time acts for the process
+(the *process leader*); the others sleep on a condition variable and are woken when it is
+done. Across processes, the sync lock elects the one leader that runs ``fdatasync``: it first
+reads the current write position (everything before it is whole records, written by anyone),
+fsyncs, then raises the shared durable mark to that position. A process leader that finds the
+sync lock taken sleeps on a shared counter (a futex) that every release of the sync lock bumps,
+then re-reads the durable mark (a lock-free read of one word), until another process's fsync
+covers its record or the lock is free. While a leader's fsync runs, other writers keep
+appending; the next fsync covers all of them together.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from recovery._wal_errors import WALLockTimeout
+from recovery._wal_locks import ProcessLock, SharedState
+
+Position = tuple[int, int]
+# Longest sleep before looking at the durable mark again even without a wake-up (a leader
+# killed by SIGKILL releases the sync lock without waking anybody).
+_WAKE_CHECK_S = 0.005
+
+
+class GroupCommit:
+    """Makes positions of one log durable, sharing fsyncs between threads and processes.
+
+    ``snapshot(timeout)`` must take the append lock briefly and return the current write
+    position with a duplicated descriptor of its segment (the caller closes it).
+    """
+
+    def __init__(
+        self,
+        state: SharedState,
+        sync_lock: ProcessLock,
+        snapshot: Callable[[float], tuple[Position, int]],
+    ) -> None:
+        self._state = state
+        self._sync_lock = sync_lock
+        self._snapshot = snapshot
+        self._cond = threading.Condition()
+        self._leader_active = False
+        self._known_durable: Position = (0, 0)
+        #: fdatasync calls this process made for the log.
+        self.fsyncs = 0
+
+    def try_lead_now(self) -> bool:
+        """Claim leadership without waiting (called right after writing, append lock held)."""
+        with self._cond:
+            if self._leader_active or not self._sync_lock.try_acquire():
+                return False
+            self._leader_active = True
+            return True
+
+    def lead_failed(self) -> None:
+        """Give up a leadership claimed by :meth:`try_lead_now` before any fsync."""
+        self._sync_lock.release()
+        self._finish(None)
+
+    def lead(self, position: Position, fd: int) -> None:
+        """After :meth:`try_lead_now` succeeded: fsync ``fd`` and publish ``position``."""
+        achieved: Position | None = None
+        try:
+            os.fdatasync(fd)
+            self.fsyncs += 1
+            self._state.advance_durable(*position)
+            achieved = position
+        finally:
+            os.close(fd)
+            self._sync_lock.release()
+            self._finish(achieved)
+
+    def wait(self, position: Position, deadline: float) -> None:
+        """Return once ``position`` is durable; raise :class:`WALLockTimeout` at ``deadline``."""
+        while True:
+            with self._cond:
+                while True:
+                    if self._known_durable >= position:
+                        return
+                    if not self._leader_active:
+                        self._leader_active = True
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise WALLockTimeout("timed out waiting for the WAL to become durable")
+                    self._cond.wait(remaining)
+            achieved: Position | None = None
+            try:
+                achieved = self._sync_across_processes(position, deadline)
+            finally:
+                self._finish(achieved)
+
+    def _finish(self, achieved: Position | None) -> None:
+        with self._cond:
+            self._leader_active = False
+            if achieved is not None and achieved > self._known_durable:
+                self._known_durable = achieved
+            self._cond.notify_all()
+
+    def _sync_across_processes(self, position: Position, deadline: float) -> Position:
+        while True:
+            seen = self._state.sync_released.value()
+            durable = self._state.durable_position()
+            if durable >= position:
+                return durable  # another process's fsync covered our record
+            if self._sync_lock.try_acquire():
+                try:
+                    durable = self._state.durable_position()
+                    if durable >= position:
+                        return durable
+                    target, fd = self._snapshot(max(deadline - time.monotonic(), 0.001))
+                    try:
+                        os.fdatasync(fd)
+                        self.fsyncs += 1
+                    finally:
+                        os.close(fd)
+                    self._state.advance_durable(*target)
+                    return target
+                finally:
+                    self._sync_lock.release()
+            now = time.monotonic()
+            if now >= deadline:
+                raise WALLockTimeout("timed out waiting for another process's WAL fsync")
+            self._state.sync_released.wait_while(seen, min(deadline - now, _WAKE_CHECK_S))
