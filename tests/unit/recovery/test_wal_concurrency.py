@@ -1,0 +1,134 @@
+"""Several processes and threads on one log: shared fsyncs, lock timeouts, killed holders."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from recovery._wal_futex import SharedCounter
+from recovery._wal_locks import ProcessLock, SharedState
+from recovery.errors import RecoveryTimeout
+from recovery.wal import WALLockTimeout, WriteAheadLog
+
+pytestmark = pytest.mark.timeout(120)
+
+_CTX = multiprocessing.get_context("fork")
+
+
+def _writer(
+    directory: str, writer: int, threads: int, per_thread: int, out: multiprocessing.Queue
+) -> None:  # type: ignore[type-arg]
+    wal = WriteAheadLog(directory)
+
+    def run(thread: int) -> None:
+        for i in range(per_thread):
+            entry_id = f"p{writer}-t{thread}-{i}"
+            wal.append(entry_id, "generate")
+            wal.update_status(entry_id, "completed" if i % 2 else "executing")
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    stats = wal.stats()
+    wal.close()
+    out.put((stats.records, stats.fsyncs))
+
+
+def test_processes_and_threads_share_fsyncs(tmp_path: Path) -> None:
+    WriteAheadLog(tmp_path).close()
+    out: multiprocessing.Queue = _CTX.Queue()  # type: ignore[type-arg]
+    procs = [_CTX.Process(target=_writer, args=(str(tmp_path), w, 4, 25, out)) for w in range(4)]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=100) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    records = sum(r for r, _ in results)
+    fsyncs = sum(f for _, f in results)
+    assert records == 4 * 4 * 25 * 2
+    # 16 concurrent appenders: one fsync must regularly cover several records
+    assert fsyncs < records / 2, f"{fsyncs} fsyncs for {records} records"
+    with WriteAheadLog(tmp_path) as wal:
+        entries = {e.entry_id: e.status.value for e in wal.entries()}
+    assert len(entries) == 400
+    assert entries["p3-t2-7"] == "completed" and entries["p0-t0-0"] == "executing"
+
+
+def _hold_lock(path: str, ready: multiprocessing.Event, seconds: float) -> None:  # type: ignore[type-arg]
+    lock = ProcessLock(Path(path))
+    lock.acquire(5)
+    ready.set()
+    time.sleep(seconds)
+
+
+def test_lock_wait_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path, lock_timeout=0.3)
+    ready = _CTX.Event()
+    holder = _CTX.Process(target=_hold_lock, args=(str(tmp_path / "append.lock"), ready, 30))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        started = time.monotonic()
+        with pytest.raises(WALLockTimeout, match="append.lock") as info:
+            wal.append("a", "generate")
+        assert isinstance(info.value, RecoveryTimeout)
+        assert 0.25 < time.monotonic() - started < 5
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        holder.join(10)
+    wal.append("a", "generate")  # the kernel dropped the dead holder's flock
+    assert wal.get("a") is not None
+    wal.close()
+
+
+def test_waiter_gets_a_lock_whose_holder_was_killed(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    ready = _CTX.Event()
+    holder = _CTX.Process(target=_hold_lock, args=(str(tmp_path / "sync.lock"), ready, 30))
+    holder.start()
+    assert ready.wait(10)
+    killer = threading.Timer(0.2, lambda: os.kill(holder.pid, signal.SIGKILL))  # type: ignore[arg-type]
+    killer.start()
+    started = time.monotonic()
+    wal.append("a", "generate")  # must wait for the sync lock, then fsync itself
+    waited = time.monotonic() - started
+    killer.join()
+    holder.join(10)
+    assert 0.15 < waited < 5, waited
+    assert wal.stats().fsyncs == 1
+    wal.close()
+
+
+def test_shared_counter_wakes_a_sleeper_in_another_process(tmp_path: Path) -> None:
+    state = SharedState(tmp_path / "wal.state")
+    counter: SharedCounter = state.sync_released
+    seen = counter.value()
+
+    def bump_later() -> None:
+        time.sleep(0.1)
+        other = SharedState(tmp_path / "wal.state")
+        other.sync_released.bump_and_wake()
+        other.close()
+        os._exit(0)
+
+    pid = os.fork()
+    if pid == 0:
+        bump_later()
+    started = time.monotonic()
+    counter.wait_while(seen, 5.0)
+    assert time.monotonic() - started < 2.0
+    assert counter.value() != seen
+    os.waitpid(pid, 0)
+    started = time.monotonic()
+    counter.wait_while(counter.value(), 0.05)  # nobody wakes it: the timeout does
+    assert 0.04 < time.monotonic() - started < 1.0
+    state.close()
