@@ -36,6 +36,7 @@ from app.services.ingest import IngestService
 from app.services.rollups import RollupWriter
 from app.services.series_store import SeriesStore
 from app.services.tokens import NodeTokenCache
+from app.views import mount_dashboard
 
 log = logging.getLogger("rlguard.server")
 
@@ -104,6 +105,7 @@ def create_app(
         app.include_router(module.router)
     if settings.bench_endpoints:
         app.include_router(bench.router)
+    mount_dashboard(app)  # HTML pages, htmx partials and /static (app.views)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _document_ingest_body(app, ingest_service)
     return app
