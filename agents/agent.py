@@ -39,6 +39,7 @@ log = logging.getLogger("rlguard.agent")
 
 STATUS_FILENAME = "status.json"
 _FINGERPRINT_CHECK_S = 60.0  # how often the environment is re-read for changes
+_MAX_PARTICIPANTS_PER_BATCH = 1000  # the server refuses more than 1024 by default
 
 
 @dataclass
@@ -162,6 +163,12 @@ class Agent:
         """Spool the current round, give the sender the grace period, stop, write the status."""
         deadline = time.monotonic() + self.config.shutdown_grace
         self.round()
+        # While deliveries succeed, let the sender empty the spool within the grace period; with
+        # the server down there is no point waiting: the next start replays the spool.
+        while (
+            time.monotonic() < deadline - 0.2 and self.sender.healthy and self.spool.stats().batches
+        ):
+            time.sleep(0.05)
         self.sender.stop(timeout=max(0.1, deadline - time.monotonic()))
         self.write_status()
         self.nvml.close()
@@ -186,13 +193,14 @@ class Agent:
         samples.extend(self._own_samples(now))
         fingerprint = self._fingerprint_if_due(now)
         limit = self.config.max_samples_per_batch
-        chunks = [samples[i : i + limit] for i in range(0, len(samples), limit)] or [[]]
-        for index, chunk in enumerate(chunks):
+        plimit = _MAX_PARTICIPANTS_PER_BATCH
+        count = max(1, -(-len(samples) // limit), -(-len(participants) // plimit))
+        for index in range(count):
             body: dict[str, Any] = {
                 "agent_id": self.spool.agent_id,
                 "node": self.config.node,
-                "samples": chunk,
-                "participants": participants if index == 0 else [],
+                "samples": samples[index * limit : (index + 1) * limit],
+                "participants": participants[index * plimit : (index + 1) * plimit],
                 "fingerprint": fingerprint if index == 0 else None,
             }
             try:

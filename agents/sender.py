@@ -113,11 +113,10 @@ class Sender:
             self._client.close()
         return stopped
 
-    def drain(self, deadline: float) -> None:
-        """Deliver what the spool holds until it is empty, a delivery fails, or ``deadline``."""
-        while time.monotonic() < deadline and self._spool.stats().batches:
-            if self.deliver_one(wait=0.0) is not Outcome.ACKED:
-                return
+    @property
+    def healthy(self) -> bool:
+        """True unless the last delivery attempt failed (and a retry is pending)."""
+        return self._failures_in_row == 0
 
     def _run(self) -> None:
         while not self._stop.is_set():

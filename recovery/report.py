@@ -69,6 +69,14 @@ def _check_count(name: str, value: object) -> int | None:
     return value
 
 
+def _check_finite(value: object) -> float | None:
+    """``value`` as a float if it is a finite number >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if 0.0 <= number < float("inf") else None
+
+
 def _check_latency(value: object) -> float | None:
     if value is None:
         return None
@@ -220,7 +228,10 @@ class HeartbeatReporter:
         Rebuilds are rare and feed ``actor_shard_rebuild_count_5m``, so they are not held back by
         the write interval.
         """
-        when = self._clock() if ts is None else float(ts)
+        checked = None if ts is None or isinstance(ts, bool) else _check_finite(ts)
+        if ts is not None and checked is None:
+            raise HeartbeatError(f"ts must be a finite number of seconds >= 0, got {ts!r}")
+        when = self._clock() if checked is None else checked
         self._acquire()
         try:
             self._rebuilds.append(when)

@@ -37,6 +37,7 @@ _ID_RE = JOB_PATTERN
 _PHASE_RE = PHASE_PATTERN
 _MAX_RANK = 1_000_000
 _MAX_STEP = 2**62
+_MAX_FUTURE_S = 300.0
 
 
 class HeartbeatInvalid(ValueError):
@@ -234,7 +235,7 @@ class JobCollector:
         now = self._clock()
         samples: list[Sample] = []
         participants: list[Participant] = []
-        heartbeats = self._read_heartbeats()
+        heartbeats = self._read_heartbeats(now)
         for hb in heartbeats:
             self._job_name = self._job_name or hb.job
             self._derive(hb, now, samples)
@@ -251,7 +252,7 @@ class JobCollector:
         self._collect_state_log(now, samples)
         return samples, participants
 
-    def _read_heartbeats(self) -> list[Heartbeat]:
+    def _read_heartbeats(self, now: float) -> list[Heartbeat]:
         out: list[Heartbeat] = []
         seen: set[str] = set()
         skipped = 0
@@ -276,6 +277,11 @@ class JobCollector:
                 with open(entry.path, "rb") as handle:
                     raw = handle.read(_MAX_HEARTBEAT_BYTES + 1)
                 hb = parse_heartbeat(raw, self._default_job)
+                if hb.ts > now + _MAX_FUTURE_S:
+                    # The server refuses a batch with a participant this far ahead: skip it here.
+                    raise HeartbeatInvalid(
+                        f"ts {hb.ts} is more than {_MAX_FUTURE_S:g} s in the future"
+                    )
             except FileNotFoundError:
                 continue  # replaced or removed between listing and reading
             except (HeartbeatInvalid, OSError) as exc:

@@ -234,3 +234,32 @@ def test_a_full_disk_loses_rounds_but_not_the_agent(
     st = agent.spool.stats()
     assert st.batches == 1 and st.dropped["spool_write_failed"] > 0
     assert st.produced_samples == st.samples + st.dropped["spool_write_failed"]
+
+
+def test_many_participants_are_split_below_the_servers_limit(tmp_path: Path) -> None:
+    clock = Clock()
+    run = tmp_path / "run"
+    (run / "heartbeat").mkdir(parents=True)
+    for rank in range(2500):
+        (run / "heartbeat" / f"rollout-{rank}.json").write_text(
+            json.dumps({"role": "rollout", "rank": rank, "ts": clock.now, "phase": "ROLLOUT"})
+        )
+    cfg = AgentConfig(
+        server="http://x.test",
+        token="t",
+        node="n",
+        run_dir=run,
+        spool_dir=tmp_path / "s",
+        spool_fsync=False,
+    )
+    agent = Agent(
+        cfg,
+        nvml=FakeNVML(0),
+        clock=clock,
+        transport=httpx.MockTransport(lambda r: httpx.Response(503)),
+    )
+    agent.nvml.start()
+    agent.round()
+    bodies = spooled(agent)
+    assert [len(b["participants"]) for b in bodies] == [1000, 1000, 500]
+    assert sorted(p["rank"] for b in bodies for p in b["participants"]) == list(range(2500))

@@ -246,3 +246,11 @@ def test_default_job_from_an_awkward_run_directory_name(tmp_path: Path) -> None:
     rep = HeartbeatReporter(tmp_path / "run #7", "trainer", 0, clock=FakeClock())
     rep.flush()
     assert read(rep.path)["job"] == "run__7"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -5.0, "now", True])
+def test_bad_rebuild_timestamp_is_refused(tmp_path: Path, bad: object) -> None:
+    rep = HeartbeatReporter(tmp_path, "trainer", 0, clock=FakeClock())
+    with pytest.raises(HeartbeatError, match="ts must be"):
+        rep.record_shard_rebuild(bad)  # type: ignore[arg-type]
+    assert rep.snapshot()["shard_rebuilds_total"] == 0

@@ -215,3 +215,18 @@ def test_run_directory_name_is_made_a_valid_job_name(tmp_path: Path, clock: Cloc
     (hb / "trainer-0.json").write_text('{"role": "trainer", "rank": 0, "ts": 1.0}')
     _samples, participants = JobCollector(run, clock=clock).collect()
     assert participants[0]["job"] == "my_run__v2_"
+
+
+def test_heartbeat_from_the_future_is_skipped(tmp_path: Path, clock: Clock) -> None:
+    hb = tmp_path / "heartbeat"
+    hb.mkdir()
+    (hb / "trainer-0.json").write_text(
+        json.dumps({"role": "trainer", "rank": 0, "ts": clock.now + 3600})
+    )
+    (hb / "trainer-1.json").write_text(
+        json.dumps({"role": "trainer", "rank": 1, "ts": clock.now + 1})
+    )
+    col = JobCollector(tmp_path, clock=clock)
+    _samples, participants = col.collect()
+    assert [p["rank"] for p in participants] == [1]
+    assert col.skipped_last_round == 1
