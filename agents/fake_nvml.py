@@ -63,6 +63,7 @@ class FakeGpu:
     pcie_replay: int = 0
     nvlink_active: int = 18
     nvlink_errors: dict[int, int] = field(default_factory=dict)  # counter type -> total
+    nvlink_unsupported_counters: set[int] = field(default_factory=set)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     events: deque[tuple[int, int]] = field(default_factory=deque)  # (event type, data)
@@ -223,6 +224,9 @@ class FakeNVML:
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeHandle) -> int:  # noqa: N802
         return self._gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").throttle_reasons
 
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:  # noqa: N802
+        return self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").throttle_reasons
+
     def nvmlDeviceGetTotalEccErrors(
         self, handle: FakeHandle, errorType: int, counterType: int
     ) -> int:  # noqa: N802, N803
@@ -258,6 +262,8 @@ class FakeNVML:
         gpu = self._gpu(device, "nvmlDeviceGetNvLinkErrorCounter")
         if not 0 <= link < gpu.nvlink_active:
             raise pynvml.NVMLError_InvalidArgument()
+        if counter in gpu.nvlink_unsupported_counters:
+            raise pynvml.NVMLError_NotSupported()
         # The simulated errors all sit on link 0, as a single bad cable would.
         return gpu.nvlink_errors.get(counter, 0) if link == 0 else 0
 

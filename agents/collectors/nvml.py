@@ -41,6 +41,13 @@ _POWER = (
 )
 _HW_SLOWDOWN = pynvml.nvmlClocksThrottleReasonHwSlowdown
 _MAX_EVENTS_PER_ROUND = 64
+# (metric, counter key, NVML counter): CRC errors sum the flit and data CRC counters.
+_NVLINK_COUNTERS = (
+    ("gpu_nvlink_crc_errors_total", "crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("gpu_nvlink_crc_errors_total", "crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("gpu_nvlink_replay_errors_total", "replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("gpu_nvlink_recovery_errors_total", "recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
 
 
 class _GpuLost(Exception):
@@ -328,6 +335,11 @@ class NvmlCollector:
         if clock is not None:
             add("gpu_sm_clock_hertz", clock * 1e6)
         reasons = self._read(gpu, "throttle", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+        if reasons is None and "throttle" in gpu.unsupported:
+            # Newer drivers renamed the call ("clocks event reasons"); same bits.
+            event_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            if event_reasons is not None:
+                reasons = self._read(gpu, "clock_events", event_reasons, h)
         if reasons is not None:
             bits = int(reasons)
             add("gpu_throttle_reasons_bitmask", bits)
@@ -413,30 +425,27 @@ class NvmlCollector:
         if not gpu.nvlink_links:
             return
         if self._round % self._nvlink_every == 1 or self._nvlink_every == 1 or not gpu.nvlink_cache:
-            totals = {"crc": 0, "replay": 0, "recovery": 0}
-            for link in gpu.nvlink_links:
-                for bucket, counter in (
-                    ("crc", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-                    ("crc", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
-                    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
-                    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
-                ):
+            totals: dict[str, int] = {}
+            transient = False
+            for bucket, counter_name, counter in _NVLINK_COUNTERS:
+                key = f"nvlink_{counter_name}"
+                for link in gpu.nvlink_links:
                     value = self._read(
                         gpu,
-                        "nvlink",
+                        key,
                         self._nvml.nvmlDeviceGetNvLinkErrorCounter,
                         gpu.handle,
                         link,
                         counter,
                     )
                     if value is None:
-                        return
-                    totals[bucket] += int(value)
-            gpu.nvlink_cache = {
-                "gpu_nvlink_crc_errors_total": totals["crc"],
-                "gpu_nvlink_replay_errors_total": totals["replay"],
-                "gpu_nvlink_recovery_errors_total": totals["recovery"],
-            }
+                        # Unsupported counters (Hopper drops some DL counters) are left out; a
+                        # transient failure keeps last round's sums rather than a partial one.
+                        transient = transient or key not in gpu.unsupported
+                        break
+                    totals[bucket] = totals.get(bucket, 0) + int(value)
+            if not transient:
+                gpu.nvlink_cache = {name: float(v) for name, v in totals.items()}
         labels = self._labels(gpu)
         for name, value in gpu.nvlink_cache.items():
             out.append(make_sample(name, value, now, labels))

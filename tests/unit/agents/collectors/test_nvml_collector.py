@@ -258,3 +258,30 @@ def test_close_frees_event_sets_and_shuts_down(clock: Clock) -> None:
     col.close()
     assert fake.initialized == 0
     assert not col.available
+
+
+def test_nvlink_counter_a_gpu_lacks_is_left_out_and_the_others_kept(clock: Clock) -> None:
+    fake = FakeNVML(1, clock=clock)
+    fake.gpus[0].nvlink_errors = {
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: 2,
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 1,
+    }
+    fake.gpus[0].nvlink_unsupported_counters = {
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+        pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+    }
+    col = started(fake, clock, nvlink_every=1)
+    for _ in range(2):
+        s = col.collect()
+        assert value(s, "gpu_nvlink_crc_errors_total") == 2
+        assert value(s, "gpu_nvlink_replay_errors_total") == 1
+        assert by_name(s, "gpu_nvlink_recovery_errors_total") == []
+
+
+def test_throttle_reasons_fall_back_to_the_renamed_call(clock: Clock) -> None:
+    fake = FakeNVML(1, clock=clock)
+    fake.mark_unsupported(0, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    fake.set_thermal_throttle(0, True)
+    col = started(fake, clock)
+    for _ in range(2):
+        assert value(col.collect(), "gpu_throttle_thermal_active") == 1
