@@ -27,13 +27,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from app.api.middleware import RequestMetricsMiddleware
-from app.api.routes import bench, health, ingest, jobs, nodes, series, tokens, users
+from app.api.routes import (
+    alertmanager,
+    approvals,
+    bench,
+    health,
+    incidents,
+    ingest,
+    jobs,
+    nodes,
+    series,
+    tokens,
+    users,
+)
 from app.core.config import Settings, get_settings
 from app.core.db import make_engine
 from app.metrics import build_registry
 from app.services.errors import ServiceError
 from app.services.ingest import IngestService
 from app.services.rollups import RollupWriter
+from app.services.scheduler import policy_lifespan
 from app.services.series_store import SeriesStore
 from app.services.tokens import NodeTokenCache
 from app.views import mount_dashboard
@@ -41,7 +54,7 @@ from app.views import mount_dashboard
 log = logging.getLogger("rlguard.server")
 
 LifespanFactory = Callable[[FastAPI], AbstractAsyncContextManager[None]]
-EXTRA_LIFESPANS: list[LifespanFactory] = []
+EXTRA_LIFESPANS: list[LifespanFactory] = [policy_lifespan]  # policy tick, outbox, approvals
 
 
 def create_app(
@@ -101,7 +114,7 @@ def create_app(
         body = await run_in_threadpool(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (health, ingest, nodes, jobs, series, tokens, users):
+    for module in (health, ingest, nodes, jobs, series, tokens, users, incidents, approvals, alertmanager):
         app.include_router(module.router)
     if settings.bench_endpoints:
         app.include_router(bench.router)
