@@ -12,7 +12,7 @@ file checksums verify. The base state comes from the caller through ``load_base`
 does not depend on how the checkpoint engine lays out its files.
 
 Rebuilding marks the shard stale (the scheduler sends it no rollouts), rebuilds it, checks the
-result against the per-tensor crc32 recorded at snapshot time, and marks it live again. Rebuild
+result against the per-tensor checksums (crc32c or crc32) recorded at snapshot time, and marks it live again. Rebuild
 times feed ``actor_shard_rebuild_count_5m``.
 """
 
@@ -24,7 +24,6 @@ import re
 import shutil
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +43,8 @@ from recovery.checkpoint._atomic import (
 )
 from recovery.checkpoint.errors import CheckpointCorrupt
 from recovery.errors import RecoveryError
+from recovery.transfer.errors import TransferConfigError
+from recovery.transfer.manifest import DEFAULT_CHECKSUM, Checksum, checksum_function
 
 log = logging.getLogger("rlguard.recovery.shards")
 
@@ -116,10 +117,14 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(_BITS[tensor.element_size()])
 
 
-def _crc(tensor: torch.Tensor) -> int:
+def _digest(tensor: torch.Tensor, digest_of: Checksum) -> int:
     if tensor.numel() == 0:
         return 0
-    return zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return digest_of(tensor.reshape(-1).view(torch.uint8).numpy().data)
+
+
+class _ResultMismatch(ShardError):
+    """Applying a snapshot did not reproduce the recorded checksums (a corrupt diff)."""
 
 
 def _spec(tensor: torch.Tensor) -> list[Any]:
@@ -203,10 +208,11 @@ class ShardSnapshotter:
         self._sweep_tmp(shard_dir)
         index: list[dict[str, Any]] = []
         changed: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-        crcs: dict[str, int] = {}
+        digest_of = checksum_function(DEFAULT_CHECKSUM)
+        digests: dict[str, int] = {}
         for name, tensor in params.items():
             current = tensor.detach().contiguous()
-            crcs[name] = _crc(current)
+            digests[name] = _digest(current, digest_of)
             if not torch.equal(_bits(current), _bits(base.params[name].contiguous())):
                 changed.append((name, current, base.params[name].contiguous()))
         total = sum(-(-c.numel() * c.element_size() // _ALIGN) * _ALIGN for _, c, _ in changed)
@@ -231,7 +237,8 @@ class ShardSnapshotter:
                 "step": step,
                 "base_step": base.step,
                 "tensors": {name: _spec(params[name]) for name in params},
-                "crc32": crcs,
+                "checksum": DEFAULT_CHECKSUM,
+                "checksums": digests,
                 "diff_index": index,
             }
             commit_dir(tmp, final, files=files, marker_name=MARKER, metadata=metadata)
@@ -328,28 +335,38 @@ class ShardSnapshotter:
         verify the result's checksums, mark it live and count the rebuild.
 
         The base's tensors are modified in place (the loader should hand over fresh tensors).
-        On failure the shard stays stale and ShardRebuildError says why.
+        A snapshot whose result fails its checksums is skipped for the next older one (the base
+        is loaded again); if every snapshot fails, or the base does not fit, the shard stays
+        stale and ShardRebuildError says why.
         """
         started = time.monotonic()
         self.mark_stale(shard_id)
-        try:
-            base = load_base(shard_id)
-        except (RecoveryError, OSError) as exc:
-            raise ShardRebuildError(f"could not load the base checkpoint of shard {shard_id!r}: {exc}") from exc
+        base = self._load(shard_id, load_base)
         params = dict(base.params)
         optimizer_state = dict(base.optimizer_state)
         step, from_snapshot = base.step, False
+        failures: list[str] = []
         for snapshot in self._candidates(shard_id):
             if snapshot.base_step != base.step or snapshot.step < base.step:
                 continue
             try:
-                body = verify_committed_dir(snapshot.path, MARKER)
-            except CheckpointCorrupt as exc:
-                log.warning("skipping corrupt snapshot", extra={"path": str(snapshot.path), "error": str(exc)})
+                # The diff is checked through the rebuilt tensors' checksums below, which is one
+                # pass fewer over the largest file than hashing it as well.
+                body = verify_committed_dir(snapshot.path, MARKER, only={OPTIMIZER_FILE})
+                if (snapshot.path / DIFF_FILE).stat().st_size != body["files"][DIFF_FILE]["size"]:
+                    raise CheckpointCorrupt(f"{snapshot.path.name}: {DIFF_FILE} has the wrong size")
+                optimizer_state = self._apply(snapshot.path, body["metadata"], params)
+            except (CheckpointCorrupt, FileNotFoundError, _ResultMismatch) as exc:
+                log.warning("skipping snapshot", extra={"path": str(snapshot.path), "error": str(exc)})
+                failures.append(f"{snapshot.path.name}: {exc}")
+                if isinstance(exc, _ResultMismatch):
+                    base = self._load(shard_id, load_base)  # the failed attempt changed the tensors
+                    params, optimizer_state = dict(base.params), dict(base.optimizer_state)
                 continue
-            optimizer_state = self._apply(snapshot, body["metadata"], params)
             step, from_snapshot = snapshot.step, True
             break
+        if failures and not from_snapshot:
+            raise ShardRebuildError(f"no snapshot of shard {shard_id!r} rebuilds correctly: {'; '.join(failures)}")
         with self._lock:
             self._state[shard_id] = LIVE
             now = self._clock()
@@ -360,7 +377,14 @@ class ShardSnapshotter:
         return RebuiltShard(shard_id, step, params, optimizer_state, from_snapshot, seconds)
 
     @staticmethod
-    def _apply(snapshot: SnapshotInfo, meta: Mapping[str, Any], params: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def _load(shard_id: str, load_base: BaseLoader) -> BaseShard:
+        try:
+            return load_base(shard_id)
+        except (RecoveryError, OSError) as exc:
+            raise ShardRebuildError(f"could not load the base checkpoint of shard {shard_id!r}: {exc}") from exc
+
+    @staticmethod
+    def _apply(path: Path, meta: Mapping[str, Any], params: dict[str, torch.Tensor]) -> dict[str, Any]:
         for name, (dtype, shape) in meta["tensors"].items():
             have = params.get(name)
             if have is None or _spec(have) != [dtype, shape]:
@@ -370,21 +394,27 @@ class ShardSnapshotter:
                 )
         if set(params) != set(meta["tensors"]):
             raise ShardRebuildError(f"base has extra tensors {sorted(set(params) - set(meta['tensors']))}")
-        diff = torch.from_numpy(np.fromfile(snapshot.path / DIFF_FILE, dtype=np.uint8))
+        try:
+            digest_of = checksum_function(str(meta.get("checksum", "crc32")))
+        except TransferConfigError as exc:
+            raise ShardRebuildError(str(exc)) from exc
+        diff = torch.from_numpy(np.fromfile(path / DIFF_FILE, dtype=np.uint8))
         for entry in meta["diff_index"]:
             target = params[entry["name"]]
             if not target.is_contiguous():
                 target = params[entry["name"]] = target.contiguous()
             bits = _bits(target)
-            piece = diff[entry["offset"] : entry["offset"] + entry["nbytes"]].view(bits.dtype)
-            bits.bitwise_xor_(piece)
-        for name, expected in meta["crc32"].items():
-            actual = _crc(params[name])
+            piece = diff[entry["offset"] : entry["offset"] + entry["nbytes"]]
+            if len(piece) != entry["nbytes"]:
+                raise _ResultMismatch(f"{DIFF_FILE} is shorter than its index says")
+            bits.bitwise_xor_(piece.view(bits.dtype))
+        for name, expected in meta["checksums"].items():
+            actual = _digest(params[name], digest_of)
             if actual != expected:
-                raise ShardRebuildError(
-                    f"rebuilt tensor {name!r} has crc32 {actual:#010x}, snapshot recorded {expected:#010x}"
+                raise _ResultMismatch(
+                    f"rebuilt tensor {name!r} has checksum {actual:#010x}, snapshot recorded {expected:#010x}"
                 )
-        state: dict[str, Any] = torch.load(snapshot.path / OPTIMIZER_FILE, weights_only=True)
+        state: dict[str, Any] = torch.load(path / OPTIMIZER_FILE, weights_only=True)
         return state
 
     # ---- the metric ----------------------------------------------------------------------

@@ -46,6 +46,8 @@ class PullReport:
     name: str
     version: int
     seconds: float = 0.0
+    #: Until the last chunk was verified (``seconds`` adds the wait for the publisher's commit).
+    transfer_seconds: float = 0.0
     bytes: int = 0
     chunks_total: int = 0
     chunks_by_source: dict[str, int] = field(default_factory=dict)
@@ -177,6 +179,7 @@ class WeightReceiver:
                 self.registry.announce(name=self.name, version=version, address=self.address, complete=False)
             while pull.manifest is None or pull.missing:
                 self._one_source(pull, slot)
+            pull.report.transfer_seconds = time.monotonic() - start
             self.registry.announce(name=self.name, version=version, address=self.address, complete=True)
             self._wait_commit(pull)
         except BaseException:

@@ -150,7 +150,7 @@ def test_base_with_different_bytes_fails_the_crc_check(tmp_path: Path) -> None:
     # result is not the lost shard, and the recorded crc32 says so.
     drifted = fresh_base()
     drifted.params["count"].add_(1)  # type: ignore[union-attr]
-    with pytest.raises(ShardRebuildError, match="'count' has crc32"):
+    with pytest.raises(ShardRebuildError, match="'count' has checksum"):
         snapshots.rebuild_shard("s", load_base=lambda shard: drifted)
     assert not snapshots.is_live("s")
 
@@ -197,5 +197,5 @@ def test_marker_records_what_rebuild_needs(tmp_path: Path) -> None:
     body = json.loads((info.path / MARKER).read_text())["body"]
     meta = body["metadata"]
     assert meta["base_step"] == 50 and meta["step"] == 51
-    assert set(meta["crc32"]) == set(params)
+    assert set(meta["checksums"]) == set(params) and meta["checksum"] in ("crc32", "crc32c")
     assert {e["name"] for e in meta["diff_index"]} == {"w", "h", "count", "mask"}
