@@ -121,6 +121,7 @@ class Agent:
         self._fingerprint_checked_at = float("-inf")
         self._record = open(config.record, "ab") if config.record else None  # noqa: SIM115
         self.rounds = 0
+        self.round_errors = 0
         self.started_at = clock()
         self._spool_failing = False
 
@@ -148,7 +149,13 @@ class Agent:
         next_round = time.monotonic()
         try:
             while not self._stop.is_set():
-                self.round()
+                try:
+                    self.round()
+                except Exception:
+                    # A bug in one round must not end the monitoring of the node: log it with its
+                    # traceback, count it, and sample again at the next interval.
+                    self.round_errors += 1
+                    log.exception("round %d failed", self.rounds + 1)
                 next_round += self.config.interval
                 delay = next_round - time.monotonic()
                 if delay < 0:  # fell behind (a very slow disk): do not try to catch up in a burst
@@ -270,6 +277,7 @@ class Agent:
             "started_at": self.started_at,
             "updated_at": self._clock(),
             "rounds": self.rounds,
+            "round_errors": self.round_errors,
             "nvml_available": self.nvml.available,
             "nvml_unavailable_reason": self.nvml.unavailable_reason,
             "gpus": self.nvml.gpu_count,

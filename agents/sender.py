@@ -115,8 +115,9 @@ class Sender:
 
     @property
     def healthy(self) -> bool:
-        """True unless the last delivery attempt failed (and a retry is pending)."""
-        return self._failures_in_row == 0
+        """True while the delivery thread runs and its last attempt did not fail."""
+        thread = self._thread
+        return thread is not None and thread.is_alive() and self._failures_in_row == 0
 
     def _run(self) -> None:
         while not self._stop.is_set():

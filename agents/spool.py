@@ -150,18 +150,31 @@ class Spool:
             if not isinstance(state, dict) or not isinstance(state.get("agent_id"), str):
                 raise ValueError("no agent_id")
         except (orjson.JSONDecodeError, ValueError) as exc:
-            raise SpoolError(f"spool state {self._state_path} is unreadable ({exc})") from exc
+            # E.g. cut short by a power loss. A new identity is safe: the spooled batches keep the
+            # agent_id and seq they were stored with, so the server still deduplicates them.
+            aside = self._state_path.with_name("state.json.corrupt")
+            os.replace(self._state_path, aside)
+            log.error(
+                "spool state %s is unreadable (%s); kept as %s, starting as agent %s",
+                self._state_path,
+                exc,
+                aside,
+                fresh["agent_id"],
+            )
+            return fresh
         for key, value in fresh.items():
             state.setdefault(key, value)
         return state
 
-    def _save_state_locked(self) -> None:
-        _atomic_write(self._state_path, orjson.dumps(self._state), fsync=self._fsync)
+    def _save_state_locked(self, *, durable: bool = False) -> None:
+        # Counters are replaced atomically but not fsynced (a power loss may lose their last
+        # increments); a new seq reservation is fsynced, because reusing a seq loses data.
+        _atomic_write(self._state_path, orjson.dumps(self._state), fsync=self._fsync and durable)
 
     def _reserve_seq_block(self) -> None:
         with self._lock:
             self._state["seq_reserved"] = self._next_seq + _SEQ_BLOCK
-            self._save_state_locked()
+            self._save_state_locked(durable=True)
 
     def _load_entries(self) -> None:
         for path in sorted(self._batches.iterdir()):
@@ -199,6 +212,7 @@ class Spool:
             self._next_seq += 1
             if self._next_seq >= self._state["seq_reserved"]:
                 self._state["seq_reserved"] = self._next_seq + _SEQ_BLOCK
+                self._save_state_locked(durable=True)
             body = {**body, "seq": seq}
             data = orjson.dumps(body)
             self._state["produced_samples"] += samples

@@ -263,3 +263,35 @@ def test_many_participants_are_split_below_the_servers_limit(tmp_path: Path) -> 
     bodies = spooled(agent)
     assert [len(b["participants"]) for b in bodies] == [1000, 1000, 500]
     assert sorted(p["rank"] for b in bodies for p in b["participants"]) == list(range(2500))
+
+
+def test_a_failing_round_is_logged_and_the_loop_goes_on(
+    setup: tuple[Agent, Clock, FakeNVML, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import threading
+
+    agent, _clock, _fake, _run = setup
+    agent.config.interval = 0.05
+    calls = {"n": 0}
+    real = agent.jobs.collect
+
+    def broken_once() -> tuple[list, list]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("collector bug")
+        if calls["n"] >= 5:
+            agent.request_stop()
+        return real()
+
+    monkeypatch.setattr(agent.jobs, "collect", broken_once)
+    with caplog.at_level(logging.ERROR, logger="rlguard.agent"):
+        worker = threading.Thread(target=agent.run)
+        worker.start()
+        worker.join(20)
+    assert not worker.is_alive()
+    assert agent.round_errors == 1
+    assert any("collector bug" in (r.exc_text or "") or r.exc_info for r in caplog.records)
+    assert agent.rounds >= 4

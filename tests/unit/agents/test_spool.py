@@ -87,7 +87,7 @@ def test_identity_and_seq_survive_restart_even_when_empty(tmp_path: Path) -> Non
 
 def test_full_spool_drops_oldest_gpu_samples_first_then_whole_batches(tmp_path: Path) -> None:
     one = len(orjson.dumps({**body(20, 2), "seq": 0}))
-    sp = Spool(tmp_path, node="n1", max_bytes=one * 5)
+    sp = Spool(tmp_path, node="n1", max_bytes=one * 5, fsync=False)
     for _ in range(8):
         sp.append(body(20, 2))
     st = sp.stats()
@@ -153,10 +153,22 @@ def test_bad_arguments(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(SpoolError, match="not writable"):
         Spool(blocker / "sub", node="n1", max_bytes=1000)
-    (tmp_path / "s").mkdir()
-    (tmp_path / "s" / "state.json").write_text("{broken")
-    with pytest.raises(SpoolError, match="unreadable"):
-        Spool(tmp_path / "s", node="n1", max_bytes=1000)
+
+
+def test_unreadable_state_starts_a_new_identity_and_keeps_the_spooled_batches(
+    tmp_path: Path,
+) -> None:
+    sp = Spool(tmp_path, node="n1", max_bytes=10**9)
+    old_id = sp.agent_id
+    for _ in range(3):
+        sp.append({**body(1, 1), "agent_id": old_id})
+    (tmp_path / "state.json").write_bytes(b"")  # as after a power loss
+    again = Spool(tmp_path, node="n1", max_bytes=10**9)
+    assert again.agent_id != old_id
+    assert (tmp_path / "state.json.corrupt").exists()
+    seq, raw = again.wait_oldest(0)  # type: ignore[misc]
+    assert orjson.loads(raw)["agent_id"] == old_id and seq == 0  # replayed under its own identity
+    assert again.append(body(1, 0)) == 3
 
 
 def _append_forever(directory: str) -> None:
