@@ -52,7 +52,18 @@ class SharedCounter:
 
     def __init__(self, mapping: mmap.mmap, offset: int) -> None:
         self._word: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(mapping, offset)
-        self._address = ctypes.addressof(self._word)
+        address = ctypes.c_void_p(ctypes.addressof(self._word))
+        # Built once: ctypes argument objects cost more than the system call itself.
+        self._wake_args = (
+            ctypes.c_long(_SYS_FUTEX),
+            address,
+            ctypes.c_int(_FUTEX_WAKE),
+            ctypes.c_int(_WAKE_ALL),
+            None,
+            None,
+            ctypes.c_int(0),
+        )
+        self._wait_head = (ctypes.c_long(_SYS_FUTEX), address, ctypes.c_int(_FUTEX_WAIT))
 
     def value(self) -> int:
         """The current count."""
@@ -66,15 +77,7 @@ class SharedCounter:
         # from what any sleeper read, and FUTEX_WAKE wakes sleepers whatever the value.
         self._word.value = (self._word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
-            _syscall(
-                ctypes.c_long(_SYS_FUTEX),
-                ctypes.c_void_p(self._address),
-                ctypes.c_int(_FUTEX_WAKE),
-                ctypes.c_int(_WAKE_ALL),
-                None,
-                None,
-                ctypes.c_int(0),
-            )
+            _syscall(*self._wake_args)
 
     def wait_while(self, expected: int, timeout: float) -> None:
         """Sleep until the counter differs from ``expected``, a wake-up, or ``timeout`` s."""
@@ -87,15 +90,7 @@ class SharedCounter:
         spec = _Timespec(seconds, int((timeout - seconds) * 1e9))
         # Returns 0 when woken, or -1 with EAGAIN (value already changed), ETIMEDOUT or EINTR:
         # in every case the caller re-checks what it is waiting for.
-        _syscall(
-            ctypes.c_long(_SYS_FUTEX),
-            ctypes.c_void_p(self._address),
-            ctypes.c_int(_FUTEX_WAIT),
-            ctypes.c_uint32(expected),
-            ctypes.byref(spec),
-            None,
-            ctypes.c_int(0),
-        )
+        _syscall(*self._wait_head, ctypes.c_uint32(expected), ctypes.byref(spec), None, 0)
 
     def detach(self) -> None:
         """Drop the view of the mapping so the mapping can be closed."""

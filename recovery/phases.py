@@ -96,6 +96,20 @@ _EDGES: dict[tuple[Phase, Event], Phase] = {
     (Phase.EVAL, Event.EVAL_DONE): Phase.ROLLOUT,
 }
 _RETRYABLE = frozenset({Phase.ROLLOUT, Phase.COLLECT})
+# Keys every state-log line of the machine carries; callers' extra info may not shadow them.
+_RESERVED_PAYLOAD = frozenset(
+    {
+        "machine",
+        "event",
+        "previous",
+        "step",
+        "attempt",
+        "failed_steps",
+        "safe_mode_reason",
+        "control_revision",
+        "reason",
+    }
+)
 # What a phase's deadline fires. COLLECT's comes from rollout_timeout_sec.
 _ON_TIMEOUT = {
     Phase.PREPARE: Event.ENTER_SAFE_MODE,
@@ -266,6 +280,9 @@ class PhaseMachine:
         parsed = _parse_event(event)
         if reason is not None and not isinstance(reason, str):
             raise PhaseError(f"reason must be a string, got {type(reason).__name__}")
+        clashing = sorted(_RESERVED_PAYLOAD & info.keys())
+        if clashing:
+            raise PhaseError(f"info keys {clashing} are reserved for the machine's own state")
         self._obey_control()
         return self._apply(parsed, reason, info)
 
@@ -348,14 +365,10 @@ class PhaseMachine:
         phase = self._state.phase
         if control.mode is ControlMode.SAFE_MODE and phase is not Phase.SAFE_MODE:
             self._state.control_revision = control.revision
-            self._apply(
-                Event.ENTER_SAFE_MODE, control.reason, {"control_revision": control.revision}
-            )
+            self._apply(Event.ENTER_SAFE_MODE, control.reason, {"source": "control_file"})
         elif control.mode is ControlMode.RUN and phase is Phase.SAFE_MODE:
             self._state.control_revision = control.revision
-            self._apply(
-                Event.RELEASE_SAFE_MODE, control.reason, {"control_revision": control.revision}
-            )
+            self._apply(Event.RELEASE_SAFE_MODE, control.reason, {"source": "control_file"})
         else:
             # Nothing to do (already in the commanded mode); remember that we saw it.
             self._state.control_revision = control.revision

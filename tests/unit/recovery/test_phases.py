@@ -123,6 +123,8 @@ def test_bad_input(log: StateLog, clock: FakeClock) -> None:
         machine.fire(Event.ENTER_SAFE_MODE)
     with pytest.raises(RecoveryError, match="not JSON-serializable"):
         machine.fire(Event.START, blob=object())
+    with pytest.raises(PhaseError, match=r"info keys \['step'\] are reserved"):
+        machine.fire(Event.START, step=99)
     assert machine.phase is Phase.INIT and read_state_log(log.path) == []
     with pytest.raises(PhaseError, match="name must be"):
         PhaseMachine(log, name="")
