@@ -309,15 +309,20 @@ class WriteAheadLog:
             raise WALDataError(f"entry {entry_id!r} has no data file")
         return read_verified(entry.data_path, entry.checksum, entry_id)
 
-    def compact(self, *, delete_data: bool = True) -> int:
+    def compact(self, *, delete_data: bool = True, orphan_grace_s: float = 3600.0) -> int:
         """Drop COMPLETED entries from the log, atomically; return how many were dropped.
 
         The surviving entries are written, with their current state, into one new segment that
         starts with a marker saying it supersedes every older segment; it is fsynced and renamed
         into place before the old segments are deleted, so a crash at any point leaves either
         the old or the new history, never a mix. With ``delete_data`` the data files the log
-        wrote itself (under ``data/``) for dropped entries are deleted afterwards.
+        wrote itself (under ``data/``) for dropped entries are deleted afterwards, and so are
+        files there that no entry names and that are older than ``orphan_grace_s`` (left by a
+        process killed between writing its data and its record; the grace keeps the file of
+        an append that is still on its way).
         """
+        if not isinstance(orphan_grace_s, int | float) or not orphan_grace_s >= 0:
+            raise WALError(f"orphan_grace_s must be a number >= 0, got {orphan_grace_s!r}")
         self._check_open()
         self._sync_lock.acquire(self._timeout)
         try:
@@ -339,6 +344,8 @@ class WriteAheadLog:
                 self._state.bump_generation()
                 self._segments.remove_below(new_seg)
                 self._full_scan_locked()
+                referenced = {e.data_path for e in self._index.entries.values()}
+                orphans = self._old_unreferenced_data(referenced, orphan_grace_s)
             finally:
                 self._append_lock.release()
         finally:
@@ -350,6 +357,9 @@ class WriteAheadLog:
                     and entry.data_path.parent == self.directory / "data"
                 ):
                     entry.data_path.unlink(missing_ok=True)
+            for orphan in orphans:
+                orphan.unlink(missing_ok=True)
+                logger.warning("WAL %s: removed orphaned data file %s", self.directory, orphan)
         logger.info(
             "compacted WAL %s: dropped %d completed entries, kept %d",
             self.directory,
@@ -357,6 +367,14 @@ class WriteAheadLog:
             len(kept),
         )
         return len(dropped)
+
+    def _old_unreferenced_data(self, referenced: set[Path | None], grace_s: float) -> list[Path]:
+        cutoff = time.time() - grace_s
+        orphans = []
+        for path in (self.directory / "data").iterdir():
+            if path not in referenced and path.stat().st_mtime < cutoff:
+                orphans.append(path)
+        return orphans
 
     def stats(self) -> WALStats:
         """Records written and fsyncs run by this handle since it was opened."""

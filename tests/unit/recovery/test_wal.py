@@ -142,7 +142,8 @@ def test_completed_to_completed_is_a_no_op(wal: WriteAheadLog) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"segment_bytes": 10}, "segment_bytes=10 is below the minimum"),
+        ({"segment_bytes": 10}, "segment_bytes=10 is outside 1024.."),
+        ({"segment_bytes": 1 << 40}, "is outside"),
         ({"segment_bytes": "big"}, "segment_bytes must be an int"),
         ({"lock_timeout": 0}, "lock_timeout must be a positive"),
         ({"lock_timeout": -1.0}, "lock_timeout must be a positive"),
@@ -265,3 +266,20 @@ def test_sync_false_writes_without_fsync(tmp_path: Path) -> None:
         assert wal.stats().fsyncs == 0
     with WriteAheadLog(tmp_path) as wal:
         assert len(wal.recover()) == 10
+
+
+def test_compact_removes_old_orphaned_data_files_only(tmp_path: Path) -> None:
+    with WriteAheadLog(tmp_path) as wal:
+        kept = wal.append("kept", "generate", data=b"needed")
+        old_orphan = tmp_path / "data" / "killed-before-record.bin"
+        old_orphan.write_bytes(b"x")
+        os.utime(old_orphan, (1_000_000_000, 1_000_000_000))
+        young_orphan = tmp_path / "data" / "append-on-its-way.bin"
+        young_orphan.write_bytes(b"y")
+        os.utime(kept.data_path, (1_000_000_000, 1_000_000_000))  # type: ignore[arg-type]
+        wal.compact()
+        assert not old_orphan.exists()
+        assert young_orphan.exists()
+        assert wal.read_data("kept") == b"needed"
+        with pytest.raises(WALError, match="orphan_grace_s must be a number >= 0, got -1"):
+            wal.compact(orphan_grace_s=-1)
