@@ -217,7 +217,7 @@ class Stack:
     def start_server(self) -> None:
         log = (self.tmp / "server.log").open("ab")
         self.server = subprocess.Popen(
-            [PY, "-m", "tests.integration.policy._serve", "127.0.0.1", str(self.port)],
+            [RLGUARD, "server", "--host", "127.0.0.1", "--port", str(self.port)],
             env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.wait(lambda: self._healthy(), 30, "server /healthz")
