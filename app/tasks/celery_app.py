@@ -30,7 +30,7 @@ def make_celery(
 ) -> Celery:
     settings = settings or get_settings()
     recovery = recovery or get_recovery_settings()
-    app = Celery("rlguard", broker=broker_url(settings), include=["app.tasks.recovery_tasks"])
+    app = Celery("rlguard", broker=broker_url(settings), include=["app.tasks.recovery_tasks", "app.tasks.alert_tasks"])
     transport_options: dict[str, object] = {}
     if settings.redis_url:
         transport_options = {
