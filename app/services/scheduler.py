@@ -39,6 +39,7 @@ from app.policy.engine import PolicyEngine, TickResult
 from app.policy.external import ExternalAlertDetector, ExternalAlerts
 from app.policy.policy_file import Policy, default_policy, load_policy
 from app.policy.world import ParticipantView, World
+from app.services.alerts import run_alert_maintenance
 from app.services.approvals import expire_approvals
 from app.services.incidents import (
     open_incident_failures,
@@ -286,6 +287,8 @@ class PolicyScheduler:
         )
         sched.add_job(self._safe(self.expire), "interval", seconds=10, id="expire")
         sched.add_job(self._safe(self.retention), "interval", hours=6, id="retention")
+        # Alerts: re-enqueue lost or due deliveries, queue repeat reminders (app.services.alerts).
+        sched.add_job(self._safe(lambda: self.is_leader() and run_alert_maintenance(self.engine)), "interval", seconds=5, id="alerts")
         sched.start()
         self._scheduler = sched
         log.info("policy scheduler started", extra={"holder": self.holder})
