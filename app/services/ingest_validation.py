@@ -236,7 +236,7 @@ class BatchValidator:
                 value = s["value"]
                 ts = s["ts"]
                 labels = s.get("labels")
-                key = keys[(s["name"], tuple(labels.items()) if labels else ())]
+                key = keys[(s["name"], tuple(labels.items()) if labels is not None else ())]
             except (KeyError, TypeError, AttributeError):
                 append(self._check_one(i, node, s, horizon))
                 continue

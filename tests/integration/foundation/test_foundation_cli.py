@@ -52,58 +52,19 @@ def test_tokens_and_users_against_the_configured_database(database_url: str, tmp
     assert "revoked" in run_cli("token", "list", env=env).stdout
 
 
-BAD_VALUES = [
-    (["user", "create", "bob", "--role", "boss"], None, "invalid role 'boss'"),
-    (["user", "create", "bad name", "--role", "viewer"], None, "invalid user name 'bad name'"),
-    (["user", "create", "bob", "--role", "viewer", "--password-stdin"], "short\n", "shorter than 8"),
-    (["user", "create", "bob", "--role", "viewer", "--password-stdin"], "", "stdin was empty"),
-    (["token", "create", "--node", "bad node"], None, "invalid node name 'bad node'"),
-    (["token", "create", "--node", ""], None, "invalid node name ''"),
-    (["token", "revoke", "999"], None, "no token with id 999"),
-    (["db", "upgrade", "--revision", "nope"], None, "revision 'nope'"),
-    (["server", "--port", "70000"], None, "--port 70000"),
-]
-
-
-def test_bad_values_give_one_line_errors_and_change_nothing(sqlite_url: str, tmp_path: Path) -> None:
-    env = rlguard_env(sqlite_url, tmp_path / "data", RLGUARD_DEV="1")
-    assert run_cli("db", "upgrade", env=env).returncode == 0
-    engine = sa.create_engine(sqlite_url)
-
-    def counts() -> tuple[int, ...]:
-        with engine.connect() as conn:
-            return tuple(
-                conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
-                for t in ("user_account", "api_token", "node", "audit_event")
-            )
-
-    before = counts()
-    for args, stdin, needle in BAD_VALUES:
-        r = run_cli(*args, env=env, stdin=stdin)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert r.stdout == ""
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("rlguard: error: "), r.stderr
-        assert needle in lines[0], (needle, lines[0])
-    assert counts() == before
-    engine.dispose()
-
-
-def test_duplicate_user_and_unmigrated_or_unreachable_database(sqlite_url: str, tmp_path: Path) -> None:
-    env = rlguard_env(sqlite_url, tmp_path / "data")
-    r = run_cli("user", "create", "bob", "--role", "viewer", env=env)
-    assert r.returncode == 1 and "rlguard db upgrade" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert run_cli("db", "upgrade", env=env).returncode == 0
-    assert run_cli("user", "create", "bob", "--role", "viewer", env=env).returncode == 0
-    r = run_cli("user", "create", "bob", "--role", "viewer", env=env)
-    assert r.returncode == 2 and "already exists" in r.stderr
-    down = rlguard_env("postgresql+psycopg://postgres:pw@127.0.0.1:1/none", tmp_path / "d2")
-    r = run_cli("token", "create", "--node", "n1", env=down)
-    assert r.returncode == 1 and r.stderr.startswith("rlguard: error: database postgresql+psycopg://postgres:***@")
-    assert ":pw@" not in r.stderr
+def test_the_script_itself_reports_bad_values_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
+    """Through the installed script (main()'s guard included): a bad setting that the worker
+    extension reads at import time, and a bad argument. (All cases: test_foundation_cli_errors.)"""
     bad_env = rlguard_env(sqlite_url, tmp_path / "data", RLGUARD_PORT="http")
     r = run_cli("token", "list", env=bad_env)
-    assert r.returncode == 2 and "RLGUARD_PORT" in r.stderr and "'http'" in r.stderr
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith("rlguard: error: RLGUARD_PORT") and "'http'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("user", "create", "bob", "--role", "boss", env=rlguard_env(sqlite_url, tmp_path / "data"))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.strip() == (
+        "rlguard: error: invalid role 'boss': choose one of viewer, operator, approver, admin"
+    )
 
 
 def test_server_refuses_the_default_secret_and_an_unmigrated_database(
