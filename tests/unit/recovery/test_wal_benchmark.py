@@ -1,0 +1,31 @@
+"""Smoke run of benchmarks/wal.py with tiny sizes: it must run and print every figure."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "wal.py"
+
+
+def test_benchmark_prints_all_four_figures_with_ratios(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = importlib.util.spec_from_file_location("wal_benchmark", BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--records", "20", "--block", "5", "--rounds", "1", "--processes", "2"]
+    argv += ["--threads", "2", "--per-writer", "5", "--steps", "2", "--step-ms", "5"]
+    assert module.main([*argv, "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for label in ("(a)", "(b)", "(c)", "(d)"):
+        assert label in out
+    assert len(re.findall(r"-> \d+\.\d+x", out)) == 5  # (a), (b) and (c) for 1 and 2 threads
+    assert re.search(r"overhead -?\d+\.\d+ %", out)
+    assert list(tmp_path.iterdir()) == []  # the benchmark cleans up after itself
