@@ -57,8 +57,8 @@ class ServerMetrics:
             registry=registry,
         )
         self.ingest_commit_group_size = Histogram(
-            "rlguard_ingest_commit_group_agents",
-            "Agents whose batches were committed together in one transaction",
+            "rlguard_ingest_commit_group_batches",
+            "Batches committed together in one transaction",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=registry,
         )

@@ -106,6 +106,7 @@ class IngestService:
         self._agents: dict[tuple[str, str], _AgentState] = {}
         self._pending = IngestGroup()
         self._pending_versions: dict[tuple[str, str], int] = {}
+        self._pending_batches = 0
         self._participants: dict[tuple[str, str, int], ParticipantState] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -169,6 +170,7 @@ class IngestService:
         pending = self._pending
         pending.cursors[key] = (state.window.high_seq, state.window.window_mask)
         self._pending_versions[key] = state.version
+        self._pending_batches += 1
         seen = utcnow()
         node = pending.nodes.get(batch.node)
         if node is None:
@@ -216,6 +218,7 @@ class IngestService:
                 self._wake.clear()
                 continue
             group, versions = self._pending, self._pending_versions
+            batches, self._pending_batches = self._pending_batches, 0
             self._pending, self._pending_versions = IngestGroup(), {}
             started = time.perf_counter()
             try:
@@ -227,6 +230,7 @@ class IngestService:
                 self._pending.absorb_older(group)
                 for k, v in versions.items():
                     self._pending_versions.setdefault(k, v)
+                self._pending_batches += batches
                 if self._stopping and backoff >= _RETRY_MAX_S:
                     return
                 await asyncio.sleep(backoff)
@@ -234,7 +238,7 @@ class IngestService:
                 continue
             backoff = _RETRY_MIN_S
             self.metrics.ingest_commit_seconds.observe(time.perf_counter() - started)
-            self.metrics.ingest_commit_group_size.observe(len(group.cursors))
+            self.metrics.ingest_commit_group_size.observe(batches)
             for k, version in versions.items():
                 state = self._agents[k]
                 if version > state.durable_version:

@@ -260,3 +260,57 @@ def test_revocation_from_another_process_applies_within_cache_ttl(
         conn.execute(sa.text("UPDATE api_token SET revoked_at = CURRENT_TIMESTAMP"))
     time.sleep(0.4)
     assert post(api, token, batch("node-a", 1)).status_code == 401
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_commit_failure_answers_503_and_the_retry_is_acked_once_durable(
+    migrated_url: str, make_api
+) -> None:  # type: ignore[no-untyped-def]
+    """Database refusing writes: the batch is in memory but not durable, so no ack (503); once
+    the database is back, the retry is answered "duplicate" and the samples exist once."""
+    import sqlite3
+
+    api = make_api(migrated_url, ingest={"commit_timeout_seconds": 0.5})
+    token = api.node_token("node-a")
+    path = migrated_url.removeprefix("sqlite:///")
+    blocker = sqlite3.connect(path, timeout=5, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # holds the write lock: every commit waits, then fails
+    try:
+        r = post(api, token, batch("node-a", 9, n=2))
+        assert r.status_code == 503
+        assert "retry the same seq" in r.json()["detail"]
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    deadline = time.monotonic() + 30
+    while True:
+        r = post(api, token, batch("node-a", 9, n=2))
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.json() == {"accepted": 0, "duplicate": True}
+    assert db_state(api)["cursors"] == [("node-a", "agent-1", 9, 1)]
+    assert [len(pts) for _k, pts in store_state(api)] == [1, 1]
+    m = api.client.get("/metrics").text
+    assert 'rlguard_ingest_rejections_total{reason="not_durable"}' in m
+    assert "rlguard_ingest_commit_failures_total" in m
+
+
+def test_concurrent_batches_share_group_commits(api: Api) -> None:
+    import concurrent.futures
+
+    tokens = {f"node-{i}": api.node_token(f"node-{i}") for i in range(6)}
+
+    def send(node: str, seq: int) -> int:
+        return post(api, tokens[node], batch(node, seq, n=5)).json()["accepted"]
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futs = [pool.submit(send, node, seq) for seq in range(5) for node in tokens]
+        assert sum(f.result() for f in futs) == 6 * 5 * 5
+    state = db_state(api)
+    assert sorted((c[0], c[2], c[3]) for c in state["cursors"]) == [
+        (node, 4, 0b11111) for node in sorted(tokens)
+    ]
+    metrics = api.app.state.metrics  # type: ignore[attr-defined]
+    samples = {s.name: s.value for m in metrics.ingest_commit_group_size.collect() for s in m.samples}
+    assert samples["rlguard_ingest_commit_group_batches_sum"] == 30  # each batch committed once
