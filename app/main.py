@@ -115,7 +115,19 @@ def create_app(
         body = await run_in_threadpool(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    for module in (health, ingest, nodes, jobs, series, tokens, users, incidents, approvals, alertmanager, alerts):
+    for module in (
+        health,
+        ingest,
+        nodes,
+        jobs,
+        series,
+        tokens,
+        users,
+        incidents,
+        approvals,
+        alertmanager,
+        alerts,
+    ):
         app.include_router(module.router)
     if settings.bench_endpoints:
         app.include_router(bench.router)

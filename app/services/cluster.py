@@ -58,7 +58,7 @@ def list_nodes(
     session: Session, *, store: SeriesStore, now: float | None = None
 ) -> list[NodePublic]:
     now = time.time() if now is None else now
-    nodes = session.exec(select(Node).order_by(Node.name)).all()  # type: ignore[arg-type]
+    nodes = session.exec(select(Node).order_by(Node.name)).all()
     return [_node_public(n, store, now) for n in nodes]
 
 
@@ -101,7 +101,7 @@ def _job_public(job: Job, parts: list[Participant]) -> JobPublic:
 
 
 def list_jobs(session: Session) -> list[JobPublic]:
-    jobs = session.exec(select(Job).order_by(Job.name)).all()  # type: ignore[arg-type]
+    jobs = session.exec(select(Job).order_by(Job.name)).all()
     parts: dict[str, list[Participant]] = {}
     for p in session.exec(select(Participant)).all():
         parts.setdefault(p.job_name, []).append(p)

@@ -51,20 +51,20 @@ class IngestGroup:
 
     def absorb_older(self, older: IngestGroup) -> None:
         """Put back a group whose commit failed; newer pending state wins key by key."""
-        for k, v in older.cursors.items():
-            self.cursors.setdefault(k, v)
-        for k, n in older.nodes.items():
-            cur = self.nodes.get(k)
-            if cur is None:
-                self.nodes[k] = n
-            elif cur.fingerprint is None and n.fingerprint is not None:
-                cur.fingerprint = n.fingerprint
-        for k, t in older.jobs.items():
-            self.jobs.setdefault(k, t)
-        for k, p in older.participants.items():
-            cur_p = self.participants.get(k)
-            if cur_p is None or cur_p.ts < p.ts:
-                self.participants[k] = p
+        for ck, cur in older.cursors.items():
+            self.cursors.setdefault(ck, cur)
+        for node, seen in older.nodes.items():
+            mine = self.nodes.get(node)
+            if mine is None:
+                self.nodes[node] = seen
+            elif mine.fingerprint is None and seen.fingerprint is not None:
+                mine.fingerprint = seen.fingerprint
+        for job, at in older.jobs.items():
+            self.jobs.setdefault(job, at)
+        for pk, part in older.participants.items():
+            newer = self.participants.get(pk)
+            if newer is None or newer.ts < part.ts:
+                self.participants[pk] = part
 
 
 def fingerprint_hash(fp: dict[str, str]) -> str:

@@ -126,7 +126,7 @@ def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]
         labels: Labels = {}
 
     class IngestBatchDoc(IngestEnvelope):
-        samples: Annotated[list[Sample], Field(max_length=limits.max_samples)]  # type: ignore[assignment]
+        samples: Annotated[list[Sample], Field(max_length=limits.max_samples)]
 
     return IngestEnvelope, IngestBatchDoc
 
@@ -257,8 +257,8 @@ class BatchValidator:
     ) -> tuple[SeriesKey, float, float]:
         if type(s) is not dict:
             raise IngestRejected(f"samples[{i}]: must be an object, got {_short(s)}")
-        value = s.get("value")
-        ts = s.get("ts")
+        value: Any = s.get("value")
+        ts: Any = s.get("ts")
         tv = type(value)
         if tv is not float:
             if tv is not int:

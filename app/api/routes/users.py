@@ -31,7 +31,7 @@ def me(user: CurrentUser) -> UserPublic:
 
 @router.get("/users", response_model=list[UserPublic], summary="All users")
 def list_users(session: SessionDep, _admin: AdminUser) -> list[UserPublic]:
-    rows = session.exec(select(User).order_by(User.name)).all()  # type: ignore[arg-type]
+    rows = session.exec(select(User).order_by(User.name)).all()
     return [cluster.user_public(u) for u in rows]
 
 
