@@ -71,6 +71,10 @@ def test_read_endpoints(api: Api) -> None:
     assert bad.status_code == 422 and "node=" in bad.json()["detail"]
     bad = api.client.get("/api/v1/series", params={"node": "node-a", "since": "yesterday"}, headers=h)
     assert bad.status_code == 422
+    metrics = api.client.get("/metrics").text
+    # latency by route template (never the raw path), method and status
+    assert 'rlguard_http_request_duration_seconds_count{method="GET",route="/api/v1/nodes/{node}",status="404"} 1.0' in metrics
+    assert 'route="/api/v1/nodes/nope"' not in metrics
 
 
 def test_health_and_ready(api: Api) -> None:

@@ -93,3 +93,22 @@ def test_failed_write_is_retried_and_old_rows_pruned(migrated_url: str) -> None:
     assert len(rows(engine)) == 1
     assert from_epoch(T0).timestamp() == T0
     engine.dispose()
+
+
+def test_the_running_server_writes_rollups_in_the_background(migrated_url: str, make_api) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from tests.integration.foundation.conftest import auth, batch
+
+    api = make_api(migrated_url, series={"rollup_interval_seconds": 0.2, "rollup_grace_seconds": 0})
+    token = api.node_token("node-a")
+    body = batch("node-a", 0, n=2)
+    minute_ago = (time.time() // 60 - 1) * 60
+    for i, s in enumerate(body["samples"]):
+        s["ts"] = minute_ago + i
+    assert api.client.post("/api/v1/ingest", json=body, headers=auth(token)).status_code == 200
+    deadline = time.monotonic() + 20
+    while not rows(api.engine):
+        assert time.monotonic() < deadline, "no rollup row was written"
+        time.sleep(0.1)
+    assert sorted((r[2]["gpu"], r[4], r[8]) for r in rows(api.engine)) == [("0", 1, 0.0), ("1", 1, 1.0)]
