@@ -132,3 +132,49 @@ def test_shared_counter_wakes_a_sleeper_in_another_process(tmp_path: Path) -> No
     counter.wait_while(counter.value(), 0.05)  # nobody wakes it: the timeout does
     assert 0.04 < time.monotonic() - started < 1.0
     state.close()
+
+
+def _appender_during_compaction(
+    directory: str, writer: int, n: int, out: multiprocessing.Queue
+) -> None:  # type: ignore[type-arg]
+    wal = WriteAheadLog(directory, segment_bytes=2048)
+    for i in range(n):
+        entry_id = f"p{writer}-{i}"
+        wal.append(entry_id, "reward")
+        wal.update_status(entry_id, "failed" if i % 3 == 0 else "executing")
+        if i % 5 == 0:
+            wal.append(f"p{writer}-{i}-done", "update")
+            wal.update_status(f"p{writer}-{i}-done", "completed")
+    out.put(len(wal.recover()))
+    wal.close()
+
+
+def test_compaction_while_other_processes_append(tmp_path: Path) -> None:
+    compactor = WriteAheadLog(tmp_path, segment_bytes=2048)
+    out: multiprocessing.Queue = _CTX.Queue()  # type: ignore[type-arg]
+    procs = [
+        _CTX.Process(target=_appender_during_compaction, args=(str(tmp_path), w, 60, out))
+        for w in range(3)
+    ]
+    for proc in procs:
+        proc.start()
+    compactions = 0
+    while any(proc.is_alive() for proc in procs):
+        compactor.compact()
+        compactions += 1
+        time.sleep(0.005)
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    seen_by_writers = [out.get(timeout=10) for _ in procs]
+    assert compactions > 3
+    assert all(n >= 60 for n in seen_by_writers)  # each saw at least its own live entries
+    compactor.compact()
+    expected = {
+        f"p{w}-{i}": ("failed" if i % 3 == 0 else "executing") for w in range(3) for i in range(60)
+    }
+    assert {e.entry_id: e.status.value for e in compactor.entries()} == expected
+    compactor.close()
+    with WriteAheadLog(tmp_path) as reopened:
+        assert {e.entry_id: e.status.value for e in reopened.recover()} == expected
+    assert len(list(tmp_path.glob("wal-*.log"))) == 1
