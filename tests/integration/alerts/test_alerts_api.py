@@ -9,7 +9,6 @@ import pytest
 from sqlmodel import Session, select
 
 from app.alerts import queue
-from app.api.routes import alerts as alerts_routes
 from app.core import migrate
 from app.main import create_app
 from app.models import AuditEvent, Role
@@ -32,8 +31,6 @@ SECRETS = ("slacksecrettoken123", "T0SECRET1", WECOM_KEY, WEBHOOK_SIGNING, SLACK
 def api(database_url: str, tmp_path: Path, server: RecordingServer) -> Iterator[Api]:
     migrate.upgrade(database_url)
     app = create_app(make_settings(database_url, tmp_path / "data"))
-    if not any(getattr(r, "path", "").startswith("/api/v1/alerts") for r in app.routes):
-        app.include_router(alerts_routes.router)  # until app.main registers it
     app.state.alerts_config = config(server.url(""))
     client = AppClient(app)
     try:

@@ -1,0 +1,205 @@
+"""Dedupe across worker restarts, with a real Celery worker process killed by SIGKILL.
+
+- After a worker is killed and replaced, repeated tasks and a repeated event change nothing:
+  each event went out once per channel.
+- A worker killed in the middle of a POST leaves its row claimed; once the claim's lease ran
+  out, the sweeper hands it to the new worker, which sends it again. The receiver then sees
+  that one message twice, with the same `dedupe_key` (at-least-once, documented in
+  app/alerts/webhook.py), and the row ends `sent`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.alerts.config import load_alerts_config
+from app.alerts.queue import due_for_dispatch, queue_events
+from app.core import migrate
+from app.core.config import Settings
+from app.core.db import make_engine
+from app.models._types import utcnow
+from app.models.alert import AlertDelivery
+from app.services import alerts as alert_service
+from app.tasks.celery_app import make_celery
+from tests.integration.alerts.test_alerts_e2e import alerts_file
+from tests.integration.policy.conftest import RLGUARD, ROOT, RedisServer
+from tests.unit.app.alerts._factories import T0, event
+from tests.unit.app.alerts._recording_server import RecordingServer, Reply, wecom
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+class Rig:
+    def __init__(
+        self, tmp: Path, database_url: str, redis: RedisServer, server: RecordingServer
+    ) -> None:
+        self.tmp = tmp
+        self.alerts_path = alerts_file(tmp / "alerts.yaml", server)
+        self.config = load_alerts_config(self.alerts_path)
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "RLGUARD_DEV": "1",
+            "RLGUARD_DATA_DIR": str(tmp / "data"),
+            "RLGUARD_DATABASE_URL": database_url,
+            "RLGUARD_REDIS_URL": redis.url,
+            "RLGUARD_ALERTS_FILE": str(self.alerts_path),
+        }
+        migrate.upgrade(database_url)
+        self.engine: Engine = make_engine(database_url)
+        self.celery = make_celery(
+            Settings(
+                dev=True, database_url=database_url, redis_url=redis.url, data_dir=tmp / "data"
+            )
+        )
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"worker{len(self.workers)}.log").open("ab")
+        # The production entry point; it consumes the cluster queue, where alerts go.
+        argv = [RLGUARD, "worker", "--concurrency", "1", "--loglevel", "WARNING"]
+        proc = subprocess.Popen(
+            argv,
+            env=self.env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+    def enqueue(self, delivery_id: int, eta: object = None) -> None:
+        self.celery.send_task("alerts.deliver", args=[delivery_id], queue="cluster", retry=False)
+
+    def rows(self) -> list[AlertDelivery]:
+        with Session(self.engine) as session:
+            return list(session.exec(select(AlertDelivery).order_by(AlertDelivery.id)).all())
+
+    def close(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                self.kill(proc)
+        self.engine.dispose()
+
+
+@pytest.fixture
+def rig(tmp_path: Path, postgres_url: str, server: RecordingServer) -> Iterator[Rig]:
+    redis = RedisServer(tmp_path)
+    redis.start()
+    r = Rig(tmp_path, postgres_url, redis, server)
+    try:
+        yield r
+    finally:
+        r.close()
+        redis.stop()
+
+
+def wait(pred: Callable[[], object], timeout: float, what: str, rig: Rig) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    logs = "\n".join(p.read_text()[-2000:] for p in rig.tmp.glob("worker*.log"))
+    pytest.fail(f"timed out waiting for {what}\n{logs}")
+
+
+def queue(rig: Rig) -> list[int]:
+    with Session(rig.engine) as session:
+        ids = queue_events(session, events=[event(occurred_at=T0)], config=rig.config, now=utcnow())
+        session.commit()
+    return ids
+
+
+def test_repeats_after_a_worker_restart_send_nothing_twice(
+    rig: Rig, server: RecordingServer
+) -> None:
+    server.default = wecom(0)
+    first = rig.start_worker()
+    ids = queue(rig)
+    assert len(ids) == 3
+    for i in ids:
+        rig.enqueue(i)
+    wait(
+        lambda: len(server.requests) == 3 and all(r.state == "sent" for r in rig.rows()),
+        60,
+        "three sends",
+        rig,
+    )
+    rig.kill(first)
+    rig.start_worker()
+    assert queue(rig) == []  # the same event again: the unique dedupe key refuses it
+    for i in ids:  # what a broker redelivery would do, twice over
+        rig.enqueue(i)
+        rig.enqueue(i)
+    wait(lambda: all(r.task_runs == 1 for r in rig.rows()), 5, "rows untouched", rig)
+    probe = rig.rows()[0].id
+    rig.enqueue(probe)  # the worker is alive and consuming: this one runs after the repeats
+    time.sleep(3)
+    assert len(server.requests) == 3
+    assert [(r.state, r.attempts, r.task_runs) for r in rig.rows()] == [("sent", 1, 1)] * 3
+
+
+def test_a_worker_killed_mid_send_is_replaced_and_the_message_goes_out(
+    rig: Rig, server: RecordingServer
+) -> None:
+    server.default = wecom(0)
+    server.reply(Reply(hang=True))  # the first POST never gets an answer
+    worker = rig.start_worker()
+    ids = queue(rig)
+    rig.enqueue(ids[-1])  # the webhook channel's row
+    wait(lambda: len(server.requests) == 1, 60, "the hanging POST", rig)
+    rig.kill(worker)  # SIGKILL while the POST is in flight
+    (row,) = [r for r in rig.rows() if r.id == ids[-1]]
+    assert row.state == "sending" and row.task_runs == 1
+    rig.start_worker()
+
+    def due() -> list[int]:
+        with Session(rig.engine) as session:
+            return [
+                i for i, _ in due_for_dispatch(session, now=utcnow(), grace=timedelta(seconds=1))
+            ]
+
+    assert ids[-1] not in due()  # the dead worker's claim is still live
+    time.sleep(rig.config.claim_lease_s + 1.5)
+    assert ids[-1] in due()
+    alert_service.configure(config=rig.config, enqueue=rig.enqueue)
+    try:  # what the server's scheduler runs every few seconds
+        sent, reminders = alert_service.run_alert_maintenance(
+            rig.engine, grace=timedelta(seconds=1)
+        )
+    finally:
+        alert_service.configure(config=None, enqueue=None)
+    assert sent == 3 and reminders == 0  # the killed row, and the two rows never enqueued
+    wait(
+        lambda: next(r for r in rig.rows() if r.id == ids[-1]).state == "sent",
+        60,
+        "the resend",
+        rig,
+    )
+    hooks = [json.loads(r.body) for r in server.requests if r.path == "/hook"]
+    assert len(hooks) == 2 and hooks[0]["dedupe_key"] == hooks[1]["dedupe_key"]
+    (row,) = [r for r in rig.rows() if r.id == ids[-1]]
+    assert row.task_runs == 2 and row.attempts == 1  # the killed run recorded nothing
+    wait(lambda: all(r.state == "sent" for r in rig.rows()), 60, "the other channels", rig)
+    paths = [r.path for r in server.requests]
+    assert len(paths) == 4 and paths.count("/hook") == 2
