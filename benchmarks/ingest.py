@@ -54,12 +54,18 @@ def make_body(node: str, agent: str) -> tuple[bytes, bytes]:
     """(prefix, suffix); a request body is prefix + seq + suffix with the placeholder timestamps
     replaced by the current time, so every series sees increasing timestamps, as from an agent."""
     samples = [
-        {"name": f"gpu_metric_{m}", "value": float(m * 1.5 + g), "ts": 1000000000.5, "labels": {"gpu": str(g)}}
+        {
+            "name": f"gpu_metric_{m}",
+            "value": float(m * 1.5 + g),
+            "ts": 1000000000.5,
+            "labels": {"gpu": str(g)},
+        }
         for g in range(8)
         for m in range(METRICS_PER_GPU)
     ]
     samples += [
-        {"name": f"node_metric_{i}", "value": float(i), "ts": 1000000000.5, "labels": {}} for i in range(4)
+        {"name": f"node_metric_{i}", "value": float(i), "ts": 1000000000.5, "labels": {}}
+        for i in range(4)
     ]
     assert len(samples) == 500
     doc = orjson.dumps(
@@ -100,7 +106,9 @@ def client(
     queue.put((node, latencies, samples, errors, elapsed, seq))
 
 
-def run_phase(port: int, path: str, tokens: list[tuple[str, str]], seconds: float, seqs: list[int]) -> dict:
+def run_phase(
+    port: int, path: str, tokens: list[tuple[str, str]], seconds: float, seqs: list[int]
+) -> dict:
     queue: mp.Queue = mp.Queue()
     procs = [
         mp.Process(target=client, args=(port, path, tok, node, seconds, seqs[i], queue))
@@ -127,6 +135,21 @@ def run_phase(port: int, path: str, tokens: list[tuple[str, str]], seconds: floa
     }
 
 
+def server_metrics(port: int) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return {
+        s.name: s.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name.startswith("rlguard_ingest_commit")
+        for s in fam.samples
+        if not s.labels
+    }
+
+
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -143,11 +166,20 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=8.0, help="per round and endpoint")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--database-url", default=None)
+    ap.add_argument(
+        "--sqlite-synchronous",
+        default="FULL",
+        choices=["NORMAL", "FULL"],
+        help="FULL (the default setting) fsyncs every group commit: acknowledged batches "
+        "survive power loss; NORMAL survives a process crash only",
+    )
     args = ap.parse_args()
     if args.clients < 1 or args.seconds <= 0 or args.rounds < 1:
         ap.error("--clients, --seconds and --rounds must be positive")
@@ -180,22 +212,43 @@ def main() -> None:
         "RLGUARD_DEV": "1",
         "RLGUARD_BENCH_ENDPOINTS": "1",
         "RLGUARD_LOG_LEVEL": "warning",
+        "RLGUARD_SQLITE_SYNCHRONOUS": args.sqlite_synchronous,
     }
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:create_app_from_env", "--factory",
-         "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"],
-        env=env, cwd=ROOT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:create_app_from_env",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
     )
     try:
         wait_ready(port, server)
         backend = url.split(":", 1)[0]
-        print(f"server: uvicorn, 1 process, {backend}; {args.clients} clients x 500-sample batches; "
-              f"{args.rounds} rounds x {args.seconds:g} s per endpoint")
+        if backend == "sqlite":
+            backend += f" (synchronous={args.sqlite_synchronous})"
+        print(
+            f"server: uvicorn, 1 process, {backend}; {args.clients} clients x 500-sample batches; "
+            f"{args.rounds} rounds x {args.seconds:g} s per endpoint"
+        )
         run_phase(port, "/bench/baseline-ingest", tokens, 1.0, [0] * args.clients)  # warm-up
         seqs = [0] * args.clients
         results: dict[str, list[dict]] = {"baseline": [], "ingest": []}
         for _ in range(args.rounds):
-            results["baseline"].append(run_phase(port, "/bench/baseline-ingest", tokens, args.seconds, [0] * args.clients))
+            results["baseline"].append(
+                run_phase(port, "/bench/baseline-ingest", tokens, args.seconds, [0] * args.clients)
+            )
             r = run_phase(port, "/api/v1/ingest", tokens, args.seconds, seqs)
             seqs = r["next_seqs"]
             results["ingest"].append(r)
@@ -207,12 +260,23 @@ def main() -> None:
             errors = sum(r["errors"] for r in rs)
             reqs = sum(r["requests"] for r in rs)
             summary[name] = (sps, p99)
-            print(f"{name:9s} {sps:12,.0f} samples/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
-                  f"({reqs} requests, {errors} errors)")
+            print(
+                f"{name:9s} {sps:12,.0f} samples/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+                f"({reqs} requests, {errors} errors)"
+            )
+        commit = server_metrics(port)
+        if commit.get("rlguard_ingest_commit_duration_seconds_count"):
+            n = commit["rlguard_ingest_commit_duration_seconds_count"]
+            print(
+                f"group commits: {n:.0f}, mean {commit['rlguard_ingest_commit_duration_seconds_sum'] / n * 1000:.2f} ms, "
+                f"mean {commit['rlguard_ingest_commit_group_batches_sum'] / n:.2f} batches per commit"
+            )
         ratio = summary["ingest"][0] / summary["baseline"][0]
         ok = ratio >= 0.6 and summary["ingest"][1] <= 25.0
-        print(f"ratio ingest/baseline = {ratio:.2f}  (target >= 0.60, ingest p99 <= 25 ms: "
-              f"{'met' if ok else 'NOT met'})")
+        print(
+            f"ratio ingest/baseline = {ratio:.2f}  (target >= 0.60, ingest p99 <= 25 ms: "
+            f"{'met' if ok else 'NOT met'})"
+        )
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
