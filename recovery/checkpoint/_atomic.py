@@ -4,10 +4,10 @@ The recipe every durable artefact of the library follows (checkpoints here, shar
 ``recovery/shards.py``):
 
 1. write every file into a private temporary directory beside the final one,
-2. ``fsync`` each file (the SHA-256 is computed while the kernel flushes, so hashing is nearly
-   free) and then the temporary directory itself,
+2. ``fsync`` each file (its checksum, SHA-256 or CRC-32, is computed from memory by a second
+   thread while the first writes and flushes) and then the temporary directory itself,
 3. ``rename`` the directory to its final name and ``fsync`` the parent, so the name is durable,
-4. write the completion marker (sizes and SHA-256 of every file plus the caller's metadata, with a
+4. write the completion marker (sizes and checksums of every file plus the caller's metadata, with a
    checksum of the marker itself) through its own temp → fsync → rename.
 
 A reader trusts a directory only when :func:`verify_committed_dir` accepts it. A writer killed at
@@ -17,11 +17,17 @@ one; never a directory that verifies but holds partial data.
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import threading
+import time
 import uuid
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,23 +35,65 @@ from typing import Any
 
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError, CheckpointWriteError
 
+log = logging.getLogger("rlguard.recovery.checkpoint.atomic")
+
 MARKER_FORMAT = 1
 TMP_PREFIX = ".tmp-"
 _CHUNK = 8 << 20
 _PARALLEL_HASH_MIN = 1 << 20
+DIRECT_ALIGN = 4096  # O_DIRECT wants buffer, length and offset aligned to the device block
+
+
+CHECKSUMS = ("sha256", "crc32")
+
+
+class _Crc32:
+    """zlib's CRC-32 behind hashlib's interface (about 2-3x cheaper in CPU than SHA-256)."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: memoryview | bytes) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def hexdigest(self) -> str:
+        return f"{self._value:08x}"
+
+
+def new_hasher(algorithm: str) -> Any:
+    """A fresh hasher for ``algorithm`` (one of :data:`CHECKSUMS`)."""
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    if algorithm == "crc32":
+        return _Crc32()
+    raise CheckpointInputError(f"checksum must be one of {CHECKSUMS}, got {algorithm!r}")
 
 
 @dataclass(frozen=True)
 class FileDigest:
-    """Size in bytes and SHA-256 (hex) of one committed file."""
+    """Size in bytes and checksum (hex, of ``algorithm``) of one committed file."""
 
     name: str
     size: int
-    sha256: str
+    digest: str
+    algorithm: str = "sha256"
 
     def as_json(self) -> dict[str, Any]:
-        """The marker's representation of this digest."""
-        return {"size": self.size, "sha256": self.sha256}
+        """The marker's representation of this digest: ``{"size": n, "<algorithm>": hex}``."""
+        return {"size": self.size, self.algorithm: self.digest}
+
+    def matches(self, entry: Mapping[str, Any]) -> bool:
+        """True when ``entry`` (a marker file entry) records this size and checksum."""
+        return entry.get("size") == self.size and entry.get(self.algorithm) == self.digest
+
+
+def expected_checksum(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """``(algorithm, hex)`` recorded in a marker file entry; CheckpointCorrupt if there is none."""
+    for algorithm in CHECKSUMS:
+        value = entry.get(algorithm)
+        if isinstance(value, str):
+            return algorithm, value
+    raise CheckpointCorrupt(f"marker entry {dict(entry)!r} records no known checksum")
 
 
 def fsync_dir(path: Path) -> None:
@@ -64,17 +112,76 @@ def make_tmp_dir(parent: Path, label: str) -> Path:
     return tmp
 
 
+def _address(view: memoryview) -> int | None:
+    """The start address of a writable buffer (None for read-only ones such as ``bytes``)."""
+    if view.readonly or not len(view):
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def _write_all(fd: int, view: memoryview, chunk_size: int) -> None:
+    for start in range(0, len(view), chunk_size):
+        chunk = view[start : start + chunk_size]
+        written = 0
+        while written < len(chunk):
+            written += os.write(fd, chunk[written:])
+
+
+def _write_direct(path: Path, view: memoryview, chunk_size: int) -> int | None:
+    """Write the block-aligned bulk of ``view`` with O_DIRECT and the short tail through the page
+    cache on the same descriptor; returns the open descriptor, or None (nothing created) when
+    O_DIRECT does not apply here (unaligned or read-only memory, or a filesystem without it)."""
+    address = _address(view)
+    o_direct = getattr(os, "O_DIRECT", 0)
+    if not o_direct or address is None or address % DIRECT_ALIGN or chunk_size % DIRECT_ALIGN:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | o_direct, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: this filesystem refuses O_DIRECT (tmpfs)
+            raise
+        return None
+    try:
+        bulk = len(view) - len(view) % DIRECT_ALIGN
+        try:
+            _write_all(fd, view[:bulk], chunk_size)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # Opened fine but the device wants a larger alignment: start over, buffered.
+            os.close(fd)
+            os.unlink(path)
+            return None
+        if bulk < len(view):
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~o_direct)
+            _write_all(fd, view[bulk:], chunk_size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_file_durable(
-    path: Path, data: memoryview | bytes, *, chunk_size: int = _CHUNK
+    path: Path,
+    data: memoryview | bytes,
+    *,
+    chunk_size: int = _CHUNK,
+    checksum: str = "sha256",
+    direct: bool = False,
 ) -> FileDigest:
-    """Write ``data`` to a new file ``path``, fsync it and return its size and SHA-256.
+    """Write ``data`` to a new file ``path``, fsync it and return its size and checksum.
 
     The digest is taken from the in-memory bytes by a second thread that runs while this one
-    writes and fsyncs (hashlib and the syscalls release the GIL), so on anything but tiny files
-    integrity costs no extra wall time.
+    writes and fsyncs (hashlib, zlib and the syscalls release the GIL), so on anything but tiny
+    files integrity costs no extra wall time. With ``direct`` and a buffer aligned to
+    :data:`DIRECT_ALIGN` bytes, the bulk is written with ``O_DIRECT``: the device reads our buffer
+    directly instead of the kernel first copying it into the page cache, which on a busy machine
+    is most of the cost of a large buffered write. Otherwise (or where the filesystem refuses
+    ``O_DIRECT``) the write is buffered; the result is the same durable file.
     """
     view = memoryview(data).cast("B")
-    digest = hashlib.sha256()
+    digest = new_hasher(checksum)
     hash_error: list[BaseException] = []
 
     def hash_all() -> None:
@@ -90,39 +197,58 @@ def write_file_durable(
         hasher.start()
     else:
         hash_all()
+    started = time.perf_counter()
+    mode = "buffered"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = _write_direct(path, view, chunk_size) if direct else None
+        if fd is not None:
+            mode = "direct"
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, view, chunk_size)
+            except BaseException:
+                os.close(fd)
+                raise
         try:
-            for start in range(0, len(view), chunk_size):
-                chunk = view[start : start + chunk_size]
-                written = 0
-                while written < len(chunk):
-                    written += os.write(fd, chunk[written:])
+            wrote = time.perf_counter()
             os.fsync(fd)
+            synced = time.perf_counter()
         finally:
             os.close(fd)
     finally:
         if hasher is not None:
             hasher.join()
+    log.debug(
+        "%s: %d bytes %s, write %.3f s, fsync %.3f s, hash wait %.3f s",
+        path.name,
+        len(view),
+        mode,
+        wrote - started,
+        synced - wrote,
+        time.perf_counter() - synced,
+    )
     if hash_error:
         raise CheckpointWriteError(f"hashing {path} failed: {hash_error[0]!r}") from hash_error[0]
-    return FileDigest(name=path.name, size=len(view), sha256=digest.hexdigest())
+    return FileDigest(path.name, len(view), digest.hexdigest(), checksum)
 
 
-def digest_file(path: Path, *, chunk_size: int = _CHUNK) -> FileDigest:
-    """Read ``path`` and return its size and SHA-256 (used to verify and to mirror)."""
-    digest = hashlib.sha256()
+def digest_file(path: Path, *, chunk_size: int = _CHUNK, checksum: str = "sha256") -> FileDigest:
+    """Read ``path`` and return its size and checksum (used to verify)."""
+    digest = new_hasher(checksum)
     size = 0
     with open(path, "rb") as fh:
         while block := fh.read(chunk_size):
             digest.update(block)
             size += len(block)
-    return FileDigest(name=path.name, size=size, sha256=digest.hexdigest())
+    return FileDigest(path.name, size, digest.hexdigest(), checksum)
 
 
-def copy_file_durable(src: Path, dst: Path, *, chunk_size: int = _CHUNK) -> FileDigest:
+def copy_file_durable(
+    src: Path, dst: Path, *, chunk_size: int = _CHUNK, checksum: str = "sha256"
+) -> FileDigest:
     """Stream ``src`` into a new file ``dst``, fsync it and return the digest of what was read."""
-    digest = hashlib.sha256()
+    digest = new_hasher(checksum)
     size = 0
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -137,7 +263,7 @@ def copy_file_durable(src: Path, dst: Path, *, chunk_size: int = _CHUNK) -> File
         os.fsync(fd)
     finally:
         os.close(fd)
-    return FileDigest(name=dst.name, size=size, sha256=digest.hexdigest())
+    return FileDigest(dst.name, size, digest.hexdigest(), checksum)
 
 
 def _marker_body_digest(body: Mapping[str, Any]) -> str:
@@ -211,7 +337,7 @@ def read_marker(final_dir: Path, marker_name: str) -> dict[str, Any]:
 def verify_committed_dir(
     final_dir: Path, marker_name: str, *, only: set[str] | None = None
 ) -> dict[str, Any]:
-    """Check the marker and the size and SHA-256 of every file it lists (or those in ``only``).
+    """Check the marker and the size and checksum of every file it lists (or those in ``only``).
 
     Returns the marker body; raises :class:`CheckpointCorrupt` naming the first problem found.
     """
@@ -229,7 +355,7 @@ def verify_committed_dir(
             raise CheckpointCorrupt(
                 f"{final_dir.name}: file {name} is {size} bytes, marker says {expected['size']}"
             )
-        actual = digest_file(path)
-        if actual.sha256 != expected["sha256"]:
+        algorithm, _ = expected_checksum(expected)
+        if not digest_file(path, checksum=algorithm).matches(expected):
             raise CheckpointCorrupt(f"{final_dir.name}: checksum mismatch in {name}")
     return body

@@ -67,3 +67,39 @@ def test_commit_refuses_unlisted_files(tmp_path: Path) -> None:
     with pytest.raises(CheckpointInputError, match="stray"):
         _atomic.commit_dir(tmp, tmp_path / "b", files=[digest], marker_name="DONE", metadata={})
     assert not (tmp_path / "b").exists()
+
+
+def _aligned_buffer(size: int, misalign: int = 0) -> memoryview:
+    import mmap
+
+    block = mmap.mmap(-1, size + _atomic.DIRECT_ALIGN)  # page aligned
+    view = memoryview(block)[misalign : misalign + size]
+    view[:] = bytes((i * 7 + 3) % 251 for i in range(size))
+    return view
+
+
+@pytest.mark.parametrize(
+    ("size", "misalign", "mode"),
+    [
+        (3 * 4096 + 123, 0, "direct"),  # aligned bulk via O_DIRECT, short tail buffered
+        (2 * 4096, 0, "direct"),
+        (5000, 8, "buffered"),  # unaligned memory: plain buffered write
+    ],
+)
+def test_direct_write_round_trips(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, size: int, misalign: int, mode: str
+) -> None:
+    view = _aligned_buffer(size, misalign)
+    caplog.set_level("DEBUG", logger="rlguard.recovery.checkpoint.atomic")
+    digest = _atomic.write_file_durable(tmp_path / "f", view, direct=True, chunk_size=8192)
+    assert (tmp_path / "f").read_bytes() == bytes(view)
+    assert digest == _atomic.digest_file(tmp_path / "f")
+    assert f"bytes {mode}" in caplog.text
+    crc = _atomic.write_file_durable(tmp_path / "g", view, direct=True, checksum="crc32")
+    assert crc.algorithm == "crc32" and crc == _atomic.digest_file(tmp_path / "g", checksum="crc32")
+
+
+def test_unknown_checksum_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointInputError, match="checksum must be one of"):
+        _atomic.write_file_durable(tmp_path / "f", b"x", checksum="md5")
+    assert not (tmp_path / "f").exists()

@@ -30,9 +30,9 @@ def _save(eng: CheckpointEngine, state: dict[str, Any], step: int) -> engine.Che
     return eng.save(state, version=V(step, step // 2)).wait(30)
 
 
-@pytest.fixture
-def eng(tmp_path: Path) -> Any:
-    e = CheckpointEngine(tmp_path / "ckpt", keep=3)
+@pytest.fixture(params=["sha256", "crc32"])
+def eng(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    e = CheckpointEngine(tmp_path / "ckpt", keep=3, checksum=request.param)
     yield e
     e.close()
 
@@ -249,7 +249,11 @@ def test_bad_input_is_refused_and_changes_nothing(
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"keep": 0}, "keep must be"), ({"when_busy": "queue"}, "when_busy must be")],
+    [
+        ({"keep": 0}, "keep must be"),
+        ({"when_busy": "queue"}, "when_busy must be"),
+        ({"checksum": "md5"}, "checksum must be one of"),
+    ],
 )
 def test_bad_engine_options(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(CheckpointInputError, match=message):
@@ -339,8 +343,14 @@ def test_stale_tmp_dirs_are_removed_by_next_writer(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [".writer.lock", "ckpt-0000000002"]
 
 
-def test_mirror_gets_a_verified_copy_and_retention(tmp_path: Path) -> None:
-    eng = CheckpointEngine(tmp_path / "local", keep=2, mirror=tmp_path / "remote")
+@pytest.mark.parametrize("checksum", ["sha256", "crc32"])
+def test_mirror_gets_a_verified_copy_and_retention(tmp_path: Path, checksum: str) -> None:
+    eng = CheckpointEngine(
+        tmp_path / "local",
+        keep=2,
+        mirror=tmp_path / "remote",
+        checksum=checksum,  # type: ignore[arg-type]
+    )
     state = small_training_state()
     for step in range(1, 4):
         handle = eng.save({**state, "step": step}, version=V(step, 1))
@@ -357,3 +367,8 @@ def test_mirror_gets_a_verified_copy_and_retention(tmp_path: Path) -> None:
     eng.close()
     with pytest.raises(CheckpointInputError, match="same directory"):
         CheckpointEngine(tmp_path / "local", mirror=tmp_path / "local")
+
+
+def test_marker_records_the_chosen_checksum(eng: CheckpointEngine) -> None:
+    info = _save(eng, small_training_state(), 1)
+    assert set(info.files["core.bin"]) == {"size", eng.checksum}
