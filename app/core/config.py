@@ -69,8 +69,9 @@ class IngestLimits(BaseModel):
     max_labels: Annotated[int, Field(ge=0)] = 16
     max_label_name_length: Annotated[int, Field(gt=0)] = 64
     max_label_value_length: Annotated[int, Field(gt=0)] = 128
-    max_name_length: Annotated[int, Field(gt=0)] = 200
-    max_id_length: Annotated[int, Field(gt=0)] = 128
+    max_name_length: Annotated[int, Field(gt=0, le=200)] = 200  # metric_rollup.name column
+    # node, agent, job and role columns are 128 characters (role 64): not configurable upward
+    max_id_length: Annotated[int, Field(gt=0, le=128)] = 128
     max_fingerprint_keys: Annotated[int, Field(ge=0)] = 128
     max_fingerprint_value_length: Annotated[int, Field(gt=0)] = 512
     # Samples stamped further ahead of the server clock than this are refused: a wrong agent

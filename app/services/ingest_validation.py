@@ -103,10 +103,12 @@ def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]
     class Participant(BaseModel):
         model_config = strict
         job: Ident
-        role: Ident
+        role: Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=64)]
         rank: Annotated[int, Field(ge=0, le=1_000_000)]
         phase: Phase
-        step: Annotated[int, Field(ge=0, le=2**62)]
+        # 32-bit: the column is INTEGER on every backend (a value the database refuses would
+        # fail the whole group commit, so every bound here matches its column).
+        step: Annotated[int, Field(ge=0, le=2**31 - 1)]
         ts: Finite
 
     class IngestEnvelope(BaseModel):

@@ -314,3 +314,33 @@ def test_concurrent_batches_share_group_commits(api: Api) -> None:
     metrics = api.app.state.metrics  # type: ignore[attr-defined]
     samples = {s.name: s.value for m in metrics.ingest_commit_group_size.collect() for s in m.samples}
     assert samples["rlguard_ingest_commit_group_batches_sum"] == 30  # each batch committed once
+
+
+def test_largest_valid_values_fit_the_columns(api: Api) -> None:
+    """Every bound of the validator fits its column on this backend: a value the database
+    refused after validation would fail the whole group commit for everyone."""
+    node = "n" * 128
+    token = api.node_token(node)
+    now = time.time()
+    body = batch(
+        node,
+        2**62,
+        agent="a" * 128,
+        n=1,
+        participants=[
+            {"job": "j" * 128, "role": "r" * 64, "rank": 1_000_000, "phase": "P" * 64, "step": 2**31 - 1, "ts": now}
+        ],
+        fingerprint={"k" * 128: "v" * 512},
+    )
+    body["samples"][0].update(name="m" * 200, labels={"l" * 64: "x" * 128})
+    r = post(api, token, body)
+    assert r.status_code == 200, r.text
+    with Session(api.engine) as s:
+        (part,) = s.exec(select(Participant)).all()
+        assert (part.role, part.step, part.rank) == ("r" * 64, 2**31 - 1, 1_000_000)
+        (cursor,) = s.exec(select(IngestCursor)).all()
+        assert cursor.high_seq == 2**62
+    for too_big, needle in [({"role": "r" * 65}, "role"), ({"step": 2**31}, "step")]:
+        p = {**body["participants"][0], **too_big}
+        r = post(api, token, {**body, "seq": 1, "participants": [p]})
+        assert r.status_code == 422 and needle in r.json()["detail"]
