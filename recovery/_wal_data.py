@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import time
 from pathlib import Path
 
 from recovery._wal_errors import WALDataError
@@ -69,3 +70,15 @@ def read_verified(path: Path, checksum: str, entry_id: str) -> bytes:
     if actual != checksum:
         raise WALDataError(f"entry {entry_id!r}: {path} has checksum {actual}, log says {checksum}")
     return content
+
+
+def unreferenced_data_files(
+    data_dir: Path, referenced: set[Path | None], grace_s: float
+) -> list[Path]:
+    """Files in ``data_dir`` that no entry names and that are older than ``grace_s`` seconds."""
+    cutoff = time.time() - grace_s
+    return [
+        path
+        for path in data_dir.iterdir()
+        if path not in referenced and path.stat().st_mtime < cutoff
+    ]

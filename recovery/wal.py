@@ -36,6 +36,7 @@ from recovery._wal_data import (
     checksum_file,
     fsync_file,
     read_verified,
+    unreferenced_data_files,
     write_data_file,
 )
 from recovery._wal_errors import (
@@ -345,7 +346,9 @@ class WriteAheadLog:
                 self._segments.remove_below(new_seg)
                 self._full_scan_locked()
                 referenced = {e.data_path for e in self._index.entries.values()}
-                orphans = self._old_unreferenced_data(referenced, orphan_grace_s)
+                orphans = unreferenced_data_files(
+                    self.directory / "data", referenced, orphan_grace_s
+                )
             finally:
                 self._append_lock.release()
         finally:
@@ -367,14 +370,6 @@ class WriteAheadLog:
             len(kept),
         )
         return len(dropped)
-
-    def _old_unreferenced_data(self, referenced: set[Path | None], grace_s: float) -> list[Path]:
-        cutoff = time.time() - grace_s
-        orphans = []
-        for path in (self.directory / "data").iterdir():
-            if path not in referenced and path.stat().st_mtime < cutoff:
-                orphans.append(path)
-        return orphans
 
     def stats(self) -> WALStats:
         """Records written and fsyncs run by this handle since it was opened."""
@@ -432,7 +427,10 @@ class WriteAheadLog:
             needed, written = prepare()
             if not needed:
                 return written
-            position = self._write_record_locked(record)
+            try:
+                position = self._write_record_locked(record)
+            except OSError as exc:
+                raise WALError(f"cannot write to WAL {self.directory}: {exc}") from exc
             self._records_written += 1
             self._index.entries[written.entry_id] = written
             if self._sync and self._group.try_lead_now():
@@ -444,17 +442,29 @@ class WriteAheadLog:
                     raise
         finally:
             self._append_lock.release()
-        if leader_fd >= 0:
-            self._group.lead(position, leader_fd)
-        elif self._sync:
-            self._group.wait(position, deadline)
+        try:
+            if leader_fd >= 0:
+                self._group.lead(position, leader_fd)
+            elif self._sync:
+                self._group.wait(position, deadline)
+        except OSError as exc:
+            # After a failed fsync the page cache may have dropped the dirty pages: the record
+            # must be treated as lost. Reopening the log shows what is really on disk.
+            raise WALError(
+                f"fsync of WAL {self.directory} failed ({exc}); the record may not be durable, "
+                "reopen the log before continuing"
+            ) from exc
         return written
 
     def _write_record_locked(self, record: bytes) -> tuple[int, int]:
         seg, end = self._state.write_position()
         self._ensure_segment_fd(seg)
         size = os.fstat(self._seg_fd).st_size
-        if size != end:
+        if size < end:
+            raise WALCorruptionError(
+                self._segments.path(seg), size, f"segment is shorter than its recorded end {end}"
+            )
+        if size > end:
             # A writer was killed after writing part (or all) of a record but before moving the
             # shared write position: those bytes were never acknowledged, so drop them.
             logger.warning(

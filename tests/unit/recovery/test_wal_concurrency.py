@@ -14,7 +14,7 @@ import pytest
 from recovery._wal_futex import SharedCounter
 from recovery._wal_locks import ProcessLock, SharedState
 from recovery.errors import RecoveryTimeout
-from recovery.wal import WALLockTimeout, WriteAheadLog
+from recovery.wal import WALError, WALLockTimeout, WriteAheadLog
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -178,3 +178,44 @@ def test_compaction_while_other_processes_append(tmp_path: Path) -> None:
     with WriteAheadLog(tmp_path) as reopened:
         assert {e.entry_id: e.status.value for e in reopened.recover()} == expected
     assert len(list(tmp_path.glob("wal-*.log"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("room", "expected"),
+    [(0, "cannot write to WAL"), (10, "short write to WAL segment 1: 10 of")],
+)
+def test_a_failing_write_is_a_wal_error_and_leaves_the_log_intact(
+    tmp_path: Path, room: int, expected: str
+) -> None:
+    """A file-size limit makes the write fail (EFBIG) or come up short in a child process:
+    a clear WALError, and no partial record is left behind."""
+    with WriteAheadLog(tmp_path) as wal:
+        wal.append("before", "generate")
+    segment = next(tmp_path.glob("wal-*.log"))
+    before = segment.read_bytes()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        import resource
+
+        os.close(read_fd)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) + room, resource.RLIM_INFINITY))
+        message = b"no error"
+        try:
+            with WriteAheadLog(tmp_path) as child_wal:
+                child_wal.append("too-big", "generate")
+        except WALError as exc:
+            message = f"{type(exc).__name__}: {exc}".encode()
+        os.write(write_fd, message[:500])
+        os._exit(0)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    message = os.read(read_fd, 1000).decode()
+    os.close(read_fd)
+    assert status == 0
+    assert message.startswith(f"WALError: {expected}"), message
+    assert segment.read_bytes() == before
+    with WriteAheadLog(tmp_path) as wal:
+        assert [e.entry_id for e in wal.entries()] == ["before"]
+        wal.append("after", "generate")
