@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -41,6 +43,34 @@ async def read_capped_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def decode_body(body: bytes, encoding: str | None, limit: int) -> bytes:
+    """Undo ``Content-Encoding: gzip`` (bounded: a small body may not inflate past ``limit``)."""
+    if encoding is None or encoding.strip().lower() in ("", "identity"):
+        return body
+    if encoding.strip().lower() != "gzip":
+        raise IngestRejected(
+            f"Content-Encoding {encoding!r} is not supported (use gzip or none)",
+            status_code=415,
+            kind="bad_json",
+        )
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise IngestRejected(
+            f"body is not valid gzip: {exc}", status_code=400, kind="bad_json"
+        ) from None
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise IngestRejected(
+            f"decompressed body is more than the limit of {limit} bytes",
+            status_code=413,
+            kind="too_large",
+        )
+    if not inflater.eof:
+        raise IngestRejected("body is a truncated gzip stream", status_code=400, kind="bad_json")
+    return out
+
+
 @router.post(
     "/ingest",
     response_model=IngestAck,
@@ -49,7 +79,8 @@ async def read_capped_body(request: Request, limit: int) -> bytes:
         400: {"description": "malformed JSON"},
         401: {"description": "no token, or an unknown or revoked token"},
         403: {"description": "a user token, or a token of another node"},
-        413: {"description": "body larger than the configured limit"},
+        413: {"description": "body (also once decompressed) larger than the configured limit"},
+        415: {"description": "a Content-Encoding other than gzip"},
         422: {"description": "a field is invalid or a limit is exceeded; nothing was applied"},
         503: {"description": "applied in memory but not yet durable; retry the same seq"},
     },
@@ -58,6 +89,7 @@ async def ingest(request: Request, identity: NodeAuth, service: IngestDep) -> Re
     limits = service.limits
     try:
         body = await read_capped_body(request, limits.max_body_bytes)
+        body = decode_body(body, request.headers.get("content-encoding"), limits.max_body_bytes)
     except IngestRejected as exc:
         service.metrics.ingest_rejections.labels(reason=exc.kind).inc()
         raise

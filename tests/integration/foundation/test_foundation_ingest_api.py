@@ -344,3 +344,25 @@ def test_largest_valid_values_fit_the_columns(api: Api) -> None:
         p = {**body["participants"][0], **too_big}
         r = post(api, token, {**body, "seq": 1, "participants": [p]})
         assert r.status_code == 422 and needle in r.json()["detail"]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_gzip_bodies(migrated_url: str, make_api) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    api = make_api(migrated_url, ingest={"max_body_bytes": 20_000})
+    token = api.node_token("node-a")
+    h = {**auth(token), "Content-Encoding": "gzip"}
+    ok = api.client.post("/api/v1/ingest", content=gzip.compress(orjson.dumps(batch("node-a", 0, n=3))), headers=h)
+    assert ok.json() == {"accepted": 3, "duplicate": False}
+    bomb = gzip.compress(b'{"samples": [' + b" " * 5_000_000 + b"]}")  # small on the wire
+    assert len(bomb) < 20_000
+    r = api.client.post("/api/v1/ingest", content=bomb, headers=h)
+    assert r.status_code == 413 and "decompressed" in r.json()["detail"]
+    r = api.client.post("/api/v1/ingest", content=b"not gzip", headers=h)
+    assert r.status_code == 400 and "gzip" in r.json()["detail"]
+    r = api.client.post("/api/v1/ingest", content=gzip.compress(b"{}")[:-6], headers=h)
+    assert r.status_code == 400
+    r = api.client.post("/api/v1/ingest", content=b"{}", headers={**auth(token), "Content-Encoding": "br"})
+    assert r.status_code == 415 and "'br'" in r.json()["detail"]
+    assert db_state(api)["cursors"] == [("node-a", "agent-1", 0, 1)]
