@@ -111,9 +111,15 @@ class StateLog:
         self._lock.acquire(self._timeout)
         try:
             self._cut_torn_tail()
-            os.write(self._fd, line)
+            written = os.write(self._fd, line)
+            if written != len(line):
+                # Never leave half a line behind for the next writer to append to.
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+                raise StateLogError(f"short write to {self.path}: {written} of {len(line)} bytes")
             if self._sync:
                 os.fdatasync(self._fd)
+        except OSError as exc:
+            raise StateLogError(f"cannot append to state log {self.path}: {exc}") from exc
         finally:
             self._lock.release()
         latency_ms = (time.perf_counter() - started) * 1000.0

@@ -128,8 +128,11 @@ class WriteAheadLog:
         self._segment_bytes = segment_bytes
         self._timeout = float(lock_timeout)
         self._segments = SegmentDirectory(self.directory, sync=self._sync)
-        self._append_lock = ProcessLock(self.directory / "append.lock")
-        self._sync_lock = ProcessLock(self.directory / "sync.lock")
+        try:
+            self._append_lock = ProcessLock(self.directory / "append.lock")
+            self._sync_lock = ProcessLock(self.directory / "sync.lock")
+        except OSError as exc:
+            raise WALError(f"cannot open the lock files of WAL {self.directory}: {exc}") from exc
         self._closed = False
         self._index = EntryIndex(self.directory)
         self._cursor = (0, 0)
@@ -156,11 +159,13 @@ class WriteAheadLog:
                     self._append_lock.release()
             finally:
                 self._sync_lock.release()
-        except BaseException:
+        except BaseException as exc:
             if self._seg_fd >= 0:
                 os.close(self._seg_fd)
             self._append_lock.close()
             self._sync_lock.close()
+            if isinstance(exc, OSError):
+                raise WALError(f"cannot open WAL {self.directory}: {exc}") from exc
             raise
 
     # ------------------------------------------------------------------ public API

@@ -185,3 +185,37 @@ def test_closed_log_and_bad_arguments(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(StateLogError, match="cannot open state log"):
         StateLog(tmp_path / "file" / "s.jsonl")
+
+
+@pytest.mark.parametrize(("room", "expected"), [(0, "cannot append"), (7, "short write")])
+def test_failing_append_leaves_no_partial_line(tmp_path: Path, room: int, expected: str) -> None:
+    """A file-size limit in a child process makes the write fail or come up short."""
+    import os
+    import resource
+    import signal
+
+    path = tmp_path / "s.jsonl"
+    with StateLog(path) as log:
+        log.append("A")
+    before = path.read_bytes()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) + room, resource.RLIM_INFINITY))
+        message = b"no error"
+        try:
+            with StateLog(path) as child_log:
+                child_log.append("B", {"pad": "x" * 100})
+        except StateLogError as exc:
+            message = str(exc).encode()
+        os.write(write_fd, message[:500])
+        os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    message = os.read(read_fd, 1000).decode()
+    os.close(read_fd)
+    assert expected in message, message
+    assert path.read_bytes() == before
+    assert [r.state for r in read_state_log(path)] == ["A"]

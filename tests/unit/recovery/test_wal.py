@@ -283,3 +283,9 @@ def test_compact_removes_old_orphaned_data_files_only(tmp_path: Path) -> None:
         assert wal.read_data("kept") == b"needed"
         with pytest.raises(WALError, match="orphan_grace_s must be a number >= 0, got -1"):
             wal.compact(orphan_grace_s=-1)
+
+
+def test_unopenable_lock_file_is_a_wal_error(tmp_path: Path) -> None:
+    (tmp_path / "append.lock").mkdir()
+    with pytest.raises(WALError, match="cannot open the lock files"):
+        WriteAheadLog(tmp_path)
