@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -506,9 +507,17 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ reading
 
-    def _locked_append(self) -> _AppendLockContext:
+    @contextmanager
+    def _locked_append(self) -> Iterator[None]:
+        """Hold the append lock with the index brought up to date (for reads)."""
         self._check_open()
-        return _AppendLockContext(self)
+        self._append_lock.acquire(self._timeout)
+        try:
+            self._check_open()
+            self._catch_up_locked()
+            yield
+        finally:
+            self._append_lock.release()
 
     def _open_locked(self) -> None:
         """Open in this process: repair the files if needed, reset the shared positions, load."""
@@ -585,28 +594,3 @@ class WriteAheadLog:
     def _check_open(self) -> None:
         if self._closed:
             raise WALClosedError(f"WAL {self.directory} is closed")
-
-
-class _AppendLockContext:
-    """Holds the append lock and brings the index up to date for a read."""
-
-    def __init__(self, wal: WriteAheadLog) -> None:
-        self._wal = wal
-
-    def __enter__(self) -> None:
-        wal = self._wal
-        wal._append_lock.acquire(wal._timeout)
-        try:
-            wal._check_open()
-            wal._catch_up_locked()
-        except BaseException:
-            wal._append_lock.release()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._wal._append_lock.release()
