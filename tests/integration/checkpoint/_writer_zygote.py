@@ -1,7 +1,8 @@
 """A pre-imported process that forks checkpoint writers on command, so a test can kill -9 a
 hundred real writers without paying torch's import time for each.
 
-Protocol on stdin/stdout, one line each: ``fork <root> <first_step>`` → ``pid <pid>``;
+Protocol on stdin/stdout, one line each: ``fork <root> <first_step> direct|buffered`` →
+``pid <pid>``;
 ``reap <pid>`` → ``reaped <pid> <raw wait status>``; ``exit``. The zygote itself runs no torch
 op before forking, so the children start with clean thread pools.
 """
@@ -14,15 +15,22 @@ import sys
 import torch
 
 from recovery.checkpoint.engine import CheckpointEngine
-from tests.integration.checkpoint._kill_state import make_state, table_of, version_of
+from tests.integration.checkpoint._kill_state import (
+    make_state,
+    table_of,
+    version_of,
+    writer_tensors,
+)
 
 
-def _writer(root: str, first_step: int) -> None:
+def _writer(root: str, first_step: int, direct_io: bool) -> None:
     torch.set_num_threads(1)
-    engine = CheckpointEngine(root, keep=3, when_busy="wait")
+    engine = CheckpointEngine(root, keep=3, when_busy="wait", direct_io=direct_io)
+    tensors = writer_tensors(first_step)
     step = first_step
     while True:
-        engine.save(make_state(step), version=version_of(step), weight_versions=table_of(step))
+        state = make_state(step, tensors)
+        engine.save(state, version=version_of(step), weight_versions=table_of(step))
         step += 1
 
 
@@ -33,7 +41,7 @@ def main() -> None:
             pid = os.fork()
             if pid == 0:
                 try:
-                    _writer(args[0], int(args[1]))
+                    _writer(args[0], int(args[1]), args[2] == "direct")
                 finally:
                     os._exit(3)
             print(f"pid {pid}", flush=True)

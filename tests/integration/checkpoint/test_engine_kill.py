@@ -15,7 +15,7 @@ import pytest
 
 from recovery.checkpoint import _atomic
 from recovery.checkpoint.engine import MARKER, CheckpointEngine
-from tests.integration.checkpoint._kill_state import make_state, table_of
+from tests.integration.checkpoint._kill_state import STEPS_PER_WRITER, make_state, table_of
 from tests.unit.recovery.checkpoint.conftest import assert_same
 
 REPO = Path(__file__).resolve().parents[3]
@@ -63,7 +63,8 @@ def test_kill_9_writer_at_random_moments(tmp_path: Path, zygote: subprocess.Pope
     hit_mid_write = 0
     loads = 0
     for kill in range(KILLS):
-        _, pid = _ask(zygote, f"fork {root} {kill * 1000}")
+        io = "direct" if kill % 2 else "buffered"  # both write paths get killed
+        _, pid = _ask(zygote, f"fork {root} {kill * STEPS_PER_WRITER} {io}")
         time.sleep(rng.uniform(0.02, 0.15))
         os.kill(int(pid), signal.SIGKILL)
         _, _, status = _ask(zygote, f"reap {pid}")
