@@ -9,9 +9,11 @@ Figures (targets from issue 4):
   2. end-to-end persist throughput (save → COMMITTED) vs raw write + fsync      target >= 0.7x
   3. ``latest()`` + ``load()`` vs ``torch.load`` (both from cold page cache)    reported
 
-Saves run twice: the first allocates the host buffers (cold: fresh pages fault in during the
-copy), the second reuses them (warm). Freed memory on these machines goes back to the host after
-about 2 s idle, so the output says which figure was measured with warm buffers. Files are evicted
+The engine runs with its defaults (O_DIRECT writes from block-aligned host buffers) and with
+both checksums (SHA-256, the default, and CRC-32); the raw baseline is a plain buffered write. Each engine's first save
+allocates its host buffers (cold: fresh pages fault in during the copy); later saves reuse them
+(warm). Freed memory on these machines goes back to the host after about 2 s idle, so the output
+says which figure was measured with warm buffers. Files are evicted
 from the page cache (posix_fadvise DONTNEED on our own files only) before each read measurement.
 """
 
@@ -125,103 +127,130 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def run(size_mb: int, scratch: Path, repeat: int) -> None:
-    torch.set_num_threads(1)
-    state = make_state(size_mb)
-    nbytes = state_bytes(state)
-    mb = nbytes / (1 << 20)
-    load_before = os.getloadavg()[0]
-    print(f"state: {mb:.0f} MiB in {len(state['model']) * 3} tensors; {repeat} rounds; {scratch}")
-
-    # Save #0 allocates the host buffers (cold); later saves reuse them (warm). Each round then
-    # measures the baselines and the engine back to back, so disk noise hits both alike.
-    engine = CheckpointEngine(scratch / "engine", keep=1)
+def timed_save(engine: CheckpointEngine, state: dict[str, Any], step: int) -> tuple[float, float]:
+    """(blocking seconds, seconds until COMMITTED) of one save; waits for its background job."""
     t0 = time.perf_counter()
-    handle = engine.save(state, version=VersionVector(0, 33))
-    cold_blocking = time.perf_counter() - t0
-    committed = handle.wait(3600)
-    cold_e2e = time.perf_counter() - t0
+    handle = engine.save(state, version=VersionVector(step, 33))
+    blocking = time.perf_counter() - t0
+    handle.wait(3600)
+    e2e = time.perf_counter() - t0
     handle.wait_finished(3600)
-    used = int(committed.files["core.bin"]["size"])
-    raw_bytes = memoryview(engine._buffers["core"][:used].numpy().data)
+    return blocking, e2e
 
-    t_torch_save, t_raw, blocking, e2e = [], [], [], []
+
+def timed_restore(engine: CheckpointEngine, reference: torch.Tensor) -> tuple[float, float]:
+    """(latest() seconds, latest()+load() seconds) from a cold page cache."""
+    evict(files_under(engine.root))
+    t0 = time.perf_counter()
+    info = engine.latest()
+    t_latest = time.perf_counter() - t0
+    assert info is not None
+    loaded = engine.load(info)
+    t_total = time.perf_counter() - t0
+    assert torch.equal(loaded["model"]["layer0.weight"], reference)
+    return t_latest, t_total
+
+
+def run(size_mb: int, scratch: Path, repeat: int) -> None:
+    state = make_state(size_mb)
+    mb = state_bytes(state) / (1 << 20)
+    load_before = os.getloadavg()[0]
+    print(
+        f"state: {mb:.0f} MiB in {len(state['model']) * 3} tensors; {repeat} rounds; "
+        f"torch threads {torch.get_num_threads()}; {scratch}"
+    )
+
+    # The first save of each engine allocates its host buffers (cold); later saves reuse them
+    # (warm). Each round then runs the baselines and both engines back to back, so the noise of
+    # the shared disk and CPUs hits all of them alike; medians are reported.
+    engines = {
+        c: CheckpointEngine(scratch / f"engine-{c}", keep=1, checksum=c)  # type: ignore[arg-type]
+        for c in ("sha256", "crc32")
+    }
+    cold = {c: timed_save(e, state, 0) for c, e in engines.items()}
+    info = engines["sha256"].latest(valid_only=False)
+    assert info is not None
+    used = int(info.files["core.bin"]["size"])
+    raw_bytes = memoryview(engines["sha256"]._buffers["core"][:used].numpy().data)
+
+    t_torch_save: list[float] = []
+    t_raw: list[float] = []
+    blocking: dict[str, list[float]] = {c: [] for c in engines}
+    e2e: dict[str, list[float]] = {c: [] for c in engines}
     for i in range(repeat):
         t_torch_save.append(torch_save_fsync(state, scratch / "baseline.pt"))
         t_raw.append(raw_write_fsync(raw_bytes, scratch / "raw.bin"))
         (scratch / "raw.bin").unlink()
-        t0 = time.perf_counter()
-        handle = engine.save(state, version=VersionVector(1 + i, 33))
-        blocking.append(time.perf_counter() - t0)
-        handle.wait(3600)
-        e2e.append(time.perf_counter() - t0)
-        handle.wait_finished(3600)
+        for c, engine in engines.items():
+            b, e = timed_save(engine, state, 1 + i)
+            blocking[c].append(b)
+            e2e[c].append(e)
     del raw_bytes
 
-    # Restore: torch.load vs latest() + load(), both from a cold page cache.
-    t_torch_load, t_latest, t_restore = [], [], []
+    reference = state["model"]["layer0.weight"]
+    t_torch_load: list[float] = []
+    t_latest: dict[str, list[float]] = {c: [] for c in engines}
+    t_restore: dict[str, list[float]] = {c: [] for c in engines}
     for _ in range(repeat):
         evict(files_under(scratch / "baseline.pt"))
         t0 = time.perf_counter()
         loaded_torch = torch.load(scratch / "baseline.pt", weights_only=True)
         t_torch_load.append(time.perf_counter() - t0)
         del loaded_torch
-        evict(files_under(engine.root))
-        t0 = time.perf_counter()
-        info = engine.latest()
-        t_latest.append(time.perf_counter() - t0)
-        assert info is not None
-        loaded = engine.load(info)
-        t_restore.append(time.perf_counter() - t0)
-        assert torch.equal(loaded["model"]["layer0.weight"], state["model"]["layer0.weight"])
-        del loaded
-    engine.close()
+        for c, engine in engines.items():
+            a, b = timed_restore(engine, reference)
+            t_latest[c].append(a)
+            t_restore[c].append(b)
+    for engine in engines.values():
+        engine.close()
 
     med = statistics.median
-    raw_s, e2e_s = med(t_raw), med(e2e)
-    rows = [
-        ("torch.save + fsync (baseline, blocking)", med(t_torch_save), mb),
-        ("engine.save blocking, cold buffers (1 run)", cold_blocking, mb),
-        ("engine.save blocking, warm buffers", med(blocking), mb),
-        ("raw write + fsync of the same bytes (baseline)", raw_s, used / (1 << 20)),
-        ("engine save -> COMMITTED, cold buffers (1 run)", cold_e2e, mb),
-        ("engine save -> COMMITTED, warm buffers", e2e_s, mb),
-        ("torch.load, cold page cache (baseline)", med(t_torch_load), mb),
-        ("engine latest() (hashes every file), cold", med(t_latest), mb),
-        ("engine latest() + load()", med(t_restore), mb),
-    ]
+    raw_mb = used / (1 << 20)
+    rows = [("torch.save + fsync (baseline, blocking)", med(t_torch_save), mb)]
+    for c in engines:
+        rows.append((f"[{c}] engine.save blocking, cold buffers (1 run)", cold[c][0], mb))
+        rows.append((f"[{c}] engine.save blocking, warm buffers", med(blocking[c]), mb))
+    rows.append(("raw write + fsync of the same bytes (baseline)", med(t_raw), raw_mb))
+    for c in engines:
+        rows.append((f"[{c}] save -> COMMITTED, cold buffers (1 run)", cold[c][1], mb))
+        rows.append((f"[{c}] save -> COMMITTED, warm buffers", med(e2e[c]), mb))
+    rows.append(("torch.load, cold page cache (baseline)", med(t_torch_load), mb))
+    for c in engines:
+        rows.append((f"[{c}] latest() (checks every file), cold", med(t_latest[c]), mb))
+        rows.append((f"[{c}] latest() + load()", med(t_restore[c]), mb))
+
     print()
-    print("host buffers: 'cold' = the first save, which allocates them (pages fault in during the")
-    print("copy); 'warm' = later saves reusing them (resident: each follows the previous by < 2 s")
-    print("of idle, so nothing was returned to the host). The state tensors were warm throughout.")
+    print("host buffers: 'cold' = an engine's first save, which allocates them (pages fault in")
+    print("during the copy); 'warm' = later saves reusing them (resident: each follows the")
+    print("previous by < 2 s of idle, so nothing was handed back). State tensors: warm throughout.")
     print(
         f"load average 1 min: {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
         f"({os.cpu_count()} CPUs shared with other work)"
     )
     print()
-    print(
-        f"{'measurement (median of ' + str(repeat) + ' unless noted)':<50} {'seconds':>9} {'MiB/s':>9}"
-    )
+    header = f"measurement (median of {repeat} unless noted)"
+    print(f"{header:<52} {'seconds':>9} {'MiB/s':>9}")
     for label, seconds, size in rows:
-        print(f"{label:<50} {seconds:9.3f} {size / seconds:9.0f}")
+        print(f"{label:<52} {seconds:9.3f} {size / seconds:9.0f}")
     print()
-    r_block = med(t_torch_save) / med(blocking)
-    r_block_cold = med(t_torch_save) / cold_blocking
-    r_tput = (mb / e2e_s) / (used / (1 << 20) / raw_s)
-    r_load = med(t_torch_load) / med(t_restore)
     verdict = lambda ok: "meets target" if ok else "MISSES target"  # noqa: E731
+    for c in engines:
+        r_block = med(t_torch_save) / med(blocking[c])
+        r_cold = med(t_torch_save) / cold[c][0]
+        r_tput = (mb / med(e2e[c])) / (raw_mb / med(t_raw))
+        r_load = med(t_torch_load) / med(t_restore[c])
+        print(
+            f"[{c}] blocking: torch.save+fsync / save (warm) = {r_block:6.1f}x "
+            f"(>= 5x: {verdict(r_block >= 5)}); cold buffers {r_cold:.1f}x"
+        )
+        print(
+            f"[{c}] persist throughput / raw write+fsync      = {r_tput:6.2f}x "
+            f"(>= 0.7x: {verdict(r_tput >= 0.7)})"
+        )
+        print(f"[{c}] torch.load / (latest() + load())          = {r_load:6.2f}x (no target)")
     print(
-        f"blocking: torch.save+fsync / engine.save (warm) = {r_block:6.1f}x (>= 5x: {verdict(r_block >= 5)})"
-    )
-    print(f"          same, cold buffers                     = {r_block_cold:6.1f}x")
-    print(
-        f"persist throughput: engine / raw write+fsync    = {r_tput:6.2f}x (>= 0.7x: {verdict(r_tput >= 0.7)})"
-    )
-    print(
-        f"restore: torch.load / (latest() + load())       = {r_load:6.2f}x (no target; > 1 is faster)"
-    )
-    print(
-        f"per-round seconds: torch.save {fmt(t_torch_save)}; raw {fmt(t_raw)}; engine e2e {fmt(e2e)}"
+        f"per-round seconds: torch.save {fmt(t_torch_save)}; raw {fmt(t_raw)}; "
+        + "; ".join(f"{c} e2e {fmt(e2e[c])}" for c in engines)
     )
 
 

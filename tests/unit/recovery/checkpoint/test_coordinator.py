@@ -3,10 +3,12 @@ Real participant processes and real Redis/PostgreSQL leases: tests/integration/c
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -279,3 +281,50 @@ def test_commands_from_an_older_epoch_are_refused(cluster: Any) -> None:
             loop.p.url, "/v1/prepare", {"round_id": 9, "epoch": epoch - 1, "wait": 0.1}, timeout=2
         )
     assert not loop.p.prepare_pending
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "message"),
+    [
+        ("/v1/prepare", {"epoch": 1, "wait": 0.1}, "missing field 'round_id'"),
+        ("/v1/prepare", {"round_id": "7", "epoch": 1, "wait": 0.1}, "'round_id' must be"),
+        ("/v1/commit", {"round_id": 1, "epoch": 1, "wait": 0.1, "target_version": {"x": 1}}, "not a version vector"),
+        ("/v1/finish", {"round_id": 1, "epoch": 1, "committed": True}, "needs 'global_version'"),
+        ("/v1/finish", {"round_id": True, "epoch": 1, "committed": False}, "'round_id' must be an int or null"),
+        ("/v1/nothing", {}, "404"),
+    ],
+)  # fmt: skip
+def test_bad_commands_to_a_participant_are_refused(
+    cluster: Any, path: str, body: dict[str, Any], message: str
+) -> None:
+    coord = cluster()
+    loop = cluster.participant(coord, "t", "trainer", V(1, 1))
+    with pytest.raises(CoordinatorError) as exc:
+        _http.call(loop.p.url, path, body, timeout=2)
+    assert message in str(exc.value)
+    assert not loop.p.prepare_pending and loop.results == []
+
+
+def test_round_requests_need_the_leader_and_a_string_reason(cluster: Any) -> None:
+    lease = MemoryLease(ttl=5)
+    leader = cluster(coordinator_id="c1", lease=lease)
+    wait_for(lambda: leader.is_leader)
+    standby = cluster(coordinator_id="c2", lease=lease)
+    with pytest.raises(CoordinatorError, match="409.*not the leader"):
+        _http.call(standby.url, "/v1/rounds", {"reason": "x"}, timeout=2)
+    with pytest.raises(CoordinatorError, match="400.*'reason' must be a string"):
+        _http.call(leader.url, "/v1/rounds", {"reason": 5}, timeout=2)
+    status, body = _post_raw(leader.url, b"{not json")
+    assert status == 400 and "not JSON" in body
+    assert leader.last_outcome is None
+
+
+def _post_raw(url: str, payload: bytes) -> tuple[int, str]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
+    try:
+        conn.request("POST", "/v1/rounds", payload, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
