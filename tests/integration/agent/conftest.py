@@ -47,9 +47,15 @@ class ServerProcess:
         self.log_path = data_dir / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
         _cli(self.env, "db", "upgrade")
-        self.node = "agent-it-node"
-        self.node_token = _cli(self.env, "token", "create", "--node", self.node)
         self.user_token = _cli(self.env, "user", "create", "it-viewer", "--role", "viewer")
+        self._nodes = 0
+        self.use_new_node()
+
+    def use_new_node(self) -> None:
+        """Switch to a node (and its token) that no earlier test has used."""
+        self._nodes += 1
+        self.node = f"agent-it-node-{self._nodes}"
+        self.node_token = _cli(self.env, "token", "create", "--node", self.node)
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
@@ -165,16 +171,23 @@ class AgentProcess:
         return dict(json.loads((self.spool_dir / "status.json").read_text()))
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    data = tmp_path / "server-data"
-    data.mkdir()
-    srv = ServerProcess(data)
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path_factory.mktemp("server-data"))
     srv.start()
     try:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture
+def server(shared_server: ServerProcess) -> ServerProcess:
+    """The shared server, running, with a node of this test's own (series never mix)."""
+    if shared_server.proc is None or shared_server.proc.poll() is not None:
+        shared_server.start()
+    shared_server.use_new_node()
+    return shared_server
 
 
 @pytest.fixture
