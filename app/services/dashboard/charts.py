@@ -7,9 +7,12 @@ sampled a few milliseconds apart share x values, and long windows stay small in 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from markupsafe import Markup
 
 Level = str  # "ok" | "warn" | "bad"
 
@@ -64,6 +67,34 @@ class ChartSpec:
             "y": {"min": self.y_min, "max": self.y_max},
         }
 
+    def json_markup(self) -> Markup:
+        """The spec as compact JSON that is safe inside ``<script type="application/json">``.
+
+        Built here rather than with Jinja's ``tojson`` because the overview embeds hundreds of
+        sparklines: compact separators and no empty keys keep the page and the render small.
+        """
+        data: dict[str, Any] = {"x": self.x, "series": self.series}
+        if self.unit:
+            data["unit"] = self.unit
+        if self.bands:
+            data["bands"] = [b.to_json() for b in self.bands]
+        if self.thresholds:
+            data["thresholds"] = [t.to_json() for t in self.thresholds]
+        if self.window:
+            data["window"] = list(self.window)
+        if self.y_min is not None or self.y_max is not None:
+            data["y"] = {"min": self.y_min, "max": self.y_max}
+        return safe_json(data)
+
+
+def safe_json(data: Any) -> Markup:
+    """Compact JSON that is safe inside ``<script type="application/json">``: the same escaping
+    as Jinja's ``tojson``, so no ``</script>`` in a label can end the element early."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027")):
+        text = text.replace(raw, escaped)
+    return Markup(text)
+
 
 def _round(value: float) -> float:
     # Four significant decimals are plenty on a 200-pixel chart and keep the page small.
@@ -109,8 +140,9 @@ def aligned_chart(
 
 def sparkline(points: Sequence[tuple[float, float]], *, unit: str = "") -> ChartSpec:
     """A one-series chart from points already at the resolution wanted (no bucketing)."""
-    spec = ChartSpec(title="", unit=unit, x=[p[0] for p in points])
-    spec.series.append({"label": "", "values": [_round(p[1]) for p in points]})
+    # Whole seconds and one decimal are all a 100-pixel line can show.
+    spec = ChartSpec(title="", unit=unit, x=[int(p[0]) for p in points])
+    spec.series.append({"label": "", "values": [round(p[1], 1) for p in points]})
     spec.latest = points[-1][1] if points else None
     return spec
 

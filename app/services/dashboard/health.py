@@ -82,13 +82,12 @@ class GpuNow:
             return None
         return self.mem_used / self.mem_total
 
-    @property
-    def level(self) -> str:
-        return gpu_level(self)[0]
+    # Set by ``judge()`` once every value is in (see gpus_from_latest).
+    level: str = "idle"
+    reasons: list[str] = field(default_factory=list)
 
-    @property
-    def reasons(self) -> list[str]:
-        return gpu_level(self)[1]
+    def judge(self) -> None:
+        self.level, self.reasons = gpu_level(self)
 
     def absorb(self, name: str, value: float) -> None:
         if name == GPU_UTIL:
@@ -164,6 +163,7 @@ def gpus_from_latest(latest: Mapping[str, Mapping[str, float]]) -> list[GpuNow]:
         gpu = GpuNow(index=index)
         for name, value in metrics.items():
             gpu.absorb(name, value)
+        gpu.judge()
         gpus.append(gpu)
     gpus.sort(
         key=lambda g: (not g.index.isdigit(), int(g.index) if g.index.isdigit() else 0, g.index)

@@ -1,37 +1,45 @@
 """The Overview page: node grid with sparklines, summary tiles, jobs.
 
 Cost matters here (the page polls, and a cluster has hundreds of nodes): the live part reads only
-the latest point of each GPU series in one pass over the store; the sparklines come from the
-per-minute rollups with one aggregate query, which is cached for the current minute because
-rollups only change once a minute.
+the latest point of each GPU series the grid needs; the sparklines come from the per-minute
+rollups with one aggregate query, which is cached for the current minute because rollups only
+change once a minute, and travel to the browser as one JSON document with a shared time axis.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
+from markupsafe import Markup
 from sqlmodel import Session, select
 
 from app.models import Job, MetricRollup, Node, Participant, from_epoch
-from app.services.dashboard.charts import ChartSpec, sparkline
+from app.services.dashboard.charts import safe_json
 from app.services.dashboard.health import (
+    GPU_LOST,
     GPU_MEM_TOTAL,
     GPU_MEM_USED,
-    GPU_METRICS,
+    GPU_REMAP_FAILURE,
     GPU_TEMP,
+    GPU_THROTTLE_POWER,
+    GPU_THROTTLE_THERMAL,
     GPU_UTIL,
     GpuNow,
     gpus_from_latest,
     liveness_level,
     worst,
 )
-from app.services.series_store import SeriesStore
+from app.services.series_store import SeriesKey, SeriesStore
 
 SPARK_MINUTES = 30
+
+log = logging.getLogger("rlguard.views.overview")
 
 
 @dataclass(slots=True)
@@ -44,9 +52,6 @@ class NodeCard:
     util: float | None  # mean over GPUs, 0..1
     temp: float | None  # hottest GPU
     mem: float | None  # used / total over all GPUs
-    spark_util: ChartSpec
-    spark_temp: ChartSpec
-    spark_mem: ChartSpec
     incident_tiers: list[str] = field(default_factory=list)
 
 
@@ -70,6 +75,8 @@ class OverviewHealth:
     gpus_total: int
     gpus_bad: int
     gpus_warn: int
+    # One JSON document with every node's sparklines on a shared time axis (see sparkline_blob).
+    sparklines: Markup
 
     @property
     def nodes_total(self) -> int:
@@ -79,16 +86,65 @@ class OverviewHealth:
 # ---------------------------------------------------------------- live values from the store
 
 
-def latest_gpu_values(store: SeriesStore) -> dict[str, dict[str, dict[str, float]]]:
-    """``{node: {gpu: {metric: latest value}}}`` in one pass over the store."""
+# The metrics the node grid needs (colour and sparklines); the node page shows the rest.
+OVERVIEW_GPU_METRICS = frozenset(
+    {
+        GPU_UTIL,
+        GPU_TEMP,
+        GPU_MEM_USED,
+        GPU_MEM_TOTAL,
+        GPU_LOST,
+        GPU_THROTTLE_THERMAL,
+        GPU_THROTTLE_POWER,
+        GPU_REMAP_FAILURE,
+    }
+)
+KEY_INDEX_MAX_AGE_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class _KeyIndex:
+    store_id: int = 0
+    size: int = -1
+    built_at: float = 0.0
+    keys: list[tuple[SeriesKey, str, str]] = field(default_factory=list)  # key, gpu, name
+
+
+_key_index = _KeyIndex()
+_key_index_lock = threading.Lock()
+
+
+def _gpu_keys(store: SeriesStore, now: float) -> list[tuple[SeriesKey, str, str]]:
+    """The overview's GPU series; rebuilt when the store's series count changes or every 10 s.
+
+    Listing keys walks every series in the store (tens of thousands at cluster scale, most of
+    them not GPU series); reading the latest point of a known key is cheap.
+    """
+    size = len(store)
+    with _key_index_lock:
+        index = _key_index
+        fresh = now - index.built_at < KEY_INDEX_MAX_AGE_SECONDS
+        if index.store_id == id(store) and index.size == size and fresh:
+            return index.keys
+    keys = []
+    for key in store.keys():
+        if key.name in OVERVIEW_GPU_METRICS:
+            gpu = key.label("gpu")
+            if gpu is not None:
+                keys.append((key, gpu, key.name))
+    with _key_index_lock:
+        _key_index.store_id, _key_index.size, _key_index.built_at = id(store), size, now
+        _key_index.keys = keys
+    return keys
+
+
+def latest_gpu_values(store: SeriesStore, *, now: float) -> dict[str, dict[str, dict[str, float]]]:
+    """``{node: {gpu: {metric: latest value}}}`` for the overview's GPU metrics."""
     result: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    for key, point in store.items():
-        if key.name not in GPU_METRICS:
-            continue
-        gpu = key.label("gpu")
-        if gpu is None:
-            continue
-        result[key.node][gpu][key.name] = point.value
+    for key, gpu, name in _gpu_keys(store, now):
+        point = store.latest(key)
+        if point is not None:
+            result[key.node][gpu][name] = point.value
     return result
 
 
@@ -109,84 +165,127 @@ def node_aggregates(gpus: list[GpuNow]) -> tuple[float | None, float | None, flo
 
 
 @dataclass(slots=True)
+class SparkColumns:
+    """Rollup history of every node's sparklines on one shared axis of minutes."""
+
+    x: list[int] = field(default_factory=list)
+    columns: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
+
+
+SPARK_SCALE = {"util": 100.0, "temp": 1.0, "mem": 100.0}
+
+
+@dataclass(slots=True)
 class _SparkCache:
     key: tuple[int, datetime] | None = None
-    value: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    value: SparkColumns | None = None
+    refreshing: bool = False
 
 
 _spark_cache = _SparkCache()
 _spark_lock = threading.Lock()
 
 
-def _rollup_sparks(
-    session: Session, *, since: datetime
-) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{node: {"util"|"temp"|"mem": [(minute ts, value)]}}`` aggregated over each node's GPUs."""
+def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
+    """Per node and minute: mean GPU utilisation, hottest GPU, memory used / total."""
     r = MetricRollup
     rows = session.exec(  # type: ignore[call-overload]
         select(r.node, r.name, r.minute, sa.func.avg(r.avg), sa.func.max(r.max), sa.func.sum(r.avg))
         .where(r.name.in_([GPU_UTIL, GPU_TEMP, GPU_MEM_USED, GPU_MEM_TOTAL]))  # type: ignore[attr-defined]
         .where(r.minute >= since)
         .group_by(r.node, r.name, r.minute)
-        .order_by(r.minute)
     ).all()
-    util: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    temp: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    minutes = sorted({minute.timestamp() for _, _, minute, _, _, _ in rows})
+    position = {ts: i for i, ts in enumerate(minutes)}
+    columns: dict[str, dict[str, list[float | None]]] = {"util": {}, "temp": {}, "mem": {}}
     used: dict[tuple[str, float], float] = {}
     total: dict[tuple[str, float], float] = {}
+
+    def put(metric: str, node: str, ts: float, value: float) -> None:
+        column = columns[metric].setdefault(node, [None] * len(minutes))
+        column[position[ts]] = round(value * SPARK_SCALE[metric], 1)
+
     for node, name, minute, avg_of_avg, max_of_max, sum_of_avg in rows:
         ts = minute.timestamp()
         if name == GPU_UTIL:
-            util[node].append((ts, float(avg_of_avg)))
+            put("util", node, ts, float(avg_of_avg))
         elif name == GPU_TEMP:
-            temp[node].append((ts, float(max_of_max)))
+            put("temp", node, ts, float(max_of_max))
         elif name == GPU_MEM_USED:
             used[(node, ts)] = float(sum_of_avg)
         else:
             total[(node, ts)] = float(sum_of_avg)
-    mem: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for (node, ts), u in sorted(used.items(), key=lambda kv: kv[0][1]):
+    for (node, ts), u in used.items():
         t = total.get((node, ts))
         if t:
-            mem[node].append((ts, u / t))
-    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for node in set(util) | set(temp) | set(mem):
-        out[node] = {
-            "util": util.get(node, []),
-            "temp": temp.get(node, []),
-            "mem": mem.get(node, []),
-        }
-    return out
+            put("mem", node, ts, u / t)
+    return SparkColumns(x=[int(ts) for ts in minutes], columns=columns)
 
 
-def rollup_sparks_cached(
-    session: Session, *, now: float
-) -> dict[str, dict[str, list[tuple[float, float]]]]:
+def rollup_sparks_cached(session: Session, *, now: float) -> SparkColumns:
+    """The last 30 minutes of rollups, recomputed once a minute (rollups change once a minute).
+
+    When the minute turns, requests keep getting the previous minute's columns while one
+    background thread runs the aggregate query, so no page view waits for it; only the very
+    first view of a process (or of another database) computes it inline.
+    """
     minute = from_epoch(now).replace(second=0, microsecond=0)
-    bind = session.get_bind()
-    key = (id(bind), minute)
+    engine = session.get_bind()
+    key = (id(engine), minute)
     with _spark_lock:
-        if _spark_cache.key == key:
-            return _spark_cache.value
+        cached, cached_key = _spark_cache.value, _spark_cache.key
+        if cached is not None and cached_key == key:
+            return cached
+        if cached is not None and cached_key is not None and cached_key[0] == id(engine):
+            if not _spark_cache.refreshing:
+                _spark_cache.refreshing = True
+                threading.Thread(
+                    target=_refresh_sparks,
+                    args=(engine, key),
+                    name="rlguard-sparklines",
+                    daemon=True,
+                ).start()
+            return cached
     value = _rollup_sparks(session, since=minute - timedelta(minutes=SPARK_MINUTES))
     with _spark_lock:
-        _spark_cache.key = key
-        _spark_cache.value = value
+        _spark_cache.key, _spark_cache.value = key, value
     return value
 
 
-def _spark_with_live(
-    points: list[tuple[float, float]],
-    live: float | None,
-    now: float,
+def _refresh_sparks(engine: Any, key: tuple[int, datetime]) -> None:
+    try:
+        with Session(engine) as session:
+            value = _rollup_sparks(session, since=key[1] - timedelta(minutes=SPARK_MINUTES))
+        with _spark_lock:
+            _spark_cache.key, _spark_cache.value = key, value
+    except Exception:
+        # The page keeps last minute's sparklines; the next minute tries again.
+        log.exception("sparkline rollup query failed")
+    finally:
+        with _spark_lock:
+            _spark_cache.refreshing = False
+
+
+def sparkline_blob(
+    history: SparkColumns,
+    live: dict[str, tuple[float | None, float | None, float | None]],
     *,
-    scale: float = 1.0,
-    unit: str = "",
-) -> ChartSpec:
-    series = [(ts, v * scale) for ts, v in points]
-    if live is not None:
-        series.append((now, live * scale))
-    return sparkline(series, unit=unit)
+    now: float,
+) -> Markup:
+    """``{"x": [...], "util": {node: [...]}, "temp": {...}, "mem": {...}}`` as safe JSON.
+
+    All nodes share the rollup minutes plus "now" as their x axis, so the page carries the axis
+    once instead of once per sparkline (a 125-node overview has 375 of them).
+    """
+    width = len(history.x)
+    out: dict[str, Any] = {"x": [*history.x, int(now)], "util": {}, "temp": {}, "mem": {}}
+    for node, current in live.items():
+        for metric, value in zip(("util", "temp", "mem"), current, strict=True):
+            past = history.columns.get(metric, {}).get(node)
+            column = list(past) if past is not None else [None] * width
+            column.append(None if value is None else round(value * SPARK_SCALE[metric], 1))
+            out[metric][node] = column
+    return safe_json(out)
 
 
 # ---------------------------------------------------------------- the page's parts
@@ -202,12 +301,13 @@ def overview_health(
     incident_tiers_by_node: dict[str, list[str]] | None = None,
 ) -> OverviewHealth:
     """Every node with its GPUs' live state and 30-minute sparklines."""
-    live = latest_gpu_values(store)
+    live = latest_gpu_values(store, now=now)
     sparks = rollup_sparks_cached(session, now=now)
     tiers_by_node = incident_tiers_by_node or {}
     nodes = session.exec(select(Node).order_by(Node.name)).all()
     known = {n.name for n in nodes}
     cards: list[NodeCard] = []
+    current: dict[str, tuple[float | None, float | None, float | None]] = {}
     counts = {"ok": 0, "warn": 0, "bad": 0, "idle": 0}
     gpus_total = gpus_bad = gpus_warn = 0
     # Nodes that stream samples but were never registered still deserve a card.
@@ -249,7 +349,7 @@ def overview_health(
             level = "idle"
         counts[level] += 1
         util, temp, mem = node_aggregates(gpus)
-        spark = sparks.get(name, {})
+        current[name] = (util, temp, mem)
         cards.append(
             NodeCard(
                 name=name,
@@ -260,14 +360,16 @@ def overview_health(
                 util=util,
                 temp=temp,
                 mem=mem,
-                spark_util=_spark_with_live(spark.get("util", []), util, now, scale=100, unit="%"),
-                spark_temp=_spark_with_live(spark.get("temp", []), temp, now, unit="°C"),
-                spark_mem=_spark_with_live(spark.get("mem", []), mem, now, scale=100, unit="%"),
                 incident_tiers=tiers,
             )
         )
     return OverviewHealth(
-        nodes=cards, counts=counts, gpus_total=gpus_total, gpus_bad=gpus_bad, gpus_warn=gpus_warn
+        nodes=cards,
+        counts=counts,
+        gpus_total=gpus_total,
+        gpus_bad=gpus_bad,
+        gpus_warn=gpus_warn,
+        sparklines=sparkline_blob(sparks, current, now=now),
     )
 
 

@@ -138,13 +138,33 @@
     return opts;
   }
 
+  function ownSpec(el) {
+    var src = el.querySelector("script[type='application/json']");
+    return src ? JSON.parse(src.textContent) : null;
+  }
+
+  // Sparklines of the node grid share one JSON document (one time axis for all nodes):
+  // data-spark names its element, data-spark-series and data-spark-node pick the column.
+  function sparkSpec(el) {
+    var blobEl = document.getElementById(el.getAttribute("data-spark"));
+    if (!blobEl) { return null; }
+    if (!blobEl._parsed) { blobEl._parsed = JSON.parse(blobEl.textContent); }
+    var blob = blobEl._parsed;
+    var values = (blob[el.getAttribute("data-spark-series")] || {})[el.getAttribute("data-spark-node")];
+    return {
+      x: values ? blob.x : [],
+      series: [{ label: "", values: values || [] }],
+      unit: el.getAttribute("data-unit") || ""
+    };
+  }
+
   function draw(el) {
     if (el._uplot || typeof uPlot === "undefined") { return; }
-    var src = el.querySelector("script[type='application/json']");
-    if (!src) { return; }
-    var spec = JSON.parse(src.textContent);
+    var spec = el.hasAttribute("data-spark") ? sparkSpec(el) : ownSpec(el);
+    if (!spec) { return; }
     spec.kind = el.getAttribute("data-kind") || spec.kind || "line";
     var x = spec.x || [];
+    if (!x.length && spec.kind === "spark") { el._uplot = { destroy: function () {} }; return; }
     if (!x.length) {
       var note = document.createElement("p");
       note.className = "empty";

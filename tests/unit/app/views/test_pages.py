@@ -112,9 +112,13 @@ def test_overview_shows_nodes_gpus_jobs_and_incidents(client: Browser, dash: Das
     assert 'data-testid="open-incidents">1<' in html
     assert "State log not writable on node-1" in html
     assert 'href="/jobs/grpo-a"' in html and "1 suspected" in html
-    specs = _chart_specs(html)
-    util = next(s for s in specs if s["unit"] == "%" and s["x"])
-    assert util["x"][0] < time.time() - 60  # the rollup minute is in the sparkline, then live
+    sparks = json.loads(re.search(r'id="node-sparks">(.*?)</script>', html, re.S).group(1))
+    # One shared axis: the rollup minute five minutes ago, then "now" with the live value.
+    assert len(sparks["x"]) == 2 and sparks["x"][0] < time.time() - 240
+    assert sparks["util"]["node-1"] == [70.0, 85.0]  # rollup avg 0.7; live mean of 0.9 and 0.8
+    assert sparks["temp"]["node-1"][-1] == 92.0  # the hottest GPU
+    assert sparks["util"]["node-2"] == [None, None]  # silent node: no values, no fake line
+    assert 'data-spark-node="node-1"' in html
     for partial in ("/ui/overview/health", "/ui/overview/incidents", "/ui/overview/jobs"):
         r = client.get(partial, headers=HX)
         assert r.status_code == 200
@@ -272,3 +276,15 @@ def test_static_assets_are_served_locally(client: Browser) -> None:
     assert "cdn" not in html.lower() and "https://" not in html
     for src in scripts + re.findall(r'<link rel="stylesheet" href="([^"]+)"', html):
         assert client.get(src).status_code == 200, src
+
+
+def test_overview_sees_a_gpu_that_appears_later(client: Browser, dash: DashboardApp) -> None:
+    now = _fleet(dash)
+    login(client, "vera")
+    first = client.get("/ui/overview/health", headers=HX).text
+    card = re.search(r'data-node="node-1".*?</a>', first, re.S).group(0)
+    assert card.count('class="gpu-dot ') == 2
+    dash.store.append(SeriesKey.of("node-1", "gpu_utilization_ratio", {"gpu": "2"}), now, 0.5)
+    again = client.get("/ui/overview/health", headers=HX).text
+    card = re.search(r'data-node="node-1".*?</a>', again, re.S).group(0)
+    assert card.count('class="gpu-dot ') == 3

@@ -1,0 +1,386 @@
+"""Overview render time at cluster scale, against the bare ``/healthz`` in the same run.
+
+    .venv/bin/python benchmarks/dashboard.py                     # 125 nodes x 8 GPUs, 20 incidents
+    .venv/bin/python benchmarks/dashboard.py --requests 400 --nodes 250
+
+Builds the real application (``app.main.create_app``) on a fresh SQLite database, fills it with a
+synthetic fleet (nodes, GPUs with 30 minutes of per-minute rollups and 2 minutes of live samples in
+the series store, jobs with participants, open incidents of every tier, pending approvals), serves
+it with uvicorn on a free port, signs in through the login form, and then alternates requests:
+
+* ``healthz``: ``GET /healthz``, the floor: routing, middleware and the HTTP round trip, and
+* ``overview``: ``GET /`` signed in: session and role check, the node grid with every GPU's latest
+  values and three sparklines per node, open incidents, jobs, pending approvals.
+
+Latencies are measured by the client around each request on loopback, so they include the round
+trip the server-side time cannot avoid; the first ``--warmup`` requests of each are not counted.
+Prints p50/p95/p99 for both and the ratio overview/healthz. Target: overview p95 <= 150 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy.engine import Engine  # noqa: E402
+from sqlmodel import Session  # noqa: E402
+
+from app.models import Job, MetricRollup, Node, Participant, from_epoch  # noqa: E402
+from app.services.series_store import SeriesKey, SeriesStore  # noqa: E402
+
+GIB = 2**30
+GPU_NAMES = (
+    "gpu_utilization_ratio",
+    "gpu_temperature_celsius",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_power_watts",
+    "gpu_throttle_thermal_active",
+    "gpu_throttle_power_active",
+    "gpu_ecc_uncorrected_errors_total",
+    "gpu_xid_critical_events_total",
+    "gpu_lost",
+)
+
+
+def _gpu_value(name: str, node_i: int, gpu: int, t: float, rng: random.Random) -> float:
+    phase = math.sin(t / 90.0 + node_i * 0.7 + gpu)
+    if name == "gpu_utilization_ratio":
+        return max(0.0, min(1.0, 0.82 + 0.12 * phase + rng.uniform(-0.04, 0.04)))
+    if name == "gpu_temperature_celsius":
+        hot = 14.0 if node_i % 41 == 7 and gpu == 3 else 0.0  # one hot GPU now and then
+        return 64.0 + 6.0 * phase + hot + rng.uniform(-1, 1)
+    if name == "gpu_memory_used_bytes":
+        return (62 + 8 * phase) * GIB
+    if name == "gpu_memory_total_bytes":
+        return 80 * GIB
+    if name == "gpu_power_watts":
+        return 520 + 120 * phase
+    return 0.0
+
+
+def populate(
+    engine: Engine,
+    store: SeriesStore,
+    *,
+    nodes: int,
+    gpus: int,
+    now: float,
+    live_seconds: int = 120,
+    rollup_minutes: int = 30,
+    jobs: int = 4,
+    seed: int = 7,
+) -> list[str]:
+    """Fill the database and the store; returns the node names."""
+    rng = random.Random(seed)
+    names = [f"gpu-node-{i:03d}" for i in range(nodes)]
+    with Session(engine) as session:
+        for i, name in enumerate(names):
+            session.add(
+                Node(
+                    name=name,
+                    last_seen_at=from_epoch(now - rng.uniform(0.2, 2.0)),
+                    last_agent_id=f"agent-{name}",
+                    fingerprint={
+                        "python": "3.11.9",
+                        "torch": "2.13.0",
+                        "cuda": "12.8",
+                        "driver": "570.124",
+                    },
+                    fingerprint_hash=f"{i % 3:064x}",
+                )
+            )
+        session.flush()
+        for j in range(jobs):
+            job = f"grpo-run-{j + 1}"
+            session.add(Job(name=job, last_seen_at=from_epoch(now - 1)))
+            session.flush()
+            members = names[j::jobs][:16]
+            for rank, node in enumerate(members):
+                role = "trainer" if rank < len(members) // 2 else "rollout"
+                session.add(
+                    Participant(
+                        job_name=job,
+                        role=role,
+                        rank=rank,
+                        node_name=node,
+                        phase="TRAIN" if role == "trainer" else "ROLLOUT",
+                        step=1200 + j * 37,
+                        last_heartbeat_at=from_epoch(now - rng.uniform(0.5, 4.0)),
+                    )
+                )
+        start_minute = from_epoch(now).replace(second=0, microsecond=0) - timedelta(
+            minutes=rollup_minutes
+        )
+        rollups = []
+        for i, name in enumerate(names):
+            for gpu in range(gpus):
+                for metric in GPU_NAMES[:5]:
+                    for m in range(rollup_minutes):
+                        minute = start_minute + timedelta(minutes=m)
+                        v = _gpu_value(metric, i, gpu, minute.timestamp(), rng)
+                        rollups.append(
+                            {
+                                "series_id": f"{name}:{metric}:{gpu}"[:40],
+                                "node": name,
+                                "name": metric,
+                                "labels": {"gpu": str(gpu)},
+                                "minute": minute,
+                                "count": 60,
+                                "min": v,
+                                "max": v,
+                                "avg": v,
+                                "last": v,
+                                "last_ts": minute.timestamp() + 59,
+                            }
+                        )
+        session.bulk_insert_mappings(MetricRollup, rollups)  # type: ignore[arg-type]
+        session.commit()
+    samples = []
+    for i, name in enumerate(names):
+        for gpu in range(gpus):
+            for metric in GPU_NAMES:
+                key = SeriesKey.of(name, metric, {"gpu": str(gpu)})
+                for s in range(live_seconds, 0, -1):
+                    t = now - s
+                    samples.append((key, t, _gpu_value(metric, i, gpu, t, rng)))
+    store.extend(samples)
+    return names
+
+
+def add_incidents(engine: Engine, nodes: list[str], *, count: int, now: float) -> None:
+    """``count`` open incidents across tiers; each heavy one with a pending approval."""
+    from app.models.action import RecoveryAction
+    from app.models.approval import Approval
+    from app.models.incident import Incident, IncidentEvent
+
+    tiers = ["light", "medium", "heavy"]
+    kinds = {"light": "rollout_batch_timeout", "medium": "gpu_xid", "heavy": "storage_unwritable"}
+    with Session(engine) as session:
+        for i in range(count):
+            tier = tiers[i % 3]
+            node = nodes[(i * 7) % len(nodes)]
+            key = f"{kinds[tier]}:node={node}:{i}"
+            inc = Incident(
+                key=key,
+                open_key=key,
+                kind=kinds[tier],
+                tier=tier,
+                subject={"node": node, "job": "grpo-run-1"},
+                job="grpo-run-1",
+                node=node,
+                summary=f"{kinds[tier].replace('_', ' ')} on {node}",
+                evidence={
+                    "metric": "state_log_write_latency_ms",
+                    "values": [[now - 30, 250.0]],
+                    "window_seconds": 10,
+                    "threshold": 200,
+                },
+                safe_mode=tier == "heavy",
+                opened_at=from_epoch(now - 60 * (i + 1)),
+                updated_at=from_epoch(now - 5 * i),
+            )
+            session.add(inc)
+            session.flush()
+            session.add(IncidentEvent(incident_id=inc.id, type="opened", at=inc.opened_at))  # type: ignore[arg-type]
+            if tier == "heavy":
+                appr = Approval(
+                    incident_id=inc.id,
+                    expires_at=from_epoch(now + 3600),
+                    summary="restore checkpoint",
+                )  # type: ignore[arg-type]
+                session.add(appr)
+                session.flush()
+                session.add(
+                    RecoveryAction(
+                        incident_id=inc.id,  # type: ignore[arg-type]
+                        approval_id=appr.id,
+                        idempotency_key=f"bench:{i}:restore_checkpoint",
+                        action="restore_checkpoint",
+                        job="grpo-run-1",
+                        queue="cluster",
+                        status="pending_approval",
+                    )
+                )
+        session.commit()
+
+
+class ServerTiming:
+    """Outermost ASGI wrapper: time from the request reaching the app to its last body byte.
+
+    This is the server-side figure (routing, middleware, the view, rendering); the client's
+    figure adds the loopback round trip and the client itself.
+    """
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+        self.samples: dict[str, list[float]] = {}
+        self.recording = False
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # type: ignore[operator]
+            return
+        start = time.perf_counter()
+
+        async def timed_send(message: dict) -> None:
+            await send(message)  # type: ignore[operator]
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                if self.recording:
+                    self.samples.setdefault(scope["path"], []).append(
+                        (time.perf_counter() - start) * 1000
+                    )
+
+        await self.app(scope, receive, timed_send)  # type: ignore[operator]
+
+
+class _Server(threading.Thread):
+    def __init__(self, app: object, port: int) -> None:
+        import uvicorn
+
+        super().__init__(daemon=True)
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        )  # type: ignore[arg-type]
+
+    def run(self) -> None:
+        self.server.run()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.join(timeout=20)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _sign_in(client: httpx.Client, name: str, password: str) -> None:
+    form = client.get("/login")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+    assert token, "login form without a CSRF token"
+    r = client.post(
+        "/login", data={"username": name, "password": password, "csrf_token": token.group(1)}
+    )
+    r.raise_for_status()
+    assert "Cluster overview" in r.text, "sign-in did not reach the overview"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=125)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--incidents", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=150, help="measured requests per endpoint")
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args()
+    for name in ("nodes", "gpus", "requests"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.incidents < 0 or args.warmup < 0:
+        parser.error("--incidents and --warmup must not be negative")
+
+    from app.core.config import Settings
+    from app.core.migrate import upgrade
+    from app.main import create_app
+    from app.services.users import create_user
+
+    with tempfile.TemporaryDirectory(prefix="rlguard-bench-dash-") as tmp:
+        settings = Settings(data_dir=Path(tmp), secret_key="bench-" + "k" * 32)
+        upgrade(settings.db_url)
+        app = create_app(settings)
+        now = time.time()
+        t0 = time.perf_counter()
+        nodes = populate(
+            app.state.engine, app.state.series_store, nodes=args.nodes, gpus=args.gpus, now=now
+        )
+        add_incidents(app.state.engine, nodes, count=args.incidents, now=now)
+        with Session(app.state.engine) as session:
+            create_user(
+                session, name="bench", role="viewer", actor="bench", password="bench-password"
+            )
+            session.commit()
+        print(
+            f"fleet: {args.nodes} nodes x {args.gpus} GPUs, {len(app.state.series_store)} live series, "
+            f"{args.incidents} open incidents (built in {time.perf_counter() - t0:.1f} s)"
+        )
+        from tests.conftest import free_port
+
+        port = free_port()
+        timing = ServerTiming(app)
+        server = _Server(timing, port)
+        server.start()
+        try:
+            base = f"http://127.0.0.1:{port}"
+            with httpx.Client(base_url=base, timeout=30, follow_redirects=True) as client:
+                for _ in range(200):
+                    try:
+                        if client.get("/healthz").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        time.sleep(0.05)
+                _sign_in(client, "bench", "bench-password")
+                timings: dict[str, list[float]] = {"healthz": [], "overview": []}
+                size = 0
+                for i in range(args.warmup + args.requests):
+                    for label, path in (("healthz", "/healthz"), ("overview", "/")):
+                        start = time.perf_counter()
+                        r = client.get(path)
+                        elapsed = (time.perf_counter() - start) * 1000
+                        r.raise_for_status()
+                        if label == "overview":
+                            size = len(r.content)
+                            assert r.text.count('class="node-card') == args.nodes, (
+                                "overview lost nodes"
+                            )
+                        if i >= args.warmup:
+                            timings[label].append(elapsed)
+                    timing.recording = i + 1 >= args.warmup
+        finally:
+            server.stop()
+    load = os.getloadavg()
+    print(
+        f"requests: {args.requests} per endpoint after {args.warmup} warm-up; overview page "
+        f"{size / 1024:.0f} KiB; load average {load[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    server_side = {
+        "healthz": timing.samples.get("/healthz", []),
+        "overview": timing.samples.get("/", []),
+    }
+    print(
+        f"{'endpoint':<10} {'measured':<12} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'mean ms':>8}"
+    )
+    for where, table in (("server-side", server_side), ("client", timings)):
+        for label, values in table.items():
+            print(
+                f"{label:<10} {where:<12} {_percentile(values, 0.5):8.1f} {_percentile(values, 0.95):8.1f} "
+                f"{_percentile(values, 0.99):8.1f} {statistics.fmean(values):8.1f}"
+            )
+    p95 = _percentile(server_side["overview"], 0.95)
+    floor = _percentile(server_side["healthz"], 0.95)
+    print(f"ratio overview/healthz, server-side p95: {p95 / floor:.1f}x")
+    print(
+        f"target overview p95 <= 150 ms server-side: {'MET' if p95 <= 150 else 'NOT MET'} ({p95:.1f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()
