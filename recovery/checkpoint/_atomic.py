@@ -356,6 +356,10 @@ def verify_committed_dir(
                 f"{final_dir.name}: file {name} is {size} bytes, marker says {expected['size']}"
             )
         algorithm, _ = expected_checksum(expected)
-        if not digest_file(path, checksum=algorithm).matches(expected):
+        try:
+            actual = digest_file(path, checksum=algorithm)
+        except OSError as exc:  # e.g. removed by retention while we read it
+            raise CheckpointCorrupt(f"{final_dir.name}: file {name} unreadable: {exc}") from None
+        if not actual.matches(expected):
             raise CheckpointCorrupt(f"{final_dir.name}: checksum mismatch in {name}")
     return body

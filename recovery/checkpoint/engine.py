@@ -589,7 +589,11 @@ def _read_verified(
     data = torch.empty(size, dtype=torch.uint8)
     view = memoryview(data.numpy().data).cast("B")
     digest = _atomic.new_hasher(algorithm)
-    with open(path, "rb", buffering=0) as fh:
+    try:
+        fh = open(path, "rb", buffering=0)
+    except OSError as exc:  # e.g. removed by retention since the stat above
+        raise CheckpointCorrupt(f"{directory.name}: file {name} unreadable: {exc}") from None
+    with fh:
         pos = 0
         while pos < size:
             n = fh.readinto(view[pos : pos + (8 << 20)])

@@ -372,3 +372,37 @@ def test_mirror_gets_a_verified_copy_and_retention(tmp_path: Path, checksum: str
 def test_marker_records_the_chosen_checksum(eng: CheckpointEngine) -> None:
     info = _save(eng, small_training_state(), 1)
     assert set(info.files["core.bin"]) == {"size", eng.checksum}
+
+
+def test_reader_racing_writer_and_retention_never_sees_wrong_data(tmp_path: Path) -> None:
+    writer = CheckpointEngine(tmp_path, keep=1)
+    reader = CheckpointEngine(tmp_path)
+    base = small_training_state()
+    stop = threading.Event()
+    problems: list[str] = []
+    loads = 0
+
+    def read_loop() -> None:
+        nonlocal loads
+        while not stop.is_set():
+            info = reader.latest()  # must never raise, even while retention deletes
+            if info is None:
+                continue
+            try:
+                got = reader.load(info)
+            except CheckpointCorrupt:
+                continue  # deleted under us (keep=1): refused, never partial
+            if got["step"] != info.version.training_step:
+                problems.append(f"{info.path.name}: step {got['step']} != {info.version}")
+            loads += 1
+
+    thread = threading.Thread(target=read_loop)
+    thread.start()
+    try:
+        for step in range(1, 20):
+            writer.save({**base, "step": step}, version=V(step, 0)).wait(30)
+    finally:
+        stop.set()
+        thread.join(30)
+        writer.close()
+    assert problems == [] and loads > 0
