@@ -96,8 +96,12 @@ class WeightReceiver:
         max_chunk_attempts: int = 3,
         poll_interval: float = 0.05,
         egress_bytes_per_s: float | None = None,
-        verify_threads: int = 2,
+        verify_threads: int | None = None,
     ) -> None:
+        if verify_threads is None:
+            # tcp/ucx: one verifier beside the receiving thread; shm: the copies run on the
+            # verifiers too, so two of them keep two cores busy.
+            verify_threads = 1 if transport.inline_payload else 2
         if not isinstance(verify_threads, int) or verify_threads < 0:
             raise TransferConfigError(f"verify_threads must be an int >= 0, got {verify_threads!r}")
         if not timeout > 0 or not poll_interval > 0:

@@ -24,8 +24,7 @@ from recovery.transfer.wire import MAX_MESSAGE_BYTES, recv_message, send_message
 @pytest.fixture
 def pair() -> tuple[TcpChannel, TcpChannel]:
     a, b = socket.socketpair()
-    left, right = TcpChannel.__new__(TcpChannel), TcpChannel.__new__(TcpChannel)
-    left.sock, left.peer, right.sock, right.peer = a, "left", b, "right"
+    left, right = TcpChannel(a, "left"), TcpChannel(b, "right")
     yield left, right
     left.close()
     right.close()
