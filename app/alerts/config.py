@@ -163,6 +163,14 @@ class AlertsConfig(BaseModel):
     approval_path: str = "/approvals/{approval_id}"
     group_wait_s: float = Field(default=10.0, ge=0.0, le=600.0)
     repeat_interval_s: float = Field(default=1800.0, ge=60.0, le=7 * 86400.0)
+    # A worker's claim on a delivery; after a worker dies mid-send the row is sent again once
+    # this expired (at-least-once: the receiver may see that one message twice).
+    claim_lease_s: float = Field(default=360.0, ge=5.0, le=3600.0)
+    # Task runs per delivery (each run makes a couple of quick tries) before it is failed.
+    max_task_runs: int = Field(default=4, ge=1, le=20)
+    retry_base_delay_s: float = Field(default=60.0, ge=1.0, le=3600.0)
+    # Finished delivery rows are deleted after this many days.
+    retention_days: float = Field(default=90.0, gt=0.0)
     channels: tuple[ChannelConfig, ...] = ()
     # Optional operator allowlist: when set, every channel's host must be in it, and the
     # delivery client refuses any other host even if a channel somehow named one.

@@ -57,6 +57,16 @@ class TaskRetryPolicy:
     # A claimed row whose worker vanished (kill -9, OOM) may be re-claimed after this.
     lease: timedelta = timedelta(minutes=6)
 
+    @classmethod
+    def from_config(cls, config: AlertsConfig) -> TaskRetryPolicy:
+        base = timedelta(seconds=config.retry_base_delay_s)
+        return cls(
+            max_task_runs=config.max_task_runs,
+            base_delay=base,
+            max_delay=max(base, timedelta(minutes=15)),
+            lease=timedelta(seconds=config.claim_lease_s),
+        )
+
     def delay(self, task_runs: int) -> timedelta:
         return min(self.max_delay, self.base_delay * 2 ** max(0, task_runs - 1))
 
@@ -460,3 +470,24 @@ def current_view(session: Session, batch: AlertBatch) -> AlertBatch:
         evidence_summary=incident.summary or batch.latest.evidence_summary,
     )
     return AlertBatch((*batch.events[:-1], latest))
+
+
+def purge_old_deliveries(session: Session, *, before: datetime) -> int:
+    """Delete finished rows last touched before `before`; the caller commits."""
+    table = AlertDelivery.__table__  # type: ignore[attr-defined]
+    final = [s.value for s in DeliveryState if s not in OPEN_STATES]
+    # Grouped rows point at their lead: delete them first, then the leads.
+    total = 0
+    for grouped in (True, False):
+        stmt = sa.delete(table).where(
+            table.c.state.in_(final),
+            table.c.updated_at < before,
+            table.c.batch_id.is_not(None) if grouped else table.c.batch_id.is_(None),
+        )
+        if not grouped:
+            referenced = (
+                sa.select(table.c.batch_id).where(table.c.batch_id.is_not(None)).scalar_subquery()
+            )
+            stmt = stmt.where(table.c.id.not_in(referenced))
+        total += int(session.execute(stmt).rowcount or 0)
+    return total

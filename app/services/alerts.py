@@ -25,6 +25,7 @@ from app.alerts.queue import (
     actions_taken,
     dispatch,
     due_for_dispatch,
+    purge_old_deliveries,
     queue_events,
     queue_reminders,
 )
@@ -161,7 +162,9 @@ def _after_commit(session: Session) -> list[tuple[int, datetime]]:
     pending = []
     session.info["rlguard_alert_rows"] = pending
 
-    def commit(_session: Any) -> None:
+    def commit(committed: Session) -> None:
+        if committed.in_nested_transaction():
+            return  # a savepoint was released; the rows are not committed yet
         rows, pending[:] = list(pending), []
         enqueue = _enqueue()
         for delivery_id, due in rows:
@@ -242,6 +245,7 @@ def run_alert_maintenance(
         return 0, 0
     now = now or utcnow()
     with Session(engine, expire_on_commit=False) as session:
+        purge_old_deliveries(session, before=now - timedelta(days=config.retention_days))
         due = due_for_dispatch(session, now=now, grace=grace)
         reminders = queue_reminders(
             session, config=config, now=now, is_open=_incident_is_open(session)

@@ -15,7 +15,7 @@ from app.alerts.delivery import AlertDeliveryClient, DeliveryStatus, RetryPolicy
 from app.alerts.errors import AlertConfigError, HostNotAllowedError
 from app.alerts.events import Tier
 from app.alerts.grouping import AlertBatch, AlertGrouper
-from app.alerts.ratelimit import SlidingWindowRateLimiter
+from app.alerts.ratelimit import RateLimitWaitTooLong, SlidingWindowRateLimiter
 from app.alerts.render import render_batch, render_test_message
 from app.alerts.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from tests.conftest import free_port
@@ -372,3 +372,36 @@ def test_test_message_goes_out(server: RecordingServer) -> None:
             )
             assert record.status is DeliveryStatus.SENT
     assert len(server.requests) == 3
+
+
+def test_rate_limiter_refuses_to_wait_too_long() -> None:
+    now = [0.0]
+    limiter = SlidingWindowRateLimiter(
+        clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
+    limiter.acquire("a", limit=1, window_s=60)
+    with pytest.raises(RateLimitWaitTooLong, match="would wait 60.0 s > 5"):
+        limiter.acquire("a", limit=1, window_s=60, max_wait_s=5)
+
+
+class SaturatedLimiter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def acquire(self, key: str, *, limit: int, window_s: float, max_wait_s: float = 120.0) -> float:
+        self.calls += 1
+        raise RateLimitWaitTooLong(f"{key}: would wait 59.0 s > {max_wait_s} s")
+
+
+@pytest.mark.timeout(30)
+def test_a_saturated_limiter_fails_the_send_without_posting(server: RecordingServer) -> None:
+    limiter = SaturatedLimiter()
+    record, _ = send(
+        config(server.url("")),
+        "ops-wecom",
+        limiter=limiter,
+        policy=RetryPolicy(max_attempts=2, base_delay_s=0.01, max_retry_after_s=5),
+    )
+    assert record.status is DeliveryStatus.FAILED and record.attempts == 2 and limiter.calls == 2
+    assert record.last_error == "local rate limit: ops-wecom: would wait 59.0 s > 5 s"
+    assert server.requests == []

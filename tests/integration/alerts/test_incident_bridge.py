@@ -1,0 +1,282 @@
+"""The incident service's timeline → alert rows, through its real call site (`add_event`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from app.alerts.events import event_from_json
+from app.alerts.grouping import AlertBatch
+from app.alerts.queue import current_view
+from app.models._types import utcnow
+from app.models.action import RecoveryAction
+from app.models.alert import AlertDelivery
+from app.models.incident import Incident, IncidentEvent
+from app.services import alerts as alert_service
+from app.services.incidents import add_event
+from tests.unit.app.alerts._factories import config
+
+pytestmark = pytest.mark.integration
+AT = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+CFG = config()
+
+
+class Enqueued(list[tuple[int, datetime]]):
+    def __call__(self, delivery_id: int, eta: datetime) -> None:
+        self.append((delivery_id, eta))
+
+
+@pytest.fixture
+def enqueued() -> Iterator[Enqueued]:
+    calls = Enqueued()
+    alert_service.configure(config=CFG, enqueue=calls)
+    try:
+        yield calls
+    finally:
+        alert_service.configure(config=None, enqueue=None)
+
+
+def new_incident(session: Session, tier: str = "heavy", opened_at: datetime = AT) -> Incident:
+    inc = Incident(
+        key="storage_unwritable/job=grpo-a",
+        open_key="storage_unwritable/job=grpo-a",
+        kind="storage_unwritable",
+        tier=tier,
+        subject={"job": "grpo-a", "node": "n0", "role": "trainer", "rank": 0},
+        job="grpo-a",
+        node="n0",
+        summary="state_log_write_errors_total rose by 3",
+        opened_at=opened_at,
+        updated_at=opened_at,
+    )
+    session.add(inc)
+    session.flush()
+    return inc
+
+
+def rows(engine: Engine) -> list[AlertDelivery]:
+    with Session(engine) as session:
+        return list(session.exec(select(AlertDelivery).order_by(AlertDelivery.id)).all())
+
+
+def test_opened_and_approval_requested_are_queued_and_sent_after_commit(
+    engine: Engine, enqueued: Enqueued
+) -> None:
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_="opened", at=AT, detail={"tier": "heavy"})
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_="approval_requested",
+            at=AT,
+            detail={"approval_id": 7},
+        )
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_="action_planned",
+            at=AT,
+            detail={"action": "enter_safe_mode"},
+        )
+        assert enqueued == []  # nothing leaves before the commit
+        session.commit()
+    queued = rows(engine)
+    assert len(queued) == 6 and sorted(i for i, _ in enqueued) == sorted(r.id for r in queued)
+    assert {eta for _, eta in enqueued} == {AT + CFG.group_wait}
+    opened = event_from_json(queued[0].event)
+    assert (opened.kind.value, opened.tier.value, opened.fault_kind, opened.job, opened.role) == (
+        "opened", "heavy", "storage_unwritable", "grpo-a", "trainer",
+    )  # fmt: skip
+    assert event_from_json(queued[-1].event).approval_id == 7
+
+
+def test_a_rolled_back_incident_queues_nothing(engine: Engine, enqueued: Enqueued) -> None:
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        session.rollback()
+    assert rows(engine) == [] and enqueued == []
+
+
+@pytest.mark.parametrize(
+    "type_", ["updated", "action_planned", "action_started", "action_succeeded", "safe_mode"]
+)
+def test_entries_not_worth_a_message(engine: Engine, enqueued: Enqueued, type_: str) -> None:
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_=type_, at=AT)
+        session.commit()
+    assert rows(engine) == [] and enqueued == []
+
+
+def test_decisions_and_failures_carry_who_and_why(engine: Engine, enqueued: Enqueued) -> None:
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_="approval_granted", actor="user:alice", at=AT,
+                  detail={"approval_id": 7, "comment": "go"})  # fmt: skip
+        add_event(
+            session, incident_id=inc.id, type_="approval_expired", at=AT, detail={"approval_id": 8}
+        )
+        add_event(session, incident_id=inc.id, type_="action_failed", actor="worker:vm:1", at=AT,
+                  detail={"action": "restore_checkpoint", "error": "no valid checkpoint"})  # fmt: skip
+        session.commit()
+    events = [event_from_json(r.event) for r in rows(engine) if r.channel == "pager"]
+    granted, expired, failed = events
+    assert (granted.decision.value, granted.decided_by, granted.comment) == (
+        "approved",
+        "alice",
+        "go",
+    )
+    assert (expired.decision.value, expired.decided_by) == ("expired", None)
+    assert (failed.kind.value, failed.failed_action, failed.error) == (
+        "action_failed",
+        "restore_checkpoint",
+        "no valid checkpoint",
+    )
+
+
+def test_medium_incidents_skip_heavy_only_channels(engine: Engine, enqueued: Enqueued) -> None:
+    heavy_only = config(
+        channels=[
+            {
+                "type": "slack",
+                "name": "pager-duty",
+                "url": "https://h.example/x",
+                "min_tier": "heavy",
+            }
+        ]
+    )
+    alert_service.configure(config=heavy_only, enqueue=enqueued)
+    with Session(engine) as session:
+        inc = new_incident(session, tier="medium")
+        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        session.commit()
+    assert rows(engine) == []
+
+
+def test_an_alerting_failure_never_blocks_the_incident(
+    engine: Engine,
+    enqueued: Enqueued,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*_a: object, **_k: object) -> list[int]:
+        raise RuntimeError("alert queue exploded")
+
+    monkeypatch.setattr(alert_service, "queue_events", broken)
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        session.commit()
+        incident_id = inc.id
+    with Session(engine) as session:
+        assert session.get(Incident, incident_id) is not None
+        assert len(session.exec(select(IncidentEvent)).all()) == 1
+    assert rows(engine) == [] and "not queued; the incident goes on" in caplog.text
+
+
+def test_a_broken_broker_leaves_rows_for_the_sweeper(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    def down(delivery_id: int, eta: datetime) -> None:
+        raise ConnectionError("redis down")
+
+    alert_service.configure(config=CFG, enqueue=down)
+    try:
+        with Session(engine) as session:
+            inc = new_incident(session)
+            add_event(session, incident_id=inc.id, type_="opened", at=AT)
+            session.commit()
+    finally:
+        alert_service.configure(config=None, enqueue=None)
+    assert len(rows(engine)) == 3 and "the sweeper will retry it" in caplog.text
+    with caplog.at_level(logging.WARNING):
+        pass
+
+
+def test_no_channels_means_no_work(engine: Engine) -> None:
+    alert_service.configure(config=config(channels=[]), enqueue=lambda i, e: None)
+    try:
+        with Session(engine) as session:
+            inc = new_incident(session)
+            add_event(session, incident_id=inc.id, type_="opened", at=AT)
+            session.commit()
+    finally:
+        alert_service.configure(config=None, enqueue=None)
+    assert rows(engine) == []
+
+
+def test_the_message_shows_the_actions_as_they_are_at_send_time(
+    engine: Engine, enqueued: Enqueued
+) -> None:
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        for n, (action, status) in enumerate(
+            [
+                ("enter_safe_mode", "succeeded"),
+                ("restore_checkpoint", "pending_approval"),
+                ("restart_role", "cancelled"),
+            ]
+        ):
+            session.add(
+                RecoveryAction(
+                    incident_id=inc.id,
+                    idempotency_key=f"k{n}",
+                    action=action,
+                    queue="cluster",
+                    status=status,
+                )
+            )
+        session.commit()
+        batch = AlertBatch((event_from_json(rows(engine)[0].event),))
+        assert batch.actions_taken == ()  # planned after the "opened" entry was written
+        fresh = current_view(session, batch)
+    assert fresh.actions_taken == (
+        "enter_safe_mode (succeeded)",
+        "restore_checkpoint (pending approval)",
+    )
+
+
+def test_maintenance_reminds_open_heavy_incidents_and_purges_old_rows(
+    engine: Engine, enqueued: Enqueued
+) -> None:
+    # Rows are stamped with the wall clock, so this test lives on it: opened 35 minutes ago.
+    opened = utcnow() - timedelta(minutes=35)
+    with Session(engine) as session:
+        inc = new_incident(session, opened_at=opened)
+        add_event(session, incident_id=inc.id, type_="opened", at=opened)
+        session.commit()
+        incident_id = inc.id
+    enqueued.clear()  # as if the broker had lost those three tasks
+    soon = utcnow() + timedelta(minutes=2)
+    sent, reminders = alert_service.run_alert_maintenance(
+        engine, now=soon, grace=timedelta(seconds=60)
+    )
+    assert reminders == 3 and sent == 6  # the 3 lost "opened" rows + 3 reminders
+    assert sorted(enqueued) == sorted((r.id, r.due_at) for r in rows(engine))
+    assert {r.event_id for r in rows(engine)} == {"t1", "reminder-1"}
+    assert alert_service.run_alert_maintenance(engine, now=soon, grace=timedelta(seconds=60)) == (
+        0,
+        0,
+    )
+    with Session(engine) as session:
+        session.get(Incident, incident_id).status = "resolved"  # type: ignore[union-attr]
+        session.commit()
+    assert alert_service.run_alert_maintenance(engine, now=soon + timedelta(minutes=60))[1] == 0
+    # Finished rows older than the retention go; open ones stay, however old.
+    with Session(engine) as session:
+        for row in session.exec(select(AlertDelivery).where(AlertDelivery.event_id == "t1")).all():
+            row.state = "sent"
+        session.commit()
+    # (the last pass stamped the rows it re-enqueued at soon + 60 min)
+    alert_service.run_alert_maintenance(
+        engine, now=soon + timedelta(days=CFG.retention_days, hours=2)
+    )
+    assert {r.event_id for r in rows(engine)} == {"reminder-1"}

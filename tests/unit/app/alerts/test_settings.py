@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.alerts.errors import AlertConfigError
+from app.alerts.settings import AlertFileSettings, load_server_alerts_config
+
+YAML = "alerts:\n  channels:\n    - {type: slack, name: ops, url: 'https://hooks.slack.com/services/a/b/c'}\n"
+
+
+def test_no_file_means_no_channels_and_links_to_the_server(tmp_path: Path) -> None:
+    cfg = load_server_alerts_config(
+        data_dir=tmp_path, host="10.0.0.5", port=8100, env=AlertFileSettings()
+    )
+    assert cfg.channels == () and cfg.external_base_url == "http://10.0.0.5:8100"
+
+
+def test_data_dir_file_and_base_url_override(tmp_path: Path) -> None:
+    (tmp_path / "alerts.yaml").write_text(YAML, encoding="utf-8")
+    env = AlertFileSettings(external_base_url="https://rlguard.example.com/")
+    cfg = load_server_alerts_config(data_dir=tmp_path, host="127.0.0.1", port=8000, env=env)
+    assert [c.name for c in cfg.channels] == ["ops"]
+    assert cfg.external_base_url == "https://rlguard.example.com"
+
+
+def test_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "elsewhere.yaml"
+    path.write_text(YAML, encoding="utf-8")
+    monkeypatch.setenv("RLGUARD_ALERTS_FILE", str(path))
+    cfg = load_server_alerts_config(data_dir=tmp_path / "empty", host="h", port=1)
+    assert [c.name for c in cfg.channels] == ["ops"]
+
+
+def test_a_named_file_that_is_missing_or_bad_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(AlertConfigError, match="RLGUARD_ALERTS_FILE='.*nope.yaml' does not exist"):
+        load_server_alerts_config(
+            data_dir=tmp_path, host="h", port=1, env=AlertFileSettings(file=tmp_path / "nope.yaml")
+        )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("alerts: [1, 2]\n", encoding="utf-8")
+    with pytest.raises(AlertConfigError, match="must be a mapping, got list"):
+        load_server_alerts_config(
+            data_dir=tmp_path, host="h", port=1, env=AlertFileSettings(file=bad)
+        )
+    bad.write_text(
+        "alerts:\n  channels:\n    - {type: slack, name: ops, url: 'http://hooks.slack.com/x/secretpart'}\n"
+    )
+    with pytest.raises(AlertConfigError) as err:
+        load_server_alerts_config(
+            data_dir=tmp_path, host="h", port=1, env=AlertFileSettings(file=bad)
+        )
+    assert "must use https" in str(err.value) and "secretpart" not in str(err.value)
