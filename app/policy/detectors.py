@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from app.policy import metric_names as m
 from app.policy.policy_file import GoldenMetricRule, Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier, cap_points
-from app.policy.world import ParticipantView, World
+from app.policy.world import CHANGED, ParticipantView, Threshold, World
 from app.services.series_store import Point, SeriesKey
 
 
@@ -36,8 +36,13 @@ def participant_subject(p: ParticipantView) -> Subject:
 class Detector:
     """Base class: ``detect`` returns the signals whose condition holds at ``world.now``."""
 
-    #: metric names this detector reads from ``world.latest``
+    #: metric names this detector reads from ``world.latest`` every tick
     metrics: tuple[str, ...] = ()
+    #: per name: which series the snapshot keeps (a predicate on the newest value, or CHANGED);
+    #: a name without a filter comes whole. Filters keep the tick cheap at cluster scale.
+    filters: dict[str, object] = {}
+    #: names read only on demand (``world.all_series``), never snapshotted
+    lookups: tuple[str, ...] = ()
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -96,6 +101,13 @@ class Detector:
         return world.now - point.ts <= self.policy.detection.stale_sample_seconds
 
 
+def at_least_one(value: float) -> bool:
+    return value >= 1
+
+
+AT_LEAST_ONE = Threshold("ge", 1.0)
+
+
 def breach_run(points: list[Point], breaches: Callable[[float], bool]) -> list[Point]:
     """The newest contiguous run of points that satisfy ``breaches`` (oldest first)."""
     run: list[Point] = []
@@ -115,6 +127,13 @@ class GoldenMetricDetector(Detector):
         m.ACTOR_SHARD_REBUILD_COUNT_5M,
         m.STATE_LOG_WRITE_LATENCY_MS,
     )
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.filters = {
+            name: Threshold("ge" if rule.inclusive else "gt", rule.warning)
+            for name, rule in policy.golden_metrics.items()
+        }
 
     def detect(self, world: World) -> list[FaultSignal]:
         out: list[FaultSignal] = []
@@ -174,6 +193,8 @@ class TrainerIdleDetector(Detector):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self._phases = _PhaseTracker()
+        idle = policy.detection.trainer.idle_utilization_ratio
+        self.filters = {m.GPU_UTILIZATION_RATIO: Threshold("le", idle)}  # only idle GPUs come
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.trainer
@@ -195,8 +216,12 @@ class TrainerIdleDetector(Detector):
         out: list[FaultSignal] = []
         for (job, node), members in sorted(idle_trainers.items()):
             gpus = by_node.get(node, [])
-            if not gpus or any(pt.value > cfg.idle_utilization_ratio for _, pt in gpus):
-                continue
+            if (
+                not gpus
+                or any(pt.value > cfg.idle_utilization_ratio for _, pt in gpus)
+                or len(gpus) < world.series_count(m.GPU_UTILIZATION_RATIO, node)
+            ):
+                continue  # some GPU of the node is busy
             if not all(self.fresh(world, pt) for _, pt in gpus):
                 continue  # the node went quiet: that is the silence detector's case
             phase_since = max(since for _, since in members)
@@ -239,8 +264,10 @@ class TrainerIdleDetector(Detector):
             if len(run) == len(points):
                 # Idle for all we have since the phase began; data starting late caps it.
                 start = max(start, points[0].ts if points[0].ts > phase_since + 2 else phase_since)
-            else:
+            elif run:
                 start = max(start, run[0].ts)
+            else:
+                return None  # busy at its newest sample
         return start
 
 
@@ -251,16 +278,12 @@ class RolloutStallDetector(Detector):
     a request): normal. Only a missing heartbeat after the stall makes it a fault.
     """
 
-    metrics = (m.ROLLOUT_TOKENS_PER_SECOND,)
+    lookups = (m.ROLLOUT_TOKENS_PER_SECOND,)
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.rollout
         suspect = self.policy.detection.heartbeat.suspect_seconds
-        throughput: dict[tuple[str, str, int], SeriesKey] = {}
-        for key, _ in world.series(m.ROLLOUT_TOKENS_PER_SECOND):
-            s = subject_of(key)
-            if s.job is not None and s.role is not None and s.rank is not None:
-                throughput[(s.job, s.role, s.rank)] = key
+        throughput: dict[tuple[str, str, int], SeriesKey] | None = None
         out: list[FaultSignal] = []
         for p in world.participants:
             if (
@@ -274,6 +297,8 @@ class RolloutStallDetector(Detector):
             node_seen = world.node_last_seen.get(p.node)
             if node_seen is not None and world.now - node_seen >= suspect:
                 continue  # the whole node is quiet: the node detector's case
+            if throughput is None:  # only built when a rollout's heartbeat is late
+                throughput = self._throughput_keys(world)
             key = throughput.get(p.key)
             if key is None:
                 continue
@@ -303,6 +328,21 @@ class RolloutStallDetector(Detector):
                 )
             )
         return out
+
+    def _throughput_keys(self, world: World) -> dict[tuple[str, str, int], SeriesKey]:
+        # Kept while the number of series is unchanged: parsing every key each tick would cost
+        # more than the rest of the tick at cluster scale.
+        size = len(world.store)
+        cached = getattr(self, "_tp_cache", None)
+        if cached is not None and cached[0] == size:
+            return cached[1]  # type: ignore[no-any-return]
+        keys: dict[tuple[str, str, int], SeriesKey] = {}
+        for k, _ in world.all_series(m.ROLLOUT_TOKENS_PER_SECOND):
+            sub = subject_of(k)
+            if sub.job is not None and sub.role is not None and sub.rank is not None:
+                keys[(sub.job, sub.role, sub.rank)] = k
+        self._tp_cache = (size, keys)
+        return keys
 
     def _stall_since(self, world: World, key: SeriesKey) -> float | None:
         window = self.policy.detection.rollout.stall_timeout_seconds * 2
@@ -483,6 +523,27 @@ class _CounterWatch:
                 ep.increase += increase
         return increase
 
+    def episodes_of(
+        self,
+        world: World,
+        name: str,
+        nodes: _NodeMemory,
+        hold: float,
+        *,
+        on_increase: Callable[[SeriesKey, float], None] | None = None,
+    ) -> list[tuple[SeriesKey, _Episode]]:
+        """Observe the series of ``name`` that changed this tick; return the live episodes."""
+        for key, point in world.series(name):
+            inc = self.observe(key, point, node_known=nodes.known(key.node), hold=hold)
+            if inc > 0 and on_increase is not None:
+                on_increase(key, inc)
+        out = []
+        for key in [k for k in self.episodes if k.name == name]:
+            ep = self.active(key, world.now, hold)
+            if ep is not None:
+                out.append((key, ep))
+        return out
+
     def active(self, key: SeriesKey, now: float, hold: float) -> _Episode | None:
         ep = self.episodes.get(key)
         if ep is None:
@@ -504,8 +565,9 @@ class _NodeMemory:
         self._pending.add(node)
         return node in self._known
 
-    def commit(self) -> None:
+    def commit(self, world: World) -> None:
         self._known |= self._pending
+        self._known.update(world.node_last_seen)
         self._pending.clear()
 
 
@@ -515,13 +577,21 @@ class GpuHealthDetector(Detector):
 
     metrics = (
         m.GPU_XID_CRITICAL_EVENTS_TOTAL,
-        m.GPU_XID_LAST_CODE,
         m.GPU_ECC_UNCORRECTED_TOTAL,
         m.GPU_REMAPPED_ROWS_FAILURE,
         m.GPU_THROTTLE_THERMAL,
         m.GPU_THROTTLE_POWER,
         m.GPU_LOST,
     )
+    lookups = (m.GPU_XID_LAST_CODE,)
+    filters = {
+        m.GPU_XID_CRITICAL_EVENTS_TOTAL: CHANGED,
+        m.GPU_ECC_UNCORRECTED_TOTAL: CHANGED,
+        m.GPU_REMAPPED_ROWS_FAILURE: AT_LEAST_ONE,
+        m.GPU_THROTTLE_THERMAL: AT_LEAST_ONE,
+        m.GPU_THROTTLE_POWER: AT_LEAST_ONE,
+        m.GPU_LOST: AT_LEAST_ONE,
+    }
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -531,22 +601,22 @@ class GpuHealthDetector(Detector):
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.gpu
         out: list[FaultSignal] = []
-        xid_codes = {
-            (k.node, k.label(m.LABEL_GPU)): pt.value for k, pt in world.series(m.GPU_XID_LAST_CODE)
-        }
+        xid_codes: dict[tuple[str, str | None], float] | None = None
         for kind, name in (
             (FaultKind.GPU_XID, m.GPU_XID_CRITICAL_EVENTS_TOTAL),
             (FaultKind.GPU_ECC_UNCORRECTABLE, m.GPU_ECC_UNCORRECTED_TOTAL),
         ):
-            for key, point in world.series(name):
-                known = self._nodes.known(key.node)
-                self._counters.observe(key, point, node_known=known, hold=cfg.event_hold_seconds)
-                ep = self._counters.active(key, world.now, cfg.event_hold_seconds)
-                if ep is None:
-                    continue
+            for key, ep in self._counters.episodes_of(
+                world, name, self._nodes, cfg.event_hold_seconds
+            ):
                 extra: dict[str, object] = {"increase": ep.increase}
                 detail = f"{name} rose by {ep.increase:g}"
                 if kind is FaultKind.GPU_XID:
+                    if xid_codes is None:
+                        xid_codes = {
+                            (k.node, k.label(m.LABEL_GPU)): pt.value
+                            for k, pt in world.all_series(m.GPU_XID_LAST_CODE)
+                        }
                     code = xid_codes.get((key.node, key.label(m.LABEL_GPU)))
                     if code is not None:
                         extra["xid"] = int(code)
@@ -561,41 +631,28 @@ class GpuHealthDetector(Detector):
                 out.append(
                     self.signal(world, kind, subject_of(key), evidence, since=ep.first_ts, **extra)
                 )
-        for key, point in world.series(m.GPU_REMAPPED_ROWS_FAILURE):
-            if point.value >= 1 and self.fresh(world, point):
-                run = breach_run(world.store.since(key, world.now - 3600), lambda v: v >= 1)
-                since = run[0].ts if run else point.ts
-                evidence = Evidence(
-                    metric=key.name,
-                    values=((since, 1.0),),
-                    threshold=1.0,
-                    detail="row remapping failed: the GPU needs replacing",
-                )
-                out.append(
-                    self.signal(
-                        world,
-                        FaultKind.GPU_ROW_REMAP_FAILURE,
-                        subject_of(key),
-                        evidence,
-                        since=since,
-                    )
-                )
-        for key, point in world.series(m.GPU_LOST):
-            if point.value >= 1 and self.fresh(world, point):
-                run = breach_run(world.store.since(key, world.now - 3600), lambda v: v >= 1)
-                since = run[0].ts if run else point.ts
-                evidence = Evidence(
-                    metric=key.name,
-                    values=((since, 1.0),),
-                    threshold=1.0,
-                    detail="GPU fell off the bus",
-                )
-                out.append(
-                    self.signal(world, FaultKind.GPU_LOST, subject_of(key), evidence, since=since)
-                )
+        for name, kind, detail in (
+            (
+                m.GPU_REMAPPED_ROWS_FAILURE,
+                FaultKind.GPU_ROW_REMAP_FAILURE,
+                "row remapping failed: the GPU needs replacing",
+            ),
+            (m.GPU_LOST, FaultKind.GPU_LOST, "GPU fell off the bus"),
+        ):
+            for key, point in world.series(name):
+                if point.value >= 1 and self.fresh(world, point):
+                    out.append(self._flag(world, key, point, kind, detail))
         out.extend(self._throttling(world))
-        self._nodes.commit()
+        self._nodes.commit(world)
         return out
+
+    def _flag(
+        self, world: World, key: SeriesKey, point: Point, kind: FaultKind, detail: str
+    ) -> FaultSignal:
+        run = breach_run(world.store.since(key, world.now - 3600), at_least_one)
+        since = run[0].ts if run else point.ts
+        evidence = Evidence(metric=key.name, values=((since, 1.0),), threshold=1.0, detail=detail)
+        return self.signal(world, kind, subject_of(key), evidence, since=since)
 
     def _throttling(self, world: World) -> Iterable[FaultSignal]:
         sustain = self.policy.detection.gpu.throttle_sustain_seconds
@@ -622,10 +679,10 @@ class GpuHealthDetector(Detector):
                     values=cap_points([(p.ts, p.value) for p in run]),
                     window_seconds=sustain,
                     threshold=1.0,
-                    detail=f"{name} for {world.now - run[0].ts:.0f}s",
+                    detail=f"{name} for {world.now - start:.0f}s",
                 )
                 yield self.signal(
-                    world, FaultKind.GPU_THROTTLED, subject_of(key), evidence, since=run[0].ts
+                    world, FaultKind.GPU_THROTTLED, subject_of(key), evidence, since=start
                 )
 
 
@@ -635,12 +692,17 @@ class JobFailureDetector(Detector):
 
     metrics = (
         m.TRAIN_STEP_FAILURES_TOTAL,
-        m.TRAIN_LAST_FAILED_STEP,
-        m.TRAIN_STEP,
         m.ROLLOUT_BATCH_TIMEOUTS_TOTAL,
         m.ACTOR_SHARD_STALE,
         m.STATE_LOG_WRITE_ERRORS_TOTAL,
     )
+    lookups = (m.TRAIN_LAST_FAILED_STEP, m.TRAIN_STEP)
+    filters = {
+        m.TRAIN_STEP_FAILURES_TOTAL: CHANGED,
+        m.ROLLOUT_BATCH_TIMEOUTS_TOTAL: CHANGED,
+        m.STATE_LOG_WRITE_ERRORS_TOTAL: CHANGED,
+        m.ACTOR_SHARD_STALE: AT_LEAST_ONE,
+    }
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -648,32 +710,36 @@ class JobFailureDetector(Detector):
         self._nodes = _NodeMemory()
         # (job, step) → how many times that step failed: "the same step failing again".
         self.step_failures: dict[tuple[str, int], int] = defaultdict(int)
-        self._episode_steps: dict[SeriesKey, list[int]] = {}
+        self._failed_step: dict[SeriesKey, int | None] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
         hold = self.policy.detection.gpu.event_hold_seconds
         out: list[FaultSignal] = []
-        last_failed = {self._ident(k): pt.value for k, pt in world.series(m.TRAIN_LAST_FAILED_STEP)}
-        steps = {self._ident(k): pt.value for k, pt in world.series(m.TRAIN_STEP)}
-        for key, point in world.series(m.TRAIN_STEP_FAILURES_TOTAL):
-            inc = self._counters.observe(
-                key, point, node_known=self._nodes.known(key.node), hold=hold
-            )
-            ident = self._ident(key)
-            step_value = last_failed.get(ident, steps.get(ident))
-            step = int(step_value) if step_value is not None else None
-            if inc > 0 and step is not None and key.label(m.LABEL_JOB) is not None:
-                self.step_failures[(key.label(m.LABEL_JOB) or "", step)] += int(max(1, inc))
-                self._episode_steps.setdefault(key, []).append(step)
-            ep = self._counters.active(key, world.now, hold)
-            if ep is None:
-                self._episode_steps.pop(key, None)
-                continue
-            same = (
-                self.step_failures.get((key.label(m.LABEL_JOB) or "", step), 0)
-                if step is not None
-                else 0
-            )
+        steps: dict[tuple[str, str | None, str | None, str | None], float] | None = None
+
+        def on_increase(key: SeriesKey, inc: float) -> None:
+            nonlocal steps
+            if steps is None:  # read only when a step failed: most ticks never need it
+                steps = {self._ident(k): pt.value for k, pt in world.all_series(m.TRAIN_STEP)}
+                steps.update(
+                    {
+                        self._ident(k): pt.value
+                        for k, pt in world.all_series(m.TRAIN_LAST_FAILED_STEP)
+                    }
+                )
+            value = steps.get(self._ident(key))
+            step = int(value) if value is not None else None
+            self._failed_step[key] = step
+            job = key.label(m.LABEL_JOB)
+            if step is not None and job is not None:
+                self.step_failures[(job, step)] += int(max(1, inc))
+
+        for key, ep in self._counters.episodes_of(
+            world, m.TRAIN_STEP_FAILURES_TOTAL, self._nodes, hold, on_increase=on_increase
+        ):
+            step = self._failed_step.get(key)
+            job = key.label(m.LABEL_JOB) or ""
+            same = self.step_failures.get((job, step), 0) if step is not None else 0
             evidence = Evidence(
                 metric=key.name,
                 values=((ep.first_ts, ep.increase),),
@@ -700,13 +766,7 @@ class JobFailureDetector(Detector):
                 self.policy.detection.storage.error_window_seconds,
             ),
         ):
-            for key, point in world.series(name):
-                self._counters.observe(
-                    key, point, node_known=self._nodes.known(key.node), hold=window
-                )
-                ep = self._counters.active(key, world.now, window)
-                if ep is None:
-                    continue
+            for key, ep in self._counters.episodes_of(world, name, self._nodes, window):
                 evidence = Evidence(
                     metric=name,
                     values=((ep.first_ts, ep.increase),),
@@ -717,7 +777,7 @@ class JobFailureDetector(Detector):
                 out.append(self.signal(world, kind, subject_of(key), evidence, since=ep.first_ts))
         for key, point in world.series(m.ACTOR_SHARD_STALE):
             if point.value >= 1 and self.fresh(world, point):
-                run = breach_run(world.store.since(key, world.now - 3600), lambda v: v >= 1)
+                run = breach_run(world.store.since(key, world.now - 3600), at_least_one)
                 since = run[0].ts if run else point.ts
                 evidence = Evidence(
                     metric=key.name,
@@ -730,7 +790,7 @@ class JobFailureDetector(Detector):
                         world, FaultKind.SHARD_STALE, subject_of(key), evidence, since=since
                     )
                 )
-        self._nodes.commit()
+        self._nodes.commit(world)
         return out
 
     @staticmethod

@@ -22,7 +22,7 @@ from app.policy.detectors import (
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.policy.world import ParticipantView, World
+from app.policy.world import LatestIndex, ParticipantView, World
 
 log = logging.getLogger("rlguard.policy")
 
@@ -88,7 +88,7 @@ class PolicyEngine:
         self.detectors = detectors if detectors is not None else default_detectors(policy)
         self.classifier = Classifier(policy)
         self._open: dict[str, OpenIncident] = {}
-        self._metric_names = sorted({n for d in self.detectors for n in d.metrics})
+        self._latest_index = _build_index(self.detectors)
 
     # -- state shared with the server ---------------------------------------------------------
 
@@ -119,7 +119,7 @@ class PolicyEngine:
     # -- the tick --------------------------------------------------------------------------
 
     def tick(self, world: World) -> TickResult:
-        world.index_latest(self._metric_names)
+        world.index_latest(self._latest_index.names, self._latest_index)
         signals: list[FaultSignal] = []
         result = TickResult(at=world.now)
         for det in self.detectors:
@@ -241,6 +241,27 @@ class PolicyEngine:
             ]
             return min(steps) if steps else None
         return None
+
+
+def _build_index(detectors: list[Detector]) -> LatestIndex:
+    """One snapshot index for all detectors; a name two detectors filter differently comes whole."""
+    names: set[str] = set()
+    filters: dict[str, object] = {}
+    whole: set[str] = set()
+    for d in detectors:
+        for name in d.metrics:
+            names.add(name)
+            f = d.filters.get(name)
+            if f is None:
+                whole.add(name)
+            elif name in filters and filters[name] != f:
+                whole.add(name)
+            else:
+                filters[name] = f
+    lookups = {n for d in detectors for n in d.lookups} - names
+    merged = {n: f for n, f in filters.items() if n not in whole}
+    merged.update(dict.fromkeys(lookups))  # None: on demand only
+    return LatestIndex(names | lookups, filters=merged)
 
 
 def _drop_superseded(signals: list[FaultSignal]) -> list[FaultSignal]:

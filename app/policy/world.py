@@ -7,8 +7,10 @@ from a trace. Nothing here touches a database.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.services.series_store import Point, SeriesKey, SeriesStore
 
@@ -41,14 +43,24 @@ class World:
     # tick (one pass over the store) instead of once per detector.
     latest: dict[str, list[tuple[SeriesKey, Point]]] = field(default_factory=dict)
 
-    def index_latest(self, names: Iterable[str]) -> None:
-        wanted = set(names)
-        grouped: dict[str, list[tuple[SeriesKey, Point]]] = {n: [] for n in wanted}
-        for key, point in self.store.items():
-            bucket = grouped.get(key.name)
-            if bucket is not None:
-                bucket.append((key, point))
-        self.latest = grouped
+    # The index the snapshot came from (for lazy look-ups of names not read every tick).
+    index: LatestIndex | None = None
+
+    def index_latest(self, names: Iterable[str], index: LatestIndex | None = None) -> None:
+        self.index = index or LatestIndex(names)
+        self.latest = self.index.snapshot(self.store)
+
+    def all_series(self, name: str) -> list[tuple[SeriesKey, Point]]:
+        """Every series of ``name`` with its newest point, unfiltered (computed on demand)."""
+        if self.index is not None and name in self.index.names:
+            return self.index.read(name)
+        return [(k, p) for k, p in self.store.items() if k.name == name]
+
+    def series_count(self, name: str, node: str) -> int:
+        """How many series of ``name`` the node has (e.g. its GPU count)."""
+        if self.index is not None:
+            return self.index.count(name, node)
+        return len(self.store.keys(node=node, name=name))
 
     def series(self, name: str) -> list[tuple[SeriesKey, Point]]:
         return self.latest.get(name, [])
@@ -59,3 +71,140 @@ class World:
     def job_step(self, job: str) -> int | None:
         steps = [p.step for p in self.participants if p.job == job]
         return max(steps) if steps else None
+
+
+class LatestIndex:
+    """The series of the metrics the detectors read, grouped by name, kept between ticks.
+
+    SeriesStore has no index by metric name and ``items()`` copies every series; at 1,000
+    nodes x 8 GPUs that pass alone would eat the tick's budget. So the index remembers, per
+    wanted name, the store's ring buffers themselves and re-reads only their newest point
+    each tick. It is rebuilt (one pass, under the store's lock) when the number of series
+    changes or every ``rebuild_seconds``. Reading ``deque[-1]`` without the lock is safe: the
+    store appends and trims under its lock and never empties a live buffer.
+    """
+
+    def __init__(
+        self,
+        names: Iterable[str],
+        *,
+        filters: dict[str, SampleFilter] | None = None,
+        rebuild_seconds: float = 30.0,
+    ) -> None:
+        self.names = frozenset(names)
+        # name → predicate on the newest value, or CHANGED (only series with a new sample since
+        # the previous snapshot); names without a filter come back whole.
+        self.filters = dict(filters or {})
+        self.rebuild_seconds = rebuild_seconds
+        self._store: SeriesStore | None = None
+        self._size = -1
+        self._built_at = 0.0
+        self._by_name: dict[str, list[tuple[SeriesKey, Any]]] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+        self._seen: dict[int, Any] = {}
+
+    def _rebuild(self, store: SeriesStore) -> None:
+        by_name: dict[str, list[tuple[SeriesKey, Any]]] = {n: [] for n in self.names}
+        with store._lock:  # noqa: SLF001 - see the class docstring
+            series = store._series  # noqa: SLF001
+            for key, ring in series.items():
+                bucket = by_name.get(key.name)
+                if bucket is not None:
+                    bucket.append((key, ring.points))
+            self._size = len(series)
+        counts: dict[tuple[str, str], int] = {}
+        for name, rings in by_name.items():
+            for key, _ in rings:
+                counts[(name, key.node)] = counts.get((name, key.node), 0) + 1
+        live = {id(points) for rings in by_name.values() for _, points in rings}
+        self._seen = {i: v for i, v in self._seen.items() if i in live}
+        self._by_name = by_name
+        self._counts = counts
+        self._store = store
+        self._built_at = time.monotonic()
+
+    def snapshot(self, store: SeriesStore) -> dict[str, list[tuple[SeriesKey, Point]]]:
+        if (
+            store is not self._store
+            or len(store) != self._size
+            or time.monotonic() - self._built_at > self.rebuild_seconds
+        ):
+            self._rebuild(store)
+        out: dict[str, list[tuple[SeriesKey, Point]]] = {}
+        seen = self._seen
+        for name, rings in self._by_name.items():
+            keep = self.filters.get(name)
+            if keep is None and name in self.filters:
+                continue  # read on demand only (all_series)
+            bucket: list[tuple[SeriesKey, Point]] = []
+            if keep is CHANGED:
+                # A sample is a new tuple object in the ring: identity says "changed".
+                for key, points in rings:
+                    if points:
+                        newest = points[-1]
+                        if seen.get(id(points)) is not newest:
+                            seen[id(points)] = newest
+                            bucket.append((key, Point(newest[0], newest[1])))
+            elif isinstance(keep, Threshold):
+                # Comparisons inlined per operator: this loop runs over every series each tick.
+                bound = keep.value
+                if keep.op == "ge":
+                    for key, points in rings:
+                        if points:
+                            ts, value = points[-1]
+                            if value >= bound:
+                                bucket.append((key, Point(ts, value)))
+                elif keep.op == "gt":
+                    for key, points in rings:
+                        if points:
+                            ts, value = points[-1]
+                            if value > bound:
+                                bucket.append((key, Point(ts, value)))
+                else:
+                    for key, points in rings:
+                        if points:
+                            ts, value = points[-1]
+                            if value <= bound:
+                                bucket.append((key, Point(ts, value)))
+            else:
+                for key, points in rings:
+                    if points:
+                        ts, value = points[-1]
+                        bucket.append((key, Point(ts, value)))
+            out[name] = bucket
+        return out
+
+    def read(self, name: str) -> list[tuple[SeriesKey, Point]]:
+        out = []
+        for key, points in self._by_name.get(name, []):
+            if points:
+                ts, value = points[-1]
+                out.append((key, Point(ts, value)))
+        return out
+
+    def count(self, name: str, node: str) -> int:
+        return self._counts.get((name, node), 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """Keep a series when its newest value ``op`` ``value`` (op: ge, gt or le)."""
+
+    op: str
+    value: float
+
+    def __call__(self, v: float) -> bool:
+        if self.op == "ge":
+            return v >= self.value
+        if self.op == "gt":
+            return v > self.value
+        return v <= self.value
+
+
+class _Changed:
+    def __repr__(self) -> str:
+        return "CHANGED"
+
+
+CHANGED: Any = _Changed()
+SampleFilter = Any  # Threshold, CHANGED, or None (= on demand only)

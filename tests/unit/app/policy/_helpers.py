@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.policy.engine import PolicyEngine
+from app.policy.engine import PolicyEngine, _build_index
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantView, World
 from app.services.series_store import SeriesKey, SeriesStore
@@ -73,6 +73,8 @@ class Cluster:
             if engine is not None:
                 out.extend(engine.tick(world).decisions)
             elif detector is not None:
-                world.index_latest(detector.metrics)  # type: ignore[attr-defined]
+                if not hasattr(detector, "_test_index"):
+                    detector._test_index = _build_index([detector])  # type: ignore[attr-defined]
+                world.index_latest((), detector._test_index)  # type: ignore[attr-defined]
                 out.append(detector.run(world))  # type: ignore[attr-defined]
         return out

@@ -1,0 +1,339 @@
+"""Detection benchmarks: the policy tick's cost at cluster scale, and fault → task latency.
+
+    .venv/bin/python benchmarks/detect.py                     # both parts, short defaults
+    .venv/bin/python benchmarks/detect.py --part tick --nodes 1000 --gpus 8 --ticks 20
+    .venv/bin/python benchmarks/detect.py --part latency --trials 30 --tick 1.0 --modes redis,embedded
+
+Part ``tick``: an in-process SeriesStore filled like 1,000 nodes x 8 GPUs (every GPU metric of
+docs/metrics.md the detectors read plus the job signals of 8 participants per node, with
+history, and a few faults so detectors do real work), then ``PolicyEngine.tick`` timed over
+warm ticks. Baseline in the same run: one bare pass over the store reading every series' latest
+point (``SeriesStore.items()``), the least any tick must do. Target: tick <= 100 ms.
+
+Part ``latency``: a real ``rlguard server`` and ``rlguard worker`` (PostgreSQL + a Redis of its
+own, and embedded SQLite + SQLAlchemy broker). Each trial posts one ingest batch that confirms
+a fault (a new failed train step) and measures from the moment the server acknowledged that
+batch to the moment the worker started the recovery task (``started_at`` of the action row).
+Baseline in the same run: an outbox row sent straight to the broker by this process (broker +
+worker claim only). Target: p99 <= 1 s with Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.policy import metric_names as m  # noqa: E402
+from app.policy.engine import PolicyEngine  # noqa: E402
+from app.policy.policy_file import default_policy  # noqa: E402
+from app.policy.world import ParticipantView, World  # noqa: E402
+from app.services.series_store import SeriesKey, SeriesStore  # noqa: E402
+
+GPU_METRICS = [m.GPU_UTILIZATION_RATIO, m.GPU_XID_CRITICAL_EVENTS_TOTAL, m.GPU_ECC_UNCORRECTED_TOTAL,
+               m.GPU_REMAPPED_ROWS_FAILURE, m.GPU_THROTTLE_THERMAL, m.GPU_THROTTLE_POWER, m.GPU_LOST,
+               "gpu_temperature_celsius", "gpu_power_watts", "gpu_memory_used_bytes"]
+JOB_METRICS = [m.ROLLOUT_PENDING_RATIO, m.ACTOR_SHARD_REBUILD_COUNT_5M, m.STATE_LOG_WRITE_LATENCY_MS,
+               m.ROLLOUT_TOKENS_PER_SECOND, m.TRAIN_STEP, m.TRAIN_STEP_FAILURES_TOTAL,
+               m.STATE_LOG_WRITE_ERRORS_TOTAL, m.PARTICIPANT_HEARTBEAT_AGE_SECONDS]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+# -- part 1: tick cost ---------------------------------------------------------------------------
+
+
+def fill(store: SeriesStore, nodes: int, gpus: int, history: int, t0: float) -> list[ParticipantView]:
+    parts: list[ParticipantView] = []
+    for n in range(nodes):
+        node = f"node{n:04d}"
+        job = f"job{n // 64}"
+        samples = []
+        for h in range(history):
+            ts = t0 - history + h + 1
+            for g in range(gpus):
+                for name in GPU_METRICS:
+                    value = 0.8 if name == m.GPU_UTILIZATION_RATIO else 0.0
+                    if n == 7 and name == m.GPU_THROTTLE_THERMAL:
+                        value = 1.0  # one throttling GPU
+                    samples.append((SeriesKey.of(node, name, {"gpu": str(g)}), ts, value))
+            for r in range(gpus):
+                role = "trainer" if r < gpus // 2 else "rollout"
+                labels = {"job": job, "role": role, "rank": str(n * gpus + r)}
+                for name in JOB_METRICS:
+                    value = 900.0 if name == m.ROLLOUT_TOKENS_PER_SECOND else 0.05
+                    if n == 3 and name == m.STATE_LOG_WRITE_LATENCY_MS:
+                        value = 500.0  # one slow state log
+                    samples.append((SeriesKey.of(node, name, labels), ts, value))
+        store.extend(samples)
+        for r in range(gpus):
+            role = "trainer" if r < gpus // 2 else "rollout"
+            phase = "TRAIN" if role == "trainer" else "ROLLOUT"
+            hb = t0 - (40 if n == 11 else 0.5)  # one silent participant
+            parts.append(ParticipantView(job, role, n * gpus + r, node, phase, 20, hb))
+    return parts
+
+
+def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
+    t0 = 1_800_000_000.0
+    store = SeriesStore(window_seconds=900, max_points=max(history, 10))
+    started = time.perf_counter()
+    parts = fill(store, nodes, gpus, history, t0)
+    print(f"tick: {nodes} nodes x {gpus} GPUs: {len(store):,} series, {len(parts):,} participants "
+          f"(filled in {time.perf_counter() - started:.1f}s)")
+    seen = {f"node{n:04d}": t0 for n in range(nodes)}
+    engine = PolicyEngine(default_policy())
+    base: list[float] = []
+    cost: list[float] = []
+    decisions = 0
+    for i in range(ticks):
+        now = t0 + 0.5 + i * 0.01
+        s = time.perf_counter()
+        for _ in store.items():
+            pass
+        base.append(time.perf_counter() - s)
+        world = World(now=now, store=store, participants=parts, node_last_seen=seen)
+        s = time.perf_counter()
+        decisions += len(engine.tick(world).decisions)
+        cost.append(time.perf_counter() - s)
+    warm = cost[2:] or cost
+    print(f"tick: baseline (bare pass over the store) p50 {pct(base, 50) * 1e3:.1f} ms")
+    print(f"tick: policy tick p50 {pct(warm, 50) * 1e3:.1f} ms  p99 {pct(warm, 99) * 1e3:.1f} ms  "
+          f"max {max(warm) * 1e3:.1f} ms  ({decisions} decisions over {ticks} ticks)")
+    print(f"tick: ratio tick/baseline {pct(warm, 50) / pct(base, 50):.2f}x   target tick <= 100 ms: "
+          f"{'MET' if pct(warm, 99) <= 0.1 else 'NOT MET'}")
+
+
+# -- part 2: fault -> task latency ---------------------------------------------------------------
+
+
+class Stack:
+    def __init__(self, mode: str, tick: float, workdir: Path) -> None:
+        import yaml
+
+        from app.core import migrate
+        from app.policy.policy_file import DEFAULT_POLICY_PATH
+
+        self.mode = mode
+        self.dir = workdir / mode
+        self.dir.mkdir()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        policy = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+        policy["tick_seconds"] = tick
+        (self.dir / "policy.yaml").write_text(yaml.safe_dump(policy))
+        self.port = _free_port()
+        env = {**os.environ, "RLGUARD_DEV": "1", "RLGUARD_DATA_DIR": str(self.dir / "data"),
+               "RLGUARD_RECOVERY_POLICY_FILE": str(self.dir / "policy.yaml"),
+               "RLGUARD_RECOVERY_RUN_ROOT": str(self.dir / "runs"), "PYTHONPATH": str(ROOT)}
+        env.pop("RLGUARD_REDIS_URL", None)
+        self.admin_db: str | None = None
+        if mode == "redis":
+            rport = _free_port()
+            self.procs.append(subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(rport),
+                                                "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL))
+            env["RLGUARD_REDIS_URL"] = f"redis://127.0.0.1:{rport}/0"
+            import sqlalchemy as sa
+
+            admin = os.environ.get("RLGUARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+            name = f"rlg_bench_{uuid.uuid4().hex[:8]}"
+            eng = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+            with eng.connect() as c:
+                c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+            eng.dispose()
+            self.admin_db = (admin, name)  # type: ignore[assignment]
+            env["RLGUARD_DATABASE_URL"] = admin.rpartition("/")[0] + "/" + name
+        else:
+            env["RLGUARD_DATABASE_URL"] = f"sqlite:///{self.dir / 'rlguard.db'}"
+        self.env = env
+        self.url = env["RLGUARD_DATABASE_URL"]
+        migrate.upgrade(self.url)
+        from sqlmodel import Session
+
+        from app.core.db import make_engine
+        from app.services.tokens import create_node_token
+
+        self.engine = make_engine(self.url)
+        with Session(self.engine) as s:
+            self.token = create_node_token(s, node="n0", actor="bench")[1]
+            s.commit()
+        rl = str(Path(sys.executable).with_name("rlguard"))
+        log = open(self.dir / "server.log", "ab")  # noqa: SIM115
+        self.procs.append(subprocess.Popen([rl, "server", "--host", "127.0.0.1", "--port", str(self.port)],
+                                           env=env, stdout=log, stderr=log, start_new_session=True))
+        self.procs.append(subprocess.Popen([rl, "worker", "--node", "n0", "--cluster", "--loglevel", "WARNING"],
+                                           env=env, stdout=log, stderr=log, start_new_session=True))
+        import httpx
+
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.seq = 0
+
+    def post(self, samples: list[dict], participants: list[dict]) -> float:
+        self.seq += 1
+        body = {"agent_id": "bench", "node": "n0", "seq": self.seq, "sent_at": time.time(),
+                "samples": samples, "participants": participants, "fingerprint": None}
+        r = self.http.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return time.time()
+
+    def started_at(self, job: str, timeout: float = 30.0) -> float | None:
+        from sqlmodel import Session, select
+
+        from app.models.action import RecoveryAction
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with Session(self.engine) as s:
+                row = s.exec(select(RecoveryAction).where(RecoveryAction.job == job)).first()
+                if row is not None and row.started_at is not None:
+                    return row.started_at.timestamp()
+            time.sleep(0.02)
+        return None
+
+    def trial(self, i: int) -> float | None:
+        job = f"bench{i:04d}"
+        (self.dir / "runs" / job).mkdir(parents=True, exist_ok=True)
+        labels = {"job": job, "role": "trainer", "rank": "0"}
+        now = time.time()
+        part = [{"job": job, "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 50, "ts": now}]
+        self.post([{"name": m.TRAIN_STEP_FAILURES_TOTAL, "value": 0, "ts": now, "labels": labels}], part)
+        time.sleep(0.3)
+        now = time.time()
+        part[0]["ts"] = now
+        acked = self.post([{"name": m.TRAIN_STEP_FAILURES_TOTAL, "value": 1, "ts": now, "labels": labels},
+                           {"name": m.TRAIN_LAST_FAILED_STEP, "value": 50, "ts": now, "labels": labels}], part)
+        started = self.started_at(job)
+        return None if started is None else started - acked
+
+    def direct(self, i: int) -> float | None:
+        """Baseline: an outbox row sent to the broker by this process, to worker start."""
+        from sqlmodel import Session
+
+        from app.policy.engine import DecisionType, IncidentDecision
+        from app.policy.plans import ActionName, PlannedAction
+        from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
+        from app.services.actions import mark_dispatched, task_name
+        from app.services.incidents import persist_decisions
+        from app.tasks.celery_app import make_celery
+
+        job = f"direct{i:04d}"
+        (self.dir / "runs" / job).mkdir(parents=True, exist_ok=True)
+        subj = Subject(node="n0", job=job, role="trainer", rank=0)
+        sig = FaultSignal(FaultKind.STEP_FAILED, subj, Evidence(metric=None), Tier.LIGHT, 0.0, step=5)
+        act = PlannedAction(ActionName.SKIP_FAILED_STEP, job, "n0", False, {"step": 5})
+        with Session(self.engine) as s:
+            out = persist_decisions(s, decisions=[IncidentDecision(DecisionType.OPEN, sig.incident_key,
+                                    sig.kind, subj, Tier.LIGHT, 0.0, sig, (act,))], policy=default_policy())
+            [aid] = out.new_actions
+            mark_dispatched(s, action_id=aid)  # keep the server's dispatcher off this row
+            s.commit()
+            from app.models.action import RecoveryAction
+
+            key = s.get(RecoveryAction, aid).idempotency_key  # type: ignore[union-attr]
+        if not hasattr(self, "_celery"):
+            from app.core.config import Settings
+            from app.tasks.settings import RecoverySettings
+
+            self._celery = make_celery(Settings(dev=True, database_url=self.url, data_dir=self.dir / "data",
+                                                redis_url=self.env.get("RLGUARD_REDIS_URL")), RecoverySettings())
+        sent = time.time()
+        self._celery.send_task(task_name("skip_failed_step"), args=[aid, key], queue="node.n0")
+        started = self.started_at(job)
+        return None if started is None else started - sent
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM) if p.pid else None
+            except (ProcessLookupError, PermissionError):
+                p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.engine.dispose()
+        if self.admin_db:
+            import sqlalchemy as sa
+
+            admin, name = self.admin_db  # type: ignore[misc]
+            eng = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+            with eng.connect() as c:
+                c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            eng.dispose()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_latency(modes: list[str], trials: int, tick: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="rlg-detect-") as tmp:
+        for mode in modes:
+            stack = Stack(mode, tick, Path(tmp))
+            try:
+                stack.trial(-1)  # warm-up: first task import, connections
+                lat = [x for x in (stack.trial(i) for i in range(trials)) if x is not None]
+                base = [x for x in (stack.direct(i) for i in range(max(5, trials // 3))) if x is not None]
+            finally:
+                stack.close()
+            if not lat or not base:
+                print(f"latency[{mode}]: no task started (see {stack.dir}/server.log)")
+                continue
+            print(f"latency[{mode}] tick {tick:g}s: ingest ack -> task start p50 {pct(lat, 50) * 1e3:.0f} ms  "
+                  f"p99 {pct(lat, 99) * 1e3:.0f} ms  (n={len(lat)}/{trials})")
+            print(f"latency[{mode}]: baseline outbox row -> broker -> task start p50 {pct(base, 50) * 1e3:.0f} ms  "
+                  f"p99 {pct(base, 99) * 1e3:.0f} ms  (n={len(base)})")
+            verdict = "" if mode != "redis" else f"   target p99 <= 1 s: {'MET' if pct(lat, 99) <= 1.0 else 'NOT MET'}"
+            print(f"latency[{mode}]: ratio p50 detection-path/baseline {statistics.median(lat) / statistics.median(base):.1f}x{verdict}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=["tick", "latency", "all"], default="all")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--history", type=int, default=10)
+    ap.add_argument("--ticks", type=int, default=12)
+    ap.add_argument("--trials", type=int, default=15)
+    ap.add_argument("--tick", type=float, default=1.0, help="policy tick for the latency part (s)")
+    ap.add_argument("--modes", default="redis,embedded")
+    args = ap.parse_args()
+    for name in ("nodes", "gpus", "history", "ticks", "trials"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1")
+    if args.part in ("tick", "all"):
+        bench_tick(args.nodes, args.gpus, args.history, args.ticks)
+    if args.part in ("latency", "all"):
+        modes = [x.strip() for x in args.modes.split(",") if x.strip()]
+        bad = [x for x in modes if x not in ("redis", "embedded")]
+        if bad:
+            ap.error(f"--modes: unknown mode(s) {', '.join(bad)} (use redis, embedded)")
+        bench_latency(modes, args.trials, args.tick)
+
+
+if __name__ == "__main__":
+    main()
