@@ -162,8 +162,17 @@ def test_large_batches_travel_gzipped_and_are_accepted(
 ) -> None:
     run = make_run_dir(tmp_path)
     # 48 GPUs make a body of ~150 KB, above the 64 KiB gzip threshold
+    record = tmp_path / "trace.jsonl"
     agent = AgentProcess(
-        server, run, tmp_path / "spool", "--simulate-gpus", "48", "--interval", "1"
+        server,
+        run,
+        tmp_path / "spool",
+        "--simulate-gpus",
+        "48",
+        "--interval",
+        "1",
+        "--record",
+        str(record),
     )
     agents_started.append(agent)
     agent.start()
