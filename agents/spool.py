@@ -134,7 +134,8 @@ class Spool:
 
     def _load_state(self, node: str) -> dict[str, Any]:
         fresh: dict[str, Any] = {
-            "agent_id": f"{node}-{uuid.uuid4().hex[:12]}",
+            # The server's identifiers are at most 128 characters.
+            "agent_id": f"{node[:115]}-{uuid.uuid4().hex[:12]}",
             "seq_reserved": 0,
             "dropped": {"spool_full": 0, "rejected": 0},
             "dropped_participants": 0,

@@ -254,3 +254,8 @@ def test_disk_full_loses_the_round_counted_and_the_spool_stays_usable(
     assert st.dropped["spool_write_failed"] == 5
     assert st.batches == 2
     accounting_holds(sp)
+
+
+def test_agent_id_fits_the_servers_identifier_limit(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, node="n" * 128, max_bytes=1000)
+    assert len(sp.agent_id) <= 128 and sp.agent_id.startswith("n" * 115 + "-")
