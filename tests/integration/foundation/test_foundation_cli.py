@@ -45,11 +45,7 @@ def test_tokens_and_users_against_the_configured_database(database_url: str, tmp
     assert token not in hashes and user_token not in hashes
     assert pw_hash.startswith("$argon2") and "long-password" not in pw_hash
     assert actions == ["node.register", "token.create", "user.create", "token.create"]
-
-    listed = run_cli("token", "list", env=env).stdout
-    assert "node:gpu-01" in listed and token not in listed
-    assert run_cli("token", "revoke", "1", env=env).returncode == 0
-    assert "revoked" in run_cli("token", "list", env=env).stdout
+    # token list / revoke: tests/integration/foundation/test_foundation_cli_errors.py
 
 
 def test_the_script_itself_reports_bad_values_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
@@ -78,10 +74,7 @@ def test_server_refuses_the_default_secret_and_an_unmigrated_database(
     server = server_factory("server", env_secret).start(wait_ready=False)
     assert server.proc is not None and server.proc.wait(30) == 1
     assert "rlguard db upgrade" in server.output()
-    assert run_cli("db", "upgrade", env=env).returncode == 0
-    server = server_factory("server", env_secret).start()
-    assert httpx.get(server.url + "/readyz").status_code == 200
-    server.stop()
+    # a migrated database with a real secret serves: test_foundation_ingest_restart.py
 
 
 def test_up_on_a_fresh_data_dir(tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:

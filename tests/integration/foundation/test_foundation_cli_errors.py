@@ -91,3 +91,16 @@ def test_unmigrated_unreachable_and_misconfigured(env: str, tmp_path: Path, monk
     monkeypatch.setenv("RLGUARD_DATA_DIR", "/proc/forbidden/data")
     line = one_error_line(invoke("up"))
     assert "RLGUARD_DATA_DIR /proc/forbidden/data" in line
+
+
+def test_token_list_and_revoke(env: str) -> None:
+    assert invoke("db", "upgrade").exit_code == 0
+    created = invoke("token", "create", "--node", "gpu-01")
+    token = created.stdout.strip()
+    listed = invoke("token", "list")
+    assert listed.exit_code == 0
+    assert "node:gpu-01" in listed.stdout and token not in listed.stdout and "active" in listed.stdout
+    token_id = listed.stdout.split("\t", 1)[0]
+    revoked = invoke("token", "revoke", token_id)
+    assert revoked.exit_code == 0 and revoked.stdout == ""
+    assert "revoked" in invoke("token", "list").stdout
