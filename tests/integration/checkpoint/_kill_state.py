@@ -5,6 +5,7 @@ once and spends its life writing, which is where the kills should land."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -14,12 +15,13 @@ from recovery.checkpoint.version import VersionVector, WeightVersionTable
 STEPS_PER_WRITER = 1000
 
 
+@functools.lru_cache(maxsize=4)
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
-        "w": torch.randn(512, 512, generator=g),
-        "b": torch.randn(512, generator=g),
-        "exp_avg": torch.randn(512, 512, generator=g),
+        "w": torch.randn(256, 256, generator=g),
+        "b": torch.randn(256, generator=g),
+        "exp_avg": torch.randn(256, 256, generator=g),
         "buffer": torch.randn(64, 1024, generator=g),
     }
 

@@ -25,7 +25,9 @@ from tests.integration.checkpoint._kill_state import (
 
 def _writer(root: str, first_step: int, direct_io: bool) -> None:
     torch.set_num_threads(1)
-    engine = CheckpointEngine(root, keep=3, when_busy="wait", direct_io=direct_io)
+    engine = CheckpointEngine(
+        root, keep=3, when_busy="wait", direct_io=direct_io, mirror=f"{root}-mirror"
+    )
     tensors = writer_tensors(first_step)
     step = first_step
     while True:

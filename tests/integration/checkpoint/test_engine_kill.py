@@ -59,7 +59,8 @@ def test_kill_9_writer_at_random_moments(tmp_path: Path, zygote: subprocess.Pope
     rng = random.Random(20261129)
     root = tmp_path / "ckpt"
     reader = CheckpointEngine(root)
-    best_seq = 0
+    mirror = tmp_path / "ckpt-mirror"
+    best_seq = best_mirror_seq = mirror_loads = 0
     hit_mid_write = 0
     loads = 0
     for kill in range(KILLS):
@@ -86,10 +87,18 @@ def test_kill_9_writer_at_random_moments(tmp_path: Path, zygote: subprocess.Pope
         assert info.weight_versions == table_of(step)
         assert_same(make_state(step), reader.load(info))
         loads += 1
+        # The background mirror ("remote" copy) is crash-safe the same way.
+        mirrored = reader.latest(root=mirror)
+        if mirrored is not None:
+            assert mirrored.seq >= best_mirror_seq, "the mirror went back"
+            best_mirror_seq = mirrored.seq
+            assert_same(make_state(mirrored.version.training_step), reader.load(mirrored))
+            mirror_loads += 1
 
     print(
-        f"{KILLS} kills, {hit_mid_write} left an uncommitted write behind, {loads} verified loads"
+        f"{KILLS} kills, {hit_mid_write} left an uncommitted write behind, {loads} verified "
+        f"loads, {mirror_loads} verified mirror loads"
     )
-    assert loads >= KILLS * 0.8
+    assert loads >= KILLS * 0.8 and mirror_loads >= KILLS * 0.5
     # The kills must really land during writes, or the test proves nothing.
     assert hit_mid_write >= KILLS * 0.3
