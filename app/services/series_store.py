@@ -9,6 +9,7 @@ and the rollup job read.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
@@ -49,6 +50,10 @@ class Point:
     value: float
 
 
+def _point_ts(point: tuple[float, float]) -> float:
+    return point[0]
+
+
 class _Series:
     __slots__ = ("points",)
 
@@ -83,18 +88,16 @@ class SeriesStore:
                 pts = series.points
                 if pts and ts < pts[-1][0]:
                     # Rare (clock skew between agents' batches): insert in place to keep order.
-                    items = list(pts)
-                    lo = 0
-                    hi = len(items)
-                    while lo < hi:
-                        mid = (lo + hi) // 2
-                        if items[mid][0] <= ts:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                    items.insert(lo, (ts, value))
-                    pts.clear()
-                    pts.extend(items[-self.max_points :])
+                    # deque.insert is O(n) in C; rebuilding the window per sample in Python was
+                    # slow enough for one node's skewed batch to stall ingest for everyone.
+                    at = bisect.bisect_right(pts, ts, key=_point_ts)
+                    if len(pts) == self.max_points:
+                        if at == 0:
+                            n += 1  # older than a full window: it would be trimmed at once
+                            continue
+                        pts.popleft()
+                        at -= 1
+                    pts.insert(at, (ts, value))
                 else:
                     pts.append((ts, value))
                 horizon = pts[-1][0] - window

@@ -59,3 +59,29 @@ def test_drop_older_than_and_keys_filter() -> None:
 def test_rejects_bad_bounds() -> None:
     with pytest.raises(ValueError):
         SeriesStore(window_seconds=0)
+
+
+def test_out_of_order_into_a_full_window_keeps_the_newest_points_in_order() -> None:
+    store = SeriesStore(window_seconds=1e9, max_points=5)
+    key = SeriesKey.of("n1", "x")
+    store.extend((key, float(t), float(t)) for t in (10, 20, 30, 40, 50))
+    store.extend([(key, 35.0, 35.0), (key, 5.0, 5.0), (key, 45.0, 45.0)])
+    got = [p.ts for p in store.since(key, 0)]
+    assert got == sorted(got) and len(got) == 5
+    assert got == [30.0, 35.0, 40.0, 45.0, 50.0]
+
+
+def test_out_of_order_matches_a_sorted_reference() -> None:
+    import random
+
+    rng = random.Random(7)
+    store = SeriesStore(window_seconds=1e9, max_points=50)
+    key = SeriesKey.of("n1", "x")
+    reference: list[float] = []
+    for _ in range(400):
+        ts = float(rng.randint(0, 1000))
+        store.append(key, ts, ts)
+        reference.append(ts)
+        reference.sort()
+        reference[:] = reference[-50:]
+        assert [p.ts for p in store.since(key, -1)] == reference
