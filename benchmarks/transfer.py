@@ -142,7 +142,7 @@ def child_node(args: argparse.Namespace) -> None:
                 spare = sets.pop(old)
             # Two alternating sets (the previous version stays servable); a new version changes
             # one word of every tensor, which is cheaper than generating another GiB.
-            tensors = spare if version > 2 else weight_set(args.bytes, version)
+            tensors = spare or weight_set(args.bytes, version)
             for tensor in tensors.values():
                 tensor.view(torch.int16).view(-1)[0] = version
             sets[version] = tensors
