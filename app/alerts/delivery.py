@@ -73,7 +73,7 @@ class RetryPolicy:
     def backoff(self, attempt: int, rng: Callable[[], float]) -> float:
         """Delay after failed attempt `attempt` (1-based): exponential, capped, half jittered."""
         delay = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
-        return delay / 2 + rng() * delay / 2
+        return float(delay / 2 + rng() * delay / 2)
 
     @property
     def timeout(self) -> httpx.Timeout:

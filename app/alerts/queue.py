@@ -18,11 +18,12 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlmodel import Session, select
+from sqlalchemy.engine import CursorResult
+from sqlmodel import Session, col, select
 
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryRecord, DeliveryStatus
@@ -68,7 +69,8 @@ class TaskRetryPolicy:
         )
 
     def delay(self, task_runs: int) -> timedelta:
-        return min(self.max_delay, self.base_delay * 2 ** max(0, task_runs - 1))
+        grown: timedelta = self.base_delay * 2 ** max(0, task_runs - 1)
+        return min(self.max_delay, grown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +195,8 @@ def _cas(
         .where(table.c.id == delivery_id, table.c.state.in_(list(expect)))
         .values(updated_at=now, **values)
     )
-    return bool(session.execute(stmt).rowcount == 1)
+    result = cast(CursorResult[Any], session.execute(stmt))
+    return result.rowcount == 1
 
 
 def _event(row: AlertDelivery) -> AlertEvent:
@@ -387,17 +390,17 @@ def due_for_dispatch(
         select(d)
         .where(
             sa.or_(
-                sa.and_(d.state == DeliveryState.PENDING.value, d.due_at <= now - grace),  # type: ignore[arg-type]
+                sa.and_(col(d.state) == DeliveryState.PENDING.value, col(d.due_at) <= now - grace),
                 sa.and_(
-                    d.state.in_([DeliveryState.RETRYING.value, DeliveryState.SENDING.value]),  # type: ignore[attr-defined]
-                    d.next_attempt_at <= now,  # type: ignore[operator]
+                    col(d.state).in_([DeliveryState.RETRYING.value, DeliveryState.SENDING.value]),
+                    col(d.next_attempt_at) <= now,
                 ),
             ),
             # Not sent (or touched by a worker) within the grace period: a row that was just
             # enqueued is left alone, so a stopped worker does not pile up copies in the queue.
-            d.updated_at <= now - grace,  # type: ignore[operator]
+            col(d.updated_at) <= now - grace,
         )
-        .order_by(d.id)  # type: ignore[arg-type]
+        .order_by(col(d.id))
     ).all()
     return [(r.id or 0, now) for r in rows]
 
@@ -416,14 +419,12 @@ def queue_reminders(
     twice (two schedulers, a restart) is queued once.
     """
     d = AlertDelivery
-    heavy = session.exec(
-        select(d.incident_id).where(d.tier == Tier.HEAVY.value).distinct()  # type: ignore[call-overload]
-    ).all()
+    heavy = session.exec(select(d.incident_id).where(d.tier == Tier.HEAVY.value).distinct()).all()
     ids: list[int] = []
     for incident_id in heavy:
         rows = session.exec(
-            select(d).where(d.incident_id == incident_id).order_by(d.occurred_at, d.id)
-        ).all()  # type: ignore[arg-type]
+            select(d).where(d.incident_id == incident_id).order_by(col(d.occurred_at), col(d.id))
+        ).all()
         if any(r.event_kind == EventKind.RESOLVED.value for r in rows):
             continue
         if is_open is not None and not is_open(int(incident_id)):
@@ -489,5 +490,5 @@ def purge_old_deliveries(session: Session, *, before: datetime) -> int:
                 sa.select(table.c.batch_id).where(table.c.batch_id.is_not(None)).scalar_subquery()
             )
             stmt = stmt.where(table.c.id.not_in(referenced))
-        total += int(session.execute(stmt).rowcount or 0)
+        total += cast(CursorResult[Any], session.execute(stmt)).rowcount or 0
     return total

@@ -106,7 +106,7 @@ def _send(plan: SendPlan) -> str:
     return row.state
 
 
-@celery_app.task(
+@celery_app.task(  # type: ignore[untyped-decorator]
     bind=True,
     name=TASK_NAME,
     acks_late=True,
