@@ -77,6 +77,9 @@ class IngestLimits(BaseModel):
     # Samples stamped further ahead of the server clock than this are refused: a wrong agent
     # clock would otherwise pin "latest" values and rollup minutes in the future.
     max_future_skew_seconds: Annotated[float, Field(gt=0)] = 600.0
+    # Dedupe state of agents silent this long is forgotten at server start (agents that restart
+    # their sequence use a new agent_id, so old ones would otherwise pile up forever).
+    cursor_retention_days: Annotated[float, Field(gt=0)] = 30.0
     # How long a request waits for its batch's durable commit before answering 503.
     commit_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
     # Node-token lookups are cached this long; revocation through the API is immediate, a

@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from sqlalchemy.engine import Engine
 
@@ -115,7 +116,8 @@ class IngestService:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        windows = await asyncio.to_thread(load_cursors, self.engine)
+        forget_before = utcnow() - timedelta(days=self.limits.cursor_retention_days)
+        windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
         self._task = asyncio.create_task(self._commit_loop(), name="rlguard-ingest-committer")
         log.info("ingest started", extra={"agents": len(self._agents)})

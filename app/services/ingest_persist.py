@@ -182,8 +182,14 @@ def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime)
         )
 
 
-def load_cursors(engine: Engine) -> dict[tuple[str, str], DedupeWindow]:
+def load_cursors(
+    engine: Engine, *, forget_before: datetime | None = None
+) -> dict[tuple[str, str], DedupeWindow]:
+    """All agents' dedupe windows; those not updated since ``forget_before`` are deleted first."""
     cursor_t = IngestCursor.__table__  # type: ignore[attr-defined]
+    if forget_before is not None:
+        with engine.begin() as conn:
+            conn.execute(sa.delete(cursor_t).where(cursor_t.c.updated_at < forget_before))
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(

@@ -53,6 +53,7 @@ class AppClient:
         self._client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://testserver"
         )
+        self._closed = False
 
     def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
         return self._portal.call(functools.partial(self._client.request, method, url, **kwargs))  # type: ignore[arg-type]
@@ -67,6 +68,10 @@ class AppClient:
         return self.request("DELETE", url, **kwargs)
 
     def close(self) -> None:
+        """Shut the app down (its lifespan exits); safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
         self._portal.call(self._client.aclose)
         self._lifespan.__exit__(None, None, None)
         self._portal_cm.__exit__(None, None, None)

@@ -366,3 +366,25 @@ def test_gzip_bodies(migrated_url: str, make_api) -> None:  # type: ignore[no-un
     r = api.client.post("/api/v1/ingest", content=b"{}", headers={**auth(token), "Content-Encoding": "br"})
     assert r.status_code == 415 and "'br'" in r.json()["detail"]
     assert db_state(api)["cursors"] == [("node-a", "agent-1", 0, 1)]
+
+
+def test_dedupe_state_survives_restart_but_long_silent_agents_are_forgotten(
+    migrated_url: str, make_api
+) -> None:  # type: ignore[no-untyped-def]
+    api = make_api(migrated_url)
+    token = api.node_token("node-a")
+    assert post(api, token, batch("node-a", 3, agent="fresh")).status_code == 200
+    assert post(api, token, batch("node-a", 3, agent="stale")).status_code == 200
+    from datetime import timedelta
+
+    from app.models import utcnow
+
+    with Session(api.engine) as s:
+        stale = s.exec(select(IngestCursor).where(IngestCursor.agent_id == "stale")).one()
+        stale.updated_at = utcnow() - timedelta(days=31)
+        s.add(stale)
+        s.commit()
+    api.client.close()
+    again = make_api(migrated_url)  # a restarted server on the same database
+    assert post(again, token, batch("node-a", 3, agent="fresh")).json()["duplicate"] is True
+    assert post(again, token, batch("node-a", 3, agent="stale")).json()["duplicate"] is False
