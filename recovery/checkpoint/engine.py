@@ -290,6 +290,32 @@ class CheckpointEngine:
             self._buffers[layer] = buf
         return buf
 
+    def preallocate(
+        self,
+        state: Mapping[str, Any],
+        *,
+        layers: Mapping[str, str] | None = None,
+        timeout: float = 600.0,
+    ) -> dict[str, int]:
+        """Allocate and fault in the host buffers ``state`` needs now (at startup, say), so even
+        the first ``save()`` blocks only for the copy. Returns the bytes reserved per layer."""
+        layer_map = self.layers if layers is None else dict(layers)
+        by_layer = _check_layers(state, layer_map, self.required_core)
+        sizes: dict[str, int] = {}
+        for layer in PERSISTED_LAYERS:
+            flattener = _serialize.Flattener()
+            for name in by_layer[layer]:
+                flattener.encode(state[name], name)
+            if by_layer[layer]:
+                sizes[layer] = flattener.size
+        with self._save_lock:
+            previous = self._current
+            if previous is not None:
+                previous.wait_finished(timeout)  # never touch a buffer that is being written
+            for layer_name, size in sizes.items():
+                self._ensure_buffer(layer_name, size).zero_()
+        return sizes
+
     def save(
         self,
         state: Mapping[str, Any],

@@ -406,3 +406,16 @@ def test_reader_racing_writer_and_retention_never_sees_wrong_data(tmp_path: Path
         thread.join(30)
         writer.close()
     assert problems == [] and loads > 0
+
+
+def test_preallocate_reserves_buffers_the_save_then_reuses(eng: CheckpointEngine) -> None:
+    state = {**small_training_state(), "experience_buffer": torch.ones(100)}
+    sizes = eng.preallocate(state)
+    assert set(sizes) == {"core", "aux"} and sizes["aux"] >= 400
+    buffers = {k: v.data_ptr() for k, v in eng._buffers.items()}
+    info = eng.save(state, version=V(3, 1)).wait(30)
+    assert {k: v.data_ptr() for k, v in eng._buffers.items()} == buffers
+    assert_same(state, eng.load(info))
+    assert eng.list_committed() == [info.path]
+    with pytest.raises(CheckpointInputError, match="core components missing"):
+        eng.preallocate({"model": {}})
