@@ -149,7 +149,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"http://127.0.0.1:{port}"
 
-    def start(self, *, wait_ready: bool = True, timeout: float = 30.0) -> ServerProcess:
+    def start(self, *, wait_ready: bool = True, timeout: float = 60.0) -> ServerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -159,7 +159,7 @@ class ServerProcess:
             self.wait_ready(timeout)
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
