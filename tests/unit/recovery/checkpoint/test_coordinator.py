@@ -328,3 +328,16 @@ def _post_raw(url: str, payload: bytes) -> tuple[int, str]:
         return resp.status, resp.read().decode()
     finally:
         conn.close()
+
+
+def test_adopting_a_restored_version_is_published_by_the_leader_only(cluster: Any) -> None:
+    lease = MemoryLease(ttl=5)
+    leader = cluster(coordinator_id="c1", lease=lease)
+    wait_for(lambda: leader.is_leader)
+    standby = cluster(coordinator_id="c2", lease=lease)
+    leader.adopt_global_version(V(50, 10))
+    assert leader.global_version == V(50, 10)
+    assert lease.read_state()["global_version"] == {"training_step": 50, "inference_version": 10}
+    with pytest.raises(CoordinatorError, match="not the leader"):
+        standby.adopt_global_version(V(1, 1))
+    assert lease.read_state()["global_version"] == {"training_step": 50, "inference_version": 10}
