@@ -33,7 +33,7 @@ import httpx
 from app.alerts.config import AlertsConfig, ChannelConfig, WebhookChannel, WeComChannel
 from app.alerts.errors import AlertConfigError, HostNotAllowedError
 from app.alerts.message import RenderedMessage, encode_body
-from app.alerts.ratelimit import RateLimiter, RateLimitWaitTooLong, SlidingWindowRateLimiter
+from app.alerts.ratelimit import RateLimiter, RateLimitRefused, SlidingWindowRateLimiter
 from app.alerts.redaction import install_log_filter, redact, register_secret, register_url
 from app.alerts.webhook import signature_headers
 
@@ -329,7 +329,7 @@ class AlertDeliveryClient:
                 window_s=60.0,
                 max_wait_s=self._policy.max_retry_after_s,
             )
-        except RateLimitWaitTooLong as exc:
+        except RateLimitRefused as exc:
             # Not even tried: the robot would refuse it anyway. The next try waits as usual.
             return _Outcome(False, True, None, f"local rate limit: {exc}")
         outcome = self._attempt(channel, url, body)

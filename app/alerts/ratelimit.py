@@ -15,11 +15,21 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from redis.exceptions import RedisError
+
 from app.alerts.errors import AlertError
 
 
-class RateLimitWaitTooLong(AlertError):
+class RateLimitRefused(AlertError):
+    """The limiter did not let this send through now; the caller retries later."""
+
+
+class RateLimitWaitTooLong(RateLimitRefused):
     """Sending now would need a longer wait than the caller allows."""
+
+
+class RateLimitUnavailable(RateLimitRefused):
+    """The shared limiter (Redis) could not be asked."""
 
 
 class RateLimiter(Protocol):
@@ -112,9 +122,14 @@ class RedisRateLimiter:
         waited = 0.0
         while True:
             member = f"{self._clock():.6f}-{uuid.uuid4().hex[:8]}"
-            answer = self._script(
-                keys=[self._prefix + key], args=[self._clock(), window_s, limit, member]
-            )
+            try:
+                answer = self._script(
+                    keys=[self._prefix + key], args=[self._clock(), window_s, limit, member]
+                )
+            except RedisError as exc:
+                raise RateLimitUnavailable(
+                    f"{key}: rate limiter unreachable: {type(exc).__name__}"
+                ) from exc
             pause = float(answer.decode() if isinstance(answer, bytes) else answer)
             if pause <= 0:
                 return waited

@@ -22,6 +22,7 @@ from sqlmodel import Session
 from app.alerts.delivery import AlertDeliveryClient, RetryPolicy
 from app.alerts.errors import AlertError
 from app.alerts.queue import SendPlan, TaskRetryPolicy, Wait, claim, record_result
+from app.alerts.ratelimit import RateLimiter, RedisRateLimiter, SlidingWindowRateLimiter
 from app.alerts.render import render_batch
 from app.core.config import get_settings
 from app.core.db import make_engine
@@ -50,6 +51,19 @@ IN_TASK_POLICY = RetryPolicy(
 def _engine() -> Engine:
     settings = get_settings()
     return make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
+
+
+@lru_cache(maxsize=1)
+def shared_rate_limiter() -> RateLimiter:
+    """One limiter for every send of this process; with Redis, one for every worker."""
+    settings = get_settings()
+    if settings.redis_url:
+        import redis
+
+        return RedisRateLimiter(
+            redis.Redis.from_url(settings.redis_url, socket_timeout=3, socket_connect_timeout=3)
+        )
+    return SlidingWindowRateLimiter()
 
 
 def enqueue_delivery(delivery_id: int, eta: datetime) -> None:
@@ -88,7 +102,9 @@ def _send(plan: SendPlan) -> str:
     config = current_config()
     channel = config.channel(plan.channel)
     message = render_batch(plan.batch, channel=channel, config=config)
-    with AlertDeliveryClient(config, policy=IN_TASK_POLICY) as client:
+    with AlertDeliveryClient(
+        config, policy=IN_TASK_POLICY, limiter=shared_rate_limiter()
+    ) as client:
         outcome = client.send(plan.channel, message, start_part=plan.start_part)
     with Session(_engine(), expire_on_commit=False) as session:
         row = record_result(

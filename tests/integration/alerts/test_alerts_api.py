@@ -157,3 +157,14 @@ def test_test_message_bad_input_and_roles(api: Api, server: RecordingServer) -> 
         == 422
     )
     assert server.requests == []
+
+
+@pytest.mark.timeout(60)
+def test_a_muted_channel_still_takes_a_test_message(api: Api, server: RecordingServer) -> None:
+    cfg = api.app.state.alerts_config
+    muted = cfg.channels[0].model_copy(update={"muted": True})
+    api.app.state.alerts_config = cfg.model_copy(update={"channels": (muted, *cfg.channels[1:])})
+    admin = auth(api.user_token("ada", Role.admin))
+    answer = api.client.post("/api/v1/alerts/test", params={"channel": "ops-slack"}, headers=admin)
+    assert answer.status_code == 200 and answer.json()["status"] == "sent"
+    assert [r.path for r in server.requests] == [SLACK_SECRET_PATH]

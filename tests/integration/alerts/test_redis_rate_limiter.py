@@ -65,3 +65,14 @@ def test_concurrent_workers_never_exceed_the_limit(client) -> None:  # noqa: ANN
     for t in threads:
         t.join(10)
     assert len(granted) == 20 and len(refused) == 10
+
+
+def test_an_unreachable_redis_refuses_instead_of_crashing_the_send() -> None:
+    from app.alerts.ratelimit import RateLimitUnavailable
+    from tests.conftest import free_port
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
+    with pytest.raises(
+        RateLimitUnavailable, match="wecom: rate limiter unreachable: ConnectionError"
+    ):
+        RedisRateLimiter(dead).acquire("wecom", limit=20, window_s=60)
