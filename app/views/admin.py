@@ -35,9 +35,10 @@ def audit(
 
 @router.get("/settings", response_class=HTMLResponse)
 def settings_page(request: Request, page: SignedInDep, rt: RuntimeDep) -> HTMLResponse:
-    # The server may keep the policy it loaded on app.state; without one the detectors run on
-    # the defaults in the settings, which the page shows either way.
-    policy = getattr(request.app.state, "policy", None)
+    # The policy the running scheduler loaded (app.services.scheduler); a server started with
+    # RLGUARD_POLICY_SCHEDULER=0 has none, and the page then shows only the settings.
+    scheduler = getattr(request.app.state, "policy_scheduler", None)
+    policy = getattr(scheduler, "policy", None)
     channels_error = None
     try:
         channels = [c.public() for c in alerts_service.current_config().channels]

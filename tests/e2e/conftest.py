@@ -67,7 +67,12 @@ class Cluster:
             "sent_at": time.time(),
             "samples": samples,
             "participants": participants or [],
-            "fingerprint": {"python": "3.11", "torch": "2.13.0", "driver": "570.124", "cuda": "12.8"},
+            "fingerprint": {
+                "python": "3.11",
+                "torch": "2.13.0",
+                "driver": "570.124",
+                "cuda": "12.8",
+            },
         }
         r = httpx.post(
             f"{self.base_url}/api/v1/ingest",
@@ -84,17 +89,27 @@ class Cluster:
 
 def _cli(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
     done = subprocess.run(
-        [RLGUARD, *args], env=env, input=stdin, capture_output=True, text=True, timeout=60, check=False
+        [RLGUARD, *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, f"rlguard {' '.join(args)} failed: {done.stderr}"
     return done.stdout.strip()
 
 
-def _wait_ready(base_url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0) -> None:
+def _wait_ready(
+    base_url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"rlguard server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+            pytest.fail(
+                f"rlguard server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}"
+            )
         try:
             if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
                 return
@@ -119,7 +134,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         env.pop(key, None)
     _cli(env, "db", "upgrade")
     user_tokens = {
-        name: _cli(env, "user", "create", name, "--role", role, "--password-stdin", stdin=PASSWORDS[name] + "\n")
+        name: _cli(
+            env,
+            "user",
+            "create",
+            name,
+            "--role",
+            role,
+            "--password-stdin",
+            stdin=PASSWORDS[name] + "\n",
+        )
         for name, role in (("alice", "approver"), ("vera", "viewer"))
     }
     tokens = {node: _cli(env, "token", "create", "--node", node) for node in NODES}

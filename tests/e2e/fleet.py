@@ -1,8 +1,8 @@
 """Agent batches for a small, believable cluster: 2 nodes x 8 GPUs and one GRPO job.
 
 The values move (sine waves plus a little noise) so charts have shape; the job's rollout
-pending ratio drifts into its warning band at the end, as it does when collection is the
-bottleneck. Everything goes through the ingest API.
+pending ratio drifts up into its amber band (but not past the 0.3 warning line, which would open
+an incident of its own). Everything goes through the ingest API.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _gpu_samples(node_i: int, ts: float, rng: random.Random) -> list[dict[str, o
     for gpu in range(GPUS):
         wave = math.sin(ts / 40.0 + gpu * 0.8 + node_i)
         values = {
-            "gpu_utilization_ratio": min(1.0, max(0.0, 0.83 + 0.1 * wave + rng.uniform(-0.03, 0.03))),
+            "gpu_utilization_ratio": min(
+                1.0, max(0.0, 0.83 + 0.1 * wave + rng.uniform(-0.03, 0.03))
+            ),
             "gpu_temperature_celsius": 66 + 5 * wave + (9 if node_i == 1 and gpu == 5 else 0),
             "gpu_memory_used_bytes": (60 + 9 * wave) * GIB,
             "gpu_memory_total_bytes": 80 * GIB,
@@ -53,7 +55,7 @@ def _job_samples(node: str, ts: float, progress: float, errors: int) -> list[dic
         "actor_shard_rebuild_count_5m": 1 if 0.55 < progress < 0.7 else 0,
     }
     if role == "rollout":
-        values["rollout_pending_ratio"] = 0.04 + 0.36 * progress**3
+        values["rollout_pending_ratio"] = 0.04 + 0.21 * progress**3
         values["rollout_tokens_per_second"] = 5200 + 600 * math.sin(ts / 30.0)
     return [{"name": n, "value": float(v), "ts": ts, "labels": labels} for n, v in values.items()]
 
@@ -78,10 +80,12 @@ def backfill(cluster: Cluster, *, seconds: int = 240, every: int = 5, seed: int 
         ts = now - back
         progress = 1 - back / seconds
         for i, node in enumerate(NODES):
+            # Participants (heartbeats) only with the newest batch: a heartbeat minutes old
+            # would rightly look like a silent process to the policy engine.
             cluster.ingest(
                 node,
                 _gpu_samples(i, ts, rng) + _job_samples(node, ts, progress, errors=0),
-                [_participant(node, ts, progress)],
+                [_participant(node, ts, progress)] if back == 0 else [],
             )
 
 
@@ -92,7 +96,8 @@ def heartbeat(cluster: Cluster, *, errors: dict[str, int] | None = None, seed: i
     for i, node in enumerate(NODES):
         cluster.ingest(
             node,
-            _gpu_samples(i, ts, rng) + _job_samples(node, ts, 1.0, errors=(errors or {}).get(node, 0)),
+            _gpu_samples(i, ts, rng)
+            + _job_samples(node, ts, 1.0, errors=(errors or {}).get(node, 0)),
             [_participant(node, ts, 1.0)],
         )
 
@@ -145,4 +150,6 @@ class Agents:
         self._stop.set()
         self._thread.join(timeout=30)
         if self.failure is not None:
-            raise AssertionError(f"the background agents failed: {self.failure!r}") from self.failure
+            raise AssertionError(
+                f"the background agents failed: {self.failure!r}"
+            ) from self.failure

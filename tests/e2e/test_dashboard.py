@@ -53,7 +53,12 @@ def _page(browser: object, *, phone: bool = False) -> object:
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" and "403" not in msg.text else None)
+    page.on(
+        "console",
+        lambda msg: (
+            errors.append(msg.text) if msg.type == "error" and "403" not in msg.text else None
+        ),
+    )
     page.js_errors = errors  # type: ignore[attr-defined]
     return page
 
@@ -99,13 +104,16 @@ def test_login_and_overview_shows_a_fault_without_reload(story: Story, browser: 
     for node in NODES:
         page.wait_for_selector(f'[data-node="{node}"]')  # type: ignore[attr-defined]
     assert page.locator(".node-card .gpu-dot").count() == 16  # type: ignore[attr-defined]
-    page.wait_for_selector('[data-testid="no-incidents"]')  # type: ignore[attr-defined]
+    page.wait_for_selector("#overview-incidents")  # type: ignore[attr-defined]
+    assert page.locator("#overview-incidents .badge.heavy").count() == 0  # type: ignore[attr-defined]
     page.evaluate("window.__sameDocument = true")  # type: ignore[attr-defined]
 
     story.agents.break_storage(NODES[0])  # the trainer's run directory stops being writable
 
-    row = page.wait_for_selector("#overview-incidents [data-incident]")  # type: ignore[attr-defined]
-    assert "heavy" in row.inner_text()
+    row = page.wait_for_selector("#overview-incidents [data-incident]:has(.badge.heavy)")  # type: ignore[attr-defined]
+    assert "storage" in row.inner_text().lower() or "state" in row.inner_text().lower(), (
+        row.inner_text()
+    )
     page.wait_for_selector(f'[data-node="{NODES[0]}"][data-level="bad"]')  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
         "document.querySelector('[data-testid=pending-approvals]').textContent.trim() !== '0'"
@@ -176,7 +184,9 @@ def test_approver_approves_and_the_incident_timeline_updates(story: Story, brows
     watcher.evaluate("window.__sameDocument = true")  # type: ignore[attr-defined]
 
     card = approver.locator(f"#approval-{approval_id}")  # type: ignore[attr-defined]
-    card.get_by_label("Comment (kept in the audit log)").fill("Checkpoint verified; restore approved")
+    card.get_by_label("Comment (kept in the audit log)").fill(
+        "Checkpoint verified; restore approved"
+    )
     approver.once("dialog", lambda dialog: dialog.accept())  # type: ignore[attr-defined]
     card.get_by_role("button", name="Approve").click()
     approver.wait_for_selector(f'#approval-{approval_id}[data-status="approved"]')  # type: ignore[attr-defined]

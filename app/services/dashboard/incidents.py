@@ -8,7 +8,9 @@ words and colours.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlmodel import Session, col, func, select
@@ -19,6 +21,7 @@ from app.models.incident_public import FaultSignalPublic, IncidentDetail
 from app.services import incidents as incidents_service
 from app.services.dashboard.charts import ChartSpec, Threshold, aligned_chart, golden_bands
 from app.services.dashboard.health import TIER_LEVEL
+from app.services.series_store import SeriesStore
 
 TIERS = ("light", "medium", "heavy")
 
@@ -144,11 +147,29 @@ class TimelineEntry:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def _detail_text(value: Any) -> str:
+    """A timeline detail value as a person reads it: short numbers, UTC times without micros."""
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        try:
+            return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        except ValueError:
+            return value
+    if isinstance(value, list | tuple):
+        return ", ".join(_detail_text(v) for v in value)
+    return str(value)
+
+
 def timeline_entries(events: list[Any]) -> list[TimelineEntry]:
     out = []
     for e in events:
         level, title = EVENT_LABELS.get(e.type, ("idle", e.type.replace("_", " ").capitalize()))
-        detail = {k: v for k, v in (e.detail or {}).items() if v not in (None, "", [], {})}
+        detail = {
+            k.replace("_", " "): _detail_text(v)
+            for k, v in (e.detail or {}).items()
+            if v not in (None, "", [], {})
+        }
         out.append(TimelineEntry(at=e.at, level=level, title=title, actor=e.actor, detail=detail))
     return out
 
@@ -173,15 +194,71 @@ class IncidentPage:
         return inc.status == "resolved" and not any(a.status in busy for a in inc.actions)
 
 
-def incident_page(session: Session, *, incident_id: int) -> IncidentPage:
+EVIDENCE_LOOKBACK_SECONDS = 300.0
+MIN_EVIDENCE_POINTS = 3
+
+
+def evidence_from_store(
+    store: SeriesStore,
+    evidence: dict[str, Any],
+    subject: dict[str, Any],
+    *,
+    opened_at: float,
+    end: float,
+) -> ChartSpec | None:
+    """The subject's series around the moment the incident opened, from the live window.
+
+    Event-like signals (a counter that rose, a flag) carry one point of evidence; the series
+    itself shows the step that fired. Only what is still in the live window can be drawn.
+    """
+    metric, node = evidence.get("metric"), subject.get("node")
+    if not metric or not node:
+        return None
+    wanted = {
+        k: str(subject[k]) for k in ("job", "role", "rank", "gpu") if subject.get(k) is not None
+    }
+    series: dict[str, list[tuple[float, float]]] = {}
+    for key in store.keys(node=str(node), name=str(metric)):
+        if all(key.label(k) == v for k, v in wanted.items()):
+            since = opened_at - EVIDENCE_LOOKBACK_SECONDS
+            points = [(p.ts, p.value) for p in store.since(key, since) if p.ts <= end]
+            if points:
+                series["/".join(v for _, v in key.labels) or str(metric)] = points
+    if not series:
+        return None
+    span = max(p[-1][0] for p in series.values()) - min(p[0][0] for p in series.values())
+    spec = aligned_chart(f"Evidence: {metric}", series, step_seconds=max(1.0, span / 300))
+    window = evidence.get("window_seconds")
+    values = evidence.get("values") or []
+    start = float(values[0][0]) if values and isinstance(values[0], list | tuple) else opened_at
+    counter = str(metric).endswith("_total")
+    if isinstance(window, int | float) and window > 0:
+        # A counter's window starts at its first increase; a level's window ends at the breach.
+        spec.window = (start, start + window) if counter else (start - window, start)
+    threshold = evidence.get("threshold")
+    if isinstance(threshold, int | float) and not counter:
+        spec.thresholds = [Threshold(float(threshold), f"threshold {threshold:g}", "bad")]
+    return spec
+
+
+def incident_page(
+    session: Session, *, incident_id: int, store: SeriesStore | None = None
+) -> IncidentPage:
     """Raises ``NotFound`` (from the incidents service) for an unknown id."""
     detail = incidents_service.incident_detail(session, incident_id=incident_id)
+    metric = detail.evidence.get("metric") or detail.kind
+    evidence = evidence_chart(detail.evidence, title=f"Evidence: {metric}")
+    if store is not None and (evidence is None or len(evidence.x) < MIN_EVIDENCE_POINTS):
+        end = detail.resolved_at.timestamp() if detail.resolved_at else time.time()
+        opened = detail.opened_at.timestamp()
+        from_store = evidence_from_store(
+            store, detail.evidence, detail.subject, opened_at=opened, end=end
+        )
+        evidence = from_store or evidence
     return IncidentPage(
         incident=detail,
         level=tier_level(detail.tier),
-        evidence=evidence_chart(
-            detail.evidence, title=f"Evidence: {detail.evidence.get('metric') or detail.kind}"
-        ),
+        evidence=evidence,
         signal_charts=[(sig, evidence_chart(sig.evidence)) for sig in detail.signals[-3:]],
         timeline=timeline_entries(detail.timeline),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -266,24 +266,67 @@ def _refresh_sparks(engine: Any, key: tuple[int, datetime]) -> None:
             _spark_cache.refreshing = False
 
 
+NodeNow = tuple[float | None, float | None, float | None]  # util 0..1, hottest °C, memory 0..1
+TAIL_STEP_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class _LiveTail:
+    """What the overview itself saw in the last minutes, at most one entry per 10 s.
+
+    Rollups reach the database a minute or more after the fact; this tail fills the gap
+    between the newest rollup minute and now, from values each render computes anyway.
+    """
+
+    store_id: int = 0
+    entries: deque[tuple[int, dict[str, NodeNow]]] = field(
+        default_factory=lambda: deque(maxlen=int(SPARK_MINUTES * 60 / TAIL_STEP_SECONDS))
+    )
+
+
+_tail = _LiveTail()
+_tail_lock = threading.Lock()
+
+
+def record_tail(
+    store: SeriesStore, now: float, current: dict[str, NodeNow]
+) -> list[tuple[int, dict[str, NodeNow]]]:
+    with _tail_lock:
+        if _tail.store_id != id(store):
+            _tail.store_id = id(store)
+            _tail.entries.clear()
+        if not _tail.entries or now - _tail.entries[-1][0] >= TAIL_STEP_SECONDS:
+            _tail.entries.append((int(now), dict(current)))
+        return list(_tail.entries)
+
+
 def sparkline_blob(
     history: SparkColumns,
-    live: dict[str, tuple[float | None, float | None, float | None]],
+    tail: list[tuple[int, dict[str, NodeNow]]],
+    live: dict[str, NodeNow],
     *,
     now: float,
 ) -> Markup:
     """``{"x": [...], "util": {node: [...]}, "temp": {...}, "mem": {...}}`` as safe JSON.
 
-    All nodes share the rollup minutes plus "now" as their x axis, so the page carries the axis
-    once instead of once per sparkline (a 125-node overview has 375 of them).
+    All nodes share one x axis (rollup minutes, then the overview's own recent samples, then
+    now), so the page carries it once instead of once per sparkline (a 125-node overview has
+    375 of them).
     """
-    width = len(history.x)
-    out: dict[str, Any] = {"x": [*history.x, int(now)], "util": {}, "temp": {}, "mem": {}}
+    rolled_until = history.x[-1] + 60 if history.x else 0
+    recent = [(ts, values) for ts, values in tail if rolled_until <= ts < int(now)]
+    x = [*history.x, *(ts for ts, _ in recent), int(now)]
+    out: dict[str, Any] = {"x": x, "util": {}, "temp": {}, "mem": {}}
     for node, current in live.items():
-        for metric, value in zip(("util", "temp", "mem"), current, strict=True):
+        for i, metric in enumerate(("util", "temp", "mem")):
+            scale = SPARK_SCALE[metric]
             past = history.columns.get(metric, {}).get(node)
-            column = list(past) if past is not None else [None] * width
-            column.append(None if value is None else round(value * SPARK_SCALE[metric], 1))
+            column = list(past) if past is not None else [None] * len(history.x)
+            for _, values in recent:
+                value = values.get(node, (None, None, None))[i]
+                column.append(None if value is None else round(value * scale, 1))
+            value = current[i]
+            column.append(None if value is None else round(value * scale, 1))
             out[metric][node] = column
     return safe_json(out)
 
@@ -307,7 +350,7 @@ def overview_health(
     nodes = session.exec(select(Node).order_by(Node.name)).all()
     known = {n.name for n in nodes}
     cards: list[NodeCard] = []
-    current: dict[str, tuple[float | None, float | None, float | None]] = {}
+    current: dict[str, NodeNow] = {}
     counts = {"ok": 0, "warn": 0, "bad": 0, "idle": 0}
     gpus_total = gpus_bad = gpus_warn = 0
     # Nodes that stream samples but were never registered still deserve a card.
@@ -369,7 +412,7 @@ def overview_health(
         gpus_total=gpus_total,
         gpus_bad=gpus_bad,
         gpus_warn=gpus_warn,
-        sparklines=sparkline_blob(sparks, current, now=now),
+        sparklines=sparkline_blob(sparks, record_tail(store, now, current), current, now=now),
     )
 
 

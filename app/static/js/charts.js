@@ -23,7 +23,10 @@
   var PALETTE = ["#1d5fbf", "#1c7c45", "#b42318", "#7a3fb0", "#b77900", "#0f7b8a", "#5b6474", "#c2418b"];
 
   // Times are shown in UTC everywhere on the dashboard, charts included.
-  function utcClock(ts) { return new Date(ts * 1000).toISOString().substring(11, 16); }
+  function utcClock(ts) {
+    var text = new Date(ts * 1000).toISOString();
+    return ts % 60 === 0 ? text.substring(11, 16) : text.substring(11, 19);
+  }
   function utcStamp(ts) { return new Date(ts * 1000).toISOString().substring(0, 19).replace("T", " ") + " UTC"; }
 
   function clamp(v, lo, hi) { return Math.max(lo, Math.min(hi, v)); }
