@@ -31,6 +31,7 @@ class DecisionType(StrEnum):
     OPEN = "open"
     UPDATE = "update"
     ESCALATE = "escalate"
+    RETRY = "retry"  # a local recovery failed: plan it once more before escalating
     RESOLVE = "resolve"
 
 
@@ -66,6 +67,8 @@ class OpenIncident:
     last_since: float | None = None
     escalated: bool = False
     recovery_failures: int = 0
+    # failures already answered by a retry of the local plan
+    retried_failures: int = 0
 
 
 @dataclass(slots=True)
@@ -137,7 +140,7 @@ class PolicyEngine:
             decision = self._on_signal(world, key, sig)
             if decision is not None:
                 result.decisions.append(decision)
-        result.decisions.extend(self._escalate_failed_recoveries(world, active))
+        result.decisions.extend(self._after_failed_recoveries(world, active))
         result.decisions.extend(self._resolve_quiet(world.now, active))
         for d in result.decisions:
             log.info(
@@ -166,7 +169,8 @@ class PolicyEngine:
         inc.last_active = world.now
         if inc.escalated:
             return None
-        cls = self.classifier.classify(sig, job_step=None, recovery_failures=inc.recovery_failures)
+        # Failed recoveries are handled for every open incident in _after_failed_recoveries.
+        cls = self.classifier.classify(sig, job_step=None)
         if cls.escalated or cls.tier.rank > inc.tier.rank:
             inc.tier = cls.tier
             inc.escalated = cls.escalated
@@ -180,15 +184,16 @@ class PolicyEngine:
             )
         return None
 
-    def _escalate_failed_recoveries(
+    def _after_failed_recoveries(
         self, world: World, active: dict[str, FaultSignal]
     ) -> list[IncidentDecision]:
+        """A failed local recovery is planned once more; failing again escalates (RobustRL)."""
         out = []
         limit = self.policy.escalation.local_recovery_failures
         for key, inc in self._open.items():
-            if inc.escalated or inc.recovery_failures < limit or key in active:
-                continue  # active ones were handled in _on_signal
-            sig = FaultSignal(
+            if inc.escalated or inc.recovery_failures <= inc.retried_failures:
+                continue
+            sig = active.get(key) or FaultSignal(
                 kind=inc.kind,
                 subject=inc.subject,
                 evidence=_no_evidence(inc),
@@ -199,8 +204,18 @@ class PolicyEngine:
             cls = self.classifier.classify(
                 sig, job_step=None, recovery_failures=inc.recovery_failures
             )
-            inc.tier, inc.escalated = cls.tier, True
-            out.append(self._decision(DecisionType.ESCALATE, key, sig, cls, world))
+            inc.retried_failures = inc.recovery_failures
+            if cls.escalated or inc.recovery_failures >= limit:
+                inc.tier, inc.escalated = cls.tier, True
+                out.append(self._decision(DecisionType.ESCALATE, key, sig, cls, world))
+            else:
+                retry = Classification(
+                    inc.tier,
+                    cls.actions,
+                    False,
+                    (f"local recovery failed {inc.recovery_failures} time(s); trying again",),
+                )
+                out.append(self._decision(DecisionType.RETRY, key, sig, retry, world))
         return out
 
     def _resolve_quiet(self, now: float, active: dict[str, FaultSignal]) -> list[IncidentDecision]:

@@ -123,7 +123,35 @@ def persist_decisions(
                 + session.exec(
                     select(func.count())
                     .select_from(IncidentEvent)
-                    .where(IncidentEvent.incident_id == inc.id, IncidentEvent.type == "escalated")
+                    .where(
+                        IncidentEvent.incident_id == inc.id,
+                        col(IncidentEvent.type).in_(["escalated", "recovery_retry"]),
+                    )
+                ).one()
+            )
+            _plan(session, inc, d.actions, policy, now, out, stage=stage)
+        elif d.type is DecisionType.RETRY:
+            inc = _open_incident(session, d.key)
+            if inc is None:
+                continue
+            inc.updated_at = now
+            add_event(
+                session,
+                incident_id=inc.id,
+                type_="recovery_retry",
+                at=now,  # type: ignore[arg-type]
+                detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
+            )
+            _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
+            stage = (
+                1
+                + session.exec(
+                    select(func.count())
+                    .select_from(IncidentEvent)
+                    .where(
+                        IncidentEvent.incident_id == inc.id,
+                        col(IncidentEvent.type).in_(["escalated", "recovery_retry"]),
+                    )
                 ).one()
             )
             _plan(session, inc, d.actions, policy, now, out, stage=stage)
@@ -321,6 +349,7 @@ def open_incidents_for_engine(session: Session) -> list[OpenIncident]:
                 last_since=(inc.evidence or {}).get("since"),
                 escalated=inc.escalated,
                 recovery_failures=inc.recovery_failures,
+                retried_failures=inc.recovery_failures,
             )
         )
     return out

@@ -87,3 +87,35 @@ def test_redis_down_30s_actions_wait_in_outbox_and_run_after(redis_stack: Stack)
         for a in stack.incident(kind)["actions"]:
             assert a["status"] == "succeeded" and a["attempts"] == 1
     assert stack.feeder.errors == []  # ingest never depended on the broker
+
+
+@pytest.mark.timeout(120)
+def test_local_recovery_failing_twice_escalates_to_whole_job_restart(redis_stack: Stack) -> None:
+    stack = redis_stack
+    stack.env["RLGUARD_TEST_LAUNCHER_FAIL"] = "restart_role"
+    stack.run_dir()
+    stack.start_server()
+    stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
+    _base_cluster(stack)
+    stack.feeder.start()
+    time.sleep(1.5)
+    stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
+
+    def escalated():
+        inc = stack.incident("heartbeat_lost")
+        if inc is None or inc["tier"] != "heavy":
+            return None
+        safe = _action(inc, "enter_safe_mode")
+        return inc if safe is not None and safe["status"] == "succeeded" else None
+
+    inc = stack.wait(escalated, 60, "escalation after two failed restarts")
+    restarts = [a for a in inc["actions"] if a["action"] == "restart_role"]
+    assert [a["status"] for a in restarts] == ["failed", "failed"]
+    assert "launcher exited 3" in (restarts[0]["error"] or "")
+    types = [e["type"] for e in inc["timeline"]]
+    assert types.count("action_failed") == 2
+    assert types.index("recovery_retry") < types.index("escalated")
+    assert any("local recovery failed 2 times" in r for r in inc["reasons"])
+    restart_job = _action(inc, "restart_job")
+    assert restart_job["status"] == "pending_approval"  # the whole-job restart waits for a person
+    assert not any(c["action"] == "restart_job" for c in stack.launcher_calls())

@@ -71,6 +71,9 @@ def test_recovery_failing_twice_escalates_to_whole_job_restart() -> None:
     [opened] = ds
     assert opened.tier is Tier.MEDIUM
     e.record_recovery_failure(opened.key)
+    [retry] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
+    assert retry.type is DecisionType.RETRY and retry.tier is Tier.MEDIUM
+    assert [a.action for a in retry.actions] == [a.action for a in opened.actions]  # same local plan
     assert c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e) == []
     e.record_recovery_failure(opened.key)
     [esc] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
