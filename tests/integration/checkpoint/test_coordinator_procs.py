@@ -185,7 +185,9 @@ def test_leader_killed_standby_takes_over(
     killed_at = time.monotonic()
     wait_for(lambda: status(1)["leader"], timeout=3 * ttl, what="standby takes over")
     took = time.monotonic() - killed_at
-    assert took <= ttl + 1.5, f"takeover took {took:.1f} s with a {ttl} s lease"
+    # At most one TTL for the lease to expire, plus one acquire attempt (every ttl / 3), plus
+    # slack for a loaded machine and the status polling.
+    assert took <= ttl + ttl / 3 + 1.5, f"takeover took {took:.1f} s with a {ttl} s lease"
     after = status(1)
     assert after["global_version"] == {"training_step": 40, "inference_version": 8}
     assert after["last_round_id"] == 1
