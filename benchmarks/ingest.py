@@ -131,6 +131,7 @@ def run_phase(
         "errors": errors,
         "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan"),
+        "latencies": lat,
         "next_seqs": next_seqs,
     }
 
@@ -238,6 +239,11 @@ def main() -> None:
         backend = url.split(":", 1)[0]
         if backend == "sqlite":
             backend += f" (synchronous={args.sqlite_synchronous})"
+        load = os.getloadavg()[0]
+        print(
+            f"load average before: {load:.2f} on {os.cpu_count()} CPUs "
+            "(latencies mean little when it is well above the CPU count)"
+        )
         print(
             f"server: uvicorn, 1 process, {backend}; {args.clients} clients x 500-sample batches; "
             f"{args.rounds} rounds x {args.seconds:g} s per endpoint"
@@ -255,8 +261,9 @@ def main() -> None:
         summary = {}
         for name, rs in results.items():
             sps = statistics.mean(r["samples_per_s"] for r in rs)
-            p50 = statistics.mean(r["p50_ms"] for r in rs)
-            p99 = max(r["p99_ms"] for r in rs)
+            pooled = sorted(x for r in rs for x in r["latencies"])  # all rounds' requests
+            p50 = statistics.median(pooled) * 1000
+            p99 = pooled[min(len(pooled) - 1, int(len(pooled) * 0.99))] * 1000
             errors = sum(r["errors"] for r in rs)
             reqs = sum(r["requests"] for r in rs)
             summary[name] = (sps, p99)
