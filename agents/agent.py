@@ -178,6 +178,7 @@ class Agent:
             time.sleep(0.05)
         self.sender.stop(timeout=max(0.1, deadline - time.monotonic()))
         self.write_status()
+        self.spool.close()
         self.nvml.close()
         if self._record is not None:
             self._record.close()

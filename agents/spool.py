@@ -313,10 +313,17 @@ class Spool:
             if rejected:
                 self._state["dropped"]["rejected"] += entry.samples
                 self._state["dropped_participants"] += entry.participants
+                self._save_state_locked()
             else:
+                # Saved with the next append (once per round) or on close: one file replace less
+                # per delivery; a kill -9 can cost the count of the last round's deliveries.
                 self._state["acked_samples"] += entry.samples
-            self._save_state_locked()
             return entry.samples
+
+    def close(self) -> None:
+        """Write the counters (the batches themselves are always on disk already)."""
+        with self._lock:
+            self._try_save_state_locked()
 
     def stats(self) -> SpoolStats:
         """Depth, counters and totals, consistent with each other."""

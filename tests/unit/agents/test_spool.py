@@ -203,6 +203,7 @@ def test_kill_9_while_appending_leaves_a_clean_ordered_spool(tmp_path: Path) -> 
         highest = sp.append(body(1, 0))
         assert highest > max(seqs, default=-1)
         sp.acknowledge(highest)
+        sp.close()
         st = sp.stats()
         # a kill between a batch file and the counters can miss the count of that one batch
         assert 0 <= st.acked_samples - st.produced_samples <= 5 * kills
