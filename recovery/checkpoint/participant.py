@@ -214,15 +214,25 @@ class Participant:
             except RecoveryError as exc:
                 log.debug("%s: heartbeat to %s failed: %s", self.name, url, exc)
                 continue
-            if answer.get("leader"):
-                leader_seen = True
-                gv = answer.get("global_version")
-                with self._lock:
-                    self._leader_url = url
-                    self._epoch = max(self._epoch, int(answer.get("epoch", 0)))
-                    self._must_wait = bool(answer.get("must_wait"))
-                    if gv is not None:
-                        self._global = VersionVector.from_json(gv)
+            if not answer.get("leader"):
+                continue
+            try:
+                epoch = answer.get("epoch", 0)
+                if isinstance(epoch, bool) or not isinstance(epoch, int):
+                    raise CoordinatorError(f"epoch must be an int, got {epoch!r}")
+                gv_raw = answer.get("global_version")
+                gv = VersionVector.from_json(gv_raw) if gv_raw is not None else None
+            except RecoveryError as exc:
+                # A malformed answer must not stop the heartbeat thread; it is logged loudly.
+                log.error("%s: bad heartbeat answer from %s: %s", self.name, url, exc)
+                continue
+            leader_seen = True
+            with self._lock:
+                self._leader_url = url
+                self._epoch = max(self._epoch, epoch)
+                self._must_wait = bool(answer.get("must_wait"))
+                if gv is not None:
+                    self._global = gv
         return leader_seen
 
     def _heartbeat_loop(self) -> None:

@@ -341,3 +341,32 @@ def test_adopting_a_restored_version_is_published_by_the_leader_only(cluster: An
     with pytest.raises(CoordinatorError, match="not the leader"):
         standby.adopt_global_version(V(1, 1))
     assert lease.read_state()["global_version"] == {"training_step": 50, "inference_version": 10}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"leader": True, "epoch": "7"},
+        {"leader": True, "epoch": 1, "global_version": {"training_step": -1}},
+    ],
+)
+def test_malformed_leader_answer_is_ignored_and_heartbeats_go_on(
+    answer: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    beats: list[dict[str, Any]] = []
+
+    def route(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        beats.append(body)
+        return 200, answer
+
+    server = _http.JsonServer("127.0.0.1", 0, {"POST /v1/heartbeat": route}, name="junk")
+    server.start()
+    p = Participant("t", "trainer", [server.url], version=V(1, 1), heartbeat_interval=0.05)
+    try:
+        p.start()
+        wait_for(lambda: len(beats) >= 3)  # the thread survived the bad answers
+        assert p.leader_url is None and p.global_version is None
+        assert "bad heartbeat answer" in caplog.text
+    finally:
+        p.close()
+        server.close()
