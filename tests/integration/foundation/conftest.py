@@ -106,7 +106,10 @@ def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
     clients: list[AppClient] = []
 
     def factory(url: str, **overrides: object) -> Api:
-        app = create_app(make_settings(url, tmp_path / f"data{len(clients)}", **overrides))
+        # The foundation alone: later features' lifespans (the policy tick) are left out here;
+        # the real `rlguard server` subprocesses in these tests run with them.
+        settings = make_settings(url, tmp_path / f"data{len(clients)}", **overrides)
+        app = create_app(settings, extra_lifespans=[])
         client = AppClient(app)
         clients.append(client)
         return Api(client)
