@@ -229,6 +229,8 @@ class Coordinator:
                     self._step_down(f"lease backend unreachable: {exc}")
                 else:
                     log.warning("%s: lease backend unreachable: %s", self.coordinator_id, exc)
+            except Exception:  # keep competing for the lease whatever happened; logged loudly
+                log.exception("%s: lease loop iteration failed", self.coordinator_id)
             self._stop.wait(interval)
 
     def _step_down(self, reason: str) -> None:
@@ -239,10 +241,18 @@ class Coordinator:
     def _take_over(self, epoch: int) -> None:
         state = self.lease.read_state() or {}
         gv = state.get("global_version")
+        try:
+            restored = VersionVector.from_json(gv) if gv is not None else None
+            last_round = int(state.get("last_round_id", 0))
+        except (RecoveryError, TypeError, ValueError) as exc:
+            # Leading without the old state beats nobody leading; restore() still finds the
+            # newest valid checkpoint on disk.
+            log.error("%s: published state unreadable (%r): %s", self.coordinator_id, state, exc)
+            restored, last_round = None, 0
         with self._lock:
             self._epoch = epoch
-            self._global = VersionVector.from_json(gv) if gv is not None else None
-            self._last_round_id = max(self._last_round_id, int(state.get("last_round_id", 0)))
+            self._global = restored
+            self._last_round_id = max(self._last_round_id, last_round)
             self._last_round_at = self._clock()
             self._leader = True
             members = list(self._views.values())

@@ -370,3 +370,14 @@ def test_malformed_leader_answer_is_ignored_and_heartbeats_go_on(
     finally:
         p.close()
         server.close()
+
+
+def test_unreadable_published_state_does_not_stop_a_takeover(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = MemoryLease(ttl=5)
+    lease._state = {"global_version": {"training_step": "ten"}, "last_round_id": 4}
+    coord = cluster(lease=lease)
+    wait_for(lambda: coord.is_leader)
+    assert coord.global_version is None
+    assert "published state unreadable" in caplog.text
