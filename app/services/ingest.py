@@ -120,7 +120,16 @@ class IngestService:
         windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
         self._task = asyncio.create_task(self._commit_loop(), name="rlguard-ingest-committer")
+        self._task.add_done_callback(self._committer_done)
         log.info("ingest started", extra={"agents": len(self._agents)})
+
+    def _committer_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("ingest committer died; ingest answers 503", exc_info=task.exception())
+
+    def committer_alive(self) -> bool:
+        """False once the group committer has stopped (readiness reports it)."""
+        return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
         """Flush what is pending (so acknowledged-pending requests complete), then stop."""

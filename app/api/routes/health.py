@@ -21,7 +21,9 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get(
-    "/readyz", summary="The database answers", responses={503: {"description": "not ready"}}
+    "/readyz",
+    summary="The database answers and ingest can commit",
+    responses={503: {"description": "not ready"}},
 )
 async def readyz(request: Request) -> JSONResponse:
     try:
@@ -30,6 +32,11 @@ async def readyz(request: Request) -> JSONResponse:
         log.warning("readiness check failed: %s", type(exc).__name__)
         return JSONResponse(
             {"status": "unavailable", "database": f"unreachable ({type(exc).__name__})"},
+            status_code=503,
+        )
+    if not request.app.state.ingest.committer_alive():
+        return JSONResponse(
+            {"status": "unavailable", "database": "ok", "ingest": "committer stopped"},
             status_code=503,
         )
     return JSONResponse({"status": "ok", "database": "ok"})

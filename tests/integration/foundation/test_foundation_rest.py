@@ -80,6 +80,11 @@ def test_read_endpoints(api: Api) -> None:
 def test_health_and_ready(api: Api) -> None:
     assert api.client.get("/healthz").json() == {"status": "ok"}
     assert api.client.get("/readyz").json() == {"status": "ok", "database": "ok"}
+    ingest = api.app.state.ingest  # type: ignore[attr-defined]
+    assert ingest.committer_alive()
+    api.client._portal.call(ingest.stop)  # what a dead committer looks like to a probe
+    r = api.client.get("/readyz")
+    assert r.status_code == 503 and r.json()["ingest"] == "committer stopped"
 
 
 def test_readyz_is_503_when_the_database_is_unreachable(make_api, tmp_path) -> None:  # type: ignore[no-untyped-def]
