@@ -71,6 +71,9 @@ class JsonServer:
                     status, answer = 400, {"error": str(exc)}
                 except CheckpointInputError as exc:
                     status, answer = 400, {"error": str(exc)}
+                except Exception as exc:  # a bug in a handler: answer 500, log with traceback
+                    log.exception("%s: %s %s failed", name, self.command, self.path)
+                    status, answer = 500, {"error": f"internal error: {exc!r}"}
                 self._reply(status, answer)
 
             do_GET = _dispatch

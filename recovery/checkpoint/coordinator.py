@@ -355,7 +355,10 @@ class Coordinator:
             change.silent_for,
         )
         if self._on_health_change is not None:
-            self._on_health_change(change)
+            try:
+                self._on_health_change(change)
+            except Exception:  # the caller's callback must not break heartbeats; logged loudly
+                log.exception("on_health_change callback failed for %s", change)
 
     def _due_reason(self) -> str | None:
         now = self._clock()
