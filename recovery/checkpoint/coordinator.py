@@ -498,8 +498,12 @@ class Coordinator:
         trainers = [versions[n] for n in versions if roles[n] == "trainer"]
         rollouts = {n: versions[n] for n in versions if roles[n] == "rollout"}
         if trainers:
-            step = max(v.training_step for v in trainers)
-            weights = max(v.inference_version for v in trainers)
+            if len(set(trainers)) > 1:
+                # Data-parallel ranks step together; ranks that disagree are not at one point.
+                seen = sorted({(v.training_step, v.inference_version) for v in trainers})
+                raise _Abort(f"trainer ranks disagree on their version: {seen}")
+            step = trainers[0].training_step
+            weights = trainers[0].inference_version
         else:
             step = max(v.training_step for v in versions.values())
             weights = max(v.inference_version for v in versions.values())

@@ -381,3 +381,13 @@ def test_unreadable_published_state_does_not_stop_a_takeover(
     wait_for(lambda: coord.is_leader)
     assert coord.global_version is None
     assert "published state unreadable" in caplog.text
+
+
+def test_trainer_ranks_that_disagree_abort_the_round(cluster: Any) -> None:
+    coord = cluster()
+    cluster.participant(coord, "trainer-0", "trainer", V(50, 10))
+    cluster.participant(coord, "trainer-1", "trainer", V(49, 10))
+    wait_for(lambda: coord.is_leader and len(coord.status()["participants"]) == 2)
+    outcome = coord.run_round("test")
+    assert not outcome.committed and "trainer ranks disagree" in outcome.reason
+    assert coord.global_version is None
