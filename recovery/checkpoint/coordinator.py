@@ -6,9 +6,9 @@ the lease expires. Only the leader runs rounds:
 
 1. *prepare*: every participant finishes its current atomic step, freezes weight writes and
    answers ready with its version vector;
-2. the target global version is taken from the trainer's vector; with ``require_sync_boundary``
-   every rollout must already serve the trainer's weight version (a round never lands inside a
-   weight sync);
+2. the target global version is the trainer ranks' vector (they must agree); with
+   ``require_sync_boundary`` every rollout must already serve the trainer's weight version (a
+   round never lands inside a weight sync);
 3. *commit*: every participant saves what it owns and answers done;
 4. the new global version is published through the lease (fenced by the epoch), then everyone is
    told to resume.
