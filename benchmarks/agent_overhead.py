@@ -3,6 +3,8 @@
 
     .venv/bin/python benchmarks/agent_overhead.py                  # 60 s measurement (default)
     .venv/bin/python benchmarks/agent_overhead.py --duration 15    # quick smoke run
+    .venv/bin/python benchmarks/agent_overhead.py --real-gpus      # on a GPU machine: real NVML
+    .venv/bin/python benchmarks/agent_overhead.py --dump-real-nvml # one real collector round
 
 Three processes run side by side for the same wall-clock window:
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -104,7 +107,12 @@ def run_baseline(run_dir: Path, gpus: int, interval: float) -> None:
     from agents.collectors.nvml import NvmlCollector
     from agents.fake_nvml import FakeNVML
 
-    nvml = NvmlCollector(FakeNVML(gpus), simulated=True)
+    if gpus > 0:
+        nvml = NvmlCollector(FakeNVML(gpus), simulated=True)
+    else:
+        import pynvml
+
+        nvml = NvmlCollector(pynvml)
     nvml.start()
     jobs = JobCollector(run_dir)
     next_round = time.monotonic()
@@ -117,6 +125,30 @@ def run_baseline(run_dir: Path, gpus: int, interval: float) -> None:
 
 
 # -- the measurement ---------------------------------------------------------------------------
+
+
+def dump_real_nvml() -> None:
+    """One round of the NVML collector against this machine's real GPUs (the device check)."""
+    sys.path.insert(0, str(REPO))
+    import pynvml
+
+    from agents.collectors.nvml import NvmlCollector
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    col = NvmlCollector(pynvml)
+    if not col.start():
+        print(f"NVML unavailable: {col.unavailable_reason}")
+        return
+    print(f"driver: {col.driver_versions()}; GPUs: {col.gpu_count}")
+    col.collect()
+    start = time.perf_counter()
+    samples = col.collect()
+    took = time.perf_counter() - start
+    for s in sorted(samples, key=lambda s: (s["labels"].get("gpu", ""), s["name"])):
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s["labels"].items()))
+        print(f"{s['name']:<40} {labels:<60} {s['value']:g}")
+    print(f"{len(samples)} samples in {took * 1000:.2f} ms (second round)")
+    col.close()
 
 
 def main() -> None:
@@ -132,15 +164,28 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--heartbeats", type=int, default=64)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument(
+        "--real-gpus",
+        action="store_true",
+        help="use this machine's NVML instead of simulated GPUs (agent and baseline)",
+    )
+    parser.add_argument(
+        "--dump-real-nvml",
+        action="store_true",
+        help="print one round of the NVML collector on the real GPUs and exit",
+    )
     parser.add_argument("--role", choices=["sink", "writer", "baseline"], help=argparse.SUPPRESS)
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.dump_real_nvml:
+        return dump_real_nvml()
+    gpus = 0 if args.real_gpus else args.gpus
     if args.role == "sink":
         return run_sink(args.dir)
     if args.role == "writer":
         return run_writer(args.dir, args.heartbeats)
     if args.role == "baseline":
-        return run_baseline(args.dir, args.gpus, args.interval)
+        return run_baseline(args.dir, gpus, args.interval)
 
     me = [sys.executable, str(Path(__file__).resolve())]
     procs: list[subprocess.Popen[bytes]] = []
@@ -186,7 +231,7 @@ def main() -> None:
                     "--spool-dir",
                     str(root / "spool"),
                     "--simulate-gpus",
-                    str(args.gpus),
+                    str(gpus),
                     "--interval",
                     str(args.interval),
                     "--log-level",
@@ -203,7 +248,7 @@ def main() -> None:
                     "--dir",
                     str(run_dir),
                     "--gpus",
-                    str(args.gpus),
+                    str(gpus),
                     "--interval",
                     str(args.interval),
                 ]
@@ -240,7 +285,8 @@ def main() -> None:
     per_min = {pid: cpu / wall * 60 for pid, cpu in used.items()}
     a, b = agent.pid, baseline.pid
     print(
-        f"agent overhead: {args.gpus} simulated GPUs, {args.heartbeats} heartbeat files, "
+        f"agent overhead: {'real NVML GPUs' if args.real_gpus else f'{gpus} simulated GPUs'}, "
+        f"{args.heartbeats} heartbeat files, "
         f"interval {args.interval} s, measured {wall:.1f} s after {args.warmup:.0f} s warm-up"
     )
     print(f"{'':28}{'CPU s/min':>10}{'% of a core':>13}{'RSS MB':>9}{'peak RSS MB':>13}")
