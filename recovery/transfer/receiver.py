@@ -225,7 +225,10 @@ class WeightReceiver:
             )
         except NoSourceError:
             self._check_not_aborted(pull)
-            pull.suspect.clear()  # a suspect source is better than none; per-chunk attempts bound it
+            # Nothing else is left: give suspect sources (bounded by per-chunk attempts) and ones
+            # that failed us (the registry re-lists a publisher that keeps renewing) another go.
+            pull.suspect.clear()
+            pull.dead.clear()
             time.sleep(min(self.poll_interval, step))
             return
         self.current_source = source

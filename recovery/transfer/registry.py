@@ -166,6 +166,9 @@ class InMemoryRegistry:
             if entry.info.state == ABORTED:
                 raise VersionDiscardedError(f"{name!r} v{version} was aborted: {entry.info.reason}")
             entry.lease_deadline = self._clock() + lease_s
+            publisher = entry.sources.get(entry.info.publisher)
+            if publisher is not None:
+                publisher.dead = False  # it renews, so it lives: a receiver's report was a hiccup
             self._set_state(entry, entry.info.state, entry.info.reason)
             return entry.info
 

@@ -68,6 +68,15 @@ def test_dead_and_excluded_sources_are_skipped_and_relays_false_means_publisher_
         registry.assign_source(name="p", version=1, receiver="Q", exclude=["T", "B"])
 
 
+def test_a_publisher_reported_dead_is_listed_again_once_it_renews() -> None:
+    registry = opened()
+    registry.report_dead(name="p", version=1, address="T")
+    with pytest.raises(NoSourceError):
+        registry.assign_source(name="p", version=1, receiver="X")
+    registry.renew(name="p", version=1, lease_s=5)
+    assert registry.assign_source(name="p", version=1, receiver="X") == "T"
+
+
 def test_lapsed_lease_aborts_and_commit_is_then_refused() -> None:
     clock = Clock()
     registry = opened(clock)
