@@ -10,6 +10,19 @@ from recovery.checkpoint.lease import Lease, PostgresLease, RedisLease
 LeaseFactory = Callable[..., Lease]
 
 
+def drop_redis_lease_keys(url: str, name: str) -> None:
+    """Remove the keys a RedisLease named ``name`` left behind (lease, epoch, state)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        keys = list(client.scan_iter(match=f"rlguard:lease:{name}*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 @pytest.fixture(params=["redis", "postgres"])
 def lease_factory(request: pytest.FixtureRequest) -> Iterator[LeaseFactory]:
     """Makes leases on one name in real Redis or real PostgreSQL (each test its own name)."""
@@ -33,3 +46,5 @@ def lease_factory(request: pytest.FixtureRequest) -> Iterator[LeaseFactory]:
     yield make
     for lease in made:
         lease.close()
+    if request.param == "redis":
+        drop_redis_lease_keys(url, name)

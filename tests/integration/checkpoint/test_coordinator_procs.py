@@ -21,6 +21,7 @@ from recovery.checkpoint.lease import RedisLease
 from recovery.checkpoint.version import VersionVector
 from tests.conftest import free_port
 
+from .conftest import drop_redis_lease_keys
 from .procs import Procs, rounds, steps, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -40,7 +41,8 @@ def health_changes() -> list[HealthChange]:
 
 @pytest.fixture
 def coord(redis_url: str, health_changes: list[HealthChange]) -> Iterator[Coordinator]:
-    lease = RedisLease(redis_url, name=f"coord-{uuid.uuid4().hex[:8]}", ttl=2.0, timeout=0.5)
+    name = f"coord-{uuid.uuid4().hex[:8]}"
+    lease = RedisLease(redis_url, name=name, ttl=2.0, timeout=0.5)
     c = Coordinator(
         coordinator_id="c1",
         lease=lease,
@@ -55,6 +57,7 @@ def coord(redis_url: str, health_changes: list[HealthChange]) -> Iterator[Coordi
     yield c
     c.close()
     lease.close()
+    drop_redis_lease_keys(redis_url, name)
 
 
 def _registered(coord: Coordinator, n: int) -> bool:
@@ -149,6 +152,8 @@ def test_leader_killed_standby_takes_over(
 ) -> None:
     url = request.getfixturevalue("redis_url" if backend == "redis" else "postgres_url")
     name = f"failover-{uuid.uuid4().hex[:8]}"
+    if backend == "redis":
+        request.addfinalizer(lambda: drop_redis_lease_keys(url, name))
     ttl = 2.0
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
