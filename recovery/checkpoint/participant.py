@@ -241,6 +241,13 @@ class Participant:
                 log.info("%s: no coordinator answered as leader", self.name)
             self._stop.wait(self.heartbeat_interval)
 
+    def leader_status(self) -> dict[str, Any]:
+        """The leader's ``GET /v1/status`` (every participant's role, state and version)."""
+        url = self.leader_url
+        if url is None:
+            raise CoordinatorError(f"{self.name}: no leader known yet")
+        return _http.call(url, "/v1/status", None, timeout=self.request_timeout)
+
     def wait_until_allowed(self, timeout: float, poll: float = 0.2) -> None:
         """Block while the leader says this trainer is too far ahead (staleness bound)."""
         deadline = time.monotonic() + timeout

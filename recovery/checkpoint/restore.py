@@ -124,6 +124,19 @@ def restore(
     return RestoreResult(info, state, tuple(plan), transient, info.skipped)
 
 
+def rollout_versions(status: Mapping[str, Any]) -> dict[str, VersionVector]:
+    """The version vector of every live rollout in a coordinator status (``GET /v1/status``),
+    for :func:`wait_until_weights_live`."""
+    participants = status.get("participants")
+    if not isinstance(participants, Mapping):
+        raise CheckpointInputError(f"not a coordinator status: {status!r:.120}")
+    return {
+        name: VersionVector.from_json(p["version"])
+        for name, p in participants.items()
+        if p.get("role") == "rollout" and p.get("health") != "failed"
+    }
+
+
 def wait_until_weights_live(
     read_rollout_versions: Callable[[], Mapping[str, VersionVector]],
     weight_version: int,

@@ -17,6 +17,7 @@ from recovery.checkpoint.coordinator import Coordinator, Participant, RoundOutco
 from recovery.checkpoint.errors import CheckpointInputError, CoordinatorError
 from recovery.checkpoint.participant import RoundResult
 from recovery.checkpoint.version import VersionVector
+from recovery.errors import RecoveryTimeout
 
 from .memory_lease import MemoryLease
 
@@ -391,3 +392,27 @@ def test_trainer_ranks_that_disagree_abort_the_round(cluster: Any) -> None:
     outcome = coord.run_round("test")
     assert not outcome.committed and "trainer ranks disagree" in outcome.reason
     assert coord.global_version is None
+
+
+def test_trainer_waits_until_rollouts_serve_the_restored_weights(cluster: Any) -> None:
+    from recovery.checkpoint.restore import rollout_versions, wait_until_weights_live
+
+    coord = cluster()
+    trainer = cluster.participant(coord, "trainer", "trainer", V(50, 10))
+    r0 = cluster.participant(coord, "r0", "rollout", V(60, 12))  # still on rolled-back weights
+    r1 = cluster.participant(coord, "r1", "rollout", V(40, 8))  # behind
+    wait_for(lambda: trainer.p.leader_url and len(coord.status()["participants"]) == 3)
+    with pytest.raises(RecoveryTimeout, match="'r0': 12"):
+        wait_until_weights_live(
+            lambda: rollout_versions(trainer.p.leader_status()),
+            10,
+            expected=["r0", "r1"],
+            timeout=0.3,
+        )
+    threading.Timer(0.3, lambda: (r0.p.set_version(V(50, 10)), r1.p.set_version(V(50, 10)))).start()
+    live = wait_until_weights_live(
+        lambda: rollout_versions(trainer.p.leader_status()), 10, expected=["r0", "r1"], timeout=10
+    )
+    assert live == {"r0": V(50, 10), "r1": V(50, 10)}
+    with pytest.raises(CheckpointInputError, match="not a coordinator status"):
+        rollout_versions({"leader": True})
