@@ -91,6 +91,7 @@ class PolicyEngine:
         self.detectors = detectors if detectors is not None else default_detectors(policy)
         self.classifier = Classifier(policy)
         self._open: dict[str, OpenIncident] = {}
+        self._closed_occurrence: dict[str, float | None] = {}
         self._latest_index = _build_index(self.detectors)
 
     # -- state shared with the server ---------------------------------------------------------
@@ -105,8 +106,12 @@ class PolicyEngine:
             self._open[inc.key] = inc
 
     def forget(self, key: str) -> None:
-        """The incident was closed outside the engine (resolved by an operator, approval)."""
-        self._open.pop(key, None)
+        """The incident was closed outside the engine (its approved recovery completed, an
+        operator closed it). The occurrence that opened it must not open it again: only a new
+        occurrence (a signal with another ``since``) does, or the same one after a quiet tick."""
+        inc = self._open.pop(key, None)
+        if inc is not None:
+            self._closed_occurrence[key] = inc.last_since
 
     def set_recovery_failures(self, key: str, count: int) -> None:
         """How many local recoveries of this incident failed (kept in the database)."""
@@ -136,7 +141,12 @@ class PolicyEngine:
         active: dict[str, FaultSignal] = {}
         for sig in signals:
             active.setdefault(sig.incident_key, sig)
+        for key in [k for k in self._closed_occurrence if k not in active]:
+            del self._closed_occurrence[key]
         for key, sig in active.items():
+            if key in self._closed_occurrence and self._closed_occurrence[key] == sig.since:
+                continue  # the occurrence whose incident was just closed elsewhere
+            self._closed_occurrence.pop(key, None)
             decision = self._on_signal(world, key, sig)
             if decision is not None:
                 result.decisions.append(decision)

@@ -126,3 +126,17 @@ def test_restored_incidents_are_not_opened_twice() -> None:
     e.restore([OpenIncident(key, FaultKind.SHARD_STALE, Subject(), Tier.MEDIUM, c.now, c.now)])
     ds = c.run(5, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
     assert [d.type for d in ds if d.type is DecisionType.OPEN] == []
+
+
+def test_incident_closed_elsewhere_is_not_reopened_by_the_same_occurrence() -> None:
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(3, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 0, **T)), engine=e)
+    [opened] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
+    assert opened.tier is Tier.HEAVY
+    e.forget(opened.key)  # the approved restore completed: the service resolved it
+    assert c.run(10, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e) == []
+    # a new occurrence (more write errors after the hold) opens a new incident
+    c.run(70, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
+    [again] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 3, **T)), engine=e)
+    assert again.type is DecisionType.OPEN and again.key == opened.key
