@@ -205,6 +205,10 @@ def test_screenshots_of_job_and_phone_pages(story: Story, browser: object) -> No
     base = story.cluster.base_url
     desktop = _page(browser)
     sign_in(desktop, base, "alice")
+    # By now the backfilled minutes are rolled up: the overview again, with its sparklines.
+    desktop.wait_for_selector(".node-card .js-chart canvas")  # type: ignore[attr-defined]
+    desktop.wait_for_timeout(4000)  # type: ignore[attr-defined]  # one polling round
+    screenshot(desktop, "overview-desktop")
     desktop.goto(f"{base}/jobs/{fleet.JOB}")  # type: ignore[attr-defined]
     desktop.wait_for_selector(".js-chart canvas")  # type: ignore[attr-defined]
     desktop.wait_for_selector('[data-participant="trainer/0"]')  # type: ignore[attr-defined]

@@ -68,7 +68,7 @@ class ChartSpec:
         }
 
     def json_markup(self) -> Markup:
-        """The spec as compact JSON that is safe inside ``<script type="application/json">``.
+        """The spec as compact JSON, safe in a single-quoted HTML attribute.
 
         Built here rather than with Jinja's ``tojson`` because the overview embeds hundreds of
         sparklines: compact separators and no empty keys keep the page and the render small.
@@ -88,8 +88,8 @@ class ChartSpec:
 
 
 def safe_json(data: Any) -> Markup:
-    """Compact JSON that is safe inside ``<script type="application/json">``: the same escaping
-    as Jinja's ``tojson``, so no ``</script>`` in a label can end the element early."""
+    """Compact JSON that is safe in a single-quoted HTML attribute (and in a script element): the
+    escaping of Jinja's ``tojson``, so no quote, ``&`` or ``<`` in a label can break out."""
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027")):
         text = text.replace(raw, escaped)

@@ -106,6 +106,13 @@ def pending_approvals_count(session: Session) -> int:
     )
 
 
+def evidence_of(stored: dict[str, Any]) -> dict[str, Any]:
+    """The evidence part of what the incident service stored: a whole signal (kind, subject,
+    evidence, since) for incidents, the evidence itself for older rows and tests."""
+    inner = stored.get("evidence")
+    return inner if isinstance(inner, dict) else stored
+
+
 def evidence_chart(evidence: dict[str, Any], *, title: str = "Evidence") -> ChartSpec | None:
     """The series window a detector looked at, the threshold it compared with, the window shaded."""
     values = evidence.get("values") or []
@@ -183,6 +190,7 @@ class IncidentPage:
     incident: IncidentDetail
     level: str
     evidence: ChartSpec | None
+    evidence_data: dict[str, Any]
     signal_charts: list[tuple[FaultSignalPublic, ChartSpec | None]]
     timeline: list[TimelineEntry]
 
@@ -223,7 +231,9 @@ def evidence_from_store(
             since = opened_at - EVIDENCE_LOOKBACK_SECONDS
             points = [(p.ts, p.value) for p in store.since(key, since) if p.ts <= end]
             if points:
-                series["/".join(v for _, v in key.labels) or str(metric)] = points
+                role, rank, gpu = key.label("role"), key.label("rank"), key.label("gpu")
+                label = f"{role}/{rank}" if role else (f"GPU {gpu}" if gpu else str(metric))
+                series[label] = points
     if not series:
         return None
     span = max(p[-1][0] for p in series.values()) - min(p[0][0] for p in series.values())
@@ -246,19 +256,21 @@ def incident_page(
 ) -> IncidentPage:
     """Raises ``NotFound`` (from the incidents service) for an unknown id."""
     detail = incidents_service.incident_detail(session, incident_id=incident_id)
-    metric = detail.evidence.get("metric") or detail.kind
-    evidence = evidence_chart(detail.evidence, title=f"Evidence: {metric}")
+    data = evidence_of(detail.evidence)
+    metric = data.get("metric") or detail.kind
+    evidence = evidence_chart(data, title=f"Evidence: {metric}")
     if store is not None and (evidence is None or len(evidence.x) < MIN_EVIDENCE_POINTS):
         end = detail.resolved_at.timestamp() if detail.resolved_at else time.time()
         opened = detail.opened_at.timestamp()
-        from_store = evidence_from_store(
-            store, detail.evidence, detail.subject, opened_at=opened, end=end
-        )
+        from_store = evidence_from_store(store, data, detail.subject, opened_at=opened, end=end)
         evidence = from_store or evidence
     return IncidentPage(
         incident=detail,
         level=tier_level(detail.tier),
         evidence=evidence,
-        signal_charts=[(sig, evidence_chart(sig.evidence)) for sig in detail.signals[-3:]],
+        evidence_data=data,
+        signal_charts=[
+            (sig, evidence_chart(evidence_of(sig.evidence))) for sig in detail.signals[-3:]
+        ],
         timeline=timeline_entries(detail.timeline),
     )

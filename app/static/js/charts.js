@@ -1,9 +1,8 @@
 /* RLGuard charts: draws uPlot charts from JSON embedded in the page.
  *
  * Markup (rendered by templates/partials/_chart.html):
- *   <div class="js-chart chart" data-kind="line|spark" data-height="180">
- *     <script type="application/json">{"x": [...], "series": [...], ...}</script>
- *   </div>
+ *   <div class="js-chart chart" data-kind="line|spark" data-height="180" data-spec='{"x": [...], ...}'>
+ * (JSON in an attribute, not a <script>: htmx drops script elements from swapped content).
  *
  * JSON: x (unix seconds), series [{label, values, color}], unit, y {min, max},
  * bands [{from, to, level}] (null = open end) drawn behind the data, thresholds
@@ -142,8 +141,8 @@
   }
 
   function ownSpec(el) {
-    var src = el.querySelector("script[type='application/json']");
-    return src ? JSON.parse(src.textContent) : null;
+    var text = el.getAttribute("data-spec");
+    return text ? JSON.parse(text) : null;
   }
 
   // Sparklines of the node grid share one JSON document (one time axis for all nodes):
@@ -151,7 +150,7 @@
   function sparkSpec(el) {
     var blobEl = document.getElementById(el.getAttribute("data-spark"));
     if (!blobEl) { return null; }
-    if (!blobEl._parsed) { blobEl._parsed = JSON.parse(blobEl.textContent); }
+    if (!blobEl._parsed) { blobEl._parsed = JSON.parse(blobEl.getAttribute("data-json")); }
     var blob = blobEl._parsed;
     var values = (blob[el.getAttribute("data-spark-series")] || {})[el.getAttribute("data-spark-node")];
     return {

@@ -191,14 +191,22 @@ def seed_heavy_incident(dash: DashboardApp, *, job: str = "grpo-a", node: str = 
             job=job,
             node=node,
             summary="State log not writable on node-1",
+            # As the incident service stores it: the whole signal, its evidence inside.
             evidence={
-                "metric": "state_log_write_latency_ms",
-                "values": [
-                    [now.timestamp() - 60 + i, 40.0 + (i * 9 if i > 30 else 0)] for i in range(60)
-                ],
-                "window_seconds": 20.0,
-                "threshold": 200.0,
-                "detail": "latency above 200 ms for 20 s",
+                "kind": "storage_unwritable",
+                "tier": "heavy",
+                "subject": {"job": job, "node": node},
+                "since": now.timestamp() - 30,
+                "evidence": {
+                    "metric": "state_log_write_latency_ms",
+                    "values": [
+                        [now.timestamp() - 60 + i, 40.0 + (i * 9 if i > 30 else 0)]
+                        for i in range(60)
+                    ],
+                    "window_seconds": 20.0,
+                    "threshold": 200.0,
+                    "detail": "latency above 200 ms for 20 s",
+                },
             },
             reasons=["storage unwritable is heavy tier"],
             safe_mode=True,

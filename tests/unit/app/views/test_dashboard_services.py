@@ -15,7 +15,7 @@ from app.services.series_store import SeriesKey, SeriesStore
 from tests.unit.app.views.conftest import DashboardApp
 
 
-def test_safe_json_cannot_close_the_script_element() -> None:
+def test_safe_json_cannot_break_out_of_an_attribute_or_element() -> None:
     text = str(safe_json({"label": "</script><script>alert(1)</script>", "q": "it's & <b>"}))
     assert "<" not in text and ">" not in text and "'" not in text and "&" not in text
     assert json.loads(text)["label"] == "</script><script>alert(1)</script>"
@@ -99,7 +99,7 @@ def test_counter_evidence_is_drawn_from_the_live_window() -> None:
     subject = {"node": "n1", "job": "j", "role": "trainer", "rank": 0}
     spec = evidence_from_store(store, evidence, subject, opened_at=1012.5, end=2000)
     assert spec is not None
-    assert [s["label"] for s in spec.series] == ["j/0/trainer"]  # rank 1 is another subject
+    assert [s["label"] for s in spec.series] == ["trainer/0"]  # rank 1 is another subject
     assert spec.series[0]["values"][0] == 0 and spec.series[0]["values"][-1] == 3
     assert spec.window == (1012.0, 1072.0)  # from the first increase, for the detector's window
     assert spec.thresholds == []  # "rose by more than 0" is not a line on the raw counter
