@@ -314,9 +314,8 @@ def claim(
             ):
                 carried.append(_event(member))
         session.commit()
-        return SendPlan(
-            lead.id or 0, lead.channel, AlertBatch((batch.lead, *carried)), start_part=0
-        )
+        fresh = current_view(session, AlertBatch((batch.lead, *carried)))
+        return SendPlan(lead.id or 0, lead.channel, fresh, start_part=0)
     if row.event_id not in {e.event_id for e in result.waiting}:
         return None  # claimed or grouped by another worker since we read it
     return Wait(result.next_due or row.due_at)

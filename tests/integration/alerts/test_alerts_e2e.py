@@ -154,6 +154,8 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
     assert header.startswith("🔴 HEAVY") and "opened · approval needed" in header
     assert "等待审批" in first["wecom"][0]["markdown"]["content"]
     assert first["wecom-mention"][0]["text"]["mentioned_mobile_list"] == ["13800138000"]
+    # Actions are read when the message is sent, not when the incident opened (none yet then).
+    assert any(a.startswith("enter_safe_mode (") for a in first["webhook"][0]["actions_taken"])
 
     r = stack.post(f"/api/v1/approvals/{approval_id}/approve", json={"comment": "restore it"})
     assert r.status_code == 200, r.text

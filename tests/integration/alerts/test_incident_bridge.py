@@ -12,7 +12,7 @@ from sqlmodel import Session, select
 
 from app.alerts.events import event_from_json
 from app.alerts.grouping import AlertBatch
-from app.alerts.queue import current_view
+from app.alerts.queue import SendPlan, claim, current_view
 from app.models._types import utcnow
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
@@ -242,6 +242,10 @@ def test_the_message_shows_the_actions_as_they_are_at_send_time(
         "enter_safe_mode (succeeded)",
         "restore_checkpoint (pending approval)",
     )
+    # What the task gets when the group window closes is that same current view.
+    with Session(engine) as session:
+        plan = claim(session, delivery_id=rows(engine)[0].id, config=CFG, now=AT + CFG.group_wait)
+    assert isinstance(plan, SendPlan) and plan.batch.actions_taken == fresh.actions_taken
 
 
 def test_maintenance_reminds_open_heavy_incidents_and_purges_old_rows(
