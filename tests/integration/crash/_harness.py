@@ -9,11 +9,14 @@ flight when the kill landed.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+_FIRST_REPORT_TIMEOUT_S = 30.0
 
 
 class Reporter:
@@ -51,12 +54,15 @@ def run_and_kill(
     kill_after: float,
     *,
     while_running: Callable[[], None] | None = None,
+    from_first_report: bool = True,
 ) -> ChildRun:
     """Fork, run ``child`` until it is SIGKILLed ``kill_after`` seconds later, collect reports.
 
     ``while_running`` is called repeatedly in the parent until the kill (a concurrent reader).
     """
-    return run_many_and_kill([child], [kill_after], while_running=while_running)[0]
+    return run_many_and_kill(
+        [child], [kill_after], while_running=while_running, from_first_report=from_first_report
+    )[0]
 
 
 def _fork_child(child: Callable[[Reporter], None]) -> tuple[int, int, int]:
@@ -83,12 +89,24 @@ def run_many_and_kill(
     kill_after: list[float],
     *,
     while_running: Callable[[], None] | None = None,
+    from_first_report: bool = True,
 ) -> list[ChildRun]:
-    """Run several children at once, SIGKILL each at its own time, collect their reports."""
+    """Run several children at once, SIGKILL each at its own time, collect their reports.
+
+    With ``from_first_report`` the delays count from the moment every child has announced its
+    first operation, so that on a loaded machine the kills still land inside the operations
+    rather than during start-up; without it they count from the fork.
+    """
     started = [_fork_child(child) for child in children]
     unreaped = {pid for pid, _, _ in started}
-    t0 = time.monotonic()
+    early: dict[int, bytes] = {}
     try:
+        if from_first_report:
+            for pid, read_fd, _ in started:
+                readable, _, _ = select.select([read_fd], [], [], _FIRST_REPORT_TIMEOUT_S)
+                assert readable, f"child {pid} reported nothing within {_FIRST_REPORT_TIMEOUT_S}s"
+                early[read_fd] = os.read(read_fd, 65536)
+        t0 = time.monotonic()
         for pid, delay in sorted(
             zip([p for p, _, _ in started], kill_after, strict=True), key=lambda x: x[1]
         ):
@@ -100,7 +118,7 @@ def run_many_and_kill(
         for pid, read_fd, err_read in started:
             _, status = os.waitpid(pid, 0)
             unreaped.discard(pid)
-            runs.append(_collect(read_fd, err_read, status))
+            runs.append(_collect(read_fd, err_read, status, early.get(read_fd, b"")))
         return runs
     finally:
         for pid in unreaped:  # only children we have not reaped: their pid cannot be reused yet
@@ -120,9 +138,9 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def _collect(read_fd: int, err_fd: int, status: int) -> ChildRun:
+def _collect(read_fd: int, err_fd: int, status: int, early: bytes = b"") -> ChildRun:
     run = ChildRun(exit_status=status, error=_read_all(err_fd).decode(errors="replace"))
-    for line in _read_all(read_fd).decode().splitlines():
+    for line in (early + _read_all(read_fd)).decode().splitlines():
         kind, _, op = line.partition(" ")
         if kind == "B":
             run.in_flight = op
