@@ -5,7 +5,8 @@ Redis or PostgreSQL); standbys run the same code, receive the same heartbeats, a
 the lease expires. Only the leader runs rounds:
 
 1. *prepare*: every participant finishes its current atomic step, freezes weight writes and
-   answers ready with its version vector;
+   answers ready with its version vector — trainers first; then the others, and a rollout only
+   once it serves the trainers' (now final) weight version;
 2. the target global version is the trainer ranks' vector (they must agree); with
    ``require_sync_boundary`` every rollout must already serve the trainer's weight version (a
    round never lands inside a weight sync);
@@ -423,9 +424,23 @@ class Coordinator:
                     raise _Abort(f"expected participants not available: {missing}")
                 if not members:
                     raise _Abort("no participants")
-                ready = self._phase(
-                    members, "/v1/prepare", {"round_id": round_id, "epoch": epoch}, "ready"
-                )
+                prepare = {"round_id": round_id, "epoch": epoch}
+                trainers = [v for v in members if v.role == "trainer"]
+                others = [v for v in members if v.role != "trainer"]
+                if trainers and others:
+                    # Freeze the trainers first: their weight version is then final, and the
+                    # rollouts may keep pulling until they serve it before they freeze too, so
+                    # the round lands on a sync boundary instead of aborting on a lagging pull.
+                    ready = self._phase(trainers, "/v1/prepare", prepare, "ready")
+                    weights = self._target_version(trainers, ready).inference_version
+                    ready |= self._phase(
+                        others,
+                        "/v1/prepare",
+                        {**prepare, "min_inference_version": weights},
+                        "ready",
+                    )
+                else:
+                    ready = self._phase(members, "/v1/prepare", prepare, "ready")
                 target = self._target_version(members, ready)
                 done = self._phase(
                     members,

@@ -5,7 +5,8 @@ A participant heartbeats its local version vector and state to every configured 
 commands from the leader over HTTP:
 
 ``POST /v1/prepare``  wait (up to the coordinator's ``wait``) until the training loop reaches a
-                      safe point, then answer ready with the local version;
+                      safe point (with ``min_inference_version``: one at which it serves at
+                      least that weight version), then answer ready with the local version;
 ``POST /v1/commit``   let the loop run its save callback, answer done;
 ``POST /v1/finish``   the round's outcome (committed with the new global version, or aborted):
                       the loop resumes.
@@ -52,9 +53,10 @@ class RoundResult:
 class _Round:
     """One round as seen by a participant; every field change notifies ``cond``."""
 
-    def __init__(self, round_id: int, epoch: int) -> None:
+    def __init__(self, round_id: int, epoch: int, min_inference_version: int | None) -> None:
         self.id = round_id
         self.epoch = epoch
+        self.min_inference_version = min_inference_version
         self.cond = threading.Condition()
         self.ready_version: VersionVector | None = None
         self.target: VersionVector | None = None
@@ -273,6 +275,11 @@ class Participant:
             r = self._round
             if r is None or r.ready_version is not None or r.outcome is not None:
                 return None
+            if (
+                r.min_inference_version is not None
+                and self._version.inference_version < r.min_inference_version
+            ):
+                return None  # keep going: the round waits until we serve the trainers' weights
             previous_state = self._state
             self._state = "ready"
             version = self._version
@@ -325,11 +332,18 @@ class Participant:
     def _handle_prepare(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         round_id = field(body, "round_id", int)
         wait = float(field(body, "wait", (int, float)))
+        min_version = body.get("min_inference_version")
+        if min_version is not None and (
+            isinstance(min_version, bool) or not isinstance(min_version, int)
+        ):
+            raise ProtocolInputError(
+                f"field 'min_inference_version' must be an int or null, got {min_version!r}"
+            )
         try:
             epoch = self._fence(body)
         except _StaleEpoch as exc:
             return 409, {"error": str(exc)}
-        r = _Round(round_id, epoch)
+        r = _Round(round_id, epoch, min_version)
         with self._lock:
             old, self._round = self._round, r
         if old is not None:
@@ -338,7 +352,10 @@ class Participant:
             r.cond.wait_for(lambda: r.ready_version is not None or r.outcome is not None, wait)
             if r.ready_version is not None and r.outcome is None:
                 return 200, {"ready": True, "version": r.ready_version.as_json()}
-        return 200, {"ready": False, "reason": f"{self.name} reached no safe point in {wait} s"}
+        reason = f"{self.name} reached no safe point in {wait} s"
+        if min_version is not None:
+            reason += f" while serving weight version >= {min_version}"
+        return 200, {"ready": False, "reason": reason}
 
     def _handle_commit(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         round_id = field(body, "round_id", int)

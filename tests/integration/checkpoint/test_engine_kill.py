@@ -19,7 +19,7 @@ from tests.integration.checkpoint._kill_state import STEPS_PER_WRITER, make_stat
 from tests.unit.recovery.checkpoint.conftest import assert_same
 
 REPO = Path(__file__).resolve().parents[3]
-KILLS = 120
+KILLS = 105
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -66,7 +66,7 @@ def test_kill_9_writer_at_random_moments(tmp_path: Path, zygote: subprocess.Pope
     for kill in range(KILLS):
         io = "direct" if kill % 2 else "buffered"  # both write paths get killed
         _, pid = _ask(zygote, f"fork {root} {kill * STEPS_PER_WRITER} {io}")
-        time.sleep(rng.uniform(0.02, 0.15))
+        time.sleep(rng.uniform(0.01, 0.12))
         os.kill(int(pid), signal.SIGKILL)
         _, _, status = _ask(zygote, f"reap {pid}")
         assert os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL, (

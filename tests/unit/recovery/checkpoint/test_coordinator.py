@@ -141,10 +141,34 @@ def test_hung_participant_aborts_round_and_version_stays(cluster: Any) -> None:
     wait_for(lambda: trainer.steps > before + 3)
 
 
-def test_round_refused_off_sync_boundary(cluster: Any) -> None:
+def test_round_waits_for_a_lagging_rollout_to_serve_the_trainers_weights(cluster: Any) -> None:
+    coord = cluster(round_timeout=3.0)
+    trainer = cluster.participant(coord, "trainer", "trainer", V(50, 11))
+    rollout = cluster.participant(coord, "rollout", "rollout", V(48, 10))
+    wait_for(lambda: coord.is_leader and len(coord.status()["participants"]) == 2)
+    # The rollout finishes pulling weight version 11 while the trainer is already frozen.
+    threading.Timer(0.5, lambda: rollout.p.set_version(V(50, 11))).start()
+    outcome = coord.run_round("test")
+    assert outcome.committed, outcome.reason
+    assert outcome.global_version == V(50, 11)
+    wait_for(lambda: trainer.results and rollout.results)
+
+
+def test_round_aborts_when_the_rollout_never_catches_up(cluster: Any) -> None:
     coord = cluster()
     cluster.participant(coord, "trainer", "trainer", V(50, 11))
     cluster.participant(coord, "rollout", "rollout", V(48, 10))
+    wait_for(lambda: coord.is_leader and len(coord.status()["participants"]) == 2)
+    outcome = coord.run_round("test")
+    assert not outcome.committed
+    assert "while serving weight version >= 11" in outcome.reason
+    assert coord.global_version is None
+
+
+def test_round_refused_off_sync_boundary(cluster: Any) -> None:
+    coord = cluster()
+    cluster.participant(coord, "trainer", "trainer", V(50, 11))
+    cluster.participant(coord, "rollout", "rollout", V(60, 12))  # weights from a rolled-back future
     wait_for(lambda: coord.is_leader and len(coord.status()["participants"]) == 2)
     outcome = coord.run_round("test")
     assert not outcome.committed and "not at a sync boundary" in outcome.reason
@@ -289,6 +313,7 @@ def test_commands_from_an_older_epoch_are_refused(cluster: Any) -> None:
     [
         ("/v1/prepare", {"epoch": 1, "wait": 0.1}, "missing field 'round_id'"),
         ("/v1/prepare", {"round_id": "7", "epoch": 1, "wait": 0.1}, "'round_id' must be"),
+        ("/v1/prepare", {"round_id": 7, "epoch": 1, "wait": 0.1, "min_inference_version": "3"}, "'min_inference_version' must be"),
         ("/v1/commit", {"round_id": 1, "epoch": 1, "wait": 0.1, "target_version": {"x": 1}}, "not a version vector"),
         ("/v1/finish", {"round_id": 1, "epoch": 1, "committed": True}, "needs 'global_version'"),
         ("/v1/finish", {"round_id": True, "epoch": 1, "committed": False}, "'round_id' must be an int or null"),
