@@ -8,7 +8,8 @@ Part ``tick``: an in-process SeriesStore filled like 1,000 nodes x 8 GPUs (every
 docs/metrics.md the detectors read plus the job signals of 8 participants per node, with
 history, and a few faults so detectors do real work), then ``PolicyEngine.tick`` timed over
 warm ticks. Baseline in the same run: one bare pass over the store reading every series' latest
-point (``SeriesStore.items()``), the least any tick must do. Target: tick <= 100 ms.
+point with no allocation (the store's ring buffers read directly), the least any tick that
+looks at every series must do. Target: tick <= 100 ms.
 
 Part ``latency``: a real ``rlguard server`` and ``rlguard worker`` (PostgreSQL + a Redis of its
 own, and embedded SQLite + SQLAlchemy broker). Each trial posts one ingest batch that confirms
@@ -103,15 +104,16 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
     for i in range(ticks):
         now = t0 + 0.5 + i * 0.01
         s = time.perf_counter()
-        for _ in store.items():
-            pass
+        for ring in list(store._series.values()):  # noqa: SLF001 - the floor: read each newest point
+            if ring.points:
+                ring.points[-1]  # noqa: B018
         base.append(time.perf_counter() - s)
         world = World(now=now, store=store, participants=parts, node_last_seen=seen)
         s = time.perf_counter()
         decisions += len(engine.tick(world).decisions)
         cost.append(time.perf_counter() - s)
     warm = cost[2:] or cost
-    print(f"tick: baseline (bare pass over the store) p50 {pct(base, 50) * 1e3:.1f} ms")
+    print(f"tick: baseline (bare read of every series' newest point) p50 {pct(base, 50) * 1e3:.1f} ms")
     print(f"tick: policy tick p50 {pct(warm, 50) * 1e3:.1f} ms  p99 {pct(warm, 99) * 1e3:.1f} ms  "
           f"max {max(warm) * 1e3:.1f} ms  ({decisions} decisions over {ticks} ticks)")
     print(f"tick: ratio tick/baseline {pct(warm, 50) / pct(base, 50):.2f}x   target tick <= 100 ms: "

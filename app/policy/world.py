@@ -138,13 +138,15 @@ class LatestIndex:
                 continue  # read on demand only (all_series)
             bucket: list[tuple[SeriesKey, Point]] = []
             if keep is CHANGED:
-                # A sample is a new tuple object in the ring: identity says "changed".
+                # Counters: only a series whose value moved since the last snapshot can hold an
+                # increase (or a reset); a steady counter costs one comparison, no allocation.
                 for key, points in rings:
                     if points:
-                        newest = points[-1]
-                        if seen.get(id(points)) is not newest:
-                            seen[id(points)] = newest
-                            bucket.append((key, Point(newest[0], newest[1])))
+                        ts, value = points[-1]
+                        ident = id(points)
+                        if seen.get(ident) != value:
+                            seen[ident] = value
+                            bucket.append((key, Point(ts, value)))
             elif isinstance(keep, Threshold):
                 # Comparisons inlined per operator: this loop runs over every series each tick.
                 bound = keep.value
