@@ -305,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{with_wal * 1000:.2f} ms with -> overhead {overhead:.2f} % "
             f"(target < 5 %; the seeds quote 5-15 %)"
         )
+        fsync_ms = 1000.0 / raw_rate
+        print(
+            f"    for scale: one raw write+fsync took {fsync_ms:.2f} ms in (a), so 4 of them per "
+            f"{args.step_ms:g} ms step cost {4 * fsync_ms / args.step_ms * 100:.1f} % by themselves"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
