@@ -9,6 +9,8 @@ site, in `app.services.incidents.add_event`); the REST routes call `list_deliver
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -154,6 +156,70 @@ def on_incident_event(session: Session, row: IncidentEvent) -> None:
     _after_commit(session).extend((i, due) for i in ids)
 
 
+class _Publisher:
+    """Hands committed rows to the broker from a daemon thread, so that a slow or dead broker
+    never stalls the transaction that queued them (the policy tick, an approval request).
+
+    The first refusal ends a batch: the broker is down, and the rows left pending are
+    re-enqueued by the scheduler's maintenance job (`run_alert_maintenance`).
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[list[tuple[int, datetime]], Callable[[int, datetime], None]]
+        ]
+        self._jobs = queue.SimpleQueue()
+        self._busy = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self, rows: list[tuple[int, datetime]], enqueue: Callable[[int, datetime], None]
+    ) -> None:
+        with self._cond:
+            self._busy += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="alert-publisher", daemon=True
+                )
+                self._thread.start()
+        self._jobs.put((rows, enqueue))
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once everything submitted so far was handed over (or refused)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._busy == 0, timeout)
+
+    def _run(self) -> None:
+        while True:
+            rows, enqueue = self._jobs.get()
+            try:
+                for n, (delivery_id, due) in enumerate(rows):
+                    try:
+                        enqueue(delivery_id, due)
+                    except Exception as exc:  # kombu/redis raise many types: "not sent now"
+                        log.warning(
+                            "alert delivery %d not enqueued (%s: %s); %d row(s) wait for the sweeper",
+                            delivery_id,
+                            type(exc).__name__,
+                            exc,
+                            len(rows) - n,
+                        )
+                        break
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
+
+
+_publisher = _Publisher()
+
+
+def wait_published(timeout: float = 10.0) -> bool:
+    """Wait until the rows of committed transactions were handed to the broker (tests, shutdown)."""
+    return _publisher.wait_idle(timeout)
+
+
 def _after_commit(session: Session) -> list[tuple[int, datetime]]:
     """Per-session list of queued rows, enqueued once the session's transaction commits."""
     pending: list[tuple[int, datetime]] | None = session.info.get("rlguard_alert_rows")
@@ -166,14 +232,8 @@ def _after_commit(session: Session) -> list[tuple[int, datetime]]:
         if committed.in_nested_transaction():
             return  # a savepoint was released; the rows are not committed yet
         rows, pending[:] = list(pending), []
-        enqueue = _enqueue()
-        for delivery_id, due in rows:
-            try:
-                enqueue(delivery_id, due)
-            except Exception:
-                log.exception(
-                    "alert delivery %d not enqueued; the sweeper will retry it", delivery_id
-                )
+        if rows:
+            _publisher.submit(rows, _enqueue())
 
     def end(_session: Any, transaction: Any) -> None:
         if transaction.parent is None:
