@@ -32,7 +32,9 @@ def test_compose_has_the_foundation_services_wired_together() -> None:
     assert env["RLGUARD_REDIS_URL"] == "redis://redis:6379/0"
     assert "?" in env["RLGUARD_SECRET_KEY"]  # required: no default secret in the compose file
     assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert "rlguard db upgrade" in "\n".join(server["command"])
+    # Migrations run once, in the one-shot migrate service the server waits for (issue 11).
+    assert server["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert doc["services"]["migrate"]["command"] == ["rlguard", "db", "upgrade"]
 
 
 def test_an_invalid_compose_file_is_refused(tmp_path: Path) -> None:
