@@ -1,0 +1,137 @@
+"""The reference job's configuration and run-directory layout, shared by all its processes.
+
+The launcher writes ``job.json`` (what to run) and ``runtime.json`` (where the weight registry
+and the checkpoint coordinator listen) into the run directory; the trainer and the rollout
+workers read both. Everything else the processes share is files in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workload.policy import TaskSpec
+
+WEIGHT_SET = "policy"
+# A weight version number is step * VERSION_STRIDE + trainer incarnation, so a restarted trainer
+# republishing a step never collides with what its predecessor published.
+VERSION_STRIDE = 1000
+
+
+class JobConfigError(ValueError):
+    """A job setting was refused; the message names it."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    job: str
+    steps: int
+    rollouts: int = 2
+    seed: int = 1234
+    lr: float = 0.01
+    kl_coef: float = 0.05
+    # Simulated decode latency per generated token: rollout time dominates a step, as in real RL.
+    decode_ms_per_token: float = 15.0
+    snapshot_interval_steps: int = 5
+    task: TaskSpec = field(default_factory=TaskSpec)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise JobConfigError(f"steps must be an int >= 1, got {self.steps!r}")
+        if not isinstance(self.rollouts, int) or not 1 <= self.rollouts <= 64:
+            raise JobConfigError(f"rollouts must be an int in 1..64, got {self.rollouts!r}")
+        if not self.decode_ms_per_token >= 0:
+            raise JobConfigError(
+                f"decode_ms_per_token must be >= 0, got {self.decode_ms_per_token!r}"
+            )
+        if not self.lr > 0:
+            raise JobConfigError(f"lr must be > 0, got {self.lr!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobConfig:
+        body = dict(data)
+        body["task"] = TaskSpec(**body.get("task", {}))
+        return cls(**body)
+
+
+def write_json_atomic(path: Path, body: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(body, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        return None  # being replaced right now: the next read sees the whole file
+    return data if isinstance(data, dict) else None
+
+
+class RunDir:
+    """Paths inside one run directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    config = property(lambda self: self.root / "job.json")
+    runtime = property(lambda self: self.root / "runtime.json")
+    weights = property(lambda self: self.root / "weights.json")
+    batches = property(lambda self: self.root / "batches")
+    wal = property(lambda self: self.root / "wal")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    shards = property(lambda self: self.root / "shards")
+    state_log = property(lambda self: self.root / "state_log.jsonl")
+    chaos = property(lambda self: self.root / "chaos")
+    requests = property(lambda self: self.root / "recovery" / "requests")
+    launcher_requests = property(lambda self: self.root / "recovery" / "launcher")
+    events = property(lambda self: self.root / "events.jsonl")
+    consumed = property(lambda self: self.root / "consumed.jsonl")
+    done = property(lambda self: self.root / "DONE")
+    final = property(lambda self: self.root / "final.json")
+
+    def load_config(self) -> JobConfig:
+        data = read_json(self.config)
+        if data is None:
+            raise JobConfigError(f"{self.config} is missing or unreadable")
+        return JobConfig.from_json(data)
+
+    def batch_id(self, step: int, worker: int) -> str:
+        return f"s{step:06d}-w{worker:02d}"
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one line to ``events.jsonl`` (the benchmark's timeline); O_APPEND keeps lines
+        of concurrent processes whole."""
+        line = json.dumps({"ts": time.time(), "kind": kind, "pid": os.getpid(), **fields})
+        fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def read_events(run: RunDir) -> list[dict[str, Any]]:
+    try:
+        text = run.events.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by kill -9: the rest of the timeline still counts
+    return out

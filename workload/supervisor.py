@@ -1,0 +1,227 @@
+"""The launcher's supervisor: starts the trainer and the rollout workers and restarts them.
+
+It also hosts what the job's processes share for its lifetime: the weight-source registry
+(:mod:`recovery.transfer.registry_net`) and the checkpoint coordinator (with a file lease).
+
+What it does when a process dies depends on ``on_failure``:
+
+* ``wait`` (the default, RLGuard mode): nothing by itself. The node agent sees the silent
+  heartbeat, the policy engine plans ``restart_role`` / ``restart_job``, and the Celery worker
+  runs the launcher hook, which leaves a request in ``recovery/launcher/`` that the supervisor
+  carries out (kill -9 what is left of the role, start it again) and answers.
+* ``restart-job``: the common practice the ETTR benchmark compares against: any dead or hung
+  process (heartbeat older than ``hang_timeout``) restarts every process from the latest
+  checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery.checkpoint.coordinator import Coordinator
+from recovery.report import heartbeat_path
+from recovery.transfer import InMemoryRegistry, RegistryServer
+from workload.file_lease import FileLease
+from workload.job import JobConfig, RunDir, read_json, write_json_atomic
+
+log = logging.getLogger("rlguard.workload.launch")
+
+
+@dataclass
+class Child:
+    role: str
+    rank: int
+    proc: subprocess.Popen[bytes] | None = None
+    reported_exit: bool = False
+    starts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.rank}"
+
+
+@dataclass
+class Supervisor:
+    run: RunDir
+    config: JobConfig
+    on_failure: str = "wait"
+    hang_timeout: float = 10.0
+    timeout: float | None = None
+    children: list[Child] = field(default_factory=list)
+    _stopping: bool = False
+    _incarnation: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_failure not in ("wait", "restart-job"):
+            raise ValueError(f"on_failure must be 'wait' or 'restart-job', got {self.on_failure!r}")
+        self.run.root.mkdir(parents=True, exist_ok=True)
+        (self.run.root / "logs").mkdir(exist_ok=True)
+        self.run.launcher_requests.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.run.config, self.config.to_json())
+        self.registry = RegistryServer(InMemoryRegistry())
+        self.coordinator = Coordinator(
+            coordinator_id=f"launcher-{os.getpid()}",
+            lease=FileLease(self.run.root / "coordinator.lease", ttl=3.0),
+            checkpoint_interval_steps=1, round_timeout=3.0, request_timeout=1.0,
+            suspect_after=2.0, confirm_after=4.0, tick=0.1,
+        )
+        self.coordinator.start()
+        write_json_atomic(self.run.runtime, {
+            "registry": self.registry.address, "coordinator": self.coordinator.url,
+            "launcher_pid": os.getpid(),
+        })
+        self.children = [Child("trainer", 0)] + [Child("rollout", k) for k in range(self.config.rollouts)]
+
+    # ---- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        if child.role == "trainer":
+            self._incarnation += 1
+            argv = ["-m", "workload.trainer", "--run-dir", str(self.run.root),
+                    "--incarnation", str(self._incarnation)]
+        else:
+            argv = ["-m", "workload.rollout", "--run-dir", str(self.run.root), "--rank", str(child.rank)]
+        logfile = open(self.run.root / "logs" / f"{child.name}.log", "ab")  # noqa: SIM115
+        try:
+            child.proc = subprocess.Popen([sys.executable, *argv], stdout=logfile, stderr=logfile,
+                                          stdin=subprocess.DEVNULL)
+        finally:
+            logfile.close()
+        child.reported_exit = False
+        child.starts += 1
+        self.run.event("spawn", role=child.role, rank=child.rank, child_pid=child.proc.pid,
+                       start=child.starts)
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        write_json_atomic(self.run.root / "pids.json", {
+            c.name: c.proc.pid for c in self.children if c.proc is not None and c.proc.poll() is None
+        })
+
+    @staticmethod
+    def _kill(child: Child) -> None:
+        proc = child.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.kill(proc.pid, signal.SIGKILL)  # also ends a SIGSTOPped (hung) process
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+    def _restart(self, children: list[Child], why: str) -> None:
+        for c in children:
+            self._kill(c)
+        self.run.event("restart", roles=[c.name for c in children], why=why)
+        for c in children:
+            self._spawn(c)
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for c in self.children:
+            self._spawn(c)
+
+    def loop(self) -> int:
+        started = time.monotonic()
+        trainer = self.children[0]
+        while not self._stopping:
+            if self.timeout is not None and time.monotonic() - started > self.timeout:
+                log.error("job did not finish within %.0f s", self.timeout)
+                self.run.event("launcher_timeout")
+                return 4
+            if trainer.proc is not None and trainer.proc.poll() == 0 and self.run.done.exists():
+                self._finish()
+                return 0
+            self._handle_requests()
+            failed = self._failed_children()
+            if failed and self.on_failure == "restart-job":
+                self._restart(self.children, why=f"whole-job restart after {failed}")
+            time.sleep(0.1)
+        return 130
+
+    def _failed_children(self) -> list[str]:
+        failed = []
+        now = time.time()
+        for c in self.children:
+            code = None if c.proc is None else c.proc.poll()
+            if code is not None and not (c.role == "rollout" and self.run.done.exists()):
+                if not c.reported_exit:
+                    c.reported_exit = True
+                    self.run.event("child_exit", role=c.role, rank=c.rank, code=code)
+                failed.append(c.name)
+            elif self.on_failure == "restart-job" and code is None:
+                beat = read_json(heartbeat_path(self.run.root, c.role, c.rank)) or {}
+                age = now - float(beat.get("ts", now))
+                if beat and age > self.hang_timeout:
+                    self.run.event("child_hung", role=c.role, rank=c.rank, age=age)
+                    failed.append(c.name)
+        return failed
+
+    def _handle_requests(self) -> None:
+        for req in sorted(self.run.launcher_requests.glob("*.json")):
+            body = read_json(req)
+            if body is None:
+                continue
+            result = self._carry_out(body)
+            write_json_atomic(req.with_suffix(".done"), {**body, **result, "done_at": time.time()})
+            req.unlink()
+
+    def _carry_out(self, body: dict[str, Any]) -> dict[str, Any]:
+        action, role, rank = body.get("action"), body.get("role"), body.get("rank")
+        self.run.event("hook_request", action=action, role=role, rank=rank)
+        targets = [c for c in self.children
+                   if (role is None or c.role == role) and (rank is None or str(c.rank) == str(rank))]
+        if action == "restart_job" or action == "restore_checkpoint":
+            self._restart(self.children, why=f"{action} requested")
+            return {"ok": True, "restarted": [c.name for c in self.children]}
+        if action in ("restart_role", "reschedule_batches"):
+            if role is None:
+                if action == "reschedule_batches":
+                    # One machine: there is no healthy node to move batches to; the rollouts
+                    # that lost work redo it themselves (WAL), so nothing is left to move.
+                    return {"ok": True, "restarted": [], "note": "single node: nothing to move"}
+                return {"ok": False, "error": "restart_role needs --role"}
+            if not targets:
+                return {"ok": False, "error": f"no process with role {role!r} rank {rank!r}"}
+            self._restart(targets, why=f"{action} requested")
+            return {"ok": True, "restarted": [c.name for c in targets]}
+        return {"ok": False, "error": f"unknown launcher action {action!r}"}
+
+    def _finish(self) -> None:
+        deadline = time.monotonic() + 15
+        for c in self.children[1:]:
+            while c.proc is not None and c.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self.run.event("job_done")
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def close(self) -> None:
+        for c in self.children:
+            if c.proc is not None and c.proc.poll() is None:
+                try:
+                    os.kill(c.proc.pid, signal.SIGCONT)
+                    c.proc.terminate()
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 5
+        for c in self.children:
+            if c.proc is None:
+                continue
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._kill(c)
+        self.coordinator.close()
+        self.registry.close()
+        Path(self.run.root / "pids.json").unlink(missing_ok=True)
