@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import typer.main
 import yaml
-
 from typer._click.exceptions import UsageError
 
 from agents.__main__ import build_parser as agent_parser
