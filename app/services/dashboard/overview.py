@@ -189,9 +189,12 @@ _spark_lock = threading.Lock()
 def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
     """Per node and minute: mean GPU utilisation, hottest GPU, memory used / total."""
     r = MetricRollup
-    rows = session.exec(  # type: ignore[call-overload]
-        select(r.node, r.name, r.minute, sa.func.avg(r.avg), sa.func.max(r.max), sa.func.sum(r.avg))
-        .where(r.name.in_([GPU_UTIL, GPU_TEMP, GPU_MEM_USED, GPU_MEM_TOTAL]))  # type: ignore[attr-defined]
+    # Six columns: more than the typed overloads of select() cover.
+    query = sa.select(  # type: ignore[call-overload]
+        r.node, r.name, r.minute, sa.func.avg(r.avg), sa.func.max(r.max), sa.func.sum(r.avg)
+    )
+    rows = session.exec(
+        query.where(r.name.in_([GPU_UTIL, GPU_TEMP, GPU_MEM_USED, GPU_MEM_TOTAL]))  # type: ignore[attr-defined]
         .where(r.minute >= since)
         .group_by(r.node, r.name, r.minute)
     ).all()
@@ -321,7 +324,7 @@ def sparkline_blob(
         for i, metric in enumerate(("util", "temp", "mem")):
             scale = SPARK_SCALE[metric]
             past = history.columns.get(metric, {}).get(node)
-            column = list(past) if past is not None else [None] * len(history.x)
+            column: list[float | None] = list(past) if past is not None else [None] * len(history.x)
             for _, values in recent:
                 value = values.get(node, (None, None, None))[i]
                 column.append(None if value is None else round(value * scale, 1))
