@@ -12,6 +12,7 @@ a byte is written, with the path of the offending value in the message.
 from __future__ import annotations
 
 import base64
+import ctypes
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError
 
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 ALIGN = 64  # every tensor starts on a 64-byte boundary so a uint8 buffer can be viewed as any dtype
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -163,12 +165,26 @@ def copy_into(
     buffer: torch.Tensor, tensors: Sequence[torch.Tensor], slots: Sequence[TensorSlot]
 ) -> None:
     """Copy every tensor into its slot of the flat uint8 ``buffer`` (the blocking part of save)."""
-    # Device-to-host copies into a pinned buffer are queued asynchronously; the caller
-    # synchronizes once after the last one instead of once per tensor.
+    # Dense host tensors are copied with one plain memmove each: torch's copy_ splits large
+    # copies over its intra-op threads, which on a machine whose cores are busy (the trainer's
+    # own data loaders, other jobs) measured 2-3x slower than a single memmove. Everything else
+    # (device tensors, strided views, lazily conjugated/negated views, tensor subclasses) goes
+    # through copy_, which resolves them. Device-to-host copies into a pinned buffer are queued
+    # asynchronously; the caller synchronizes once after the last one.
     pinned = buffer.is_pinned()
+    base = buffer.data_ptr()
     with torch.no_grad():
         for t, slot in zip(tensors, slots, strict=True):
             if slot.nbytes == 0:
+                continue
+            if (
+                type(t) in _PLAIN_TENSOR_TYPES
+                and t.device.type == "cpu"
+                and t.is_contiguous()
+                and not t.is_conj()
+                and not t.is_neg()
+            ):
+                ctypes.memmove(base + slot.offset, t.data_ptr(), slot.nbytes)
                 continue
             dst = buffer[slot.offset : slot.offset + slot.nbytes].view(t.dtype).view(t.shape)
             dst.copy_(t, non_blocking=pinned and t.device.type == "cuda")

@@ -52,5 +52,5 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
 
 
 def _bytes_of(t: torch.Tensor) -> bytes:
-    flat = t.detach().cpu().contiguous().reshape(-1)
+    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
     return bytes(flat.view(torch.uint8).numpy()) if flat.numel() else b""

@@ -53,6 +53,10 @@ def test_unusual_values_round_trip(eng: CheckpointEngine) -> None:
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     odd = {
         "noncontiguous": base.t(),
+        "offset_view": base.reshape(-1)[5:17],  # contiguous, but not at its storage's start
+        "conj": torch.complex(torch.randn(3), torch.randn(3)).conj(),  # lazily conjugated
+        "neg": torch._neg_view(torch.randn(4)),  # lazily negated, contiguous
+        "parameter": torch.nn.Parameter(torch.randn(4)),
         "bf16": torch.randn(5).to(torch.bfloat16),
         "bool": torch.tensor([True, False, True]),
         "scalar": torch.tensor(7, dtype=torch.int64),
@@ -67,7 +71,11 @@ def test_unusual_values_round_trip(eng: CheckpointEngine) -> None:
     info = eng.save(state, version=V(1, 1)).wait(30)
     loaded = eng.load(info)
     assert_same(state, loaded)
-    assert loaded["rollout_stats"]["noncontiguous"].is_contiguous()
+    stats = loaded["rollout_stats"]
+    assert stats["noncontiguous"].is_contiguous()
+    assert not stats["conj"].is_conj() and not stats["neg"].is_neg()
+    assert torch.equal(stats["conj"], odd["conj"].resolve_conj())
+    assert torch.equal(stats["neg"], odd["neg"].resolve_neg())
 
 
 def test_save_blocks_only_for_the_copy(eng: CheckpointEngine) -> None:
