@@ -65,6 +65,12 @@ class WeightServer:
         self._listener: Listener = transport.listen(host, port, self._handle)
         self.address = self._listener.address
 
+    def set_egress_limit(self, bytes_per_s: float | None) -> None:
+        """Cap (or with None, uncap) this server's total send rate from now on."""
+        if bytes_per_s is not None and not bytes_per_s > 0:
+            raise TransferConfigError(f"bytes_per_s must be positive or None, got {bytes_per_s!r}")
+        self._limiter = EgressLimiter(bytes_per_s) if bytes_per_s else None
+
     def close(self) -> None:
         """Stop serving; open streams end."""
         self._closed.set()

@@ -83,6 +83,11 @@ def main() -> None:
                     same_bits(node.live_tensors[k], t) for k, t in make_weights(args.seed, live).items()
                 )
                 emit(event="failed", version=version, error=type(exc).__name__, live=live, live_exact=exact)
+        elif command == "egress":
+            server = node.server
+            assert server is not None
+            server.set_egress_limit(float(value) or None)
+            emit(event="egress", bytes_per_s=float(value))
         elif command == "corrupt" and isinstance(node, WeightReceiver):
             # Bit rot in the relay's copy after it was verified: the next puller must notice.
             tensors = node.live_tensors

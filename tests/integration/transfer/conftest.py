@@ -33,7 +33,13 @@ class Peer:
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        self.address = str(self.wait("ready", timeout=60)["address"])
+        self._address: str | None = None
+
+    @property
+    def address(self) -> str:
+        if self._address is None:
+            self._address = str(self.wait("ready", timeout=60)["address"])
+        return self._address
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -78,9 +84,17 @@ class Cluster:
         self.peers: list[Peer] = []
 
     def peer(self, role: str, *extra: str) -> Peer:
-        peer = Peer(role, self.server.address, self.transport_name, *extra)
-        self.peers.append(peer)
+        """Start a peer and wait until it serves."""
+        (peer,) = self.start((role, *extra))
         return peer
+
+    def start(self, *specs: tuple[str, ...]) -> list[Peer]:
+        """Start several peers at once (their start-up, mostly importing torch, overlaps)."""
+        started = [Peer(spec[0], self.server.address, self.transport_name, *spec[1:]) for spec in specs]
+        self.peers.extend(started)
+        for peer in started:
+            assert peer.address
+        return started
 
     def close(self) -> None:
         for peer in self.peers:

@@ -111,6 +111,8 @@ def test_receiver_and_publisher_reject_bad_input_and_change_nothing() -> None:
         with pytest.raises(TransferConfigError, match="min_replicas"):
             publisher.publish(1, {k: v.contiguous() for k, v in weights.items()}, min_replicas=0)
         assert publisher.store.stats() == {}
+        with pytest.raises(TransferConfigError, match="bytes_per_s must be positive or None, got -1"):
+            publisher.server.set_egress_limit(-1)
         with pytest.raises(UnknownVersionError):
             registry.info(name=NAME, version=1)
 

@@ -51,9 +51,9 @@ def wait_until(predicate: object, timeout: float, what: str) -> None:
 
 
 def test_every_dtype_arrives_bit_exact_direct_and_through_a_relay(cluster: Cluster, transport: Transport) -> None:
-    publisher = cluster.peer("publisher")
+    publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
-    relay = cluster.peer("relay")
+    publisher.wait("published")
     relay.send("pull 1")
     assert relay.wait("pulled", "failed")["exact"] is True
     publisher.wait("committed")
@@ -73,15 +73,17 @@ def test_every_dtype_arrives_bit_exact_direct_and_through_a_relay(cluster: Clust
 def test_source_killed_mid_transfer_resumes_from_another_relay_with_only_missing_chunks(
     cluster: Cluster, transport: Transport
 ) -> None:
-    publisher = cluster.peer("publisher")
+    publisher, relay_a, relay_b = cluster.start(("publisher",), ("relay",), ("relay",))
     publisher.send("publish 1")
-    relay_a = cluster.peer("relay", "--egress", SLOW)
+    publisher.wait("published")
     relay_a.send("pull 1")
     relay_a.wait("pulled")
-    relay_b = cluster.peer("relay", "--egress", SLOW)
     relay_b.send("pull 1")
     relay_b.wait("pulled")
     publisher.wait("committed")
+    for relay in (relay_a, relay_b):  # now slow, so the pull below can be cut in the middle
+        relay.send(f"egress {SLOW}")
+        relay.wait("egress")
 
     recv = receiver(cluster, transport, timeout=2.0)
     result: dict[str, object] = {}
@@ -115,9 +117,9 @@ def test_source_killed_mid_transfer_resumes_from_another_relay_with_only_missing
 def test_trainer_killed_while_publishing_discards_the_version_everywhere(
     cluster: Cluster, transport: Transport
 ) -> None:
-    publisher = cluster.peer("publisher", "--egress", SLOW, "--lease-s", "1.0")
+    publisher, relay = cluster.start(("publisher", "--lease-s", "1.0"), ("relay",))
     publisher.send("publish 1")
-    relay = cluster.peer("relay")
+    publisher.wait("published")
     relay.send("pull 1")
     relay.wait("pulled")
     publisher.wait("committed")
@@ -125,6 +127,8 @@ def test_trainer_killed_while_publishing_discards_the_version_everywhere(
     try:
         recv.pull(1, timeout=30)
 
+        publisher.send(f"egress {SLOW}")
+        publisher.wait("egress")
         publisher.send("publish 2")
         publisher.wait("published")
         relay.send("pull 2")
@@ -157,9 +161,9 @@ def test_trainer_killed_while_publishing_discards_the_version_everywhere(
 
 
 def test_corrupt_chunk_on_a_relay_is_detected_and_fetched_again(cluster: Cluster, transport: Transport) -> None:
-    publisher = cluster.peer("publisher")
+    publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
-    relay = cluster.peer("relay")
+    publisher.wait("published")
     relay.send("pull 1")
     relay.wait("pulled")
     publisher.wait("committed")
@@ -178,12 +182,14 @@ def test_corrupt_chunk_on_a_relay_is_detected_and_fetched_again(cluster: Cluster
 
 
 def test_hung_relay_times_out_and_the_pull_completes_elsewhere(cluster: Cluster, transport: Transport) -> None:
-    publisher = cluster.peer("publisher")
+    publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
-    relay = cluster.peer("relay", "--egress", SLOW)
+    publisher.wait("published")
     relay.send("pull 1")
     relay.wait("pulled")
     publisher.wait("committed")
+    relay.send(f"egress {SLOW}")
+    relay.wait("egress")
 
     recv = receiver(cluster, transport, timeout=0.5)
     result: dict[str, object] = {}
@@ -206,9 +212,9 @@ def test_hung_relay_times_out_and_the_pull_completes_elsewhere(cluster: Cluster,
 def test_hung_only_source_raises_transfer_timeout_and_keeps_live_weights(
     cluster: Cluster, transport: Transport
 ) -> None:
-    publisher = cluster.peer("publisher", "--lease-s", "30")
+    publisher, relay = cluster.start(("publisher", "--lease-s", "30"), ("relay",))
     publisher.send("publish 1")
-    relay = cluster.peer("relay")
+    publisher.wait("published")
     relay.send("pull 1")
     relay.wait("pulled")
     publisher.wait("committed")
@@ -238,9 +244,9 @@ def test_shm_segments_of_a_killed_relay_are_swept() -> None:
 
 
 def _check_sweep(cluster: Cluster, shm: ShmTransport) -> None:
-    publisher = cluster.peer("publisher")
+    publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
-    relay = cluster.peer("relay")
+    publisher.wait("published")
     relay.send("pull 1")
     relay.wait("pulled")
     mine = sorted(p.name for p in shm.shm_dir.glob(f"{shm.prefix}-{relay.proc.pid}-*"))
