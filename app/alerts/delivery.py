@@ -106,6 +106,9 @@ class DeliveryRecord:
     response_code: int | None = None
     last_error: str | None = None
     attempt_log: list[AttemptRecord] = field(default_factory=list)
+    # The last wait the channel asked for (Retry-After, WeCom's rate limit): a later retry
+    # must not come sooner.
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,11 +300,11 @@ class AlertDeliveryClient:
             if not outcome.retryable:
                 record.status = DeliveryStatus.REJECTED
                 return False
+            record.retry_after_s = outcome.retry_after_s
             if attempt == self._policy.max_attempts:
                 break
             if outcome.retry_after_s is not None:
-                # The server's own figure wins over our backoff, but never shortens it to zero
-                # on a rate limit we were told about.
+                # The server's own figure wins over our backoff.
                 delay = max(outcome.retry_after_s, 0.0)
             else:
                 delay = self._policy.backoff(attempt, self._rng)

@@ -359,8 +359,11 @@ def record_result(
     elif record.status is DeliveryStatus.REJECTED:
         values.update(state=DeliveryState.REJECTED.value)
     elif row.task_runs < retry.max_task_runs:
+        # Never sooner than the channel asked (a Slack Retry-After may exceed our backoff).
+        asked = timedelta(seconds=record.retry_after_s or 0.0)
         values.update(
-            state=DeliveryState.RETRYING.value, next_attempt_at=now + retry.delay(row.task_runs)
+            state=DeliveryState.RETRYING.value,
+            next_attempt_at=now + max(retry.delay(row.task_runs), asked),
         )
     else:
         values.update(state=DeliveryState.FAILED.value)

@@ -179,6 +179,17 @@ def test_transient_failure_is_retried_later_then_gives_up(engine: Engine) -> Non
     assert claim(engine, row.id, now + timedelta(hours=1)) is None
 
 
+def test_a_retry_never_comes_before_the_channel_asked(engine: Engine) -> None:
+    queue(engine, [event()])
+    (row,) = rows(engine, "ops-slack")
+    now = T0 + 10 * S
+    plan = claim(engine, row.id, now)
+    later = record(
+        engine, plan.lead_id, DeliveryStatus.FAILED, now, response_code=429, retry_after_s=600.0
+    )
+    assert later.state == "retrying" and later.next_attempt_at == now + timedelta(minutes=10)
+
+
 def test_rejected_is_final(engine: Engine) -> None:
     queue(engine, [event()])
     (row,) = rows(engine, "ops-slack")

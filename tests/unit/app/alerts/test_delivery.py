@@ -129,7 +129,7 @@ def test_retry_after_beyond_the_cap_gives_up_at_once(server: RecordingServer) ->
     server.reply(Reply(429, b"slow down", {"Retry-After": "3600"}))
     record, _ = send(config(server.url("")), "ops-slack")
     assert record.status is DeliveryStatus.FAILED and record.attempts == 1
-    assert "asked to wait 3600 s" in (record.last_error or "")
+    assert "asked to wait 3600 s" in (record.last_error or "") and record.retry_after_s == 3600.0
 
 
 def test_retry_after_parsing() -> None:
