@@ -17,9 +17,9 @@ from typing import Any
 from workload.policy import TaskSpec
 
 WEIGHT_SET = "policy"
-# A weight version number is step * VERSION_STRIDE + trainer incarnation, so a restarted trainer
-# republishing a step never collides with what its predecessor published.
-VERSION_STRIDE = 1000
+# A weight version number is incarnation * VERSION_STRIDE + step: the registry wants versions to
+# grow, and a restarted trainer republishes steps its predecessor already published.
+VERSION_STRIDE = 1_000_000
 
 
 class JobConfigError(ValueError):

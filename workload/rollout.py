@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from recovery.batch import commit_batch, committed_batches
+from recovery.batch import commit_batch
 from recovery.checkpoint.participant import Participant
 from recovery.checkpoint.version import VersionVector
 from recovery.errors import RecoveryError
@@ -77,7 +77,7 @@ def run(run_dir: str, rank: int) -> int:
                 hb.update(phase="WAIT_WEIGHTS", step=step, pending=0, scheduled=0)
                 time.sleep(0.05)
                 continue
-            if receiver.live_version is None or receiver.live_version // VERSION_STRIDE != step:
+            if receiver.live_version is None or receiver.live_version % VERSION_STRIDE != step:
                 participant.set_state("syncing")
                 try:
                     receiver.pull(version, timeout=20.0)

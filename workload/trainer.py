@@ -46,7 +46,7 @@ class Trainer:
     def __init__(self, run: RunDir, incarnation: int) -> None:
         self.run = run
         self.cfg: JobConfig = run.load_config()
-        self.incarnation = incarnation % VERSION_STRIDE
+        self.incarnation = incarnation
         torch.set_num_threads(1)
         spec = self.cfg.task
         self.reference = init_policy(spec, self.cfg.seed)
@@ -124,11 +124,11 @@ class Trainer:
     def _publish(self) -> None:
         if self.published == self.step:
             return
-        version = self.step * VERSION_STRIDE + self.incarnation
+        version = self.incarnation * VERSION_STRIDE + self.step
         tensors = {n: p.detach().clone() for n, p in self.policy.named_parameters()}
         self.publisher.publish(version, tensors, min_replicas=1)
         if self.published is not None:
-            self.publisher.retire(self.published * VERSION_STRIDE + self.incarnation)
+            self.publisher.retire(self.incarnation * VERSION_STRIDE + self.published)
         self.published = self.step
         pushes = self.weight_versions.pushes
         if not pushes or pushes[-1].training_step < self.step:
