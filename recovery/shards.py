@@ -135,7 +135,8 @@ class ShardSnapshotter:
     """Writes shard snapshots under ``root`` and rebuilds shards from checkpoint + snapshot.
 
     One writer per shard at a time (the shard's own rank); any process may read and rebuild.
-    ``clock`` gives wall-clock seconds for rebuild timestamps.
+    ``load_base`` is the default base loader for :meth:`rebuild_shard`; ``clock`` gives
+    wall-clock seconds for rebuild timestamps.
     """
 
     def __init__(
@@ -144,6 +145,7 @@ class ShardSnapshotter:
         *,
         snapshot_interval_steps: int = 25,
         keep: int = 2,
+        load_base: BaseLoader | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(snapshot_interval_steps, int) or snapshot_interval_steps < 1:
@@ -154,6 +156,7 @@ class ShardSnapshotter:
         self.root.mkdir(parents=True, exist_ok=True)
         self.snapshot_interval_steps = snapshot_interval_steps
         self.keep = keep
+        self._load_base = load_base
         self._clock = clock
         self._lock = threading.Lock()
         self._state: dict[str, str] = {}
@@ -330,15 +333,23 @@ class ShardSnapshotter:
         with self._lock:
             return self._state.get(shard_id, LIVE) == LIVE
 
-    def rebuild_shard(self, shard_id: str, *, load_base: BaseLoader) -> RebuiltShard:
+    def rebuild_shard(self, shard_id: str, *, load_base: BaseLoader | None = None) -> RebuiltShard:
         """Mark ``shard_id`` stale, rebuild it from ``load_base(shard_id)`` + its latest snapshot,
         verify the result's checksums, mark it live and count the rebuild.
+
+        ``load_base`` (or the one given to the constructor) returns the shard as of the latest
+        full checkpoint; keeping it a callable keeps this module independent of the checkpoint
+        engine's file layout.
 
         The base's tensors are modified in place (the loader should hand over fresh tensors).
         A snapshot whose result fails its checksums is skipped for the next older one (the base
         is loaded again); if every snapshot fails, or the base does not fit, the shard stays
         stale and ShardRebuildError says why.
         """
+        loader = load_base or self._load_base
+        if loader is None:
+            raise ShardInputError("rebuild_shard needs load_base (here or in the constructor)")
+        load_base = loader
         started = time.monotonic()
         self.mark_stale(shard_id)
         base = self._load(shard_id, load_base)

@@ -155,6 +155,17 @@ def test_base_with_different_bytes_fails_the_crc_check(tmp_path: Path) -> None:
     assert not snapshots.is_live("s")
 
 
+def test_loader_given_to_the_constructor_serves_rebuild_shard_by_id(tmp_path: Path) -> None:
+    snapshots = ShardSnapshotter(tmp_path, load_base=lambda shard: fresh_base())
+    base = base_state()
+    params, optimizer = train(base, 3)
+    snapshots.snapshot("s", 53, params, optimizer, base)
+    rebuilt = snapshots.rebuild_shard("s")
+    assert rebuilt.step == 53 and bits_equal(rebuilt.params["w"], params["w"])
+    with pytest.raises(ShardInputError, match="needs load_base"):
+        ShardSnapshotter(tmp_path).rebuild_shard("s")
+
+
 def test_loader_failure_is_a_rebuild_error(tmp_path: Path) -> None:
     snapshots = ShardSnapshotter(tmp_path)
 
