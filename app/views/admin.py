@@ -8,7 +8,7 @@ from fastapi.responses import HTMLResponse
 from app.alerts.errors import AlertConfigError
 from app.services import alerts as alerts_service
 from app.services.dashboard.admin import BadFilter, audit_page, settings_view
-from app.views.context import DbDep, RuntimeDep, SignedInDep
+from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
 from app.views.rendering import error_page, is_htmx, render
 
 router = APIRouter(include_in_schema=False)
@@ -37,8 +37,7 @@ def audit(
 def settings_page(request: Request, page: SignedInDep, rt: RuntimeDep) -> HTMLResponse:
     # The policy the running scheduler loaded (app.services.scheduler); a server started with
     # RLGUARD_POLICY_SCHEDULER=0 has none, and the page then shows only the settings.
-    scheduler = getattr(request.app.state, "policy_scheduler", None)
-    policy = getattr(scheduler, "policy", None)
+    policy = running_policy(request)
     channels_error = None
     try:
         channels = [c.public() for c in alerts_service.current_config().channels]

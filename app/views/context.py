@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import Depends, HTTPException, Request
@@ -37,6 +37,11 @@ class Runtime:
 def runtime(request: Request) -> Runtime:
     state = request.app.state
     return Runtime(settings=state.settings, engine=state.engine, store=state.series_store)
+
+
+def running_policy(request: Request) -> Any | None:
+    """The policy the server's scheduler loaded (app.services.scheduler), if it runs."""
+    return getattr(getattr(request.app.state, "policy_scheduler", None), "policy", None)
 
 
 RuntimeDep = Annotated[Runtime, Depends(runtime)]

@@ -7,9 +7,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from app.services.dashboard.jobs import HISTORY_MINUTES, job_detail, participant_rows
+from app.services.dashboard.jobs import (
+    HISTORY_MINUTES,
+    effective_thresholds,
+    job_detail,
+    participant_rows,
+)
 from app.services.errors import NotFound
-from app.views.context import DbDep, RuntimeDep, SignedInDep
+from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
 from app.views.rendering import error_page, render
 
 router = APIRouter(include_in_schema=False)
@@ -30,7 +35,7 @@ def job_page(
             now=page.now,
             suspect_after=p.heartbeat_suspect_after,
             confirm_after=p.heartbeat_confirm_after,
-            thresholds=p.severity_thresholds,
+            thresholds=effective_thresholds(p.severity_thresholds, running_policy(request)),
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)

@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from app.core.config import DEFAULT_SECRET_KEY, Settings
 from app.models import AuditEvent
+from app.services.dashboard.jobs import effective_thresholds
 
 AUDIT_PAGE_SIZE = 50
 MAX_FILTER_LENGTH = 160
@@ -103,7 +104,7 @@ def settings_view(
     policy: BaseModel | None = None,
     channels: list[dict[str, Any]] | None = None,
 ) -> SettingsView:
-    g = settings.policy.severity_thresholds
+    g = effective_thresholds(settings.policy.severity_thresholds, policy)
     server = [
         ("database_url", mask_dsn(settings.database_url)),
         ("redis_url", mask_dsn(settings.redis_url)),

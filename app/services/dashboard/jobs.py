@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlmodel import Session, select
 
@@ -45,6 +46,19 @@ class JobDetail:
     progress: list[ChartSpec]
     safe_mode: bool
     last_seen_age: float | None
+
+
+def effective_thresholds(
+    settings_thresholds: GoldenThresholds, policy: Any | None
+) -> GoldenThresholds:
+    """The bands the detectors really use: the running policy file's golden metrics when the
+    scheduler runs, else the settings' defaults (the two start out equal)."""
+    rules = getattr(policy, "golden_metrics", None) or {}
+    values = settings_thresholds.model_dump()
+    for metric, rule in rules.items():
+        values[f"{metric}_healthy"] = rule.healthy
+        values[f"{metric}_warning"] = rule.warning
+    return GoldenThresholds(**values)
 
 
 def participant_rows(

@@ -286,3 +286,32 @@ def test_overview_sees_a_gpu_that_appears_later(client: Browser, dash: Dashboard
     again = client.get("/ui/overview/health", headers=HX).text
     card = re.search(r'data-node="node-1".*?</a>', again, re.S).group(0)
     assert card.count('class="gpu-dot ') == 3
+
+
+def test_settings_page_shows_the_running_policy(client: Browser, dash: DashboardApp) -> None:
+    from types import SimpleNamespace
+
+    from app.policy.policy_file import default_policy
+
+    dash.app.state.policy_scheduler = SimpleNamespace(policy=default_policy())
+    login(client, "vera")
+    html = client.get("/settings").text
+    assert "Policy file" in html
+    assert "tiers.storage_unwritable.tier" in html and "heavy" in html
+    assert "approval.expire_seconds" in html
+
+
+def test_job_bands_follow_the_running_policy(client: Browser, dash: DashboardApp) -> None:
+    from types import SimpleNamespace
+
+    from app.policy.policy_file import default_policy, parse_policy
+
+    data = default_policy().model_dump(mode="json")
+    data["golden_metrics"]["rollout_pending_ratio"]["warning"] = 0.5
+    dash.app.state.policy_scheduler = SimpleNamespace(policy=parse_policy(data))
+    _fleet(dash)
+    login(client, "vera")
+    specs = _chart_specs(client.get("/jobs/grpo-a").text)
+    pending = next(s for s in specs if s["series"] and s["series"][0]["label"] == "rollout/1")
+    assert [t["value"] for t in pending["thresholds"]] == [0.1, 0.5]
+    assert "&gt; 0.50" in client.get("/settings").text
