@@ -1,0 +1,133 @@
+"""Rate limits on the endpoints an attacker or a runaway agent would hammer.
+
+A token bucket per key (client address for login attempts, the bearer token's hash for ingest)
+refills at ``rate`` per second up to ``burst``. A refused request gets ``429 Too Many Requests``
+with ``Retry-After`` (whole seconds until one token is back) and never reaches the route, so it
+changes nothing.
+
+The buckets live in this process. Behind several replicas each replica limits on its own, which
+multiplies the allowance by the replica count; that bound is still what matters here (stopping
+password guessing and a flood from one token), and it needs no round trip on the hot path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+class TokenBucketLimiter:
+    """Token buckets per key; at most ``max_keys`` are tracked (least recently used go first)."""
+
+    def __init__(
+        self,
+        *,
+        rate: float,
+        burst: int,
+        max_keys: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0, got {rate!r}")
+        if burst < 1:
+            raise ValueError(f"burst must be >= 1, got {burst!r}")
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1, got {max_keys!r}")
+        self.rate, self.burst, self.max_keys = rate, burst, max_keys
+        self._clock = clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> float:
+        """Take one token for ``key``: 0.0 when allowed, else seconds until one is available."""
+        now = self._clock()
+        with self._lock:
+            tokens, at = self._buckets.pop(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+            if tokens >= 1.0:
+                tokens -= 1.0
+                wait = 0.0
+            else:
+                wait = (1.0 - tokens) / self.rate
+            self._buckets[key] = (tokens, now)
+            # Forgetting a key only ever gives it a fresh (full) bucket: memory stays bounded
+            # whatever number of addresses or tokens an attacker cycles through.
+            while len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+            return wait
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._buckets)
+
+
+KeyFunc = Callable[[Scope], str]
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitRule:
+    """Requests ``method path`` are limited by ``limiter``, one bucket per ``key(scope)``."""
+
+    method: str
+    path: str
+    limiter: TokenBucketLimiter
+    key: KeyFunc
+    what: str  # for the 429 message: "login attempts", "ingest requests"
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def bearer_token_key(scope: Scope) -> str:
+    """The bearer token's hash (never the token itself); the client address without one."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return "token:" + hashlib.sha256(token.strip()).hexdigest()[:32]
+    return "addr:" + client_address(scope)
+
+
+class RateLimitMiddleware:
+    """Plain ASGI middleware: refuses over-limit requests with 429 before any route runs."""
+
+    def __init__(self, app: ASGIApp, rules: list[RateLimitRule]) -> None:
+        self.app = app
+        self.rules = {(r.method, r.path): r for r in rules}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            rule = self.rules.get((scope["method"], scope["path"]))
+            if rule is not None:
+                wait = rule.limiter.acquire(rule.key(scope))
+                if wait > 0:
+                    await _too_many(send, rule.what, wait)
+                    return
+        await self.app(scope, receive, send)
+
+
+async def _too_many(send: Send, what: str, wait: float) -> None:
+    retry_after = max(1, math.ceil(wait))
+    body = orjson.dumps({"detail": f"too many {what}; retry in {retry_after} s"})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 429,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(retry_after).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
