@@ -43,6 +43,14 @@ from app.api.routes import (
 )
 from app.core.config import Settings, get_settings
 from app.core.db import make_engine
+from app.core.ratelimit import (
+    RateLimitMiddleware,
+    RateLimitRule,
+    TokenBucketLimiter,
+    bearer_token_key,
+    client_address,
+)
+from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.metrics import build_registry
 from app.services.errors import ServiceError
 from app.services.ingest import IngestService
@@ -132,9 +140,34 @@ def create_app(
     if settings.bench_endpoints:
         app.include_router(bench.router)
     mount_dashboard(app)  # HTML pages, htmx partials and /static (app.views)
+    _add_hardening(app, settings)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _document_ingest_body(app, ingest_service)
     return app
+
+
+def _add_hardening(app: FastAPI, settings: Settings) -> None:
+    """Size limit, rate limits and security headers (the last added runs first)."""
+    h = settings.hardening
+    login = TokenBucketLimiter(rate=h.login_attempts_per_minute / 60.0, burst=h.login_burst)
+    ingest_limiter = TokenBucketLimiter(rate=h.ingest_requests_per_second, burst=h.ingest_burst)
+    app.state.rate_limiters = {"login": login, "ingest": ingest_limiter}
+    app.add_middleware(
+        RequestSizeLimitMiddleware,
+        max_bytes=h.max_request_body_bytes,
+        own_limit_paths=frozenset({"/api/v1/ingest"}),
+    )
+    app.add_middleware(
+        RateLimitMiddleware,
+        rules=[
+            RateLimitRule("POST", "/api/v1/auth/token", login, client_address, "login attempts"),
+            RateLimitRule("POST", "/login", login, client_address, "login attempts"),
+            RateLimitRule(
+                "POST", "/api/v1/ingest", ingest_limiter, bearer_token_key, "ingest requests"
+            ),
+        ],
+    )
+    app.add_middleware(SecurityHeadersMiddleware)
 
 
 def _document_ingest_body(app: FastAPI, service: IngestService) -> None:

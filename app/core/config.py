@@ -100,6 +100,20 @@ class SeriesSettings(BaseModel):
     export_labels: list[str] = ["gpu", "job", "role"]
 
 
+class HardeningSettings(BaseModel):
+    """Request limits (``RLGUARD_HARDENING__*``): body size, login and ingest rate limits."""
+
+    # Every request body except ingest's (bounded by ``ingest.max_body_bytes``).
+    max_request_body_bytes: Annotated[int, Field(gt=0)] = 1024 * 1024
+    # Login attempts (POST /api/v1/auth/token and the dashboard's /login) per client address.
+    login_attempts_per_minute: Annotated[float, Field(gt=0)] = 10.0
+    login_burst: Annotated[int, Field(ge=1)] = 10
+    # Ingest requests per node token: an agent sends about one per second, and its spool
+    # replays faster after an outage, hence the burst.
+    ingest_requests_per_second: Annotated[float, Field(gt=0)] = 20.0
+    ingest_burst: Annotated[int, Field(ge=1)] = 200
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RLGUARD_", env_nested_delimiter="__", extra="ignore"
@@ -121,6 +135,7 @@ class Settings(BaseSettings):
     ingest: IngestLimits = IngestLimits()
     series: SeriesSettings = SeriesSettings()
     policy: PolicySettings = PolicySettings()
+    hardening: HardeningSettings = HardeningSettings()
 
     @field_validator("data_dir")
     @classmethod
