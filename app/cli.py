@@ -165,6 +165,18 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="The token's id.")
     info(f"token {token_id} revoked")
 
 
+@token_cli.command("rotate")
+def token_rotate(token_id: Annotated[int, typer.Argument(help="The token's id.")]) -> None:
+    """Replace a token: prints only the new one; the old one is revoked in the same commit."""
+    from app.services.tokens import rotate_token
+
+    _token, plaintext = run_db(
+        load_settings(), lambda s: rotate_token(s, token_id=token_id, actor="cli")
+    )
+    typer.echo(plaintext)
+    info(f"token {token_id} revoked and replaced (ingest with it stops within 5 s)")
+
+
 @token_cli.command("list")
 def token_list() -> None:
     """List tokens (id, kind, owner, prefix, state); never the secrets."""
@@ -325,9 +337,10 @@ def register_extensions() -> None:
     global _extensions_registered
     if _extensions_registered:
         return
-    from app import cli_policy
+    from app import cli_policy, demo
 
     cli_policy.register(cli)
+    demo.register(cli)
     _extensions_registered = True
 
 

@@ -116,6 +116,40 @@ def revoke_token(session: Session, *, token_id: int, actor: str) -> ApiToken:
     return token
 
 
+def rotate_token(session: Session, *, token_id: int, actor: str) -> tuple[ApiToken, str]:
+    """Issue a replacement for an active token (same node or user) and revoke the old one.
+
+    Both happen in the caller's transaction: either the new token exists and the old one is
+    revoked, or neither. Returns (new row, new plaintext).
+    """
+    old = session.get(ApiToken, token_id)
+    if old is None:
+        raise NotFound(f"no token with id {token_id}")
+    if old.revoked_at is not None:
+        raise InvalidInput(f"token {token_id} is revoked; issue a new one instead of rotating")
+    if old.kind == TokenKind.node:
+        assert old.node_name is not None
+        new, plaintext = create_node_token(
+            session, node=old.node_name, actor=actor, description=old.description
+        )
+    else:
+        user = session.get(User, old.user_id)
+        if user is None:
+            raise NotFound(f"token {token_id} belongs to no existing user")
+        new, plaintext = create_user_token(
+            session, user=user, actor=actor, description=old.description
+        )
+    revoke_token(session, token_id=token_id, actor=actor)
+    record_audit(
+        session,
+        actor=actor,
+        action="token.rotate",
+        target=f"token:{token_id}",
+        detail={"replaced_by": new.id, "prefix": new.prefix, "kind": str(old.kind)},
+    )
+    return new, plaintext
+
+
 @dataclass(frozen=True, slots=True)
 class NodeIdentity:
     node: str

@@ -1,4 +1,4 @@
-"""API tokens (admin): issue node tokens, list, revoke. Every change is audited."""
+"""API tokens (admin): issue node tokens, list, revoke, rotate. Every change is audited."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ def revoke_token(
     session.commit()
     request.app.state.node_tokens.forget_all()  # revocation takes effect now in this process
     return cluster.token_public(token)
+
+
+@router.post(
+    "/{token_id}/rotate",
+    response_model=TokenCreated,
+    status_code=201,
+    summary="Replace a token: a new one (shown once) for the same owner; the old one is revoked",
+)
+def rotate_token(
+    token_id: int, request: Request, session: SessionDep, admin: AdminUser
+) -> TokenCreated:
+    token, plaintext = tokens.rotate_token(session, token_id=token_id, actor=f"user:{admin.name}")
+    session.commit()
+    request.app.state.node_tokens.forget_all()  # the old token stops working now here
+    return TokenCreated(token=plaintext, info=cluster.token_public(token))
