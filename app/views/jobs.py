@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.services import incidents as incidents_service
 from app.services.dashboard.jobs import (
     HISTORY_MINUTES,
     effective_thresholds,
@@ -20,6 +21,7 @@ from app.views.rendering import error_page, render
 router = APIRouter(include_in_schema=False)
 
 POLL_SECONDS = 3
+JOB_INCIDENTS = 10
 
 
 @router.get("/jobs/{name}", response_class=HTMLResponse)
@@ -39,8 +41,12 @@ def job_page(
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)
+    incidents = incidents_service.list_incidents(
+        session, status="all", job=name, limit=JOB_INCIDENTS
+    )
     data: dict[str, Any] = {
         "job": job,
+        "job_incidents": incidents.incidents,
         "participants": job.participants,
         "job_name": job.name,
         "poll_seconds": POLL_SECONDS,

@@ -165,7 +165,16 @@ def test_mobile_viewport_renders_the_approval_page(story: Story, browser: object
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
         assert box["height"] >= 40  # a finger can hit it
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]  # type: ignore[attr-defined]
-    assert page.get_by_label("Comment (kept in the audit log)").is_visible()  # type: ignore[attr-defined]
+    comment = page.get_by_label("Comment (kept in the audit log)")  # type: ignore[attr-defined]
+    assert comment.is_visible()
+    # Keyboard: from the comment box, Tab reaches Approve, and the focus ring is visible.
+    comment.click()
+    page.keyboard.press("Tab")  # type: ignore[attr-defined]
+    focused = page.evaluate(  # type: ignore[attr-defined]
+        "(() => { const e = document.activeElement, s = getComputedStyle(e);"
+        " return [e.textContent.trim(), s.outlineStyle, s.outlineWidth]; })()"
+    )
+    assert focused[0] == "Approve" and focused[1] == "solid" and focused[2] != "0px", focused
     assert page.js_errors == []  # type: ignore[attr-defined]
 
 

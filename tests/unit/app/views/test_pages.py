@@ -160,6 +160,7 @@ def test_job_page_golden_metrics_with_bands(client: Browser, dash: DashboardApp)
     ]
     assert pending["series"][0]["label"] == "rollout/1"
     assert max(v for v in pending["series"][0]["values"] if v is not None) == 0.45
+    assert "Incidents of this job" in html and "No incident for this job." in html
     part = client.get("/ui/jobs/grpo-a/participants", headers=HX)
     assert 'data-participant="trainer/0"' in part.text and "<html" not in part.text
     assert client.get("/jobs/none").status_code == 404
