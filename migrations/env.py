@@ -12,7 +12,13 @@ from app.core.db import is_sqlite, make_engine
 
 # Modules whose tables belong to the schema (used by autogenerate; upgrades are explicit).
 # Later features add their model modules here.
-MODEL_MODULES = ["app.models", "app.models.incident", "app.models.action", "app.models.approval"]
+MODEL_MODULES = [
+    "app.models",
+    "app.models.incident",
+    "app.models.action",
+    "app.models.approval",
+    "app.models.alert",
+]
 for _module in MODEL_MODULES:
     importlib.import_module(_module)
 
