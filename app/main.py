@@ -32,6 +32,7 @@ from app.api.routes import (
     alerts,
     approvals,
     bench,
+    docs,
     health,
     incidents,
     ingest,
@@ -103,6 +104,9 @@ def create_app(
         version="0.1.0",
         summary="Control plane for RL post-training clusters",
         lifespan=lifespan,
+        # Swagger UI from our own /static (app.api.routes.docs), not FastAPI's CDN pages.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -135,6 +139,7 @@ def create_app(
         approvals,
         alertmanager,
         alerts,
+        docs,
     ):
         app.include_router(module.router)
     if settings.bench_endpoints:
