@@ -19,6 +19,14 @@ class WALClosedError(WALError):
     """The log was used after :meth:`~recovery.wal.WriteAheadLog.close`."""
 
 
+class WALForkedError(WALError):
+    """A handle was used in a process forked from the one that opened it.
+
+    A handle belongs to its process: open a new :class:`~recovery.wal.WriteAheadLog` in the
+    child (see the module documentation of :mod:`recovery.wal` for why).
+    """
+
+
 class WALLockTimeout(WALError, RecoveryTimeout):
     """A lock of the log could not be taken within the caller's ``timeout``."""
 

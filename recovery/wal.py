@@ -18,19 +18,37 @@ Durability and concurrency:
 
 Layout of ``directory``: ``wal-<16 digits>.log`` segments, ``data/`` files, ``wal.state`` (the
 shared positions), ``append.lock`` and ``sync.lock``.
+
+Processes and threads (the rule for ``fork``):
+
+* a handle belongs to the process that opened it. A forked child (``os.fork``,
+  ``multiprocessing`` with the fork start method, a Celery prefork pool child) must open its
+  own :class:`WriteAheadLog`; every method of an inherited handle raises
+  :class:`WALForkedError` and ``close()`` in the child only drops the child's copies of the
+  descriptors and the mapping. The reasons: ``flock`` locks belong to the open file
+  description, which parent and child share after a fork, so an inherited handle would not
+  exclude the parent (two writers at one position) and its unlock would release the parent's
+  lock; and the in-process group-commit state (the process leader, the lock mutexes) is copied
+  as it was at the fork, possibly mid-commit, so the child could wait for a leader that does
+  not exist in it. Handles opened separately in each process share fsyncs as intended;
+* threads of one process may share a handle. ``close()`` waits (up to ``lock_timeout``) for
+  the calls other threads have in flight, so it never pulls the descriptors or the shared
+  mapping from under a running group commit.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from recovery._wal_data import (
     checksum_bytes,
@@ -45,6 +63,7 @@ from recovery._wal_errors import (
     WALCorruptionError,
     WALDataError,
     WALError,
+    WALForkedError,
     WALLockTimeout,
 )
 from recovery._wal_format import DecodedRecord, encode_record, scan
@@ -68,6 +87,7 @@ __all__ = [
     "WALDataError",
     "WALEntry",
     "WALError",
+    "WALForkedError",
     "WALLockTimeout",
     "WALStats",
     "WALStatus",
@@ -80,6 +100,25 @@ DEFAULT_SEGMENT_BYTES = 64 << 20
 MIN_SEGMENT_BYTES = 1024
 # Offsets must fit the shared durable mark; a record may start just below the limit.
 MAX_SEGMENT_BYTES = MAX_SEGMENT_OFFSET - (2 << 20)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _tracked(
+    method: Callable[Concatenate[WriteAheadLog, _P], _R],
+) -> Callable[Concatenate[WriteAheadLog, _P], _R]:
+    """Count the call as in flight, so that ``close()`` waits for it to finish."""
+
+    @functools.wraps(method)
+    def wrapper(self: WriteAheadLog, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        self._begin_operation()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._end_operation()
+
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -135,6 +174,11 @@ class WriteAheadLog:
         except OSError as exc:
             raise WALError(f"cannot open the lock files of WAL {self.directory}: {exc}") from exc
         self._closed = False
+        self._closing = False
+        # The process that owns the handle (see "the rule for fork" above).
+        self._pid = os.getpid()
+        self._ops = threading.Condition()
+        self._in_flight = 0
         self._index = EntryIndex(self.directory)
         self._cursor = (0, 0)
         self._generation = -1
@@ -171,6 +215,7 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ public API
 
+    @_tracked
     def append(
         self,
         entry_id: str,
@@ -250,6 +295,7 @@ class WriteAheadLog:
                 owned_file.unlink(missing_ok=True)
             raise
 
+    @_tracked
     def update_status(
         self, entry_id: str, status: WALStatus | str, *, error: str | None = None
     ) -> WALEntry:
@@ -291,22 +337,26 @@ class WriteAheadLog:
 
         return self._write_and_wait(payload, prepare)
 
+    @_tracked
     def recover(self) -> list[WALEntry]:
         """Every entry whose last status is not COMPLETED, in append order (as of now)."""
         with self._locked_append():
             return [e for e in self._index.entries.values() if e.status is not WALStatus.COMPLETED]
 
+    @_tracked
     def get(self, entry_id: str) -> WALEntry | None:
         """The latest state of ``entry_id``, or None if the log does not hold it."""
         eid = check_entry_id(entry_id)
         with self._locked_append():
             return self._index.entries.get(eid)
 
+    @_tracked
     def entries(self) -> list[WALEntry]:
         """All entries the log holds, in append order."""
         with self._locked_append():
             return list(self._index.entries.values())
 
+    @_tracked
     def read_data(self, entry_id: str) -> bytes:
         """The bytes of an entry's data file, after checking them against the checksum."""
         entry = self.get(entry_id)
@@ -316,6 +366,7 @@ class WriteAheadLog:
             raise WALDataError(f"entry {entry_id!r} has no data file")
         return read_verified(entry.data_path, entry.checksum, entry_id)
 
+    @_tracked
     def compact(self, *, delete_data: bool = True, orphan_grace_s: float = 3600.0) -> int:
         """Drop COMPLETED entries from the log, atomically; return how many were dropped.
 
@@ -382,21 +433,68 @@ class WriteAheadLog:
         return WALStats(records=self._records_written, fsyncs=self._group.fsyncs)
 
     def close(self) -> None:
-        """Release the log's files; later calls raise :class:`WALClosedError`. Idempotent."""
+        """Release the log's files; later calls raise :class:`WALClosedError`. Idempotent.
+
+        Waits up to ``lock_timeout`` for calls other threads have in flight (then raises
+        :class:`WALLockTimeout` and leaves the handle open). In a forked child it only drops the
+        child's copies of the files and never touches the locks the parent may hold.
+        """
+        if os.getpid() != self._pid:
+            self._release_files()
+            return
+        deadline = time.monotonic() + self._timeout
+        with self._ops:
+            while self._closing:  # another thread is closing: wait for its outcome
+                if not self._ops.wait(max(deadline - time.monotonic(), 0.0)):
+                    raise WALLockTimeout(f"WAL {self.directory}: another close() did not finish")
+            if self._closed:
+                return
+            self._closing = True
+            try:
+                while self._in_flight:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise WALLockTimeout(
+                            f"WAL {self.directory} not closed: {self._in_flight} call(s) of "
+                            f"other threads still running after {self._timeout:g}s"
+                        )
+                    self._ops.wait(remaining)
+                self._release_files()
+            finally:
+                self._closing = False
+                self._ops.notify_all()
+
+    def _release_files(self) -> None:
+        """Close descriptors, unmap the shared state; no call of this handle may be running."""
         if self._closed:
             return
-        self._append_lock.acquire(self._timeout)
-        try:
-            self._closed = True
-            if self._seg_fd >= 0:
-                os.close(self._seg_fd)
-                self._seg_fd = -1
-        finally:
-            self._append_lock.release()
+        self._closed = True
+        if self._seg_fd >= 0:
+            os.close(self._seg_fd)
+            self._seg_fd = -1
         self._detach_counters()
         self._state.close()
         self._append_lock.close()
         self._sync_lock.close()
+
+    def _begin_operation(self) -> None:
+        # Checked before any lock is touched: in a forked child the copied locks may be held
+        # by a thread that exists only in the parent.
+        if os.getpid() != self._pid:
+            raise WALForkedError(
+                f"WAL {self.directory} was opened in process {self._pid} and is used in "
+                f"process {os.getpid()} after a fork; open a new WriteAheadLog in this process"
+            )
+        with self._ops:
+            if self._closed or self._closing:
+                raise WALClosedError(f"WAL {self.directory} is closed")
+            self._in_flight += 1
+
+    def _end_operation(self) -> None:
+        with self._ops:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._ops.notify_all()
 
     def _detach_counters(self) -> None:
         self._append_lock.attach_counter(None)
@@ -453,6 +551,8 @@ class WriteAheadLog:
                 self._group.lead(position, leader_fd)
             elif self._sync:
                 self._group.wait(position, deadline)
+        except WALError:
+            raise  # a lock timeout is a TimeoutError (an OSError) but not a failed fsync
         except OSError as exc:
             # After a failed fsync the page cache may have dropped the dirty pages: the record
             # must be treated as lost. Reopening the log shows what is really on disk.
