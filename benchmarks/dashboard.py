@@ -295,12 +295,20 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=150, help="measured requests per endpoint")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument(
+        "--cpu-requests", type=int, default=40, help="requests per endpoint for CPU time"
+    )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() after the fleet is built (shows how much of the tail is the cyclic GC)",
+    )
+    parser.add_argument(
         "--with-scheduler",
         action="store_true",
         help="also run the policy scheduler in the server (its 1 s tick shares the CPU and the GIL)",
     )
     args = parser.parse_args()
-    for name in ("nodes", "gpus", "requests"):
+    for name in ("nodes", "gpus", "requests", "cpu_requests"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.incidents < 0 or args.warmup < 0:
@@ -329,6 +337,9 @@ def main() -> None:
                 session, name="bench", role="viewer", actor="bench", password="bench-password"
             )
             session.commit()
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
         gc_before = [g["collections"] for g in gc.get_stats()]
         print(
             f"fleet: {args.nodes} nodes x {args.gpus} GPUs, {len(app.state.series_store)} live series, "
@@ -366,6 +377,15 @@ def main() -> None:
                         if i >= args.warmup:
                             timings[label].append(elapsed)
                     timing.recording = i + 1 >= args.warmup
+                timing.recording = False
+                # CPU per request (this process: server and client), which a busy machine
+                # disturbs far less than wall time: N of one endpoint, then N of the other.
+                cpu_ms: dict[str, float] = {}
+                for label, path in (("healthz", "/healthz"), ("overview", "/")):
+                    start_cpu = time.process_time()
+                    for _ in range(args.cpu_requests):
+                        client.get(path).raise_for_status()
+                    cpu_ms[label] = (time.process_time() - start_cpu) * 1000 / args.cpu_requests
         finally:
             server.stop()
     gc_runs = [g["collections"] - b for g, b in zip(gc.get_stats(), gc_before, strict=True)]
@@ -373,6 +393,7 @@ def main() -> None:
     print(
         f"requests: {args.requests} per endpoint after {args.warmup} warm-up; overview page "
         f"{size / 1024:.0f} KiB; policy scheduler {'on' if args.with_scheduler else 'off'}; "
+        f"gc.freeze {'on' if args.gc_freeze else 'off'}; "
         f"load average {load[0]:.1f} on {os.cpu_count()} CPUs; GC runs gen0/1/2 {gc_runs}"
     )
     server_side = {
@@ -388,6 +409,11 @@ def main() -> None:
                 f"{label:<10} {where:<12} {_percentile(values, 0.5):8.1f} {_percentile(values, 0.95):8.1f} "
                 f"{_percentile(values, 0.99):8.1f} {statistics.fmean(values):8.1f}"
             )
+    print(
+        f"CPU per request (server + client in this process): healthz {cpu_ms['healthz']:.1f} ms, "
+        f"overview {cpu_ms['overview']:.1f} ms; overview minus healthz "
+        f"{cpu_ms['overview'] - cpu_ms['healthz']:.1f} ms ({cpu_ms['overview'] / cpu_ms['healthz']:.1f}x)"
+    )
     p95 = _percentile(server_side["overview"], 0.95)
     floor = _percentile(server_side["healthz"], 0.95)
     print(f"ratio overview/healthz, server-side p95: {p95 / floor:.1f}x")
