@@ -9,6 +9,7 @@ On demand::
     python -m workload.chaos --run-dir D ckpt-unwritable [--seconds 30]   # checkpoint dir unusable
     python -m workload.chaos --run-dir D xid --gpu 0 [--xid 79]           # through the agent's fake NVML
     python -m workload.chaos --run-dir D ecc --gpu 1
+    python -m workload.chaos --run-dir D thermal --gpu 0 [--off]          # throttling (light)
 
 By schedule (a JSON list; each fault fires once the trainer has reached ``at_step``, plus
 ``delay`` seconds so that rollouts are mid-batch)::
@@ -38,7 +39,7 @@ from typing import Any
 from recovery.report import heartbeat_path
 from workload.job import RunDir, read_json
 
-FAULTS = ("kill", "hang", "oom", "slow-statelog", "ckpt-unwritable", "xid", "ecc")
+FAULTS = ("kill", "hang", "oom", "slow-statelog", "ckpt-unwritable", "xid", "ecc", "thermal")
 SIMULATE_DIR = "rlguard-simulate"  # the agent's fake NVML reads fault files here
 
 
@@ -58,6 +59,7 @@ class Fault:
     seconds: float = 20.0
     gpu: int = 0
     xid: int = 79
+    on: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -153,11 +155,13 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
         (run.chaos / f"oom-step-{step}").write_text("injected\n")
         info.update(step=step, role="trainer", rank=0)
         run.event("fault", **info)
-    elif fault.fault in ("xid", "ecc"):
+    elif fault.fault in ("xid", "ecc", "thermal"):
         sim = run.root / SIMULATE_DIR
         sim.mkdir(exist_ok=True)
-        body = ({"fault": "xid", "gpu": fault.gpu, "xid": fault.xid} if fault.fault == "xid"
-                else {"fault": "ecc_uncorrectable", "gpu": fault.gpu})
+        body: dict[str, Any] = (
+            {"fault": "xid", "gpu": fault.gpu, "xid": fault.xid} if fault.fault == "xid"
+            else {"fault": "thermal", "gpu": fault.gpu, "on": fault.on} if fault.fault == "thermal"
+            else {"fault": "ecc_uncorrectable", "gpu": fault.gpu})
         name = f"chaos-{fault.fault}-{time.time_ns()}.json"
         tmp = sim / f".{name}.tmp"
         tmp.write_text(json.dumps(body))
@@ -218,11 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--ms", type=float, default=400.0)
     s.add_argument("--seconds", type=float, default=20.0)
     sub.add_parser("ckpt-unwritable").add_argument("--seconds", type=float, default=30.0)
-    for name in ("xid", "ecc"):
+    for name in ("xid", "ecc", "thermal"):
         s = sub.add_parser(name)
         s.add_argument("--gpu", type=int, default=0)
         if name == "xid":
             s.add_argument("--xid", type=int, default=79)
+        if name == "thermal":
+            s.add_argument("--off", dest="on", action="store_false")
     sub.add_parser("schedule").add_argument("file")
     args = p.parse_args(argv)
     run = RunDir(args.run_dir)

@@ -18,6 +18,7 @@ without acting (the adapters may retry).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from workload.policy import TaskSpec
 from workload.supervisor import Supervisor
 
 HOOK_ACTIONS = ("restart_role", "restart_job", "reschedule_batches", "restore_checkpoint")
-_KEY = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_KEY = re.compile(r"^[\x21-\x7e]{1,300}$")  # printable ASCII, no spaces
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -106,7 +107,7 @@ def _hook(argv: list[str]) -> int:
     if not _JOB.match(args.job):
         p.error(f"--job {args.job!r} cannot name a run directory")
     if not _KEY.match(args.idempotency_key):
-        p.error(f"--idempotency-key {args.idempotency_key!r} has characters outside [A-Za-z0-9._:-]")
+        p.error(f"--idempotency-key {args.idempotency_key!r} must be 1-300 printable ASCII characters")
     if args.rank is not None and not args.rank.isdigit():
         p.error(f"--rank must be a non-negative integer, got {args.rank!r}")
     if args.role is not None and args.role not in ("trainer", "rollout"):
@@ -124,7 +125,8 @@ def _hook(argv: list[str]) -> int:
     if runtime is None:
         print(f"no running job {args.job!r} under {args.run_root}", file=sys.stderr)  # noqa: T201
         return 2
-    name = args.idempotency_key.replace(":", "_")
+    # Keys carry '/' and ':' (inc2/s0/restart_job:job): a digest makes a safe, stable file name.
+    name = hashlib.sha256(args.idempotency_key.encode()).hexdigest()[:32]
     req, done = run.launcher_requests / f"{name}.json", run.launcher_requests / f"{name}.done"
     if not done.exists():
         try:

@@ -23,6 +23,7 @@ import torch
 from recovery.batch import commit_batch
 from recovery.checkpoint.participant import Participant
 from recovery.checkpoint.version import VersionVector
+from recovery.control import ControlMode, read_control
 from recovery.errors import RecoveryError
 from recovery.report import HeartbeatReporter
 from recovery.transfer import RegistryClient, TensorSpec, WeightReceiver, make_transport
@@ -67,6 +68,10 @@ def run(run_dir: str, rank: int) -> int:
     try:
         while not run.done.exists():
             participant.safe_point(timeout=10.0)
+            if read_control(run.root).mode is ControlMode.SAFE_MODE:
+                hb.update(phase="SAFE_MODE")  # no new rollouts until the job is released
+                time.sleep(0.2)
+                continue
             weights = read_json(run.weights)
             if weights is None:
                 time.sleep(0.05)

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.checkpoint.coordinator import Coordinator
-from recovery.report import heartbeat_path
+from recovery.control import ControlMode, read_control, write_control
+from recovery.report import HeartbeatReporter, heartbeat_path
 from recovery.transfer import InMemoryRegistry, RegistryServer
 from workload.file_lease import FileLease
 from workload.job import JobConfig, RunDir, read_json, write_json_atomic
@@ -42,6 +43,7 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     reported_exit: bool = False
     starts: int = 0
+    vouched_at: float = 0.0
 
     @property
     def name(self) -> str:
@@ -142,11 +144,30 @@ class Supervisor:
                 self._finish()
                 return 0
             self._handle_requests()
+            self._vouch_for_starting()
             failed = self._failed_children()
             if failed and self.on_failure == "restart-job":
                 self._restart(self.children, why=f"whole-job restart after {failed}")
             time.sleep(0.1)
         return 130
+
+    def _vouch_for_starting(self) -> None:
+        """Keep the heartbeat of a process that is still starting (importing torch takes seconds
+        on a busy machine) fresh, with phase STARTING and the new pid, until the process writes
+        its own: a restart that is under way must not look like a second silent participant."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is None or c.proc.poll() is not None or now - c.vouched_at < 0.5:
+                continue
+            path = heartbeat_path(self.run.root, c.role, c.rank)
+            beat = read_json(path) or {}
+            if beat.get("pid") == c.proc.pid and beat.get("phase") != "STARTING":
+                continue  # the process reports for itself now
+            c.vouched_at = now
+            reporter = HeartbeatReporter(self.run.root, c.role, c.rank, job=self.config.job,
+                                         pid=c.proc.pid)
+            reporter.update(phase="STARTING", force=True)
+            reporter.close()
 
     def _failed_children(self) -> list[str]:
         failed = []
@@ -181,8 +202,15 @@ class Supervisor:
         targets = [c for c in self.children
                    if (role is None or c.role == role) and (rank is None or str(c.rank) == str(rank))]
         if action == "restart_job" or action == "restore_checkpoint":
+            # Heavy-tier actions reach the launcher only after an approver said so: that is the
+            # go-ahead to leave SAFE_MODE, so the restarted job resumes from its checkpoint.
+            released = False
+            if read_control(self.run.root).mode is ControlMode.SAFE_MODE:
+                write_control(self.run.root, ControlMode.RUN,
+                              f"{action} approved ({body.get('key')})", timeout=10.0)
+                released = True
             self._restart(self.children, why=f"{action} requested")
-            return {"ok": True, "restarted": [c.name for c in self.children]}
+            return {"ok": True, "restarted": [c.name for c in self.children], "released_safe_mode": released}
         if action in ("restart_role", "reschedule_batches"):
             if role is None:
                 if action == "reschedule_batches":

@@ -30,7 +30,7 @@ from recovery.checkpoint.errors import CheckpointInputError
 from recovery.checkpoint.participant import Participant
 from recovery.checkpoint.version import VersionVector, WeightVersionTable
 from recovery.errors import RecoveryError
-from recovery.phases import Event, Phase, PhaseMachine
+from recovery.phases import Event, Phase, PhaseMachine, SafeModeError
 from recovery.report import HeartbeatReporter, heartbeat_path
 from recovery.shards import BaseShard, ShardSnapshotter
 from recovery.statelog import StateLog
@@ -217,14 +217,20 @@ class Trainer:
         self.participant.start()
         self.hb.start_keepalive()
         self.run.event("trainer_start", step=self.step, incarnation=self.incarnation)
-        self.machine.fire(Event.START)
-        self.machine.fire(Event.PREPARED)
+        try:
+            self.machine.fire(Event.START)
+            self.machine.fire(Event.PREPARED)
+        except SafeModeError as exc:  # the control file holds the job: wait for its release
+            log.warning("trainer starts in SAFE_MODE: %s", exc)
         while self.step < self.cfg.steps:
             self._publish()
             batches = self._wait_batches()
             started = time.monotonic()
-            self.machine.fire(Event.ROLLOUT_COMPLETE)
-            self.machine.fire(Event.DATA_AVAILABLE)
+            try:
+                self.machine.fire(Event.ROLLOUT_COMPLETE)
+                self.machine.fire(Event.DATA_AVAILABLE)
+            except SafeModeError:
+                continue  # SAFE_MODE was commanded in between: hold before training
             self._beat(force=True)
             try:
                 stats = self._train(batches)
