@@ -166,7 +166,7 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
         tmp = sim / f".{name}.tmp"
         tmp.write_text(json.dumps(body))
         os.replace(tmp, sim / name)
-        info.update(body)
+        info.update({k: v for k, v in body.items() if k != "fault"}, nvml_fault=body["fault"])
         run.event("fault", **info, step=current_step(run))
     elif fault.fault == "slow-statelog":
         info.update(ms=fault.ms, seconds=fault.seconds)

@@ -4,6 +4,7 @@ leaves no process behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -92,7 +93,10 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
         light = wait(lambda: incident("gpu_throttled", "light"), 90, "the light incident")
         assert light["actions"] == []  # light: recorded and alerted, nothing to run
         heavy = wait(lambda: incident("heartbeat_lost", "heavy", role="trainer"), 90, "the heavy incident")
-        assert heavy["safe_mode"] and any("first step" in r for r in heavy["reasons"])
+        assert any("first step" in r for r in heavy["reasons"]), heavy["reasons"]
+        wait(lambda: (incident("heartbeat_lost", "heavy", role="trainer") or {}).get("safe_mode"), 30,
+             "SAFE_MODE (automatic for the heavy tier)")
+        assert json.loads((workdir / "runs" / "grpo-demo" / "control.json").read_text())["mode"] == "safe_mode"
         pending = wait(lambda: http.get("/api/v1/approvals").json(), 30, "the approval request")
         r = http.post(f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "test approves"})
         assert r.status_code == 200, r.text
