@@ -196,10 +196,26 @@ def _document_ingest_body(app: FastAPI, service: IngestService) -> None:
                 "application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}
             },
         }
+        _document_error_detail(spec)
         app.openapi_schema = spec
         return spec
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _document_error_detail(spec: dict[str, Any]) -> None:
+    """Our 4xx answers carry ``{"detail": "<message naming the bad value>"}`` (ServiceError,
+    IngestRejected); only FastAPI's own request validation sends a list. Say so in the schema,
+    so clients (and schemathesis) accept both shapes of a 422."""
+    schemas = spec.get("components", {}).get("schemas", {})
+    err = schemas.get("HTTPValidationError")
+    if err is None:
+        return
+    listed = err["properties"]["detail"]
+    err["properties"]["detail"] = {
+        "title": "Detail",
+        "anyOf": [{"type": "string"}, {k: v for k, v in listed.items() if k != "title"}],
+    }
 
 
 def create_app_from_env() -> FastAPI:
