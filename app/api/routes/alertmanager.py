@@ -36,7 +36,7 @@ def receive(
         session,
         actor=f"user:{user.name}",
         action="alertmanager.webhook",
-        target=payload.receiver,
+        target=payload.receiver[:200],  # audit_event.target is 200 characters
         detail={"firing": fired, "resolved": resolved, "group": payload.groupKey[:200]},
     )
     session.commit()
