@@ -86,12 +86,21 @@ _SUPERSEDES = {FaultKind.ROLLOUT_DOWN: FaultKind.HEARTBEAT_LOST}
 
 
 class PolicyEngine:
-    def __init__(self, policy: Policy, *, detectors: list[Detector] | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        detectors: list[Detector] | None = None,
+        closed_occurrences: dict[str, float | None] | None = None,
+    ) -> None:
         self.policy = policy
         self.detectors = detectors if detectors is not None else default_detectors(policy)
         self.classifier = Classifier(policy)
         self._open: dict[str, OpenIncident] = {}
-        self._closed_occurrence: dict[str, float | None] = {}
+        # incident key -> ``since`` of the occurrence whose incident was closed elsewhere. A
+        # resync (fresh engine, same detectors) must carry it over: the detectors still report
+        # that occurrence, and without this memory it would open a second incident.
+        self._closed_occurrence: dict[str, float | None] = dict(closed_occurrences or {})
         self._latest_index = _build_index(self.detectors)
 
     # -- state shared with the server ---------------------------------------------------------
@@ -100,10 +109,16 @@ class PolicyEngine:
     def open_incidents(self) -> dict[str, OpenIncident]:
         return dict(self._open)
 
+    @property
+    def closed_occurrences(self) -> dict[str, float | None]:
+        """Occurrences whose incidents were closed elsewhere and are still being reported."""
+        return dict(self._closed_occurrence)
+
     def restore(self, incidents: list[OpenIncident]) -> None:
         """Take over incidents that were open before a restart (from the database)."""
         for inc in incidents:
             self._open[inc.key] = inc
+            self._closed_occurrence.pop(inc.key, None)  # open again: the database says so
 
     def forget(self, key: str) -> None:
         """The incident was closed outside the engine (its approved recovery completed, an

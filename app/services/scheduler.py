@@ -185,6 +185,7 @@ class PolicyScheduler:
             try:
                 with Session(self.engine) as session:
                     if self._needs_restore:
+                        self._forget_closed_before_resync(session)
                         self.policy_engine = _fresh_engine_keeping_detectors(
                             self.policy_engine, self.policy
                         )
@@ -212,6 +213,23 @@ class PolicyScheduler:
                 self.last_tick_seconds = time.perf_counter() - started
             self.last_tick = result
             return result
+
+    def _forget_closed_before_resync(self, session: Session) -> None:
+        """Incidents the engine holds open whose very occurrence the database has closed since
+        (an approved plan completed) are forgotten first, so the fresh engine remembers that
+        occurrence. One the engine opened but could not write stays unknown to the database and
+        is opened again; an older closed incident of the same key has another ``since``."""
+        open_keys = set(open_incident_failures(session))
+        for key, inc in self.policy_engine.open_incidents.items():
+            if key in open_keys:
+                continue
+            closed = session.exec(
+                select(Incident)
+                .where(Incident.key == key, Incident.status == IncidentStatus.resolved.value)
+                .order_by(col(Incident.id).desc())
+            ).first()
+            if closed is not None and (closed.evidence or {}).get("since") == inc.last_since:
+                self.policy_engine.forget(key)
 
     def _sync_engine(self, session: Session) -> None:
         """Fold in what happened outside the engine: failed recoveries, incidents closed."""
@@ -317,7 +335,10 @@ class PolicyScheduler:
 def _fresh_engine_keeping_detectors(old: PolicyEngine, policy: Policy) -> PolicyEngine:
     # Detector memory (phase clocks, counter baselines) survives a resync; incident memory is
     # rebuilt from the database, which is the truth after a failed write or a lease change.
-    return PolicyEngine(policy, detectors=old.detectors)
+    # So does the memory of occurrences whose incidents were closed (it only ever comes from
+    # closures the database holds): the detectors still report such an occurrence, and a
+    # fresh engine without it would open a second incident for it.
+    return PolicyEngine(policy, detectors=old.detectors, closed_occurrences=old.closed_occurrences)
 
 
 # -- wiring into the server -------------------------------------------------------------------
