@@ -82,7 +82,7 @@ class GpuNow:
             return None
         return self.mem_used / self.mem_total
 
-    # Set by ``judge()`` once every value is in (see gpus_from_latest).
+    # Set by ``judge()`` once every value is in (gpus_from_latest, overview.live_gpus).
     level: str = "idle"
     reasons: list[str] = field(default_factory=list)
 
@@ -165,7 +165,11 @@ def gpus_from_latest(latest: Mapping[str, Mapping[str, float]]) -> list[GpuNow]:
             gpu.absorb(name, value)
         gpu.judge()
         gpus.append(gpu)
-    gpus.sort(
-        key=lambda g: (not g.index.isdigit(), int(g.index) if g.index.isdigit() else 0, g.index)
-    )
+    gpus.sort(key=gpu_sort_key)
     return gpus
+
+
+def gpu_sort_key(gpu: GpuNow) -> tuple[bool, int, str]:
+    """GPU 2 before GPU 10; odd names after the numbered ones."""
+    digits = gpu.index.isdigit()
+    return (not digits, int(gpu.index) if digits else 0, gpu.index)

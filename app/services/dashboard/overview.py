@@ -31,7 +31,7 @@ from app.services.dashboard.health import (
     GPU_THROTTLE_THERMAL,
     GPU_UTIL,
     GpuNow,
-    gpus_from_latest,
+    gpu_sort_key,
     liveness_level,
     worst,
 )
@@ -138,13 +138,25 @@ def _gpu_keys(store: SeriesStore, now: float) -> list[tuple[SeriesKey, str, str]
     return keys
 
 
-def latest_gpu_values(store: SeriesStore, *, now: float) -> dict[str, dict[str, dict[str, float]]]:
-    """``{node: {gpu: {metric: latest value}}}`` for the overview's GPU metrics."""
-    result: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+def live_gpus(store: SeriesStore, *, now: float) -> dict[str, list[GpuNow]]:
+    """Every node's GPUs with their latest values, judged and sorted, in one pass."""
+    per_node: dict[str, dict[str, GpuNow]] = {}
     for key, gpu, name in _gpu_keys(store, now):
         point = store.latest(key)
-        if point is not None:
-            result[key.node][gpu][name] = point.value
+        if point is None:
+            continue
+        gpus = per_node.get(key.node)
+        if gpus is None:
+            gpus = per_node[key.node] = {}
+        entry = gpus.get(gpu)
+        if entry is None:
+            entry = gpus[gpu] = GpuNow(index=gpu)
+        entry.absorb(name, point.value)
+    result: dict[str, list[GpuNow]] = {}
+    for node, gpus in per_node.items():
+        for entry in gpus.values():
+            entry.judge()
+        result[node] = sorted(gpus.values(), key=gpu_sort_key)
     return result
 
 
@@ -347,7 +359,7 @@ def overview_health(
     incident_tiers_by_node: dict[str, list[str]] | None = None,
 ) -> OverviewHealth:
     """Every node with its GPUs' live state and 30-minute sparklines."""
-    live = latest_gpu_values(store, now=now)
+    live = live_gpus(store, now=now)
     sparks = rollup_sparks_cached(session, now=now)
     tiers_by_node = incident_tiers_by_node or {}
     nodes = session.exec(select(Node).order_by(Node.name)).all()
@@ -360,7 +372,7 @@ def overview_health(
     names = sorted(known | set(live))
     last_seen = {n.name: n.last_seen_at for n in nodes}
     for name in names:
-        gpus = gpus_from_latest(live.get(name, {}))
+        gpus = live.get(name, [])
         seen = last_seen.get(name)
         age = None if seen is None else max(0.0, now - seen.timestamp())
         liveness = liveness_level(age, suspect_after=suspect_after, confirm_after=confirm_after)
