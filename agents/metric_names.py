@@ -61,6 +61,11 @@ JOB_METRICS: frozenset[str] = frozenset(
         "job_state_transitions_total",
         "job_state_log_age_seconds",
         "job_safe_mode",
+        "train_step_failures_total",
+        "train_last_failed_step",
+        "rollout_batch_timeouts_total",
+        "actor_shard_stale",
+        "state_log_write_errors_total",
     }
 )
 

@@ -16,6 +16,13 @@ may have a deadline, checked by :meth:`PhaseMachine.tick`:
 Every transition is one line of the state log (:mod:`recovery.statelog`) carrying the full
 machine state, so :meth:`PhaseMachine.resume` restores it after a restart. Illegal events raise
 :class:`IllegalTransitionError` and change and write nothing.
+
+Given a :class:`recovery.report.HeartbeatReporter`, the machine also reports the faults it sees
+to the node agent through the heartbeat file: each failed train step (with its number), each
+rollout that timed out (a ``retry_rollout`` fired by the deadline, or fired with
+``timeout=True``), and each state-log append that failed. Its cumulative counts
+(``failed_steps``, ``rollout_timeouts``) are in every state-log line, so a resumed machine hands
+the reporter the totals of the run, not of the process.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from typing import Any
 
 from recovery.control import ControlMode, read_control
 from recovery.errors import RecoveryError
-from recovery.statelog import StateLog, StateRecord, last_state_record
+from recovery.report import HeartbeatError, HeartbeatReporter
+from recovery.statelog import StateLog, StateLogWriteError, StateRecord, last_state_record
 
 __all__ = [
     "Event",
@@ -107,6 +115,7 @@ _RESERVED_PAYLOAD = frozenset(
         "failed_steps",
         "safe_mode_reason",
         "control_revision",
+        "rollout_timeouts",
         "reason",
     }
 )
@@ -168,6 +177,7 @@ class _State:
     failed_steps: list[int] = field(default_factory=list)
     safe_mode_reason: str | None = None
     control_revision: int = 0
+    rollout_timeouts: int = 0
 
 
 class PhaseMachine:
@@ -176,7 +186,9 @@ class PhaseMachine:
     ``name`` tells this machine's lines apart when several processes share one state log;
     ``run_dir`` is where the control file lives (None: no control file is consulted);
     ``clock`` is a monotonic clock in seconds for the phase deadlines; ``first_step`` is the
-    run's first training step (a failure there is a heavy fault).
+    run's first training step (a failure there is a heavy fault); ``reporter`` (optional) is
+    the process's heartbeat reporter, told about failed steps, rollout timeouts and failed
+    state-log appends.
     """
 
     def __init__(
@@ -188,7 +200,10 @@ class PhaseMachine:
         config: PhaseConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         first_step: int = 0,
+        reporter: HeartbeatReporter | None = None,
     ) -> None:
+        if reporter is not None and not isinstance(reporter, HeartbeatReporter):
+            raise PhaseError(f"reporter must be a HeartbeatReporter or None, got {reporter!r}")
         if not isinstance(name, str) or not name.strip():
             raise PhaseError(f"name must be a non-empty string, got {name!r}")
         if isinstance(first_step, bool) or not isinstance(first_step, int) or first_step < 0:
@@ -198,6 +213,7 @@ class PhaseMachine:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.config = config if config is not None else PhaseConfig()
         self.first_step = first_step
+        self.reporter = reporter
         self._clock = clock
         self._state = _State(step=first_step)
         self._entered_at = clock()
@@ -212,6 +228,7 @@ class PhaseMachine:
         config: PhaseConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         first_step: int = 0,
+        reporter: HeartbeatReporter | None = None,
     ) -> PhaseMachine:
         """A machine in the state its last logged transition recorded (INIT if none).
 
@@ -219,12 +236,19 @@ class PhaseMachine:
         A ``resume`` line is logged so the restart is visible in the state log.
         """
         machine = cls(
-            state_log, name=name, run_dir=run_dir, config=config, clock=clock, first_step=first_step
+            state_log,
+            name=name,
+            run_dir=run_dir,
+            config=config,
+            clock=clock,
+            first_step=first_step,
+            reporter=reporter,
         )
         last = last_state_record(state_log.path, match=lambda r: r.payload.get("machine") == name)
         if last is None:
             return machine
         machine._state = _state_from(last)
+        machine._report_totals()
         machine._log("resume", machine._state.phase, reason=None)
         logger.info("phase machine %s resumed in %s at step %d", name, machine.phase, machine.step)
         return machine
@@ -250,6 +274,11 @@ class PhaseMachine:
     def failed_steps(self) -> tuple[int, ...]:
         """Steps whose training failed and were skipped."""
         return tuple(self._state.failed_steps)
+
+    @property
+    def rollout_timeouts(self) -> int:
+        """How many rollouts timed out over the run (survives :meth:`resume`)."""
+        return self._state.rollout_timeouts
 
     @property
     def safe_mode_reason(self) -> str | None:
@@ -314,6 +343,8 @@ class PhaseMachine:
             elif event is Event.PREPARED:
                 new.attempt = 0
         elif event is Event.RETRY_ROLLOUT and phase in _RETRYABLE:
+            if info.get("timeout") is True:
+                new.rollout_timeouts += 1
             if state.attempt >= self.config.rollout_retry_times:
                 target = Phase.SAFE_MODE
                 reason = (
@@ -338,6 +369,10 @@ class PhaseMachine:
         self._log(event, target, reason=reason, info=info, new=new, old_phase=phase)
         self._state = new
         self._entered_at = self._clock()
+        if event is Event.TRAIN_STEP_FAILED:
+            self._report(lambda r: r.record_step_failure(new.failed_steps[-1]))
+        if new.rollout_timeouts > state.rollout_timeouts:
+            self._report(lambda r: r.record_rollout_timeout())
         if target is Phase.SAFE_MODE:
             logger.error("phase machine %s entered SAFE_MODE: %s", self.name, reason)
         return target
@@ -394,10 +429,36 @@ class PhaseMachine:
             failed_steps=list(state.failed_steps),
             safe_mode_reason=state.safe_mode_reason,
             control_revision=state.control_revision,
+            rollout_timeouts=state.rollout_timeouts,
         )
         if reason is not None:
             payload["reason"] = reason
-        return self.state_log.append(target.value, payload)
+        try:
+            return self.state_log.append(target.value, payload)
+        except StateLogWriteError:
+            # Storage trouble: the agent must hear of it even though the log cannot say so.
+            self._report(lambda r: r.record_state_log_error())
+            raise
+
+    def _report(self, call: Callable[[HeartbeatReporter], object]) -> None:
+        if self.reporter is None:
+            return
+        try:
+            call(self.reporter)
+        except HeartbeatError as exc:
+            # A heartbeat that cannot be written must not stop training; the agent sees its
+            # age grow instead.
+            logger.warning("phase machine %s: heartbeat report failed: %s", self.name, exc)
+
+    def _report_totals(self) -> None:
+        state = self._state
+        self._report(
+            lambda r: r.restore_fault_counts(
+                step_failures=len(state.failed_steps),
+                last_failed_step=state.failed_steps[-1] if state.failed_steps else None,
+                rollout_timeouts=state.rollout_timeouts,
+            )
+        )
 
 
 def _parse_event(event: object) -> Event:
@@ -420,6 +481,7 @@ def _state_from(record: StateRecord) -> _State:
             failed_steps=[int(s) for s in payload["failed_steps"]],
             safe_mode_reason=payload.get("safe_mode_reason"),
             control_revision=int(payload.get("control_revision", 0)),
+            rollout_timeouts=int(payload.get("rollout_timeouts", 0)),
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise PhaseError(f"cannot resume from state-log line {record!r}: {exc}") from exc

@@ -9,6 +9,13 @@ files into the job's golden metrics (see ``docs/metrics.md``).
 ``start_keepalive`` rewrites the file every ``interval`` from a background thread so that a long
 training step does not look like a dead process (``updated_at`` still tells how old the progress
 is). Every public method is thread-safe.
+
+Faults the training process sees itself are counted here too and written at once (they are
+rare and the policy engine acts on them): failed train steps (``record_step_failure``, with the
+step number), rollout batches that timed out (``record_rollout_timeout``), actor shards marked
+stale (``set_shard_stale``) and state-log appends that failed (``record_state_log_error``). A
+:class:`recovery.phases.PhaseMachine` given this reporter feeds the first, second and fourth
+itself. The counters are cumulative; ``restore_fault_counts`` carries them over a restart.
 """
 
 from __future__ import annotations
@@ -150,6 +157,11 @@ class HeartbeatReporter:
             "shard_rebuilds": [],
             "shard_rebuilds_total": 0,
             "state_log_write_latency_ms": None,
+            "train_step_failures_total": 0,
+            "train_last_failed_step": None,
+            "rollout_batch_timeouts_total": 0,
+            "stale_shards": [],
+            "state_log_write_errors_total": 0,
             "updated_at": clock(),
             "ts": None,
         }
@@ -241,6 +253,89 @@ class HeartbeatReporter:
         finally:
             self._lock.release()
 
+    def record_step_failure(self, step: int) -> bool:
+        """Count one failed train step (an OOM ...) at ``step`` and write the heartbeat at once."""
+        checked = _check_count("step", step)
+        if checked is None:
+            raise HeartbeatError("step must be an int >= 0, got None")
+        return self._bump_fault(train_step_failures_total=1, train_last_failed_step=checked)
+
+    def record_rollout_timeout(self) -> bool:
+        """Count one rollout batch that timed out and write the heartbeat at once."""
+        return self._bump_fault(rollout_batch_timeouts_total=1)
+
+    def record_state_log_error(self) -> bool:
+        """Count one state-log append that failed (storage not writable) and write at once.
+
+        The heartbeat file usually lives on the same storage: when it cannot be written either,
+        this raises :class:`HeartbeatError` and the agent sees the heartbeat age grow instead.
+        """
+        return self._bump_fault(state_log_write_errors_total=1)
+
+    def set_shard_stale(self, shard_id: str, stale: bool) -> bool:
+        """Mark actor shard ``shard_id`` stale (it gets no new rollouts) or live again.
+
+        Writes the heartbeat at once when the set of stale shards changed; returns whether it
+        wrote.
+        """
+        if not isinstance(shard_id, str) or not _ROLE_PATTERN.match(shard_id):
+            raise HeartbeatError(f"shard_id must be 1-64 of [A-Za-z0-9_.], got {shard_id!r}")
+        if not isinstance(stale, bool):
+            raise HeartbeatError(f"stale must be a bool, got {stale!r}")
+        self._acquire()
+        try:
+            shards = set(self._state["stale_shards"])
+            if (shard_id in shards) == stale:
+                return False
+            shards.symmetric_difference_update({shard_id})
+            self._state["stale_shards"] = sorted(shards)
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
+    def restore_fault_counts(
+        self,
+        *,
+        step_failures: int,
+        last_failed_step: int | None,
+        rollout_timeouts: int,
+    ) -> bool:
+        """Set the fault counters to totals kept elsewhere (a resumed phase machine's state).
+
+        Counters never go back: a total below the current one is ignored for that counter.
+        Writes the heartbeat at once when a value changed.
+        """
+        failures = _check_count("step_failures", step_failures)
+        timeouts = _check_count("rollout_timeouts", rollout_timeouts)
+        last = _check_count("last_failed_step", last_failed_step)
+        self._acquire()
+        try:
+            before = dict(self._state)
+            if failures is not None and failures > self._state["train_step_failures_total"]:
+                self._state["train_step_failures_total"] = failures
+                self._state["train_last_failed_step"] = last
+            if timeouts is not None and timeouts > self._state["rollout_batch_timeouts_total"]:
+                self._state["rollout_batch_timeouts_total"] = timeouts
+            if self._state == before:
+                return False
+            return self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
+    def _bump_fault(self, **changes: int) -> bool:
+        self._acquire()
+        try:
+            for key, value in changes.items():
+                if key.endswith("_total"):
+                    self._state[key] += value
+                else:
+                    self._state[key] = value
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
     def record_state_log_latency(self, latency_ms: float) -> bool:
         """Record the latency of the last state-log append; write if ``interval`` has passed."""
         return self.update(state_log_latency_ms=latency_ms)
@@ -301,6 +396,7 @@ class HeartbeatReporter:
         now = self._clock()
         doc = dict(self._state)
         doc["shard_rebuilds"] = [t for t in self._rebuilds if now - t <= SHARD_REBUILD_WINDOW_S]
+        doc["stale_shards"] = list(self._state["stale_shards"])
         doc["ts"] = now
         return doc
 

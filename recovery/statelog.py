@@ -30,6 +30,7 @@ __all__ = [
     "StateLogCorruptError",
     "StateLogError",
     "StateLogLockTimeout",
+    "StateLogWriteError",
     "StateRecord",
     "last_state_record",
     "read_state_log",
@@ -47,6 +48,11 @@ class StateLogError(RecoveryError):
 
 class StateLogCorruptError(StateLogError):
     """A complete line that is not the last one cannot be decoded."""
+
+
+class StateLogWriteError(StateLogError):
+    """The storage refused an append (write or fsync failed): the run directory may not be
+    writable. Counted in :attr:`StateLog.write_errors`."""
 
 
 class StateLogLockTimeout(StateLogError, RecoveryTimeout):
@@ -80,6 +86,8 @@ class StateLog:
         self.max_write_latency_ms: float | None = None
         #: Number of lines this handle appended.
         self.appends = 0
+        #: Number of appends the storage refused (:class:`StateLogWriteError`).
+        self.write_errors = 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             created = not self.path.exists()
@@ -99,7 +107,8 @@ class StateLog:
         """Append one line and return once it is durable; updates the latency figures.
 
         Raises :class:`StateLogError` (writing nothing) for an empty or multi-line state or a
-        payload that is not a JSON object.
+        payload that is not a JSON object, and :class:`StateLogWriteError` when the storage
+        refuses the write or the fsync.
         """
         if self._closed:
             raise StateLogError(f"state log {self.path} is closed")
@@ -115,11 +124,15 @@ class StateLog:
             if written != len(line):
                 # Never leave half a line behind for the next writer to append to.
                 os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
-                raise StateLogError(f"short write to {self.path}: {written} of {len(line)} bytes")
+                self.write_errors += 1
+                raise StateLogWriteError(
+                    f"short write to {self.path}: {written} of {len(line)} bytes"
+                )
             if self._sync:
                 os.fdatasync(self._fd)
         except OSError as exc:
-            raise StateLogError(f"cannot append to state log {self.path}: {exc}") from exc
+            self.write_errors += 1
+            raise StateLogWriteError(f"cannot append to state log {self.path}: {exc}") from exc
         finally:
             self._lock.release()
         latency_ms = (time.perf_counter() - started) * 1000.0

@@ -61,6 +61,12 @@ class Heartbeat:
     shard_rebuilds: tuple[float, ...]
     shard_rebuilds_total: int | None
     state_log_write_latency_ms: float | None
+    # Faults the participant reports itself (None: a heartbeat without the field).
+    train_step_failures_total: int | None = None
+    train_last_failed_step: int | None = None
+    rollout_batch_timeouts_total: int | None = None
+    stale_shards: tuple[str, ...] | None = None
+    state_log_write_errors_total: int | None = None
 
 
 def _number(doc: dict[str, Any], key: str) -> float | None:
@@ -116,6 +122,14 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
         isinstance(t, int | float) and not isinstance(t, bool) for t in rebuilds
     ):
         raise HeartbeatInvalid(f"field 'shard_rebuilds' is not a list of timestamps: {rebuilds!r}")
+    stale = doc.get("stale_shards")
+    if stale is not None and (
+        not isinstance(stale, list) or not all(isinstance(s, str) and s for s in stale)
+    ):
+        raise HeartbeatInvalid(f"field 'stale_shards' is not a list of shard ids: {stale!r}")
+    last_failed = _count(doc, "train_last_failed_step")
+    if last_failed is not None and last_failed > _MAX_STEP:
+        raise HeartbeatInvalid(f"field 'train_last_failed_step' is above 2**62: {last_failed!r}")
     return Heartbeat(
         job=job if isinstance(job, str) and job else default_job,
         role=role,
@@ -130,6 +144,11 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
         shard_rebuilds=tuple(float(t) for t in rebuilds),
         shard_rebuilds_total=_count(doc, "shard_rebuilds_total"),
         state_log_write_latency_ms=_number(doc, "state_log_write_latency_ms"),
+        train_step_failures_total=_count(doc, "train_step_failures_total"),
+        train_last_failed_step=last_failed,
+        rollout_batch_timeouts_total=_count(doc, "rollout_batch_timeouts_total"),
+        stale_shards=tuple(stale) if stale is not None else None,
+        state_log_write_errors_total=_count(doc, "state_log_write_errors_total"),
     )
 
 
@@ -324,6 +343,16 @@ class JobCollector:
             add("actor_shard_rebuild_count_5m", recent)
         if hb.state_log_write_latency_ms is not None:
             add("state_log_write_latency_ms", hb.state_log_write_latency_ms)
+        for name, value in (
+            ("train_step_failures_total", hb.train_step_failures_total),
+            ("train_last_failed_step", hb.train_last_failed_step),
+            ("rollout_batch_timeouts_total", hb.rollout_batch_timeouts_total),
+            ("state_log_write_errors_total", hb.state_log_write_errors_total),
+        ):
+            if value is not None:
+                add(name, value)
+        if hb.stale_shards is not None:
+            add("actor_shard_stale", 1 if hb.stale_shards else 0)
         if hb.tokens_generated is not None:
             add("rollout_tokens_generated_total", hb.tokens_generated)
             key = (hb.job, hb.role, hb.rank)

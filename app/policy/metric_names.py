@@ -17,8 +17,9 @@ TRAIN_STEP = "train_step"
 PARTICIPANT_HEARTBEAT_AGE_SECONDS = "participant_heartbeat_age_seconds"
 JOB_SAFE_MODE = "job_safe_mode"
 
-# Step-level failure signals. NOT in docs/metrics.md yet (the agent does not derive them from
-# the state log so far); Alertmanager or a future agent version can send them under these names.
+# Faults the job reports itself (labels job, role, rank): heartbeat fields written by
+# recovery.report.HeartbeatReporter (a PhaseMachine given the reporter feeds them), sent by the
+# agent as listed in docs/metrics.md.
 TRAIN_STEP_FAILURES_TOTAL = "train_step_failures_total"  # counter: failed train steps (OOM ...)
 TRAIN_LAST_FAILED_STEP = "train_last_failed_step"  # gauge: the step number of the newest failure
 ROLLOUT_BATCH_TIMEOUTS_TOTAL = "rollout_batch_timeouts_total"  # counter

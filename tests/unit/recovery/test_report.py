@@ -47,6 +47,11 @@ def test_first_update_writes_the_documented_fields(tmp_path: Path) -> None:
         "shard_rebuilds": [],
         "shard_rebuilds_total": 0,
         "state_log_write_latency_ms": None,
+        "train_step_failures_total": 0,
+        "train_last_failed_step": None,
+        "rollout_batch_timeouts_total": 0,
+        "stale_shards": [],
+        "state_log_write_errors_total": 0,
         "updated_at": 1000.0,
         "ts": 1000.0,
     }
