@@ -17,7 +17,7 @@ from sqlmodel import Session, col, func, select
 
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentStatus
-from app.models.incident_public import FaultSignalPublic, IncidentDetail
+from app.models.incident_public import IncidentDetail
 from app.services import incidents as incidents_service
 from app.services.dashboard.charts import ChartSpec, Threshold, aligned_chart, golden_bands
 from app.services.dashboard.health import TIER_LEVEL
@@ -191,7 +191,6 @@ class IncidentPage:
     level: str
     evidence: ChartSpec | None
     evidence_data: dict[str, Any]
-    signal_charts: list[tuple[FaultSignalPublic, ChartSpec | None]]
     timeline: list[TimelineEntry]
 
     @property
@@ -269,8 +268,5 @@ def incident_page(
         level=tier_level(detail.tier),
         evidence=evidence,
         evidence_data=data,
-        signal_charts=[
-            (sig, evidence_chart(evidence_of(sig.evidence))) for sig in detail.signals[-3:]
-        ],
         timeline=timeline_entries(detail.timeline),
     )
