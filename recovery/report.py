@@ -16,6 +16,9 @@ step number), rollout batches that timed out (``record_rollout_timeout``), actor
 stale (``set_shard_stale``) and state-log appends that failed (``record_state_log_error``). A
 :class:`recovery.phases.PhaseMachine` given this reporter feeds the first, second and fourth
 itself. The counters are cumulative; ``restore_fault_counts`` carries them over a restart.
+
+``record_checkpoint`` publishes the version vector (training_step, inference_version) of the
+last checkpoint that committed, so the operator sees how far back a restore would go.
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ class HeartbeatReporter:
             "rollout_batch_timeouts_total": 0,
             "stale_shards": [],
             "state_log_write_errors_total": 0,
+            "checkpoint_step": None,
+            "checkpoint_inference_version": None,
             "updated_at": clock(),
             "ts": None,
         }
@@ -319,6 +324,35 @@ class HeartbeatReporter:
                 self._state["rollout_batch_timeouts_total"] = timeouts
             if self._state == before:
                 return False
+            return self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
+    def record_checkpoint(self, step: int, inference_version: int) -> bool:
+        """Publish the version vector of the checkpoint that just committed; write at once.
+
+        ``step`` is its training step and ``inference_version`` the weight version the rollouts
+        had when it was taken. Commits are rare and an operator deciding on a restore needs the
+        newest one, so the interval does not hold this back. A vector older than the one already
+        published (a late duplicate) is ignored and returns False.
+        """
+        checked_step = _check_count("step", step)
+        checked_version = _check_count("inference_version", inference_version)
+        if checked_step is None or checked_version is None:
+            raise HeartbeatError(
+                f"step and inference_version must be ints >= 0, got {step!r}, {inference_version!r}"
+            )
+        self._acquire()
+        try:
+            current = self._state["checkpoint_step"]
+            if current is not None and (current, self._state["checkpoint_inference_version"]) > (
+                checked_step,
+                checked_version,
+            ):
+                return False
+            self._state["checkpoint_step"] = checked_step
+            self._state["checkpoint_inference_version"] = checked_version
+            self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
         finally:
             self._lock.release()
