@@ -1,0 +1,234 @@
+"""Where the hot series window lives: in this process only, or shared through Redis.
+
+The policy engine, the dashboard and ``/metrics`` always read the in-process
+:class:`~app.services.series_store.SeriesStore`. What differs is how samples get there:
+
+* ``LocalSeriesBackend`` (the embedded default): ingest appends to the store and that is all.
+* ``RedisSeriesBackend`` (``RLGUARD_SERIES__SHARED_WINDOW=true`` with ``RLGUARD_REDIS_URL``):
+  every ingest group is also appended, in one pipelined round trip, to a Redis stream (the shared
+  window, trimmed to ``window_seconds``), and the participants' latest heartbeats to a hash. Every
+  replica follows the stream and applies the other replicas' entries to its own store, so any
+  replica can take any agent's batch, and the replica holding the scheduler lease evaluates
+  policy over all of them. A replica that starts (or a new lease holder) reads the whole retained
+  stream first, i.e. the last ``window_seconds`` of every series.
+
+The keys carry a prefix derived from the database URL: replicas of one deployment (one database)
+share a window, and anything else on the same Redis never mixes with it.
+
+Ingest acknowledges a batch only after its group is both committed to the database and appended
+to the stream (see ``IngestService``), so an acknowledged sample is visible to the lease holder
+on its next follow, whichever replica took it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import redis
+
+from app.services.series_store import SeriesKey, SeriesStore
+
+log = logging.getLogger("rlguard.series.redis")
+
+Sample = tuple[SeriesKey, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class SharedParticipant:
+    """A participant's latest heartbeat as any replica saw it."""
+
+    job: str
+    role: str
+    rank: int
+    node: str
+    phase: str
+    step: int
+    ts: float
+
+
+class SeriesBackend(Protocol):
+    """What ingest and the server need from a window backend."""
+
+    shared: bool
+
+    def publish(self, samples: list[Sample], participants: list[SharedParticipant]) -> None:
+        """Make one commit group's samples visible to every replica (blocking; may raise)."""
+
+    def start(self, store: SeriesStore) -> None:
+        """Begin applying other replicas' samples to ``store``."""
+
+    def stop(self) -> None: ...
+
+    def participants(self) -> list[SharedParticipant]:
+        """Every participant's latest heartbeat known to the deployment."""
+
+
+class LocalSeriesBackend:
+    """The single-process window: nothing to share."""
+
+    shared = False
+
+    def publish(self, samples: list[Sample], participants: list[SharedParticipant]) -> None:
+        return None
+
+    def start(self, store: SeriesStore) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def participants(self) -> list[SharedParticipant]:
+        return []
+
+
+def key_prefix(database_url: str) -> str:
+    digest = hashlib.sha256(database_url.encode()).hexdigest()[:16]
+    return f"rlguard:{digest}"
+
+
+def _encode(samples: list[Sample]) -> bytes:
+    return orjson.dumps([[k.node, k.name, k.labels, ts, v] for k, ts, v in samples])
+
+
+def _decode(data: bytes) -> list[Sample]:
+    out: list[Sample] = []
+    for node, name, labels, ts, value in orjson.loads(data):
+        out.append((SeriesKey(node, name, tuple((a, b) for a, b in labels)), ts, value))
+    return out
+
+
+class RedisSeriesBackend:
+    """The shared window: a Redis stream of commit groups plus a hash of participants."""
+
+    shared = True
+
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        database_url: str,
+        window_seconds: float,
+        follow_interval: float = 0.5,
+        timeout: float = 3.0,
+        replica_id: str | None = None,
+    ) -> None:
+        if window_seconds <= 0 or follow_interval <= 0 or timeout <= 0:
+            raise ValueError("window_seconds, follow_interval and timeout must be positive")
+        self.prefix = key_prefix(database_url)
+        self.stream = f"{self.prefix}:series"
+        self.heartbeats = f"{self.prefix}:participants"
+        self.window_seconds = window_seconds
+        self.follow_interval = follow_interval
+        self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self._redis: Any = redis.Redis.from_url(
+            redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        self._last_id = b"0-0"
+        self._participants: dict[tuple[str, str, int], SharedParticipant] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: SeriesStore | None = None
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def publish(self, samples: list[Sample], participants: list[SharedParticipant]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        if samples:
+            pipe.xadd(self.stream, {"r": self.replica_id, "d": _encode(samples)})
+            # Stream ids are milliseconds: everything older than the window goes.
+            horizon_ms = int((time.time() - self.window_seconds) * 1000)
+            pipe.xtrim(self.stream, minid=f"{horizon_ms}-0", approximate=True)
+        if participants:
+            pipe.hset(
+                self.heartbeats,
+                mapping={
+                    f"{p.job}\x1f{p.role}\x1f{p.rank}": orjson.dumps(
+                        [p.node, p.phase, p.step, p.ts]
+                    )
+                    for p in participants
+                },
+            )
+        if samples or participants:
+            pipe.execute()
+
+    # -- following ---------------------------------------------------------------------------
+
+    def follow_once(self, store: SeriesStore) -> int:
+        """Apply other replicas' entries added since the last call; returns samples applied."""
+        applied = 0
+        while True:
+            batch = self._redis.xread({self.stream: self._last_id}, count=1000)
+            if not batch:
+                break
+            entries = batch[0][1]
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                if fields.get(b"r", b"").decode() == self.replica_id:
+                    continue  # this replica's own group is already in its store
+                applied += store.extend(_decode(fields[b"d"]))
+            if len(entries) < 1000:
+                break
+        raw = self._redis.hgetall(self.heartbeats)
+        fresh: dict[tuple[str, str, int], SharedParticipant] = {}
+        for k, v in raw.items():
+            job, role, rank = k.decode().split("\x1f")
+            node, phase, step, ts = orjson.loads(v)
+            fresh[(job, role, int(rank))] = SharedParticipant(
+                job, role, int(rank), node, phase, int(step), float(ts)
+            )
+        with self._lock:
+            self._participants = fresh
+        return applied
+
+    def _follow_loop(self) -> None:
+        assert self._store is not None
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.follow_once(self._store)
+                if failing:
+                    log.warning("shared series window reachable again")
+                failing = False
+            except redis.RedisError as exc:
+                # Ingest answers 503 while Redis is away (it cannot publish); following just
+                # catches up from the last entry it applied once Redis is back.
+                if not failing:
+                    log.error("shared series window unreachable: %s", exc)
+                failing = True
+            self._stop.wait(self.follow_interval)
+
+    def start(self, store: SeriesStore) -> None:
+        self._store = store
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._follow_loop, name="rlguard-series-follow", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._redis.close()
+
+    def participants(self) -> list[SharedParticipant]:
+        with self._lock:
+            return list(self._participants.values())
+
+
+def participants_of(batch_participants: Iterable[Any], node: str) -> list[SharedParticipant]:
+    return [
+        SharedParticipant(p.job, p.role, p.rank, node, p.phase, p.step, p.ts)
+        for p in batch_participants
+    ]
