@@ -26,8 +26,14 @@ batch stays in memory and marked, the committer keeps retrying, and the agent's 
 "duplicate" once the commit finally succeeds. The in-memory window of samples itself is volatile by
 design (it is a cache for the policy engine; ``MetricRollup`` keeps history).
 
-The server must run as ONE process per database for this (the windows live in its memory); the
-policy engine reads the same in-process store (``app.state.series_store``).
+Alone, this holds for ONE process per database (the windows live in its memory). With a shared
+window (``app.services.series_backend``, several replicas), two more steps make it hold across
+replicas: a new batch must also win an atomic claim in Redis (``app.services.redis_dedupe``), and
+a commit group is appended to the shared Redis stream after its database commit and before any
+of its requests is answered. A delivery another replica claimed is answered "duplicate" only once
+the database holds its seq (else 503, retry); a claim whose replica died before committing is
+taken over after ``STEAL_CLAIM_AFTER_S``. The policy engine reads the in-process store
+(``app.state.series_store``), which the shared backend keeps filled with every replica's samples.
 """
 
 from __future__ import annotations
@@ -54,12 +60,23 @@ from app.services.ingest_persist import (
     write_ingest_group,
 )
 from app.services.ingest_validation import BatchValidator, IngestRejected, ValidBatch
+from app.services.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
+from app.services.series_backend import (
+    LocalSeriesBackend,
+    Sample,
+    SeriesBackend,
+    SharedParticipant,
+    participants_of,
+)
 from app.services.series_store import SeriesStore
 
 log = logging.getLogger("rlguard.ingest")
 
 _RETRY_MIN_S = 0.2
 _RETRY_MAX_S = 5.0
+# A Redis claim older than this whose seq the database does not hold belongs to a replica that
+# died (or answered 503) before committing; another replica may take the batch over.
+STEAL_CLAIM_AFTER_S = 30.0
 
 
 @dataclass(slots=True)
@@ -98,8 +115,14 @@ class IngestService:
         limits: IngestLimits,
         metrics: ServerMetrics,
         clock: Callable[[], float] = time.time,
+        backend: SeriesBackend | None = None,
+        dedupe: RedisDedupe | None = None,
     ) -> None:
         self.engine = engine
+        self.backend: SeriesBackend = backend or LocalSeriesBackend()
+        self.dedupe = dedupe
+        self._pending_samples: list[Sample] = []
+        self._pending_shared: list[SharedParticipant] = []
         self.store = store
         self.limits = limits
         self.metrics = metrics
@@ -119,6 +142,8 @@ class IngestService:
         forget_before = utcnow() - timedelta(days=self.limits.cursor_retention_days)
         windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
+        if self.dedupe is not None:
+            await self.dedupe.ensure_epoch()
         self._task = asyncio.create_task(self._commit_loop(), name="rlguard-ingest-committer")
         self._task.add_done_callback(self._committer_done)
         log.info("ingest started", extra={"agents": len(self._agents)})
@@ -163,18 +188,60 @@ class IngestService:
         state = self._agents.get(key)
         if state is None:
             state = self._agents[key] = _AgentState(window=DedupeWindow())
+        if self.dedupe is not None and not state.window.seen(batch.seq):
+            if not await self._claim_shared(batch, state):
+                m.ingest_batches.labels(result="duplicate").inc()
+                return IngestResult(accepted=0, duplicate=True)
         if not state.window.mark(batch.seq):
             m.ingest_batches.labels(result="duplicate").inc()
             await self._wait_durable(key, state, state.version)
             return IngestResult(accepted=0, duplicate=True)
         # From here to the end of _queue there is no await: store, window and queue move together.
         stored = self.store.extend(batch.samples)
+        if self.backend.shared:
+            self._pending_samples.extend(batch.samples)
+            self._pending_shared.extend(participants_of(batch.participants, batch.node))
         state.version += 1
         self._queue(batch, state)
         m.ingest_batches.labels(result="accepted").inc()
         m.ingest_samples.inc(stored)
         await self._wait_durable(key, state, state.version)
         return IngestResult(accepted=stored, duplicate=False)
+
+    async def _claim_shared(self, batch: ValidBatch, state: _AgentState) -> bool:
+        """True when this replica may apply the batch; False: another replica applied it (and
+        the database holds it). Raises Unavailable while that is not yet known."""
+        assert self.dedupe is not None
+        claimed = await self.dedupe.claim(batch.node, batch.agent_id, batch.seq)
+        if claimed == NEEDS_RELOAD:
+            # Redis lost its claims: merge what the database holds (every acknowledged batch of
+            # every replica) into the local windows, then claim under the new epoch.
+            fresh = await asyncio.to_thread(load_cursors, self.engine)
+            for k, window in fresh.items():
+                known = self._agents.get(k)
+                if known is None:
+                    self._agents[k] = _AgentState(window=window)
+                else:
+                    known.window = merge_windows(known.window, window)
+            await self.dedupe.ensure_epoch()
+            state = self._agents[(batch.node, batch.agent_id)]
+            if state.window.seen(batch.seq):
+                return False
+            claimed = await self.dedupe.claim(batch.node, batch.agent_id, batch.seq)
+        if claimed == 1:
+            return True
+        durable = await asyncio.to_thread(load_cursor, self.engine, batch.node, batch.agent_id)
+        if durable is not None and durable.seen(batch.seq):
+            return False
+        if await self.dedupe.claim(
+            batch.node, batch.agent_id, batch.seq, steal_older_than=STEAL_CLAIM_AFTER_S
+        ) == 1:
+            log.warning("took over a stale ingest claim", extra={"node": batch.node})
+            return True
+        raise Unavailable(
+            f"batch seq {batch.seq} of agent {batch.agent_id!r} is being applied by another "
+            "server replica; retry the same seq"
+        )
 
     def _queue(self, batch: ValidBatch, state: _AgentState) -> None:
         key = (batch.node, batch.agent_id)
@@ -231,14 +298,18 @@ class IngestService:
             group, versions = self._pending, self._pending_versions
             batches, self._pending_batches = self._pending_batches, 0
             self._pending, self._pending_versions = IngestGroup(), {}
+            samples, shared = self._pending_samples, self._pending_shared
+            self._pending_samples, self._pending_shared = [], []
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(write_ingest_group, self.engine, group)
+                await asyncio.to_thread(self._commit, group, samples, shared)
             except Exception:
                 # Keep the group (newer state wins) and retry; waiters time out with 503.
                 log.exception("ingest commit failed; retrying in %.1f s", backoff)
                 self.metrics.ingest_commit_failures.inc()
                 self._pending.absorb_older(group)
+                self._pending_samples[:0] = samples
+                self._pending_shared[:0] = shared
                 for k, v in versions.items():
                     self._pending_versions.setdefault(k, v)
                 self._pending_batches += batches
@@ -263,11 +334,25 @@ class IngestService:
                         still.append((want, fut))
                 state.waiters = still
 
+    def _commit(
+        self, group: IngestGroup, samples: list[Sample], shared: list[SharedParticipant]
+    ) -> None:
+        write_ingest_group(self.engine, group)
+        # After the database: a retry after a failed publish rewrites the same (idempotent)
+        # upserts, and never appends the samples to the shared stream twice.
+        self.backend.publish(samples, shared)
+
     # -- read side ----------------------------------------------------------------------------
 
     def participants(self) -> list[ParticipantState]:
-        """Latest reported state of every participant seen since the server started."""
-        return list(self._participants.values())
+        """Latest reported state of every participant (of every replica with a shared window)."""
+        merged = dict(self._participants)
+        for p in self.backend.participants():
+            key = (p.job, p.role, p.rank)
+            mine = merged.get(key)
+            if mine is None or mine.ts < p.ts:
+                merged[key] = ParticipantState(p.job, p.role, p.rank, p.node, p.phase, p.step, p.ts)
+        return list(merged.values())
 
     def agents(self) -> int:
         return len(self._agents)

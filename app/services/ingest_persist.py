@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from app.models import IngestCursor, Job, Node, Participant, from_epoch, utcnow
-from app.services.ingest_dedupe import DedupeWindow
+from app.services.ingest_dedupe import WINDOW, DedupeWindow
 
 
 @dataclass(slots=True)
@@ -71,6 +71,15 @@ def fingerprint_hash(fp: dict[str, str]) -> str:
     return hashlib.sha256(orjson.dumps(fp, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+_WINDOW_BITS = (1 << WINDOW) - 1
+
+
+def _shifted(mask: Any, by: Any) -> Any:
+    """``mask << by`` in SQL, 0 once every bit is shifted out (the window is 63 bits)."""
+    small = sa.cast(sa.case((by >= WINDOW, WINDOW), else_=by), sa.Integer)
+    return sa.case((by >= WINDOW, sa.literal(0, sa.BigInteger)), else_=mask.op("<<")(small))
+
+
 class _Statements:
     """The group commit's statements, built once per dialect (building and cache-keying a
     statement costs more than executing it for a small group)."""
@@ -105,12 +114,21 @@ class _Statements:
                 for c in ("node_name", "phase", "step", "last_heartbeat_at", "updated_at")
             },
         )
-        cur_i = insert(IngestCursor.__table__)  # type: ignore[attr-defined]
+        cur_t = IngestCursor.__table__  # type: ignore[attr-defined]
+        cur_i = insert(cur_t)
+        # Merge, never overwrite: with several server replicas each writes its own view of an
+        # agent's window, and the row must end up holding every seq any of them committed.
+        old_h, new_h = cur_t.c.high_seq, cur_i.excluded.high_seq
+        old_m, new_m = cur_t.c.window_mask, cur_i.excluded.window_mask
+        greatest = sa.func.greatest if dialect == "postgresql" else sa.func.max
         self.cursors = cur_i.on_conflict_do_update(
             index_elements=["node_name", "agent_id"],
             set_={
-                "high_seq": cur_i.excluded.high_seq,
-                "window_mask": cur_i.excluded.window_mask,
+                "high_seq": greatest(old_h, new_h),
+                "window_mask": sa.case(
+                    (new_h >= old_h, new_m.op("|")(_shifted(old_m, new_h - old_h))),
+                    else_=old_m.op("|")(_shifted(new_m, old_h - new_h)),
+                ).op("&")(_WINDOW_BITS),
                 "updated_at": cur_i.excluded.updated_at,
             },
         )
