@@ -55,8 +55,15 @@ from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeader
 from app.metrics import build_registry
 from app.services.errors import ServiceError
 from app.services.ingest import IngestService
+from app.services.redis_dedupe import RedisDedupe
 from app.services.rollups import RollupWriter
 from app.services.scheduler import policy_lifespan
+from app.services.series_backend import (
+    LocalSeriesBackend,
+    RedisSeriesBackend,
+    SeriesBackend,
+    key_prefix,
+)
 from app.services.series_store import SeriesStore
 from app.services.tokens import NodeTokenCache
 from app.views import mount_dashboard
@@ -72,6 +79,7 @@ def create_app(
 ) -> FastAPI:
     settings = settings or get_settings()
     settings.check_secret()
+    settings.check_shared_window()
     hooks = list(EXTRA_LIFESPANS if extra_lifespans is None else extra_lifespans)
 
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
@@ -79,13 +87,20 @@ def create_app(
         window_seconds=settings.series.window_seconds, max_points=settings.series.max_points
     )
     registry, metrics = build_registry(store, settings.series.export_labels)
+    backend, dedupe = _window_backend(settings)
     ingest_service = IngestService(
-        engine=engine, store=store, limits=settings.ingest, metrics=metrics
+        engine=engine,
+        store=store,
+        limits=settings.ingest,
+        metrics=metrics,
+        backend=backend,
+        dedupe=dedupe,
     )
     rollups = RollupWriter(engine=engine, store=store, settings=settings.series, metrics=metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend.start(store)
         await ingest_service.start()
         rollups.start()
         try:
@@ -97,6 +112,9 @@ def create_app(
         finally:
             await rollups.stop()
             await ingest_service.stop()
+            backend.stop()
+            if dedupe is not None:
+                await dedupe.close()
             engine.dispose()
 
     app = FastAPI(
@@ -149,6 +167,26 @@ def create_app(
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _document_ingest_body(app, ingest_service)
     return app
+
+
+def _window_backend(settings: Settings) -> tuple[SeriesBackend, RedisDedupe | None]:
+    """In-process window (default), or shared through Redis between replicas."""
+    if not settings.series.shared_window:
+        return LocalSeriesBackend(), None
+    assert settings.redis_url is not None  # check_shared_window
+    backend = RedisSeriesBackend(
+        redis_url=settings.redis_url,
+        database_url=settings.db_url,
+        window_seconds=settings.series.window_seconds,
+        follow_interval=settings.series.shared_follow_interval_seconds,
+    )
+    dedupe = RedisDedupe(
+        redis_url=settings.redis_url,
+        prefix=key_prefix(settings.db_url),
+        ttl_seconds=int(settings.ingest.cursor_retention_days * 86400),
+        timeout=settings.ingest.commit_timeout_seconds / 2,
+    )
+    return backend, dedupe
 
 
 def _add_hardening(app: FastAPI, settings: Settings) -> None:

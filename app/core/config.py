@@ -98,6 +98,10 @@ class SeriesSettings(BaseModel):
     rollup_retention_days: Annotated[float, Field(gt=0)] = 30.0
     # Labels kept on the exported /metrics series (node is always kept); see app/metrics.py.
     export_labels: list[str] = ["gpu", "job", "role"]
+    # Share the window and participant heartbeats between server replicas through Redis
+    # (RLGUARD_REDIS_URL), so that any replica can take ingest: app/services/series_backend.py.
+    shared_window: bool = False
+    shared_follow_interval_seconds: Annotated[float, Field(gt=0)] = 0.5
 
 
 class HardeningSettings(BaseModel):
@@ -167,6 +171,13 @@ class Settings(BaseSettings):
     @property
     def secret_file(self) -> Path:
         return self.data_dir / SECRET_FILE_NAME
+
+    def check_shared_window(self) -> None:
+        if self.series.shared_window and not self.redis_url:
+            raise ConfigError(
+                "RLGUARD_SERIES__SHARED_WINDOW=true needs RLGUARD_REDIS_URL (the shared window "
+                "lives in Redis)"
+            )
 
     def check_secret(self) -> None:
         """Refuse the public default secret unless dev mode is on."""
