@@ -209,6 +209,39 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
+def _ingest_counts(server: ServerProcess) -> tuple[float, float]:
+    """(batches applied to the store, batches committed) since the server process started."""
+    accepted = committed = None
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith('rlguard_ingest_batches_total{result="accepted"} '):
+            accepted = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("rlguard_ingest_commit_group_batches_sum "):
+            committed = float(line.rsplit(" ", 1)[1])
+    if accepted is None or committed is None:  # renamed metrics must not make this vacuous
+        pytest.fail(f"/metrics lacks the ingest batch counters: {accepted=} {committed=}")
+    return accepted, committed
+
+
+def committed_points(server: ServerProcess, timeout: float = 30.0) -> set[tuple[str, str, float]]:
+    """``points(server.series())`` once every batch in the store is committed (acknowledged).
+
+    A batch is in the store before its group commit ends, and only a committed one is
+    acknowledged: counting one still in flight would count a sample the server never
+    acknowledged (and that the agent sends again). The read is taken between two identical
+    "applied = committed" readings, so no batch was applied in between.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = _ingest_counts(server)
+        if before[0] == before[1]:
+            held = points(server.series())
+            if _ingest_counts(server) == before:
+                return held
+        time.sleep(0.1)
+    pytest.fail(f"ingest did not settle within {timeout} s: {_ingest_counts(server)}")
+
+
 def points(series: list[dict[str, Any]]) -> set[tuple[str, str, float]]:
     """(name, labels, ts) of every point; asserts no point appears twice within the list."""
     out: set[tuple[str, str, float]] = set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import time
 from pathlib import Path
 
 import orjson
@@ -13,7 +12,7 @@ import pytest
 
 from recovery.report import HeartbeatReporter
 
-from .conftest import AgentProcess, ServerProcess, points, wait_for
+from .conftest import AgentProcess, ServerProcess, committed_points, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -60,8 +59,7 @@ def test_agent_kill_9_keeps_its_spool_and_the_next_start_delivers_it(
         "the old spool to be delivered",
     )
     second.terminate()
-    time.sleep(1.0)
-    held = points(server.series())  # also asserts that nothing is held twice
+    held = committed_points(server)  # also asserts that nothing is held twice
     missing = on_disk - held
     assert not missing, f"{len(missing)} spooled samples never arrived"
 

@@ -12,7 +12,7 @@ import pytest
 
 from recovery.report import HeartbeatReporter
 
-from .conftest import RLGUARD, AgentProcess, ServerProcess, points, wait_for
+from .conftest import RLGUARD, AgentProcess, ServerProcess, committed_points, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -90,8 +90,7 @@ def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
         agent.signal(signal.SIGSTOP)
         # An in-flight batch is in the store before its commit; reading it before the commit ends
         # would count a sample the server never acknowledged (and B applies again).
-        time.sleep(2.0)
-        before = points(server.series())
+        before = committed_points(server)
         assert before, "nothing arrived before the kill"
         assert not (before & held), "a sample is held by two server lifetimes"
         held |= before
@@ -101,8 +100,7 @@ def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
         server.start()
     wait_for(lambda: agent.status()["spool_batches"] <= 1, 60, "the spool to drain after restart")
     agent.terminate()
-    time.sleep(1.0)  # group commit of the last delivery
-    after = points(server.series())
+    after = committed_points(server)
     assert not (after & held), "a sample was applied twice"
     held |= after
     status = agent.status()
@@ -142,10 +140,9 @@ def test_spool_limit_drop_count_equals_what_is_missing(
     server.start()
     wait_for(lambda: agent.status()["spool_batches"] <= 1, 60, "the spool to drain")
     agent.terminate()
-    time.sleep(1.0)
-    status = agent.status()
+    held = committed_points(server)
     series = server.series()
-    held = points(series)
+    status = agent.status()
     dropped = status["dropped"]["spool_full"]
     assert dropped > 0 and status["dropped"]["rejected"] == 0
     assert len(held) + dropped + status["spool_samples"] == status["produced_samples"], status

@@ -122,7 +122,7 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
     f.participant("n1", "rollout", 0, phase="ROLLOUT")
     f.set("n0", "state_log_write_errors_total", 0, job=JOB, role="trainer", rank="0")
     f.start()
-    time.sleep(2)
+    stack.wait_baselines()  # the detectors saw the counter at its baseline
     f.set(
         "n0", "state_log_write_errors_total", 3, job=JOB, role="trainer", rank="0"
     )  # storage: heavy

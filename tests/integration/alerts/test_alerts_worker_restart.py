@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -123,6 +124,25 @@ def wait(pred: Callable[[], object], timeout: float, what: str, rig: Rig) -> Non
     pytest.fail(f"timed out waiting for {what}\n{logs}")
 
 
+def broker_drained(rig: Rig) -> bool:
+    """No task waits in the cluster queue and none is taken but unacknowledged (acks_late: a
+    task is acknowledged once it finished), in two readings a moment apart (a message is
+    briefly in neither place while the worker takes it)."""
+    client = redis.Redis.from_url(rig.env["RLGUARD_REDIS_URL"], socket_timeout=5)
+    try:
+        for attempt in range(2):
+            if attempt:
+                time.sleep(0.3)
+            queued = sum(
+                client.llen(k) for k in client.scan_iter("cluster*") if client.type(k) == b"list"
+            )
+            if queued or client.hlen("unacked"):
+                return False
+        return True
+    finally:
+        client.close()
+
+
 def queue(rig: Rig) -> list[int]:
     with Session(rig.engine) as session:
         ids = queue_events(session, events=[event(occurred_at=T0)], config=rig.config, now=utcnow())
@@ -145,16 +165,16 @@ def test_repeats_after_a_worker_restart_send_nothing_twice(
         "three sends",
         rig,
     )
+    wait(lambda: broker_drained(rig), 60, "the first worker to acknowledge its tasks", rig)
     rig.kill(first)
     rig.start_worker()
     assert queue(rig) == []  # the same event again: the unique dedupe key refuses it
     for i in ids:  # what a broker redelivery would do, twice over
         rig.enqueue(i)
         rig.enqueue(i)
-    wait(lambda: all(r.task_runs == 1 for r in rig.rows()), 5, "rows untouched", rig)
-    probe = rig.rows()[0].id
-    rig.enqueue(probe)  # the worker is alive and consuming: this one runs after the repeats
-    time.sleep(3)
+    # Every repeat was taken and finished by the new worker (a fixed sleep could end before
+    # the new worker even consumes, and the asserts below would then prove nothing).
+    wait(lambda: broker_drained(rig), 60, "the repeats to be consumed", rig)
     assert len(server.requests) == 3
     assert [(r.state, r.attempts, r.task_runs) for r in rig.rows()] == [("sent", 1, 1)] * 3
 

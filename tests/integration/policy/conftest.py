@@ -265,6 +265,35 @@ class Stack:
                 return self.get(f"/api/v1/incidents/{inc['id']}", self.viewer)
         return None
 
+    def wait_baselines(self, span: float = 2.0, timeout: float = 30) -> None:
+        """Wait until the server holds every series the feeder sends, over ``span`` seconds.
+
+        A counter's first value is only a baseline to the detectors: a rise sent before a
+        policy tick (every 0.5 s) has seen the baseline is no rise at all. Sleeping a fixed
+        time after starting the feeder does not guarantee that on a loaded machine (the first
+        batches can arrive late); what the server holds does.
+        """
+
+        def spans() -> dict[tuple[str, str, str], float]:
+            out = {}
+            for node in list(self.feeder.nodes):
+                r = self.http.get("/api/v1/series", params={"node": node, "since": 0, "limit": 1000},
+                                  headers=self.auth(self.viewer))
+                assert r.status_code == 200, r.text
+                for s in r.json()["data"]:
+                    if s["points"]:
+                        key = (node, s["name"], json.dumps(s["labels"], sort_keys=True))
+                        out[key] = s["points"][-1][0] - s["points"][0][0]
+            return out
+
+        def held() -> bool:
+            with self.feeder.lock:
+                wanted = [(node, name, labels) for node, n in self.feeder.nodes.items() for name, labels in n["samples"]]
+            have = spans()
+            return all(have.get(key, -1.0) >= span for key in wanted)
+
+        self.wait(held, timeout, f"the server to hold every fed series over {span} s")
+
     def launcher_calls(self) -> list[dict[str, Any]]:
         if not self.launcher_log.exists():
             return []

@@ -27,7 +27,7 @@ def test_worker_killed_mid_action_completes_once_after_restart(redis_stack: Stac
     first = stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
     _base_cluster(stack)
     stack.feeder.start()
-    time.sleep(1.5)
+    stack.wait_baselines()
     stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
     stack.wait(lambda: any(c["event"] == "start" and c["action"] == "restart_role" for c in stack.launcher_calls()),
                40, "the restart to begin")
@@ -60,7 +60,7 @@ def test_redis_down_30s_actions_wait_in_outbox_and_run_after(redis_stack: Stack)
     stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
     _base_cluster(stack)
     stack.feeder.start()
-    time.sleep(2)
+    stack.wait_baselines()
     assert stack.redis is not None
     stack.redis.stop()
     down_at = time.monotonic()
@@ -98,7 +98,7 @@ def test_local_recovery_failing_twice_escalates_to_whole_job_restart(redis_stack
     stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
     _base_cluster(stack)
     stack.feeder.start()
-    time.sleep(1.5)
+    stack.wait_baselines()
     stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
 
     def escalated():

@@ -59,7 +59,7 @@ def test_light_and_medium_faults_recover_automatically(stack: Stack) -> None:
     stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
     _base_cluster(stack)
     stack.feeder.start()
-    time.sleep(2)  # baselines for the counters
+    stack.wait_baselines()  # the detectors saw every counter at its baseline
     t = {"job": JOB, "role": "trainer", "rank": "0"}
     stack.feeder.set("n0", "train_last_failed_step", 20, **t)
     stack.feeder.set("n0", "train_step_failures_total", 1, **t)  # an OOM in step 20: light
@@ -122,7 +122,7 @@ def test_heavy_waits_for_approval_approve_runs_reject_does_not(stack: Stack) -> 
         f.participant("n1", "rollout", 0, job=job, phase="ROLLOUT")
         f.set("n0", "state_log_write_errors_total", 0, job=job, role="trainer", rank="0")
     f.start()
-    time.sleep(2)
+    stack.wait_baselines()
     for job in jobs.values():  # the run directory stopped being writable: heavy
         f.set("n0", "state_log_write_errors_total", 3, job=job, role="trainer", rank="0")
 
