@@ -90,6 +90,10 @@ def test_compose_has_the_whole_shape() -> None:
         if name != "migrate":
             assert "healthcheck" in svc, name
     assert SERVICES["migrate"]["restart"] == "no"
+    server = SERVICES["server"]
+    assert server["deploy"]["replicas"] == 2
+    assert server["environment"]["RLGUARD_SERIES__SHARED_WINDOW"] == "true"
+    assert server["environment"]["RLGUARD_REDIS_URL"] == "redis://redis:6379/0"
     for name in ("server", "worker", "node-1-agent", "node-1-worker"):
         deps = SERVICES[name]["depends_on"]
         if name == "node-1-agent":
