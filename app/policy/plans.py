@@ -21,6 +21,8 @@ class ActionName(StrEnum):
     ENTER_SAFE_MODE = "enter_safe_mode"
     RESTORE_CHECKPOINT = "restore_checkpoint"
     RESTART_JOB = "restart_job"
+    # Not planned by the engine: an approver releases a job from SAFE_MODE (app.services.jobs).
+    RELEASE_SAFE_MODE = "release_safe_mode"
 
 
 NODE_LOCAL_ACTIONS = frozenset(
@@ -29,6 +31,7 @@ NODE_LOCAL_ACTIONS = frozenset(
         ActionName.SKIP_FAILED_STEP,
         ActionName.REBUILD_SHARD,
         ActionName.ENTER_SAFE_MODE,
+        ActionName.RELEASE_SAFE_MODE,
     }
 )
 

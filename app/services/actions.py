@@ -25,6 +25,7 @@ from app.models.action import FINAL_ACTION_STATUSES, ActionStatus, RecoveryActio
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentStatus
 from app.services.incidents import add_event, resolve_incident
+from app.services.jobs import RELEASE_ACTION, on_release_succeeded
 
 log = logging.getLogger("rlguard.actions")
 
@@ -188,9 +189,13 @@ def finish_action(
                 at=now,  # type: ignore[arg-type]
                 detail={"job": row.job, "node": row.node},
             )
+        if row.action == RELEASE_ACTION:
+            on_release_succeeded(session, action=row, now=now)
         _maybe_resolve_after_approved_plan(session, inc, now)
     else:
-        inc.recovery_failures += 1
+        if row.action != RELEASE_ACTION:
+            # A release that failed is not a failed recovery: it must not re-plan or escalate.
+            inc.recovery_failures += 1
         add_event(
             session,
             incident_id=inc.id,

@@ -114,6 +114,22 @@ def enter_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     return {"mode": state.mode.value, "revision": state.revision, "already": False}
 
 
+def release_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Tell the job to run again (an approver released it); the phase machine leaves SAFE_MODE."""
+    run_dir = ctx.run_dir(a.job)
+    current = read_control(run_dir)
+    if current.mode is ControlMode.RUN:
+        return {"mode": current.mode.value, "revision": current.revision, "already": True}
+    reason = f"incident {a.incident_id}: {a.params.get('reason', 'released by an approver')}"
+    try:
+        state = write_control(run_dir, ControlMode.RUN, reason[:2000], timeout=10.0)
+    except ControlLockTimeout as exc:
+        raise TransientActionError(str(exc)) from exc
+    except ControlError as exc:
+        raise ActionError(str(exc)) from exc
+    return {"mode": state.mode.value, "revision": state.revision, "already": False}
+
+
 # -- WAL: retry a timed-out rollout batch -------------------------------------------------------
 
 
@@ -289,6 +305,7 @@ def reschedule_batches(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
 
 ADAPTERS: dict[str, Callable[[ActionContext, ActionSnapshot], dict[str, Any]]] = {
     "enter_safe_mode": enter_safe_mode,
+    "release_safe_mode": release_safe_mode,
     "retry_rollout_batch": retry_rollout_batch,
     "skip_failed_step": skip_failed_step,
     "rebuild_shard": rebuild_shard,

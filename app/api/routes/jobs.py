@@ -1,12 +1,13 @@
-"""Jobs: list and detail (participants with phase and heartbeat age)."""
+"""Jobs: list, detail (participants with phase and heartbeat age), release from SAFE_MODE."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
+from pydantic import BaseModel, Field
 
-from app.api.deps import SessionDep, ViewerUser
+from app.api.deps import ApproverUser, SessionDep, ViewerUser
 from app.models.public import JobDetail, JobsPublic
-from app.services import cluster
+from app.services import cluster, jobs
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -20,3 +21,21 @@ def list_jobs(session: SessionDep, _user: ViewerUser) -> JobsPublic:
 @router.get("/{job}", response_model=JobDetail, summary="One job's participants")
 def get_job(job: str, session: SessionDep, _user: ViewerUser) -> JobDetail:
     return cluster.job_detail(session, name=job)
+
+
+class JobReleaseIn(BaseModel):
+    comment: str = Field(description="why the job may run again (kept in the audit log)")
+
+
+@router.post(
+    "/{job}/release",
+    response_model=jobs.JobReleasePublic,
+    status_code=202,
+    summary="Release a job from SAFE_MODE (approver or admin); its incident closes once done",
+)
+def release_job(
+    job: str, body: JobReleaseIn, session: SessionDep, user: ApproverUser
+) -> jobs.JobReleasePublic:
+    result = jobs.release_job(session, job=job, user=user, comment=body.comment)
+    session.commit()
+    return result

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.policy.conftest import ROOT, Stack, fast_policy
+from tests.integration.policy.conftest import ROOT, RedisServer, Stack, fast_policy
 
 
 class AgentProcess:
@@ -61,6 +61,28 @@ def embedded_stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.close()
+
+
+@pytest.fixture(params=["embedded", "postgres+redis"])
+def any_stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
+    """The stack in both modes: embedded (SQLite, SQLAlchemy broker) and PostgreSQL + a Redis
+    of our own on a free port."""
+    if request.param == "embedded":
+        yield request.getfixturevalue("embedded_stack")
+        return
+    redis = RedisServer(tmp_path)
+    redis.start()
+    stack = Stack(
+        tmp_path,
+        database_url=request.getfixturevalue("postgres_url"),
+        redis=redis,
+        policy=fast_policy(tmp_path / "policy.yaml"),
+    )
+    try:
+        yield stack
+    finally:
+        stack.close()
+        redis.stop()
 
 
 @pytest.fixture
