@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+from recovery._wal_errors import WALClosedError
+
 _FUTEX_NUMBERS = {"x86_64": 202, "aarch64": 98}
 _SYS_FUTEX = _FUTEX_NUMBERS.get(platform.machine(), 0) if sys.platform == "linux" else 0
 _FUTEX_WAIT = 0
@@ -65,17 +67,24 @@ class SharedCounter:
         )
         self._wait_head = (ctypes.c_long(_SYS_FUTEX), address, ctypes.c_int(_FUTEX_WAIT))
 
+    def _live_word(self) -> ctypes.c_uint32:
+        word = self._word
+        if word is None:
+            # A lock or waiter outlived its log's close(): a bug in the caller's ordering, named
+            # plainly instead of an AssertionError (or an AttributeError under -O).
+            raise WALClosedError("the WAL's shared state was used after the log was closed")
+        return word
+
     def value(self) -> int:
         """The current count."""
-        assert self._word is not None
-        return int(self._word.value)
+        return int(self._live_word().value)
 
     def bump_and_wake(self) -> None:
         """Increment the counter and wake every process sleeping on it."""
-        assert self._word is not None
+        word = self._live_word()
         # A lost increment between two concurrent bumpers is harmless: the value still differs
         # from what any sleeper read, and FUTEX_WAKE wakes sleepers whatever the value.
-        self._word.value = (self._word.value + 1) & 0xFFFFFFFF
+        word.value = (word.value + 1) & 0xFFFFFFFF
         if _syscall is not None:
             _syscall(*self._wake_args)
 

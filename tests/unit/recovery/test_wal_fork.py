@@ -206,3 +206,16 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
     wal.close()
     with WriteAheadLog(tmp_path) as reopened:
         assert [e.entry_id for e in reopened.entries()] == ["slow", "after"]
+
+
+def test_a_counter_used_after_its_log_closed_names_the_problem(tmp_path: Path) -> None:
+    from recovery._wal_locks import SharedState
+    from recovery.wal import WALClosedError
+
+    state = SharedState(tmp_path / "wal.state")
+    counter = state.sync_released
+    state.close()
+    with pytest.raises(WALClosedError, match="used after the log was closed"):
+        counter.bump_and_wake()
+    with pytest.raises(WALClosedError, match="used after the log was closed"):
+        counter.value()
