@@ -609,7 +609,7 @@ class GpuHealthDetector(Detector):
             for key, ep in self._counters.episodes_of(
                 world, name, self._nodes, cfg.event_hold_seconds
             ):
-                extra: dict[str, object] = {"increase": ep.increase}
+                extra: dict[str, object] = {"increase": ep.increase, "newest_at": ep.last_ts}
                 detail = f"{name} rose by {ep.increase:g}"
                 if kind is FaultKind.GPU_XID:
                     if xid_codes is None:
@@ -756,6 +756,7 @@ class JobFailureDetector(Detector):
                     since=ep.first_ts,
                     step=step,
                     same_step_failures=same,
+                    newest_at=ep.last_ts,
                 )
             )
         for kind, name, window in (
@@ -774,7 +775,16 @@ class JobFailureDetector(Detector):
                     threshold=0.0,
                     detail=f"{name} rose by {ep.increase:g}",
                 )
-                out.append(self.signal(world, kind, subject_of(key), evidence, since=ep.first_ts))
+                out.append(
+                    self.signal(
+                        world,
+                        kind,
+                        subject_of(key),
+                        evidence,
+                        since=ep.first_ts,
+                        newest_at=ep.last_ts,
+                    )
+                )
         for key, point in world.series(m.ACTOR_SHARD_STALE):
             if point.value >= 1 and self.fresh(world, point):
                 run = breach_run(world.store.since(key, world.now - 3600), at_least_one)

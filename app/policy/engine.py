@@ -65,10 +65,32 @@ class OpenIncident:
     opened_at: float
     last_active: float
     last_since: float | None = None
+    # the newest evidence of the occurrence seen so far (a counter's newest rise), if any
+    last_newest: float | None = None
     escalated: bool = False
     recovery_failures: int = 0
     # failures already answered by a retry of the local plan
     retried_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """One occurrence of a signal: since when it holds, and its newest evidence (if known)."""
+
+    since: float | None
+    newest: float | None = None
+
+    def covers(self, sig: FaultSignal) -> bool:
+        """True if ``sig`` still reports this occurrence and nothing newer than it."""
+        if sig.since != self.since:
+            return False
+        newest = _newest(sig)
+        return self.newest is None or newest is None or newest <= self.newest
+
+
+def _newest(sig: FaultSignal) -> float | None:
+    value = sig.extra.get("newest_at")
+    return float(value) if isinstance(value, int | float) else None
 
 
 @dataclass(slots=True)
@@ -91,16 +113,16 @@ class PolicyEngine:
         policy: Policy,
         *,
         detectors: list[Detector] | None = None,
-        closed_occurrences: dict[str, float | None] | None = None,
+        closed_occurrences: dict[str, Occurrence] | None = None,
     ) -> None:
         self.policy = policy
         self.detectors = detectors if detectors is not None else default_detectors(policy)
         self.classifier = Classifier(policy)
         self._open: dict[str, OpenIncident] = {}
-        # incident key -> ``since`` of the occurrence whose incident was closed elsewhere. A
-        # resync (fresh engine, same detectors) must carry it over: the detectors still report
-        # that occurrence, and without this memory it would open a second incident.
-        self._closed_occurrence: dict[str, float | None] = dict(closed_occurrences or {})
+        # incident key -> the occurrence whose incident was closed elsewhere. A resync (fresh
+        # engine, same detectors) must carry it over: the detectors still report that
+        # occurrence, and without this memory it would open a second incident.
+        self._closed_occurrence: dict[str, Occurrence] = dict(closed_occurrences or {})
         self._latest_index = _build_index(self.detectors)
 
     # -- state shared with the server ---------------------------------------------------------
@@ -110,7 +132,7 @@ class PolicyEngine:
         return dict(self._open)
 
     @property
-    def closed_occurrences(self) -> dict[str, float | None]:
+    def closed_occurrences(self) -> dict[str, Occurrence]:
         """Occurrences whose incidents were closed elsewhere and are still being reported."""
         return dict(self._closed_occurrence)
 
@@ -123,10 +145,11 @@ class PolicyEngine:
     def forget(self, key: str) -> None:
         """The incident was closed outside the engine (its approved recovery completed, an
         operator closed it). The occurrence that opened it must not open it again: only a new
-        occurrence (a signal with another ``since``) does, or the same one after a quiet tick."""
+        occurrence does (a signal with another ``since``, or newer evidence than the incident
+        had seen: more write errors after the restore), or the same one after a quiet tick."""
         inc = self._open.pop(key, None)
         if inc is not None:
-            self._closed_occurrence[key] = inc.last_since
+            self._closed_occurrence[key] = Occurrence(inc.last_since, inc.last_newest)
 
     def set_recovery_failures(self, key: str, count: int) -> None:
         """How many local recoveries of this incident failed (kept in the database)."""
@@ -159,7 +182,8 @@ class PolicyEngine:
         for key in [k for k in self._closed_occurrence if k not in active]:
             del self._closed_occurrence[key]
         for key, sig in active.items():
-            if key in self._closed_occurrence and self._closed_occurrence[key] == sig.since:
+            closed = self._closed_occurrence.get(key)
+            if closed is not None and closed.covers(sig):
                 continue  # the occurrence whose incident was just closed elsewhere
             self._closed_occurrence.pop(key, None)
             decision = self._on_signal(world, key, sig)
@@ -188,10 +212,12 @@ class PolicyEngine:
                 opened_at=world.now,
                 last_active=world.now,
                 last_since=sig.since,
+                last_newest=_newest(sig),
                 escalated=cls.escalated,
             )
             return self._decision(DecisionType.OPEN, key, sig, cls, world)
         inc.last_active = world.now
+        inc.last_newest = _newest(sig)
         if inc.escalated:
             return None
         # Failed recoveries are handled for every open incident in _after_failed_recoveries.

@@ -21,7 +21,7 @@ from app.models._types import utcnow
 from app.models.incident import Incident
 from app.policy import metric_names as m
 from app.policy.clock import ManualClock
-from app.policy.engine import DecisionType, PolicyEngine
+from app.policy.engine import DecisionType, Occurrence, PolicyEngine
 from app.policy.signals import FaultKind, Tier
 from app.services.incidents import open_incidents_for_engine, resolve_incident
 from app.services.scheduler import PolicyScheduler
@@ -49,7 +49,10 @@ def test_a_fresh_engine_given_the_closed_occurrences_does_not_reopen() -> None:
     [opened] = c.run(1, _errors(2), engine=e)
     assert opened.type is DecisionType.OPEN and opened.tier is Tier.HEAVY
     e.forget(opened.key)
-    assert e.closed_occurrences == {opened.key: opened.signal.since}  # type: ignore[union-attr]
+    assert opened.signal is not None
+    assert e.closed_occurrences == {
+        opened.key: Occurrence(opened.signal.since, opened.signal.extra["newest_at"])
+    }
     # a resync: the same detectors, no open incidents, the closed occurrences carried over
     fresh = PolicyEngine(c.policy, detectors=e.detectors, closed_occurrences=e.closed_occurrences)
     assert c.run(20, _errors(2), engine=fresh) == []
@@ -57,6 +60,40 @@ def test_a_fresh_engine_given_the_closed_occurrences_does_not_reopen() -> None:
     blank = PolicyEngine(c.policy, detectors=e.detectors)
     [dup] = c.run(1, _errors(2), engine=blank)
     assert dup.type is DecisionType.OPEN and dup.key == opened.key
+
+
+def test_new_errors_after_the_closure_are_a_new_occurrence_even_within_the_window() -> None:
+    # The restore completed and the incident closed, but the storage still fails: the counter
+    # rises again within the error window (the detector's episode, and its ``since``, go on).
+    # That is new evidence after the closure: a new incident, not silence.
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(3, _errors(0), engine=e)
+    [opened] = c.run(1, _errors(2), engine=e)
+    assert c.run(5, _errors(2), engine=e) == []
+    e.forget(opened.key)
+    assert c.run(5, _errors(2), engine=e) == []  # the same errors: nothing
+    [again] = c.run(1, _errors(4), engine=e)
+    assert again.type is DecisionType.OPEN and again.key == opened.key
+    assert again.signal is not None and opened.signal is not None
+    assert again.signal.since == opened.signal.since  # the detector's episode went on
+    assert again.tier is Tier.HEAVY
+
+
+def test_an_occurrence_closed_without_known_newest_evidence_is_matched_by_since() -> None:
+    # After a server restart the engine restores open incidents from the database, which
+    # knows only ``since``: closing such an incident still suppresses its occurrence.
+    c = Cluster()
+    e = PolicyEngine(c.policy)
+    c.run(3, _errors(0), engine=e)
+    [opened] = c.run(1, _errors(2), engine=e)
+    assert opened.signal is not None
+    fresh = PolicyEngine(
+        c.policy,
+        detectors=e.detectors,
+        closed_occurrences={opened.key: Occurrence(opened.signal.since)},
+    )
+    assert c.run(10, _errors(2), engine=fresh) == []
 
 
 def test_restoring_an_open_incident_clears_its_closed_occurrence() -> None:
