@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from app.api.middleware import RequestMetricsMiddleware
@@ -139,6 +140,17 @@ def create_app(
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(OperationalError)
+    async def _database_unavailable(_request: Request, exc: OperationalError) -> JSONResponse:
+        # The database is down or restarting (the pool reconnects by itself): a client's retry
+        # will succeed, so say 503 and when to retry, never 500.
+        log.warning("database unavailable: %s", type(exc.orig).__name__)
+        return JSONResponse(
+            {"detail": "the database is unavailable; nothing was changed, retry shortly"},
+            status_code=503,
+            headers={"Retry-After": "2"},
+        )
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics_endpoint() -> Response:

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from redis.exceptions import RedisError
 from sqlalchemy.engine import Engine
 
 from app.core.config import IngestLimits
@@ -143,7 +144,12 @@ class IngestService:
         windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
         if self.dedupe is not None:
-            await self.dedupe.ensure_epoch()
+            try:
+                await self.dedupe.ensure_epoch()
+            except RedisError as exc:
+                # Start anyway: ingest answers 503 until Redis is back, then the first claim
+                # finds no epoch, reloads from the database and sets one.
+                log.error("shared window unreachable at start: %s", type(exc).__name__)
         self._task = asyncio.create_task(self._commit_loop(), name="rlguard-ingest-committer")
         self._task.add_done_callback(self._committer_done)
         log.info("ingest started", extra={"agents": len(self._agents)})
@@ -189,7 +195,15 @@ class IngestService:
         if state is None:
             state = self._agents[key] = _AgentState(window=DedupeWindow())
         if self.dedupe is not None and not state.window.seen(batch.seq):
-            if not await self._claim_shared(batch, state):
+            try:
+                claimed = await self._claim_shared(batch, state)
+            except RedisError as exc:
+                m.ingest_rejections.labels(reason="not_durable").inc()
+                raise Unavailable(
+                    f"the shared window (Redis) is unreachable ({type(exc).__name__}); nothing "
+                    "was applied, retry the same seq"
+                ) from None
+            if not claimed:
                 m.ingest_batches.labels(result="duplicate").inc()
                 return IngestResult(accepted=0, duplicate=True)
         if not state.window.mark(batch.seq):
