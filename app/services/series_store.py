@@ -122,6 +122,21 @@ class SeriesStore:
             ts, value = series.points[-1]
             return Point(ts, value)
 
+    def latest_many(self, keys: Iterable[SeriesKey]) -> list[tuple[float, float] | None]:
+        """The newest ``(ts, value)`` of each key, in the order given (None: no such series).
+
+        One lock acquisition for all of them: a page that reads thousands of series would
+        otherwise contend with ingest once per series.
+        """
+        get = self._series.get
+        out: list[tuple[float, float] | None] = []
+        append = out.append
+        with self._lock:
+            for key in keys:
+                series = get(key)
+                append(series.points[-1] if series is not None and series.points else None)
+        return out
+
     def since(self, key: SeriesKey, since_ts: float) -> list[Point]:
         with self._lock:
             series = self._series.get(key)

@@ -31,7 +31,6 @@ from app.services.dashboard.health import (
     GPU_THROTTLE_THERMAL,
     GPU_UTIL,
     GpuNow,
-    gpu_sort_key,
     liveness_level,
     worst,
 )
@@ -107,56 +106,73 @@ class _KeyIndex:
     store_id: int = 0
     size: int = -1
     built_at: float = 0.0
-    keys: list[tuple[SeriesKey, str, str]] = field(default_factory=list)  # key, gpu, name
+    # Every overview GPU series, grouped by node and then GPU (sorted as the grid shows them),
+    # so a render reads them all with one latest_many and walks the groups without lookups.
+    keys: list[SeriesKey] = field(default_factory=list)
+    layout: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)  # node, gpu, names
 
 
 _key_index = _KeyIndex()
 _key_index_lock = threading.Lock()
 
 
-def _gpu_keys(store: SeriesStore, now: float) -> list[tuple[SeriesKey, str, str]]:
+def _gpu_sort(gpu: str) -> tuple[bool, int, str]:
+    digits = gpu.isdigit()
+    return (not digits, int(gpu) if digits else 0, gpu)
+
+
+def _gpu_keys(store: SeriesStore, now: float) -> _KeyIndex:
     """The overview's GPU series; rebuilt when the store's series count changes or every 10 s.
 
     Listing keys walks every series in the store (tens of thousands at cluster scale, most of
-    them not GPU series); reading the latest point of a known key is cheap.
+    them not GPU series); reading the latest points of known keys is cheap.
     """
+    global _key_index
     size = len(store)
     with _key_index_lock:
         index = _key_index
         fresh = now - index.built_at < KEY_INDEX_MAX_AGE_SECONDS
         if index.store_id == id(store) and index.size == size and fresh:
-            return index.keys
-    keys = []
+            return index
+    groups: dict[tuple[str, str], list[SeriesKey]] = {}
     for key in store.keys():
         if key.name in OVERVIEW_GPU_METRICS:
             gpu = key.label("gpu")
             if gpu is not None:
-                keys.append((key, gpu, key.name))
+                groups.setdefault((key.node, gpu), []).append(key)
+    built = _KeyIndex(store_id=id(store), size=size, built_at=now)
+    for node, gpu in sorted(groups, key=lambda ng: (ng[0], _gpu_sort(ng[1]))):
+        members = groups[(node, gpu)]
+        built.keys.extend(members)
+        built.layout.append((node, gpu, tuple(k.name for k in members)))
     with _key_index_lock:
-        _key_index.store_id, _key_index.size, _key_index.built_at = id(store), size, now
-        _key_index.keys = keys
-    return keys
+        _key_index = built
+    return built
 
 
 def live_gpus(store: SeriesStore, *, now: float) -> dict[str, list[GpuNow]]:
     """Every node's GPUs with their latest values, judged and sorted, in one pass."""
-    per_node: dict[str, dict[str, GpuNow]] = {}
-    for key, gpu, name in _gpu_keys(store, now):
-        point = store.latest(key)
-        if point is None:
-            continue
-        gpus = per_node.get(key.node)
-        if gpus is None:
-            gpus = per_node[key.node] = {}
-        entry = gpus.get(gpu)
-        if entry is None:
-            entry = gpus[gpu] = GpuNow(index=gpu)
-        entry.absorb(name, point.value)
+    index = _gpu_keys(store, now)
+    points = store.latest_many(index.keys)
     result: dict[str, list[GpuNow]] = {}
-    for node, gpus in per_node.items():
-        for entry in gpus.values():
-            entry.judge()
-        result[node] = sorted(gpus.values(), key=gpu_sort_key)
+    i = 0
+    for node, gpu, names in index.layout:
+        entry: GpuNow | None = None
+        for name in names:
+            point = points[i]
+            i += 1
+            if point is None:
+                continue
+            if entry is None:
+                entry = GpuNow(index=gpu)
+            entry.absorb(name, point[1])
+        if entry is None:
+            continue
+        entry.judge()
+        gpus = result.get(node)
+        if gpus is None:
+            gpus = result[node] = []
+        gpus.append(entry)  # already in grid order (the layout is sorted)
     return result
 
 
