@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/ingest.py                 # 4 clients, 2 rounds of 8 s per endpoint
     .venv/bin/python benchmarks/ingest.py --clients 8 --seconds 20 --rounds 3
     .venv/bin/python benchmarks/ingest.py --database-url postgresql+psycopg://postgres@127.0.0.1/test
+    .venv/bin/python benchmarks/ingest.py --database-url postgresql+psycopg://... \
+        --redis-url redis://127.0.0.1:6379/0          # also the shared (Redis) window mode
 
 Starts ``uvicorn app.main:create_app_from_env`` in a subprocess on a fresh SQLite database (or the
 given one, which must be empty or migrated), with the bench-only baseline endpoint enabled. N
@@ -16,6 +18,11 @@ for a bounded time, alternating rounds between:
 
 Prints samples/s and p50/p99 request latency for each and the ratio ingest/baseline. Target:
 ratio >= 0.6 and ingest p99 <= 25 ms at 4 clients.
+
+With ``--redis-url``, a second server on the same database runs with the shared window
+(``RLGUARD_SERIES__SHARED_WINDOW=true``: a Redis claim per batch, one pipelined stream append per
+commit group) and its own agents; its ``ingest-redis`` rounds alternate with the others, and the
+ratio ingest-redis/ingest (the in-memory window of the same run) is printed.
 """
 
 from __future__ import annotations
@@ -166,6 +173,28 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise SystemExit("server did not become ready")
 
 
+def start_server(port: int, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:create_app_from_env",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -174,6 +203,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="per round and endpoint")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--database-url", default=None)
+    ap.add_argument(
+        "--redis-url", default=None, help="also measure the shared (Redis) window mode"
+    )
     ap.add_argument(
         "--sqlite-synchronous",
         default="FULL",
@@ -197,11 +229,16 @@ def main() -> None:
     engine = make_engine(url)
     run_id = os.getpid()
     tokens = []
+    shared_tokens = []
     with Session(engine) as s:
         for i in range(args.clients):
             node = f"bench-{run_id}-{i}"
             _t, plain = create_node_token(s, node=node, actor="benchmark")
             tokens.append((node, plain))
+            if args.redis_url:
+                node = f"bench-{run_id}-shared-{i}"
+                _t, plain = create_node_token(s, node=node, actor="benchmark")
+                shared_tokens.append((node, plain))
         s.commit()
     engine.dispose()
 
@@ -214,28 +251,23 @@ def main() -> None:
         "RLGUARD_BENCH_ENDPOINTS": "1",
         "RLGUARD_LOG_LEVEL": "warning",
         "RLGUARD_SQLITE_SYNCHRONOUS": args.sqlite_synchronous,
+        # The clients post as fast as they can; the per-token rate limit (20/s) would measure
+        # the limiter, not the ingest path.
+        "RLGUARD_HARDENING__INGEST_REQUESTS_PER_SECOND": "1000000",
+        "RLGUARD_HARDENING__INGEST_BURST": "1000000",
     }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "app.main:create_app_from_env",
-            "--factory",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
+    server = start_server(port, env)
+    shared: subprocess.Popen | None = None
+    shared_port = free_port()
+    if args.redis_url:
+        shared = start_server(
+            shared_port,
+            {**env, "RLGUARD_REDIS_URL": args.redis_url, "RLGUARD_SERIES__SHARED_WINDOW": "true"},
+        )
     try:
         wait_ready(port, server)
+        if shared is not None:
+            wait_ready(shared_port, shared)
         backend = url.split(":", 1)[0]
         if backend == "sqlite":
             backend += f" (synchronous={args.sqlite_synchronous})"
@@ -250,7 +282,10 @@ def main() -> None:
         )
         run_phase(port, "/bench/baseline-ingest", tokens, 1.0, [0] * args.clients)  # warm-up
         seqs = [0] * args.clients
+        shared_seqs = [0] * args.clients
         results: dict[str, list[dict]] = {"baseline": [], "ingest": []}
+        if shared is not None:
+            results["ingest-redis"] = []
         for _ in range(args.rounds):
             results["baseline"].append(
                 run_phase(port, "/bench/baseline-ingest", tokens, args.seconds, [0] * args.clients)
@@ -258,6 +293,12 @@ def main() -> None:
             r = run_phase(port, "/api/v1/ingest", tokens, args.seconds, seqs)
             seqs = r["next_seqs"]
             results["ingest"].append(r)
+            if shared is not None:
+                r = run_phase(
+                    shared_port, "/api/v1/ingest", shared_tokens, args.seconds, shared_seqs
+                )
+                shared_seqs = r["next_seqs"]
+                results["ingest-redis"].append(r)
         summary = {}
         for name, rs in results.items():
             sps = statistics.mean(r["samples_per_s"] for r in rs)
@@ -268,7 +309,7 @@ def main() -> None:
             reqs = sum(r["requests"] for r in rs)
             summary[name] = (sps, p99)
             print(
-                f"{name:9s} {sps:12,.0f} samples/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+                f"{name:12s} {sps:12,.0f} samples/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
                 f"({reqs} requests, {errors} errors)"
             )
         commit = server_metrics(port)
@@ -284,13 +325,21 @@ def main() -> None:
             f"ratio ingest/baseline = {ratio:.2f}  (target >= 0.60, ingest p99 <= 25 ms: "
             f"{'met' if ok else 'NOT met'})"
         )
+        if shared is not None:
+            print(
+                f"ratio ingest-redis/ingest = {summary['ingest-redis'][0] / summary['ingest'][0]:.2f}"
+                "  (shared Redis window vs in-memory window, same run and database)"
+            )
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(5)
+        for proc in (server, shared):
+            if proc is None:
+                continue
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
 
 
 if __name__ == "__main__":
