@@ -18,6 +18,7 @@ MODEL_MODULES = [
     "app.models.action",
     "app.models.approval",
     "app.models.alert",
+    "app.models.phase",
 ]
 for _module in MODEL_MODULES:
     importlib.import_module(_module)

@@ -14,6 +14,7 @@ from app.models import Job, MetricRollup, from_epoch
 from app.services import cluster
 from app.services.dashboard.charts import Band, ChartSpec, Threshold, aligned_chart, golden_bands
 from app.services.dashboard.health import liveness_level, liveness_mark
+from app.services.dashboard.phases import PhaseTimeline, phase_timeline
 from app.services.series_store import SeriesStore
 
 HISTORY_MINUTES = 60
@@ -24,6 +25,9 @@ STATE_LOG_LATENCY_MS = "state_log_write_latency_ms"
 TRAIN_STEP = "train_step"
 TOKENS_PER_SECOND = "rollout_tokens_per_second"
 JOB_SAFE_MODE = "job_safe_mode"
+CHECKPOINT_STEP = "checkpoint_committed_step"
+CHECKPOINT_INFERENCE_VERSION = "checkpoint_inference_version"
+CHECKPOINT_HISTORY = 12
 
 
 @dataclass(slots=True)
@@ -44,6 +48,8 @@ class JobDetail:
     participants: list[ParticipantRow]
     golden: list[ChartSpec]
     progress: list[ChartSpec]
+    checkpoints: CheckpointVersions
+    timeline: PhaseTimeline
     safe_mode: bool
     last_seen_age: float | None
 
@@ -86,16 +92,26 @@ def participant_rows(
 
 
 def job_series(
-    session: Session, store: SeriesStore, *, job: str, name: str, now: float
+    session: Session,
+    store: SeriesStore,
+    *,
+    job: str,
+    name: str,
+    now: float,
+    last: bool = False,
 ) -> dict[str, list[tuple[float, float]]]:
-    """``{"role/rank": [(ts, value)]}`` over the last hour: rollups, then the live window."""
+    """``{"role/rank": [(ts, value)]}`` over the last hour: rollups, then the live window.
+
+    A rollup minute counts with its mean, or with its last value when ``last`` (versions and
+    other values that only step: a mean of two versions is no version).
+    """
     since = from_epoch(now) - timedelta(minutes=HISTORY_MINUTES)
     r = MetricRollup
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
     # Few rows per job (participants x minutes), so the label filter runs here rather than as a
     # JSON expression that SQLite and PostgreSQL would spell differently.
     for labels, minute, avg in session.exec(
-        select(r.labels, r.minute, r.avg)
+        select(r.labels, r.minute, r.last if last else r.avg)
         .where(r.name == name, r.minute >= since)
         .order_by(r.minute)  # type: ignore[arg-type]
     ).all():
@@ -118,6 +134,85 @@ def _who(role: str | None, rank: str | int | None) -> str:
     if role is None and rank is None:
         return "job"
     return f"{role or '?'}/{rank if rank is not None else '?'}"
+
+
+@dataclass(slots=True)
+class CheckpointVersion:
+    """A participant's last committed checkpoint: the version vector it reports."""
+
+    who: str
+    step: int
+    inference_version: int | None
+    reported_at: float
+
+
+@dataclass(slots=True)
+class CheckpointCommit:
+    """A change of the committed version seen in the history (newest first on the page)."""
+
+    at: float
+    who: str
+    step: int
+    inference_version: int | None
+
+
+@dataclass(slots=True)
+class CheckpointVersions:
+    current: list[CheckpointVersion]
+    history: list[CheckpointCommit]
+
+
+def _value_at(points: list[tuple[float, float]], ts: float) -> float | None:
+    """The newest value at or before ``ts`` (points are in time order)."""
+    found = None
+    for at, value in points:
+        if at > ts:
+            break
+        found = value
+    return found
+
+
+def checkpoint_versions(
+    session: Session, store: SeriesStore, *, job: str, now: float
+) -> CheckpointVersions:
+    """Current (training_step, inference_version) per reporting participant, and the commits
+    seen over the last hour, from the agents' checkpoint gauges (rollups + live window)."""
+    steps = job_series(session, store, job=job, name=CHECKPOINT_STEP, now=now, last=True)
+    versions = job_series(
+        session, store, job=job, name=CHECKPOINT_INFERENCE_VERSION, now=now, last=True
+    )
+    current: list[CheckpointVersion] = []
+    history: list[CheckpointCommit] = []
+    for who in sorted(steps):
+        points = steps[who]
+        if not points:
+            continue
+        vpoints = versions.get(who, [])
+        previous: float | None = None
+        for at, value in points:
+            if value != previous:
+                version = _value_at(vpoints, at)
+                history.append(
+                    CheckpointCommit(
+                        at=at,
+                        who=who,
+                        step=int(value),
+                        inference_version=None if version is None else int(version),
+                    )
+                )
+                previous = value
+        at, value = points[-1]
+        version = _value_at(vpoints, at)
+        current.append(
+            CheckpointVersion(
+                who=who,
+                step=int(value),
+                inference_version=None if version is None else int(version),
+                reported_at=at,
+            )
+        )
+    history.sort(key=lambda c: c.at, reverse=True)
+    return CheckpointVersions(current=current, history=history[:CHECKPOINT_HISTORY])
 
 
 def golden_charts(
@@ -220,6 +315,8 @@ def job_detail(
         participants=participants,
         golden=golden_charts(session, store, job=name, now=now, thresholds=thresholds),
         progress=progress,
+        checkpoints=checkpoint_versions(session, store, job=name, now=now),
+        timeline=phase_timeline(session, job=name, now=now),
         safe_mode=safe,
         last_seen_age=None
         if job.last_seen_at is None
