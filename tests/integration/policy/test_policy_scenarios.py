@@ -178,3 +178,8 @@ def test_heavy_waits_for_approval_approve_runs_reject_does_not(stack: Stack) -> 
     assert _control_mode(stack.run_dir(jobs["reject"])) == "safe_mode"
     assert not (stack.run_dir(jobs["reject"]) / "recovery" / "requests").exists()
     assert stack.get("/api/v1/approvals?status=pending", stack.viewer) == []
+    # the counter episode that opened the restored job's incident is still being reported (its
+    # error window has not passed): it must not open a second incident
+    restored = [i for i in stack.incidents()
+                if i["kind"] == "storage_unwritable" and i["job"] == jobs["approve"]]
+    assert [i["status"] for i in restored] == ["resolved"], restored
