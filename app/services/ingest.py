@@ -8,7 +8,8 @@ restart" fit together:
    one (node, agent, seq) can never both pass.
 2. A new batch is appended to the in-memory ``SeriesStore`` at once (the policy engine sees it on
    its next tick), its seq is marked in the in-memory window, and its durable effects (node
-   last-seen and fingerprint, jobs, participants' phase/step/heartbeat) plus the agent's new
+   last-seen and fingerprint, jobs, participants' phase/step/heartbeat, and the phase changes
+   ``ingest_phases.PhaseTracker`` noticed) plus the agent's new
    window are queued for the group committer.
 3. The group committer writes everything queued so far in ONE database transaction
    (``ingest_persist.write_ingest_group``), then resolves the waiting requests. Only then is
@@ -60,6 +61,7 @@ from app.services.ingest_persist import (
     load_cursors,
     write_ingest_group,
 )
+from app.services.ingest_phases import PhaseRetention, PhaseTracker, load_tracker
 from app.services.ingest_validation import BatchValidator, IngestRejected, ValidBatch
 from app.services.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
 from app.services.series_backend import (
@@ -118,6 +120,7 @@ class IngestService:
         clock: Callable[[], float] = time.time,
         backend: SeriesBackend | None = None,
         dedupe: RedisDedupe | None = None,
+        phase_retention_days: float = 30.0,
     ) -> None:
         self.engine = engine
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
@@ -133,6 +136,9 @@ class IngestService:
         self._pending_versions: dict[tuple[str, str], int] = {}
         self._pending_batches = 0
         self._participants: dict[tuple[str, str, int], ParticipantState] = {}
+        # Phase changes go into the group commit (app.services.ingest_phases); seeded at start.
+        self._phases = PhaseTracker()
+        self._phase_retention = PhaseRetention(retention_days=phase_retention_days)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -143,6 +149,7 @@ class IngestService:
         forget_before = utcnow() - timedelta(days=self.limits.cursor_retention_days)
         windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
+        self._phases = await asyncio.to_thread(load_tracker, self.engine)
         if self.dedupe is not None:
             try:
                 await self.dedupe.ensure_epoch()
@@ -271,8 +278,12 @@ class IngestService:
             node.agent_id, node.seen_at = batch.agent_id, seen
             if batch.fingerprint is not None:
                 node.fingerprint = batch.fingerprint
+        phases = self._phases
         for p in batch.participants:
             pending.jobs[p.job] = seen
+            change = phases.observe(p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts)
+            if change is not None:
+                pending.phases.append(change)
             pkey = (p.job, p.role, p.rank)
             known = pending.participants.get(pkey)
             if known is None or known.ts <= p.ts:
@@ -351,7 +362,7 @@ class IngestService:
     def _commit(
         self, group: IngestGroup, samples: list[Sample], shared: list[SharedParticipant]
     ) -> None:
-        write_ingest_group(self.engine, group)
+        write_ingest_group(self.engine, group, phase_retention=self._phase_retention)
         # After the database: a retry after a failed publish rewrites the same (idempotent)
         # upserts, and never appends the samples to the shared stream twice.
         self.backend.publish(samples, shared)

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.models import IngestCursor, Job, Node, Participant, from_epoch, utcnow
 from app.services.ingest_dedupe import WINDOW, DedupeWindow
+from app.services.ingest_phases import PhaseChange, PhaseRetention, write_phase_changes
 
 
 @dataclass(slots=True)
@@ -45,9 +46,10 @@ class IngestGroup:
     nodes: dict[str, NodeSeen] = field(default_factory=dict)
     jobs: dict[str, datetime] = field(default_factory=dict)
     participants: dict[tuple[str, str, int], ParticipantSeen] = field(default_factory=dict)
+    phases: list[PhaseChange] = field(default_factory=list)  # in the order they were noticed
 
     def __bool__(self) -> bool:
-        return bool(self.cursors or self.nodes or self.jobs or self.participants)
+        return bool(self.cursors or self.nodes or self.jobs or self.participants or self.phases)
 
     def absorb_older(self, older: IngestGroup) -> None:
         """Put back a group whose commit failed; newer pending state wins key by key."""
@@ -65,6 +67,7 @@ class IngestGroup:
             newer = self.participants.get(pk)
             if newer is None or newer.ts < part.ts:
                 self.participants[pk] = part
+        self.phases[:0] = older.phases
 
 
 def fingerprint_hash(fp: dict[str, str]) -> str:
@@ -106,13 +109,17 @@ class _Statements:
             .where(node_t.c.name == sa.bindparam("b_name"))
             .values(fingerprint=sa.bindparam("b_fp"), fingerprint_hash=sa.bindparam("b_h"))
         )
-        part_i = insert(Participant.__table__)  # type: ignore[attr-defined]
+        part_t = Participant.__table__  # type: ignore[attr-defined]
+        part_i = insert(part_t)
         self.participants = part_i.on_conflict_do_update(
             index_elements=["job_name", "role", "rank"],
             set_={
                 c: getattr(part_i.excluded, c)
                 for c in ("node_name", "phase", "step", "last_heartbeat_at", "updated_at")
             },
+            # A late report (a spool replay, another replica's older batch) never rolls the
+            # current phase back; the phase tracker is seeded from these rows at start.
+            where=part_i.excluded.last_heartbeat_at >= part_t.c.last_heartbeat_at,
         )
         cur_t = IngestCursor.__table__  # type: ignore[attr-defined]
         cur_i = insert(cur_t)
@@ -137,7 +144,9 @@ class _Statements:
 _STATEMENTS: dict[str, _Statements] = {}
 
 
-def write_ingest_group(engine: Engine, group: IngestGroup) -> None:
+def write_ingest_group(
+    engine: Engine, group: IngestGroup, *, phase_retention: PhaseRetention | None = None
+) -> None:
     dialect = engine.dialect.name
     st = _STATEMENTS.get(dialect)
     if st is None:
@@ -145,6 +154,8 @@ def write_ingest_group(engine: Engine, group: IngestGroup) -> None:
     now = utcnow()
     with engine.begin() as conn:
         _write(conn, st, group, now)
+        if phase_retention is not None:
+            phase_retention.prune_if_due(conn, now=now)
 
 
 def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime) -> None:
@@ -184,6 +195,8 @@ def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime)
                 for (job, role, rank), p in group.participants.items()
             ],
         )
+    # After the jobs (the rows refer to them), in the same transaction as the cursors.
+    write_phase_changes(conn, group.phases)
     if group.cursors:
         conn.execute(
             st.cursors,

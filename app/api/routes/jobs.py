@@ -1,13 +1,18 @@
-"""Jobs: list, detail (participants with phase and heartbeat age), release from SAFE_MODE."""
+"""Jobs: list, detail (participants with phase and heartbeat age), phase history, release from
+SAFE_MODE."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
+from app.models import utcnow
 from app.models.public import JobDetail, JobsPublic
-from app.services import cluster, jobs
+from app.services import cluster, jobs, phases
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -21,6 +26,27 @@ def list_jobs(session: SessionDep, _user: ViewerUser) -> JobsPublic:
 @router.get("/{job}", response_model=JobDetail, summary="One job's participants")
 def get_job(job: str, session: SessionDep, _user: ViewerUser) -> JobDetail:
     return cluster.job_detail(session, name=job)
+
+
+@router.get(
+    "/{job}/phases",
+    response_model=phases.PhaseHistoryPublic,
+    summary="Phase transitions of the job's participants (oldest first)",
+)
+def get_job_phases(
+    job: str,
+    session: SessionDep,
+    _user: ViewerUser,
+    since: Annotated[
+        datetime | None,
+        Query(
+            description="ISO 8601 with a time zone (default: one hour ago); each participant's "
+            "last transition before it comes first, so its phase at `since` is known"
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=phases.MAX_TRANSITIONS)] = phases.MAX_TRANSITIONS,
+) -> phases.PhaseHistoryPublic:
+    return phases.phase_history(session, job=job, now=utcnow(), since=since, limit=limit)
 
 
 class JobReleaseIn(BaseModel):
