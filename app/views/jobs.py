@@ -14,7 +14,7 @@ from app.services.dashboard.jobs import (
     job_detail,
     participant_rows,
 )
-from app.services.dashboard.phases import KNOWN_PHASES, TIMELINE_MINUTES
+from app.services.dashboard.phases import KNOWN_PHASES
 from app.services.errors import NotFound
 from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
 from app.views.rendering import error_page, render
@@ -52,7 +52,6 @@ def job_page(
         "job_name": job.name,
         "poll_seconds": POLL_SECONDS,
         "history_minutes": HISTORY_MINUTES,
-        "timeline_minutes": TIMELINE_MINUTES,
         "known_phases": KNOWN_PHASES,
         "active_nav": "overview",
     }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from sqlmodel import Session
 
@@ -12,6 +11,9 @@ from app.models import from_epoch
 from app.services.phases import phase_history
 
 TIMELINE_MINUTES = 60
+MIN_SPAN_SECONDS = 60.0
+# Tick spacing: the first that gives at most ~7 ticks over the drawn span.
+TICK_STEPS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
 # Colours for the phases of the phase machine (DESIGN.md); anything else is drawn neutral.
 KNOWN_PHASES = ("INIT", "PREPARE", "ROLLOUT", "COLLECT", "TRAIN", "EVAL", "SAFE_MODE")
 
@@ -52,15 +54,27 @@ class PhaseTimeline:
     phases: list[str] = field(default_factory=list)  # legend, in the order first seen
     truncated: bool = False
     ticks: list[tuple[float, float]] = field(default_factory=list)  # (left %, ts)
+    tick_format: str = "%H:%M"
+
+    @property
+    def span_label(self) -> str:
+        minutes = (self.end - self.start) / 60
+        return f"{minutes:.0f} min" if minutes >= 2 else f"{self.end - self.start:.0f} s"
 
 
 def phase_timeline(
     session: Session, *, job: str, now: float, minutes: int = TIMELINE_MINUTES
 ) -> PhaseTimeline:
-    """Bands over the last ``minutes``; raises ``NotFound`` for an unknown job."""
+    """Bands over the last ``minutes``; raises ``NotFound`` for an unknown job.
+
+    A job younger than the window is drawn from its first transition (at least a minute), so a
+    fresh job's phases are not squeezed into the right edge of an hour.
+    """
     end = now
-    start = now - minutes * 60
-    history = phase_history(session, job=job, now=from_epoch(now), since=from_epoch(start))
+    horizon = now - minutes * 60
+    history = phase_history(session, job=job, now=from_epoch(now), since=from_epoch(horizon))
+    first = min((t.at.timestamp() for t in history.data), default=horizon)
+    start = min(max(horizon, first), end - MIN_SPAN_SECONDS)
     span = end - start
     changes: dict[str, list[tuple[float, str, int]]] = defaultdict(list)
     legend: list[str] = []
@@ -88,7 +102,7 @@ def phase_timeline(
                 )
             )
         lanes.append(PhaseLane(who=who, bands=bands))
-    tick_every = timedelta(minutes=10).total_seconds()
+    tick_every = next((t for t in TICK_STEPS if span / t <= 7), TICK_STEPS[-1])
     first_tick = (start // tick_every + 1) * tick_every
     ticks = []
     ts = first_tick
@@ -102,6 +116,7 @@ def phase_timeline(
         phases=legend,
         truncated=history.truncated,
         ticks=ticks,
+        tick_format="%H:%M" if tick_every >= 60 else "%H:%M:%S",
     )
 
 

@@ -156,3 +156,26 @@ def test_phase_history_opens_with_the_phase_at_since_and_truncates(dash: Dashboa
             s, job="grpo-a", now=from_epoch(now), since=from_epoch(now - 1000), limit=1
         )
         assert short.truncated and [t.phase for t in short.data][-1] == "TRAIN"
+
+
+def test_a_young_job_is_drawn_from_its_first_transition(dash: DashboardApp) -> None:
+    now = time.time()
+    with dash.session() as s:
+        s.add(Job(name="young", last_seen_at=from_epoch(now)))
+        s.flush()
+        for phase, back in (("ROLLOUT", 300), ("TRAIN", 100)):
+            s.add(
+                PhaseTransition(
+                    job_name="young", role="trainer", rank=0, phase=phase, at=from_epoch(now - back)
+                )
+            )
+        s.commit()
+        tl = phase_timeline(s, job="young", now=now)
+    assert tl.start == pytest.approx(now - 300)
+    bands = tl.lanes[0].bands
+    assert [(b.left_pct, b.width_pct) for b in bands] == [
+        (0, pytest.approx(200 / 3, abs=0.01)),
+        (pytest.approx(200 / 3, abs=0.01), pytest.approx(100 / 3, abs=0.01)),
+    ]
+    assert tl.span_label == "5 min" and tl.tick_format == "%H:%M"
+    assert all(0 < left < 100 for left, _ in tl.ticks) and len(tl.ticks) >= 2
