@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,10 +69,12 @@ class PostgresInstance:
     """A throwaway cluster with trust auth on a free port; database ``rlguard``."""
 
     def __init__(self, workdir: Path) -> None:
+        # Not under pytest's tmp dir: pytest resets /tmp/pytest-of-<user> to mode 700 whenever
+        # a session starts (other test runs on this machine), which locks the postgres user out.
+        self.workdir = Path(tempfile.mkdtemp(prefix="rlguard-test-pg-"))
         self.port = free_port()
-        self.datadir = workdir / "pgdata"
-        self.logfile = workdir / "pg.log"
-        self.workdir = workdir
+        self.datadir = self.workdir / "pgdata"
+        self.logfile = workdir / "pg.log"  # the log stays with the test's other files
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/rlguard"
         self._as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
@@ -80,13 +83,9 @@ class PostgresInstance:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def init(self) -> PostgresInstance:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logfile.parent.mkdir(parents=True, exist_ok=True)
         if self._as_user:
             shutil.chown(self.workdir, "postgres", "postgres")
-            self.workdir.chmod(0o755)
-            for parent in self.workdir.parents:  # postgres must reach its data directory
-                if str(parent).startswith("/tmp") and parent != Path("/tmp"):
-                    parent.chmod(parent.stat().st_mode | 0o711)
         self._run(_pg_bin("initdb"), "-D", str(self.datadir), "-U", "postgres",
                   "--auth=trust", "--no-sync")
         self.start()
@@ -95,7 +94,7 @@ class PostgresInstance:
         return self
 
     def start(self) -> None:
-        self._run(_pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.logfile), "-w",
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.workdir / "pg.log"), "-w",
                   "-o", f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1",
                   "start")
 
@@ -104,10 +103,14 @@ class PostgresInstance:
         self._run(_pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", "immediate", "-w", "stop")
 
     def destroy(self) -> None:
-        """Stop the cluster if it runs (a test may leave it stopped)."""
+        """Stop the cluster if it runs (a test may leave it stopped), keep its log, remove it."""
         if (self.datadir / "postmaster.pid").exists():
             subprocess.run(
                 [*self._as_user, _pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", "immediate",
                  "-w", "stop"],
                 timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
+        server_log = self.workdir / "pg.log"
+        if server_log.exists():
+            shutil.copyfile(server_log, self.logfile)
+        shutil.rmtree(self.workdir, ignore_errors=True)

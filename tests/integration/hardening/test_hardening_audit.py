@@ -6,6 +6,7 @@ route without a case here fails ``test_every_state_changing_route_has_a_case``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,20 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
         token_ids.append(r.json()["info"]["id"])
         return r
 
+    def release_job() -> Any:
+        # A job in SAFE_MODE whose approval was decided (rejected) may be released.
+        part = {"job": "j5", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1,
+                "ts": time.time()}
+        known = c.post("/api/v1/ingest", json=batch("n1", 1, participants=[part]),
+                       headers=auth(node_tok))
+        assert known.status_code == 200, known.text
+        seeded = seed_heavy_incident(dash, job="j5")
+        rejected = c.post(f"/api/v1/approvals/{seeded.approval_id}/reject",
+                          json={"comment": "restore later"}, headers=auth(admin))
+        assert rejected.status_code == 200, rejected.text
+        return c.post("/api/v1/jobs/j5/release", json={"comment": "checked by hand"},
+                      headers=auth(admin))
+
     cases: dict[tuple[str, str], tuple[Callable[[], Any], str]] = {
         ("POST", "/api/v1/tokens"): (create_token, "token.create"),
         ("POST", "/api/v1/tokens/{token_id}/rotate"): (
@@ -145,6 +160,7 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             lambda: c.post("/api/v1/alerts/test?channel=hook", headers=auth(admin)),
             "alerts.test",
         ),
+        ("POST", "/api/v1/jobs/{job}/release"): (release_job, "job.release"),
         ("POST", "/login"): (web_login_response, "web.login"),
         ("POST", "/approvals/{approval_id}/approve"): (
             lambda: c.post(
