@@ -70,9 +70,13 @@ class Trainer:
             on_commit=self._on_commit, heartbeat_interval=0.5, request_timeout=2.0,
         )
         self.state_log = StateLog(run.state_log)
-        self.machine = PhaseMachine(self.state_log, name="trainer", run_dir=run.root, first_step=self.step)
         self.hb = HeartbeatReporter(run.root, "trainer", 0, job=self.cfg.job, interval=0.5)
+        # The reporter counts failed steps for the agent (train_step_failures_total → step_failed).
+        self.machine = PhaseMachine(self.state_log, name="trainer", run_dir=run.root,
+                                    first_step=self.step, reporter=self.hb)
         self.published: int | None = None
+        self._burst_max_ms = 0.0
+        self._step_latency_ms: float | None = None
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -152,10 +156,24 @@ class Trainer:
                 pending += 1
         return pending
 
+    def _fire(self, event: Event, **info: Any) -> Phase:
+        # The heartbeat carries the slowest state-log append of the current step: a step's
+        # transitions come in a burst, and the last one alone can hide a stall before it.
+        try:
+            return self.machine.fire(event, **info)
+        finally:
+            latency = self.state_log.last_write_latency_ms
+            if latency is not None:
+                self._burst_max_ms = max(self._burst_max_ms, latency)
+
+    def _close_burst(self) -> None:
+        self._step_latency_ms = self._burst_max_ms if self._burst_max_ms > 0 else None
+        self._burst_max_ms = 0.0
+
     def _beat(self, *, force: bool = False) -> None:
         self.hb.update(
             phase=self.machine.phase.value, step=self.step, pending=self._pending(),
-            scheduled=self.cfg.rollouts, state_log_latency_ms=self.state_log.last_write_latency_ms,
+            scheduled=self.cfg.rollouts, state_log_latency_ms=self._step_latency_ms,
             force=force,
         )
 
@@ -167,7 +185,7 @@ class Trainer:
                 time.sleep(0.2)
                 continue
             if self.machine.phase is Phase.PREPARE:  # released from SAFE_MODE
-                self.machine.fire(Event.PREPARED)
+                self._fire(Event.PREPARED)
             self.participant.safe_point(timeout=10.0)
             found = self._batches()
             if found is not None:
@@ -190,6 +208,15 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
         return stats
+
+    def _snapshot(self) -> None:
+        if not self.snapshots.should_snapshot(self.step):
+            return
+        latest = self.snapshots.latest(SHARD)
+        if latest is not None and latest.step >= self.step:
+            return  # a predecessor (before a restart) took it; a redone step is the same state
+        self.snapshots.snapshot(SHARD, self.step, dict(self.policy.state_dict()),
+                                self.optimizer.state_dict(), self.base)
 
     def _record_consumed(self, batches: list[CommittedBatch], outcome: str) -> None:
         for b in batches:
@@ -218,8 +245,8 @@ class Trainer:
         self.hb.start_keepalive()
         self.run.event("trainer_start", step=self.step, incarnation=self.incarnation)
         try:
-            self.machine.fire(Event.START)
-            self.machine.fire(Event.PREPARED)
+            self._fire(Event.START)
+            self._fire(Event.PREPARED)
         except SafeModeError as exc:  # the control file holds the job: wait for its release
             log.warning("trainer starts in SAFE_MODE: %s", exc)
         while self.step < self.cfg.steps:
@@ -227,8 +254,8 @@ class Trainer:
             batches = self._wait_batches()
             started = time.monotonic()
             try:
-                self.machine.fire(Event.ROLLOUT_COMPLETE)
-                self.machine.fire(Event.DATA_AVAILABLE)
+                self._fire(Event.ROLLOUT_COMPLETE)
+                self._fire(Event.DATA_AVAILABLE)
             except SafeModeError:
                 continue  # SAFE_MODE was commanded in between: hold before training
             self._beat(force=True)
@@ -236,18 +263,18 @@ class Trainer:
                 stats = self._train(batches)
             except torch.cuda.OutOfMemoryError as exc:
                 self._record_consumed(batches, "skipped")
-                self.machine.fire(Event.TRAIN_STEP_FAILED, reason=str(exc))
+                self._fire(Event.TRAIN_STEP_FAILED, reason=str(exc))
                 self.run.event("step_failed", step=self.step, error=str(exc))
             else:
                 self._record_consumed(batches, "trained")
                 self.stats.append(stats)
-                self.machine.fire(Event.TRAIN_STEP_DONE, **stats)
-                self.machine.fire(Event.EVAL_DONE)
+                self._fire(Event.TRAIN_STEP_DONE, **stats)
+                self._fire(Event.EVAL_DONE)
                 self.run.event("step", step=self.step, seconds=time.monotonic() - started, **stats)
             # A skipped step moves on; a heavy failure (SAFE_MODE) stays on the step until released.
             self.step = self.machine.step
-            self.snapshots.maybe_snapshot(SHARD, self.step, dict(self.policy.state_dict()),
-                                          self.optimizer.state_dict(), self.base)
+            self._snapshot()
+            self._close_burst()
             self._handle_requests()
             if self.step < self.cfg.steps:
                 self._publish()
