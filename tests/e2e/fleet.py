@@ -16,6 +16,12 @@ from tests.e2e.conftest import NODES, Cluster
 GIB = 2**30
 JOB = "grpo-qwen-7b"
 GPUS = 8
+CHECKPOINT_EVERY = 25
+PHASE_CYCLE_S = 24.0
+PHASE_CYCLE = {  # role -> (phase, until second of the cycle)
+    "trainer": (("ROLLOUT", 8.0), ("COLLECT", 12.0), ("TRAIN", 20.0), ("EVAL", 24.0)),
+    "rollout": (("ROLLOUT", 12.0), ("COLLECT", 16.0), ("PREPARE", 24.0)),
+}
 PLACEMENT = {  # node → (role, rank)
     NODES[0]: ("trainer", 0),
     NODES[1]: ("rollout", 1),
@@ -54,10 +60,25 @@ def _job_samples(node: str, ts: float, progress: float, errors: int) -> list[dic
         "state_log_write_errors_total": errors,
         "actor_shard_rebuild_count_5m": 1 if 0.55 < progress < 0.7 else 0,
     }
+    if role == "trainer":
+        # The last committed checkpoint (every 25 steps): step 25 early in the backfill, then 50.
+        committed = step // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+        values["checkpoint_committed_step"] = committed
+        values["checkpoint_inference_version"] = committed // CHECKPOINT_EVERY + 10
     if role == "rollout":
         values["rollout_pending_ratio"] = 0.04 + 0.21 * progress**3
         values["rollout_tokens_per_second"] = 5200 + 600 * math.sin(ts / 30.0)
     return [{"name": n, "value": float(v), "ts": ts, "labels": labels} for n, v in values.items()]
+
+
+def phase_at(role: str, ts: float) -> str:
+    """The phase machine's cycle, on the wall clock: the agents' heartbeats move through it, so
+    the Job page's timeline fills with bands while the tests run."""
+    at = ts % PHASE_CYCLE_S
+    for phase, until in PHASE_CYCLE[role]:
+        if at < until:
+            return phase
+    raise AssertionError(f"cycle of {role} does not cover {at}")
 
 
 def _participant(node: str, ts: float, progress: float) -> dict[str, object]:
@@ -66,7 +87,7 @@ def _participant(node: str, ts: float, progress: float) -> dict[str, object]:
         "job": JOB,
         "role": role,
         "rank": rank,
-        "phase": "TRAIN" if role == "trainer" else "ROLLOUT",
+        "phase": phase_at(role, ts),
         "step": 40 + int(progress * 20),
         "ts": ts,
     }

@@ -210,6 +210,39 @@ def test_approver_approves_and_the_incident_timeline_updates(story: Story, brows
     assert approver.js_errors == [] and watcher.js_errors == []  # type: ignore[attr-defined]
 
 
+def _check_timeline_and_checkpoints(page: object) -> None:
+    """The phases the agents reported while the tests ran, and the trainer's checkpoints."""
+    for who in ("trainer/0", "rollout/1"):
+        role = who.split("/")[0]
+        bands = page.eval_on_selector_all(  # type: ignore[attr-defined]
+            f'[data-testid=phase-timeline] [data-lane="{who}"] .band',
+            "els => els.map(e => [e.dataset.phase, parseFloat(e.style.left), parseFloat(e.style.width)])",
+        )
+        phases = [b[0] for b in bands]
+        assert len(set(phases)) >= 2, (who, phases)  # the tests ran through a phase change
+        cycle = [p for p, _ in fleet.PHASE_CYCLE[role]]
+        assert set(phases) <= set(cycle), phases
+        # Only changes are recorded (a report every 2 s repeats the phase most of the time), and
+        # mostly in the cycle's order (a slow round on a loaded machine may skip a short phase).
+        pairs = list(zip(phases, phases[1:], strict=False))
+        assert all(before != after for before, after in pairs), phases
+        in_order = [a == cycle[(cycle.index(b) + 1) % len(cycle)] for b, a in pairs]
+        assert sum(in_order) >= len(in_order) / 2, phases
+        for (_, left, width), (_, nxt, _) in zip(bands, bands[1:], strict=False):
+            assert abs(left + width - nxt) < 0.05  # bands follow each other without gaps
+        last = bands[-1]
+        assert abs(last[1] + last[2] - 100) < 0.05  # the current phase runs to now
+        lane = page.locator(f'[data-lane="{who}"]')  # type: ignore[attr-defined]
+        assert lane.get_attribute("data-current") == phases[-1]
+    card = page.locator('[data-checkpoint="trainer/0"]')  # type: ignore[attr-defined]
+    assert card.locator("[data-testid=ckpt-step]").inner_text() == "50"
+    assert card.locator("[data-testid=ckpt-inference]").inner_text() == "12"
+    commits = page.eval_on_selector_all(  # type: ignore[attr-defined]
+        "[data-testid=checkpoint-versions] tr[data-commit]", "els => els.map(e => e.dataset.commit)"
+    )
+    assert commits[:2] == ["50", "25"], commits
+
+
 def test_screenshots_of_job_and_phone_pages(story: Story, browser: object) -> None:
     base = story.cluster.base_url
     desktop = _page(browser)
@@ -221,6 +254,7 @@ def test_screenshots_of_job_and_phone_pages(story: Story, browser: object) -> No
     desktop.goto(f"{base}/jobs/{fleet.JOB}")  # type: ignore[attr-defined]
     desktop.wait_for_selector(".js-chart canvas")  # type: ignore[attr-defined]
     desktop.wait_for_selector('[data-participant="trainer/0"]')  # type: ignore[attr-defined]
+    _check_timeline_and_checkpoints(desktop)
     screenshot(desktop, "job-desktop")
     phone = _page(browser, phone=True)
     sign_in(phone, base, "alice")

@@ -378,15 +378,17 @@ def overview_health(
     live = live_gpus(store, now=now)
     sparks = rollup_sparks_cached(session, now=now)
     tiers_by_node = incident_tiers_by_node or {}
-    nodes = session.exec(select(Node).order_by(Node.name)).all()
-    known = {n.name for n in nodes}
+    # Two columns, not the ORM rows: building a few hundred Node objects (fingerprint JSON and
+    # all) per render was a visible share of the page.
+    nodes = session.exec(select(Node.name, Node.last_seen_at).order_by(Node.name)).all()
+    known = {name for name, _ in nodes}
     cards: list[NodeCard] = []
     current: dict[str, NodeNow] = {}
     counts = {"ok": 0, "warn": 0, "bad": 0, "idle": 0}
     gpus_total = gpus_bad = gpus_warn = 0
     # Nodes that stream samples but were never registered still deserve a card.
     names = sorted(known | set(live))
-    last_seen = {n.name: n.last_seen_at for n in nodes}
+    last_seen = dict(nodes)
     for name in names:
         gpus = live.get(name, [])
         seen = last_seen.get(name)
