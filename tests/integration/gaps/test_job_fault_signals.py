@@ -27,6 +27,21 @@ def _latest(stack: Stack, name: str) -> float | None:
     return data[0]["points"][-1][1] if data and data[0]["points"] else None
 
 
+def _held(stack: Stack, name: str, value: float, count: int = 1, span: float = 2.0) -> bool:
+    """The server holds ``count`` series of ``name`` at ``value`` over ``span`` seconds.
+
+    A counter's first value is only a baseline to the detectors; a rise sent before a policy
+    tick (every 0.5 s) has seen the node and the baseline is no rise at all.
+    """
+    data = _series(stack, name)
+    return len(data) == count and all(
+        d["points"]
+        and d["points"][-1][1] == value
+        and d["points"][-1][0] - d["points"][0][0] >= span
+        for d in data
+    )
+
+
 def _run_steps(machine: PhaseMachine, reporter: HeartbeatReporter, steps: int) -> None:
     for _ in range(steps):
         machine.fire(Event.ROLLOUT_COMPLETE)
@@ -52,7 +67,7 @@ def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
         _run_steps(machine, reporter, 3)  # past the first-step window (a fault there is heavy)
         agents.append(AgentProcess(stack, "n1", run_dir))
         # The counters arrive at 0 first, so the failure below is an increase.
-        stack.wait(lambda: _latest(stack, "train_step_failures_total") == 0, 40, "baseline")
+        stack.wait(lambda: _held(stack, "train_step_failures_total", 0), 40, "baseline")
         assert _latest(stack, "train_step") == 3
         assert stack.incidents() == []
 
@@ -106,7 +121,8 @@ def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_inciden
         rep.start_keepalive()
     try:
         agents.append(AgentProcess(stack, "n1", run_dir))
-        stack.wait(lambda: len(_series(stack, "rollout_batch_timeouts_total")) == 2, 40, "baseline")
+        for name in ("rollout_batch_timeouts_total", "actor_shard_stale", "state_log_write_errors_total"):
+            stack.wait(lambda n=name: _held(stack, n, 0, count=2), 40, f"baseline of {name}")
         rollout.record_rollout_timeout()
         rollout.set_shard_stale("rank1", True)
         trainer.record_state_log_error()
