@@ -195,6 +195,7 @@ class DemoStack:
     def start_chaos(self) -> None:
         if not self.schedule:
             return
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # the schedule may start before the job
         path = self.workdir / f"chaos-{self.job}.json"
         path.write_text(json.dumps(self.schedule), encoding="utf-8")
         self._spawn("chaos", [sys.executable, "-m", "workload.chaos", "--run-dir", str(self.run_dir),
