@@ -128,14 +128,10 @@ class SeriesStore:
         One lock acquisition for all of them: a page that reads thousands of series would
         otherwise contend with ingest once per series.
         """
+        keys = keys if isinstance(keys, list | tuple) else list(keys)  # read outside the lock
         get = self._series.get
-        out: list[tuple[float, float] | None] = []
-        append = out.append
         with self._lock:
-            for key in keys:
-                series = get(key)
-                append(series.points[-1] if series is not None and series.points else None)
-        return out
+            return [s.points[-1] if s is not None and s.points else None for s in map(get, keys)]
 
     def since(self, key: SeriesKey, since_ts: float) -> list[Point]:
         with self._lock:
