@@ -57,7 +57,7 @@ def test_an_approver_releases_a_rejected_job_from_safe_mode(any_stack: Stack) ->
             done = len(safe) == 2 and all(a["status"] == "succeeded" for a in safe)
             return inc if inc is not None and inc["safe_mode"] and done else None
 
-        inc = stack.wait(held, 40, "SAFE_MODE on both nodes")
+        inc = stack.wait(held, 60, "SAFE_MODE on both nodes")
         assert read_mode(run_dir) == "safe_mode"
         assert not machine.can_start_rollout() and machine.phase is Phase.SAFE_MODE
 
@@ -98,7 +98,7 @@ def test_an_approver_releases_a_rejected_job_from_safe_mode(any_stack: Stack) ->
             detail = stack.get(f"/api/v1/incidents/{inc['id']}", stack.viewer)
             return detail if detail["status"] == "resolved" else None
 
-        done = stack.wait(closed, 40, "incident closed by the release")
+        done = stack.wait(closed, 60, "incident closed by the release")
         assert not done["safe_mode"]
         releases = [a for a in done["actions"] if a["action"] == "release_safe_mode"]
         assert len(releases) == 2 and all(a["status"] == "succeeded" for a in releases)
