@@ -96,6 +96,8 @@ def create_app(
         metrics=metrics,
         backend=backend,
         dedupe=dedupe,
+        # Phase history is kept as long as the rollups it is drawn beside.
+        phase_retention_days=settings.series.rollup_retention_days,
     )
     rollups = RollupWriter(engine=engine, store=store, settings=settings.series, metrics=metrics)
 
