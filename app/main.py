@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from app.api.middleware import RequestMetricsMiddleware
@@ -152,6 +152,16 @@ def create_app(
             {"detail": "the database is unavailable; nothing was changed, retry shortly"},
             status_code=503,
             headers={"Retry-After": "2"},
+        )
+
+    @app.exception_handler(DataError)
+    async def _out_of_range(_request: Request, exc: DataError) -> JSONResponse:
+        # A value the request validation let through but a column cannot hold (e.g. an id
+        # beyond a 32-bit integer): bad input, nothing was written (the session rolls back).
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else "invalid value"
+        return JSONResponse(
+            {"detail": f"a value in the request does not fit the database: {reason}"},
+            status_code=422,
         )
 
     @app.get("/metrics", include_in_schema=False)

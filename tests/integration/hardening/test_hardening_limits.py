@@ -119,3 +119,14 @@ def test_bad_hardening_values_are_refused_by_name() -> None:
                          ("ingest_requests_per_second", -1)):
         with pytest.raises(ValidationError, match=field):
             HardeningSettings(**{field: value})
+
+
+def test_an_id_beyond_the_column_is_bad_input_not_a_server_error(
+    hardened_api: Callable[..., Api],
+) -> None:
+    api = hardened_api()
+    admin = api.user_token("root", Role.admin)
+    r = api.client.post("/api/v1/approvals/72624877286856/reject", headers=auth(admin))
+    assert r.status_code == 422, r.text  # was 500 (found by schemathesis)
+    assert "does not fit the database" in r.json()["detail"]
+    assert api.client.get("/api/v1/me", headers=auth(admin)).status_code == 200  # still serving
