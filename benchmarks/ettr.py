@@ -96,8 +96,9 @@ def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[
     }
     detections, recoveries, ratios = [], [], []
     incidents = stack.incidents() if stack is not None else []
-    for f in faults:
+    for n, f in enumerate(faults):
         role = f.get("role")
+        next_fault = faults[n + 1]["ts"] if n + 1 < len(faults) else float("inf")
         if stack is not None:
             opened = [_ts(i["opened_at"]) for i in incidents
                       if i["job"] == run.root.name and i["subject"].get("role") == role
@@ -114,7 +115,8 @@ def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[
             if after:
                 recoveries.append(after[0] - f["ts"])
         before = [t for t, _s in steps if t < f["ts"]][-4:]
-        later = [t for t, _s in steps if respawn and t > min(respawn)][1:5]
+        # Steady state after the recovery, before the next fault: skip the first step after it.
+        later = [t for t, _s in steps if respawn and min(respawn) < t < next_fault][1:5]
         if len(before) >= 2 and len(later) >= 2:
             rate_before = (len(before) - 1) / (before[-1] - before[0])
             rate_after = (len(later) - 1) / (later[-1] - later[0])
