@@ -107,6 +107,9 @@ class Trainer:
             self.run.event("checkpoint_failed", step=self.step, error=str(exc)[:300])
             raise
         self.run.event("checkpoint", step=self.step, seq=info.seq, round=round_id)
+        # The job page shows the newest committed version vector (an operator deciding on a
+        # restore needs it); it travels in the heartbeat.
+        self.hb.record_checkpoint(self.step, self.step)
         return {"seq": info.seq, "step": self.step}
 
     def _restore(self) -> None:
