@@ -118,18 +118,7 @@ def persist_decisions(
             if d.signal is not None:
                 _record_signal(session, inc, d, now)
             _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
-            stage = (
-                1
-                + session.exec(
-                    select(func.count())
-                    .select_from(IncidentEvent)
-                    .where(
-                        IncidentEvent.incident_id == inc.id,
-                        col(IncidentEvent.type).in_(["escalated", "recovery_retry"]),
-                    )
-                ).one()
-            )
-            _plan(session, inc, d.actions, policy, now, out, stage=stage)
+            _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
         elif d.type is DecisionType.RETRY:
             inc = _open_incident(session, d.key)
             if inc is None:
@@ -143,18 +132,7 @@ def persist_decisions(
                 detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
             )
             _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
-            stage = (
-                1
-                + session.exec(
-                    select(func.count())
-                    .select_from(IncidentEvent)
-                    .where(
-                        IncidentEvent.incident_id == inc.id,
-                        col(IncidentEvent.type).in_(["escalated", "recovery_retry"]),
-                    )
-                ).one()
-            )
-            _plan(session, inc, d.actions, policy, now, out, stage=stage)
+            _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
         elif d.type is DecisionType.RESOLVE:
             inc = _open_incident(session, d.key)
             if inc is None:
@@ -229,6 +207,21 @@ def _record_signal(session: Session, inc: Incident, d: IncidentDecision, now: da
             since=sig.since,
         )
     )
+
+
+def _next_plan_stage(session: Session, inc: Incident) -> int:
+    """Plans of one incident are numbered: the opening plan is stage 0 and each escalation or
+    retry (counted from the timeline) starts the next one, so a replanned action gets an
+    idempotency key distinct from the earlier plan's."""
+    replans = session.exec(
+        select(func.count())
+        .select_from(IncidentEvent)
+        .where(
+            IncidentEvent.incident_id == inc.id,
+            col(IncidentEvent.type).in_(["escalated", "recovery_retry"]),
+        )
+    ).one()
+    return 1 + replans
 
 
 def _plan(
