@@ -208,6 +208,30 @@ def finish_action(
     return True
 
 
+def renew_action_lease(
+    session: Session,
+    *,
+    action_id: int,
+    worker: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+) -> bool:
+    """Extend the running worker's lease; False when it no longer holds the action.
+
+    A worker renews while its adapter runs, so an action that takes longer than one lease (a
+    slow restart, a database outage in the middle) is not claimed and run a second time by a
+    redelivered task. The caller commits.
+    """
+    now = now or utcnow()
+    t = RecoveryAction.__table__  # type: ignore[attr-defined]
+    res = session.execute(
+        sa.update(t)
+        .where(t.c.id == action_id, t.c.status == ActionStatus.running.value, t.c.worker == worker)
+        .values(lease_until=now + timedelta(seconds=lease_seconds))
+    )
+    return res.rowcount == 1  # type: ignore[attr-defined]
+
+
 def release_for_retry(
     session: Session, *, action_id: int, worker: str, error: str, now: datetime | None = None
 ) -> None:

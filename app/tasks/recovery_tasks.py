@@ -3,7 +3,9 @@
 A task gets only the action id and its idempotency key. It claims the row (re-reading the
 database), runs the adapter (which checks the world before acting), and records the result.
 Transient errors give the claim back and retry with exponential backoff, a bounded number of
-times; a claim held by another worker is retried after that worker's lease.
+times; a claim held by another worker is retried after that worker's lease. While the adapter
+runs, the worker keeps renewing its lease, and once the adapter has run its result is recorded
+with bounded retries: an action outliving one lease or a database outage must not run twice.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -27,6 +33,7 @@ from app.services.actions import (
     claim_action,
     finish_action,
     release_for_retry,
+    renew_action_lease,
     task_name,
 )
 from app.services.recovery_adapters import (
@@ -41,6 +48,8 @@ from app.tasks.settings import get_recovery_settings
 log = logging.getLogger("rlguard.tasks")
 
 MAX_RETRIES = 8
+# How long a worker keeps trying to record an adapter's result through a database outage.
+RECORD_RESULT_DEADLINE_SECONDS = 120.0
 
 
 @lru_cache(maxsize=1)
@@ -95,7 +104,8 @@ def run_action(task: Task, action_id: int, idempotency_key: str) -> dict[str, An
             raise ActionError(f"no adapter for action {action.action!r}")
         if action.attempts > rs.max_attempts:
             raise ActionError(f"gave up after {action.attempts - 1} attempts")
-        result = adapter(_context(), action)
+        with _lease_kept(engine, action_id, me, rs.action_lease_seconds):
+            result = adapter(_context(), action)
         ok = True
     except (TransientActionError, SoftTimeLimitExceeded, OperationalError) as exc:
         if task.request.retries < MAX_RETRIES and action.attempts < rs.max_attempts:
@@ -111,11 +121,7 @@ def run_action(task: Task, action_id: int, idempotency_key: str) -> dict[str, An
     except Exception as exc:  # a bug or an unexpected library error: record it, do not hide it
         log.exception("action %s (%s) crashed", action_id, action.action)
         error = f"{type(exc).__name__}: {exc}"
-    with Session(engine) as session:
-        recorded = finish_action(
-            session, action_id=action_id, worker=me, ok=ok, result=result, error=error
-        )
-        session.commit()
+    recorded = _record_result(engine, action_id, me, ok=ok, result=result, error=error)
     log.info(
         "action %s %s: %s", action_id, action.action, "succeeded" if ok else f"failed: {error}"
     )
@@ -125,6 +131,65 @@ def run_action(task: Task, action_id: int, idempotency_key: str) -> dict[str, An
         "result": result,
         "error": error,
     }
+
+
+@contextmanager
+def _lease_kept(
+    engine: Engine, action_id: int, worker: str, lease_seconds: float
+) -> Iterator[None]:
+    """Renew the action's lease every third of it until the block ends (a daemon thread)."""
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.wait(lease_seconds / 3):
+            try:
+                with Session(engine) as session:
+                    held = renew_action_lease(
+                        session, action_id=action_id, worker=worker, lease_seconds=lease_seconds
+                    )
+                    session.commit()
+            except OperationalError as exc:  # database away: try again at the next period
+                log.warning("action %s: lease renewal failed, will retry: %s", action_id, exc)
+                continue
+            if not held:
+                log.warning("action %s: lease lost to another worker", action_id)
+                return
+
+    thread = threading.Thread(target=renew, name=f"lease-action-{action_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def _record_result(
+    engine: Engine,
+    action_id: int,
+    worker: str,
+    *,
+    ok: bool,
+    result: dict[str, Any] | None,
+    error: str | None,
+) -> bool:
+    """Record the outcome, retrying through a database outage (the adapter must not re-run)."""
+    deadline = time.monotonic() + RECORD_RESULT_DEADLINE_SECONDS
+    pause = 0.5
+    while True:
+        try:
+            with Session(engine) as session:
+                recorded = finish_action(
+                    session, action_id=action_id, worker=worker, ok=ok, result=result, error=error
+                )
+                session.commit()
+            return recorded
+        except OperationalError as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("action %s: recording the result failed, will retry: %s", action_id, exc)
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
 
 
 def _register(action: str) -> None:

@@ -109,6 +109,29 @@ def test_expired_lease_is_taken_over_and_redispatched(engine) -> None:
     assert c.outcome is actions.ClaimOutcome.claimed and c.action.attempts == 2
 
 
+def test_renewed_lease_keeps_a_slow_action_from_being_taken_over(engine) -> None:
+    skip = PlannedAction(ActionName.SKIP_FAILED_STEP, "j", "n0", False, {"step": 5})
+    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)).new_actions
+    t0 = utcnow()
+    with Session(engine) as s:
+        key = s.get(RecoveryAction, aid).idempotency_key
+        actions.claim_action(s, action_id=aid, idempotency_key=key, worker="slow", lease_seconds=5, now=t0)
+        s.commit()
+        # The holder renews at t0+4 s: at t0+6 s the action is still its own.
+        assert actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5, now=t0 + timedelta(seconds=4))
+        s.commit()
+        assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3) == []
+        c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=6))
+        s.commit()
+        assert c.outcome is actions.ClaimOutcome.busy
+        # Another worker cannot renew a lease it does not hold.
+        assert not actions.renew_action_lease(s, action_id=aid, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=7))
+        assert actions.finish_action(s, action_id=aid, worker="slow", ok=True, result={}, now=t0 + timedelta(seconds=8))
+        s.commit()
+        # Once finished there is nothing left to renew.
+        assert not actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5)
+
+
 def test_failed_recovery_counts_on_the_incident(engine) -> None:
     act = PlannedAction(ActionName.RESTART_ROLE, "j", "n0", False, {"role": "trainer", "rank": 0})
     out = persist(engine, decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM, act))
