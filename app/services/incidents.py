@@ -454,11 +454,6 @@ def incident_detail(session: Session, *, incident_id: int) -> IncidentDetail:
     inc = session.get(Incident, incident_id)
     if inc is None:
         raise NotFound(f"no incident with id {incident_id}")
-    events = session.exec(
-        select(IncidentEvent)
-        .where(IncidentEvent.incident_id == incident_id)
-        .order_by(col(IncidentEvent.id))
-    ).all()
     signals = session.exec(
         select(FaultSignalRecord)
         .where(FaultSignalRecord.incident_id == incident_id)
@@ -471,6 +466,14 @@ def incident_detail(session: Session, *, incident_id: int) -> IncidentDetail:
     ).all()
     approvals = session.exec(
         select(Approval).where(Approval.incident_id == incident_id).order_by(col(Approval.id))
+    ).all()
+    # The timeline is read last: a worker records an action's status and its timeline entry in
+    # one commit, so any status seen above has its entry below, even though these reads are
+    # separate statements (READ COMMITTED) and a commit may land between them.
+    events = session.exec(
+        select(IncidentEvent)
+        .where(IncidentEvent.incident_id == incident_id)
+        .order_by(col(IncidentEvent.id))
     ).all()
     base = _public(inc).model_dump()
     return IncidentDetail(
