@@ -118,8 +118,14 @@ class DemoStack:
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
         try:
-            proc = subprocess.Popen(argv, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=self._env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
         self.procs[name] = proc
@@ -128,11 +134,33 @@ class DemoStack:
     def start_server(self, timeout: float = 90.0) -> None:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "workload.launch", "write-hook",
-                        str(self.workdir / "launcher-hook"), "--run-root", str(self.run_root)],
-                       env=self._env(), check=True, timeout=60)
-        self._spawn("server", [sys.executable, "-c", "from app.cli import main; main()",
-                               "up", "--host", "127.0.0.1", "--port", str(self.port)])
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "workload.launch",
+                "write-hook",
+                str(self.workdir / "launcher-hook"),
+                "--run-root",
+                str(self.run_root),
+            ],
+            env=self._env(),
+            check=True,
+            timeout=60,
+        )
+        self._spawn(
+            "server",
+            [
+                sys.executable,
+                "-c",
+                "from app.cli import main; main()",
+                "up",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+        )
         self._wait_healthy(timeout)
         self._credentials()
 
@@ -142,7 +170,9 @@ class DemoStack:
             while True:
                 server = self.procs["server"]
                 if server.poll() is not None:
-                    raise RuntimeError(f"rlguard up exited {server.returncode}; see {self.workdir}/logs/server.log")
+                    raise RuntimeError(
+                        f"rlguard up exited {server.returncode}; see {self.workdir}/logs/server.log"
+                    )
                 try:
                     if http.get("/healthz").status_code == 200:
                         return
@@ -165,11 +195,15 @@ class DemoStack:
         try:
             with Session(engine) as s:
                 node_token = create_node_token(s, node=NODE, actor="system:demo")[1]
-                name = USER if s.exec(select(User).where(User.name == USER)).first() is None \
+                name = (
+                    USER
+                    if s.exec(select(User).where(User.name == USER)).first() is None
                     else f"{USER}{secrets.randbelow(10_000)}"
+                )
                 self.user = name
-                self.token = create_user(s, name=name, role=Role.admin, actor="system:demo",
-                                         password=self.password)[1]
+                self.token = create_user(
+                    s, name=name, role=Role.admin, actor="system:demo", password=self.password
+                )[1]
                 s.commit()
         finally:
             engine.dispose()
@@ -179,18 +213,49 @@ class DemoStack:
 
     def start_agent(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "agents", "--server", self.url, "--token-file",
-                str(self.workdir / "node.token"), "--node", NODE, "--run-dir", str(self.run_dir),
-                "--interval", "0.5", "--spool-dir", str(self.workdir / f"spool-{self.job}"),
-                "--log-level", "WARNING"]
+        argv = [
+            sys.executable,
+            "-m",
+            "agents",
+            "--server",
+            self.url,
+            "--token-file",
+            str(self.workdir / "node.token"),
+            "--node",
+            NODE,
+            "--run-dir",
+            str(self.run_dir),
+            "--interval",
+            "0.5",
+            "--spool-dir",
+            str(self.workdir / f"spool-{self.job}"),
+            "--log-level",
+            "WARNING",
+        ]
         if self.simulate_gpus:
             argv += ["--simulate-gpus", str(self.simulate_gpus)]
         self._spawn("agent", argv)
 
     def start_job(self, *extra: str) -> None:
-        self._spawn("job", [sys.executable, "-m", "workload.launch", "--run-dir", str(self.run_dir),
-                            "--steps", str(self.steps), "--rollouts", str(self.rollouts),
-                            "--decode-ms", str(self.decode_ms), "--job", self.job, *extra])
+        self._spawn(
+            "job",
+            [
+                sys.executable,
+                "-m",
+                "workload.launch",
+                "--run-dir",
+                str(self.run_dir),
+                "--steps",
+                str(self.steps),
+                "--rollouts",
+                str(self.rollouts),
+                "--decode-ms",
+                str(self.decode_ms),
+                "--job",
+                self.job,
+                *extra,
+            ],
+        )
 
     def start_chaos(self) -> None:
         if not self.schedule:
@@ -198,8 +263,18 @@ class DemoStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)  # the schedule may start before the job
         path = self.workdir / f"chaos-{self.job}.json"
         path.write_text(json.dumps(self.schedule), encoding="utf-8")
-        self._spawn("chaos", [sys.executable, "-m", "workload.chaos", "--run-dir", str(self.run_dir),
-                              "schedule", str(path)])
+        self._spawn(
+            "chaos",
+            [
+                sys.executable,
+                "-m",
+                "workload.chaos",
+                "--run-dir",
+                str(self.run_dir),
+                "schedule",
+                str(path),
+            ],
+        )
 
     def stop_one(self, name: str, timeout: float = 20.0) -> None:
         """Stop one process group (SIGTERM, then SIGKILL)."""
@@ -230,7 +305,9 @@ class DemoStack:
 
     def api(self, method: str, path: str, **kw: Any) -> httpx.Response:
         with httpx.Client(base_url=self.url, timeout=10) as http:
-            return http.request(method, path, headers={"Authorization": f"Bearer {self.token}"}, **kw)
+            return http.request(
+                method, path, headers={"Authorization": f"Bearer {self.token}"}, **kw
+            )
 
     def incidents(self) -> list[dict[str, Any]]:
         r = self.api("GET", "/api/v1/incidents", params={"status": "all"})
@@ -257,8 +334,11 @@ class DemoStack:
             beat = json.loads((self.run_dir / "heartbeat" / "trainer-0.json").read_text())
         except (OSError, json.JSONDecodeError):
             beat = {}
-        return {"step": beat.get("step"), "phase": beat.get("phase"),
-                "done": (self.run_dir / "DONE").exists()}
+        return {
+            "step": beat.get("step"),
+            "phase": beat.get("phase"),
+            "done": (self.run_dir / "DONE").exists(),
+        }
 
     # ---- stopping ---------------------------------------------------------------------------
 
@@ -291,8 +371,10 @@ def _table(stack: DemoStack, started: float) -> Any:
     from rich.table import Table
 
     status = stack.job_status()
-    title = (f"RLGuard demo: job {JOB} step {status['step']}/{stack.steps} phase {status['phase']}"
-             f"{' (done)' if status['done'] else ''}  [{time.monotonic() - started:.0f}s]")
+    title = (
+        f"RLGuard demo: job {JOB} step {status['step']}/{stack.steps} phase {status['phase']}"
+        f"{' (done)' if status['done'] else ''}  [{time.monotonic() - started:.0f}s]"
+    )
     table = Table(title=title, expand=True)
     for col in ("incident", "tier", "kind", "status", "subject", "actions"):
         table.add_column(col)
@@ -302,23 +384,35 @@ def _table(stack: DemoStack, started: float) -> Any:
             detail = stack.incident(inc["id"])
             actions = ", ".join(f"{a['action']}:{a['status']}" for a in detail.get("actions", []))
             subject = inc.get("subject") or {}
-            table.add_row(str(inc["id"]), inc["tier"], inc["kind"], inc["status"],
-                          " ".join(f"{k}={v}" for k, v in subject.items() if v is not None), actions)
+            table.add_row(
+                str(inc["id"]),
+                inc["tier"],
+                inc["kind"],
+                inc["status"],
+                " ".join(f"{k}={v}" for k, v in subject.items() if v is not None),
+                actions,
+            )
         pending = stack.pending_approvals()
     except httpx.HTTPError as exc:
         table.caption = f"server not answering: {exc}"
         return table
     if pending:
-        table.caption = (f"{len(pending)} heavy-tier recovery waiting for approval: "
-                         f"{stack.url}/approvals (or POST /api/v1/approvals/{pending[0]['id']}/approve)")
+        table.caption = (
+            f"{len(pending)} heavy-tier recovery waiting for approval: "
+            f"{stack.url}/approvals (or POST /api/v1/approvals/{pending[0]['id']}/approve)"
+        )
     return table
 
 
 def demo(
     port: Annotated[int, typer.Option(help="Port of the dashboard.")] = 8765,
-    workdir: Annotated[Path, typer.Option("--dir", help="Where the demo keeps its data (wiped at start).")] = Path("rlguard-demo"),
+    workdir: Annotated[
+        Path, typer.Option("--dir", help="Where the demo keeps its data (wiped at start).")
+    ] = Path("rlguard-demo"),
     steps: Annotated[int, typer.Option(help="Training steps of the demo job.")] = 40,
-    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")
+    ] = None,
     gpus: Annotated[int, typer.Option(help="Simulated GPUs when this machine has none.")] = 2,
     chaos: Annotated[bool, typer.Option(help="Inject the light, heavy and medium faults.")] = True,
 ) -> None:
@@ -328,7 +422,9 @@ def demo(
 
     console = Console()
     if steps < 6:
-        console.print(f"rlguard: error: --steps {steps} is too short for the chaos schedule (at least 6)")
+        console.print(
+            f"rlguard: error: --steps {steps} is too short for the chaos schedule (at least 6)"
+        )
         raise typer.Exit(2)
     if duration is not None and not duration > 0:
         console.print(f"rlguard: error: --duration {duration} must be > 0")
@@ -341,8 +437,13 @@ def demo(
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     real_gpu = _gpu_present()
-    stack = DemoStack(workdir, port, steps=steps, simulate_gpus=None if real_gpu else gpus,
-                      schedule=DEFAULT_SCHEDULE if chaos else None)
+    stack = DemoStack(
+        workdir,
+        port,
+        steps=steps,
+        simulate_gpus=None if real_gpu else gpus,
+        schedule=DEFAULT_SCHEDULE if chaos else None,
+    )
     stop = {"now": False}
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -354,13 +455,22 @@ def demo(
     try:
         console.print(f"starting RLGuard in embedded mode in {workdir} ...")
         stack.start()
-        console.print(f"[bold]dashboard[/bold] {stack.url}/  login [bold]{stack.user}[/bold] / "
-                      f"[bold]{stack.password}[/bold]   (API token in {workdir}/demo-login.txt)")
+        console.print(
+            f"[bold]dashboard[/bold] {stack.url}/  login [bold]{stack.user}[/bold] / "
+            f"[bold]{stack.password}[/bold]   (API token in {workdir}/demo-login.txt)"
+        )
         (workdir / "demo-login.txt").write_text(
-            f"url: {stack.url}\nuser: {stack.user}\npassword: {stack.password}\napi_token: {stack.token}\n")
+            f"url: {stack.url}\nuser: {stack.user}\npassword: {stack.password}\napi_token: {stack.token}\n"
+        )
         (workdir / "demo-login.txt").chmod(0o600)
-        console.print("GPUs: " + ("real (NVML)" if real_gpu else f"{gpus} SIMULATED (no GPU on this machine; "
-                                  "samples labelled simulated=\"1\")"))
+        console.print(
+            "GPUs: "
+            + (
+                "real (NVML)"
+                if real_gpu
+                else f'{gpus} SIMULATED (no GPU on this machine; samples labelled simulated="1")'
+            )
+        )
         console.print("Ctrl-C stops everything.")
         with Live(_table(stack, started), console=console, refresh_per_second=1) as live:
             while not stop["now"]:
@@ -369,7 +479,9 @@ def demo(
                 for name in ("server", "job"):
                     proc = stack.procs.get(name)
                     if name == "server" and proc is not None and proc.poll() is not None:
-                        raise RuntimeError(f"the server exited ({proc.returncode}); see {workdir}/logs")
+                        raise RuntimeError(
+                            f"the server exited ({proc.returncode}); see {workdir}/logs"
+                        )
                 live.update(_table(stack, started))
                 time.sleep(1.0)
     except RuntimeError as exc:
