@@ -404,6 +404,30 @@ def _table(stack: DemoStack, started: float) -> Any:
     return table
 
 
+DEMO_DIR_MARKER = ".rlguard-demo"
+
+
+def prepare_demo_dir(workdir: Path) -> Path:
+    """Empty the demo's directory for a fresh run, refusing to wipe anything the demo did not make.
+
+    Only a missing or empty directory, or one carrying the marker a previous demo left, is
+    (re)created: ``--dir ~`` must never delete someone's home.
+    """
+    workdir = workdir.resolve()
+    if workdir.exists():
+        if not workdir.is_dir():
+            raise ValueError(f"--dir {workdir} exists and is not a directory")
+        if any(workdir.iterdir()) and not (workdir / DEMO_DIR_MARKER).exists():
+            raise ValueError(
+                f"--dir {workdir} is not empty and was not made by `rlguard demo`; "
+                "choose an empty or new directory"
+            )
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / DEMO_DIR_MARKER).write_text("made by rlguard demo; wiped at its next start\n")
+    return workdir
+
+
 def demo(
     port: Annotated[int, typer.Option(help="Port of the dashboard.")] = 8765,
     workdir: Annotated[
@@ -432,10 +456,11 @@ def demo(
     if not 1 <= port <= 65535:
         console.print(f"rlguard: error: --port {port} is not a TCP port")
         raise typer.Exit(2)
-    workdir = workdir.resolve()
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    try:
+        workdir = prepare_demo_dir(workdir)
+    except ValueError as exc:
+        console.print(f"rlguard: error: {exc}")
+        raise typer.Exit(2) from exc
     real_gpu = _gpu_present()
     stack = DemoStack(
         workdir,
