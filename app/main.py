@@ -105,15 +105,16 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend.start(store)
         await ingest_service.start()
-        rollups.start()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for hook in hooks:
                     await stack.enter_async_context(hook(app))
+                if rollups.scheduled_by is None:
+                    # No policy scheduler took the rollups as a leased job (app.services.rollups).
+                    await stack.enter_async_context(rollups.running_alone())
                 log.info("rlguard server ready", extra={"database": engine.url.get_backend_name()})
                 yield
         finally:
-            await rollups.stop()
             await ingest_service.stop()
             backend.stop()
             if dedupe is not None:

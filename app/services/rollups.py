@@ -1,12 +1,37 @@
-"""Per-minute rollups of the series store, written to ``metric_rollup`` in the background.
+"""Per-minute rollups of the series store, written to ``metric_rollup``.
 
 Every ``rollup_interval_seconds`` each series' points of minutes that are complete (the server
-clock is ``rollup_grace_seconds`` past the minute's end) and not yet rolled by this process are
-aggregated into count/min/max/avg/last and upserted. An existing row for the same (series, minute)
-is merged, not replaced (counts add, min/max widen, avg is count-weighted, last is the later one):
-after a restart the store starts empty, and a minute that straddles the restart keeps what both
+clock is ``rollup_grace_seconds`` past the minute's end) and not yet rolled are aggregated into
+count/min/max/avg/last and upserted. An existing row for the same (series, minute) is merged,
+not replaced (counts add, min/max widen, avg is count-weighted, last is the later one): after a
+restart the store starts empty, and a minute that straddles the restart keeps what both
 processes saw. Rows older than ``rollup_retention_days`` are deleted, as are series gone silent
 for longer than the in-memory window.
+
+Who writes them. In a server with the policy scheduler (``app.services.scheduler``) the rollup
+pass is one of its leased jobs: only the replica holding the scheduler lease writes rollups,
+and each write is fenced (its transaction checks, under a row lock, that the lease still has
+the holder and fencing token the pass started with; otherwise nothing is written and the
+minutes stay unrolled). What the holder rolls up is its own window:
+
+* Local window (the embedded default): the window holds only the samples this process
+  ingested. With one server per database (the supported layout) that is every sample. Windows
+  of different processes never share a sample, so merging is exact: a process that takes the
+  lease over (a restart, or a second replica) adds what it saw to the rows already there.
+  A replica that does NOT hold the lease writes nothing; what it alone ingested is rolled up
+  only if it takes the lease while those samples are still in its window (it logs a warning
+  once, since several replicas need the shared window).
+* Shared window (``RLGUARD_SERIES__SHARED_WINDOW=true``): every replica's window holds every
+  replica's samples, so a new holder's window overlaps what the previous holder already wrote,
+  and merging it would count those samples twice. On taking the lease (a new fencing token)
+  the writer therefore reads, per series, the newest minute already in ``metric_rollup``
+  (``take_over``) and rolls only later minutes. Fencing makes that read see every row the
+  previous holder committed: its last write either committed before the lease changed hands
+  or was rolled back.
+
+Without a scheduler in the process (``RLGUARD_POLICY_SCHEDULER=0``, tests that run the app
+without it) ``running_alone`` keeps the old per-process loop for a local window; a shared
+window is then left to the replicas that run the scheduler.
 """
 
 from __future__ import annotations
@@ -16,14 +41,14 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from app.core.config import SeriesSettings
 from app.metrics import ServerMetrics
@@ -53,6 +78,14 @@ class RollupRow:
     last_ts: float
 
 
+class LeaseLost(RuntimeError):
+    """The scheduler lease changed hands during a rollup pass: nothing was written."""
+
+
+#: Checked inside the write transaction, after the upserts: True while the pass may commit.
+Fence = Callable[[Connection], bool]
+
+
 class RollupWriter:
     def __init__(
         self,
@@ -71,7 +104,37 @@ class RollupWriter:
         # series -> start of the last minute this process rolled up
         self._rolled: dict[SeriesKey, float] = {}
         self._previous_marks: dict[SeriesKey, float] = {}
+        # series_id -> newest minute in the database when this process took the lease (shared
+        # window only), for series not yet in ``_rolled``
+        self._written: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        #: The scheduler that runs the passes under its lease (None: nobody does yet).
+        self.scheduled_by: str | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.settings.shared_window
+
+    def take_over(self) -> None:
+        """This process just took the scheduler lease: with a shared window, skip every minute
+        the database already holds (the previous holder rolled it from the same samples)."""
+        self._written = {}
+        if not self.shared:
+            return  # a local window never overlaps another process's rows: merge them
+        t = MetricRollup.__table__  # type: ignore[attr-defined]
+        horizon = from_epoch(self._clock() - self.settings.window_seconds - 120)
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(t.c.series_id, sa.func.max(t.c.minute))
+                .where(t.c.minute >= horizon)
+                .group_by(t.c.series_id)
+            ).all()
+        written = {sid: minute.timestamp() for sid, minute in found}
+        for key in self.store.keys():
+            minute = written.pop(series_id(key), None)
+            if minute is not None and minute > self._rolled.get(key, float("-inf")):
+                self._rolled[key] = minute
+        self._written = written
 
     def compute(self, now: float | None = None) -> list[RollupRow]:
         """Rows for every complete, not-yet-rolled minute (marks them as rolled)."""
@@ -86,6 +149,13 @@ class RollupWriter:
             if not points:
                 continue
             sid = series_id(key)
+            if key not in self._rolled and self._written:
+                # a series this process first saw after taking the lease over
+                done = self._written.pop(sid, done)
+                points = [p for p in points if p.ts >= done + 60]
+                if not points:
+                    self._rolled[key] = done
+                    continue
             labels = dict(key.labels)
             minute_pts: dict[float, list[tuple[float, float]]] = {}
             for p in points:
@@ -112,7 +182,8 @@ class RollupWriter:
             self._rolled[key] = max(minute_pts)
         return rows
 
-    def write(self, rows: list[RollupRow]) -> None:
+    def write(self, rows: list[RollupRow], *, fence: Fence | None = None) -> None:
+        """Upsert ``rows`` in one transaction; with ``fence``, commit only while it holds."""
         if not rows:
             return
         table = MetricRollup.__table__  # type: ignore[attr-defined]
@@ -153,22 +224,36 @@ class RollupWriter:
                         for r in rows[i : i + 500]
                     ],
                 )
+            # Checked last, while this transaction already holds its write locks: a takeover
+            # either committed before (then we roll back) or waits until we have committed.
+            if fence is not None and not fence(conn):
+                raise LeaseLost("the scheduler lease changed hands; rollup rows not written")
         self.metrics.rollup_rows.inc(len(rows))
 
     def prune(self) -> None:
+        self.delete_expired_rows()
+        self.forget_silent_series()
+
+    def delete_expired_rows(self) -> None:
         cutoff = utcnow() - timedelta(days=self.settings.rollup_retention_days)
         table = MetricRollup.__table__  # type: ignore[attr-defined]
         with self.engine.begin() as conn:
             conn.execute(sa.delete(table).where(table.c.minute < cutoff))
+
+    def forget_silent_series(self) -> None:
+        """Drop series silent for longer than the window (every replica, leader or not)."""
         stale_before = self._clock() - self.settings.window_seconds
         if self.store.drop_older_than(stale_before):
             live = set(self.store.keys())
             self._rolled = {k: v for k, v in self._rolled.items() if k in live}
 
-    def run_once(self) -> int:
+    def run_once(self, *, fence: Fence | None = None) -> int:
         rows = self.compute()
         try:
-            self.write(rows)
+            if fence is None:
+                self.write(rows)
+            else:
+                self.write(rows, fence=fence)
         except Exception:
             # Un-mark so the next pass retries these minutes.
             for key, done in self._previous_marks.items():
@@ -179,6 +264,8 @@ class RollupWriter:
             raise
         self.prune()
         return len(rows)
+
+    # -- without a scheduler in the process ---------------------------------------------------
 
     async def _loop(self) -> None:
         while True:
@@ -202,3 +289,24 @@ class RollupWriter:
             await asyncio.to_thread(self.run_once)
         except Exception:
             log.exception("final rollup pass failed")
+
+    @contextlib.asynccontextmanager
+    async def running_alone(self) -> AsyncIterator[None]:
+        """The per-process loop, for a server without the policy scheduler.
+
+        A local window is this process's own samples: rolled here, merged with any other
+        process's rows. A shared window is left to the scheduler lease holder of another
+        replica; rolling it here too would count every sample twice.
+        """
+        if self.shared:
+            log.warning(
+                "no policy scheduler in this process and the series window is shared: this "
+                "replica writes no rollups (the scheduler lease holder does)"
+            )
+            yield
+            return
+        self.start()
+        try:
+            yield
+        finally:
+            await self.stop()

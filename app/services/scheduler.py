@@ -1,4 +1,5 @@
-"""The server's scheduled work: the policy tick, outbox dispatch, approval expiry, retention.
+"""The server's scheduled work: the policy tick, outbox dispatch, approval expiry, rollups,
+retention.
 
 Only one server replica runs it: each tick renews a lease row in the database (the
 ``scheduler_lease`` table; a conditional UPDATE is atomic on SQLite and PostgreSQL). A replica
@@ -8,6 +9,13 @@ The tick builds the engine's :class:`World` from the in-process series store, th
 service's participant table and the node table, runs :class:`PolicyEngine`, writes its
 decisions in one transaction and then wakes the dispatcher, so that an action reaches the
 broker right after its outbox row committed.
+
+The per-minute rollups (``app.services.rollups``) are one of these jobs: only the holder writes
+them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
+takes the lease over first reads what the previous holder wrote (``RollupWriter.take_over``) so
+that no minute is rolled twice. The rollup job of a replica that is not the holder only forgets
+series gone silent (memory), and the holder runs a last pass when it stops, before it lets the
+lease go.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any
 import sqlalchemy as sa
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
 
@@ -47,6 +55,7 @@ from app.services.incidents import (
     persist_decisions,
 )
 from app.services.outbox import OutboxDispatcher
+from app.services.rollups import LeaseLost, RollupWriter
 from app.services.series_store import SeriesStore
 
 log = logging.getLogger("rlguard.scheduler")
@@ -91,6 +100,32 @@ def try_lease(engine: Engine, *, holder: str, ttl: float, name: str = LEASE_NAME
             return False
 
 
+def lease_token(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> int | None:
+    """The lease's fencing token while ``holder`` holds it (None otherwise)."""
+    t = SchedulerLease.__table__  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.c.holder, t.c.fencing_token).where(t.c.name == name)).first()
+    return int(row.fencing_token) if row is not None and row.holder == holder else None
+
+
+def lease_fence(*, holder: str, token: int, name: str = LEASE_NAME) -> Callable[[Connection], bool]:
+    """A check for a write transaction: does ``holder`` still hold the lease under ``token``?
+
+    The lease row is read FOR UPDATE (on PostgreSQL; SQLite has one writer at a time anyway),
+    so a replica taking the lease over waits until this transaction has ended and then sees
+    everything it wrote; a takeover that committed first makes the check fail.
+    """
+    t = SchedulerLease.__table__  # type: ignore[attr-defined]
+
+    def holds(conn: Connection) -> bool:
+        row = conn.execute(
+            sa.select(t.c.holder, t.c.fencing_token).where(t.c.name == name).with_for_update()
+        ).first()
+        return row is not None and row.holder == holder and row.fencing_token == token
+
+    return holds
+
+
 def release_lease(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> None:
     t = SchedulerLease.__table__  # type: ignore[attr-defined]
     with Session(engine) as session:
@@ -115,6 +150,7 @@ class PolicyScheduler:
         dispatch_interval: float = 2.0,
         retention_days: float = 90.0,
         holder: str | None = None,
+        rollups: RollupWriter | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -125,6 +161,9 @@ class PolicyScheduler:
         self.lease_seconds = lease_seconds
         self.dispatch_interval = dispatch_interval
         self.retention_days = retention_days
+        self.rollups = rollups
+        self._rollup_token: int | None = None  # the lease's token when the writer took over
+        self._warned_unrolled = False
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.external = ExternalAlerts()
         self.policy_engine = PolicyEngine(
@@ -285,6 +324,40 @@ class PolicyScheduler:
         if old:
             log.info("retention removed %d resolved incident(s)", len(old))
 
+    def rollup(self) -> int:
+        """One rollup pass if this replica holds the lease; returns the rows written."""
+        writer = self.rollups
+        if writer is None:
+            return 0
+        token = lease_token(self.engine, holder=self.holder) if self.is_leader() else None
+        if token is None:
+            writer.forget_silent_series()
+            self._warn_unrolled(writer)
+            return 0
+        if token != self._rollup_token:
+            writer.take_over()
+            self._rollup_token = token
+        try:
+            return writer.run_once(fence=lease_fence(holder=self.holder, token=token))
+        except LeaseLost:
+            self._rollup_token = None  # take over again (re-read the rows) if it comes back
+            log.info("scheduler lease lost during a rollup pass; the new holder rolls up")
+            return 0
+        except Exception:
+            writer.metrics.rollup_failures.inc()
+            raise
+
+    def _warn_unrolled(self, writer: RollupWriter) -> None:
+        if writer.shared or self._warned_unrolled or not len(self.store):
+            return
+        self._warned_unrolled = True
+        log.warning(
+            "this replica does not hold the scheduler lease and its series window is not "
+            "shared: the samples it ingests are rolled up only if it takes the lease while they "
+            "are in its window; run one server per database or set "
+            "RLGUARD_SERIES__SHARED_WINDOW=true"
+        )
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -305,8 +378,21 @@ class PolicyScheduler:
         )
         sched.add_job(self._safe(self.expire), "interval", seconds=10, id="expire")
         sched.add_job(self._safe(self.retention), "interval", hours=6, id="retention")
+        if self.rollups is not None:
+            sched.add_job(
+                self._safe(self.rollup),
+                "interval",
+                seconds=self.rollups.settings.rollup_interval_seconds,
+                id="rollups",
+            )
+            self.rollups.scheduled_by = self.holder
         # Alerts: re-enqueue lost or due deliveries, queue repeat reminders (app.services.alerts).
-        sched.add_job(self._safe(lambda: self.is_leader() and run_alert_maintenance(self.engine)), "interval", seconds=5, id="alerts")
+        sched.add_job(
+            self._safe(lambda: self.is_leader() and run_alert_maintenance(self.engine)),
+            "interval",
+            seconds=5,
+            id="alerts",
+        )
         sched.start()
         self._scheduler = sched
         log.info("policy scheduler started", extra={"holder": self.holder})
@@ -315,6 +401,12 @@ class PolicyScheduler:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
+        if self.rollups is not None:
+            # The last complete minutes, written while this replica still holds the lease.
+            self._safe(self.rollup)()
+            if self.rollups.scheduled_by == self.holder:
+                self.rollups.scheduled_by = None
+        self._rollup_token = None
         try:
             release_lease(self.engine, holder=self.holder)
         except SQLAlchemyError as exc:
@@ -390,6 +482,7 @@ async def policy_lifespan(app: Any) -> AsyncIterator[None]:
         lease_seconds=rs.lease_seconds,
         dispatch_interval=rs.dispatch_interval_seconds,
         retention_days=rs.retention_days,
+        rollups=getattr(app.state, "rollups", None),
     )
     app.state.policy_scheduler = sched
     sched.start()
