@@ -51,13 +51,27 @@ def schedule(steps: int, every: int) -> list[dict[str, Any]]:
     out = []
     for i, step in enumerate(range(every, steps, every)):
         role = "rollout" if i % 2 == 0 else "trainer"
-        out.append({"at_step": step, "delay": 0.6, "fault": "kill", "role": role,
-                    "rank": 1 if role == "rollout" else 0})
+        out.append(
+            {
+                "at_step": step,
+                "delay": 0.6,
+                "fault": "kill",
+                "role": role,
+                "rank": 1 if role == "rollout" else 0,
+            }
+        )
     return out
 
 
-def run_job(stack: DemoStack, job: str, *, faults: list[dict[str, Any]] | None, agent: bool,
-            extra: tuple[str, ...] = (), timeout: float = 1800.0) -> RunDir:
+def run_job(
+    stack: DemoStack,
+    job: str,
+    *,
+    faults: list[dict[str, Any]] | None,
+    agent: bool,
+    extra: tuple[str, ...] = (),
+    timeout: float = 1800.0,
+) -> RunDir:
     stack.job, stack.schedule = job, faults
     if agent:
         stack.start_agent()
@@ -68,7 +82,9 @@ def run_job(stack: DemoStack, job: str, *, faults: list[dict[str, Any]] | None, 
     try:
         while not any(e["kind"] == "job_done" for e in read_events(run)):
             if stack.procs["job"].poll() is not None:
-                raise RuntimeError(f"job {job} exited {stack.procs['job'].returncode}; see {run.root}/logs")
+                raise RuntimeError(
+                    f"job {job} exited {stack.procs['job'].returncode}; see {run.root}/logs"
+                )
             if time.monotonic() - started > timeout:
                 raise RuntimeError(f"job {job} did not finish within {timeout:g}s")
             time.sleep(0.2)
@@ -100,13 +116,21 @@ def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[
         role = f.get("role")
         next_fault = faults[n + 1]["ts"] if n + 1 < len(faults) else float("inf")
         if stack is not None:
-            opened = [_ts(i["opened_at"]) for i in incidents
-                      if i["job"] == run.root.name and i["subject"].get("role") == role
-                      and _ts(i["opened_at"]) >= f["ts"] - 1]
+            opened = [
+                _ts(i["opened_at"])
+                for i in incidents
+                if i["job"] == run.root.name
+                and i["subject"].get("role") == role
+                and _ts(i["opened_at"]) >= f["ts"] - 1
+            ]
             if opened:
                 detections.append(min(opened) - f["ts"])
         else:
-            noticed = [e["ts"] for e in ev if e["kind"] in ("child_exit", "child_hung") and e["ts"] >= f["ts"]]
+            noticed = [
+                e["ts"]
+                for e in ev
+                if e["kind"] in ("child_exit", "child_hung") and e["ts"] >= f["ts"]
+            ]
             if noticed:
                 detections.append(min(noticed) - f["ts"])
         respawn = [e["ts"] for e in ev if e["kind"] == "spawn" and e["ts"] > f["ts"]]
@@ -126,9 +150,15 @@ def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[
     out["throughput_ratios"] = ratios
     if clean is not None:
         mine = {(e["step"], e["batch"]): e["sha256"] for e in ev if e["kind"] == "consumed"}
-        ref = {(e["step"], e["batch"]): e["sha256"] for e in read_events(clean) if e["kind"] == "consumed"}
+        ref = {
+            (e["step"], e["batch"]): e["sha256"]
+            for e in read_events(clean)
+            if e["kind"] == "consumed"
+        }
         out["batches_identical"] = mine == ref
-        out["params_equal"] = out["final"].get("params_sha256") == (read_json(clean.final) or {}).get("params_sha256")
+        out["params_equal"] = out["final"].get("params_sha256") == (
+            read_json(clean.final) or {}
+        ).get("params_sha256")
     return out
 
 
@@ -142,22 +172,31 @@ def main() -> int:
     if args.steps < 4:
         p.error(f"--steps {args.steps} is too short (at least 4)")
     if not 2 <= args.fault_every < args.steps:
-        p.error(f"--fault-every {args.fault_every} must be in 2..steps-1 (a fault in step 0-1 is a heavy first-step anomaly)")
+        p.error(
+            f"--fault-every {args.fault_every} must be in 2..steps-1 (a fault in step 0-1 is a heavy first-step anomaly)"
+        )
     workdir = Path(tempfile.mkdtemp(prefix="rlguard-ettr-"))
-    stack = DemoStack(workdir, free_port(), steps=args.steps, decode_ms=args.decode_ms, schedule=None)
+    stack = DemoStack(
+        workdir, free_port(), steps=args.steps, decode_ms=args.decode_ms, schedule=None
+    )
     faults = schedule(args.steps, args.fault_every)
     results: dict[str, dict[str, Any]] = {}
     try:
         stack.start_server()
-        print(f"server up; {args.steps} steps, faults at steps {[f['at_step'] for f in faults]} "
-              f"({', '.join(f['role'] for f in faults)})", flush=True)
+        print(
+            f"server up; {args.steps} steps, faults at steps {[f['at_step'] for f in faults]} "
+            f"({', '.join(f['role'] for f in faults)})",
+            flush=True,
+        )
         clean = run_job(stack, "clean", faults=None, agent=True)
         results["clean"] = analyse(clean, None, None)
         print(f"clean: {results['clean']['wall_s']:.1f} s", flush=True)
         rl = run_job(stack, "rlguard", faults=faults, agent=True)
         results["rlguard"] = analyse(rl, clean, stack)
         print(f"rlguard: {results['rlguard']['wall_s']:.1f} s", flush=True)
-        wj = run_job(stack, "wholejob", faults=faults, agent=False, extra=("--on-failure", "restart-job"))
+        wj = run_job(
+            stack, "wholejob", faults=faults, agent=False, extra=("--on-failure", "restart-job")
+        )
         results["whole-job"] = analyse(wj, clean, None)
         print(f"whole-job: {results['whole-job']['wall_s']:.1f} s", flush=True)
     finally:
@@ -168,23 +207,31 @@ def main() -> int:
             print(f"work directory kept: {workdir}")
     base = results["clean"]["wall_s"]
     print()
-    print(f"{'way':<10} {'wall s':>8} {'ETTR':>6} {'lost':>5} {'detect s':>9} {'recover s':>10} "
-          f"{'batches=':>9} {'params=':>8} {'thr after/before':>17}")
+    print(
+        f"{'way':<10} {'wall s':>8} {'ETTR':>6} {'lost':>5} {'detect s':>9} {'recover s':>10} "
+        f"{'batches=':>9} {'params=':>8} {'thr after/before':>17}"
+    )
     for name, r in results.items():
         ettr = base / r["wall_s"]
         r["ettr"] = ettr
         thr = ", ".join(f"{x:.2f}" for x in r["throughput_ratios"]) or "-"
         fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        print(f"{name:<10} {r['wall_s']:>8.1f} {ettr:>6.3f} {r['lost_rollouts']:>5} {fmt(r['detection_s']):>9} "
-              f"{fmt(r['recovery_s']):>10} {str(r.get('batches_identical', '-')):>9} "
-              f"{str(r.get('params_equal', '-')):>8} {thr:>17}")
+        print(
+            f"{name:<10} {r['wall_s']:>8.1f} {ettr:>6.3f} {r['lost_rollouts']:>5} {fmt(r['detection_s']):>9} "
+            f"{fmt(r['recovery_s']):>10} {str(r.get('batches_identical', '-')):>9} "
+            f"{str(r.get('params_equal', '-')):>8} {thr:>17}"
+        )
     rl, wj = results["rlguard"], results["whole-job"]
     print()
-    print(f"ETTR rlguard / ETTR whole-job = {rl['ettr'] / wj['ettr']:.2f}x "
-          f"(target: rlguard >= 0.90; RobustRL: role-local > 0.80, whole-job ~0.60)")
+    print(
+        f"ETTR rlguard / ETTR whole-job = {rl['ettr'] / wj['ettr']:.2f}x "
+        f"(target: rlguard >= 0.90; RobustRL: role-local > 0.80, whole-job ~0.60)"
+    )
     within = [abs(x - 1) <= 0.05 for x in rl["throughput_ratios"]]
-    print(f"quality (rlguard): batches reused unchanged={rl['batches_identical']}, "
-          f"final params equal={rl['params_equal']}, throughput within 5% after {sum(within)}/{len(within)} recoveries")
+    print(
+        f"quality (rlguard): batches reused unchanged={rl['batches_identical']}, "
+        f"final params equal={rl['params_equal']}, throughput within 5% after {sum(within)}/{len(within)} recoveries"
+    )
     return 0
 
 

@@ -84,7 +84,9 @@ class Fault:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ChaosError(f"{name} must be an int >= 0, got {value!r}")
         if not self.ms > 0 or not self.seconds > 0 or not self.delay >= 0:
-            raise ChaosError(f"ms and seconds must be > 0 and delay >= 0, got {self.ms!r}, {self.seconds!r}, {self.delay!r}")
+            raise ChaosError(
+                f"ms and seconds must be > 0 and delay >= 0, got {self.ms!r}, {self.seconds!r}, {self.delay!r}"
+            )
 
 
 def _pid(run: RunDir, role: str, rank: int) -> int:
@@ -159,9 +161,12 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
         sim = run.root / SIMULATE_DIR
         sim.mkdir(exist_ok=True)
         body: dict[str, Any] = (
-            {"fault": "xid", "gpu": fault.gpu, "xid": fault.xid} if fault.fault == "xid"
-            else {"fault": "thermal", "gpu": fault.gpu, "on": fault.on} if fault.fault == "thermal"
-            else {"fault": "ecc_uncorrectable", "gpu": fault.gpu})
+            {"fault": "xid", "gpu": fault.gpu, "xid": fault.xid}
+            if fault.fault == "xid"
+            else {"fault": "thermal", "gpu": fault.gpu, "on": fault.on}
+            if fault.fault == "thermal"
+            else {"fault": "ecc_uncorrectable", "gpu": fault.gpu}
+        )
         name = f"chaos-{fault.fault}-{time.time_ns()}.json"
         tmp = sim / f".{name}.tmp"
         tmp.write_text(json.dumps(body))
@@ -184,8 +189,14 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
     return info
 
 
-def run_schedule(run: RunDir, faults: list[Fault], *, stop: threading.Event | None = None,
-                 timeout: float = 3600.0, on_inject: Callable[[dict[str, Any]], None] | None = None) -> int:
+def run_schedule(
+    run: RunDir,
+    faults: list[Fault],
+    *,
+    stop: threading.Event | None = None,
+    timeout: float = 3600.0,
+    on_inject: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
     """Inject each fault once the trainer reaches its ``at_step``; returns how many fired."""
     stop = stop or threading.Event()
     pending = sorted(faults, key=lambda f: f.at_step)
@@ -210,7 +221,9 @@ def run_schedule(run: RunDir, faults: list[Fault], *, stop: threading.Event | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workload.chaos", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m workload.chaos", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--run-dir", required=True)
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("kill", "hang"):
@@ -248,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
             fired = run_schedule(run, faults, stop=stop)
             print(json.dumps({"fired": fired, "scheduled": len(faults)}))  # noqa: T201
             return 0
-        fields = {k: v for k, v in vars(args).items() if k not in ("run_dir", "cmd") and v is not None}
+        fields = {
+            k: v for k, v in vars(args).items() if k not in ("run_dir", "cmd") and v is not None
+        }
         print(json.dumps(inject(run, Fault(fault=args.cmd, **fields), stop=stop)))  # noqa: T201
         return 0
     except ChaosError as exc:

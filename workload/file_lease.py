@@ -20,7 +20,9 @@ from recovery.checkpoint.lease import LeaseGrant
 class FileLease:
     """The :class:`recovery.checkpoint.lease.Lease` protocol on one file."""
 
-    def __init__(self, path: str | os.PathLike[str], *, name: str = "coordinator", ttl: float = 5.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, name: str = "coordinator", ttl: float = 5.0
+    ) -> None:
         if not 0 < ttl <= 3600:
             raise ValueError(f"lease ttl must be in (0, 3600] seconds, got {ttl!r}")
         self.path = Path(path)
@@ -52,7 +54,12 @@ class FileLease:
             if d.get("holder") not in (None, holder) and d.get("expires", 0) > now:
                 return None, None
             epoch = int(d.get("epoch", 0)) + (0 if d.get("holder") == holder else 1)
-            return LeaseGrant(holder, epoch), {**d, "holder": holder, "epoch": epoch, "expires": now + self.ttl}
+            return LeaseGrant(holder, epoch), {
+                **d,
+                "holder": holder,
+                "epoch": epoch,
+                "expires": now + self.ttl,
+            }
 
         result: LeaseGrant | None = self._update(change)
         return result
@@ -68,7 +75,13 @@ class FileLease:
         return bool(self._update(change))
 
     def release(self, holder: str) -> None:
-        self._update(lambda d: (None, {**d, "holder": None, "expires": 0}) if d.get("holder") == holder else (None, None))
+        self._update(
+            lambda d: (
+                (None, {**d, "holder": None, "expires": 0})
+                if d.get("holder") == holder
+                else (None, None)
+            )
+        )
 
     def current_holder(self) -> str | None:
         now = time.time()

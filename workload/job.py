@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workload.policy import TaskSpec
+from workload.task import TaskSpec
 
 WEIGHT_SET = "policy"
 # A weight version number is incarnation * VERSION_STRIDE + step: the registry wants versions to

@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 
 from workload.job import JobConfig, JobConfigError, RunDir, read_json, write_json_atomic
-from workload.policy import TaskSpec
-from workload.supervisor import Supervisor
+from workload.task import TaskSpec
 
 HOOK_ACTIONS = ("restart_role", "restart_job", "reschedule_batches", "restore_checkpoint")
 _KEY = re.compile(r"^[\x21-\x7e]{1,300}$")  # printable ASCII, no spaces
@@ -39,14 +38,18 @@ _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _supervise(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m workload.launch",
-                                description="Run the reference GRPO job (trainer + rollouts).")
+    p = argparse.ArgumentParser(
+        prog="python -m workload.launch",
+        description="Run the reference GRPO job (trainer + rollouts).",
+    )
     p.add_argument("--run-dir", required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--rollouts", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--job", default=None, help="job name (default: the run directory's name)")
-    p.add_argument("--decode-ms", type=float, default=15.0, help="simulated decode latency per token")
+    p.add_argument(
+        "--decode-ms", type=float, default=15.0, help="simulated decode latency per token"
+    )
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--prompts-per-worker", type=int, default=4)
     p.add_argument("--on-failure", choices=("wait", "restart-job"), default="wait")
@@ -58,20 +61,37 @@ def _supervise(argv: list[str]) -> int:
     if not _JOB.match(job):
         p.error(f"--job {job!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     if args.group_size < 2:
-        p.error(f"--group-size must be >= 2 (advantages are relative to the group), got {args.group_size}")
+        p.error(
+            f"--group-size must be >= 2 (advantages are relative to the group), got {args.group_size}"
+        )
     if args.prompts_per_worker < 1:
         p.error(f"--prompts-per-worker must be >= 1, got {args.prompts_per_worker}")
     try:
-        config = JobConfig(job=job, steps=args.steps, rollouts=args.rollouts, seed=args.seed,
-                           decode_ms_per_token=args.decode_ms,
-                           task=TaskSpec(group_size=args.group_size,
-                                         prompts_per_worker=args.prompts_per_worker))
+        config = JobConfig(
+            job=job,
+            steps=args.steps,
+            rollouts=args.rollouts,
+            seed=args.seed,
+            decode_ms_per_token=args.decode_ms,
+            task=TaskSpec(group_size=args.group_size, prompts_per_worker=args.prompts_per_worker),
+        )
     except JobConfigError as exc:
         p.error(str(exc))
-    logging.basicConfig(level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
-                        format="%(asctime)s launch %(levelname)s %(name)s: %(message)s")
-    sup = Supervisor(RunDir(run_dir), config, on_failure=args.on_failure,
-                     hang_timeout=args.hang_timeout, timeout=args.timeout)
+    logging.basicConfig(
+        level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
+        format="%(asctime)s launch %(levelname)s %(name)s: %(message)s",
+    )
+    # Imported here: the hook and write-hook commands below must not pay for torch (the
+    # recovery worker starts the hook for every action, on the recovery path).
+    from workload.supervisor import Supervisor
+
+    sup = Supervisor(
+        RunDir(run_dir),
+        config,
+        on_failure=args.on_failure,
+        hang_timeout=args.hang_timeout,
+        timeout=args.timeout,
+    )
 
     def on_signal(signum: int, _frame: object) -> None:
         sup.stop()
@@ -107,7 +127,9 @@ def _hook(argv: list[str]) -> int:
     if not _JOB.match(args.job):
         p.error(f"--job {args.job!r} cannot name a run directory")
     if not _KEY.match(args.idempotency_key):
-        p.error(f"--idempotency-key {args.idempotency_key!r} must be 1-300 printable ASCII characters")
+        p.error(
+            f"--idempotency-key {args.idempotency_key!r} must be 1-300 printable ASCII characters"
+        )
     if args.rank is not None and not args.rank.isdigit():
         p.error(f"--rank must be a non-negative integer, got {args.rank!r}")
     if args.role is not None and args.role not in ("trainer", "rollout"):
@@ -135,9 +157,19 @@ def _hook(argv: list[str]) -> int:
             print(f"the launcher of {args.job!r} is not running", file=sys.stderr)  # noqa: T201
             return 2
         if not req.exists():
-            write_json_atomic(req, {"action": args.action, "role": args.role, "rank": args.rank,
-                                    "node": args.node, "away_from": args.away_from,
-                                    "key": args.idempotency_key, "extra": extra, "ts": time.time()})
+            write_json_atomic(
+                req,
+                {
+                    "action": args.action,
+                    "role": args.role,
+                    "rank": args.rank,
+                    "node": args.node,
+                    "away_from": args.away_from,
+                    "key": args.idempotency_key,
+                    "extra": extra,
+                    "ts": time.time(),
+                },
+            )
         deadline = time.monotonic() + args.wait
         while not done.exists():
             if time.monotonic() > deadline:
@@ -158,7 +190,7 @@ def _write_hook(argv: list[str]) -> int:
     root = str(Path(args.run_root).resolve())
     path.write_text(
         "#!/bin/sh\n# RLGuard launcher hook for the reference job (written by workload.launch)\n"
-        f"exec {shlex.quote(sys.executable)} -m workload.launch hook --run-root {shlex.quote(root)} \"$@\"\n",
+        f'exec {shlex.quote(sys.executable)} -m workload.launch hook --run-root {shlex.quote(root)} "$@"\n',
         encoding="utf-8",
     )
     path.chmod(0o755)

@@ -15,13 +15,12 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-DIGITS = 10
+from workload.task import DIGITS, TaskSpec
 
 
 def derive_seed(run_seed: int, *parts: int | str) -> int:
@@ -36,18 +35,6 @@ def generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    length: int = 4
-    group_size: int = 8
-    prompts_per_worker: int = 4
-    hidden: int = 64
-
-    @property
-    def max_sum(self) -> int:
-        return (DIGITS - 1) * self.length
 
 
 class DigitPolicy(nn.Module):
@@ -100,7 +87,12 @@ def prompts_for(spec: TaskSpec, run_seed: int, step: int, worker: int) -> list[i
 
 @torch.no_grad()
 def sample_group(
-    policy: DigitPolicy, spec: TaskSpec, run_seed: int, step: int, worker: int, prompt_index: int,
+    policy: DigitPolicy,
+    spec: TaskSpec,
+    run_seed: int,
+    step: int,
+    worker: int,
+    prompt_index: int,
     target: int,
 ) -> list[dict[str, Any]]:
     """``group_size`` samples for one prompt; each sample draws from its own seeded generator."""

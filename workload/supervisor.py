@@ -72,41 +72,71 @@ class Supervisor:
         self.coordinator = Coordinator(
             coordinator_id=f"launcher-{os.getpid()}",
             lease=FileLease(self.run.root / "coordinator.lease", ttl=3.0),
-            checkpoint_interval_steps=1, round_timeout=3.0, request_timeout=1.0,
-            suspect_after=2.0, confirm_after=4.0, tick=0.1,
+            checkpoint_interval_steps=1,
+            round_timeout=3.0,
+            request_timeout=1.0,
+            suspect_after=2.0,
+            confirm_after=4.0,
+            tick=0.1,
         )
         self.coordinator.start()
-        write_json_atomic(self.run.runtime, {
-            "registry": self.registry.address, "coordinator": self.coordinator.url,
-            "launcher_pid": os.getpid(),
-        })
-        self.children = [Child("trainer", 0)] + [Child("rollout", k) for k in range(self.config.rollouts)]
+        write_json_atomic(
+            self.run.runtime,
+            {
+                "registry": self.registry.address,
+                "coordinator": self.coordinator.url,
+                "launcher_pid": os.getpid(),
+            },
+        )
+        self.children = [Child("trainer", 0)] + [
+            Child("rollout", k) for k in range(self.config.rollouts)
+        ]
 
     # ---- processes ---------------------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
         if child.role == "trainer":
             self._incarnation += 1
-            argv = ["-m", "workload.trainer", "--run-dir", str(self.run.root),
-                    "--incarnation", str(self._incarnation)]
+            argv = [
+                "-m",
+                "workload.trainer",
+                "--run-dir",
+                str(self.run.root),
+                "--incarnation",
+                str(self._incarnation),
+            ]
         else:
-            argv = ["-m", "workload.rollout", "--run-dir", str(self.run.root), "--rank", str(child.rank)]
+            argv = [
+                "-m",
+                "workload.rollout",
+                "--run-dir",
+                str(self.run.root),
+                "--rank",
+                str(child.rank),
+            ]
         logfile = open(self.run.root / "logs" / f"{child.name}.log", "ab")  # noqa: SIM115
         try:
-            child.proc = subprocess.Popen([sys.executable, *argv], stdout=logfile, stderr=logfile,
-                                          stdin=subprocess.DEVNULL)
+            child.proc = subprocess.Popen(
+                [sys.executable, *argv], stdout=logfile, stderr=logfile, stdin=subprocess.DEVNULL
+            )
         finally:
             logfile.close()
         child.reported_exit = False
         child.starts += 1
-        self.run.event("spawn", role=child.role, rank=child.rank, child_pid=child.proc.pid,
-                       start=child.starts)
+        self.run.event(
+            "spawn", role=child.role, rank=child.rank, child_pid=child.proc.pid, start=child.starts
+        )
         self._write_pids()
 
     def _write_pids(self) -> None:
-        write_json_atomic(self.run.root / "pids.json", {
-            c.name: c.proc.pid for c in self.children if c.proc is not None and c.proc.poll() is None
-        })
+        write_json_atomic(
+            self.run.root / "pids.json",
+            {
+                c.name: c.proc.pid
+                for c in self.children
+                if c.proc is not None and c.proc.poll() is None
+            },
+        )
 
     @staticmethod
     def _kill(child: Child) -> None:
@@ -164,8 +194,9 @@ class Supervisor:
             if beat.get("pid") == c.proc.pid and beat.get("phase") != "STARTING":
                 continue  # the process reports for itself now
             c.vouched_at = now
-            reporter = HeartbeatReporter(self.run.root, c.role, c.rank, job=self.config.job,
-                                         pid=c.proc.pid)
+            reporter = HeartbeatReporter(
+                self.run.root, c.role, c.rank, job=self.config.job, pid=c.proc.pid
+            )
             reporter.update(phase="STARTING", force=True)
             reporter.close()
 
@@ -199,18 +230,29 @@ class Supervisor:
     def _carry_out(self, body: dict[str, Any]) -> dict[str, Any]:
         action, role, rank = body.get("action"), body.get("role"), body.get("rank")
         self.run.event("hook_request", action=action, role=role, rank=rank)
-        targets = [c for c in self.children
-                   if (role is None or c.role == role) and (rank is None or str(c.rank) == str(rank))]
+        targets = [
+            c
+            for c in self.children
+            if (role is None or c.role == role) and (rank is None or str(c.rank) == str(rank))
+        ]
         if action == "restart_job" or action == "restore_checkpoint":
             # Heavy-tier actions reach the launcher only after an approver said so: that is the
             # go-ahead to leave SAFE_MODE, so the restarted job resumes from its checkpoint.
             released = False
             if read_control(self.run.root).mode is ControlMode.SAFE_MODE:
-                write_control(self.run.root, ControlMode.RUN,
-                              f"{action} approved ({body.get('key')})", timeout=10.0)
+                write_control(
+                    self.run.root,
+                    ControlMode.RUN,
+                    f"{action} approved ({body.get('key')})",
+                    timeout=10.0,
+                )
                 released = True
             self._restart(self.children, why=f"{action} requested")
-            return {"ok": True, "restarted": [c.name for c in self.children], "released_safe_mode": released}
+            return {
+                "ok": True,
+                "restarted": [c.name for c in self.children],
+                "released_safe_mode": released,
+            }
         if action in ("restart_role", "reschedule_batches"):
             if role is None:
                 if action == "reschedule_batches":

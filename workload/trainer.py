@@ -57,23 +57,33 @@ class Trainer:
         self.weight_versions = WeightVersionTable()
         self.stats: list[dict[str, float]] = []
         self.engine = CheckpointEngine(run.checkpoints, keep=3)
-        self.snapshots = ShardSnapshotter(run.shards, snapshot_interval_steps=self.cfg.snapshot_interval_steps)
+        self.snapshots = ShardSnapshotter(
+            run.shards, snapshot_interval_steps=self.cfg.snapshot_interval_steps
+        )
         self.checkpoint_failures = 0
         self._restore()
         runtime = read_json(run.runtime) or {}
         self.publisher = WeightPublisher(
-            WEIGHT_SET, transport=make_transport("tcp"),
-            registry=RegistryClient(runtime["registry"], timeout=5.0), lease_s=5.0,
+            WEIGHT_SET,
+            transport=make_transport("tcp"),
+            registry=RegistryClient(runtime["registry"], timeout=5.0),
+            lease_s=5.0,
         )
         self.participant = Participant(
-            "trainer", "trainer", [runtime["coordinator"]], version=VersionVector(self.step, self.step),
-            on_commit=self._on_commit, heartbeat_interval=0.5, request_timeout=2.0,
+            "trainer",
+            "trainer",
+            [runtime["coordinator"]],
+            version=VersionVector(self.step, self.step),
+            on_commit=self._on_commit,
+            heartbeat_interval=0.5,
+            request_timeout=2.0,
         )
         self.state_log = StateLog(run.state_log)
         self.hb = HeartbeatReporter(run.root, "trainer", 0, job=self.cfg.job, interval=0.5)
         # The reporter counts failed steps for the agent (train_step_failures_total → step_failed).
-        self.machine = PhaseMachine(self.state_log, name="trainer", run_dir=run.root,
-                                    first_step=self.step, reporter=self.hb)
+        self.machine = PhaseMachine(
+            self.state_log, name="trainer", run_dir=run.root, first_step=self.step, reporter=self.hb
+        )
         self.published: int | None = None
         self._burst_max_ms = 0.0
         self._step_latency_ms: float | None = None
@@ -87,7 +97,10 @@ class Trainer:
             "lr_scheduler": {"kind": "constant", "lr": self.cfg.lr},
             "step": self.step,
             "inference_weight_version": self.step,
-            "generation_config": {"length": self.cfg.task.length, "group_size": self.cfg.task.group_size},
+            "generation_config": {
+                "length": self.cfg.task.length,
+                "group_size": self.cfg.task.group_size,
+            },
             "rng": {"torch": torch.get_rng_state()},
             "rollout_stats": {"history": [dict(s) for s in self.stats[-50:]]},
         }
@@ -95,8 +108,10 @@ class Trainer:
     def _on_commit(self, round_id: int, target: VersionVector) -> dict[str, Any]:
         try:
             handle = self.engine.save(
-                self._state(), version=VersionVector(self.step, self.step),
-                layers={"rng": "core", **self.engine.layers}, weight_versions=self.weight_versions,
+                self._state(),
+                version=VersionVector(self.step, self.step),
+                layers={"rng": "core", **self.engine.layers},
+                weight_versions=self.weight_versions,
                 timeout=30.0,
             )
             info = handle.wait(timeout=30.0)
@@ -175,8 +190,11 @@ class Trainer:
 
     def _beat(self, *, force: bool = False) -> None:
         self.hb.update(
-            phase=self.machine.phase.value, step=self.step, pending=self._pending(),
-            scheduled=self.cfg.rollouts, state_log_latency_ms=self._step_latency_ms,
+            phase=self.machine.phase.value,
+            step=self.step,
+            pending=self._pending(),
+            scheduled=self.cfg.rollouts,
+            state_log_latency_ms=self._step_latency_ms,
             force=force,
         )
 
@@ -207,7 +225,9 @@ class Trainer:
         for b in batches:
             samples.extend(b.load_samples())
         self.optimizer.zero_grad(set_to_none=True)
-        loss, stats = grpo_loss(self.policy, self.reference, samples, self.cfg.task, kl_coef=self.cfg.kl_coef)
+        loss, stats = grpo_loss(
+            self.policy, self.reference, samples, self.cfg.task, kl_coef=self.cfg.kl_coef
+        )
         loss.backward()
         self.optimizer.step()
         return stats
@@ -218,13 +238,16 @@ class Trainer:
         latest = self.snapshots.latest(SHARD)
         if latest is not None and latest.step >= self.step:
             return  # a predecessor (before a restart) took it; a redone step is the same state
-        self.snapshots.snapshot(SHARD, self.step, dict(self.policy.state_dict()),
-                                self.optimizer.state_dict(), self.base)
+        self.snapshots.snapshot(
+            SHARD, self.step, dict(self.policy.state_dict()), self.optimizer.state_dict(), self.base
+        )
 
     def _record_consumed(self, batches: list[CommittedBatch], outcome: str) -> None:
         for b in batches:
             digest = hashlib.sha256((b.path / "samples.jsonl").read_bytes()).hexdigest()
-            self.run.event("consumed", step=self.step, batch=b.batch_id, sha256=digest, outcome=outcome)
+            self.run.event(
+                "consumed", step=self.step, batch=b.batch_id, sha256=digest, outcome=outcome
+            )
 
     def _handle_requests(self) -> None:
         if not self.run.requests.is_dir():
@@ -236,8 +259,12 @@ class Trainer:
                 # The phase machine already recorded and skipped it; acknowledge.
                 self.run.event("request_done", action=action, step=body.get("step"))
             elif action == "rebuild_shard":
-                rebuilt = self.snapshots.rebuild_shard(SHARD, load_base=lambda _s: BaseShard(
-                    0, {n: t.clone() for n, t in self.base.params.items()}, {}))
+                rebuilt = self.snapshots.rebuild_shard(
+                    SHARD,
+                    load_base=lambda _s: BaseShard(
+                        0, {n: t.clone() for n, t in self.base.params.items()}, {}
+                    ),
+                )
                 self.run.event("shard_rebuilt", shard=SHARD, step=rebuilt.step)
             else:
                 continue  # restores are the launcher's: it restarts the job from the checkpoint
@@ -282,8 +309,14 @@ class Trainer:
             if self.step < self.cfg.steps:
                 self._publish()
             self._beat(force=True)
-        write_json_atomic(self.run.final, {"step": self.step, "params_sha256": params_digest(self.policy),
-                                           "failed_steps": list(self.machine.failed_steps)})
+        write_json_atomic(
+            self.run.final,
+            {
+                "step": self.step,
+                "params_sha256": params_digest(self.policy),
+                "failed_steps": list(self.machine.failed_steps),
+            },
+        )
         torch.save(self.policy.state_dict(), self.run.root / "final_params.pt")
         self.run.done.touch()
         self.run.event("trainer_done", step=self.step)
@@ -306,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--incarnation", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
-                        format="%(asctime)s trainer-%(process)d %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
+        format="%(asctime)s trainer-%(process)d %(levelname)s %(name)s: %(message)s",
+    )
     trainer = Trainer(RunDir(args.run_dir), args.incarnation)
     try:
         return trainer.run_loop()
