@@ -363,6 +363,9 @@ class HeartbeatDetector(Detector):
     """Two-level loss: silent ``suspect_seconds`` → suspected; still silent after a further
     ``confirm_seconds`` → confirmed (a signal). A participant that comes back clears itself.
 
+    A participant whose phase is one of ``exited_phases`` (its launcher saw the process exit)
+    is lost at once: nothing is left to come back.
+
     Participants on a node that is silent as a whole are the node detector's business.
     """
 
@@ -378,10 +381,14 @@ class HeartbeatDetector(Detector):
             if p.phase in cfg.finished_phases:
                 continue
             age = world.now - p.last_heartbeat_ts
-            if age < cfg.suspect_seconds:
+            exited = p.phase in cfg.exited_phases
+            if age < cfg.suspect_seconds and not exited:
                 continue
             node_seen = world.node_last_seen.get(p.node)
             if node_seen is not None and world.now - node_seen >= cfg.suspect_seconds:
+                continue
+            if exited:
+                out.append(self._exited(world, p))
                 continue
             if age < cfg.suspect_seconds + cfg.confirm_seconds:
                 suspected.append(p)
@@ -407,6 +414,25 @@ class HeartbeatDetector(Detector):
             )
         self.suspected = suspected
         return out
+
+    def _exited(self, world: World, p: ParticipantView) -> FaultSignal:
+        evidence = Evidence(
+            metric=None,
+            values=((p.last_heartbeat_ts, 0.0),),
+            window_seconds=0.0,
+            threshold=None,
+            detail=f"{p.role}-{p.rank} exited (phase {p.phase}, reported by its launcher "
+            f"{world.now - p.last_heartbeat_ts:.0f}s ago) while its node still reports",
+        )
+        return self.signal(
+            world,
+            FaultKind.HEARTBEAT_LOST,
+            participant_subject(p),
+            evidence,
+            since=p.last_heartbeat_ts,
+            step=p.step,
+            exited=True,
+        )
 
 
 class NodeSilenceDetector(Detector):

@@ -67,6 +67,17 @@ class HeartbeatDetection(_Strict):
     suspect_seconds: float = Field(15, gt=0)
     confirm_seconds: float = Field(60, gt=0)
     finished_phases: tuple[str, ...] = ("DONE", "STOPPED", "FINISHED")
+    # A participant in one of these phases is known to be gone: its launcher saw the process
+    # exit (waitpid) and said so. That is certain, unlike a silent heartbeat, so it is lost at
+    # once instead of after suspect + confirm.
+    exited_phases: tuple[str, ...] = ("EXITED",)
+
+    @model_validator(mode="after")
+    def _exited_is_not_finished(self) -> HeartbeatDetection:
+        both = sorted(set(self.finished_phases) & set(self.exited_phases))
+        if both:
+            raise ValueError(f"phase(s) {both} cannot be both finished and exited")
+        return self
 
 
 class NodeDetection(_Strict):

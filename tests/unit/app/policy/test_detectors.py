@@ -242,6 +242,42 @@ def test_finished_participant_is_not_lost() -> None:
     assert first_firing(res) is None
 
 
+def test_exited_participant_is_lost_at_once_and_clears_when_restarted() -> None:
+    c = Cluster()
+    det = HeartbeatDetector(c.policy)
+    c.participant("rollout", 1, "n0", phase="ROLLOUT", step=7)
+    exited_at = c.now + 1
+
+    def exited(c: Cluster) -> None:
+        c.put("n0", "x", 1)
+        c.participant("rollout", 1, "n0", phase="EXITED", step=7, heartbeat=exited_at)
+
+    res = c.run(1, exited, detector=det)
+    assert first_firing(res) == 1  # the first tick, not after suspect + confirm
+    sig = res[0][0]
+    assert sig.kind is FaultKind.HEARTBEAT_LOST and sig.extra == {"exited": True}
+    assert sig.since == exited_at and sig.step == 7
+    assert sig.subject.to_dict() == {"node": "n0", "job": JOB, "role": "rollout", "rank": 1}
+    assert "exited" in sig.evidence.detail
+    # Still the same occurrence on later ticks (same since), so one incident.
+    assert [s[0].since for s in c.run(3, exited, detector=det)] == [exited_at] * 3
+    res = c.run(
+        30,
+        lambda c: (c.put("n0", "x", 1), c.participant("rollout", 1, "n0", phase="STARTING")),
+        detector=det,
+    )
+    assert first_firing(res) is None
+
+
+def test_exited_participant_on_a_silent_node_is_the_node_detectors() -> None:
+    c = Cluster()
+    det = HeartbeatDetector(c.policy)
+    c.participant("rollout", 1, "n0", phase="EXITED")
+    c.now += 20  # the node, exited participant included, went quiet
+    res = c.run(1, lambda c: c.put("n1", "x", 1), detector=det)
+    assert first_firing(res) is None
+
+
 def test_node_silent_then_back_within_20s_does_not_fire() -> None:
     c = Cluster()
     det = NodeSilenceDetector(c.policy)

@@ -53,6 +53,10 @@ def test_shipped_policy_has_design_defaults() -> None:
             lambda d: d["detection"]["heartbeat"].__setitem__("suspect_seconds", -1),
             "detection.heartbeat.suspect_seconds",
         ),
+        (
+            lambda d: d["detection"]["heartbeat"].__setitem__("exited_phases", ["DONE"]),
+            "['DONE'] cannot be both finished and exited",
+        ),
         (lambda d: d["tiers"].pop("gpu_lost"), "no rule for fault kind(s) gpu_lost"),
         (lambda d: d["tiers"].__setitem__("gpu_on_fire", {"tier": "heavy"}), "tiers.gpu_on_fire"),
         (
