@@ -45,6 +45,7 @@ from app.api.routes import (
 )
 from app.core.config import Settings, get_settings
 from app.core.db import make_engine
+from app.core.gc_tuning import freeze_startup_heap, thaw_heap
 from app.core.ratelimit import (
     RateLimitMiddleware,
     RateLimitRule,
@@ -113,8 +114,10 @@ def create_app(
                     # No policy scheduler took the rollups as a leased job (app.services.rollups).
                     await stack.enter_async_context(rollups.running_alone())
                 log.info("rlguard server ready", extra={"database": engine.url.get_backend_name()})
+                freeze_startup_heap()
                 yield
         finally:
+            thaw_heap()
             await ingest_service.stop()
             backend.stop()
             if dedupe is not None:
