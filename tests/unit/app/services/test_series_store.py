@@ -151,3 +151,19 @@ def test_latest_many_refuses_an_unhashable_key() -> None:
     store.append(SeriesKey.of("n1", "x"), 1.0, 1.0)
     with pytest.raises(TypeError):
         store.latest_many([["n1", "x"]])  # type: ignore[list-item]
+
+
+def test_between_is_half_open_and_agrees_with_since() -> None:
+    store = SeriesStore(window_seconds=1e9, max_points=1000)
+    key = SeriesKey.of("n1", "x")
+    # out of order on purpose: the window stays sorted, so bisection is valid
+    store.extend([(key, float(t), float(t) / 2) for t in (0, 1, 2, 5, 3, 4, 6, 6, 7)])
+    assert store.between(key, 2.0, 6.0) == [(2.0, 1.0), (3.0, 1.5), (4.0, 2.0), (5.0, 2.5)]
+    assert store.between(key, 6.0) == [(6.0, 3.0), (6.0, 3.0), (7.0, 3.5)]  # no end: to newest
+    assert store.between(key, 2.5, 2.9) == []
+    assert store.between(key, 9.0) == []
+    assert store.between(SeriesKey.of("n1", "unknown"), 0.0) == []
+    for start in (-1.0, 0.0, 3.5, 6.0, 8.0):
+        since = store.since(key, start)
+        assert [tuple(p) for p in since] == store.between(key, start)
+        assert all(p.ts >= start for p in since)
