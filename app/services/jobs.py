@@ -8,24 +8,38 @@ action per node that was put in SAFE_MODE is written to the outbox (the node's w
 ``run`` into the control file, which the phase machine obeys), and the incident is closed,
 with a timeline entry naming who released it, once every one of those actions succeeded
 (``app.services.actions.finish_action``).
+
+A job can also be held with no incident at all: its control file says SAFE_MODE because an
+operator wrote it, or an earlier run (or an incident closed since) left it. The server knows
+from the participants' phase that ingest keeps in the ``participant`` table (each heartbeat
+carries the phase the job's phase machine is in, and that machine obeys the control file). A
+release of such a job opens a ``safe_mode_hold`` incident for the job, marked as holding it in
+SAFE_MODE, with the nodes whose participants report SAFE_MODE as evidence, and plans the same
+``release_safe_mode`` action on each of those nodes; the incident closes like any other once
+they all succeeded, and a failed release can be retried through the same endpoint. Only a job
+that no open incident holds and none of whose participants reports SAFE_MODE is "not held".
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel
-from sqlmodel import Session, col, select
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, func, select
 
 from app.models import Role, User
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
-from app.models.cluster import Job
+from app.models.cluster import Job, Participant
 from app.models.incident import Incident, IncidentStatus
 from app.models.incident_public import ActionPublic
 from app.policy.plans import ActionName, queue_for
+from app.policy.signals import Tier
 from app.services.audit import record_audit
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.services.incidents import action_public, add_event, resolve_incident
@@ -37,6 +51,9 @@ RELEASE_ACTION = ActionName.RELEASE_SAFE_MODE.value
 #: Timeline entry written when the release is asked for, and when it is done.
 RELEASE_REQUESTED = "release_requested"
 RELEASED = "safe_mode_released"
+#: The incident a release opens for a job held in SAFE_MODE by its control file alone.
+HOLD_KIND = "safe_mode_hold"
+SAFE_MODE_PHASE = "SAFE_MODE"
 _LIVE = (
     ActionStatus.pending.value,
     ActionStatus.dispatched.value,
@@ -80,8 +97,9 @@ def release_job(
     """Plan the release of ``job`` from SAFE_MODE; the caller commits.
 
     Raises Forbidden (not approver/admin), InvalidInput (no comment, or too long), NotFound
-    (unknown job) and Conflict (not in SAFE_MODE, an approval still pending, a release already
-    on its way). Nothing is written when it raises.
+    (unknown job) and Conflict (not held: no open incident holds it and no participant reports
+    SAFE_MODE; an approval still pending; an incident still entering SAFE_MODE; a release
+    already on its way). Nothing is written when it raises.
     """
     now = now or utcnow()
     if not Role(user.role).allows(Role.approver):
@@ -94,7 +112,8 @@ def release_job(
         raise NotFound(f"no job named {job!r}")
     incidents = safe_mode_incidents(session, job=job)
     if not incidents:
-        raise Conflict(f"job {job!r} is not in SAFE_MODE (no open incident holds it there)")
+        # Held by its control file alone (or not held at all: Conflict, nothing written).
+        incidents = [_open_hold_incident(session, job=job, now=now)]
     ids = [inc.id for inc in incidents]
     pending = session.exec(
         select(Approval).where(
@@ -119,17 +138,15 @@ def release_job(
     reason = f"released from SAFE_MODE by {user.name}: {comment.strip()}"
     planned: list[RecoveryAction] = []
     for inc in incidents:
-        nodes = sorted(
+        nodes = _held_nodes(inc, rows)
+        # One attempt is one batch ("inc<id>/release<n>/<node>" per node), not one row.
+        attempt = 1 + len(
             {
-                r.node
+                r.idempotency_key.rsplit("/", 1)[0]
                 for r in rows
-                if r.incident_id == inc.id
-                and r.action == ActionName.ENTER_SAFE_MODE.value
-                and r.status == ActionStatus.succeeded.value
-                and r.node
+                if r.incident_id == inc.id and r.action == RELEASE_ACTION
             }
         )
-        attempt = 1 + sum(1 for r in rows if r.incident_id == inc.id and r.action == RELEASE_ACTION)
         for node in nodes:
             row = RecoveryAction(
                 incident_id=inc.id,  # type: ignore[arg-type]
@@ -166,7 +183,13 @@ def release_job(
         actor=actor,
         action="job.release",
         target=f"job:{job}",
-        detail={"incidents": ids, "comment": comment.strip(), "actions": [r.id for r in planned]},
+        detail={
+            "incidents": ids,
+            "comment": comment.strip(),
+            "actions": [r.id for r in planned],
+            # held by its control file alone: the incident was opened by this release
+            "control_file_hold": any(inc.kind == HOLD_KIND for inc in incidents),
+        },
     )
     log.info("job %s: release from SAFE_MODE requested by %s", job, user.name)
     return JobReleasePublic(
@@ -176,6 +199,127 @@ def release_job(
         incidents=ids,  # type: ignore[arg-type]
         actions=[action_public(r) for r in planned],
     )
+
+
+def _held_nodes(inc: Incident, rows: Sequence[RecoveryAction]) -> list[str]:
+    """The nodes whose control file ``inc`` put (or found) in SAFE_MODE."""
+    nodes = {
+        r.node
+        for r in rows
+        if r.incident_id == inc.id
+        and r.action == ActionName.ENTER_SAFE_MODE.value
+        and r.status == ActionStatus.succeeded.value
+        and r.node
+    }
+    if inc.kind == HOLD_KIND:
+        nodes.update(str(n) for n in (inc.evidence or {}).get("nodes", []) if n)
+    return sorted(nodes)
+
+
+def _open_hold_incident(session: Session, *, job: str, now: datetime) -> Incident:
+    """An incident for a job held in SAFE_MODE by its control file, with no incident holding it.
+
+    Raises Conflict when the job is not held (no participant reports SAFE_MODE), when no
+    held participant names its node, or when an open incident is still putting the job in
+    SAFE_MODE (its approver decides first). Nothing is written when it raises.
+    """
+    participants = session.exec(
+        select(Participant)
+        .where(Participant.job_name == job)
+        .order_by(col(Participant.role), col(Participant.rank))
+    ).all()
+    # A phase reported before the job's last completed release is what that release cleared
+    # (a job that stopped heartbeating keeps its last phase in the table).
+    released_at = session.exec(
+        select(func.max(RecoveryAction.finished_at)).where(
+            RecoveryAction.job == job,
+            RecoveryAction.action == RELEASE_ACTION,
+            RecoveryAction.status == ActionStatus.succeeded.value,
+        )
+    ).one()
+    held = [
+        p
+        for p in participants
+        if p.phase == SAFE_MODE_PHASE and (released_at is None or p.updated_at > released_at)
+    ]
+    if not held:
+        phases = Counter(p.phase for p in participants)
+        seen = (
+            "its participants report " + ", ".join(f"{n}× {ph}" for ph, n in sorted(phases.items()))
+            if phases
+            else "it has no participants"
+        )
+        if phases.get(SAFE_MODE_PHASE) and released_at is not None:
+            seen += (
+                f"; its last release finished at {released_at.isoformat()} and none has "
+                "reported since"
+            )
+        raise Conflict(
+            f"job {job!r} is not in SAFE_MODE: no open incident holds it there and none of its "
+            f"participants reports phase SAFE_MODE ({seen})"
+        )
+    entering = session.exec(
+        select(RecoveryAction)
+        .join(Incident, col(Incident.id) == col(RecoveryAction.incident_id))
+        .where(
+            Incident.job == job,
+            Incident.status == IncidentStatus.open.value,
+            RecoveryAction.action == ActionName.ENTER_SAFE_MODE.value,
+            col(RecoveryAction.status).in_(_LIVE),
+        )
+    ).first()
+    if entering is not None:
+        raise Conflict(
+            f"incident {entering.incident_id} is putting job {job!r} in SAFE_MODE (action "
+            f"{entering.id}, {entering.status}): decide that incident before releasing the job"
+        )
+    nodes = sorted({p.node_name for p in held if p.node_name})
+    if not nodes:
+        raise Conflict(
+            f"job {job!r} reports SAFE_MODE but none of those participants names its node, so "
+            "no node worker can clear its control file"
+        )
+    key = f"{HOLD_KIND}/job={job}"
+    inc = Incident(
+        key=key,
+        open_key=key,
+        kind=HOLD_KIND,
+        # SAFE_MODE is the heavy tier's measure; this incident only records its release.
+        tier=Tier.HEAVY.value,
+        subject={"job": job},
+        job=job,
+        node=nodes[0] if len(nodes) == 1 else None,
+        summary=(
+            f"job {job} held in SAFE_MODE by its control file on {', '.join(nodes)} "
+            "with no open incident"
+        )[:500],
+        evidence={
+            "metric": "participant phase",
+            "detail": "participants report phase SAFE_MODE; no open incident holds the job",
+            "nodes": nodes,
+            "participants": [
+                {
+                    "role": p.role,
+                    "rank": p.rank,
+                    "node": p.node_name,
+                    "phase": p.phase,
+                    "last_heartbeat_at": p.last_heartbeat_at.isoformat(),
+                }
+                for p in held
+            ],
+        },
+        safe_mode=True,
+        opened_at=now,
+        updated_at=now,
+    )
+    try:
+        with session.begin_nested():
+            session.add(inc)
+            session.flush()
+    except IntegrityError as exc:
+        # Another release of the same job opened it a moment ago.
+        raise Conflict(f"a release of job {job!r} is already on its way") from exc
+    return inc
 
 
 def on_release_succeeded(session: Session, *, action: RecoveryAction, now: datetime) -> None:
@@ -223,4 +367,3 @@ def _close_released(
         why=f"released from SAFE_MODE by {user_name}: {comment}",
         actor=f"user:{user_name}",
     )
-

@@ -58,6 +58,15 @@ class JobReleaseIn(BaseModel):
     response_model=jobs.JobReleasePublic,
     status_code=202,
     summary="Release a job from SAFE_MODE (approver or admin); its incident closes once done",
+    description=(
+        "Plans one `release_safe_mode` action per held node (the node's worker writes `run` "
+        "into the job's control file). A job is held when an open incident put it in SAFE_MODE, "
+        "or when its participants report phase SAFE_MODE with no incident (the control file "
+        "was left in SAFE_MODE): then a `safe_mode_hold` incident records the release. 409 when "
+        "the job is not held (the reason says what its participants report), an approval is "
+        "still pending or a release is already on its way; 404 for an unknown job; 403 below "
+        "the approver role."
+    ),
 )
 def release_job(
     job: str, body: JobReleaseIn, session: SessionDep, user: ApproverUser
