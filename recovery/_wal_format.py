@@ -6,6 +6,12 @@ covers the length field too, so a flipped length byte is caught instead of makin
 jump to a wrong offset. A segment is scanned front to back; the scan stops at the first record
 that does not decode and says whether a valid record follows it (corruption in the middle) or
 not (a torn or corrupt tail).
+
+The segment being written is preallocated with zeros ahead of the records (see
+:mod:`recovery.wal`), and every record is written together with a zero header after it
+(:data:`END_MARK`): a header of 12 zero bytes is the clean end of the log. Nothing after it is
+read. A single flipped byte never turns a record's header into zeros (its magic has four
+non-zero bytes), so damage inside the log is still reported, not taken for the end.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import orjson
 
 MAGIC = b"RLW1"
 HEADER = struct.Struct("<4sII")
+#: Written right after every record: where the records stop (a zero header).
+END_MARK = bytes(HEADER.size)
 _LENGTH = struct.Struct("<I")
 # A record holds ids, paths and checksums, never bulk data; anything longer than this is a
 # damaged length field, not a real record.
@@ -37,7 +45,7 @@ def _crc(length: int, body: bytes | memoryview) -> int:
     return zlib.crc32(body, zlib.crc32(_LENGTH.pack(length)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DecodedRecord:
     """One valid record found by a scan: its byte range and its payload."""
 
@@ -77,28 +85,42 @@ class ScanResult:
 
     ``valid_end`` is the offset just past the last good record before any problem;
     ``problem`` describes the first undecodable record (None when the scan reached ``stop``
-    cleanly); ``resumes_at`` is the offset of a valid record found after the problem, which
-    makes the problem corruption in the middle rather than a damaged tail.
+    or an end mark cleanly); ``resumes_at`` is the offset of a valid record found after the
+    problem, which makes the problem corruption in the middle rather than a damaged tail;
+    ``zero_tail`` says the scan stopped at an end mark (the bytes after it were not read).
     """
 
     records: list[DecodedRecord]
     valid_end: int
     problem: str | None = None
     resumes_at: int | None = None
+    zero_tail: bool = False
 
 
 def scan(buf: bytes, start: int = 0, stop: int | None = None) -> ScanResult:
-    """Decode records in ``buf[start:stop]`` until the end or the first invalid record."""
+    """Decode records in ``buf[start:stop]`` until the end, an end mark, or an invalid record.
+
+    ``zero_tail`` in the result is True when the scan stopped at an end mark (zeros) before
+    ``stop``; ``valid_end`` is then where the next record goes.
+    """
     end = len(buf) if stop is None else stop
     records: list[DecodedRecord] = []
     offset = start
     while offset < end:
+        if buf[offset] == 0 and is_end_mark(buf, offset, end):
+            return ScanResult(records, offset, zero_tail=True)
         decoded = decode_at(buf, offset, end)
         if isinstance(decoded, str):
             return ScanResult(records, offset, decoded, _next_valid_record(buf, offset + 1, end))
         records.append(decoded)
         offset = decoded.end
     return ScanResult(records, offset)
+
+
+def is_end_mark(buf: bytes, offset: int, stop: int) -> bool:
+    """True if the header-sized span at ``offset`` (cut at ``stop``) is all zeros."""
+    span = buf[offset : min(offset + HEADER.size, stop)]
+    return span.count(0) == len(span)
 
 
 def _next_valid_record(buf: bytes, offset: int, stop: int) -> int | None:

@@ -47,8 +47,9 @@ class GroupCommit:
         self._cond = threading.Condition()
         self._leader_active = False
         self._known_durable: Position = (0, 0)
-        #: fdatasync calls this process made for the log.
+        #: fdatasync calls this process made for the log, and the seconds they took.
         self.fsyncs = 0
+        self.sync_seconds = 0.0
 
     def try_lead_now(self) -> bool:
         """Claim leadership without waiting (called right after writing, append lock held)."""
@@ -67,8 +68,7 @@ class GroupCommit:
         """After :meth:`try_lead_now` succeeded: fsync ``fd`` and publish ``position``."""
         achieved: Position | None = None
         try:
-            os.fdatasync(fd)
-            self.fsyncs += 1
+            self._fdatasync(fd)
             self._state.advance_durable(*position)
             achieved = position
         finally:
@@ -96,6 +96,12 @@ class GroupCommit:
             finally:
                 self._finish(achieved)
 
+    def _fdatasync(self, fd: int) -> None:
+        start = time.perf_counter()
+        os.fdatasync(fd)
+        self.sync_seconds += time.perf_counter() - start
+        self.fsyncs += 1
+
     def _finish(self, achieved: Position | None) -> None:
         with self._cond:
             self._leader_active = False
@@ -116,8 +122,7 @@ class GroupCommit:
                         return durable
                     target, fd = self._snapshot(max(deadline - time.monotonic(), 0.001))
                     try:
-                        os.fdatasync(fd)
-                        self.fsyncs += 1
+                        self._fdatasync(fd)
                     finally:
                         os.close(fd)
                     self._state.advance_durable(*target)

@@ -121,9 +121,13 @@ def read_boot_id() -> bytes:
         return bytes(16)
 
 
-_STATE_MAGIC = b"RLGWAL01"
-# magic, boot id, generation, write segment, write end (little-endian, at offset 0)
-_STATE = struct.Struct("<8s16sQQQ")
+_STATE_MAGIC = b"RLGWAL02"
+# magic, boot id, generation, write segment, write end, zeroed end (little-endian, offset 0)
+_STATE = struct.Struct("<8s16sQQQQ")
+_POSITION = struct.Struct("<QQ")
+_POSITION_OFFSET = 32
+_ZEROED = struct.Struct("<Q")
+_ZEROED_OFFSET = 48
 # The durable mark is one native, 8-byte-aligned word (segment << 32 | offset): CPython copies
 # a native "Q" with one memcpy, which is a single load/store on x86-64 and AArch64, so a
 # waiter may read it without the sync lock and never sees half of an update.
@@ -141,6 +145,9 @@ class SharedState:
 
     * ``write_seg``/``write_end``: where the next record goes; changed only under the append
       lock, after a record was completely written, so every byte before it is whole records.
+    * the zeroed end: the write segment holds zeros from ``write_end`` up to here, on stable
+      storage with the file size that covers them (preallocated space); changed only under the
+      append lock.
     * the durable mark (segment, offset): everything up to it is known to be on stable
       storage; raised only under the sync lock, and only after an fsync returned.
     * ``generation``: bumped when segments are replaced (compaction, repair), telling other
@@ -157,8 +164,8 @@ class SharedState:
         #: Bumped after the append lock is released.
         self.append_released = SharedCounter(self._map, _APPEND_COUNTER_OFFSET)
 
-    def _unpack(self) -> tuple[bytes, bytes, int, int, int]:
-        values: tuple[bytes, bytes, int, int, int] = _STATE.unpack_from(self._map, 0)
+    def _unpack(self) -> tuple[bytes, bytes, int, int, int, int]:
+        values: tuple[bytes, bytes, int, int, int, int] = _STATE.unpack_from(self._map, 0)
         return values
 
     def is_valid_for(self, boot_id: bytes) -> bool:
@@ -166,9 +173,9 @@ class SharedState:
         magic, boot, *_ = self._unpack()
         return magic == _STATE_MAGIC and boot == boot_id
 
-    def reset(self, boot_id: bytes, generation: int, seg: int, end: int) -> None:
+    def reset(self, boot_id: bytes, generation: int, seg: int, end: int, zeroed: int) -> None:
         """Rewrite the whole state: next write and durable mark both at ``(seg, end)``."""
-        _STATE.pack_into(self._map, 0, _STATE_MAGIC, boot_id, generation, seg, end)
+        _STATE.pack_into(self._map, 0, _STATE_MAGIC, boot_id, generation, seg, end, zeroed)
         _DURABLE.pack_into(self._map, _DURABLE_OFFSET, _pack(seg, end))
 
     @property
@@ -178,12 +185,21 @@ class SharedState:
 
     def write_position(self) -> tuple[int, int]:
         """(segment, offset) where the next record will be written."""
-        values = self._unpack()
-        return values[3], values[4]
+        position: tuple[int, int] = _POSITION.unpack_from(self._map, _POSITION_OFFSET)
+        return position
 
     def set_write_position(self, seg: int, end: int) -> None:
         """Record the next write position; caller holds the append lock."""
-        struct.pack_into("<QQ", self._map, 32, seg, end)
+        _POSITION.pack_into(self._map, _POSITION_OFFSET, seg, end)
+
+    def zeroed_end(self) -> int:
+        """End of the zero-filled, durable space after the write position in its segment."""
+        (zeroed,) = _ZEROED.unpack_from(self._map, _ZEROED_OFFSET)
+        return int(zeroed)
+
+    def set_zeroed_end(self, zeroed: int) -> None:
+        """Record how far the write segment is preallocated; caller holds the append lock."""
+        _ZEROED.pack_into(self._map, _ZEROED_OFFSET, zeroed)
 
     def durable_position(self) -> tuple[int, int]:
         """(segment, offset) up to which records are known durable; safe without a lock."""

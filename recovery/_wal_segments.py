@@ -45,11 +45,16 @@ def read_range(path: Path, offset: int, stop: int | None) -> bytes:
 
 @dataclass(frozen=True)
 class RepairResult:
-    """Where writing continues after open, and whether files had to be changed to get there."""
+    """Where writing continues after open, and whether files had to be changed to get there.
+
+    ``zeroed_end``: the last segment holds only zeros from ``valid_end`` up to here (space
+    preallocated by an earlier writer that the next records can use as it is).
+    """
 
     last_segment: int
     valid_end: int
     changed: bool
+    zeroed_end: int
 
 
 class SegmentDirectory:
@@ -131,7 +136,7 @@ class SegmentDirectory:
         segments = self.list()
         if not segments:
             self.create(1)
-            return RepairResult(1, 0, changed)
+            return RepairResult(1, 0, changed, 0)
         for seg in reversed(segments):
             if self._starts_with_base(seg) and seg != segments[0]:
                 removed = self.remove_below(seg)
@@ -148,20 +153,27 @@ class SegmentDirectory:
         content = read_range(path, 0, None)
         result = scan(content)
         if result.problem is None:
-            return RepairResult(last, result.valid_end, changed)
-        if result.resumes_at is not None:
+            if content.count(0, result.valid_end) == len(content) - result.valid_end:
+                return RepairResult(last, result.valid_end, changed, len(content))
+            # Past the end mark lie bytes of a writer killed before its record counted (its
+            # record was overwritten by a shorter one) or written out of order before a power
+            # loss. None of them was acknowledged; drop them so the space reads as zeros.
+            reason = "bytes after the end mark"
+        elif result.resumes_at is not None:
             raise WALCorruptionError(
                 path,
                 result.valid_end,
                 f"{result.problem}; a valid record follows at byte {result.resumes_at}",
             )
+        else:
+            reason = result.problem
         logger.warning(
             "WAL %s: truncating %d bytes of torn or corrupt tail at byte %d of %s (%s)",
             self.directory,
             len(content) - result.valid_end,
             result.valid_end,
             path.name,
-            result.problem,
+            reason,
         )
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
@@ -170,7 +182,7 @@ class SegmentDirectory:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        return RepairResult(last, result.valid_end, True)
+        return RepairResult(last, result.valid_end, True, result.valid_end)
 
     def _starts_with_base(self, seg: int) -> bool:
         head = read_range(self.path(seg), 0, HEADER.size + MAX_PAYLOAD_BYTES)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery._wal_format import HEADER, encode_record
+from recovery._wal_format import END_MARK, HEADER, encode_record, scan
 from recovery.wal import WALCorruptionError, WALStatus, WriteAheadLog
 
 pytestmark = pytest.mark.timeout(120)
@@ -20,16 +20,23 @@ def _build(directory: Path, n: int = 6, *, segment_bytes: int = 1 << 20) -> list
     with WriteAheadLog(directory, segment_bytes=segment_bytes) as wal:
         for i in range(n):
             wal.append(f"e{i}", "generate")
-            ends.append(_only_segment(directory).stat().st_size)
+            ends.append(_records_end(directory))
             if i % 2:
                 wal.update_status(f"e{i}", "completed")
-                ends.append(_only_segment(directory).stat().st_size)
+                ends.append(_records_end(directory))
     return ends
 
 
 def _only_segment(directory: Path) -> Path:
     segments = sorted(directory.glob("wal-*.log"))
     return segments[-1]
+
+
+def _records_end(directory: Path) -> int:
+    """Where the records of the last segment end (the preallocated zeros follow)."""
+    result = scan(_only_segment(directory).read_bytes())
+    assert result.problem is None
+    return result.valid_end
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -112,33 +119,82 @@ def test_truncation_at_every_offset_of_the_last_record(tmp_path: Path) -> None:
         shutil.rmtree(work)
 
 
-def test_random_garbage_after_the_last_record_is_truncated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["after the last record", "after the preallocated zeros"])
+def test_random_garbage_after_the_last_record_is_truncated(tmp_path: Path, where: str) -> None:
     ends = _build(tmp_path)
     segment = _only_segment(tmp_path)
-    with segment.open("ab") as handle:
-        handle.write(b"RLW1\xff\xff\x00\x00garbage" + bytes(range(256)))
+    garbage = b"RLW1\xff\xff\x00\x00garbage" + bytes(range(256))
+    content = segment.read_bytes()
+    assert content[ends[-1] :] == bytes(len(content) - ends[-1])  # zeros ahead of the records
+    offset = ends[-1] if where == "after the last record" else len(content)
+    segment.write_bytes(content[:offset] + garbage)
     with WriteAheadLog(tmp_path) as wal:
         assert len(wal.entries()) == 6
     assert segment.stat().st_size == ends[-1]
 
 
-def test_interrupted_writer_bytes_are_discarded_by_a_live_handle(
+def test_bytes_of_an_interrupted_writer_never_become_a_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A writer killed mid-record leaves bytes past the shared write position; the next
-    append by another, still-open handle drops them instead of writing after them."""
+    """A writer killed after writing its record but before it counted leaves the record at the
+    write position; a live handle's next (shorter) record overwrites its start, and the end
+    mark after it keeps the rest from being read. Reopening drops the rest with a warning."""
     wal = WriteAheadLog(tmp_path)
     wal.append("a", "generate")
     segment = _only_segment(tmp_path)
-    torn = encode_record({"k": "a", "id": "ghost", "t": "generate", "s": "pending", "ts": 1.0})
-    with segment.open("ab") as handle:
-        handle.write(torn[: len(torn) // 2])
-    with caplog.at_level(logging.WARNING, logger="rlguard.recovery.wal"):
-        wal.append("b", "reward")
-    assert "interrupted writer" in caplog.text
+    end = _records_end(tmp_path)
+    ghost = encode_record(
+        {"k": "a", "id": "ghost" * 40, "t": "generate", "s": "pending", "ts": 1.0}
+    )
+    with segment.open("r+b") as handle:
+        handle.seek(end)
+        handle.write(ghost + END_MARK)
+    wal.append("b", "reward")
+    content = segment.read_bytes()
+    b_end = _records_end(tmp_path)
+    assert content[b_end : b_end + len(END_MARK)] == END_MARK
+    assert b"ghostghost" in content[b_end:]  # the rest of the ghost is still there
+    assert [e.entry_id for e in wal.entries()] == ["a", "b"]
     wal.close()
-    with WriteAheadLog(tmp_path) as reopened:
-        assert [e.entry_id for e in reopened.entries()] == ["a", "b"]
+    with caplog.at_level(logging.WARNING, logger="rlguard.recovery.wal"):
+        reopened = WriteAheadLog(tmp_path)
+    assert "bytes after the end mark" in caplog.text
+    assert [e.entry_id for e in reopened.entries()] == ["a", "b"]
+    assert b"ghost" not in segment.read_bytes()
+    reopened.append("c", "update")
+    reopened.close()
+    with WriteAheadLog(tmp_path) as again:
+        assert [e.entry_id for e in again.entries()] == ["a", "b", "c"]
+
+
+def test_a_whole_record_left_at_the_write_position_is_found_on_open(tmp_path: Path) -> None:
+    """The kill came after the record was written but before the call returned: the record
+    is there, whole, and the next open counts it (the append was in flight, not invented)."""
+    with WriteAheadLog(tmp_path) as wal:
+        wal.append("a", "generate")
+    end = _records_end(tmp_path)
+    record = encode_record({"k": "a", "id": "late", "t": "generate", "s": "pending", "ts": 1.0})
+    with _only_segment(tmp_path).open("r+b") as handle:
+        handle.seek(end)
+        handle.write(record + END_MARK)
+    with WriteAheadLog(tmp_path) as wal:
+        assert [e.entry_id for e in wal.entries()] == ["a", "late"]
+        wal.append("b", "generate")
+        assert [e.entry_id for e in wal.entries()] == ["a", "late", "b"]
+
+
+def test_a_zeroed_header_reads_as_the_end_of_the_log(tmp_path: Path) -> None:
+    """Records past a span of zeros (pages written out of order before a power loss, none
+    acknowledged) are not read: the log ends at the first zero header, and reopening drops
+    what lies after it."""
+    ends = _build(tmp_path)
+    segment = _only_segment(tmp_path)
+    data = bytearray(segment.read_bytes())
+    data[ends[-3] : ends[-2]] = bytes(ends[-2] - ends[-3])  # one whole record reads as zeros
+    segment.write_bytes(bytes(data))
+    with WriteAheadLog(tmp_path) as wal:
+        assert len(wal.entries()) == 5  # e5 was the record zeroed; its completion is dropped
+    assert segment.stat().st_size == ends[-3]
 
 
 def test_leftovers_of_an_interrupted_compaction(tmp_path: Path) -> None:
