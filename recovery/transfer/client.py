@@ -65,7 +65,11 @@ class SourceSession:
 
     def manifest(self, name: str, version: int) -> WeightManifest:
         """Ask the source for its manifest of ``name`` v``version``."""
-        send_message(self._channel, {"op": "manifest", "name": name, "version": version}, timeout=self.timeout)
+        send_message(
+            self._channel,
+            {"op": "manifest", "name": name, "version": version},
+            timeout=self.timeout,
+        )
         reply = recv_message(self._channel, timeout=self.timeout)
         if not reply.get("ok"):
             if reply.get("error") == "unknown_version":
@@ -81,7 +85,9 @@ class SourceSession:
             extra: dict[str, Any] = reply.get("extra") or {}
             self._payload = self._transport.open_payload(extra)
             if self._payload is None:
-                raise ProtocolError(f"{self.address} sent no payload location for {self._transport.name}")
+                raise ProtocolError(
+                    f"{self.address} sent no payload location for {self._transport.name}"
+                )
         return manifest
 
     def stats(self) -> dict[str, Any]:
@@ -117,7 +123,12 @@ class SourceSession:
         if not ids:
             return result
         digest_of = checksum_function(manifest.checksum)
-        request = {"op": "chunks", "name": manifest.name, "version": manifest.version, "ids": list(ids)}
+        request = {
+            "op": "chunks",
+            "name": manifest.name,
+            "version": manifest.version,
+            "ids": list(ids),
+        }
         send_message(self._channel, request, timeout=self.timeout)
         pending: deque[tuple[int, Future[int] | int]] = deque()
 
@@ -143,8 +154,14 @@ class SourceSession:
                     self._channel.recv_into(view, timeout=self.timeout)
                     work: Callable[[], int] = partial(digest_of, view)
                 else:
-                    work = partial(_copy_and_digest, payload, view, manifest.tensors[chunk.tensor].name,
-                                   chunk.offset, digest_of)
+                    work = partial(
+                        _copy_and_digest,
+                        payload,
+                        view,
+                        manifest.tensors[chunk.tensor].name,
+                        chunk.offset,
+                        digest_of,
+                    )
                 pending.append((expected, work() if pool is None else pool.submit(work)))
                 settle(keep=window)
         finally:
@@ -158,7 +175,9 @@ class SourceSession:
         if status == CHUNK_NOT_READY:
             raise PeerDeadError(self.address, f"relay never got chunk {index}")
         if status == CHUNK_UNKNOWN:
-            raise UnknownVersionError(f"{self.address} does not hold chunk {index} of v{manifest.version}")
+            raise UnknownVersionError(
+                f"{self.address} does not hold chunk {index} of v{manifest.version}"
+            )
         chunk = manifest.chunks[expected]
         if status != CHUNK_OK or index != expected or length != chunk.length:
             raise ProtocolError(
@@ -171,6 +190,8 @@ def _done(outcome: Future[int] | int) -> bool:
     return isinstance(outcome, int) or outcome.done()
 
 
-def _copy_and_digest(payload: PayloadReader, dest: memoryview, tensor: str, offset: int, digest_of: Checksum) -> int:
+def _copy_and_digest(
+    payload: PayloadReader, dest: memoryview, tensor: str, offset: int, digest_of: Checksum
+) -> int:
     payload.read_into(dest, tensor, offset)
     return digest_of(dest)

@@ -177,7 +177,11 @@ class WeightManifest:
                 for i, (t, o, n, c) in enumerate(data["chunks"])
             )
             manifest = WeightManifest(
-                str(data["name"]), int(data["version"]), int(data["chunk_bytes"]), tensors, chunks,
+                str(data["name"]),
+                int(data["version"]),
+                int(data["chunk_bytes"]),
+                tensors,
+                chunks,
                 str(data["checksum"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -231,7 +235,9 @@ def prepare_tensors(
 ) -> dict[str, torch.Tensor]:
     """Validate tensors for sending: CPU, supported dtype, contiguous (copied or refused)."""
     if noncontiguous not in ("copy", "refuse"):
-        raise TransferConfigError(f"noncontiguous must be 'copy' or 'refuse', not {noncontiguous!r}")
+        raise TransferConfigError(
+            f"noncontiguous must be 'copy' or 'refuse', not {noncontiguous!r}"
+        )
     ready: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not name:
@@ -268,7 +274,9 @@ def build_manifest(
     if not isinstance(version, int) or version < 0:
         raise TransferConfigError(f"version must be a non-negative int, got {version!r}")
     if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
-        raise TransferConfigError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes!r}")
+        raise TransferConfigError(
+            f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes!r}"
+        )
     specs: list[TensorSpec] = []
     chunks: list[ChunkRef] = []
     for t_index, (t_name, tensor) in enumerate(tensors.items()):
