@@ -15,7 +15,7 @@ from recovery.transfer.errors import (
     UnknownVersionError,
     VersionDiscardedError,
 )
-from recovery.transfer.manifest import Checksum, WeightManifest, checksum_function
+from recovery.transfer.manifest import WeightManifest, checksum_function
 from recovery.transfer.transport import PayloadReader, Transport
 from recovery.transfer.wire import (
     CHUNK_NOT_READY,
@@ -155,8 +155,7 @@ class SourceSession:
                     work: Callable[[], int] = partial(digest_of, view)
                 else:
                     work = partial(
-                        _copy_and_digest,
-                        payload,
+                        payload.read_and_digest,
                         view,
                         manifest.tensors[chunk.tensor].name,
                         chunk.offset,
@@ -188,10 +187,3 @@ class SourceSession:
 
 def _done(outcome: Future[int] | int) -> bool:
     return isinstance(outcome, int) or outcome.done()
-
-
-def _copy_and_digest(
-    payload: PayloadReader, dest: memoryview, tensor: str, offset: int, digest_of: Checksum
-) -> int:
-    payload.read_into(dest, tensor, offset)
-    return digest_of(dest)

@@ -12,9 +12,9 @@ import hashlib
 import importlib
 import json
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
@@ -45,7 +45,11 @@ _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 NonContiguousPolicy = Literal["copy", "refuse"]
 
-Checksum = Callable[[memoryview], int]
+
+class Checksum(Protocol):
+    """A chunk checksum: ``digest(data)``, or ``digest(more, digest(data))`` to continue one."""
+
+    def __call__(self, data: memoryview, value: int = 0, /) -> int: ...
 
 
 def _available_checksums() -> dict[str, Checksum]:

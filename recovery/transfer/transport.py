@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from recovery.transfer.errors import TransferConfigError
-from recovery.transfer.manifest import TensorSpec, allocate
+from recovery.transfer.manifest import Checksum, TensorSpec, allocate
 from recovery.transfer.store import Buffers
 from recovery.transfer.wire import Channel
 
@@ -33,6 +33,12 @@ class PayloadReader(Protocol):
 
     def read_into(self, dest: memoryview, tensor: str, offset: int) -> None:
         """Copy ``len(dest)`` bytes of ``tensor`` starting at byte ``offset`` into ``dest``."""
+        ...
+
+    def read_and_digest(
+        self, dest: memoryview, tensor: str, offset: int, digest_of: Checksum
+    ) -> int:
+        """Copy like :meth:`read_into` and return ``digest_of`` over the bytes now in ``dest``."""
         ...
 
     def close(self) -> None:
