@@ -44,7 +44,7 @@ from app.api.routes import (
     users,
 )
 from app.core.config import Settings, get_settings
-from app.core.db import make_engine
+from app.core.db import is_sqlite, make_engine
 from app.core.gc_tuning import freeze_startup_heap, thaw_heap
 from app.core.ratelimit import (
     RateLimitMiddleware,
@@ -57,6 +57,7 @@ from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeader
 from app.metrics import build_registry
 from app.services.errors import ServiceError
 from app.services.ingest import IngestService
+from app.services.ingest_inline import InlineSqliteCommitter
 from app.services.redis_dedupe import RedisDedupe
 from app.services.rollups import RollupWriter
 from app.services.scheduler import policy_lifespan
@@ -99,6 +100,7 @@ def create_app(
         dedupe=dedupe,
         # Phase history is kept as long as the rollups it is drawn beside.
         phase_retention_days=settings.series.rollup_retention_days,
+        inline=_inline_committer(settings),
     )
     rollups = RollupWriter(engine=engine, store=store, settings=settings.series, metrics=metrics)
 
@@ -195,6 +197,21 @@ def create_app(
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _document_ingest_body(app, ingest_service)
     return app
+
+
+def _inline_committer(settings: Settings) -> InlineSqliteCommitter | None:
+    """SQLite ingest commits on the event loop when safe (app.services.ingest_inline)."""
+    if (
+        not is_sqlite(settings.db_url)
+        or settings.ingest.inline_commit_max_ms <= 0
+        or settings.series.shared_window  # its commits also publish to Redis: never inline
+    ):
+        return None
+    return InlineSqliteCommitter(
+        settings.db_url,
+        sqlite_synchronous=settings.sqlite_synchronous,
+        max_ms=settings.ingest.inline_commit_max_ms,
+    )
 
 
 def _window_backend(settings: Settings) -> tuple[SeriesBackend, RedisDedupe | None]:

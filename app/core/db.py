@@ -23,15 +23,25 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) -> Engine:
-    """An engine for ``url``; creates the SQLite file's directory when needed."""
+def make_engine(
+    url: str,
+    *,
+    sqlite_synchronous: str = "FULL",
+    sqlite_busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    **kwargs: Any,
+) -> Engine:
+    """An engine for ``url``; creates the SQLite file's directory when needed.
+
+    ``sqlite_busy_timeout_ms=0`` makes a write that finds the database locked fail at once
+    instead of waiting (the inline ingest commit relies on that never to block the event loop).
+    """
     if is_sqlite(url):
         db_path = make_url(url).database
         if db_path and db_path != ":memory:":
             Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+            connect_args={"check_same_thread": False, "timeout": sqlite_busy_timeout_ms / 1000},
             **kwargs,
         )
         sync_mode = sqlite_synchronous.upper()
@@ -40,7 +50,7 @@ def make_engine(url: str, *, sqlite_synchronous: str = "FULL", **kwargs: Any) ->
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cur.execute(f"PRAGMA busy_timeout={int(sqlite_busy_timeout_ms)}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA synchronous={sync_mode}")
             cur.close()

@@ -54,6 +54,7 @@ from app.metrics import ServerMetrics
 from app.models import utcnow
 from app.services.errors import Unavailable
 from app.services.ingest_dedupe import DedupeWindow
+from app.services.ingest_inline import InlineSqliteCommitter
 from app.services.ingest_persist import (
     IngestGroup,
     NodeSeen,
@@ -121,8 +122,11 @@ class IngestService:
         backend: SeriesBackend | None = None,
         dedupe: RedisDedupe | None = None,
         phase_retention_days: float = 30.0,
+        inline: InlineSqliteCommitter | None = None,
     ) -> None:
         self.engine = engine
+        # SQLite: commit on the loop when it is safe and fast (app.services.ingest_inline).
+        self.inline = inline if not (backend is not None and backend.shared) else None
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
         self.dedupe = dedupe
         self._pending_samples: list[Sample] = []
@@ -180,6 +184,8 @@ class IngestService:
                 log.error("ingest committer did not flush in time; pending batches not acked")
                 self._task.cancel()
             self._task = None
+        if self.inline is not None:
+            self.inline.close()
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -254,9 +260,12 @@ class IngestService:
         durable = await asyncio.to_thread(load_cursor, self.engine, batch.node, batch.agent_id)
         if durable is not None and durable.seen(batch.seq):
             return False
-        if await self.dedupe.claim(
-            batch.node, batch.agent_id, batch.seq, steal_older_than=STEAL_CLAIM_AFTER_S
-        ) == 1:
+        if (
+            await self.dedupe.claim(
+                batch.node, batch.agent_id, batch.seq, steal_older_than=STEAL_CLAIM_AFTER_S
+            )
+            == 1
+        ):
             log.warning("took over a stale ingest claim", extra={"node": batch.node})
             return True
         raise Unavailable(
@@ -327,7 +336,8 @@ class IngestService:
             self._pending_samples, self._pending_shared = [], []
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(self._commit, group, samples, shared)
+                if self.inline is None or not self.inline.try_commit(group, self._phase_retention):
+                    await asyncio.to_thread(self._commit, group, samples, shared)
             except Exception:
                 # Keep the group (newer state wins) and retry; waiters time out with 503.
                 log.exception("ingest commit failed; retrying in %.1f s", backoff)
