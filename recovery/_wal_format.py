@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -45,8 +45,7 @@ def _crc(length: int, body: bytes | memoryview) -> int:
     return zlib.crc32(body, zlib.crc32(_LENGTH.pack(length)))
 
 
-@dataclass(frozen=True, slots=True)
-class DecodedRecord:
+class DecodedRecord(NamedTuple):
     """One valid record found by a scan: its byte range and its payload."""
 
     offset: int
@@ -105,14 +104,36 @@ def scan(buf: bytes, start: int = 0, stop: int | None = None) -> ScanResult:
     """
     end = len(buf) if stop is None else stop
     records: list[DecodedRecord] = []
+    view = memoryview(buf)
+    unpack_header = HEADER.unpack_from
+    header_size = HEADER.size
+    crc32 = zlib.crc32
+    loads = orjson.loads
     offset = start
+    # Every process applies every record any process appends, so the common case (a whole,
+    # valid record) is decoded inline; anything else goes through decode_at for its reason.
     while offset < end:
         if buf[offset] == 0 and is_end_mark(buf, offset, end):
             return ScanResult(records, offset, zero_tail=True)
+        body_start = offset + header_size
+        if body_start <= end:
+            magic, length, crc = unpack_header(buf, offset)
+            body_end = body_start + length
+            if magic == MAGIC and length <= MAX_PAYLOAD_BYTES and body_end <= end:
+                body = view[body_start:body_end]
+                if crc32(body, crc32(view[offset + 4 : offset + 8])) == crc:
+                    try:
+                        payload = loads(body)
+                    except orjson.JSONDecodeError:
+                        payload = None
+                    if isinstance(payload, dict):
+                        records.append(DecodedRecord(offset, body_end, payload))
+                        offset = body_end
+                        continue
         decoded = decode_at(buf, offset, end)
         if isinstance(decoded, str):
             return ScanResult(records, offset, decoded, _next_valid_record(buf, offset + 1, end))
-        records.append(decoded)
+        records.append(decoded)  # not reached: decode_at agrees with the checks above
         offset = decoded.end
     return ScanResult(records, offset)
 

@@ -3,13 +3,20 @@
 Every appender, after writing its record, needs the durable mark (in the shared state) to
 reach the end of its record. Inside a process, one thread at a time acts for the process
 (the *process leader*); the others sleep on a condition variable and are woken when it is
-done. Across processes, the sync lock elects the one leader that runs ``fdatasync``: it first
-reads the current write position (everything before it is whole records, written by anyone),
+done. Across processes, the sync lock elects the one leader that runs ``fdatasync``: it reads
+the current write position (everything before it is whole records, written by anyone),
 fsyncs, then raises the shared durable mark to that position. A process leader that finds the
 sync lock taken sleeps on a shared counter (a futex) that every release of the sync lock bumps,
 then re-reads the durable mark (a lock-free read of one word), until another process's fsync
-covers its record or the lock is free. While a leader's fsync runs, other writers keep
-appending; the next fsync covers all of them together.
+covers its record or the lock is free.
+
+Gathering: every call waits for its own record, so a thread has at most one record waiting.
+A leader that starts its fsync the moment it gets the sync lock covers only the records
+written while the previous fsync ran, and the writers fall into two alternating half-batches.
+So before it reads the write position, the leader waits until every write call in flight
+(counted per handle in the shared state) has written its record, for at most the mean time
+of one fdatasync: the batch then holds everybody who is appending, and a lone writer (nothing
+else in flight) never waits.
 """
 
 from __future__ import annotations
@@ -23,23 +30,27 @@ from recovery._wal_errors import WALLockTimeout
 from recovery._wal_locks import ProcessLock, SharedState
 
 Position = tuple[int, int]
+#: What a leader syncs: the write position, the records written before it, and a duplicated
+#: descriptor of its segment (the leader closes it).
+Snapshot = tuple[Position, int, int]
 # Longest sleep before looking at the durable mark again even without a wake-up (a leader
 # killed by SIGKILL releases the sync lock without waking anybody).
 _WAKE_CHECK_S = 0.005
+# Upper bound of the wait for the calls in flight, whatever a sync costs on this disk.
+_MAX_GATHER_S = 0.002
 
 
 class GroupCommit:
     """Makes positions of one log durable, sharing fsyncs between threads and processes.
 
-    ``snapshot(timeout)`` must take the append lock briefly and return the current write
-    position with a duplicated descriptor of its segment (the caller closes it).
+    ``snapshot(timeout)`` must take the append lock briefly and return a :data:`Snapshot`.
     """
 
     def __init__(
         self,
         state: SharedState,
         sync_lock: ProcessLock,
-        snapshot: Callable[[float], tuple[Position, int]],
+        snapshot: Callable[[float], Snapshot],
     ) -> None:
         self._state = state
         self._sync_lock = sync_lock
@@ -64,15 +75,15 @@ class GroupCommit:
         self._sync_lock.release()
         self._finish(None)
 
-    def lead(self, position: Position, fd: int) -> None:
-        """After :meth:`try_lead_now` succeeded: fsync ``fd`` and publish ``position``."""
+    def lead(self, written: Snapshot, deadline: float) -> None:
+        """After :meth:`try_lead_now` succeeded: gather, fsync, publish the durable mark.
+
+        ``written`` is the snapshot taken right after this thread's own record.
+        """
         achieved: Position | None = None
         try:
-            self._fdatasync(fd)
-            self._state.advance_durable(*position)
-            achieved = position
+            achieved = self._sync_locked(written, deadline)
         finally:
-            os.close(fd)
             self._sync_lock.release()
             self._finish(achieved)
 
@@ -96,11 +107,50 @@ class GroupCommit:
             finally:
                 self._finish(achieved)
 
-    def _fdatasync(self, fd: int) -> None:
-        start = time.perf_counter()
-        os.fdatasync(fd)
-        self.sync_seconds += time.perf_counter() - start
+    def _sync_locked(self, snapshot: Snapshot | None, deadline: float) -> Position:
+        """Gather, then fdatasync everything written so far (sync lock held); the position."""
+        try:
+            if self._gather(deadline) or snapshot is None:
+                if snapshot is not None:
+                    os.close(snapshot[2])
+                    snapshot = None
+                snapshot = self._snapshot(max(deadline - time.monotonic(), 0.001))
+            target, records, fd = snapshot
+            start = time.perf_counter()
+            os.fdatasync(fd)
+            elapsed = time.perf_counter() - start
+        finally:
+            if snapshot is not None:
+                os.close(snapshot[2])
         self.fsyncs += 1
+        self.sync_seconds += elapsed
+        self._state.advance_durable(*target)
+        self._state.note_sync(records, elapsed)
+        return target
+
+    def _gather(self, deadline: float) -> bool:
+        """Wait until every write call in flight has written its record (or the bound is up);
+        True if it waited, so that the write position must be read again."""
+        state = self._state
+        synced, sync_s = state.sync_record()
+        if state.records_written() - synced >= state.calls_in_flight():
+            return False
+        now = time.monotonic()
+        stop = min(now + min(sync_s or _MAX_GATHER_S, _MAX_GATHER_S), deadline)
+        counter = state.append_released
+        state.gathering = True  # a call that returns now wakes us (it is no longer coming)
+        try:
+            while True:
+                seen = counter.value()
+                if state.records_written() - synced >= state.calls_in_flight():
+                    return True
+                now = time.monotonic()
+                if now >= stop:
+                    state.free_dead_slots()  # a killed writer's call never finishes
+                    return True
+                counter.wait_while(seen, stop - now)
+        finally:
+            state.gathering = False
 
     def _finish(self, achieved: Position | None) -> None:
         with self._cond:
@@ -120,13 +170,7 @@ class GroupCommit:
                     durable = self._state.durable_position()
                     if durable >= position:
                         return durable
-                    target, fd = self._snapshot(max(deadline - time.monotonic(), 0.001))
-                    try:
-                        self._fdatasync(fd)
-                    finally:
-                        os.close(fd)
-                    self._state.advance_durable(*target)
-                    return target
+                    return self._sync_locked(None, deadline)
                 finally:
                     self._sync_lock.release()
             now = time.monotonic()

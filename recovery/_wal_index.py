@@ -4,11 +4,15 @@ Records come in three kinds: ``a`` (an entry was appended, or, after compaction,
 current state), ``s`` (a status change) and ``base`` (the first record of a compacted segment).
 The index maps each entry id to its latest state; Python dicts keep insertion order, which is
 append order, and ``recover()`` relies on that.
+
+Every process that has the log open applies every record any process writes (to refuse a
+duplicate id or a change out of COMPLETED), so applying one is kept cheap: a decoded record is
+stored as a plain tuple, and turned into a :class:`WALEntry` only when somebody asks for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -82,16 +86,48 @@ def check_entry_id(entry_id: object) -> str:
     return entry_id
 
 
+_STEP_TYPES = {s.value: s for s in StepType}
+_STATUSES = {s.value: s for s in WALStatus}
+# What the index holds for an entry that nobody has asked for yet: the fields of its WALEntry
+# after entry_id, in order (step_type, status, data_path, checksum, created_at, updated_at,
+# error).
+_Row = tuple[StepType, WALStatus, Path | None, str | None, float, float, str | None]
+
+
 class EntryIndex:
     """Latest state per entry id, in append order, built by applying records in log order."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.entries: dict[str, WALEntry] = {}
+        self._entries: dict[str, WALEntry | _Row] = {}
 
     def clear(self) -> None:
         """Forget everything (before a rescan from the first segment)."""
-        self.entries = {}
+        self._entries = {}
+
+    def __contains__(self, entry_id: str) -> bool:
+        return entry_id in self._entries
+
+    def get(self, entry_id: str) -> WALEntry | None:
+        """The latest state of ``entry_id``, or None."""
+        value = self._entries.get(entry_id)
+        if value is None or isinstance(value, WALEntry):
+            return value
+        entry = WALEntry(entry_id, *value)
+        self._entries[entry_id] = entry  # same key: the order does not change
+        return entry
+
+    def all(self) -> list[WALEntry]:
+        """Every entry, in append order."""
+        entries = self._entries
+        for entry_id, value in entries.items():
+            if not isinstance(value, WALEntry):
+                entries[entry_id] = WALEntry(entry_id, *value)
+        return list(entries.values())  # type: ignore[arg-type]  # all WALEntry by now
+
+    def put(self, entry: WALEntry) -> None:
+        """Record ``entry`` as its id's latest state (after this process wrote its record)."""
+        self._entries[entry.entry_id] = entry
 
     def apply(self, payload: dict[str, Any]) -> None:
         """Apply one decoded record; raises KeyError/TypeError/ValueError/WALError if it is
@@ -103,25 +139,38 @@ class EntryIndex:
         if not isinstance(eid, str):
             raise TypeError(f"entry id {eid!r}")
         if kind == "a":
-            self.entries[eid] = WALEntry(
-                entry_id=eid,
-                step_type=StepType(payload["t"]),
-                status=WALStatus(payload["s"]),
-                data_path=self.resolve(payload.get("p")),
-                checksum=payload.get("c"),
-                created_at=float(payload.get("cts", payload["ts"])),
-                updated_at=float(payload["ts"]),
-                error=payload.get("e"),
+            ts = float(payload["ts"])
+            stored = payload.get("p")
+            self._entries[eid] = (
+                _STEP_TYPES[payload["t"]],
+                _STATUSES[payload["s"]],
+                None if stored is None else self.resolve(stored),
+                payload.get("c"),
+                float(payload.get("cts", ts)),
+                ts,
+                payload.get("e"),
             )
         elif kind == "s":
-            current = self.entries.get(eid)
+            current = self._entries.get(eid)
             if current is None:
                 raise WALError(f"status change for entry {eid!r} that was never appended")
-            self.entries[eid] = replace(
-                current,
-                status=WALStatus(payload["s"]),
-                updated_at=float(payload["ts"]),
-                error=payload.get("e"),
+            if isinstance(current, WALEntry):
+                step, data_path, checksum, created = (
+                    current.step_type,
+                    current.data_path,
+                    current.checksum,
+                    current.created_at,
+                )
+            else:
+                step, _, data_path, checksum, created, _, _ = current
+            self._entries[eid] = (
+                step,
+                _STATUSES[payload["s"]],
+                data_path,
+                checksum,
+                created,
+                float(payload["ts"]),
+                payload.get("e"),
             )
         else:
             raise ValueError(f"unknown record kind {kind!r}")

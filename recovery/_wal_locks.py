@@ -135,6 +135,21 @@ _DURABLE = struct.Struct("Q")
 _DURABLE_OFFSET = 64
 _SYNC_COUNTER_OFFSET = 72
 _APPEND_COUNTER_OFFSET = 76
+# Group-commit bookkeeping. It only steers how long a sync leader waits for more records,
+# never what counts as durable: records written (changed under the append lock), records the
+# durable mark covers and the mean fdatasync time in microseconds (under the sync lock), a flag
+# "a leader is gathering" and one slot per open handle (pid, calls in flight) that only the
+# handle's own process writes.
+_WRITTEN = struct.Struct("<Q")
+_WRITTEN_OFFSET = 80
+_SYNCED = struct.Struct("<QI")
+_SYNCED_OFFSET = 88
+_GATHERING = struct.Struct("<I")
+_GATHERING_OFFSET = 100
+_SLOT = struct.Struct("<II")
+_SLOTS_OFFSET = 512
+SLOT_COUNT = 64
+_SLOTS = struct.Struct(f"<{2 * SLOT_COUNT}I")
 _OFFSET_BITS = 32
 MAX_SEGMENT_OFFSET = (1 << _OFFSET_BITS) - 1
 STATE_FILE_BYTES = 4096
@@ -152,6 +167,8 @@ class SharedState:
       storage; raised only under the sync lock, and only after an fsync returned.
     * ``generation``: bumped when segments are replaced (compaction, repair), telling other
       processes to re-read the log from scratch.
+    * group-commit bookkeeping (:meth:`count_record`, :meth:`note_sync`, the slots): how
+      many records wait for a sync, how many write calls are in flight, how long a sync takes.
     """
 
     def __init__(self, path: Path) -> None:
@@ -177,6 +194,78 @@ class SharedState:
         """Rewrite the whole state: next write and durable mark both at ``(seg, end)``."""
         _STATE.pack_into(self._map, 0, _STATE_MAGIC, boot_id, generation, seg, end, zeroed)
         _DURABLE.pack_into(self._map, _DURABLE_OFFSET, _pack(seg, end))
+        _WRITTEN.pack_into(self._map, _WRITTEN_OFFSET, 0)
+        _SYNCED.pack_into(self._map, _SYNCED_OFFSET, 0, 0)
+        _GATHERING.pack_into(self._map, _GATHERING_OFFSET, 0)
+
+    def count_record(self) -> int:
+        """Count one more record written; return the count (caller holds the append lock)."""
+        (count,) = _WRITTEN.unpack_from(self._map, _WRITTEN_OFFSET)
+        count += 1
+        _WRITTEN.pack_into(self._map, _WRITTEN_OFFSET, count)
+        return int(count)
+
+    def records_written(self) -> int:
+        """How many records were written since the log was opened by the first process."""
+        (count,) = _WRITTEN.unpack_from(self._map, _WRITTEN_OFFSET)
+        return int(count)
+
+    def sync_record(self) -> tuple[int, float]:
+        """(records the durable mark covers, mean seconds of an fdatasync so far)."""
+        synced, micros = _SYNCED.unpack_from(self._map, _SYNCED_OFFSET)
+        return int(synced), micros / 1e6
+
+    def note_sync(self, records: int, seconds: float) -> None:
+        """After an fdatasync that covered the first ``records`` records and took ``seconds``
+        (caller holds the sync lock)."""
+        synced, micros = _SYNCED.unpack_from(self._map, _SYNCED_OFFSET)
+        sample = seconds * 1e6
+        micros = sample if micros == 0 else 0.8 * micros + 0.2 * sample
+        _SYNCED.pack_into(
+            self._map, _SYNCED_OFFSET, max(synced, records), min(int(micros), 0xFFFFFFFF)
+        )
+
+    @property
+    def gathering(self) -> bool:
+        """True while a sync leader waits for the calls in flight to write their records."""
+        (flag,) = _GATHERING.unpack_from(self._map, _GATHERING_OFFSET)
+        return bool(flag)
+
+    @gathering.setter
+    def gathering(self, value: bool) -> None:
+        _GATHERING.pack_into(self._map, _GATHERING_OFFSET, int(value))
+
+    def claim_slot(self, pid: int) -> int | None:
+        """A free slot for one handle of process ``pid`` (append lock held), or None if all
+        are taken. A slot of a process that no longer exists is free."""
+        values = _SLOTS.unpack_from(self._map, _SLOTS_OFFSET)
+        for slot in range(SLOT_COUNT):
+            owner = values[2 * slot]
+            if owner == 0 or not _process_exists(owner):
+                _SLOT.pack_into(self._map, _SLOTS_OFFSET + slot * _SLOT.size, pid, 0)
+                return slot
+        return None
+
+    def set_slot(self, slot: int, pid: int, in_flight: int) -> None:
+        """Publish how many write calls the handle owning ``slot`` has in flight."""
+        _SLOT.pack_into(self._map, _SLOTS_OFFSET + slot * _SLOT.size, pid, in_flight)
+
+    def calls_in_flight(self) -> int:
+        """Write calls in flight in every handle with a slot."""
+        values = _SLOTS.unpack_from(self._map, _SLOTS_OFFSET)
+        return sum(values[1::2])
+
+    def clear_slots(self) -> None:
+        """Forget every slot (the state is from an earlier boot: its pids mean nothing)."""
+        self._map[_SLOTS_OFFSET : _SLOTS_OFFSET + _SLOTS.size] = bytes(_SLOTS.size)
+
+    def free_dead_slots(self) -> None:
+        """Clear the slots of processes that were killed (their calls will never finish)."""
+        values = _SLOTS.unpack_from(self._map, _SLOTS_OFFSET)
+        for slot in range(SLOT_COUNT):
+            owner = values[2 * slot]
+            if owner and values[2 * slot + 1] and not _process_exists(owner):
+                _SLOT.pack_into(self._map, _SLOTS_OFFSET + slot * _SLOT.size, 0, 0)
 
     @property
     def generation(self) -> int:
@@ -223,6 +312,16 @@ class SharedState:
         self.append_released.detach()
         self._map.close()
         os.close(self._fd)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    return True
 
 
 def _pack(seg: int, end: int) -> int:

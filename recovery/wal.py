@@ -190,6 +190,10 @@ class WriteAheadLog:
         self._seg_no = 0
         self._seg_fd = -1
         self._records_written = 0  # changed under the append lock
+        # This handle's slot in the shared state: write calls in flight, for sync leaders.
+        self._slot: int | None = None
+        self._slot_lock = threading.Lock()
+        self._writes_in_flight = 0
         try:
             self._sync_lock.acquire(self._timeout)
             try:
@@ -253,7 +257,7 @@ class WriteAheadLog:
         if data is not None or external is not None:
             # Fail before writing a data file when the id is already known.
             with self._locked_append():
-                if eid in self._index.entries:
+                if eid in self._index:
                     raise WALError(f"entry {eid!r} is already in the log")
         stored_path: str | None = None
         checksum: str | None = None
@@ -289,7 +293,7 @@ class WriteAheadLog:
         }
 
         def prepare() -> tuple[bool, WALEntry]:
-            if eid in self._index.entries:
+            if eid in self._index:
                 raise WALError(f"entry {eid!r} is already in the log")
             return True, entry
 
@@ -330,7 +334,7 @@ class WriteAheadLog:
         }
 
         def prepare() -> tuple[bool, WALEntry]:
-            current = self._index.entries.get(eid)
+            current = self._index.get(eid)
             if current is None:
                 raise WALError(f"cannot set status of unknown entry {eid!r}")
             if current.status is WALStatus.COMPLETED:
@@ -346,20 +350,20 @@ class WriteAheadLog:
     def recover(self) -> list[WALEntry]:
         """Every entry whose last status is not COMPLETED, in append order (as of now)."""
         with self._locked_append():
-            return [e for e in self._index.entries.values() if e.status is not WALStatus.COMPLETED]
+            return [e for e in self._index.all() if e.status is not WALStatus.COMPLETED]
 
     @_tracked
     def get(self, entry_id: str) -> WALEntry | None:
         """The latest state of ``entry_id``, or None if the log does not hold it."""
         eid = check_entry_id(entry_id)
         with self._locked_append():
-            return self._index.entries.get(eid)
+            return self._index.get(eid)
 
     @_tracked
     def entries(self) -> list[WALEntry]:
         """All entries the log holds, in append order."""
         with self._locked_append():
-            return list(self._index.entries.values())
+            return self._index.all()
 
     @_tracked
     def read_data(self, entry_id: str) -> bytes:
@@ -392,12 +396,9 @@ class WriteAheadLog:
             self._append_lock.acquire(self._timeout)
             try:
                 self._catch_up_locked()
-                kept = [
-                    e for e in self._index.entries.values() if e.status is not WALStatus.COMPLETED
-                ]
-                dropped = [
-                    e for e in self._index.entries.values() if e.status is WALStatus.COMPLETED
-                ]
+                everything = self._index.all()
+                kept = [e for e in everything if e.status is not WALStatus.COMPLETED]
+                dropped = [e for e in everything if e.status is WALStatus.COMPLETED]
                 new_seg = self._state.write_position()[0] + 1
                 records = [encode_record({"k": "base", "seg": new_seg, "ts": time.time()})]
                 records += [encode_record(self._index.snapshot_payload(e)) for e in kept]
@@ -408,7 +409,7 @@ class WriteAheadLog:
                 self._state.bump_generation()
                 self._segments.remove_below(new_seg)
                 self._full_scan_locked()
-                referenced = {e.data_path for e in self._index.entries.values()}
+                referenced = {e.data_path for e in self._index.all()}
                 orphans = unreferenced_data_files(
                     self.directory / "data", referenced, orphan_grace_s
                 )
@@ -482,6 +483,9 @@ class WriteAheadLog:
         if self._seg_fd >= 0:
             os.close(self._seg_fd)
             self._seg_fd = -1
+        if self._slot is not None and os.getpid() == self._pid:
+            self._state.set_slot(self._slot, 0, 0)
+            self._slot = None
         self._detach_counters()
         self._state.close()
         self._append_lock.close()
@@ -533,46 +537,67 @@ class WriteAheadLog:
         """
         record = encode_record(payload)
         deadline = time.monotonic() + self._timeout
-        self._append_lock.acquire(self._timeout)
-        leader_fd = -1
+        self._enter_write()
         try:
-            self._check_open()
-            self._catch_up_locked()
-            needed, written = prepare()
-            if not needed:
-                return written
+            self._append_lock.acquire(self._timeout)
+            leader: tuple[tuple[int, int], int, int] | None = None
             try:
-                position = self._write_record_locked(record)
-            except OSError as exc:
-                raise WALError(f"cannot write to WAL {self.directory}: {exc}") from exc
-            self._records_written += 1
-            self._index.entries[written.entry_id] = written
-            if self._sync and self._group.try_lead_now():
-                # Nobody here or elsewhere is syncing: lead, covering our own record's end.
+                self._check_open()
+                self._catch_up_locked()
+                needed, written = prepare()
+                if not needed:
+                    return written
                 try:
-                    leader_fd = os.dup(self._seg_fd)
-                except BaseException:
-                    self._group.lead_failed()
-                    raise
+                    position, records = self._write_record_locked(record)
+                except OSError as exc:
+                    raise WALError(f"cannot write to WAL {self.directory}: {exc}") from exc
+                self._records_written += 1
+                self._index.put(written)
+                if self._sync and self._group.try_lead_now():
+                    # Nobody here or elsewhere is syncing: lead, from our own record's end.
+                    try:
+                        leader = (position, records, os.dup(self._seg_fd))
+                    except BaseException:
+                        self._group.lead_failed()
+                        raise
+            finally:
+                self._append_lock.release()
+            try:
+                if leader is not None:
+                    self._group.lead(leader, deadline)
+                elif self._sync:
+                    self._group.wait(position, deadline)
+            except WALError:
+                raise  # a lock timeout is a TimeoutError (an OSError) but not a failed fsync
+            except OSError as exc:
+                # After a failed fsync the page cache may have dropped the dirty pages: the
+                # record must be treated as lost. Reopening the log shows what is on disk.
+                raise WALError(
+                    f"fsync of WAL {self.directory} failed ({exc}); the record may not be "
+                    "durable, reopen the log before continuing"
+                ) from exc
+            return written
         finally:
-            self._append_lock.release()
-        try:
-            if leader_fd >= 0:
-                self._group.lead(position, leader_fd)
-            elif self._sync:
-                self._group.wait(position, deadline)
-        except WALError:
-            raise  # a lock timeout is a TimeoutError (an OSError) but not a failed fsync
-        except OSError as exc:
-            # After a failed fsync the page cache may have dropped the dirty pages: the record
-            # must be treated as lost. Reopening the log shows what is really on disk.
-            raise WALError(
-                f"fsync of WAL {self.directory} failed ({exc}); the record may not be durable, "
-                "reopen the log before continuing"
-            ) from exc
-        return written
+            self._leave_write()
 
-    def _write_record_locked(self, record: bytes) -> tuple[int, int]:
+    def _enter_write(self) -> None:
+        """Count a write call in flight in this handle's slot (a sync leader waits for it)."""
+        with self._slot_lock:
+            self._writes_in_flight += 1
+            if self._slot is not None:
+                self._state.set_slot(self._slot, self._pid, self._writes_in_flight)
+
+    def _leave_write(self) -> None:
+        with self._slot_lock:
+            self._writes_in_flight -= 1
+            if self._slot is not None:
+                self._state.set_slot(self._slot, self._pid, self._writes_in_flight)
+        if self._state.gathering:
+            # A leader waits for this call's record; there will be none from it now.
+            self._state.append_released.bump_and_wake()
+
+    def _write_record_locked(self, record: bytes) -> tuple[tuple[int, int], int]:
+        """Write ``record`` at the write position; return its end and the records count."""
         seg, end = self._state.write_position()
         if end > 0 and end + len(record) > self._segment_bytes:
             self._rotate_locked(seg, end)
@@ -590,7 +615,7 @@ class WriteAheadLog:
         end += len(record)
         self._state.set_write_position(seg, end)
         self._cursor = (seg, end)
-        return seg, end
+        return (seg, end), self._state.count_record()
 
     def _preallocate_locked(self, seg: int, end: int, stop: int) -> None:
         """Zero-fill the segment from ``end`` to at least ``stop`` and make that durable.
@@ -636,13 +661,14 @@ class WriteAheadLog:
         self._segments.create(seg + 1)
         self._state.set_write_position(seg + 1, 0)
 
-    def _snapshot_for_sync(self, timeout: float) -> tuple[tuple[int, int], int]:
-        """The current write position and a descriptor of its segment, for a sync leader."""
+    def _snapshot_for_sync(self, timeout: float) -> tuple[tuple[int, int], int, int]:
+        """The write position, the records written before it and a descriptor of its segment,
+        for a sync leader."""
         self._append_lock.acquire(timeout)
         try:
             target = self._state.write_position()
             self._ensure_segment_fd(target[0])
-            return target, os.dup(self._seg_fd)
+            return target, self._state.records_written(), os.dup(self._seg_fd)
         finally:
             self._append_lock.release()
 
@@ -672,6 +698,9 @@ class WriteAheadLog:
             self._segments.fsync_segment(seg)
         generation = self._state.generation + (1 if repaired.changed or not valid else 0)
         self._state.reset(boot_id, generation, seg, end, repaired.zeroed_end)
+        if not valid:
+            self._state.clear_slots()
+        self._slot = self._state.claim_slot(self._pid)
         self._full_scan_locked()
 
     def _full_scan_locked(self) -> None:
