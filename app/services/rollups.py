@@ -37,6 +37,7 @@ window is then left to the replicas that run the scheduler.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import hashlib
 import logging
@@ -44,6 +45,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from operator import itemgetter
 
 import orjson
 import sqlalchemy as sa
@@ -54,6 +56,9 @@ from app.core.config import SeriesSettings
 from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
 from app.services.series_store import SeriesKey, SeriesStore
+
+_ts_of = itemgetter(0)
+_value_of = itemgetter(1)
 
 log = logging.getLogger("rlguard.rollups")
 
@@ -145,24 +150,29 @@ class RollupWriter:
         for key in self.store.keys():
             done = self._rolled.get(key, float("-inf"))
             start = max(done + 60, complete_before - self.settings.window_seconds)
-            points = [p for p in self.store.since(key, start) if p.ts < complete_before]
+            points = self.store.between(key, start, complete_before)  # sorted (ts, value)
             if not points:
                 continue
             sid = series_id(key)
             if key not in self._rolled and self._written:
                 # a series this process first saw after taking the lease over
                 done = self._written.pop(sid, done)
-                points = [p for p in points if p.ts >= done + 60]
+                points = points[bisect.bisect_left(points, (done + 60,)) :]
                 if not points:
                     self._rolled[key] = done
                     continue
             labels = dict(key.labels)
-            minute_pts: dict[float, list[tuple[float, float]]] = {}
-            for p in points:
-                minute_pts.setdefault(p.ts // 60 * 60, []).append((p.ts, p.value))
-            for minute, pts in minute_pts.items():
-                values = [v for _, v in pts]
-                last_ts, last = max(pts)
+            # One pass per minute over C-level slices: a pass reads every sample of the last
+            # rollup interval (180k samples/s at 10,000 GPUs), so no per-point Python here.
+            stamps = list(map(_ts_of, points))
+            values = list(map(_value_of, points))
+            i, n = 0, len(points)
+            minute = start
+            while i < n:
+                minute = stamps[i] // 60 * 60
+                j = bisect.bisect_left(stamps, minute + 60, i)
+                chunk = values[i:j]
+                last_ts, last = max(points[i:j])
                 rows.append(
                     RollupRow(
                         sid,
@@ -170,16 +180,17 @@ class RollupWriter:
                         key.name,
                         labels,
                         minute,
-                        len(values),
-                        min(values),
-                        max(values),
-                        sum(values) / len(values),
+                        j - i,
+                        min(chunk),
+                        max(chunk),
+                        sum(chunk) / (j - i),
                         last,
                         last_ts,
                     )
                 )
+                i = j
             self._previous_marks[key] = done
-            self._rolled[key] = max(minute_pts)
+            self._rolled[key] = minute
         return rows
 
     def write(self, rows: list[RollupRow], *, fence: Fence | None = None) -> None:
