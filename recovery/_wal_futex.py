@@ -30,18 +30,22 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _load_syscall() -> Callable[..., int] | None:
+def _load_syscall(loader: type[ctypes.CDLL]) -> Callable[..., int] | None:
     if not _SYS_FUTEX:
         return None
     try:
-        function = ctypes.CDLL(None, use_errno=True).syscall
+        function = loader(None, use_errno=True).syscall
     except (OSError, AttributeError):
         return None
     function.restype = ctypes.c_long
     return cast("Callable[..., int]", function)
 
 
-_syscall = _load_syscall()
+# A wait blocks, so it must let other threads run (CDLL releases the GIL around the call). A
+# wake returns at once: calling it through PyDLL keeps the GIL, which spares a GIL hand-over
+# (a context switch each way when another thread is waiting for it) on every lock release.
+_syscall = _load_syscall(ctypes.CDLL)
+_syscall_keep_gil = _load_syscall(ctypes.PyDLL)
 
 
 class SharedCounter:
@@ -85,8 +89,8 @@ class SharedCounter:
         # A lost increment between two concurrent bumpers is harmless: the value still differs
         # from what any sleeper read, and FUTEX_WAKE wakes sleepers whatever the value.
         word.value = (word.value + 1) & 0xFFFFFFFF
-        if _syscall is not None:
-            _syscall(*self._wake_args)
+        if _syscall_keep_gil is not None:
+            _syscall_keep_gil(*self._wake_args)
 
     def wait_while(self, expected: int, timeout: float) -> None:
         """Sleep until the counter differs from ``expected``, a wake-up, or ``timeout`` s."""

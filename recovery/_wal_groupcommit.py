@@ -132,17 +132,16 @@ class GroupCommit:
         """Wait until every write call in flight has written its record (or the bound is up);
         True if it waited, so that the write position must be read again."""
         state = self._state
-        synced, sync_s = state.sync_record()
-        if state.records_written() - synced >= state.calls_in_flight():
+        if state.batch_complete():
             return False
-        now = time.monotonic()
-        stop = min(now + min(sync_s or _MAX_GATHER_S, _MAX_GATHER_S), deadline)
-        counter = state.append_released
-        state.gathering = True  # a call that returns now wakes us (it is no longer coming)
+        _, sync_s = state.sync_record()
+        stop = min(time.monotonic() + min(sync_s or _MAX_GATHER_S, _MAX_GATHER_S), deadline)
+        counter = state.gather_done
+        state.gathering = True  # from now on, whoever completes the batch wakes us
         try:
             while True:
                 seen = counter.value()
-                if state.records_written() - synced >= state.calls_in_flight():
+                if state.batch_complete():
                     return True
                 now = time.monotonic()
                 if now >= stop:

@@ -146,6 +146,7 @@ _SYNCED = struct.Struct("<QI")
 _SYNCED_OFFSET = 88
 _GATHERING = struct.Struct("<I")
 _GATHERING_OFFSET = 100
+_GATHER_COUNTER_OFFSET = 104
 _SLOT = struct.Struct("<II")
 _SLOTS_OFFSET = 512
 SLOT_COUNT = 64
@@ -167,7 +168,7 @@ class SharedState:
       storage; raised only under the sync lock, and only after an fsync returned.
     * ``generation``: bumped when segments are replaced (compaction, repair), telling other
       processes to re-read the log from scratch.
-    * group-commit bookkeeping (:meth:`count_record`, :meth:`note_sync`, the slots): how
+    * group-commit bookkeeping (:meth:`count_records`, :meth:`note_sync`, the slots): how
       many records wait for a sync, how many write calls are in flight, how long a sync takes.
     """
 
@@ -180,6 +181,9 @@ class SharedState:
         self.sync_released = SharedCounter(self._map, _SYNC_COUNTER_OFFSET)
         #: Bumped after the append lock is released.
         self.append_released = SharedCounter(self._map, _APPEND_COUNTER_OFFSET)
+        #: Bumped when a gathering sync leader has everything it waits for (see
+        #: :meth:`nudge_gatherer`).
+        self.gather_done = SharedCounter(self._map, _GATHER_COUNTER_OFFSET)
 
     def _unpack(self) -> tuple[bytes, bytes, int, int, int, int]:
         values: tuple[bytes, bytes, int, int, int, int] = _STATE.unpack_from(self._map, 0)
@@ -198,12 +202,10 @@ class SharedState:
         _SYNCED.pack_into(self._map, _SYNCED_OFFSET, 0, 0)
         _GATHERING.pack_into(self._map, _GATHERING_OFFSET, 0)
 
-    def count_record(self) -> int:
-        """Count one more record written; return the count (caller holds the append lock)."""
+    def count_records(self, written: int) -> None:
+        """Count ``written`` more records written (caller holds the append lock)."""
         (count,) = _WRITTEN.unpack_from(self._map, _WRITTEN_OFFSET)
-        count += 1
-        _WRITTEN.pack_into(self._map, _WRITTEN_OFFSET, count)
-        return int(count)
+        _WRITTEN.pack_into(self._map, _WRITTEN_OFFSET, count + written)
 
     def records_written(self) -> int:
         """How many records were written since the log was opened by the first process."""
@@ -234,6 +236,19 @@ class SharedState:
     @gathering.setter
     def gathering(self, value: bool) -> None:
         _GATHERING.pack_into(self._map, _GATHERING_OFFSET, int(value))
+
+    def batch_complete(self) -> bool:
+        """True when every write call in flight has written its record (none is still on
+        its way), so a sync now covers all of them."""
+        (written,) = _WRITTEN.unpack_from(self._map, _WRITTEN_OFFSET)
+        (synced, _) = _SYNCED.unpack_from(self._map, _SYNCED_OFFSET)
+        return bool(written - synced >= self.calls_in_flight())
+
+    def nudge_gatherer(self) -> None:
+        """Wake a gathering sync leader if what it waits for is complete (called after a
+        record was written or a write call finished). Costs one read when nobody gathers."""
+        if self.gathering and self.batch_complete():
+            self.gather_done.bump_and_wake()
 
     def claim_slot(self, pid: int) -> int | None:
         """A free slot for one handle of process ``pid`` (append lock held), or None if all
@@ -310,6 +325,7 @@ class SharedState:
         """Unmap and close the state file."""
         self.sync_released.detach()
         self.append_released.detach()
+        self.gather_done.detach()
         self._map.close()
         os.close(self._fd)
 

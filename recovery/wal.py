@@ -50,6 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from recovery._wal_combine import Call, CallQueue
 from recovery._wal_data import (
     checksum_bytes,
     checksum_file,
@@ -124,6 +125,15 @@ def _tracked(
     return wrapper
 
 
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """What a batch wrote: the end of its last record and, if this thread is to lead the
+    sync, the leader's snapshot (position, records count, descriptor)."""
+
+    end: tuple[int, int]
+    leader: tuple[tuple[int, int], int, int] | None
+
+
 @dataclass(frozen=True)
 class WALStats:
     """What this handle did since it was opened: records it wrote, the group-commit fsyncs it
@@ -194,6 +204,7 @@ class WriteAheadLog:
         self._slot: int | None = None
         self._slot_lock = threading.Lock()
         self._writes_in_flight = 0
+        self._calls = CallQueue()
         try:
             self._sync_lock.acquire(self._timeout)
             try:
@@ -533,52 +544,80 @@ class WriteAheadLog:
         """Write one record and return once it is durable.
 
         ``prepare`` runs under the append lock against an up-to-date index: it raises to refuse
-        the change, or says whether a record is needed and what the entry becomes.
+        the change, or says whether a record is needed and what the entry becomes. The record
+        may be written by another thread of this process together with its own
+        (:mod:`recovery._wal_combine`).
         """
-        record = encode_record(payload)
-        deadline = time.monotonic() + self._timeout
+        call = Call(encode_record(payload), prepare, time.monotonic() + self._timeout)
         self._enter_write()
         try:
-            self._append_lock.acquire(self._timeout)
-            leader: tuple[tuple[int, int], int, int] | None = None
-            try:
-                self._check_open()
-                self._catch_up_locked()
-                needed, written = prepare()
-                if not needed:
-                    return written
-                try:
-                    position, records = self._write_record_locked(record)
-                except OSError as exc:
-                    raise WALError(f"cannot write to WAL {self.directory}: {exc}") from exc
-                self._records_written += 1
-                self._index.put(written)
-                if self._sync and self._group.try_lead_now():
-                    # Nobody here or elsewhere is syncing: lead, from our own record's end.
-                    try:
-                        leader = (position, records, os.dup(self._seg_fd))
-                    except BaseException:
-                        self._group.lead_failed()
-                        raise
-            finally:
-                self._append_lock.release()
-            try:
-                if leader is not None:
-                    self._group.lead(leader, deadline)
-                elif self._sync:
-                    self._group.wait(position, deadline)
-            except WALError:
-                raise  # a lock timeout is a TimeoutError (an OSError) but not a failed fsync
-            except OSError as exc:
-                # After a failed fsync the page cache may have dropped the dirty pages: the
-                # record must be treated as lost. Reopening the log shows what is on disk.
-                raise WALError(
-                    f"fsync of WAL {self.directory} failed ({exc}); the record may not be "
-                    "durable, reopen the log before continuing"
-                ) from exc
-            return written
+            entry: WALEntry = self._calls.run(call, self._write_batch, self._make_durable)
+            return entry
         finally:
             self._leave_write()
+
+    def _write_batch(self, batch: list[Call], deadline: float) -> _Written | None:
+        """Write the records of ``batch`` that ``prepare`` accepts, under one append lock."""
+        self._append_lock.acquire(max(deadline - time.monotonic(), 0.0))
+        try:
+            self._check_open()
+            self._catch_up_locked()
+            accepted: list[tuple[Call, WALEntry]] = []
+            for call in batch:
+                try:
+                    needed, entry = call.prepare()
+                except Exception as exc:  # refused: this call fails, the others go on
+                    call.error = exc
+                    continue
+                if not needed:
+                    call.result = entry
+                    continue
+                self._index.put(entry)  # the next call's prepare must see this change
+                accepted.append((call, entry))
+            if not accepted:
+                return None
+            try:
+                ends, records = self._write_records_locked([c.record for c, _ in accepted])
+            except BaseException as exc:
+                # The index holds changes the log may not: rebuild it from what is there.
+                self._full_scan_locked()
+                if isinstance(exc, OSError):
+                    raise WALError(f"cannot write to WAL {self.directory}: {exc}") from exc
+                raise
+            self._records_written += len(accepted)
+            for (call, entry), end in zip(accepted, ends, strict=True):
+                call.result, call.position = entry, end
+            last = ends[-1]
+            if self._sync and self._group.try_lead_now():
+                # Nobody here or elsewhere is syncing: lead, from the batch's end.
+                try:
+                    return _Written(last, (last, records, os.dup(self._seg_fd)))
+                except BaseException:
+                    self._group.lead_failed()
+                    raise
+            return _Written(last, None)
+        finally:
+            self._append_lock.release()
+            self._state.nudge_gatherer()  # a gathering leader may wait for these records
+
+    def _make_durable(self, written: _Written, deadline: float) -> None:
+        """Return once everything up to ``written.end`` is on stable storage."""
+        if not self._sync:
+            return
+        try:
+            if written.leader is not None:
+                self._group.lead(written.leader, deadline)
+            else:
+                self._group.wait(written.end, deadline)
+        except WALError:
+            raise  # a lock timeout is a TimeoutError (an OSError) but not a failed fsync
+        except OSError as exc:
+            # After a failed fsync the page cache may have dropped the dirty pages: the
+            # records must be treated as lost. Reopening the log shows what is on disk.
+            raise WALError(
+                f"fsync of WAL {self.directory} failed ({exc}); the record may not be "
+                "durable, reopen the log before continuing"
+            ) from exc
 
     def _enter_write(self) -> None:
         """Count a write call in flight in this handle's slot (a sync leader waits for it)."""
@@ -592,30 +631,44 @@ class WriteAheadLog:
             self._writes_in_flight -= 1
             if self._slot is not None:
                 self._state.set_slot(self._slot, self._pid, self._writes_in_flight)
-        if self._state.gathering:
-            # A leader waits for this call's record; there will be none from it now.
-            self._state.append_released.bump_and_wake()
+        # A gathering leader may have waited for this call (now finished) to come back.
+        self._state.nudge_gatherer()
 
-    def _write_record_locked(self, record: bytes) -> tuple[tuple[int, int], int]:
-        """Write ``record`` at the write position; return its end and the records count."""
-        seg, end = self._state.write_position()
-        if end > 0 and end + len(record) > self._segment_bytes:
-            self._rotate_locked(seg, end)
-            seg, end = seg + 1, 0
-        self._ensure_segment_fd(seg)
-        stop = end + len(record) + len(END_MARK)
-        if stop > self._state.zeroed_end():
-            self._preallocate_locked(seg, end, stop)
-        # The end mark after the record also covers what a writer killed before its record
-        # counted may have left here, so a reader never mistakes that for the next record.
-        framed = record + END_MARK
-        written = os.pwrite(self._seg_fd, framed, end)
-        if written != len(framed):
-            raise WALError(f"short write to WAL segment {seg}: {written} of {len(framed)} bytes")
-        end += len(record)
-        self._state.set_write_position(seg, end)
-        self._cursor = (seg, end)
-        return (seg, end), self._state.count_record()
+    def _write_records_locked(self, records: list[bytes]) -> tuple[list[tuple[int, int]], int]:
+        """Write ``records`` in order at the write position; return each one's end and the
+        count of records written so far. Those that fit the segment go in one ``pwrite``."""
+        ends: list[tuple[int, int]] = []
+        index = 0
+        while index < len(records):
+            seg, end = self._state.write_position()
+            if end > 0 and end + len(records[index]) > self._segment_bytes:
+                self._rotate_locked(seg, end)
+                seg, end = seg + 1, 0
+            # The first record always goes (alone in a fresh segment if it is that big).
+            stop, first = end + len(records[index]), index
+            index += 1
+            while index < len(records) and stop + len(records[index]) <= self._segment_bytes:
+                stop += len(records[index])
+                index += 1
+            group = records[first:index]
+            self._ensure_segment_fd(seg)
+            if stop + len(END_MARK) > self._state.zeroed_end():
+                self._preallocate_locked(seg, end, stop + len(END_MARK))
+            # The end mark after the records also covers what a writer killed before its
+            # record counted may have left here, so a reader never takes it for a record.
+            framed = b"".join([*group, END_MARK])
+            written = os.pwrite(self._seg_fd, framed, end)
+            if written != len(framed):
+                raise WALError(
+                    f"short write to WAL segment {seg}: {written} of {len(framed)} bytes"
+                )
+            for record in group:
+                end += len(record)
+                ends.append((seg, end))
+            self._state.set_write_position(seg, end)
+            self._cursor = (seg, end)
+            self._state.count_records(len(group))
+        return ends, self._state.records_written()
 
     def _preallocate_locked(self, seg: int, end: int, stop: int) -> None:
         """Zero-fill the segment from ``end`` to at least ``stop`` and make that durable.

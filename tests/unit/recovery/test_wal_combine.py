@@ -1,0 +1,209 @@
+"""Write combining: threads of one process whose calls are written together by one of them."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from recovery._wal_combine import Call, CallQueue
+from recovery.wal import WALError, WALLockTimeout, WALStatus, WriteAheadLog
+
+pytestmark = pytest.mark.timeout(120)
+
+_CTX = multiprocessing.get_context("fork")
+
+
+def _run_threads(count: int, target: object) -> list[BaseException]:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def body(n: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            target(n)  # type: ignore[operator]
+        except BaseException as exc:  # collected for the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return errors
+
+
+def test_a_refused_call_fails_alone_and_its_batch_mates_are_written(tmp_path: Path) -> None:
+    """16 threads append the same 8 ids at once: each id is accepted exactly once, every
+    other call gets 'already in the log', and the log holds exactly the accepted ones."""
+    wal = WriteAheadLog(tmp_path)
+    outcomes: dict[int, list[str]] = {}
+
+    def writer(n: int) -> None:
+        results = outcomes.setdefault(n, [])
+        for i in range(8):
+            try:
+                wal.append(f"shared-{i}", "generate")
+                results.append("ok")
+            except WALError as exc:
+                assert "already in the log" in str(exc)
+                results.append("refused")
+
+    assert _run_threads(16, writer) == []
+    accepted = sum(r.count("ok") for r in outcomes.values())
+    refused = sum(r.count("refused") for r in outcomes.values())
+    assert (accepted, refused) == (8, 16 * 8 - 8)
+    assert [e.entry_id for e in wal.entries()] == [f"shared-{i}" for i in range(8)]
+    assert wal.stats().records == 8
+    wal.close()
+    with WriteAheadLog(tmp_path) as reopened:
+        assert sorted(e.entry_id for e in reopened.entries()) == [f"shared-{i}" for i in range(8)]
+
+
+def test_changes_of_one_entry_from_several_threads_apply_in_log_order(tmp_path: Path) -> None:
+    """Threads append an entry and others change it while batches are being combined: the
+    last acknowledged status in memory is the last one in the log after a reopen."""
+    wal = WriteAheadLog(tmp_path)
+    for i in range(20):
+        wal.append(f"e{i}", "generate")
+
+    def changer(n: int) -> None:
+        for i in range(20):
+            status = ["executing", "failed", "pending", "executing"][(n + i) % 4]
+            wal.update_status(f"e{i}", status)
+
+    assert _run_threads(8, changer) == []
+    in_memory = {e.entry_id: e.status for e in wal.entries()}
+    wal.close()
+    with WriteAheadLog(tmp_path) as reopened:
+        assert {e.entry_id: e.status for e in reopened.entries()} == in_memory
+    assert set(in_memory.values()) <= {WALStatus.EXECUTING, WALStatus.FAILED, WALStatus.PENDING}
+
+
+def test_many_threads_share_writes_and_fsyncs(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+
+    def writer(n: int) -> None:
+        for i in range(30):
+            wal.append(f"t{n}-{i}", "generate")
+            wal.update_status(f"t{n}-{i}", "completed")
+
+    assert _run_threads(12, writer) == []
+    stats = wal.stats()
+    assert stats.records == 12 * 30 * 2
+    assert stats.fsyncs < stats.records / 2, stats
+    assert wal.recover() == []
+    wal.close()
+
+
+def _hold_lock(path: str, ready: object, seconds: float) -> None:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(seconds)
+
+
+def test_queued_calls_time_out_and_write_nothing_while_the_lock_is_held(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the append lock: the combiner and the calls queued behind it
+    all raise WALLockTimeout within about the timeout, and nothing is written."""
+    wal = WriteAheadLog(tmp_path, lock_timeout=0.4)
+    ready = _CTX.Event()
+    holder = _CTX.Process(target=_hold_lock, args=(str(tmp_path / "append.lock"), ready, 30))
+    holder.start()
+    timeouts: list[float] = []
+    try:
+        assert ready.wait(10)
+
+        def writer(n: int) -> None:
+            started = time.monotonic()
+            with pytest.raises(WALLockTimeout):
+                wal.append(f"blocked-{n}", "generate")
+            timeouts.append(time.monotonic() - started)
+
+        assert _run_threads(6, writer) == []
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        holder.join(10)
+    assert len(timeouts) == 6 and all(0.3 < t < 5 for t in timeouts), timeouts
+    assert wal.entries() == []
+    wal.append("after", "generate")
+    assert [e.entry_id for e in wal.entries()] == ["after"]
+    wal.close()
+
+
+def test_a_failed_batch_write_fails_every_call_in_it_and_leaves_no_phantom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write of a combined batch fails (ENOSPC): every call in the batch raises a
+    WALError, the in-memory index shows none of them, and later calls work again."""
+    wal = WriteAheadLog(tmp_path)
+    wal.append("before", "generate")
+    real_pwrite = os.pwrite
+    failing = threading.Event()
+    failing.set()
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if failing.is_set():
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    outcomes: list[str] = []
+
+    def writer(n: int) -> None:
+        with pytest.raises(WALError, match="cannot write to WAL") as info:
+            wal.append(f"lost-{n}", "generate")
+        outcomes.append(str(info.value))
+
+    assert _run_threads(6, writer) == []
+    assert len(outcomes) == 6
+    assert [e.entry_id for e in wal.entries()] == ["before"]
+    failing.clear()
+    wal.append("after", "generate")
+    wal.close()
+    with WriteAheadLog(tmp_path) as reopened:
+        assert [e.entry_id for e in reopened.entries()] == ["before", "after"]
+
+
+def test_call_queue_promotes_the_next_queued_call_and_runs_every_batch_once() -> None:
+    """The queue itself, without a log: each call is written exactly once, in some batch,
+    and made durable by the batch that wrote it."""
+    queue = CallQueue()
+    written: list[list[int]] = []
+    durable: list[int] = []
+    lock = threading.Lock()
+
+    def write_batch(batch: list[Call], deadline: float) -> int:
+        time.sleep(0.002)  # long enough for other threads to queue behind
+        with lock:
+            written.append([c.record[0] for c in batch])
+        for c in batch:
+            c.result, c.position = c.record[0], (1, c.record[0])
+        return len(written)
+
+    def make_durable(token: int, deadline: float) -> None:
+        with lock:
+            durable.append(token)
+
+    results: list[int] = []
+
+    def caller(n: int) -> None:
+        for i in range(5):
+            value = n * 5 + i
+            call = Call(bytes([value]), lambda: None, time.monotonic() + 10)
+            results.append(queue.run(call, write_batch, make_durable))
+
+    assert _run_threads(10, caller) == []
+    assert sorted(results) == list(range(50))
+    assert sorted(v for batch in written for v in batch) == list(range(50))
+    assert sorted(durable) == list(range(1, len(written) + 1))
+    assert len(written) < 50  # some batches held several calls
