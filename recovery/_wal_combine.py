@@ -54,9 +54,9 @@ class Call:
         self.result: Any = None
         self.error: BaseException | None = None
         self.position: Position | None = None
-        # Held until the call is done or promoted; its thread sleeps acquiring it.
-        self.wakeup = threading.Lock()
-        self.wakeup.acquire()
+        # Only a call that has to wait gets one: held until the call is done or promoted,
+        # its thread sleeps acquiring it.
+        self.wakeup: threading.Lock | None = None
 
 
 #: Writes a batch under the append lock (setting each call's result, error and position) and
@@ -67,37 +67,57 @@ MakeDurable = Callable[[Any, float], None]
 
 
 class CallQueue:
-    """Queue of one handle's write calls and the combiner role (see the module docstring)."""
+    """Queue of one handle's write calls and the combiner role (see the module docstring).
 
-    def __init__(self) -> None:
+    ``publish(n)`` is called (under the queue's lock) whenever the number of calls in
+    :meth:`run` changes, so that sync leaders in other processes can see it.
+    """
+
+    def __init__(self, publish: Callable[[int], None]) -> None:
         self._lock = threading.Lock()
         self._queue: deque[Call] = deque()
         self._combining = False
+        self._in_flight = 0
+        self._publish = publish
 
     def run(self, call: Call, write_batch: WriteBatch, make_durable: MakeDurable) -> Any:
         """Get ``call`` written and durable; return its result or raise its error."""
         with self._lock:
-            self._queue.append(call)
-            combiner = not self._combining
-            if combiner:
-                self._combining = True
-        if not combiner:
-            combiner = self._wait_for_turn(call)
-        if combiner:
-            self._combine(call, write_batch, make_durable)
+            self._in_flight += 1
+            self._publish(self._in_flight)
+            if self._combining:
+                call.wakeup = threading.Lock()
+                call.wakeup.acquire()
+                self._queue.append(call)
+                batch = None
+            else:
+                self._combining = True  # alone: write it at once, no queue
+                call.state = _TAKEN
+                batch = [call]
+        try:
+            if batch is None and self._wait_for_turn(call):
+                batch = self._take_queue()
+            if batch is not None:
+                self._combine(call, batch, write_batch, make_durable)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._publish(self._in_flight)
         if call.error is not None:
             raise call.error
         return call.result
 
     def _wait_for_turn(self, call: Call) -> bool:
         """Sleep until the call is done (False) or promoted to combiner (True)."""
+        wakeup = call.wakeup
+        assert wakeup is not None
         while True:
             if call.state == _QUEUED:
-                woken = call.wakeup.acquire(timeout=max(call.deadline - time.monotonic(), 0.0))
+                woken = wakeup.acquire(timeout=max(call.deadline - time.monotonic(), 0.0))
             else:
                 # Taken into a batch: its combiner finishes it (every wait it makes is
                 # bounded); only a call still in the queue can give up.
-                woken = call.wakeup.acquire()
+                woken = wakeup.acquire()
             with self._lock:
                 if call.state == _DONE:
                     return False
@@ -109,15 +129,20 @@ class CallQueue:
                         "timed out waiting for another thread of this process to write"
                     )
 
-    def _combine(self, own: Call, write_batch: WriteBatch, make_durable: MakeDurable) -> None:
+    def _take_queue(self) -> list[Call]:
         with self._lock:
             batch = list(self._queue)
             self._queue.clear()
             for queued in batch:
                 queued.state = _TAKEN
+        return batch
+
+    def _combine(
+        self, own: Call, batch: list[Call], write_batch: WriteBatch, make_durable: MakeDurable
+    ) -> None:
         # Each call's own wait is bounded by its deadline; the batch by the latest of them,
         # so that a call promoted late does not make the others time out with it.
-        deadline = max(c.deadline for c in batch)
+        deadline = max(c.deadline for c in batch) if len(batch) > 1 else own.deadline
         pending: Any = None
         try:
             pending = write_batch(batch, deadline)
@@ -130,6 +155,13 @@ class CallQueue:
                     c.position = None
         finally:
             self._hand_over()
+        if len(batch) == 1:  # the common case of one thread: nobody else to wake
+            try:
+                if own.position is not None and pending is not None:
+                    make_durable(pending, deadline)
+            except BaseException as exc:
+                own.error = exc
+            return
         # Calls that wrote nothing (refused, or nothing to change) need no sync.
         self._finish([c for c in batch if c.position is None], own)
         waiting = [c for c in batch if c.position is not None]
@@ -147,7 +179,7 @@ class CallQueue:
             for c in calls:
                 c.state = _DONE
         for c in calls:
-            if c is not own:
+            if c is not own and c.wakeup is not None:
                 c.wakeup.release()
 
     def _hand_over(self) -> None:
@@ -158,4 +190,5 @@ class CallQueue:
                 return
             successor = self._queue[0]
             successor.promoted = True
+        assert successor.wakeup is not None
         successor.wakeup.release()

@@ -202,9 +202,7 @@ class WriteAheadLog:
         self._records_written = 0  # changed under the append lock
         # This handle's slot in the shared state: write calls in flight, for sync leaders.
         self._slot: int | None = None
-        self._slot_lock = threading.Lock()
-        self._writes_in_flight = 0
-        self._calls = CallQueue()
+        self._calls = CallQueue(self._publish_in_flight)
         try:
             self._sync_lock.acquire(self._timeout)
             try:
@@ -549,12 +547,12 @@ class WriteAheadLog:
         (:mod:`recovery._wal_combine`).
         """
         call = Call(encode_record(payload), prepare, time.monotonic() + self._timeout)
-        self._enter_write()
         try:
             entry: WALEntry = self._calls.run(call, self._write_batch, self._make_durable)
             return entry
         finally:
-            self._leave_write()
+            # A gathering leader may have waited for this call (now finished) to come back.
+            self._state.nudge_gatherer()
 
     def _write_batch(self, batch: list[Call], deadline: float) -> _Written | None:
         """Write the records of ``batch`` that ``prepare`` accepts, under one append lock."""
@@ -619,20 +617,10 @@ class WriteAheadLog:
                 "durable, reopen the log before continuing"
             ) from exc
 
-    def _enter_write(self) -> None:
-        """Count a write call in flight in this handle's slot (a sync leader waits for it)."""
-        with self._slot_lock:
-            self._writes_in_flight += 1
-            if self._slot is not None:
-                self._state.set_slot(self._slot, self._pid, self._writes_in_flight)
-
-    def _leave_write(self) -> None:
-        with self._slot_lock:
-            self._writes_in_flight -= 1
-            if self._slot is not None:
-                self._state.set_slot(self._slot, self._pid, self._writes_in_flight)
-        # A gathering leader may have waited for this call (now finished) to come back.
-        self._state.nudge_gatherer()
+    def _publish_in_flight(self, calls: int) -> None:
+        """Show sync leaders how many write calls this handle has in flight."""
+        if self._slot is not None:
+            self._state.set_slot(self._slot, self._pid, calls)
 
     def _write_records_locked(self, records: list[bytes]) -> tuple[list[tuple[int, int]], int]:
         """Write ``records`` in order at the write position; return each one's end and the

@@ -177,7 +177,8 @@ def test_a_failed_batch_write_fails_every_call_in_it_and_leaves_no_phantom(
 def test_call_queue_promotes_the_next_queued_call_and_runs_every_batch_once() -> None:
     """The queue itself, without a log: each call is written exactly once, in some batch,
     and made durable by the batch that wrote it."""
-    queue = CallQueue()
+    published: list[int] = []
+    queue = CallQueue(published.append)
     written: list[list[int]] = []
     durable: list[int] = []
     lock = threading.Lock()
@@ -207,3 +208,6 @@ def test_call_queue_promotes_the_next_queued_call_and_runs_every_batch_once() ->
     assert sorted(v for batch in written for v in batch) == list(range(50))
     assert sorted(durable) == list(range(1, len(written) + 1))
     assert len(written) < 50  # some batches held several calls
+    # the calls in flight, as published for sync leaders: up to all 10 threads, back to 0
+    assert max(published) > 1 and published[-1] == 0 and min(published) == 0
+    assert len(published) == 2 * 50
