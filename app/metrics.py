@@ -62,6 +62,12 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=registry,
         )
+        self.ingest_commits = Counter(
+            "rlguard_ingest_commits",
+            "Ingest group commits by where they ran: inline (event loop, SQLite) or thread",
+            ["path"],
+            registry=registry,
+        )
         self.ingest_commit_failures = Counter(
             "rlguard_ingest_commit_failures",
             "Failed ingest group commits (retried)",

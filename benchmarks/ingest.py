@@ -149,13 +149,16 @@ def server_metrics(port: int) -> dict[str, float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
-    return {
-        s.name: s.value
-        for fam in text_string_to_metric_families(text)
-        if fam.name.startswith("rlguard_ingest_commit")
-        for s in fam.samples
-        if not s.labels
-    }
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith("rlguard_ingest_commit"):
+            continue
+        for s in fam.samples:
+            if not s.labels:
+                out[s.name] = s.value
+            elif set(s.labels) == {"path"}:  # rlguard_ingest_commits_total{path=inline|thread}
+                out[f"{s.name}_{s.labels['path']}"] = s.value
+    return out
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -203,9 +206,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="per round and endpoint")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--database-url", default=None)
-    ap.add_argument(
-        "--redis-url", default=None, help="also measure the shared (Redis) window mode"
-    )
+    ap.add_argument("--redis-url", default=None, help="also measure the shared (Redis) window mode")
     ap.add_argument(
         "--sqlite-synchronous",
         default="FULL",
@@ -317,7 +318,9 @@ def main() -> None:
             n = commit["rlguard_ingest_commit_duration_seconds_count"]
             print(
                 f"group commits: {n:.0f}, mean {commit['rlguard_ingest_commit_duration_seconds_sum'] / n * 1000:.2f} ms, "
-                f"mean {commit['rlguard_ingest_commit_group_batches_sum'] / n:.2f} batches per commit"
+                f"mean {commit['rlguard_ingest_commit_group_batches_sum'] / n:.2f} batches per commit; "
+                f"{commit.get('rlguard_ingest_commits_total_inline', 0):.0f} committed on the event "
+                f"loop, {commit.get('rlguard_ingest_commits_total_thread', 0):.0f} on a thread"
             )
         ratio = summary["ingest"][0] / summary["baseline"][0]
         ok = ratio >= 0.6 and summary["ingest"][1] <= 25.0

@@ -89,7 +89,7 @@ class IngestLimits(BaseModel):
     # and commits stay under this many milliseconds (0 turns it off). Handing a commit to a
     # thread costs more than the commit itself while the loop is busy (GIL hand-offs; see
     # app/services/ingest_inline.py); a slow or locked commit falls back to the thread.
-    inline_commit_max_ms: Annotated[float, Field(ge=0, le=50)] = 3.0
+    inline_commit_max_ms: Annotated[float, Field(ge=0, le=200)] = 20.0
 
 
 class SeriesSettings(BaseModel):

@@ -154,6 +154,8 @@ class IngestService:
         windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
         self._phases = await asyncio.to_thread(load_tracker, self.engine)
+        if self.inline is not None:
+            await asyncio.to_thread(self.inline.connect)
         if self.dedupe is not None:
             try:
                 await self.dedupe.ensure_epoch()
@@ -336,8 +338,11 @@ class IngestService:
             self._pending_samples, self._pending_shared = [], []
             started = time.perf_counter()
             try:
-                if self.inline is None or not self.inline.try_commit(group, self._phase_retention):
+                if self.inline is not None and self.inline.try_commit(group, self._phase_retention):
+                    self.metrics.ingest_commits.labels(path="inline").inc()
+                else:
                     await asyncio.to_thread(self._commit, group, samples, shared)
+                    self.metrics.ingest_commits.labels(path="thread").inc()
             except Exception:
                 # Keep the group (newer state wins) and retry; waiters time out with 503.
                 log.exception("ingest commit failed; retrying in %.1f s", backoff)
