@@ -18,8 +18,13 @@ the clean run's, step throughput after recovery within 5 % of before, final para
 the clean run's. The RobustRL paper reports ETTR > 0.80 for role-local recovery and about 0.60
 for whole-job restart at a similar fault rate; our target is >= 0.90.
 
-    .venv/bin/python benchmarks/ettr.py                      # 20 steps, a fault every 5
-    .venv/bin/python benchmarks/ettr.py --steps 60 --fault-every 10
+For the RLGuard way it also prints where each fault's time went: kill → the launcher saw the
+exit → incident opened → recovery action started → launcher hook request → replacement process
+ready → first step done after the fault, and the time lost (the fault's window, from the last
+step before it to the next fault, against the clean run's median step time).
+
+    .venv/bin/python benchmarks/ettr.py                      # 60 steps, a fault every 10
+    .venv/bin/python benchmarks/ettr.py --steps 20 --fault-every 5
 """
 
 from __future__ import annotations
@@ -98,6 +103,94 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
+def step_times(run: RunDir) -> list[float]:
+    return sorted(e["ts"] for e in read_events(run) if e["kind"] == "step")
+
+
+def _first(
+    ev: list[dict[str, Any]], kind: str, origin: float, start: float, end: float, **match: Any
+) -> float | None:
+    """Seconds from ``origin`` to the first ``kind`` event in [start, end) matching ``match``."""
+    hits = [
+        e["ts"]
+        for e in ev
+        if e["kind"] == kind
+        and start <= e["ts"] < end
+        and all(e.get(k) == v for k, v in match.items())
+    ]
+    return min(hits) - origin if hits else None
+
+
+def breakdown(run: RunDir, stack: DemoStack, clean_step_s: float) -> list[dict[str, Any]]:
+    """Per fault, seconds from the kill to each stage of its recovery (None: not seen)."""
+    ev = read_events(run)
+    faults = [e for e in ev if e["kind"] == "fault"]
+    steps = step_times(run)
+    done = max(e["ts"] for e in ev if e["kind"] == "job_done")
+    incidents = [i for i in stack.incidents() if i["job"] == run.root.name]
+    rows = []
+    for n, f in enumerate(faults):
+        t0, role, rank = f["ts"], f["role"], f["rank"]
+        end = faults[n + 1]["ts"] if n + 1 < len(faults) else done
+
+        mine = [
+            i
+            for i in incidents
+            if i["subject"].get("role") == role and t0 - 1 <= _ts(i["opened_at"]) < end
+        ]
+        opened = started = None
+        if mine:
+            inc = min(mine, key=lambda i: _ts(i["opened_at"]))
+            opened = _ts(inc["opened_at"]) - t0
+            acts = [a for a in stack.incident(inc["id"])["actions"] if a.get("started_at")]
+            if acts:
+                started = min(_ts(a["started_at"]) for a in acts) - t0
+        spawn = _first(ev, "spawn", t0, t0, end, role=role)
+        ready = None
+        if spawn is not None:
+            kind, match = (
+                ("trainer_start", {}) if role == "trainer" else ("rollout_start", {"rank": rank})
+            )
+            ready = _first(ev, kind, t0, t0 + spawn, end, **match)
+        before = [t for t in steps if t < t0]
+        window_start = before[-1] if before else t0
+        completed = [t for t in steps if window_start < t <= end]
+        lost = (completed[-1] if completed else end) - window_start - len(completed) * clean_step_s
+        rows.append(
+            {
+                "fault": f"{role}-{rank} @{f.get('step')}",
+                "exit_seen": _first(ev, "child_exit", t0, t0, end, role=role),
+                "incident": opened,
+                "action": started,
+                "hook": _first(ev, "hook_request", t0, t0, end),
+                "warm": next(
+                    (e.get("warm") for e in ev if e["kind"] == "spawn" and e["ts"] >= t0), None
+                ),
+                "ready": ready,
+                "step": next((t - t0 for t in steps if t > t0), None),
+                "lost_s": lost,
+            }
+        )
+    return rows
+
+
+def print_breakdown(rows: list[dict[str, Any]]) -> None:
+    cols = ("exit_seen", "incident", "action", "hook", "ready", "step", "lost_s")
+    print("per fault (rlguard), seconds after the kill:")
+    print(f"{'fault':<16}" + "".join(f"{c:>10}" for c in cols) + f"{'warm':>6}")
+    for r in rows:
+        cells = "".join(f"{'-' if r[c] is None else f'{r[c]:.2f}':>10}" for c in cols)
+        print(f"{r['fault']:<16}{cells}{str(r['warm']):>6}")
+    if rows:
+        print(
+            f"{'mean':<16}"
+            + "".join(
+                f"{statistics.mean(v) if (v := [r[c] for r in rows if r[c] is not None]) else 0:>10.2f}"
+                for c in cols
+            )
+        )
+
+
 def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[str, Any]:
     ev = read_events(run)
     first = min(e["ts"] for e in ev if e["kind"] == "spawn")
@@ -164,8 +257,8 @@ def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--fault-every", type=int, default=5)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--fault-every", type=int, default=10)
     p.add_argument("--decode-ms", type=float, default=15.0)
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     args = p.parse_args()
@@ -193,6 +286,11 @@ def main() -> int:
         print(f"clean: {results['clean']['wall_s']:.1f} s", flush=True)
         rl = run_job(stack, "rlguard", faults=faults, agent=True)
         results["rlguard"] = analyse(rl, clean, stack)
+        clean_steps = step_times(clean)
+        clean_step_s = statistics.median(
+            b - a for a, b in zip(clean_steps, clean_steps[1:], strict=False)
+        )
+        rows = breakdown(rl, stack, clean_step_s)
         print(f"rlguard: {results['rlguard']['wall_s']:.1f} s", flush=True)
         wj = run_job(
             stack, "wholejob", faults=faults, agent=False, extra=("--on-failure", "restart-job")
@@ -222,6 +320,9 @@ def main() -> int:
             f"{str(r.get('params_equal', '-')):>8} {thr:>17}"
         )
     rl, wj = results["rlguard"], results["whole-job"]
+    print()
+    print(f"clean median step {clean_step_s:.2f} s")
+    print_breakdown(rows)
     print()
     print(
         f"ETTR rlguard / ETTR whole-job = {rl['ettr'] / wj['ettr']:.2f}x "

@@ -54,8 +54,20 @@ def _supervise(argv: list[str]) -> int:
     p.add_argument("--prompts-per-worker", type=int, default=4)
     p.add_argument("--on-failure", choices=("wait", "restart-job"), default="wait")
     p.add_argument("--hang-timeout", type=float, default=10.0)
+    p.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep a warm standby process per role for role-local restarts "
+        "(default: on with --on-failure wait; not available with restart-job)",
+    )
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     args = p.parse_args(argv)
+    if args.standby and args.on_failure != "wait":
+        p.error(
+            "--standby is for --on-failure wait (the whole-job restart starts every process cold)"
+        )
+    standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
     job = args.job or run_dir.name
     if not _JOB.match(job):
@@ -91,6 +103,7 @@ def _supervise(argv: list[str]) -> int:
         on_failure=args.on_failure,
         hang_timeout=args.hang_timeout,
         timeout=args.timeout,
+        standby=standby,
     )
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -31,10 +31,13 @@ from recovery.transfer.errors import TransferError
 from recovery.wal import StepType, WALStatus, WriteAheadLog
 from workload.job import VERSION_STRIDE, WEIGHT_SET, RunDir, read_json
 from workload.policy import init_policy, prompts_for, sample_group
+from workload.task import TaskSpec
 
 log = logging.getLogger("rlguard.workload.rollout")
 # A worker whose heartbeat is older than this is not generating: its batch goes to a healthy one.
 ORPHAN_AFTER_S = 2.0
+# ... and so is one in these phases (EXITED: its launcher saw it exit).
+ORPHAN_PHASES = ("STARTING", "STOPPED", "EXITED")
 
 
 def _attempts(wal: WriteAheadLog, prefix: str) -> list[tuple[str, WALStatus]]:
@@ -134,10 +137,8 @@ def _work_for(run: RunDir, workers: int, step: int, rank: int) -> int | None:
         if k == rank or (run.batches / run.batch_id(step, k) / "SUCCESS").exists():
             continue
         beat = read_json(heartbeat_path(run.root, "rollout", k)) or {}
-        if now - float(beat.get("ts", 0)) > ORPHAN_AFTER_S or beat.get("phase") in (
-            "STARTING",
-            "STOPPED",
-        ):
+        stale = now - float(beat.get("ts", 0)) > ORPHAN_AFTER_S
+        if stale or beat.get("phase") in ORPHAN_PHASES:
             return k
     return None
 
@@ -197,6 +198,15 @@ def _generate(run, cfg, wal, policy, participant, hb, step, rank, tokens, worker
     )
     hb.update(phase="WAIT_WEIGHTS", step=step, tokens=tokens, pending=0, scheduled=0, force=True)
     return tokens
+
+
+def warm_up() -> None:
+    """Pay now for what torch does lazily on a rollout's first samples, so a standby that takes
+    over generates at once. Touches no run directory and leaves the global RNG as it was."""
+    torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=[]):
+        spec = TaskSpec(length=2, group_size=2, prompts_per_worker=1, hidden=4)
+        sample_group(init_policy(spec, 0), spec, 0, 0, 0, 0, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,10 +5,16 @@ It also hosts what the job's processes share for its lifetime: the weight-source
 
 What it does when a process dies depends on ``on_failure``:
 
-* ``wait`` (the default, RLGuard mode): nothing by itself. The node agent sees the silent
-  heartbeat, the policy engine plans ``restart_role`` / ``restart_job``, and the Celery worker
-  runs the launcher hook, which leaves a request in ``recovery/launcher/`` that the supervisor
-  carries out (kill -9 what is left of the role, start it again) and answers.
+* ``wait`` (the default, RLGuard mode): it does not restart anything by itself. It reports the
+  exit at once (waitpid): the process's heartbeat file gets phase ``EXITED``, which the node
+  agent forwards and the policy engine treats as lost right away (no heartbeat timeout to sit
+  out). The policy engine plans ``restart_role`` / ``restart_job``, and the Celery worker runs
+  the launcher hook, which leaves a request in ``recovery/launcher/`` that the supervisor
+  carries out (kill -9 what is left of the role, start it again) and answers. With ``standby``
+  (the default in this mode) a warm standby per role (:mod:`workload.standby`: Python and torch
+  already loaded) takes the dead process's place. Standbys are started only while every role
+  runs and reports for itself (not while the job starts or recovers, when CPU is what the job
+  is short of), at a lower CPU priority.
 * ``restart-job``: the common practice the ETTR benchmark compares against: any dead or hung
   process (heartbeat older than ``hang_timeout``) restarts every process from the latest
   checkpoint.
@@ -16,6 +22,7 @@ What it does when a process dies depends on ``on_failure``:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -34,6 +41,13 @@ from workload.file_lease import FileLease
 from workload.job import JobConfig, RunDir, read_json, write_json_atomic
 
 log = logging.getLogger("rlguard.workload.launch")
+EXITED = (
+    "EXITED"  # heartbeat phase of a process the supervisor saw exit (app policy: exited_phases)
+)
+# How much lower a standby's CPU priority is while it imports: that must not slow the running
+# job. Only lowered where it can be raised back on activation (root); mild, so that a busy
+# machine does not starve it for longer than the time between faults.
+STANDBY_NICE = 5
 
 
 @dataclass
@@ -57,13 +71,18 @@ class Supervisor:
     on_failure: str = "wait"
     hang_timeout: float = 10.0
     timeout: float | None = None
+    standby: bool = False
     children: list[Child] = field(default_factory=list)
+    standbys: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _stopping: bool = False
     _incarnation: int = 0
 
     def __post_init__(self) -> None:
         if self.on_failure not in ("wait", "restart-job"):
             raise ValueError(f"on_failure must be 'wait' or 'restart-job', got {self.on_failure!r}")
+        if self.standby and self.on_failure != "wait":
+            # The whole-job restart is the common practice the benchmark compares against: cold.
+            raise ValueError("standby processes are for on_failure='wait' (role-local restarts)")
         self.run.root.mkdir(parents=True, exist_ok=True)
         (self.run.root / "logs").mkdir(exist_ok=True)
         self.run.launcher_requests.mkdir(parents=True, exist_ok=True)
@@ -94,39 +113,112 @@ class Supervisor:
 
     # ---- processes ---------------------------------------------------------------------------
 
-    def _spawn(self, child: Child) -> None:
+    def _role_argv(self, child: Child) -> list[str]:
         if child.role == "trainer":
             self._incarnation += 1
-            argv = [
-                "-m",
-                "workload.trainer",
-                "--run-dir",
-                str(self.run.root),
-                "--incarnation",
-                str(self._incarnation),
-            ]
+            return ["--run-dir", str(self.run.root), "--incarnation", str(self._incarnation)]
+        return ["--run-dir", str(self.run.root), "--rank", str(child.rank)]
+
+    def _spawn(self, child: Child) -> None:
+        argv = self._role_argv(child)
+        log_path = self.run.root / "logs" / f"{child.name}.log"
+        warm = self._activate_standby(child.role, argv, log_path)
+        if warm is not None:
+            child.proc = warm
         else:
-            argv = [
-                "-m",
-                "workload.rollout",
-                "--run-dir",
-                str(self.run.root),
-                "--rank",
-                str(child.rank),
-            ]
-        logfile = open(self.run.root / "logs" / f"{child.name}.log", "ab")  # noqa: SIM115
-        try:
-            child.proc = subprocess.Popen(
-                [sys.executable, *argv], stdout=logfile, stderr=logfile, stdin=subprocess.DEVNULL
-            )
-        finally:
-            logfile.close()
+            logfile = open(log_path, "ab")  # noqa: SIM115
+            try:
+                child.proc = subprocess.Popen(
+                    [sys.executable, "-m", f"workload.{child.role}", *argv],
+                    stdout=logfile,
+                    stderr=logfile,
+                    stdin=subprocess.DEVNULL,
+                )
+            finally:
+                logfile.close()
         child.reported_exit = False
         child.starts += 1
         self.run.event(
-            "spawn", role=child.role, rank=child.rank, child_pid=child.proc.pid, start=child.starts
+            "spawn",
+            role=child.role,
+            rank=child.rank,
+            child_pid=child.proc.pid,
+            start=child.starts,
+            warm=warm is not None,
         )
         self._write_pids()
+
+    # ---- warm standbys -----------------------------------------------------------------------
+
+    def _start_standby(self, role: str) -> None:
+        logfile = open(self.run.root / "logs" / f"standby-{role}.log", "ab")  # noqa: SIM115
+        lower = os.geteuid() == 0
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "workload.standby",
+                    "--role",
+                    role,
+                    "--run-dir",
+                    str(self.run.root),
+                ],
+                stdout=logfile,
+                stderr=logfile,
+                stdin=subprocess.PIPE,
+                preexec_fn=(lambda: os.nice(STANDBY_NICE)) if lower else None,
+            )
+        finally:
+            logfile.close()
+        self.standbys[role] = proc
+        self.run.event("standby_start", role=role, child_pid=proc.pid)
+
+    def _keep_standbys(self) -> None:
+        """Start the missing standbys once the job is steady: every role's process is alive and
+        writes its own heartbeat."""
+        missing = sorted({c.role for c in self.children} - set(self.standbys))
+        if not self.standby or not missing or self.run.done.exists():
+            return
+        for c in self.children:
+            if c.proc is None or c.proc.poll() is not None:
+                return
+            beat = read_json(heartbeat_path(self.run.root, c.role, c.rank)) or {}
+            if beat.get("pid") != c.proc.pid or beat.get("phase") in ("INIT", "STARTING"):
+                return
+        for role in missing:
+            self._start_standby(role)
+
+    def _activate_standby(
+        self, role: str, argv: list[str], log_path: Path
+    ) -> subprocess.Popen[bytes] | None:
+        proc = self.standbys.pop(role, None)
+        if proc is None:
+            return None
+        if proc.poll() is not None or proc.stdin is None:
+            log.warning("standby %s exited (%s): starting the role cold", role, proc.returncode)
+            return None
+        try:
+            # Back to the launcher's priority before it has work to do (root may raise it).
+            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0))
+        except OSError as exc:
+            log.warning("standby %s keeps its lower CPU priority: %s", role, exc)
+        try:
+            proc.stdin.write((json.dumps({"argv": argv, "log": str(log_path)}) + "\n").encode())
+            proc.stdin.close()
+        except OSError as exc:  # it died between the poll and the write
+            log.warning("standby %s did not take its order (%s): starting the role cold", role, exc)
+            self._stop_process(proc)
+            return None
+        return proc
+
+    def _stop_process(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=10)
 
     def _write_pids(self) -> None:
         write_json_atomic(
@@ -175,6 +267,7 @@ class Supervisor:
                 return 0
             self._handle_requests()
             self._vouch_for_starting()
+            self._keep_standbys()
             failed = self._failed_children()
             if failed and self.on_failure == "restart-job":
                 self._restart(self.children, why=f"whole-job restart after {failed}")
@@ -209,6 +302,8 @@ class Supervisor:
                 if not c.reported_exit:
                     c.reported_exit = True
                     self.run.event("child_exit", role=c.role, rank=c.rank, code=code)
+                    if self.on_failure == "wait":
+                        self._report_exit(c, code)
                 failed.append(c.name)
             elif self.on_failure == "restart-job" and code is None:
                 beat = read_json(heartbeat_path(self.run.root, c.role, c.rank)) or {}
@@ -217,6 +312,22 @@ class Supervisor:
                     self.run.event("child_hung", role=c.role, rank=c.rank, age=age)
                     failed.append(c.name)
         return failed
+
+    def _report_exit(self, child: Child, code: int) -> None:
+        """Say in the child's heartbeat that it exited: the agent forwards the phase, and the
+        policy engine does not have to wait for the heartbeat to go silent. Everything else in
+        the last heartbeat (step, fault counters) stays as the process left it."""
+        path = heartbeat_path(self.run.root, child.role, child.rank)
+        beat = read_json(path) or {
+            "format": 1,
+            "job": self.config.job,
+            "role": child.role,
+            "rank": child.rank,
+        }
+        now = time.time()
+        pid = child.proc.pid if child.proc is not None else beat.get("pid")
+        beat.update(phase=EXITED, pid=pid, ts=now, exit_code=code)
+        write_json_atomic(path, beat)
 
     def _handle_requests(self) -> None:
         for req in sorted(self.run.launcher_requests.glob("*.json")):
@@ -277,6 +388,12 @@ class Supervisor:
         self._stopping = True
 
     def close(self) -> None:
+        for proc in self.standbys.values():
+            if proc.stdin is not None:
+                try:
+                    proc.stdin.close()  # end of input: the standby exits
+                except OSError:
+                    pass
         for c in self.children:
             if c.proc is not None and c.proc.poll() is None:
                 try:
@@ -292,6 +409,12 @@ class Supervisor:
                 c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self._kill(c)
+        for proc in self.standbys.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._stop_process(proc)
+        self.standbys.clear()
         self.coordinator.close()
         self.registry.close()
         Path(self.run.root / "pids.json").unlink(missing_ok=True)

@@ -36,7 +36,8 @@ from recovery.shards import BaseShard, ShardSnapshotter
 from recovery.statelog import StateLog
 from recovery.transfer import RegistryClient, WeightPublisher, make_transport
 from workload.job import VERSION_STRIDE, WEIGHT_SET, JobConfig, RunDir, read_json, write_json_atomic
-from workload.policy import DigitPolicy, grpo_loss, init_policy, params_digest
+from workload.policy import DigitPolicy, grpo_loss, init_policy, params_digest, sample_group
+from workload.task import TaskSpec
 
 log = logging.getLogger("rlguard.workload.trainer")
 SHARD = "rank0"
@@ -332,6 +333,22 @@ class Trainer:
         except (RecoveryError, CheckpointInputError) as exc:
             log.error("checkpoint engine did not close cleanly: %s", exc)
         self.state_log.close()
+
+
+def warm_up() -> None:
+    """Pay now for what torch imports lazily on a trainer's first use (the optimizer alone pulls
+    in torch._dynamo: seconds), so a standby that takes over starts training at once. Touches no
+    run directory, and the global RNG state is left as it was (a fresh trainer's determinism
+    depends on it)."""
+    torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=[]):
+        spec = TaskSpec(length=2, group_size=2, prompts_per_worker=1, hidden=4)
+        policy, reference = init_policy(spec, 0), init_policy(spec, 0)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=0.01)
+        samples = sample_group(policy, spec, 0, 0, 0, 0, 1)
+        loss, _stats = grpo_loss(policy, reference, samples, spec, kl_coef=0.05)
+        loss.backward()
+        optimizer.step()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,90 @@
+"""A warm standby for one role of the reference job: ``python -m workload.standby --role R``.
+
+Starting a role from scratch is mostly starting Python and importing torch: seconds on a busy
+machine, every one of them on the recovery path. The launcher keeps one standby per role that
+has already paid for that, blocked on its stdin. To replace a dead process the launcher writes
+one order (a JSON line) to the standby's stdin::
+
+    {"argv": ["--run-dir", "D", "--rank", "1"], "log": "D/logs/rollout-1.log"}
+
+and the standby becomes that process: its output goes to the role's log and it runs the role's
+``main`` with ``argv``, exactly what ``python -m workload.<role> ARGV`` would run. End of input
+without an order (the launcher stopping) ends the standby. A bad order is refused on stderr
+with exit code 2, and nothing is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+ROLES = ("trainer", "rollout")
+
+
+class OrderError(ValueError):
+    """The launcher's order cannot be carried out; the message says why."""
+
+
+def parse_order(line: str) -> tuple[list[str], str]:
+    """The order's ``argv`` and ``log``; :class:`OrderError` names what is wrong."""
+    try:
+        order: Any = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise OrderError(f"the order is not JSON: {exc}") from exc
+    if not isinstance(order, dict) or set(order) != {"argv", "log"}:
+        raise OrderError(f"the order must be an object with argv and log, got {line.strip()!r}")
+    argv, log = order["argv"], order["log"]
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise OrderError(f"argv must be a list of strings, got {argv!r}")
+    if not isinstance(log, str) or not log:
+        raise OrderError(f"log must be a file path, got {log!r}")
+    return argv, log
+
+
+def _redirect_output(log: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workload.standby")
+    parser.add_argument("--role", required=True, choices=ROLES)
+    parser.add_argument("--run-dir", help="where to record when the standby is ready")
+    args = parser.parse_args(argv)
+    # The expensive part, done before anything is asked of us: torch and the role's code.
+    module = importlib.import_module(f"workload.{args.role}")
+    module.warm_up()
+    if args.run_dir:
+        from workload.job import RunDir
+
+        RunDir(args.run_dir).event("standby_ready", role=args.role)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the launcher no longer needs us
+    try:
+        role_argv, log = parse_order(line)
+    except OrderError as exc:
+        print(f"standby {args.role}: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    _redirect_output(log)
+    code: int = module.main(role_argv)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
