@@ -128,6 +128,11 @@ class GroupCommit:
         self._state.note_sync(records, elapsed)
         return target
 
+    def count_sync(self, seconds: float) -> None:
+        """Count a sync made by a write itself (``RWF_DSYNC``) in this process's figures."""
+        self.fsyncs += 1
+        self.sync_seconds += seconds
+
     def _gather(self, deadline: float) -> bool:
         """Wait until every write call in flight has written its record (or the bound is up);
         True if it waited, so that the write position must be read again."""

@@ -104,6 +104,8 @@ MAX_SEGMENT_BYTES = MAX_SEGMENT_OFFSET - (2 << 20)
 # Zeros written ahead of the records at a time (one fdatasync with a journal commit per this
 # many bytes of records, about 2,000 of them).
 PREALLOCATE_BYTES = 256 << 10
+# A write that returns once its data is on stable storage (Linux 4.7+), where available.
+_RWF_DSYNC: int | None = getattr(os, "RWF_DSYNC", None)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -575,6 +577,10 @@ class WriteAheadLog:
             if not accepted:
                 return None
             try:
+                if len(accepted) == 1 and self._write_durable_alone_locked(accepted[0][0].record):
+                    self._records_written += 1
+                    accepted[0][0].result, accepted[0][0].position = accepted[0][1], self._cursor
+                    return None  # durable already: nothing left to wait for
                 ends, records = self._write_records_locked([c.record for c, _ in accepted])
             except BaseException as exc:
                 # The index holds changes the log may not: rebuild it from what is there.
@@ -621,6 +627,43 @@ class WriteAheadLog:
         """Show sync leaders how many write calls this handle has in flight."""
         if self._slot is not None:
             self._state.set_slot(self._slot, self._pid, calls)
+
+    def _write_durable_alone_locked(self, record: bytes) -> bool:
+        """Write ``record`` and make it durable in one system call, if nothing else needs a
+        sync: no other write call is in flight anywhere and every record before it is
+        durable already. Then ``pwritev`` with ``RWF_DSYNC`` does what a write, a sync leader
+        election and an ``fdatasync`` would (the flush covers this record's range only,
+        which is enough because everything before it is durable). False if it did nothing.
+        """
+        if not self._sync or _RWF_DSYNC is None:
+            return False
+        seg, end = self._state.write_position()
+        stop = end + len(record)
+        if (
+            (end > 0 and stop > self._segment_bytes)
+            or stop + len(END_MARK) > self._state.zeroed_end()
+            or self._state.durable_position() != (seg, end)
+            or self._state.calls_in_flight() > 1
+        ):
+            return False
+        self._ensure_segment_fd(seg)
+        start = time.perf_counter()
+        written = os.pwritev(self._seg_fd, [record, END_MARK], end, _RWF_DSYNC)
+        elapsed = time.perf_counter() - start
+        if written != len(record) + len(END_MARK):
+            raise WALError(
+                f"short write to WAL segment {seg}: {written} of {len(record) + len(END_MARK)}"
+                " bytes"
+            )
+        self._state.set_write_position(seg, stop)
+        self._cursor = (seg, stop)
+        self._state.count_records(1)
+        # Another leader may raise the mark at the same time to a position before ours (its
+        # snapshot predates our record); the mark then claims less than is durable, never more.
+        self._state.advance_durable(seg, stop)
+        self._state.note_sync(self._state.records_written(), elapsed)
+        self._group.count_sync(elapsed)
+        return True
 
     def _write_records_locked(self, records: list[bytes]) -> tuple[list[tuple[int, int]], int]:
         """Write ``records`` in order at the write position; return each one's end and the

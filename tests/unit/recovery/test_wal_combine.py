@@ -147,7 +147,7 @@ def test_a_failed_batch_write_fails_every_call_in_it_and_leaves_no_phantom(
     WALError, the in-memory index shows none of them, and later calls work again."""
     wal = WriteAheadLog(tmp_path)
     wal.append("before", "generate")
-    real_pwrite = os.pwrite
+    real_pwrite, real_pwritev = os.pwrite, os.pwritev
     failing = threading.Event()
     failing.set()
 
@@ -156,7 +156,13 @@ def test_a_failed_batch_write_fails_every_call_in_it_and_leaves_no_phantom(
             raise OSError(28, "No space left on device")
         return real_pwrite(fd, data, offset)
 
+    def pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+        if failing.is_set():
+            raise OSError(28, "No space left on device")
+        return real_pwritev(fd, buffers, offset, flags)
+
     monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "pwritev", pwritev)
     outcomes: list[str] = []
 
     def writer(n: int) -> None:
