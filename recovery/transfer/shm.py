@@ -10,7 +10,9 @@ Mapping a segment is not free: every 4 KiB page of a fresh mapping is a page fau
 touch, which costs about as much as copying the page. So both sides keep what they mapped:
 
 - a receiver keeps its mapping of a source's segment between pulls (the segment's name and
-  inode identify it) and drops it once the segment is gone;
+  inode identify it), at most ``MAX_CACHED_MAPPINGS`` idle ones; a mapping of a segment its
+  source has removed is dropped when the reader closes, at the next pull, or at ``close()``
+  (until then it keeps that segment's memory allocated);
 - a publisher recycles the segment of a retired version for the next version of the same
   layout, so the segment (and every reader's mapping of it) stays warm from version to version.
   A reader still copying the retired version out of it can only see a checksum mismatch, never
@@ -52,8 +54,9 @@ _ALIGN = 64
 COPY_BLOCK_BYTES = 512 << 10
 #: Idle mappings of other processes' segments a transport keeps for the next pull.
 MAX_CACHED_MAPPINGS = 4
-#: Retired segments a publisher keeps for reuse by later versions.
-MAX_RECYCLED_SEGMENTS = 2
+#: Retired segments a publisher keeps for reuse by later versions. One covers a trainer that
+#: retires a version per version it publishes; each kept segment holds a weight set's memory.
+MAX_RECYCLED_SEGMENTS = 1
 
 
 class _Mapping:
