@@ -357,9 +357,9 @@ class ShmTransport(Transport):
 
     def close(self) -> None:
         """Unlink recycled segments and unmap idle mappings; readers still open unmap on close."""
-        with self._lock:
+        with self._lock:  # under the lock: a concurrent release then unlinks instead of keeping
             self._drop_idle(lambda m: True)
-        self._finalizer()
+            self._finalizer()
 
     def sweep_stale(self) -> list[str]:
         """Unlink segments left by processes that no longer exist; returns their names."""
