@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install RLGuard into it.
 #   scripts/bootstrap.sh          runtime only
-#   scripts/bootstrap.sh dev      runtime + test tools
+#   scripts/bootstrap.sh dev      runtime + test tools + the ucx extra (ucxx-cu12: UCX over TCP, no GPU needed)
 # torch is pinned to 2.13.0 (CPU build) because that wheel is available offline here; the
 # project itself accepts torch>=2.4.
 set -euo pipefail
@@ -14,7 +14,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 if [ "$extra" = "dev" ]; then
-    .venv/bin/python -m pip install -q -e ".[dev]"
+    # the ucx extra too, so that the ucx transport tests run rather than skip
+    .venv/bin/python -m pip install -q -e ".[dev,ucx]"
 else
     .venv/bin/python -m pip install -q -e .
 fi
