@@ -11,7 +11,12 @@ Durability and concurrency:
 * any number of threads and processes may append to one directory: records are serialized by
   the append lock, and fsyncs are shared through the sync lock and the shared durable mark
   (:mod:`recovery._wal_locks`) so one ``fdatasync`` covers every record written before it
-  started (group commit);
+  started (group commit, :mod:`recovery._wal_groupcommit`); the threads of one process hand
+  their records to one of them, which writes them together (:mod:`recovery._wal_combine`);
+* the segment being written is preallocated with zeros ahead of the records, and every record
+  is followed by a zero header that marks the end (:mod:`recovery._wal_format`): a sync then
+  flushes data only, with no size or block change to commit through the file system journal.
+  A record written while nothing else is in flight goes out with one ``RWF_DSYNC`` write;
 * on open, a torn or corrupt tail (a writer killed mid-record, a flipped byte in the last
   record) is truncated; a corrupt record followed by valid ones raises
   :class:`WALCorruptionError`.
@@ -38,6 +43,7 @@ Processes and threads (the rule for ``fork``):
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -106,6 +112,14 @@ MAX_SEGMENT_BYTES = MAX_SEGMENT_OFFSET - (2 << 20)
 PREALLOCATE_BYTES = 256 << 10
 # A write that returns once its data is on stable storage (Linux 4.7+), where available.
 _RWF_DSYNC: int | None = getattr(os, "RWF_DSYNC", None)
+# What pwritev answers when it does not know the flag (it then writes nothing).
+_FLAG_REFUSED = {errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}
+
+
+def _disable_rwf_dsync() -> None:
+    global _RWF_DSYNC
+    _RWF_DSYNC = None
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -648,7 +662,13 @@ class WriteAheadLog:
             return False
         self._ensure_segment_fd(seg)
         start = time.perf_counter()
-        written = os.pwritev(self._seg_fd, [record, END_MARK], end, _RWF_DSYNC)
+        try:
+            written = os.pwritev(self._seg_fd, [record, END_MARK], end, _RWF_DSYNC)
+        except OSError as exc:
+            if exc.errno not in _FLAG_REFUSED:
+                raise
+            _disable_rwf_dsync()  # a kernel or file system without it: use fdatasync
+            return False
         elapsed = time.perf_counter() - start
         if written != len(record) + len(END_MARK):
             raise WALError(
