@@ -73,8 +73,11 @@ class CallQueue:
     :meth:`run` changes, so that sync leaders in other processes can see it.
     """
 
-    def __init__(self, publish: Callable[[int], None]) -> None:
+    def __init__(self, publish: Callable[[int], None], grace_s: float) -> None:
         self._lock = threading.Lock()
+        # How long past its deadline a call taken into a batch waits for its combiner (whose
+        # every wait is bounded by the batch's deadline) before giving up on it.
+        self._grace_s = grace_s
         self._queue: deque[Call] = deque()
         self._combining = False
         self._in_flight = 0
@@ -112,22 +115,29 @@ class CallQueue:
         wakeup = call.wakeup
         assert wakeup is not None
         while True:
-            if call.state == _QUEUED:
-                woken = wakeup.acquire(timeout=max(call.deadline - time.monotonic(), 0.0))
-            else:
-                # Taken into a batch: its combiner finishes it (every wait it makes is
-                # bounded); only a call still in the queue can give up.
-                woken = wakeup.acquire()
+            limit = call.deadline if call.state == _QUEUED else call.deadline + self._grace_s
+            woken = wakeup.acquire(timeout=max(limit - time.monotonic(), 0.0))
             with self._lock:
                 if call.state == _DONE:
                     return False
                 if call.promoted:
                     return True
-                if not woken and call.state == _QUEUED:
+                # (The call may have been taken into a batch while it slept: a later limit.)
+                limit = call.deadline if call.state == _QUEUED else call.deadline + self._grace_s
+                if woken or time.monotonic() < limit:
+                    continue
+                if call.state == _QUEUED:  # nothing written: give up
                     self._queue.remove(call)
                     raise WALLockTimeout(
                         "timed out waiting for another thread of this process to write"
                     )
+                # Taken into a batch whose combiner does not finish (its own waits are all
+                # bounded, so it is stuck or gone): the record may or may not be written.
+                call.state = _DONE
+                raise WALLockTimeout(
+                    "timed out waiting for the thread writing this call's batch; the record "
+                    "may or may not have been written"
+                )
 
     def _take_queue(self) -> list[Call]:
         with self._lock:

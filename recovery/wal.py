@@ -218,7 +218,7 @@ class WriteAheadLog:
         self._records_written = 0  # changed under the append lock
         # This handle's slot in the shared state: write calls in flight, for sync leaders.
         self._slot: int | None = None
-        self._calls = CallQueue(self._publish_in_flight)
+        self._calls = CallQueue(self._publish_in_flight, self._timeout)
         try:
             self._sync_lock.acquire(self._timeout)
             try:

@@ -184,7 +184,7 @@ def test_call_queue_promotes_the_next_queued_call_and_runs_every_batch_once() ->
     """The queue itself, without a log: each call is written exactly once, in some batch,
     and made durable by the batch that wrote it."""
     published: list[int] = []
-    queue = CallQueue(published.append)
+    queue = CallQueue(published.append, 10.0)
     written: list[list[int]] = []
     durable: list[int] = []
     lock = threading.Lock()
@@ -217,3 +217,51 @@ def test_call_queue_promotes_the_next_queued_call_and_runs_every_batch_once() ->
     # the calls in flight, as published for sync leaders: up to all 10 threads, back to 0
     assert max(published) > 1 and published[-1] == 0 and min(published) == 0
     assert len(published) == 2 * 50
+
+
+def test_a_call_whose_combiner_never_finishes_gives_up_after_its_grace() -> None:
+    """A combiner stuck in its batch write (it cannot be, short of a bug: all its waits are
+    bounded) must not hold the other calls of its batch forever."""
+    queue = CallQueue(lambda n: None, 0.2)
+    release = threading.Event()
+    first_writing = threading.Event()
+
+    def write_batch(batch: list[Call], deadline: float) -> None:
+        if batch[0].record == b"first":
+            first_writing.set()
+            time.sleep(0.1)  # the others queue meanwhile and form the next batch
+        else:
+            release.wait(10)  # the next batch's combiner hangs
+        for c in batch:
+            c.result, c.position = c.record, None
+
+    def make_durable(token: object, deadline: float) -> None:
+        raise AssertionError("nothing to make durable")
+
+    outcomes: dict[bytes, tuple[object, float]] = {}
+
+    def caller(record: bytes) -> None:
+        call = Call(record, lambda: None, time.monotonic() + 0.3)
+        try:
+            outcomes[record] = (queue.run(call, write_batch, make_durable), time.monotonic())
+        except WALLockTimeout as exc:
+            outcomes[record] = (exc, time.monotonic())
+
+    first = threading.Thread(target=caller, args=(b"first",))
+    first.start()
+    assert first_writing.wait(5)
+    others = [threading.Thread(target=caller, args=(bytes([65 + n]),)) for n in range(3)]
+    started = time.monotonic()
+    for thread in others:
+        thread.start()
+    time.sleep(1.5)  # well past every deadline and grace
+    gave_up = {k: v for k, v in outcomes.items() if isinstance(v[0], WALLockTimeout)}
+    release.set()
+    for thread in [first, *others]:
+        thread.join(timeout=5)
+    assert outcomes[b"first"][0] == b"first"
+    # one of the three became the hanging combiner; the two it took gave up after 0.3 + 0.2 s
+    assert len(gave_up) == 2, outcomes
+    for exc, when in gave_up.values():
+        assert "may or may not have been written" in str(exc)
+        assert 0.4 < when - started < 1.5
