@@ -8,7 +8,12 @@ acknowledged appends match their checksums, and no entry appears that nobody app
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import select
+import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,3 +221,88 @@ def test_killed_during_compaction_40_times(tmp_path: Path) -> None:
                 if entry.checksum is not None:
                     assert wal.read_data(entry.entry_id) == _data_for(entry.entry_id)
     assert compactions > 20, f"too few compactions before the kills: {compactions}"
+
+
+def _threaded_child(directory: Path, seed: int, threads: int, report_fd: int) -> None:
+    """Several threads of one process append and update their own entries through one handle
+    (their records are written and synced in combined batches); each line on the pipe says
+    which thread began or finished which operation."""
+    wal = WriteAheadLog(directory, segment_bytes=SEGMENT_BYTES)
+    send_lock = threading.Lock()
+
+    def send(line: str) -> None:
+        data = (line + "\n").encode()
+        with send_lock:  # one write() of < PIPE_BUF bytes is atomic; keep the lines whole
+            os.write(report_fd, data)
+
+    def run(thread: int) -> None:
+        rng = random.Random(seed * 100 + thread)
+        prefix = f"t{thread}-{seed}-"
+        live: list[str] = []
+        n = 0
+        while True:
+            if rng.random() < 0.45 or not live:
+                eid = f"{prefix}{n}"
+                n += 1
+                with_data = rng.random() < 0.2
+                op = f"append {eid} {int(with_data)}"
+                send(f"B {thread} {op}")
+                wal.append(eid, "generate", data=_data_for(eid) if with_data else None)
+                live.append(eid)
+            else:
+                eid = rng.choice(live)
+                status = rng.choice(["executing", "completed", "failed", "pending"])
+                op = f"status {eid} {status}"
+                send(f"B {thread} {op}")
+                wal.update_status(eid, status)
+                if status == "completed":
+                    live.remove(eid)
+            send(f"A {thread} {op}")
+
+    workers = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def test_threaded_writer_killed_40_times(tmp_path: Path) -> None:
+    """A process with 4 appender threads (combined writes, shared syncs) is killed at random:
+    every call any thread saw return is in the log with its acknowledged status."""
+    rng = random.Random(11)
+    model = Model()
+    threads = 4
+    for kill in range(40):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child never returns into pytest
+            os.close(read_fd)
+            try:
+                _threaded_child(tmp_path, kill, threads, write_fd)
+            finally:
+                os._exit(3)
+        os.close(write_fd)
+        try:
+            readable, _, _ = select.select([read_fd], [], [], 30)
+            assert readable, "the child reported nothing"
+            time.sleep(rng.uniform(0.01, 0.08))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+        chunks = []
+        while chunk := os.read(read_fd, 65536):
+            chunks.append(chunk)
+        os.close(read_fd)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+        in_flight: dict[str, str] = {}
+        acked: list[str] = []
+        for line in b"".join(chunks).decode().splitlines():
+            kind, thread, op = line.split(" ", 2)
+            if kind == "B":
+                in_flight[thread] = op
+            else:
+                assert in_flight.pop(thread) == op
+                acked.append(op)
+        model.absorb(ChildRun(acked=acked))
+        _verify(tmp_path, model, list(in_flight.values()))
+    assert model.acked_ops > 200, f"too few operations before the kills: {model.acked_ops}"
