@@ -66,6 +66,7 @@ JOB_METRICS: frozenset[str] = frozenset(
         "rollout_batch_timeouts_total",
         "actor_shard_stale",
         "state_log_write_errors_total",
+        "checkpoint_write_errors_total",
         "checkpoint_committed_step",
         "checkpoint_inference_version",
     }

@@ -13,7 +13,8 @@ is). Every public method is thread-safe.
 Faults the training process sees itself are counted here too and written at once (they are
 rare and the policy engine acts on them): failed train steps (``record_step_failure``, with the
 step number), rollout batches that timed out (``record_rollout_timeout``), actor shards marked
-stale (``set_shard_stale``) and state-log appends that failed (``record_state_log_error``). A
+stale (``set_shard_stale``), state-log appends that failed (``record_state_log_error``) and
+checkpoint saves that failed (``record_checkpoint_error``: the checkpoint storage refused). A
 :class:`recovery.phases.PhaseMachine` given this reporter feeds the first, second and fourth
 itself. The counters are cumulative; ``restore_fault_counts`` carries them over a restart.
 
@@ -165,6 +166,7 @@ class HeartbeatReporter:
             "rollout_batch_timeouts_total": 0,
             "stale_shards": [],
             "state_log_write_errors_total": 0,
+            "checkpoint_write_errors_total": 0,
             "checkpoint_step": None,
             "checkpoint_inference_version": None,
             "updated_at": clock(),
@@ -276,6 +278,12 @@ class HeartbeatReporter:
         this raises :class:`HeartbeatError` and the agent sees the heartbeat age grow instead.
         """
         return self._bump_fault(state_log_write_errors_total=1)
+
+    def record_checkpoint_error(self) -> bool:
+        """Count one checkpoint save that failed (its storage refused the write) and write at
+        once. The job goes on without that checkpoint; the policy engine reads the counter as
+        storage that is not writable."""
+        return self._bump_fault(checkpoint_write_errors_total=1)
 
     def set_shard_stale(self, shard_id: str, stale: bool) -> bool:
         """Mark actor shard ``shard_id`` stale (it gets no new rollouts) or live again.

@@ -31,7 +31,7 @@ from recovery.checkpoint.participant import Participant
 from recovery.checkpoint.version import VersionVector, WeightVersionTable
 from recovery.errors import RecoveryError
 from recovery.phases import Event, Phase, PhaseMachine, SafeModeError
-from recovery.report import HeartbeatReporter, heartbeat_path
+from recovery.report import HeartbeatError, HeartbeatReporter, heartbeat_path
 from recovery.shards import BaseShard, ShardSnapshotter
 from recovery.statelog import StateLog
 from recovery.transfer import RegistryClient, WeightPublisher, make_transport
@@ -117,9 +117,14 @@ class Trainer:
             )
             info = handle.wait(timeout=30.0)
         except (RecoveryError, OSError) as exc:
-            # The round aborts (the version does not move); storage trouble is reported in the
-            # timeline and the heartbeat keeps the job visible.
+            # The round aborts (the version does not move). The heartbeat's counter brings the
+            # storage trouble to the server (storage_unwritable); the timeline records it too.
             self.checkpoint_failures += 1
+            try:
+                self.hb.record_checkpoint_error()
+            except HeartbeatError as report_exc:
+                # The heartbeat's storage refuses too: the agent sees its age grow instead.
+                log.warning("checkpoint failure not reported: %s", report_exc)
             self.run.event("checkpoint_failed", step=self.step, error=str(exc)[:300])
             raise
         self.run.event("checkpoint", step=self.step, seq=info.seq, round=round_id)

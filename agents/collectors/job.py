@@ -67,6 +67,7 @@ class Heartbeat:
     rollout_batch_timeouts_total: int | None = None
     stale_shards: tuple[str, ...] | None = None
     state_log_write_errors_total: int | None = None
+    checkpoint_write_errors_total: int | None = None
     # The last committed checkpoint's version vector (None until one committed).
     checkpoint_step: int | None = None
     checkpoint_inference_version: int | None = None
@@ -152,6 +153,7 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
         rollout_batch_timeouts_total=_count(doc, "rollout_batch_timeouts_total"),
         stale_shards=tuple(stale) if stale is not None else None,
         state_log_write_errors_total=_count(doc, "state_log_write_errors_total"),
+        checkpoint_write_errors_total=_count(doc, "checkpoint_write_errors_total"),
         checkpoint_step=_count(doc, "checkpoint_step"),
         checkpoint_inference_version=_count(doc, "checkpoint_inference_version"),
     )
@@ -353,6 +355,7 @@ class JobCollector:
             ("train_last_failed_step", hb.train_last_failed_step),
             ("rollout_batch_timeouts_total", hb.rollout_batch_timeouts_total),
             ("state_log_write_errors_total", hb.state_log_write_errors_total),
+            ("checkpoint_write_errors_total", hb.checkpoint_write_errors_total),
             ("checkpoint_committed_step", hb.checkpoint_step),
             ("checkpoint_inference_version", hb.checkpoint_inference_version),
         ):

@@ -714,19 +714,21 @@ class GpuHealthDetector(Detector):
 
 class JobFailureDetector(Detector):
     """Failures the job reports itself: failed train steps (OOM ...), rollout batch timeouts,
-    stale actor shards, state-log writes that fail (storage not writable)."""
+    stale actor shards, state-log or checkpoint writes that fail (storage not writable)."""
 
     metrics = (
         m.TRAIN_STEP_FAILURES_TOTAL,
         m.ROLLOUT_BATCH_TIMEOUTS_TOTAL,
         m.ACTOR_SHARD_STALE,
         m.STATE_LOG_WRITE_ERRORS_TOTAL,
+        m.CHECKPOINT_WRITE_ERRORS_TOTAL,
     )
     lookups = (m.TRAIN_LAST_FAILED_STEP, m.TRAIN_STEP)
     filters = {
         m.TRAIN_STEP_FAILURES_TOTAL: CHANGED,
         m.ROLLOUT_BATCH_TIMEOUTS_TOTAL: CHANGED,
         m.STATE_LOG_WRITE_ERRORS_TOTAL: CHANGED,
+        m.CHECKPOINT_WRITE_ERRORS_TOTAL: CHANGED,
         m.ACTOR_SHARD_STALE: AT_LEAST_ONE,
     }
 
@@ -790,6 +792,11 @@ class JobFailureDetector(Detector):
             (
                 FaultKind.STORAGE_UNWRITABLE,
                 m.STATE_LOG_WRITE_ERRORS_TOTAL,
+                self.policy.detection.storage.error_window_seconds,
+            ),
+            (
+                FaultKind.STORAGE_UNWRITABLE,
+                m.CHECKPOINT_WRITE_ERRORS_TOTAL,
                 self.policy.detection.storage.error_window_seconds,
             ),
         ):

@@ -25,6 +25,7 @@ TRAIN_LAST_FAILED_STEP = "train_last_failed_step"  # gauge: the step number of t
 ROLLOUT_BATCH_TIMEOUTS_TOTAL = "rollout_batch_timeouts_total"  # counter
 ACTOR_SHARD_STALE = "actor_shard_stale"  # gauge 0/1
 STATE_LOG_WRITE_ERRORS_TOTAL = "state_log_write_errors_total"  # counter: failed appends
+CHECKPOINT_WRITE_ERRORS_TOTAL = "checkpoint_write_errors_total"  # counter: failed checkpoint saves
 
 # --- GPU health (labels gpu; from NVML, docs/metrics.md) ---
 GPU_UTILIZATION_RATIO = "gpu_utilization_ratio"  # 0..1

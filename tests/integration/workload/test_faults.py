@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from app.demo import DemoStack
+from recovery.control import ControlMode, read_control
 from tests.conftest import free_port
 from workload.chaos import Fault, inject
 from workload.job import RunDir, read_events, read_json
@@ -112,14 +113,41 @@ def test_every_fault_kind_is_classified_acted_on_and_training_continues(stack: D
     _wait(lambda: any(e["kind"] == "request_done" and e["step"] == failed[0] for e in read_events(run)),
           30, "the trainer to acknowledge the skip request", stack)
 
-    # Checkpoint storage unusable: rounds abort (the global version does not move), training goes
-    # on, and checkpoints resume once the storage is back.
-    inject(run, Fault("ckpt-unwritable", seconds=6))
-    failed = [e for e in read_events(run) if e["kind"] == "checkpoint_failed"]
-    assert failed, "no checkpoint failed while the directory was unusable"
+    state = read_json(run.root / "pids.json") or {}
+    assert set(state) == {"trainer-0", "rollout-0", "rollout-1"}
+
+
+def test_unwritable_checkpoints_are_reported_heavy_and_resume_after_approval(
+    stack: DemoStack,
+) -> None:
+    """Checkpoint storage unusable: the rounds abort (the global version does not move), the
+    trainer's heartbeat counts the failed saves, and the server opens storage_unwritable, heavy:
+    SAFE_MODE at once, restore_checkpoint waiting for an approver. Once approved, the job restarts
+    from its newest checkpoint and trains again, and checkpoints commit again."""
+    run = RunDir(stack.run_dir)
+    _wait(lambda: _step(run) >= 2, 120, "step 2 (past the first-step escalation window)", stack)
+    at = time.time()
+    inject(run, Fault("ckpt-unwritable", seconds=6))  # blocks while the storage is unusable
+    assert [e for e in read_events(run) if e["kind"] == "checkpoint_failed"], (
+        "no checkpoint failed while the directory was unusable"
+    )
+    inc = _wait(lambda: _incident(stack, "storage_unwritable", at, role="trainer"), 60,
+                "storage_unwritable", stack)
+    assert inc["tier"] == "heavy", inc
+    assert inc["evidence"]["evidence"]["metric"] == "checkpoint_write_errors_total", inc["evidence"]
+    assert _wait(lambda: _finished(stack, inc, "enter_safe_mode"), 60, "enter_safe_mode",
+                 stack) == "succeeded"
+    assert read_control(run.root).mode is ControlMode.SAFE_MODE
+    pending = _wait(lambda: [a for a in stack.pending_approvals() if a["incident_id"] == inc["id"]],
+                    30, "the approval request for restore_checkpoint", stack)
+    stopped_at = _step(run)
+    r = stack.api("POST", f"/api/v1/approvals/{pending[0]['id']}/approve",
+                  json={"comment": "storage is back"})
+    assert r.status_code == 200, r.text
+    assert _wait(lambda: _finished(stack, inc, "restore_checkpoint"), 90, "restore_checkpoint",
+                 stack) == "succeeded"
+    assert any(e["kind"] == "restart" for e in read_events(run) if e["ts"] > at)
+    _wait(lambda: _step(run) >= stopped_at + 2, 90, "training to continue after the restore", stack)
     after = time.time()
     _wait(lambda: any(e["kind"] == "checkpoint" and e["ts"] > after for e in read_events(run)), 60,
           "a checkpoint after the storage came back", stack)
-
-    state = read_json(run.root / "pids.json") or {}
-    assert set(state) == {"trainer-0", "rollout-0", "rollout-1"}

@@ -58,6 +58,17 @@ def test_fault_records_are_written_at_once_despite_the_interval(tmp_path: Path) 
     assert read(rep)["stale_shards"] == []
 
 
+def test_checkpoint_errors_are_counted_and_written_at_once(tmp_path: Path) -> None:
+    clock = FakeClock()
+    rep = HeartbeatReporter(tmp_path, "trainer", 0, clock=clock, interval=60)
+    rep.update(step=5)
+    assert read(rep)["checkpoint_write_errors_total"] == 0
+    assert rep.record_checkpoint_error() and rep.record_checkpoint_error()
+    doc = read(rep)
+    assert doc["checkpoint_write_errors_total"] == 2
+    assert faults(doc) == (0, None, 0, [], 0)  # the other counters are not touched
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

@@ -52,6 +52,7 @@ def test_first_update_writes_the_documented_fields(tmp_path: Path) -> None:
         "rollout_batch_timeouts_total": 0,
         "stale_shards": [],
         "state_log_write_errors_total": 0,
+        "checkpoint_write_errors_total": 0,
         "checkpoint_step": None,
         "checkpoint_inference_version": None,
         "updated_at": 1000.0,

@@ -19,6 +19,7 @@ FAULT_SERIES = (
     "rollout_batch_timeouts_total",
     "actor_shard_stale",
     "state_log_write_errors_total",
+    "checkpoint_write_errors_total",
 )
 
 
@@ -47,6 +48,7 @@ def test_the_names_are_the_ones_the_policy_engine_reads() -> None:
         policy_names.ROLLOUT_BATCH_TIMEOUTS_TOTAL,
         policy_names.ACTOR_SHARD_STALE,
         policy_names.STATE_LOG_WRITE_ERRORS_TOTAL,
+        policy_names.CHECKPOINT_WRITE_ERRORS_TOTAL,
     }
     docs = (Path(__file__).parents[4] / "docs" / "metrics.md").read_text()
     for name in FAULT_SERIES:
@@ -67,9 +69,11 @@ def test_fault_fields_become_series_per_participant(tmp_path: Path) -> None:
         "rollout_batch_timeouts_total": 0,
         "actor_shard_stale": 0,
         "state_log_write_errors_total": 0,
+        "checkpoint_write_errors_total": 0,
     }
     trainer.record_step_failure(4)
     trainer.record_state_log_error()
+    trainer.record_checkpoint_error()
     rollout.record_rollout_timeout()
     rollout.set_shard_stale("rank2", True)
     clock.now += 1
@@ -80,12 +84,14 @@ def test_fault_fields_become_series_per_participant(tmp_path: Path) -> None:
         "rollout_batch_timeouts_total": 0,
         "actor_shard_stale": 0,
         "state_log_write_errors_total": 1,
+        "checkpoint_write_errors_total": 1,
     }
     assert values(samples, "rollout", 2) == {
         "train_step_failures_total": 0,
         "rollout_batch_timeouts_total": 1,
         "actor_shard_stale": 1,
         "state_log_write_errors_total": 0,
+        "checkpoint_write_errors_total": 0,
     }
     rollout.set_shard_stale("rank2", False)
     samples, _ = col.collect()
@@ -109,6 +115,7 @@ def test_a_heartbeat_of_an_older_reporter_sends_no_fault_series(tmp_path: Path) 
         ("train_last_failed_step", 2**63, "field 'train_last_failed_step' is above 2\\*\\*62"),
         ("rollout_batch_timeouts_total", True, "field 'rollout_batch_timeouts_total'"),
         ("state_log_write_errors_total", [], "field 'state_log_write_errors_total'"),
+        ("checkpoint_write_errors_total", 2.5, "field 'checkpoint_write_errors_total'"),
         ("stale_shards", "rank0", "field 'stale_shards' is not a list of shard ids: 'rank0'"),
         ("stale_shards", [3], "field 'stale_shards' is not a list of shard ids: \\[3\\]"),
         ("stale_shards", [""], "field 'stale_shards' is not a list of shard ids"),

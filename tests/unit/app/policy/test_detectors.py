@@ -399,6 +399,24 @@ def test_state_log_write_errors_mean_storage_unwritable_heavy() -> None:
     assert res[0][0].kind is FaultKind.STORAGE_UNWRITABLE and res[0][0].suggested_tier is Tier.HEAVY
 
 
+def test_checkpoint_write_errors_mean_storage_unwritable_heavy() -> None:
+    c = Cluster()
+    det = JobFailureDetector(c.policy)
+    t = {"job": JOB, "role": "trainer", "rank": "0"}
+    c.run(3, lambda c: c.put("n0", m.CHECKPOINT_WRITE_ERRORS_TOTAL, 0, **t), detector=det)
+    assert (
+        first_firing(
+            c.run(3, lambda c: c.put("n0", m.CHECKPOINT_WRITE_ERRORS_TOTAL, 0, **t), detector=det)
+        )
+        is None
+    )  # a steady zero is no fault
+    res = c.run(1, lambda c: c.put("n0", m.CHECKPOINT_WRITE_ERRORS_TOTAL, 1, **t), detector=det)
+    sig = res[0][0]
+    assert sig.kind is FaultKind.STORAGE_UNWRITABLE and sig.suggested_tier is Tier.HEAVY
+    assert sig.evidence.metric == m.CHECKPOINT_WRITE_ERRORS_TOTAL
+    assert sig.subject.to_dict() == {"node": "n0", "job": JOB, "role": "trainer", "rank": 0}
+
+
 def test_env_drift_names_the_differing_keys() -> None:
     c = Cluster()
     det = EnvDriftDetector(c.policy)
