@@ -95,7 +95,8 @@ def test_file_lease_excludes_a_second_holder_until_expiry(tmp_path: Path) -> Non
      (["hook", "restart_role", "--job", "j", "--rank", "x", "--idempotency-key", "k", "--run-root", "/tmp"], "'x'"),
      (["hook", "restart_role", "--job", "j", "--role", "chef", "--idempotency-key", "k", "--run-root", "/tmp"], "chef"),
      (["--run-dir", "/tmp/x", "--steps", "0"], "steps"),
-     (["--run-dir", "/tmp/x", "--steps", "3", "--group-size", "1"], "group-size")],
+     (["--run-dir", "/tmp/x", "--steps", "3", "--group-size", "1"], "group-size"),
+     (["--run-dir", "/tmp/x", "--steps", "3", "--on-failure", "restart-job", "--standby"], "--standby")],
 )
 def test_launcher_refuses_bad_arguments_naming_them(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
