@@ -177,6 +177,11 @@ class Supervisor:
     def _keep_standbys(self) -> None:
         """Start the missing standbys once the job is steady: every role's process is alive and
         writes its own heartbeat."""
+        for role, proc in list(self.standbys.items()):
+            if proc.poll() is not None:  # died while waiting (killed, out of memory): replace it
+                log.warning("standby %s exited (%s) while waiting", role, proc.returncode)
+                self.run.event("standby_exit", role=role, code=proc.returncode)
+                del self.standbys[role]
         missing = sorted({c.role for c in self.children} - set(self.standbys))
         if not self.standby or not missing or self.run.done.exists():
             return
