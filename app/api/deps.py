@@ -29,17 +29,20 @@ def get_db(request: Request) -> Iterator[Session]:
         yield session
 
 
-def get_settings_dep(request: Request) -> Settings:
+# These accessors are ``async`` although they do no I/O: FastAPI runs a plain ``def``
+# dependency on its thread pool, and that hand-off (and the GIL wait to come back) cost every
+# ingest request more than the dependency itself (ingest/baseline 0.50 -> 0.62 at 4 clients).
+async def get_settings_dep(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_series_store(request: Request) -> SeriesStore:
+async def get_series_store(request: Request) -> SeriesStore:
     store: SeriesStore = request.app.state.series_store
     return store
 
 
-def get_ingest_service(request: Request) -> IngestService:
+async def get_ingest_service(request: Request) -> IngestService:
     service: IngestService = request.app.state.ingest
     return service
 
