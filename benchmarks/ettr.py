@@ -4,10 +4,13 @@ One invocation runs the same job of ``--steps`` steps:
 
 1. **clean**: no fault;
 2. **rlguard**: a fault every ``--fault-every`` steps (alternately ``kill -9`` of a rollout worker
-   mid-batch and of the trainer), recovered by RLGuard: agent → server → policy engine → Celery
-   worker → launcher hook → role-local restart, per-step checkpoints through the coordinator;
+   mid-batch and of the trainer), recovered by RLGuard: the launcher marks the dead process
+   EXITED in its heartbeat → agent → server → policy engine (heartbeat_lost, medium) → Celery
+   worker → launcher hook → role-local restart (a warm standby of the role takes over), per-step
+   checkpoints through the coordinator; meanwhile the surviving rollout worker generates the dead
+   worker's batch (same seeds, so the same batch);
 3. **whole-job**: the same faults handled the common way: the launcher restarts every process
-   from the latest checkpoint as soon as one dies (``--on-failure restart-job``).
+   from the latest checkpoint as soon as one dies (``--on-failure restart-job``, cold starts).
 
 The server (embedded mode) runs throughout; the agent watches the clean and the RLGuard runs.
 Printed per way: wall time, ETTR = clean wall time / this wall time, lost rollouts (samples whose
