@@ -344,22 +344,9 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         if args.redis_url:
+            from app.services.series_backend import forget_shared_window
+
             forget_shared_window(args.redis_url, url)
-
-
-def forget_shared_window(redis_url: str, database_url: str) -> None:
-    """Delete the shared-window keys of this run's database from Redis."""
-    import redis
-
-    from app.services.series_backend import key_prefix
-
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=key_prefix(database_url) + ":*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 if __name__ == "__main__":

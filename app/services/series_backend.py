@@ -95,6 +95,19 @@ def key_prefix(database_url: str) -> str:
     return f"rlguard:{digest}"
 
 
+def forget_shared_window(redis_url: str, database_url: str) -> int:
+    """Delete every key the shared window of ``database_url`` holds in Redis (a retired
+    deployment, a test or benchmark run); returns how many were deleted."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=key_prefix(database_url) + ":*", count=1000))
+        return int(client.delete(*keys)) if keys else 0
+    finally:
+        client.close()
+
+
 def _encode(samples: list[Sample]) -> bytes:
     return orjson.dumps([[k.node, k.name, k.labels, ts, v] for k, ts, v in samples])
 

@@ -21,7 +21,7 @@ from sqlmodel import Session
 from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
-from app.services.series_backend import key_prefix
+from app.services.series_backend import forget_shared_window, key_prefix
 from app.services.tokens import create_node_token
 from app.services.users import create_user
 from tests.conftest import free_port
@@ -67,17 +67,6 @@ def replicas(
         for s in servers:
             s.kill9()
         forget_shared_window(redis_url, postgres_url)
-
-
-def forget_shared_window(redis_url: str, database_url: str) -> None:
-    """Delete the shared-window keys this test's deployment left in the machine's Redis."""
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=key_prefix(database_url) + ":*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def _post(server: ServerProcess, token: str, body: dict) -> httpx.Response:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from sqlmodel import Session, select
@@ -30,7 +29,7 @@ from app.metrics import ServerMetrics
 from app.models import MetricRollup
 from app.services.rollups import LeaseLost, RollupWriter, series_id
 from app.services.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
-from app.services.series_backend import RedisSeriesBackend, key_prefix
+from app.services.series_backend import RedisSeriesBackend, forget_shared_window
 from app.services.series_store import SeriesKey, SeriesStore
 from tests.integration.foundation.conftest import AppClient, auth, make_settings
 
@@ -175,16 +174,6 @@ def replicas_factory() -> Iterator[Any]:
     yield make
     for r in made:
         r.close()
-
-
-def forget_shared_window(redis_url: str, database_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=key_prefix(database_url) + ":*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 def wait_followed(replicas: list[Replica], counts: dict[SeriesKey, int]) -> None:
