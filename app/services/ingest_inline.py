@@ -13,7 +13,7 @@ When it would not be safe, the commit goes to the thread as before:
   committer's connection has a busy timeout of 0, so the attempt fails at once, its transaction
   rolls back, and the thread path (which waits for the lock) commits the group instead;
 * commits got slow (a slow disk): when the moving average of inline commit times exceeds
-  ``max_ms`` (one commit 5x over it is enough; an isolated blip, a WAL checkpoint or the process
+  ``max_ms`` (one commit more than 5x over it is enough; an isolated blip, a WAL checkpoint or the process
   being descheduled for a moment is not) the thread path is used for ``cooldown_s``, so a slow
   disk never stalls the loop for long, and inline is tried again afterwards;
 * PostgreSQL (network round trips, a server that can hang) and the shared Redis window are
@@ -36,8 +36,8 @@ from app.services.ingest_phases import PhaseRetention
 log = logging.getLogger("rlguard.ingest")
 
 
-# Weight of the newest commit in the moving average: a single commit 5x over the limit trips
-# it, three in a row 1.5x over do too, one 2x blip among fast commits does not.
+# Weight of the newest commit in the moving average: a single commit more than 5x over the
+# limit trips it, five in a row 1.5x over do too, one 2x blip among fast commits does not.
 _WEIGHT = 0.2
 
 
