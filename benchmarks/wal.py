@@ -15,9 +15,11 @@ WAL pays). Every writer in (b)/(c) opens its files before the clock starts and t
 tight loop, each call returning only once its record is durable. So with one thread per
 process at most 4 records can share a sync: (b) and (c) run with 1 and with ``--threads``
 appender threads per process (baselines get the same threads), and each shape prints what
-bounds it, measured in the same run: the WAL without any fsync (what the CPUs allow), and one
-record per thread in every sync of the measured mean duration (what the disk allows). A shape
-whose lower bound is under 5x the baseline cannot reach the target on that run's machine.
+bounds it, measured in the same run: the WAL without any fsync (what the CPUs allow with this
+WAL), one record per thread in every sync of the measured mean duration (sharing syncs), and every
+thread syncing a preallocated file of its own with no log at all (parallel syncs). When both
+ways of using the disk stay under 5x the baseline, no design reaches the target on that
+machine; when only the WAL's own CPU cost does, this WAL is what falls short.
 
     .venv/bin/python benchmarks/wal.py            # default sizes, well under 2 minutes
     .venv/bin/python benchmarks/wal.py --records 4000 --per-writer 400 --steps 100
@@ -124,6 +126,32 @@ def _open_wal(
 def _open_wal_without_fsync(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
     """The same appenders with ``sync=False``: what this machine's CPUs allow at best."""
     return _open_wal(directory, writer, threads, per_thread, sync=False)
+
+
+def _open_private_files(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
+    """Not a log: every thread writes its records into a file of its own, preallocated, one
+    ``RWF_DSYNC`` write each (no lock, no format, no Python beyond the loop): how many
+    independent syncs per second this disk takes at once (a design could spread its writers
+    over such files instead of sharing syncs)."""
+    record = b"x" * 123 + b"\n"
+    fds = []
+    for thread in range(threads):
+        fd = os.open(directory / f"private-{writer}-{thread}", os.O_RDWR | os.O_CREAT, 0o644)
+        os.pwrite(fd, bytes(per_thread * len(record)), 0)
+        os.fsync(fd)
+        fds.append(fd)
+
+    def run(thread: int) -> None:
+        fd = fds[thread]
+        for i in range(per_thread):
+            os.pwritev(fd, [record], i * len(record), os.RWF_DSYNC)
+
+    def close() -> tuple[int, float]:
+        for fd in fds:
+            os.close(fd)
+        return 0, 0.0
+
+    return Opened(run, close)
 
 
 def _open_locked_fsync(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
@@ -335,6 +363,7 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
         "naive": _open_locked_fsync,
         "sqlite": _open_sqlite,
         "nosync": _open_wal_without_fsync,
+        "private": _open_private_files,
     }
     totals = {name: Run(0, 0.0, 0, 0.0) for name in designs}
     for r in range(args.rounds):  # interleave the designs so load drift hits all
@@ -347,8 +376,9 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
             total.seconds += run.seconds
             total.fsyncs += run.fsyncs
             total.sync_seconds += run.sync_seconds
-    wal, naive, sqlite, nosync = (
-        totals[n].records / totals[n].seconds for n in ("wal", "naive", "sqlite", "nosync")
+    wal, naive, sqlite, nosync, private = (
+        totals[n].records / totals[n].seconds
+        for n in ("wal", "naive", "sqlite", "nosync", "private")
     )
     fsyncs = max(totals["wal"].fsyncs, 1)
     per_sync = totals["wal"].records / fsyncs
@@ -358,8 +388,18 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
     # a sync starts: even if every sync covered all of them and nothing else took any time,
     # the WAL could not beat `outstanding` records per (measured, mean) sync.
     sync_bound = outstanding / (sync_us / 1e6)
-    bound = min(sync_bound, nosync)
-    verdict = "within reach" if bound / naive >= 5 else "out of reach on this machine"
+    # The disk allows the better of sharing syncs (above) and syncing files in parallel
+    # (private); the CPUs allow what this WAL does with no sync at all.
+    disk_bound = max(sync_bound, private)
+    if disk_bound / naive < 5:
+        verdict = "out of reach on this disk, whatever the design"
+    elif nosync / naive < 5:
+        verdict = (
+            f"allowed by the disk ({disk_bound / naive:.2f}x) but not by this WAL's CPU cost "
+            f"per record ({nosync / naive:.2f}x)"
+        )
+    else:
+        verdict = "within reach"
     print(
         f"(b) {shape}: WAL {wal:,.0f} rec/s ({per_sync:.1f} records per sync of mean "
         f"{sync_us:.0f} us), lock+write+fsync {naive:,.0f} rec/s -> {wal / naive:.2f}x "
@@ -368,8 +408,9 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
     print(
         f"    ceilings: no fsync at all {nosync:,.0f} rec/s = {nosync / naive:.2f}x naive; "
         f"{outstanding} records (one per thread) in every sync {sync_bound:,.0f} rec/s = "
-        f"{sync_bound / naive:.2f}x naive -> the lower, {bound / naive:.2f}x, bounds this "
-        f"shape: 5x is {verdict}"
+        f"{sync_bound / naive:.2f}x naive; every thread syncing a file of its own (parallel "
+        f"syncs, no log) {private:,.0f} rec/s = {private / naive:.2f}x naive -> this shape: "
+        f"5x is {verdict}"
     )
     print(
         f"(c) {shape}: WAL {wal:,.0f} rec/s, SQLite WAL synchronous=FULL {sqlite:,.0f} "

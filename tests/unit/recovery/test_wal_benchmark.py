@@ -31,7 +31,8 @@ def test_benchmark_prints_all_four_figures_with_ratios(
     assert len(re.findall(r"-> \d+\.\d+x", out)) == 5  # (a), (b) and (c) for 1 and 2 threads
     # each shape says how many records a sync covered and what bounds it
     assert len(re.findall(r"\d+\.\d records per sync of mean \d+ us", out)) == 2
-    assert len(re.findall(r"ceilings: no fsync at all .* bounds this shape: 5x is", out)) == 2
+    assert len(re.findall(r"ceilings: no fsync at all .* -> this shape: 5x is", out)) == 2
+    assert len(re.findall(r"syncing a file of its own .* rec/s = \d+\.\d+x naive", out)) == 2
     assert len(re.findall(r"target >= 5x: (met|not met)", out)) == 4
     assert re.search(r"overhead -?\d+\.\d+ %", out)
     assert list(tmp_path.iterdir()) == []  # the benchmark cleans up after itself
