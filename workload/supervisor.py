@@ -213,17 +213,9 @@ class Supervisor:
             proc.stdin.close()
         except OSError as exc:  # it died between the poll and the write
             log.warning("standby %s did not take its order (%s): starting the role cold", role, exc)
-            self._stop_process(proc)
+            self._kill_process(proc)
             return None
         return proc
-
-    def _stop_process(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            try:
-                proc.kill()
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=10)
 
     def _write_pids(self) -> None:
         write_json_atomic(
@@ -237,8 +229,12 @@ class Supervisor:
 
     @staticmethod
     def _kill(child: Child) -> None:
-        proc = child.proc
-        if proc is None or proc.poll() is not None:
+        if child.proc is not None:
+            Supervisor._kill_process(child.proc)
+
+    @staticmethod
+    def _kill_process(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is not None:
             return
         try:
             os.kill(proc.pid, signal.SIGKILL)  # also ends a SIGSTOPped (hung) process
@@ -418,7 +414,7 @@ class Supervisor:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self._stop_process(proc)
+                self._kill_process(proc)
         self.standbys.clear()
         self.coordinator.close()
         self.registry.close()

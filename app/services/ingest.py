@@ -126,7 +126,9 @@ class IngestService:
     ) -> None:
         self.engine = engine
         # SQLite: commit on the loop when it is safe and fast (app.services.ingest_inline).
-        self.inline = inline if not (backend is not None and backend.shared) else None
+        if inline is not None and backend is not None and backend.shared:
+            raise ValueError("a shared window publishes every commit to Redis: never inline")
+        self.inline = inline
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
         self.dedupe = dedupe
         self._pending_samples: list[Sample] = []
