@@ -1,7 +1,9 @@
 """The WAL's public value types and the in-memory index rebuilt from its records.
 
-Records come in three kinds: ``a`` (an entry was appended, or, after compaction, its full
-current state), ``s`` (a status change) and ``base`` (the first record of a compacted segment).
+Records come in four kinds: ``a`` (an entry was appended, or, after compaction, its full
+current state), ``s`` (a status change), ``m`` (several ``a`` or ``s`` changes written by one
+call, which survive a crash together or not at all) and ``base`` (the first record of a
+compacted segment).
 The index maps each entry id to its latest state; Python dicts keep insertion order, which is
 append order, and ``recover()`` relies on that.
 
@@ -12,6 +14,7 @@ stored as a plain tuple, and turned into a :class:`WALEntry` only when somebody 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -50,6 +53,27 @@ class WALEntry:
     checksum: str | None
     created_at: float
     updated_at: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """One entry for :meth:`~recovery.wal.WriteAheadLog.append_many`: the arguments of one
+    ``append`` call."""
+
+    entry_id: str
+    step_type: StepType | str
+    data: bytes | None = None
+    data_path: str | os.PathLike[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    """One change for :meth:`~recovery.wal.WriteAheadLog.update_many`: the arguments of one
+    ``update_status`` call."""
+
+    entry_id: str
+    status: WALStatus | str
     error: str | None = None
 
 
@@ -134,6 +158,15 @@ class EntryIndex:
         not a valid change of this log (the caller reports that as corruption)."""
         kind = payload["k"]
         if kind == "base":
+            return
+        if kind == "m":
+            changes = payload["r"]
+            if not isinstance(changes, list) or not changes:
+                raise TypeError(f"changes of a group record {changes!r}")
+            for change in changes:
+                if not isinstance(change, dict) or change.get("k") not in ("a", "s"):
+                    raise ValueError(f"a group record holds {change!r}, not a change")
+                self.apply(change)
             return
         eid = payload["id"]
         if not isinstance(eid, str):

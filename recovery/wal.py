@@ -49,13 +49,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from recovery._wal_args import ChangeChecked as _ChangeChecked
+from recovery._wal_args import NewChecked as _NewChecked
+from recovery._wal_args import change_fields as _change_fields
+from recovery._wal_args import check_change as _check_change
+from recovery._wal_args import check_new as _check_new
+from recovery._wal_args import encode_changes as _encode_changes
+from recovery._wal_args import new_entry_fields as _new_entry_fields
 from recovery._wal_combine import Call, CallQueue
 from recovery._wal_data import (
     checksum_bytes,
@@ -77,17 +84,19 @@ from recovery._wal_format import END_MARK, DecodedRecord, encode_record, scan
 from recovery._wal_groupcommit import GroupCommit
 from recovery._wal_index import (
     EntryIndex,
+    NewEntry,
+    StatusChange,
     StepType,
     WALEntry,
     WALStatus,
     check_entry_id,
-    parse_status,
-    parse_step_type,
 )
 from recovery._wal_locks import MAX_SEGMENT_OFFSET, ProcessLock, SharedState, read_boot_id
 from recovery._wal_segments import SegmentDirectory, read_range
 
 __all__ = [
+    "NewEntry",
+    "StatusChange",
     "StepType",
     "WALClosedError",
     "WALCorruptionError",
@@ -266,68 +275,31 @@ class WriteAheadLog:
         id already in the log, or both/invalid data arguments.
         """
         self._check_open()
-        eid = check_entry_id(entry_id)
-        step = parse_step_type(step_type)
-        if data is not None and data_path is not None:
-            raise WALError(f"entry {eid!r}: pass data or data_path, not both")
-        if data is not None and not isinstance(data, bytes | bytearray | memoryview):
-            raise WALError(f"entry {eid!r}: data must be bytes, got {type(data).__name__}")
-        external: Path | None = None
-        if data_path is not None:
-            external = Path(data_path)
-            if not external.is_file():
-                raise WALError(
-                    f"entry {eid!r}: data_path {str(external)!r} is not an existing file"
-                )
-        if data is not None or external is not None:
-            # Fail before writing a data file when the id is already known.
-            with self._locked_append():
-                if eid in self._index:
-                    raise WALError(f"entry {eid!r} is already in the log")
-        stored_path: str | None = None
-        checksum: str | None = None
-        owned_file: Path | None = None
-        if data is not None:
-            content = bytes(data)
-            owned_file = write_data_file(self.directory / "data", eid, content, sync=self._sync)
-            checksum = checksum_bytes(content)
-            stored_path = owned_file.relative_to(self.directory).as_posix()
-        elif external is not None:
-            if self._sync:
-                fsync_file(external)
-            checksum = checksum_file(external)
-            stored_path = str(external.resolve())
-        now = time.time()
-        entry = WALEntry(
-            entry_id=eid,
-            step_type=step,
-            status=WALStatus.PENDING,
-            data_path=self._index.resolve(stored_path),
-            checksum=checksum,
-            created_at=now,
-            updated_at=now,
-        )
-        payload: dict[str, Any] = {
-            "k": "a",
-            "id": eid,
-            "t": step.value,
-            "s": WALStatus.PENDING.value,
-            "ts": now,
-            "p": stored_path,
-            "c": checksum,
-        }
+        return self._append_checked([_check_new(entry_id, step_type, data, data_path)])[0]
 
-        def prepare() -> tuple[bool, WALEntry]:
-            if eid in self._index:
-                raise WALError(f"entry {eid!r} is already in the log")
-            return True, entry
+    @_tracked
+    def append_many(
+        self, entries: Iterable[NewEntry | tuple[str, StepType | str]]
+    ) -> list[WALEntry]:
+        """Log several new PENDING steps with one record; return once it is durable.
 
-        try:
-            return self._write_and_wait(payload, prepare)
-        except BaseException:
-            if owned_file is not None:
-                owned_file.unlink(missing_ok=True)
-            raise
+        Each item is a :class:`NewEntry` or an ``(entry_id, step_type)`` pair. The entries
+        survive a crash together or not at all (one record, one checksum), and the call waits
+        for one sync instead of one per entry: a rollout step that produces several records
+        logs them this way. Everything is checked before anything is written: a bad item, an
+        id given twice or an id already in the log raises :class:`WALError` naming it and
+        writes nothing, not even the other entries' data files. An empty list writes nothing.
+        """
+        self._check_open()
+        if isinstance(entries, str | bytes | dict):
+            raise WALError(f"append_many takes a list of entries, got {type(entries).__name__}")
+        checked = [_check_new(*_new_entry_fields(item, n)) for n, item in enumerate(entries)]
+        seen: set[str] = set()
+        for item in checked:
+            if item.eid in seen:
+                raise WALError(f"entry {item.eid!r} is given twice in one append_many")
+            seen.add(item.eid)
+        return self._append_checked(checked) if checked else []
 
     @_tracked
     def update_status(
@@ -340,36 +312,127 @@ class WriteAheadLog:
         entry COMPLETED is a no-op.
         """
         self._check_open()
-        eid = check_entry_id(entry_id)
-        new_status = parse_status(status)
-        if error is not None:
-            if not isinstance(error, str):
-                raise WALError(f"error must be a string, got {type(error).__name__}")
-            if new_status is not WALStatus.FAILED:
-                raise WALError(
-                    f"entry {eid!r}: an error message goes only with FAILED, not {new_status}"
+        return self._update_checked([_check_change(entry_id, status, error)])[0]
+
+    @_tracked
+    def update_many(
+        self, changes: Iterable[StatusChange | tuple[str, WALStatus | str]]
+    ) -> list[WALEntry]:
+        """Apply several status changes with one record; return once it is durable.
+
+        Each item is a :class:`StatusChange` or an ``(entry_id, status)`` pair; they apply in
+        order (one entry may move twice, e.g. to EXECUTING and then COMPLETED) and survive a
+        crash together or not at all. If any change is refused (the rules of
+        :meth:`update_status`), :class:`WALError` names it and none is written. Returns each
+        entry's state after its change, in the order given.
+        """
+        self._check_open()
+        if isinstance(changes, str | bytes | dict):
+            raise WALError(f"update_many takes a list of changes, got {type(changes).__name__}")
+        checked = [_check_change(*_change_fields(item, n)) for n, item in enumerate(changes)]
+        return self._update_checked(checked) if checked else []
+
+    def _append_checked(self, items: list[_NewChecked]) -> list[WALEntry]:
+        """Write the data files of checked new entries, then their record; wait for it."""
+        if any(item.data is not None or item.external is not None for item in items):
+            # Fail before writing a data file when an id is already known.
+            with self._locked_append():
+                for item in items:
+                    if item.eid in self._index:
+                        raise WALError(f"entry {item.eid!r} is already in the log")
+        owned_files: list[Path] = []
+        try:
+            now = time.time()
+            entries: list[WALEntry] = []
+            payloads: list[dict[str, Any]] = []
+            for item in items:
+                stored_path, checksum, owned = self._store_data(item)
+                if owned is not None:
+                    owned_files.append(owned)
+                entries.append(
+                    WALEntry(
+                        entry_id=item.eid,
+                        step_type=item.step,
+                        status=WALStatus.PENDING,
+                        data_path=self._index.resolve(stored_path),
+                        checksum=checksum,
+                        created_at=now,
+                        updated_at=now,
+                    )
                 )
+                payloads.append(
+                    {
+                        "k": "a",
+                        "id": item.eid,
+                        "t": item.step.value,
+                        "s": WALStatus.PENDING.value,
+                        "ts": now,
+                        "p": stored_path,
+                        "c": checksum,
+                    }
+                )
+            record = _encode_changes(payloads)
+
+            def prepare() -> tuple[bytes | None, list[WALEntry]]:
+                for entry in entries:
+                    if entry.entry_id in self._index:
+                        raise WALError(f"entry {entry.entry_id!r} is already in the log")
+                return record, entries
+
+            return self._write_and_wait(record, prepare)
+        except BaseException:
+            for owned in owned_files:
+                owned.unlink(missing_ok=True)
+            raise
+
+    def _store_data(self, item: _NewChecked) -> tuple[str | None, str | None, Path | None]:
+        """Make an entry's data durable: (path as the record holds it, checksum, the file
+        this call created, to delete if the append fails)."""
+        if item.data is not None:
+            content = bytes(item.data)
+            owned = write_data_file(self.directory / "data", item.eid, content, sync=self._sync)
+            return owned.relative_to(self.directory).as_posix(), checksum_bytes(content), owned
+        if item.external is not None:
+            if self._sync:
+                fsync_file(item.external)
+            return str(item.external.resolve()), checksum_file(item.external), None
+        return None, None, None
+
+    def _update_checked(self, changes: list[_ChangeChecked]) -> list[WALEntry]:
+        """Write checked status changes as one record (those that change something); wait."""
         now = time.time()
-        payload: dict[str, Any] = {
-            "k": "s",
-            "id": eid,
-            "s": new_status.value,
-            "ts": now,
-            "e": error,
-        }
+        payloads = [
+            {"k": "s", "id": c.eid, "s": c.status.value, "ts": now, "e": c.error} for c in changes
+        ]
+        record = _encode_changes(payloads)
 
-        def prepare() -> tuple[bool, WALEntry]:
-            current = self._index.get(eid)
-            if current is None:
-                raise WALError(f"cannot set status of unknown entry {eid!r}")
-            if current.status is WALStatus.COMPLETED:
-                if new_status is WALStatus.COMPLETED:
-                    # A retry of the final update after a crash: nothing to change or write.
-                    return False, current
-                raise WALError(f"entry {eid!r} is COMPLETED; it cannot move to {new_status}")
-            return True, replace(current, status=new_status, updated_at=now, error=error)
+        def prepare() -> tuple[bytes | None, list[WALEntry]]:
+            # Later changes of one call see the earlier ones; the index is left untouched
+            # until every change is accepted.
+            pending: dict[str, WALEntry] = {}
+            results: list[WALEntry] = []
+            written: list[dict[str, Any]] = []
+            for change, payload in zip(changes, payloads, strict=True):
+                current = pending.get(change.eid) or self._index.get(change.eid)
+                if current is None:
+                    raise WALError(f"cannot set status of unknown entry {change.eid!r}")
+                if current.status is WALStatus.COMPLETED:
+                    if change.status is WALStatus.COMPLETED:
+                        # A retry of the final update after a crash: nothing to change or write.
+                        results.append(current)
+                        continue
+                    raise WALError(
+                        f"entry {change.eid!r} is COMPLETED; it cannot move to {change.status}"
+                    )
+                updated = replace(current, status=change.status, updated_at=now, error=change.error)
+                pending[change.eid] = updated
+                results.append(updated)
+                written.append(payload)
+            if not written:
+                return None, results
+            return (record if len(written) == len(payloads) else _encode_changes(written)), results
 
-        return self._write_and_wait(payload, prepare)
+        return self._write_and_wait(record, prepare)
 
     @_tracked
     def recover(self) -> list[WALEntry]:
@@ -553,19 +616,19 @@ class WriteAheadLog:
     # ------------------------------------------------------------------ writing
 
     def _write_and_wait(
-        self, payload: dict[str, Any], prepare: Callable[[], tuple[bool, WALEntry]]
-    ) -> WALEntry:
+        self, record: bytes, prepare: Callable[[], tuple[bytes | None, list[WALEntry]]]
+    ) -> list[WALEntry]:
         """Write one record and return once it is durable.
 
         ``prepare`` runs under the append lock against an up-to-date index: it raises to refuse
-        the change, or says whether a record is needed and what the entry becomes. The record
-        may be written by another thread of this process together with its own
-        (:mod:`recovery._wal_combine`).
+        the change, or returns the record to write (``record``, a smaller one, or None when
+        nothing changes) and what the entries become. The record may be written by another
+        thread of this process together with its own (:mod:`recovery._wal_combine`).
         """
-        call = Call(encode_record(payload), prepare, time.monotonic() + self._timeout)
+        call = Call(record, prepare, time.monotonic() + self._timeout)
         try:
-            entry: WALEntry = self._calls.run(call, self._write_batch, self._make_durable)
-            return entry
+            entries: list[WALEntry] = self._calls.run(call, self._write_batch, self._make_durable)
+            return entries
         finally:
             # A gathering leader may have waited for this call (now finished) to come back.
             self._state.nudge_gatherer()
@@ -576,18 +639,20 @@ class WriteAheadLog:
         try:
             self._check_open()
             self._catch_up_locked()
-            accepted: list[tuple[Call, WALEntry]] = []
+            accepted: list[tuple[Call, list[WALEntry]]] = []
             for call in batch:
                 try:
-                    needed, entry = call.prepare()
+                    record, entries = call.prepare()
                 except Exception as exc:  # refused: this call fails, the others go on
                     call.error = exc
                     continue
-                if not needed:
-                    call.result = entry
+                if record is None:
+                    call.result = entries
                     continue
-                self._index.put(entry)  # the next call's prepare must see this change
-                accepted.append((call, entry))
+                call.record = record
+                for entry in entries:
+                    self._index.put(entry)  # the next call's prepare must see this change
+                accepted.append((call, entries))
             if not accepted:
                 return None
             try:
@@ -603,8 +668,8 @@ class WriteAheadLog:
                     raise WALError(f"cannot write to WAL {self.directory}: {exc}") from exc
                 raise
             self._records_written += len(accepted)
-            for (call, entry), end in zip(accepted, ends, strict=True):
-                call.result, call.position = entry, end
+            for (call, entries), end in zip(accepted, ends, strict=True):
+                call.result, call.position = entries, end
             last = ends[-1]
             if self._sync and self._group.try_lead_now():
                 # Nobody here or elsewhere is syncing: lead, from the batch's end.

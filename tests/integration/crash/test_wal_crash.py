@@ -77,7 +77,13 @@ class Model:
 
     def apply(self, op: str) -> None:
         verb, *args = op.split(" ")
-        if verb == "append":
+        if verb == "batch":  # append_many: "batch id,id,..."
+            for eid in args[0].split(","):
+                self.status[eid] = WALStatus.PENDING
+                self.has_data[eid] = False
+        elif verb == "statuses":  # update_many: "statuses id:status,..."
+            self.status.update(_changes(args[0]))
+        elif verb == "append":
             self.status[args[0]] = WALStatus.PENDING
             self.has_data[args[0]] = args[1] == "1"
         elif verb == "status":
@@ -92,6 +98,11 @@ class Model:
         self.acked_ops += len(run.acked)
 
 
+def _changes(spec: str) -> list[tuple[str, WALStatus]]:
+    pairs = [item.split(":") for item in spec.split(",")]
+    return [(eid, WALStatus(status)) for eid, status in pairs]
+
+
 def _verify(directory: Path, model: Model, in_flight: list[str]) -> None:
     """Check the reopened log against the model, then fold in the in-flight ops that landed."""
     with WriteAheadLog(directory, segment_bytes=SEGMENT_BYTES) as wal:
@@ -103,7 +114,25 @@ def _verify(directory: Path, model: Model, in_flight: list[str]) -> None:
         compact_in_flight = False
         for op in in_flight:
             verb, *args = op.split(" ")
-            if verb == "append":
+            if verb == "batch":  # one record: every entry of it landed, or none
+                ids = args[0].split(",")
+                allowed_extra.update(ids)
+                present = [eid in found for eid in ids]
+                assert all(present) or not any(present), f"half a batch landed: {present}"
+                if all(present):
+                    assert all(found[eid] is WALStatus.PENDING for eid in ids)
+                    landed.append(op)
+            elif verb == "statuses":  # all of the changes, or none
+                before = {eid: model.status[eid] for eid, _ in _changes(args[0])}
+                after = dict(before)
+                after.update(_changes(args[0]))
+                seen = {eid: found.get(eid) for eid in before}
+                assert seen in (before, after), f"half a batch of changes: {seen}"
+                if seen == after != before:
+                    landed.append(op)
+                for eid in before:
+                    alternatives[eid] = after[eid]
+            elif verb == "append":
                 allowed_extra.add(args[0])
                 if args[0] in found:
                     assert found[args[0]] is WALStatus.PENDING
@@ -172,6 +201,53 @@ def test_two_concurrent_writers_killed_50_times_each(tmp_path: Path) -> None:
             model.absorb(run)
         _verify(tmp_path, model, [r.in_flight for r in runs if r.in_flight])
     assert model.acked_ops > 100, f"too few operations before the kills: {model.acked_ops}"
+
+
+def _batch_writer(directory: Path, seed: int) -> Callable[[Reporter], None]:
+    """Append entries in groups and change their statuses in groups (append_many,
+    update_many): every group is one record."""
+
+    def child(report: Reporter) -> None:
+        rng = random.Random(seed)
+        wal = WriteAheadLog(directory, segment_bytes=SEGMENT_BYTES)
+        live = [e.entry_id for e in wal.recover()]
+        n = 0
+        while True:
+            if rng.random() < 0.5 or len(live) < 3:
+                ids = [f"m{seed}-{n + i}" for i in range(rng.randint(2, 5))]
+                n += len(ids)
+                op = "batch " + ",".join(ids)
+                report.begin(op)
+                wal.append_many([(eid, "generate") for eid in ids])
+                report.ack(op)
+                live.extend(ids)
+            else:
+                picked = rng.sample(live, k=rng.randint(1, 3))
+                changes = [(e, rng.choice(["executing", "failed", "completed"])) for e in picked]
+                op = "statuses " + ",".join(f"{e}:{s}" for e, s in changes)
+                report.begin(op)
+                wal.update_many(changes)
+                report.ack(op)
+                live = [e for e in live if (e, "completed") not in changes]
+
+    return child
+
+
+def test_batch_writer_killed_60_times(tmp_path: Path) -> None:
+    """A group of entries or of status changes is one record: after a kill at any moment it
+    is there whole or not at all, and every acknowledged group is there."""
+    rng = random.Random(31)
+    model = Model()
+    for kill in range(60):
+        run = run_and_kill(
+            _batch_writer(tmp_path, kill),
+            kill_after=rng.uniform(0.005, 0.06),
+            from_first_report=kill % 10 != 0,
+        )
+        assert_killed(run)
+        model.absorb(run)
+        _verify(tmp_path, model, [run.in_flight] if run.in_flight else [])
+    assert model.acked_ops > 60, f"too few operations before the kills: {model.acked_ops}"
 
 
 def _compactor(directory: Path, seed: int) -> Callable[[Reporter], None]:

@@ -56,6 +56,43 @@ class WALModel(RuleBasedStateMachine):
     def update_existing(self, data: st.DataObject, status: WALStatus) -> None:
         self.update(data.draw(st.sampled_from(sorted(self.model))), status)
 
+    @rule(entry_ids=st.lists(ids, min_size=1, max_size=4))
+    def append_many(self, entry_ids: list[str]) -> None:
+        if len(set(entry_ids)) < len(entry_ids):
+            with pytest.raises(WALError, match="given twice"):
+                self.wal.append_many([(e, "generate") for e in entry_ids])
+        elif any(e in self.model for e in entry_ids):
+            with pytest.raises(WALError, match="already in the log"):
+                self.wal.append_many([(e, "generate") for e in entry_ids])
+        else:
+            self.wal.append_many([(e, "generate") for e in entry_ids])
+            self.model.update(dict.fromkeys(entry_ids, WALStatus.PENDING))
+
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data())
+    def update_many(self, data: st.DataObject) -> None:
+        """Several changes in one call: all of them apply, in order, or none does."""
+        changes = data.draw(
+            st.lists(st.tuples(st.sampled_from(sorted(self.model) + ["zz"]), statuses), max_size=4)
+        )
+        after = dict(self.model)
+        refused = None
+        for eid, status in changes:
+            current = after.get(eid)
+            if current is None:
+                refused = "unknown entry"
+                break
+            if current is WALStatus.COMPLETED and status is not WALStatus.COMPLETED:
+                refused = "COMPLETED"
+                break
+            after[eid] = status
+        if refused is not None:
+            with pytest.raises(WALError, match=refused):
+                self.wal.update_many(changes)
+        else:
+            self.wal.update_many(changes)
+            self.model = after
+
     @rule()
     def compact(self) -> None:
         self.wal.compact()
@@ -105,8 +142,12 @@ def test_any_truncation_recovers_a_prefix_of_the_changes(
         for index, status in ops:
             eid = f"e{index}"
             if eid not in model:
-                wal.append(eid, "generate")
-                model[eid] = WALStatus.PENDING
+                if index % 2:
+                    wal.append(eid, "generate")
+                    model[eid] = WALStatus.PENDING
+                else:  # a group record: its two entries come back together or not at all
+                    wal.append_many([(eid, "generate"), (f"{eid}-pair", "reward")])
+                    model[eid] = model[f"{eid}-pair"] = WALStatus.PENDING
             elif model[eid] is not WALStatus.COMPLETED:
                 wal.update_status(eid, status)
                 model[eid] = status
