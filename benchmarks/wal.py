@@ -12,14 +12,19 @@
 First a line measures this disk: write+sync of one record with fsync/fdatasync of a growing
 file (what the baselines pay) and with fdatasync/RWF_DSYNC into a preallocated one (what the
 WAL pays). Every writer in (b)/(c) opens its files before the clock starts and then calls in a
-tight loop, each call returning only once its record is durable. So with one thread per
-process at most 4 records can share a sync: (b) and (c) run with 1 and with ``--threads``
-appender threads per process (baselines get the same threads), and each shape prints what
-bounds it, measured in the same run: the WAL without any fsync (what the CPUs allow with this
-WAL), one record per thread in every sync of the measured mean duration (sharing syncs), and every
-thread syncing a preallocated file of its own with no log at all (parallel syncs). When both
-ways of using the disk stay under 5x the baseline, no design reaches the target on that
-machine; when only the WAL's own CPU cost does, this WAL is what falls short.
+tight loop, each call returning only once its records are durable. So with one thread per
+process and one record per call at most 4 records can share a sync. (b) and (c) run three
+shapes: one thread per process and one record per call; ``--threads`` appender threads per
+process (the baselines get the same threads); and one thread per process logging each
+rollout step's ``--step-records`` records with one ``append_many`` call (a step of the loop in
+(d) produces 4 records), against the same baselines, which write and commit every record on
+its own (the designs the issue names). Each shape prints what bounds it, measured in the same
+run: the WAL without any fsync (what the CPUs allow with this WAL), every outstanding record in
+every sync of the measured mean duration (sharing syncs), and every thread syncing a
+preallocated file of its own with no log at all, as many records per sync as one call holds
+(parallel syncs). When both ways of using the disk stay under 5x the baseline, no design
+reaches the target on that machine; when only the WAL's own CPU cost does, this WAL is what
+falls short.
 
     .venv/bin/python benchmarks/wal.py            # default sizes, well under 2 minutes
     .venv/bin/python benchmarks/wal.py --records 4000 --per-writer 400 --steps 100
@@ -102,18 +107,34 @@ class Opened:
     close: Callable[[], tuple[int, float]]
 
 
-Opener = Callable[[Path, int, int, int], Opened]
+#: (directory, writer, threads, records per thread, records per call) -> Opened. Only the WAL
+#: and the private files use the last one; the baselines write and commit each record alone.
+Opener = Callable[[Path, int, int, int, int], Opened]
 
 
 def _open_wal(
-    directory: Path, writer: int, threads: int, per_thread: int, *, sync: bool = True
+    directory: Path,
+    writer: int,
+    threads: int,
+    per_thread: int,
+    per_call: int = 1,
+    *,
+    sync: bool = True,
 ) -> Opened:
-    """Each thread appends ``per_thread`` records; every append returns once it is durable."""
+    """Each thread appends ``per_thread`` records, ``per_call`` at a time (one ``append`` or
+    one ``append_many``); every call returns once its records are durable."""
     wal = WriteAheadLog(directory, sync=sync)
 
     def run(thread: int) -> None:
-        for i in range(per_thread):
-            wal.append(_entry_id(writer, thread, i), "generate")
+        if per_call == 1:
+            for i in range(per_thread):
+                wal.append(_entry_id(writer, thread, i), "generate")
+            return
+        for first in range(0, per_thread, per_call):
+            last = min(first + per_call, per_thread)
+            wal.append_many(
+                [(_entry_id(writer, thread, i), "generate") for i in range(first, last)]
+            )
 
     def close() -> tuple[int, float]:
         stats = wal.stats()
@@ -123,16 +144,20 @@ def _open_wal(
     return Opened(run, close)
 
 
-def _open_wal_without_fsync(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
+def _open_wal_without_fsync(
+    directory: Path, writer: int, threads: int, per_thread: int, per_call: int
+) -> Opened:
     """The same appenders with ``sync=False``: what this machine's CPUs allow at best."""
-    return _open_wal(directory, writer, threads, per_thread, sync=False)
+    return _open_wal(directory, writer, threads, per_thread, per_call, sync=False)
 
 
-def _open_private_files(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
-    """Not a log: every thread writes its records into a file of its own, preallocated, one
-    ``RWF_DSYNC`` write each (no lock, no format, no Python beyond the loop): how many
-    independent syncs per second this disk takes at once (a design could spread its writers
-    over such files instead of sharing syncs)."""
+def _open_private_files(
+    directory: Path, writer: int, threads: int, per_thread: int, per_call: int
+) -> Opened:
+    """Not a log: every thread writes its records into a file of its own, preallocated,
+    ``per_call`` of them with each ``RWF_DSYNC`` write (no lock, no format, no Python beyond
+    the loop): how many independent syncs per second this disk takes at once (a design could
+    spread its writers over such files instead of sharing syncs)."""
     record = b"x" * 123 + b"\n"
     fds = []
     for thread in range(threads):
@@ -143,8 +168,9 @@ def _open_private_files(directory: Path, writer: int, threads: int, per_thread: 
 
     def run(thread: int) -> None:
         fd = fds[thread]
-        for i in range(per_thread):
-            os.pwritev(fd, [record], i * len(record), os.RWF_DSYNC)
+        for first in range(0, per_thread, per_call):
+            count = min(per_call, per_thread - first)
+            os.pwritev(fd, [record * count], first * len(record), os.RWF_DSYNC)
 
     def close() -> tuple[int, float]:
         for fd in fds:
@@ -154,7 +180,9 @@ def _open_private_files(directory: Path, writer: int, threads: int, per_thread: 
     return Opened(run, close)
 
 
-def _open_locked_fsync(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
+def _open_locked_fsync(
+    directory: Path, writer: int, threads: int, per_thread: int, per_call: int
+) -> Opened:
     """The straightforward design: take the lock, write the record, fsync, release."""
     fd = os.open(directory / "naive.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     lock_fd = os.open(directory / "naive.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -177,7 +205,9 @@ def _open_locked_fsync(directory: Path, writer: int, threads: int, per_thread: i
     return Opened(run, close)
 
 
-def _open_sqlite(directory: Path, writer: int, threads: int, per_thread: int) -> Opened:
+def _open_sqlite(
+    directory: Path, writer: int, threads: int, per_thread: int, per_call: int
+) -> Opened:
     """One connection per thread, opened in advance; one transaction (and commit) per row."""
     connections = []
     for _ in range(threads):
@@ -227,12 +257,13 @@ def _process_main(
     writer: int,
     threads: int,
     per_thread: int,
+    per_call: int,
     barrier: Barrier,
     out: multiprocessing.Queue[tuple[float, float, int, float]],
 ) -> None:
     # Opening (files, locks, connections, the WAL's scan) happens before the clock starts, in
     # every design alike: the figures are records per second of writing.
-    opened = opener(directory, writer, threads, per_thread)
+    opened = opener(directory, writer, threads, per_thread, per_call)
     barrier.wait(timeout=60)
     start = time.monotonic()  # CLOCK_MONOTONIC is shared by all processes on Linux
     _run_threads(opened.run, threads)
@@ -253,7 +284,12 @@ class Run:
 
 
 def several_writers(
-    opener: Opener, directory: Path, processes: int, threads: int, per_thread: int
+    opener: Opener,
+    directory: Path,
+    processes: int,
+    threads: int,
+    per_thread: int,
+    per_call: int = 1,
 ) -> Run:
     """Run ``processes`` writer processes of ``threads`` threads at once."""
     directory.mkdir(parents=True)
@@ -266,7 +302,7 @@ def several_writers(
     procs = [
         _CTX.Process(
             target=_process_main,
-            args=(opener, directory, w, threads, per_thread, barrier, out),
+            args=(opener, directory, w, threads, per_thread, per_call, barrier, out),
         )
         for w in range(processes)
     ]
@@ -354,9 +390,11 @@ def rollout_loop(directory: Path, steps: int, step_seconds: float) -> tuple[floa
     return plain, raw, logged
 
 
-def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
+def several_shapes(root: Path, args: argparse.Namespace, threads: int, per_call: int) -> None:
     """(b) and (c) for one shape of writers, all designs interleaved round by round."""
     shape = f"{args.processes} proc x {threads} thr"
+    if per_call > 1:
+        shape += f", {per_call} records (one step) per append_many"
     per_thread = max(args.per_writer // threads, 1)
     designs: dict[str, Opener] = {
         "wal": _open_wal,
@@ -369,7 +407,12 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
     for r in range(args.rounds):  # interleave the designs so load drift hits all
         for name, opener in designs.items():
             run = several_writers(
-                opener, root / f"{name}-{threads}-{r}", args.processes, threads, per_thread
+                opener,
+                root / f"{name}-{threads}-{per_call}-{r}",
+                args.processes,
+                threads,
+                per_thread,
+                per_call,
             )
             total = totals[name]
             total.records += run.records
@@ -383,10 +426,10 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
     fsyncs = max(totals["wal"].fsyncs, 1)
     per_sync = totals["wal"].records / fsyncs
     sync_us = totals["wal"].sync_seconds / fsyncs * 1e6
-    outstanding = args.processes * threads
-    # Every call waits for its own record, so at most one record per thread is waiting when
-    # a sync starts: even if every sync covered all of them and nothing else took any time,
-    # the WAL could not beat `outstanding` records per (measured, mean) sync.
+    outstanding = args.processes * threads * per_call
+    # Every call waits for its own records, so at most one call's records per thread are
+    # waiting when a sync starts: even if every sync covered all of them and nothing else took
+    # any time, the WAL could not beat `outstanding` records per (measured, mean) sync.
     sync_bound = outstanding / (sync_us / 1e6)
     # The disk allows the better of sharing syncs (above) and syncing files in parallel
     # (private); the CPUs allow what this WAL does with no sync at all.
@@ -407,7 +450,7 @@ def several_shapes(root: Path, args: argparse.Namespace, threads: int) -> None:
     )
     print(
         f"    ceilings: no fsync at all {nosync:,.0f} rec/s = {nosync / naive:.2f}x naive; "
-        f"{outstanding} records (one per thread) in every sync {sync_bound:,.0f} rec/s = "
+        f"{outstanding} records (one call per thread) in every sync {sync_bound:,.0f} rec/s = "
         f"{sync_bound / naive:.2f}x naive; every thread syncing a file of its own (parallel "
         f"syncs, no log) {private:,.0f} rec/s = {private / naive:.2f}x naive -> this shape: "
         f"5x is {verdict}"
@@ -431,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4, help="(b)/(c) writer processes")
     parser.add_argument(
         "--threads", type=int, default=4, help="(b)/(c) appender threads per process"
+    )
+    parser.add_argument(
+        "--step-records",
+        type=int,
+        default=4,
+        help="(b)/(c) records one rollout step logs with one append_many call",
     )
     parser.add_argument(
         "--per-writer",
@@ -472,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             f"growing file {1e6 / raw_rate:.0f} us"
         )
 
-        for threads in sorted({1, args.threads}):
-            several_shapes(root, args, threads)
+        for threads, per_call in dict.fromkeys([(1, 1), (args.threads, 1), (1, args.step_records)]):
+            several_shapes(root, args, threads, per_call)
 
         (root / "d").mkdir()
         base, raw_step, with_wal = rollout_loop(root / "d", args.steps, args.step_ms / 1000.0)

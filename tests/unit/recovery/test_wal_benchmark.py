@@ -23,16 +23,19 @@ def test_benchmark_prints_all_four_figures_with_ratios(
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     argv = ["--records", "20", "--block", "5", "--rounds", "1", "--processes", "2"]
-    argv += ["--threads", "2", "--per-writer", "5", "--steps", "2", "--step-ms", "5"]
+    argv += ["--threads", "2", "--per-writer", "6", "--step-records", "3"]
+    argv += ["--steps", "2", "--step-ms", "5"]
     assert module.main([*argv, "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for label in ("disk:", "(a)", "(b)", "(c)", "(d)"):
         assert label in out
-    assert len(re.findall(r"-> \d+\.\d+x", out)) == 5  # (a), (b) and (c) for 1 and 2 threads
+    # (a), then (b) and (c) for 1 thread, 2 threads, and 1 thread logging 3-record steps
+    assert len(re.findall(r"-> \d+\.\d+x", out)) == 7
+    assert "2 proc x 1 thr, 3 records (one step) per append_many" in out
     # each shape says how many records a sync covered and what bounds it
-    assert len(re.findall(r"\d+\.\d records per sync of mean \d+ us", out)) == 2
-    assert len(re.findall(r"ceilings: no fsync at all .* -> this shape: 5x is", out)) == 2
-    assert len(re.findall(r"syncing a file of its own .* rec/s = \d+\.\d+x naive", out)) == 2
-    assert len(re.findall(r"target >= 5x: (met|not met)", out)) == 4
+    assert len(re.findall(r"\d+\.\d records per sync of mean \d+ us", out)) == 3
+    assert len(re.findall(r"ceilings: no fsync at all .* -> this shape: 5x is", out)) == 3
+    assert len(re.findall(r"syncing a file of its own .* rec/s = \d+\.\d+x naive", out)) == 3
+    assert len(re.findall(r"target >= 5x: (met|not met)", out)) == 6
     assert re.search(r"overhead -?\d+\.\d+ %", out)
     assert list(tmp_path.iterdir()) == []  # the benchmark cleans up after itself
