@@ -8,6 +8,9 @@ names them; the record holds the path and a SHA-256 checksum.
 Durability and concurrency:
 
 * a call returns only once its record is on stable storage (``sync=True``);
+* ``append_many`` and ``update_many`` log several changes (a rollout step's records) as one
+  record: one wait for one sync instead of one per change, and after a crash the changes are
+  all there or none is;
 * any number of threads and processes may append to one directory: records are serialized by
   the append lock, and fsyncs are shared through the sync lock and the shared durable mark
   (:mod:`recovery._wal_locks`) so one ``fdatasync`` covers every record written before it
