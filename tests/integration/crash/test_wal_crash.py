@@ -168,18 +168,41 @@ def _verify(directory: Path, model: Model, in_flight: list[str]) -> None:
                 assert wal.read_data(op.split(" ")[1]) == _data_for(op.split(" ")[1])
 
 
-def test_single_writer_killed_120_times(tmp_path: Path) -> None:
-    rng = random.Random(20261129)
+def _kill_repeatedly(
+    directory: Path,
+    child: Callable[[int], Callable[[Reporter], None]],
+    *,
+    kills: int,
+    seed: int,
+    window: tuple[float, float],
+    after_kill: Callable[[ChildRun], None] | None = None,
+) -> Model:
+    """Run ``child(kill)`` and SIGKILL it ``kills`` times, a random time within ``window``
+    seconds after it starts; after each kill, check the log against what was acknowledged."""
+    rng = random.Random(seed)
     model = Model()
-    for kill in range(120):
+    for kill in range(kills):
         run = run_and_kill(
-            _writer(tmp_path, "w-", seed=kill, compact=True),
-            kill_after=rng.uniform(0.005, 0.08),
+            child(kill),
+            kill_after=rng.uniform(*window),
             from_first_report=kill % 10 != 0,  # every 10th kill may land while opening the log
         )
         assert_killed(run)
         model.absorb(run)
-        _verify(tmp_path, model, [run.in_flight] if run.in_flight else [])
+        _verify(directory, model, [run.in_flight] if run.in_flight else [])
+        if after_kill is not None:
+            after_kill(run)
+    return model
+
+
+def test_single_writer_killed_120_times(tmp_path: Path) -> None:
+    model = _kill_repeatedly(
+        tmp_path,
+        lambda kill: _writer(tmp_path, "w-", seed=kill, compact=True),
+        kills=120,
+        seed=20261129,
+        window=(0.005, 0.08),
+    )
     assert model.acked_ops > 120, f"too few operations before the kills: {model.acked_ops}"
 
 
@@ -236,17 +259,13 @@ def _batch_writer(directory: Path, seed: int) -> Callable[[Reporter], None]:
 def test_batch_writer_killed_60_times(tmp_path: Path) -> None:
     """A group of entries or of status changes is one record: after a kill at any moment it
     is there whole or not at all, and every acknowledged group is there."""
-    rng = random.Random(31)
-    model = Model()
-    for kill in range(60):
-        run = run_and_kill(
-            _batch_writer(tmp_path, kill),
-            kill_after=rng.uniform(0.005, 0.06),
-            from_first_report=kill % 10 != 0,
-        )
-        assert_killed(run)
-        model.absorb(run)
-        _verify(tmp_path, model, [run.in_flight] if run.in_flight else [])
+    model = _kill_repeatedly(
+        tmp_path,
+        lambda kill: _batch_writer(tmp_path, kill),
+        kills=60,
+        seed=31,
+        window=(0.005, 0.06),
+    )
     assert model.acked_ops > 60, f"too few operations before the kills: {model.acked_ops}"
 
 
@@ -279,23 +298,24 @@ def _compactor(directory: Path, seed: int) -> Callable[[Reporter], None]:
 
 def test_killed_during_compaction_40_times(tmp_path: Path) -> None:
     """Compaction swaps segments atomically: a kill at any moment loses no live entry."""
-    rng = random.Random(5)
-    model = Model()
     compactions = 0
-    for kill in range(40):
-        run = run_and_kill(
-            _compactor(tmp_path, kill),
-            kill_after=rng.uniform(0.02, 0.15),
-            from_first_report=kill % 10 != 0,
-        )
-        assert_killed(run)
-        model.absorb(run)
+
+    def check_data_files(run: ChildRun) -> None:
+        nonlocal compactions
         compactions += sum(op == "compact" for op in run.acked)
-        _verify(tmp_path, model, [run.in_flight] if run.in_flight else [])
         with WriteAheadLog(tmp_path, segment_bytes=SEGMENT_BYTES) as wal:
             for entry in wal.recover():
                 if entry.checksum is not None:
                     assert wal.read_data(entry.entry_id) == _data_for(entry.entry_id)
+
+    _kill_repeatedly(
+        tmp_path,
+        lambda kill: _compactor(tmp_path, kill),
+        kills=40,
+        seed=5,
+        window=(0.02, 0.15),
+        after_kill=check_data_files,
+    )
     assert compactions > 20, f"too few compactions before the kills: {compactions}"
 
 
