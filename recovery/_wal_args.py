@@ -8,6 +8,7 @@ it while nothing, not even a data file, has been written yet.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -77,6 +78,17 @@ def check_change(entry_id: object, status: object, error: object = None) -> Chan
                 f"entry {eid!r}: an error message goes only with FAILED, not {new_status}"
             )
     return ChangeChecked(eid, new_status, error)
+
+
+def item_list(values: object, method: str, what: str) -> list[object]:
+    """The items of a batch call's argument as a list; a string, a mapping or something that
+    is not iterable is refused by name (a string would otherwise be taken character by
+    character)."""
+    if isinstance(values, str | bytes | dict):
+        raise WALError(f"{method} takes a list of {what}, got {type(values).__name__}")
+    if not isinstance(values, Iterable):
+        raise WALError(f"{method} takes a list of {what}, got {values!r}")
+    return list(values)
 
 
 def new_entry_fields(item: object, position: int) -> tuple[object, object, object, object]:

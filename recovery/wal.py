@@ -59,13 +59,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from recovery._wal_args import ChangeChecked as _ChangeChecked
-from recovery._wal_args import NewChecked as _NewChecked
-from recovery._wal_args import change_fields as _change_fields
-from recovery._wal_args import check_change as _check_change
-from recovery._wal_args import check_new as _check_new
-from recovery._wal_args import encode_changes as _encode_changes
-from recovery._wal_args import new_entry_fields as _new_entry_fields
+from recovery._wal_args import (
+    ChangeChecked,
+    NewChecked,
+    change_fields,
+    check_change,
+    check_new,
+    encode_changes,
+    item_list,
+    new_entry_fields,
+)
 from recovery._wal_combine import Call, CallQueue
 from recovery._wal_data import (
     checksum_bytes,
@@ -278,7 +281,7 @@ class WriteAheadLog:
         id already in the log, or both/invalid data arguments.
         """
         self._check_open()
-        return self._append_checked([_check_new(entry_id, step_type, data, data_path)])[0]
+        return self._append_checked([check_new(entry_id, step_type, data, data_path)])[0]
 
     @_tracked
     def append_many(
@@ -294,9 +297,8 @@ class WriteAheadLog:
         writes nothing, not even the other entries' data files. An empty list writes nothing.
         """
         self._check_open()
-        if isinstance(entries, str | bytes | dict):
-            raise WALError(f"append_many takes a list of entries, got {type(entries).__name__}")
-        checked = [_check_new(*_new_entry_fields(item, n)) for n, item in enumerate(entries)]
+        items = item_list(entries, "append_many", "entries")
+        checked = [check_new(*new_entry_fields(item, n)) for n, item in enumerate(items)]
         seen: set[str] = set()
         for item in checked:
             if item.eid in seen:
@@ -315,7 +317,7 @@ class WriteAheadLog:
         entry COMPLETED is a no-op.
         """
         self._check_open()
-        return self._update_checked([_check_change(entry_id, status, error)])[0]
+        return self._update_checked([check_change(entry_id, status, error)])[0]
 
     @_tracked
     def update_many(
@@ -330,12 +332,11 @@ class WriteAheadLog:
         entry's state after its change, in the order given.
         """
         self._check_open()
-        if isinstance(changes, str | bytes | dict):
-            raise WALError(f"update_many takes a list of changes, got {type(changes).__name__}")
-        checked = [_check_change(*_change_fields(item, n)) for n, item in enumerate(changes)]
+        items = item_list(changes, "update_many", "changes")
+        checked = [check_change(*change_fields(item, n)) for n, item in enumerate(items)]
         return self._update_checked(checked) if checked else []
 
-    def _append_checked(self, items: list[_NewChecked]) -> list[WALEntry]:
+    def _append_checked(self, items: list[NewChecked]) -> list[WALEntry]:
         """Write the data files of checked new entries, then their record; wait for it."""
         if any(item.data is not None or item.external is not None for item in items):
             # Fail before writing a data file when an id is already known.
@@ -374,7 +375,7 @@ class WriteAheadLog:
                         "c": checksum,
                     }
                 )
-            record = _encode_changes(payloads)
+            record = encode_changes(payloads)
 
             def prepare() -> tuple[bytes | None, list[WALEntry]]:
                 for entry in entries:
@@ -388,7 +389,7 @@ class WriteAheadLog:
                 owned.unlink(missing_ok=True)
             raise
 
-    def _store_data(self, item: _NewChecked) -> tuple[str | None, str | None, Path | None]:
+    def _store_data(self, item: NewChecked) -> tuple[str | None, str | None, Path | None]:
         """Make an entry's data durable: (path as the record holds it, checksum, the file
         this call created, to delete if the append fails)."""
         if item.data is not None:
@@ -401,13 +402,13 @@ class WriteAheadLog:
             return str(item.external.resolve()), checksum_file(item.external), None
         return None, None, None
 
-    def _update_checked(self, changes: list[_ChangeChecked]) -> list[WALEntry]:
+    def _update_checked(self, changes: list[ChangeChecked]) -> list[WALEntry]:
         """Write checked status changes as one record (those that change something); wait."""
         now = time.time()
         payloads = [
             {"k": "s", "id": c.eid, "s": c.status.value, "ts": now, "e": c.error} for c in changes
         ]
-        record = _encode_changes(payloads)
+        record = encode_changes(payloads)
 
         def prepare() -> tuple[bytes | None, list[WALEntry]]:
             # Later changes of one call see the earlier ones; the index is left untouched
@@ -433,7 +434,7 @@ class WriteAheadLog:
                 written.append(payload)
             if not written:
                 return None, results
-            return (record if len(written) == len(payloads) else _encode_changes(written)), results
+            return (record if len(written) == len(payloads) else encode_changes(written)), results
 
         return self._write_and_wait(record, prepare)
 

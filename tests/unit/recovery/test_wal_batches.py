@@ -108,6 +108,7 @@ def test_completed_to_completed_inside_a_batch_is_skipped_not_refused(wal: Write
         ([NewEntry("ok", "generate", data="text")], "data must be bytes"),  # type: ignore[arg-type]
         ([NewEntry("ok", "generate", data_path="/no/such/file")], "not an existing file"),
         ("ab", "takes a list of entries"),
+        (5, "takes a list of entries, got 5"),
     ],
 )
 def test_append_many_refuses_bad_input_and_writes_nothing(
@@ -149,6 +150,7 @@ def test_append_many_too_big_for_one_record_is_refused(wal: WriteAheadLog) -> No
         ([StatusChange("a", "executing", error="why")], "only with FAILED"),
         ([("a", "executing"), 7], "item 1 is 7"),
         ({"a": "executing"}, "takes a list of changes"),
+        (None, "takes a list of changes, got None"),
     ],
 )
 def test_update_many_refuses_bad_changes_and_applies_none(
