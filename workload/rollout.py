@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -29,8 +30,8 @@ from recovery.report import HeartbeatReporter, heartbeat_path
 from recovery.transfer import RegistryClient, TensorSpec, WeightReceiver, make_transport
 from recovery.transfer.errors import TransferError
 from recovery.wal import StepType, WALStatus, WriteAheadLog
-from workload.job import VERSION_STRIDE, WEIGHT_SET, RunDir, read_json
-from workload.policy import init_policy, prompts_for, sample_group
+from workload.job import VERSION_STRIDE, WEIGHT_SET, JobConfig, RunDir, read_json
+from workload.policy import DigitPolicy, init_policy, prompts_for, sample_group
 from workload.task import TaskSpec
 
 log = logging.getLogger("rlguard.workload.rollout")
@@ -143,7 +144,18 @@ def _work_for(run: RunDir, workers: int, step: int, rank: int) -> int | None:
     return None
 
 
-def _generate(run, cfg, wal, policy, participant, hb, step, rank, tokens, worker):  # type: ignore[no-untyped-def]
+def _generate(
+    run: RunDir,
+    cfg: JobConfig,
+    wal: WriteAheadLog,
+    policy: DigitPolicy,
+    participant: Participant,
+    hb: HeartbeatReporter,
+    step: int,
+    rank: int,
+    tokens: int,
+    worker: int,
+) -> int:
     spec = cfg.task
     batch_id = run.batch_id(step, worker)
     previous = _attempts(wal, batch_id + "-a")
@@ -167,7 +179,7 @@ def _generate(run, cfg, wal, policy, participant, hb, step, rank, tokens, worker
     run.event("batch_start", rank=worker, by=rank, step=step, entry=entry_id)
     started = time.monotonic()
     scheduled = len(targets) * spec.group_size
-    samples = []
+    samples: list[dict[str, Any]] = []
     for i, target in enumerate(targets):
         hb.update(phase="ROLLOUT", step=step, tokens=tokens, pending=0, scheduled=scheduled)
         group = sample_group(policy, spec, cfg.seed, step, worker, i, target)

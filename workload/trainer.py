@@ -234,7 +234,7 @@ class Trainer:
         loss, stats = grpo_loss(
             self.policy, self.reference, samples, self.cfg.task, kl_coef=self.cfg.kl_coef
         )
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.optimizer.step()
         return stats
 
@@ -352,7 +352,7 @@ def warm_up() -> None:
         optimizer = torch.optim.Adam(policy.parameters(), lr=0.01)
         samples = sample_group(policy, spec, 0, 0, 0, 0, 1)
         loss, _stats = grpo_loss(policy, reference, samples, spec, kl_coef=0.05)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         optimizer.step()
 
 

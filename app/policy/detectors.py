@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from app.policy import metric_names as m
 from app.policy.policy_file import GoldenMetricRule, Policy
@@ -460,7 +461,7 @@ class NodeSilenceDetector(Detector):
         out: list[FaultSignal] = []
         lost_by_job: dict[str | None, list[tuple[str, float]]] = defaultdict(list)
         for node, seen in confirmed:
-            jobs = world.jobs_on_node(node) or [None]
+            jobs: list[str | None] = list(world.jobs_on_node(node)) or [None]
             for job in jobs:
                 lost_by_job[job].append((node, seen))
         several = self.policy.detection.nodes.several_lost_min
@@ -635,7 +636,7 @@ class GpuHealthDetector(Detector):
             for key, ep in self._counters.episodes_of(
                 world, name, self._nodes, cfg.event_hold_seconds
             ):
-                extra: dict[str, object] = {"increase": ep.increase, "newest_at": ep.last_ts}
+                extra: dict[str, Any] = {"increase": ep.increase, "newest_at": ep.last_ts}
                 detail = f"{name} rose by {ep.increase:g}"
                 if kind is FaultKind.GPU_XID:
                     if xid_codes is None:

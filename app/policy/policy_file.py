@@ -54,18 +54,18 @@ class GoldenMetricRule(_Strict):
 class TrainerDetection(_Strict):
     roles: tuple[str, ...] = ("trainer",)
     active_phases: tuple[str, ...] = ("TRAIN",)
-    idle_timeout_seconds: float = Field(300, gt=0)
-    idle_utilization_ratio: float = Field(0.05, ge=0, le=1)
+    idle_timeout_seconds: float = Field(default=300, gt=0)
+    idle_utilization_ratio: float = Field(default=0.05, ge=0, le=1)
 
 
 class RolloutDetection(_Strict):
     roles: tuple[str, ...] = ("rollout",)
-    stall_timeout_seconds: float = Field(60, gt=0)
+    stall_timeout_seconds: float = Field(default=60, gt=0)
 
 
 class HeartbeatDetection(_Strict):
-    suspect_seconds: float = Field(15, gt=0)
-    confirm_seconds: float = Field(60, gt=0)
+    suspect_seconds: float = Field(default=15, gt=0)
+    confirm_seconds: float = Field(default=60, gt=0)
     finished_phases: tuple[str, ...] = ("DONE", "STOPPED", "FINISHED")
     # A participant in one of these phases is known to be gone: its launcher saw the process
     # exit (waitpid) and said so. That is certain, unlike a silent heartbeat, so it is lost at
@@ -81,17 +81,17 @@ class HeartbeatDetection(_Strict):
 
 
 class NodeDetection(_Strict):
-    several_lost_min: int = Field(2, ge=2)
+    several_lost_min: int = Field(default=2, ge=2)
 
 
 class GpuDetection(_Strict):
     critical_xids: tuple[int, ...] = (48, 63, 64, 74, 79, 94, 95)
-    event_hold_seconds: float = Field(120, gt=0)
-    throttle_sustain_seconds: float = Field(60, gt=0)
+    event_hold_seconds: float = Field(default=120, gt=0)
+    throttle_sustain_seconds: float = Field(default=60, gt=0)
 
 
 class StorageDetection(_Strict):
-    error_window_seconds: float = Field(60, gt=0)
+    error_window_seconds: float = Field(default=60, gt=0)
 
 
 class EnvDriftDetection(_Strict):
@@ -99,7 +99,7 @@ class EnvDriftDetection(_Strict):
 
 
 class Detection(_Strict):
-    stale_sample_seconds: float = Field(15, gt=0)
+    stale_sample_seconds: float = Field(default=15, gt=0)
     trainer: TrainerDetection = TrainerDetection()
     rollout: RolloutDetection = RolloutDetection()
     heartbeat: HeartbeatDetection = HeartbeatDetection()
@@ -115,24 +115,24 @@ class TierRule(_Strict):
 
 
 class Escalation(_Strict):
-    first_step_max: int = Field(1, ge=0)
-    same_step_failures: int = Field(2, ge=2)
-    local_recovery_failures: int = Field(2, ge=1)
+    first_step_max: int = Field(default=1, ge=0)
+    same_step_failures: int = Field(default=2, ge=2)
+    local_recovery_failures: int = Field(default=2, ge=1)
     plan: tuple[ActionName, ...] = (ActionName.ENTER_SAFE_MODE, ActionName.RESTART_JOB)
 
 
 class Approval(_Strict):
     automatic_actions: tuple[ActionName, ...] = (ActionName.ENTER_SAFE_MODE,)
-    expire_seconds: float = Field(3600, gt=0)
+    expire_seconds: float = Field(default=3600, gt=0)
 
 
 class RecoveryLimits(_Strict):
-    rollout_retry_times: int = Field(3, ge=0)
-    rollout_timeout_sec: float = Field(120, gt=0)
+    rollout_retry_times: int = Field(default=3, ge=0)
+    rollout_timeout_sec: float = Field(default=120, gt=0)
 
 
 class Incidents(_Strict):
-    quiet_period_seconds: float = Field(30, ge=0)
+    quiet_period_seconds: float = Field(default=30, ge=0)
 
 
 SubjectPart = Literal["node", "job", "role", "rank", "gpu"]
@@ -147,7 +147,7 @@ class AlertmanagerMapping(_Strict):
 
 class Policy(_Strict):
     version: Literal[1]
-    tick_seconds: float = Field(1.0, gt=0)
+    tick_seconds: float = Field(default=1.0, gt=0)
     incidents: Incidents = Incidents()
     golden_metrics: dict[str, GoldenMetricRule]
     detection: Detection = Detection()

@@ -35,7 +35,7 @@ class TraceError(ValueError):
 def read_trace(path: str | Path) -> Iterator[dict[str, Any]]:
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
+    with opener(p, "rt", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue

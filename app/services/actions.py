@@ -68,12 +68,12 @@ class Claim:
 
 def _snapshot(row: RecoveryAction) -> ActionSnapshot:
     return ActionSnapshot(
-        row.id,
+        row.id,  # type: ignore[arg-type]
         row.incident_id,
         row.action,
         row.job,
         row.node,
-        dict(row.params),  # type: ignore[arg-type]
+        dict(row.params),
         row.attempts,
         row.idempotency_key,
     )
@@ -173,20 +173,20 @@ def finish_action(
     if ok:
         add_event(
             session,
-            incident_id=inc.id,
+            incident_id=inc.id,  # type: ignore[arg-type]
             type_="action_succeeded",
             actor=f"worker:{worker}",
             at=now,
             detail=detail,
-        )  # type: ignore[arg-type]
+        )
         if row.action == "enter_safe_mode" and not inc.safe_mode:
             inc.safe_mode = True
             add_event(
                 session,
-                incident_id=inc.id,
+                incident_id=inc.id,  # type: ignore[arg-type]
                 type_="safe_mode",
                 actor=f"worker:{worker}",
-                at=now,  # type: ignore[arg-type]
+                at=now,
                 detail={"job": row.job, "node": row.node},
             )
         if row.action == RELEASE_ACTION:
@@ -198,10 +198,10 @@ def finish_action(
             inc.recovery_failures += 1
         add_event(
             session,
-            incident_id=inc.id,
+            incident_id=inc.id,  # type: ignore[arg-type]
             type_="action_failed",
             actor=f"worker:{worker}",
-            at=now,  # type: ignore[arg-type]
+            at=now,
             detail={**detail, "error": error},
         )
     inc.updated_at = now
@@ -229,7 +229,7 @@ def renew_action_lease(
         .where(t.c.id == action_id, t.c.status == ActionStatus.running.value, t.c.worker == worker)
         .values(lease_until=now + timedelta(seconds=lease_seconds))
     )
-    return res.rowcount == 1  # type: ignore[attr-defined]
+    return bool(res.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def release_for_retry(
@@ -290,13 +290,13 @@ def due_for_dispatch(
         select(RecoveryAction)
         .where(
             sa.or_(
-                RecoveryAction.status == ActionStatus.pending.value,
+                col(RecoveryAction.status) == ActionStatus.pending.value,
                 sa.and_(
-                    RecoveryAction.status == ActionStatus.dispatched.value,
+                    col(RecoveryAction.status) == ActionStatus.dispatched.value,
                     col(RecoveryAction.dispatched_at) < stale,
                 ),
                 sa.and_(
-                    RecoveryAction.status == ActionStatus.running.value,
+                    col(RecoveryAction.status) == ActionStatus.running.value,
                     col(RecoveryAction.lease_until) < now,
                     sa.or_(
                         col(RecoveryAction.dispatched_at).is_(None),

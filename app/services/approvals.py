@@ -111,8 +111,8 @@ def decide(
         )
     add_event(
         session,
-        incident_id=inc.id,
-        type_=f"approval_{'granted' if approve else 'rejected'}",  # type: ignore[arg-type]
+        incident_id=inc.id,  # type: ignore[arg-type]
+        type_=f"approval_{'granted' if approve else 'rejected'}",
         actor=f"user:{user.name}",
         at=now,
         detail=detail,
@@ -141,9 +141,9 @@ def _expire(session: Session, appr: Approval, now: datetime) -> None:
         inc.updated_at = now
         add_event(
             session,
-            incident_id=inc.id,
+            incident_id=inc.id,  # type: ignore[arg-type]
             type_="approval_expired",
-            at=now,  # type: ignore[arg-type]
+            at=now,
             detail={
                 "approval_id": appr.id,
                 "note": "no decision in time; the job stays in SAFE_MODE",

@@ -92,9 +92,9 @@ def persist_decisions(
                 _record_signal(session, inc, d, now)
                 add_event(
                     session,
-                    incident_id=inc.id,
+                    incident_id=inc.id,  # type: ignore[arg-type]
                     type_="updated",
-                    at=now,  # type: ignore[arg-type]
+                    at=now,
                     detail={"detail": d.signal.evidence.detail},
                 )
         elif d.type is DecisionType.ESCALATE:
@@ -110,9 +110,9 @@ def persist_decisions(
             )
             add_event(
                 session,
-                incident_id=inc.id,
+                incident_id=inc.id,  # type: ignore[arg-type]
                 type_="escalated",
-                at=now,  # type: ignore[arg-type]
+                at=now,
                 detail={"from": previous, "to": d.tier.value, "reasons": list(d.reasons)},
             )
             if d.signal is not None:
@@ -126,9 +126,9 @@ def persist_decisions(
             inc.updated_at = now
             add_event(
                 session,
-                incident_id=inc.id,
+                incident_id=inc.id,  # type: ignore[arg-type]
                 type_="recovery_retry",
-                at=now,  # type: ignore[arg-type]
+                at=now,
                 detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
             )
             _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
@@ -198,10 +198,10 @@ def _record_signal(session: Session, inc: Incident, d: IncidentDecision, now: da
         return
     session.add(
         FaultSignalRecord(
-            incident_id=inc.id,
+            incident_id=inc.id,  # type: ignore[arg-type]
             at=now,
             kind=sig.kind.value,
-            tier=d.tier.value,  # type: ignore[arg-type]
+            tier=d.tier.value,
             subject=sig.subject.to_dict(),
             evidence=sig.evidence.to_dict(),
             since=sig.since,
@@ -316,8 +316,13 @@ def resolve_incident(
     incident.status, incident.open_key = IncidentStatus.resolved.value, None
     incident.resolved_at = incident.updated_at = now
     add_event(
-        session, incident_id=incident.id, type_="resolved", actor=actor, at=now, detail={"why": why}
-    )  # type: ignore[arg-type]
+        session,
+        incident_id=incident.id,  # type: ignore[arg-type]
+        type_="resolved",
+        actor=actor,
+        at=now,
+        detail={"why": why},
+    )
 
 
 def open_incidents_for_engine(session: Session) -> list[OpenIncident]:
@@ -362,11 +367,11 @@ def open_incident_failures(session: Session) -> dict[str, int]:
 
 def _public(inc: Incident) -> IncidentPublic:
     return IncidentPublic(
-        id=inc.id,
+        id=inc.id,  # type: ignore[arg-type]
         key=inc.key,
         kind=inc.kind,
         tier=inc.tier,
-        status=inc.status,  # type: ignore[arg-type]
+        status=inc.status,
         subject=inc.subject,
         job=inc.job,
         node=inc.node,
@@ -383,11 +388,11 @@ def _public(inc: Incident) -> IncidentPublic:
 
 def action_public(row: RecoveryAction) -> ActionPublic:
     return ActionPublic(
-        id=row.id,
+        id=row.id,  # type: ignore[arg-type]
         action=row.action,
         status=row.status,
         job=row.job,
-        node=row.node,  # type: ignore[arg-type]
+        node=row.node,
         queue=row.queue,
         params=row.params,
         idempotency_key=row.idempotency_key,
@@ -404,10 +409,10 @@ def action_public(row: RecoveryAction) -> ActionPublic:
 
 def approval_public(row: Approval, actions: list[RecoveryAction] | None = None) -> ApprovalPublic:
     return ApprovalPublic(
-        id=row.id,
+        id=row.id,  # type: ignore[arg-type]
         incident_id=row.incident_id,
         status=row.status,
-        summary=row.summary,  # type: ignore[arg-type]
+        summary=row.summary,
         requested_at=row.requested_at,
         expires_at=row.expires_at,
         decided_at=row.decided_at,

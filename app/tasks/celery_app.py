@@ -10,7 +10,7 @@ the longest task's time limit.
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Queue  # type: ignore[attr-defined]  # kombu has no type hints
 
 from app.core.config import Settings, get_settings
 from app.tasks.settings import RecoverySettings, get_recovery_settings
@@ -46,7 +46,7 @@ def make_celery(
         Transport.polling_interval = 0.2
     app.conf.update(
         task_default_queue=CLUSTER_QUEUE,
-        task_queues=[Queue(CLUSTER_QUEUE)],
+        task_queues=[Queue(CLUSTER_QUEUE)],  # type: ignore[no-untyped-call]
         task_create_missing_queues=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
