@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,33 @@ def test_marker_records_what_rebuild_needs(tmp_path: Path) -> None:
     assert meta["base_step"] == 50 and meta["step"] == 51
     assert set(meta["checksums"]) == set(params) and meta["checksum"] in ("crc32", "crc32c")
     assert {e["name"] for e in meta["diff_index"]} == {"w", "h", "count", "mask"}
+
+
+def test_a_prune_cut_short_leaves_no_snapshot_directory_without_its_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer killed while deleting an old snapshot: what is left is a temp directory that the
+    next snapshot sweeps, never a ``snap-*`` directory whose marker is already gone."""
+    snapshots = ShardSnapshotter(tmp_path, snapshot_interval_steps=1, keep=1)
+    base = base_state(step=0)
+    params, optimizer = train(base, 1)
+    snapshots.snapshot("s", 1, params, optimizer, base)
+
+    def killed_mid_delete(path: Path, ignore_errors: bool = False) -> None:
+        for marker in list(Path(path).rglob(MARKER)):  # the marker goes, then the process dies
+            marker.unlink()
+        raise KeyboardInterrupt("killed while pruning")
+
+    monkeypatch.setattr(shutil, "rmtree", killed_mid_delete)
+    params, optimizer = train(base, 2)
+    with pytest.raises(KeyboardInterrupt):
+        snapshots.snapshot("s", 2, params, optimizer, base)
+    monkeypatch.undo()
+    shard_dir = tmp_path / "s"
+    unmarked = [p.name for p in shard_dir.glob("snap-*") if not (p / MARKER).exists()]
+    assert unmarked == []
+    latest = snapshots.latest("s")
+    assert latest is not None and latest.step == 2
+    params, optimizer = train(base, 3)
+    snapshots.snapshot("s", 3, params, optimizer, base)
+    assert sorted(p.name for p in shard_dir.iterdir()) == ["snap-000000000003"]
