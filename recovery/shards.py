@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
 import shutil
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,9 +36,9 @@ import torch
 from recovery.checkpoint._atomic import (
     TMP_PREFIX,
     commit_dir,
-    fsync_dir,
     make_tmp_dir,
     read_marker,
+    remove_dir,
     verify_committed_dir,
     write_file_durable,
 )
@@ -282,13 +280,9 @@ class ShardSnapshotter:
 
     def _prune(self, shard_dir: Path) -> None:
         for old in self._candidates(shard_dir.name)[self.keep :]:
-            # Rename first, as the checkpoint engine does: a writer killed mid-delete then leaves
-            # a temp directory that the next writer sweeps, never a snapshot directory with its
-            # marker already gone and the rest of its files still there.
-            trash = shard_dir / f"{TMP_PREFIX}trash-{old.path.name}-{uuid.uuid4().hex[:12]}"
-            os.rename(old.path, trash)
-            fsync_dir(shard_dir)
-            shutil.rmtree(trash, ignore_errors=True)
+            # A writer killed mid-delete then leaves a temp directory that the next writer
+            # sweeps, never a snapshot directory whose marker is already gone.
+            remove_dir(old.path)
 
     # ---- reading -------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -103,6 +104,17 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_dir(path: Path) -> None:
+    """Delete the directory ``path`` so that a crash at any moment never leaves it half-deleted
+    under its own name: it is renamed to a ``.tmp-*`` name first (durably), then removed. A
+    leftover of an interrupted removal is a temporary directory, which the next writer sweeps
+    with the others, so a failure of the removal itself is not raised."""
+    trash = path.parent / f"{TMP_PREFIX}trash-{path.name}-{uuid.uuid4().hex[:12]}"
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def make_tmp_dir(parent: Path, label: str) -> Path:

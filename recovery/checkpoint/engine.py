@@ -661,9 +661,4 @@ def _apply_retention(root: Path, keep: int) -> None:
             continue
         if not committed and kept == 0:
             continue  # newer than every committed one: leave it for latest() to report
-        # Rename first so a crash mid-delete never leaves a half-deleted directory under a
-        # checkpoint name; the next writer removes ``.tmp-*`` leftovers.
-        trash = root / f"{_atomic.TMP_PREFIX}trash-{path.name}"
-        os.rename(path, trash)
-        _atomic.fsync_dir(root)
-        shutil.rmtree(trash)
+        _atomic.remove_dir(path)  # never a half-deleted directory under a checkpoint name
