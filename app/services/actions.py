@@ -173,7 +173,7 @@ def finish_action(
     if ok:
         add_event(
             session,
-            incident_id=inc.id,  # type: ignore[arg-type]
+            incident_id=inc.id,
             type_="action_succeeded",
             actor=f"worker:{worker}",
             at=now,
@@ -183,7 +183,7 @@ def finish_action(
             inc.safe_mode = True
             add_event(
                 session,
-                incident_id=inc.id,  # type: ignore[arg-type]
+                incident_id=inc.id,
                 type_="safe_mode",
                 actor=f"worker:{worker}",
                 at=now,
@@ -198,7 +198,7 @@ def finish_action(
             inc.recovery_failures += 1
         add_event(
             session,
-            incident_id=inc.id,  # type: ignore[arg-type]
+            incident_id=inc.id,
             type_="action_failed",
             actor=f"worker:{worker}",
             at=now,

@@ -111,7 +111,7 @@ def decide(
         )
     add_event(
         session,
-        incident_id=inc.id,  # type: ignore[arg-type]
+        incident_id=inc.id,
         type_=f"approval_{'granted' if approve else 'rejected'}",
         actor=f"user:{user.name}",
         at=now,
@@ -141,7 +141,7 @@ def _expire(session: Session, appr: Approval, now: datetime) -> None:
         inc.updated_at = now
         add_event(
             session,
-            incident_id=inc.id,  # type: ignore[arg-type]
+            incident_id=inc.id,
             type_="approval_expired",
             at=now,
             detail={

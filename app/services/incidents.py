@@ -50,12 +50,16 @@ class PersistResult:
 def add_event(
     session: Session,
     *,
-    incident_id: int,
+    incident_id: int | None,
     type_: str,
     actor: str = "system",
     detail: dict[str, Any] | None = None,
     at: datetime | None = None,
 ) -> None:
+    # Callers pass ``incident.id`` of a row SQLModel types as ``int | None``; it is set once
+    # the incident was flushed, which every caller has done.
+    if incident_id is None:
+        raise ValueError(f"{type_!r} event for an incident that was never flushed (no id)")
     row = IncidentEvent(
         incident_id=incident_id, type=type_, actor=actor, detail=detail or {}, at=at or utcnow()
     )
@@ -92,7 +96,7 @@ def persist_decisions(
                 _record_signal(session, inc, d, now)
                 add_event(
                     session,
-                    incident_id=inc.id,  # type: ignore[arg-type]
+                    incident_id=inc.id,
                     type_="updated",
                     at=now,
                     detail={"detail": d.signal.evidence.detail},
@@ -110,7 +114,7 @@ def persist_decisions(
             )
             add_event(
                 session,
-                incident_id=inc.id,  # type: ignore[arg-type]
+                incident_id=inc.id,
                 type_="escalated",
                 at=now,
                 detail={"from": previous, "to": d.tier.value, "reasons": list(d.reasons)},
@@ -126,7 +130,7 @@ def persist_decisions(
             inc.updated_at = now
             add_event(
                 session,
-                incident_id=inc.id,  # type: ignore[arg-type]
+                incident_id=inc.id,
                 type_="recovery_retry",
                 at=now,
                 detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
@@ -317,7 +321,7 @@ def resolve_incident(
     incident.resolved_at = incident.updated_at = now
     add_event(
         session,
-        incident_id=incident.id,  # type: ignore[arg-type]
+        incident_id=incident.id,
         type_="resolved",
         actor=actor,
         at=now,

@@ -164,7 +164,7 @@ def release_job(
         session.flush()
         add_event(
             session,
-            incident_id=inc.id,  # type: ignore[arg-type]
+            incident_id=inc.id,
             type_=RELEASE_REQUESTED,
             actor=actor,
             at=now,
@@ -354,7 +354,7 @@ def _close_released(
     inc.safe_mode = False
     add_event(
         session,
-        incident_id=inc.id,  # type: ignore[arg-type]
+        incident_id=inc.id,
         type_=RELEASED,
         actor=f"user:{user_name}",
         at=now,
