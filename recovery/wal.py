@@ -338,12 +338,11 @@ class WriteAheadLog:
 
     def _append_checked(self, items: list[NewChecked]) -> list[WALEntry]:
         """Write the data files of checked new entries, then their record; wait for it."""
+        eids = [item.eid for item in items]
         if any(item.data is not None or item.external is not None for item in items):
             # Fail before writing a data file when an id is already known.
             with self._locked_append():
-                for item in items:
-                    if item.eid in self._index:
-                        raise WALError(f"entry {item.eid!r} is already in the log")
+                self._refuse_known(eids)
         owned_files: list[Path] = []
         try:
             now = time.time()
@@ -378,9 +377,7 @@ class WriteAheadLog:
             record = encode_changes(payloads)
 
             def prepare() -> tuple[bytes | None, list[WALEntry]]:
-                for entry in entries:
-                    if entry.entry_id in self._index:
-                        raise WALError(f"entry {entry.entry_id!r} is already in the log")
+                self._refuse_known(eids)
                 return record, entries
 
             return self._write_and_wait(record, prepare)
@@ -388,6 +385,12 @@ class WriteAheadLog:
             for owned in owned_files:
                 owned.unlink(missing_ok=True)
             raise
+
+    def _refuse_known(self, eids: list[str]) -> None:
+        """Raise :class:`WALError` for the first id the log already holds (index up to date)."""
+        for eid in eids:
+            if eid in self._index:
+                raise WALError(f"entry {eid!r} is already in the log")
 
     def _store_data(self, item: NewChecked) -> tuple[str | None, str | None, Path | None]:
         """Make an entry's data durable: (path as the record holds it, checksum, the file
