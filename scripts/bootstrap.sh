@@ -2,6 +2,7 @@
 # Create (or reuse) the project's virtual environment and install RLGuard into it.
 #   scripts/bootstrap.sh          runtime only
 #   scripts/bootstrap.sh dev      runtime + test tools + the ucx extra (ucxx-cu12: UCX over TCP, no GPU needed)
+#                                 + the trl extra (the TRL integration's tests run the real GRPOTrainer)
 # torch is pinned to 2.13.0 (CPU build) because that wheel is available offline here; the
 # project itself accepts torch>=2.4.
 set -euo pipefail
@@ -14,8 +15,9 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 if [ "$extra" = "dev" ]; then
-    # the ucx extra too, so that the ucx transport tests run rather than skip
-    .venv/bin/python -m pip install -q -e ".[dev,ucx]"
+    # the ucx and trl extras too, so that the ucx transport and TRL integration tests run
+    # rather than skip; the constraint keeps the torch installed above
+    .venv/bin/python -m pip install -q -c <(echo "torch==2.13.0") -e ".[dev,ucx,trl]"
 else
     .venv/bin/python -m pip install -q -e .
 fi

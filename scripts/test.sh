@@ -9,5 +9,5 @@ bash scripts/system-deps.sh
 # Lint and type check are part of the suite: the tree is clean, and a change that breaks that
 # fails here (recovery/ and agents/ are type-checked strictly, see pyproject.toml).
 .venv/bin/ruff check .
-.venv/bin/mypy app agents workload recovery
+.venv/bin/mypy app agents workload recovery integrations
 exec .venv/bin/python -m pytest "$@"
