@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.models._base import metadata
 from app.models._types import UTCDateTime, from_epoch, utcnow
 from app.models.audit import AuditEvent
-from app.models.auth import ApiToken, Role, TokenKind, User
+from app.models.auth import ApiToken, Role, TokenKind, User, WebSession
 from app.models.cluster import Job, Node, Participant
 from app.models.ingest import IngestCursor
 from app.models.rollup import MetricRollup
@@ -22,6 +22,7 @@ __all__ = [
     "TokenKind",
     "UTCDateTime",
     "User",
+    "WebSession",
     "from_epoch",
     "metadata",
     "utcnow",

@@ -64,3 +64,22 @@ class ApiToken(SQLModel, table=True):
     description: str = Field(default="", max_length=200)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class WebSession(SQLModel, table=True):
+    """A signed-in dashboard browser. The cookie holds a random id; only its SHA-256 is stored.
+
+    A row is the whole truth of a session, so every server replica sees a logout, a password
+    change or a disabled user at once: the session stops when ``revoked_at`` is set or
+    ``expires_at`` passes.
+    """
+
+    __tablename__ = "web_session"
+
+    id: int | None = Field(default=None, primary_key=True)
+    token_hash: str = Field(max_length=64, unique=True, index=True)
+    user_id: int = Field(foreign_key="user_account.id", index=True)
+    client: str = Field(default="", max_length=64)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    expires_at: datetime = Field(sa_type=UTCDateTime, index=True)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
