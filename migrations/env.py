@@ -19,6 +19,7 @@ MODEL_MODULES = [
     "app.models.approval",
     "app.models.alert",
     "app.models.phase",
+    "app.models.progress",
 ]
 for _module in MODEL_MODULES:
     importlib.import_module(_module)
