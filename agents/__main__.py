@@ -68,7 +68,7 @@ def _gpu_count(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    match = _SIZE.match(text.strip())
+    match = _SIZE.fullmatch(text.strip())
     if not match:
         raise argparse.ArgumentTypeError(
             f"must be a byte count such as 268435456, 256M or 1G, got {text!r}"
@@ -87,7 +87,7 @@ def _url(text: str) -> str:
 
 
 def _node(text: str) -> str:
-    if not _NODE_PATTERN.match(text):
+    if not _NODE_PATTERN.fullmatch(text):
         raise argparse.ArgumentTypeError(
             f"must be 1-128 characters of letters, digits and _.:@/- (not starting with "
             f"a punctuation mark), got {text!r}"
@@ -97,7 +97,7 @@ def _node(text: str) -> str:
 
 def _packages(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", n)]
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n)]
     if bad:
         raise argparse.ArgumentTypeError(f"not a package name: {bad[0]!r}")
     return names

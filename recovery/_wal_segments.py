@@ -72,7 +72,7 @@ class SegmentDirectory:
         """Numbers of the existing segments, ascending."""
         numbers = []
         for name in os.listdir(self.directory):
-            match = _SEGMENT_NAME.match(name)
+            match = _SEGMENT_NAME.fullmatch(name)
             if match:
                 numbers.append(int(match.group(1)))
         return sorted(numbers)

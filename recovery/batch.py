@@ -245,7 +245,7 @@ def _writer_alive(temp_name: str) -> bool:
 
 
 def _check_batch_id(batch_id: object) -> None:
-    if not isinstance(batch_id, str) or not _BATCH_ID.match(batch_id):
+    if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
         raise BatchError(
             f"batch_id {batch_id!r} is not a valid name "
             "(letters, digits, '.', '_', '-'; must start with a letter or digit; <= 200 chars)"

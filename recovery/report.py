@@ -60,7 +60,7 @@ class HeartbeatError(RecoveryError, ValueError):
 def safe_job_name(name: str) -> str:
     """``name`` (e.g. a run directory's name) turned into a valid job name."""
     cleaned = re.sub(r"[^A-Za-z0-9_.:@/-]", "_", name)[:128]
-    if not JOB_PATTERN.match(cleaned):
+    if not JOB_PATTERN.fullmatch(cleaned):
         cleaned = ("_" + cleaned)[:128]
     return cleaned
 
@@ -120,7 +120,7 @@ class HeartbeatReporter:
         pid: int | None = None,
         lock_timeout: float = 5.0,
     ) -> None:
-        if not isinstance(role, str) or not _ROLE_PATTERN.match(role):
+        if not isinstance(role, str) or not _ROLE_PATTERN.fullmatch(role):
             raise HeartbeatError(f"role must be 1-64 of [A-Za-z0-9_.] (no '-'), got {role!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise HeartbeatError(f"rank must be an int >= 0, got {rank!r}")
@@ -130,7 +130,7 @@ class HeartbeatReporter:
             or not (0 < interval < float("inf"))
         ):
             raise HeartbeatError(f"interval must be a positive number of seconds, got {interval!r}")
-        if job is not None and (not isinstance(job, str) or not JOB_PATTERN.match(job)):
+        if job is not None and (not isinstance(job, str) or not JOB_PATTERN.fullmatch(job)):
             raise HeartbeatError(
                 f"job must be 1-128 letters, digits or _.:@/- (not starting with punctuation) "
                 f"or None, got {job!r}"
@@ -205,7 +205,7 @@ class HeartbeatReporter:
         """
         changes: dict[str, Any] = {}
         if phase is not None:
-            if not isinstance(phase, str) or not PHASE_PATTERN.match(phase):
+            if not isinstance(phase, str) or not PHASE_PATTERN.fullmatch(phase):
                 raise HeartbeatError(
                     f"phase must be a name of letters, digits and _ (at most 64), got {phase!r}"
                 )
@@ -291,7 +291,7 @@ class HeartbeatReporter:
         Writes the heartbeat at once when the set of stale shards changed; returns whether it
         wrote.
         """
-        if not isinstance(shard_id, str) or not _ROLE_PATTERN.match(shard_id):
+        if not isinstance(shard_id, str) or not _ROLE_PATTERN.fullmatch(shard_id):
             raise HeartbeatError(f"shard_id must be 1-64 of [A-Za-z0-9_.], got {shard_id!r}")
         if not isinstance(stale, bool):
             raise HeartbeatError(f"stale must be a bool, got {stale!r}")

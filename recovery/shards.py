@@ -166,7 +166,7 @@ class ShardSnapshotter:
     # ---- writing -------------------------------------------------------------------------
 
     def _shard_dir(self, shard_id: str) -> Path:
-        if not isinstance(shard_id, str) or not _SHARD_ID.match(shard_id):
+        if not isinstance(shard_id, str) or not _SHARD_ID.fullmatch(shard_id):
             raise ShardInputError(f"shard_id must match {_SHARD_ID.pattern}, got {shard_id!r}")
         return self.root / shard_id
 
@@ -296,7 +296,7 @@ class ShardSnapshotter:
             return []
         found: list[SnapshotInfo] = []
         for path in sorted(shard_dir.iterdir(), reverse=True):
-            if not _SNAP_DIR.match(path.name):
+            if not _SNAP_DIR.fullmatch(path.name):
                 continue
             try:
                 body = read_marker(path, MARKER)

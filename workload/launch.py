@@ -70,7 +70,7 @@ def _supervise(argv: list[str]) -> int:
     standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
     job = args.job or run_dir.name
-    if not _JOB.match(job):
+    if not _JOB.fullmatch(job):
         p.error(f"--job {job!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     if args.group_size < 2:
         p.error(
@@ -137,9 +137,9 @@ def _hook(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.action not in HOOK_ACTIONS:
         p.error(f"action {args.action!r} is not one of {', '.join(HOOK_ACTIONS)}")
-    if not _JOB.match(args.job):
+    if not _JOB.fullmatch(args.job):
         p.error(f"--job {args.job!r} cannot name a run directory")
-    if not _KEY.match(args.idempotency_key):
+    if not _KEY.fullmatch(args.idempotency_key):
         p.error(
             f"--idempotency-key {args.idempotency_key!r} must be 1-300 printable ASCII characters"
         )

@@ -108,15 +108,15 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
     ts = _number(doc, "ts")
     if ts is None:
         raise HeartbeatInvalid("field 'ts' missing")
-    if not _ID_RE.match(role):
+    if not _ID_RE.fullmatch(role):
         raise HeartbeatInvalid(f"field 'role' is not a valid identifier: {role!r}")
     if rank > _MAX_RANK:
         raise HeartbeatInvalid(f"field 'rank' is above {_MAX_RANK}: {rank!r}")
     job = doc.get("job")
-    if job is not None and (not isinstance(job, str) or not _ID_RE.match(job)):
+    if job is not None and (not isinstance(job, str) or not _ID_RE.fullmatch(job)):
         raise HeartbeatInvalid(f"field 'job' is not a valid identifier: {job!r}")
     phase = doc.get("phase")
-    if phase is not None and (not isinstance(phase, str) or not _PHASE_RE.match(phase)):
+    if phase is not None and (not isinstance(phase, str) or not _PHASE_RE.fullmatch(phase)):
         raise HeartbeatInvalid(f"field 'phase' is not a valid phase name: {phase!r}")
     step = _count(doc, "step")
     if step is not None and step > _MAX_STEP:

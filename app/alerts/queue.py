@@ -434,7 +434,7 @@ def queue_reminders(
         events = [_event(r) for r in rows]
         template = events[-1]
         opened_at = template.incident_opened_at or events[0].occurred_at
-        sent = [int(m.group(1)) for r in rows if (m := _REMINDER_ID.match(r.event_id))]
+        sent = [int(m.group(1)) for r in rows if (m := _REMINDER_ID.fullmatch(r.event_id))]
         for number in reminders_due(
             opened_at=opened_at,
             now=now,

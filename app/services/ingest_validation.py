@@ -297,7 +297,7 @@ class BatchValidator:
         if missing:
             raise IngestRejected(f"samples[{i}]: missing field(s) {sorted(missing)}")
         name = s["name"]
-        if type(name) is not str or not _METRIC_NAME_RE.match(name):
+        if type(name) is not str or not _METRIC_NAME_RE.fullmatch(name):
             raise IngestRejected(
                 f"samples[{i}].name: {_short(name)} does not match {METRIC_NAME_PATTERN}"
             )
@@ -316,7 +316,7 @@ class BatchValidator:
                 kind="limit",
             )
         for k, v in labels.items():
-            if not _LABEL_NAME_RE.match(k) or len(k) > lim.max_label_name_length:
+            if not _LABEL_NAME_RE.fullmatch(k) or len(k) > lim.max_label_name_length:
                 raise IngestRejected(
                     f"samples[{i}].labels: label name {_short(k)} must match {LABEL_NAME_PATTERN} "
                     f"and be at most {lim.max_label_name_length} characters"

@@ -55,7 +55,7 @@ class ActionContext:
     launcher_timeout: float
 
     def run_dir(self, job: str | None) -> Path:
-        if job is None or not _SAFE_NAME.match(job):
+        if job is None or not _SAFE_NAME.fullmatch(job):
             raise ActionError(f"job name {job!r} cannot name a run directory")
         path = self.run_root / job
         if not path.is_dir():

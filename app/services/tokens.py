@@ -30,7 +30,7 @@ def _new_token(kind: TokenKind) -> str:
 
 
 def validate_node_name(name: str) -> str:
-    if not name or len(name) > 128 or not _NODE_NAME_RE.match(name):
+    if not name or len(name) > 128 or not _NODE_NAME_RE.fullmatch(name):
         raise InvalidInput(
             f"invalid node name {name!r}: use 1-128 characters of letters, digits and _.:@/- "
             "(not starting with . : @ / -)"

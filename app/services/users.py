@@ -36,7 +36,7 @@ def create_user(
     password: str | None = None,
 ) -> tuple[User, str]:
     """Create a user and a first API token for it. Returns (user, token plaintext)."""
-    if not _USER_NAME_RE.match(name):
+    if not _USER_NAME_RE.fullmatch(name):
         raise InvalidInput(
             f"invalid user name {name!r}: 1-64 letters, digits and _.@- (not starting with . @ -)"
         )

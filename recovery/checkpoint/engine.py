@@ -644,7 +644,7 @@ def _stat_key(path: Path) -> tuple[int, int, int]:
 def _list_dirs(root: Path) -> list[tuple[int, Path]]:
     out = []
     for path in root.iterdir():
-        m = _DIR_RE.match(path.name)
+        m = _DIR_RE.fullmatch(path.name)
         if m and path.is_dir():
             out.append((int(m.group(1)), path))
     return out
