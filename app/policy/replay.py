@@ -237,12 +237,12 @@ def score(result: ReplayResult, labels: dict[str, Any], *, slack_seconds: float 
         delay = d.at - exp["start"]
         sc.delays.append(delay)
         if delay > exp["window"] + slack_seconds:
-            sc.late.append(f"{name} after {delay:.1f}s (window {exp['window']}s)")
+            sc.late.append(f"{name} after {delay:.3f}s (window {exp['window']}s)")
         if d.tier is Tier.HEAVY and exp.get("tier") != "heavy":
             sc.false_heavy.append(name)
     for i, d in enumerate(opens):
         if i not in used:
-            sc.false_positive.append(f"{labels.get('name', '?')}:{d.key}@{d.at:.0f}")
+            sc.false_positive.append(f"{labels.get('name', '?')}:{d.key}@{d.at:.3f}")
             if d.tier is Tier.HEAVY:
                 sc.false_heavy.append(d.key)
     return sc
@@ -266,7 +266,7 @@ def _score_escalation(
             delay = d.at - exp["start"]
             sc.delays.append(delay)
             if delay > exp["window"] + slack_seconds:
-                sc.late.append(f"{name} after {delay:.1f}s (window {exp['window']}s)")
+                sc.late.append(f"{name} after {delay:.3f}s (window {exp['window']}s)")
             return
     sc.missed.append(name)
 
@@ -284,14 +284,15 @@ def format_report(result: ReplayResult, sc: Score | None = None) -> list[str]:
     for d in result.decisions:
         delay = d.detection_delay
         shown = (
-            f" detected after {delay:.1f}s"
+            f" detected after {delay:.3f}s"
             if d.type is DecisionType.OPEN and delay is not None
             else ""
         )
         acts = ", ".join(a.action.value + ("*" if a.needs_approval else "") for a in d.actions)
         reason = f" because {'; '.join(d.reasons)}" if d.reasons else ""
         lines.append(
-            f"t+{d.at - result.start_ts:<5.0f} {d.type.value:8} {d.tier.value:6} "
+            # Milliseconds, as the engine saw them (its clock is the trace's float seconds).
+            f"t+{d.at - result.start_ts:<9.3f} {d.type.value:8} {d.tier.value:6} "
             f"{d.key}{shown}{reason}" + (f" plan: {acts}" if acts else "")
         )
     if sc is not None:

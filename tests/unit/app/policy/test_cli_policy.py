@@ -17,7 +17,7 @@ CORPUS = Path(__file__).resolve().parents[3] / "policy_traces"
 def test_replay_prints_incidents_tiers_and_delays() -> None:
     r = CliRunner().invoke(cli, ["replay", str(CORPUS / "fault_nodes_lost_0.jsonl.gz")])
     assert r.exit_code == 0, r.output
-    assert "open     heavy  nodes_lost:job=grpo-a detected after 75.0s" in r.output
+    assert "open     heavy  nodes_lost:job=grpo-a detected after 75.000s" in r.output
     assert "restore_checkpoint*" in r.output  # * = waits for approval
     assert "precision 1.000 recall 1.000" in r.output
 

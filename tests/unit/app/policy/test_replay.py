@@ -39,6 +39,24 @@ def test_replay_finds_the_silent_node_faster_than_real_time(tmp_path: Path) -> N
     assert "node_silent:node=n1 detected after 75" in text
 
 
+def test_report_prints_times_in_milliseconds_as_the_engine_saw_them(tmp_path: Path) -> None:
+    # n1 goes silent 375 ms into a second: the delay the engine measured is 75.625 s, which a
+    # report in whole (or tenth) seconds would round away.
+    lines = []
+    for i in range(200):
+        lines.append(_batch("n0", 1000.0 + i, i + 1))
+        if i < 50:
+            lines.append(_batch("n1", 1000.375 + i, i + 1))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps(b) for b in lines) + "\n")
+    result, _ = replay_file(trace)
+    [opened] = result.opened
+    assert opened.detection_delay == pytest.approx(75.625)
+    [line] = [x for x in format_report(result) if "node_silent" in x]
+    assert line.startswith(f"t+{opened.at - result.start_ts:.3f} ")
+    assert "detected after 75.625s" in line
+
+
 def test_speed_paces_the_replay_clock() -> None:
     slept: list[float] = []
     batches = [_batch("n0", 10.0 + i, i + 1) for i in range(11)]
