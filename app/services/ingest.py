@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import Engine
 
 from app.core.config import IngestLimits
+from app.goodput.progress import StepTracker, load_step_tracker
 from app.metrics import ServerMetrics
 from app.models import utcnow
 from app.services.errors import Unavailable
@@ -144,6 +145,7 @@ class IngestService:
         self._participants: dict[tuple[str, str, int], ParticipantState] = {}
         # Phase changes go into the group commit (app.services.ingest_phases); seeded at start.
         self._phases = PhaseTracker()
+        self._steps = StepTracker()  # the goodput ledger's progress (app.goodput.progress)
         self._phase_retention = PhaseRetention(retention_days=phase_retention_days)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -156,6 +158,7 @@ class IngestService:
         windows = await asyncio.to_thread(load_cursors, self.engine, forget_before=forget_before)
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
         self._phases = await asyncio.to_thread(load_tracker, self.engine)
+        self._steps = await asyncio.to_thread(load_step_tracker, self.engine)
         if self.inline is not None:
             await asyncio.to_thread(self.inline.connect)
         if self.dedupe is not None:
@@ -297,6 +300,9 @@ class IngestService:
             change = phases.observe(p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts)
             if change is not None:
                 pending.phases.append(change)
+            moved = self._steps.observe(p.job, p.role, p.rank, p.step, p.ts)
+            if moved is not None:
+                pending.steps.append(moved)
             pkey = (p.job, p.role, p.rank)
             known = pending.participants.get(pkey)
             if known is None or known.ts <= p.ts:

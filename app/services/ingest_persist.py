@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from app.goodput.progress import StepChange, prune_step_progress, write_step_changes
 from app.models import IngestCursor, Job, Node, Participant, from_epoch, utcnow
 from app.services.ingest_dedupe import WINDOW, DedupeWindow
 from app.services.ingest_phases import PhaseChange, PhaseRetention, write_phase_changes
@@ -47,9 +48,12 @@ class IngestGroup:
     jobs: dict[str, datetime] = field(default_factory=dict)
     participants: dict[tuple[str, str, int], ParticipantSeen] = field(default_factory=dict)
     phases: list[PhaseChange] = field(default_factory=list)  # in the order they were noticed
+    steps: list[StepChange] = field(default_factory=list)  # app.goodput.progress
 
     def __bool__(self) -> bool:
-        return bool(self.cursors or self.nodes or self.jobs or self.participants or self.phases)
+        return bool(
+            self.cursors or self.nodes or self.jobs or self.participants or self.phases or self.steps
+        )
 
     def absorb_older(self, older: IngestGroup) -> None:
         """Put back a group whose commit failed; newer pending state wins key by key."""
@@ -68,6 +72,7 @@ class IngestGroup:
             if newer is None or newer.ts < part.ts:
                 self.participants[pk] = part
         self.phases[:0] = older.phases
+        self.steps[:0] = older.steps
 
 
 def fingerprint_hash(fp: dict[str, str]) -> str:
@@ -155,7 +160,8 @@ def write_ingest_group(
     with engine.begin() as conn:
         _write(conn, st, group, now)
         if phase_retention is not None:
-            phase_retention.prune_if_due(conn, now=now)
+            if phase_retention.prune_if_due(conn, now=now) is not None:
+                prune_step_progress(conn, before=now - phase_retention.retention)
 
 
 def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime) -> None:
@@ -197,6 +203,7 @@ def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime)
         )
     # After the jobs (the rows refer to them), in the same transaction as the cursors.
     write_phase_changes(conn, group.phases)
+    write_step_changes(conn, group.steps)
     if group.cursors:
         conn.execute(
             st.cursors,
