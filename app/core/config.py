@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from app.core.forwarded import parse_trusted_proxies
 
 DEFAULT_SECRET_KEY = "rlguard-insecure-default-secret"
 SECRET_FILE_NAME = "secret_key"
@@ -117,6 +119,11 @@ class HardeningSettings(BaseModel):
     # Login attempts (POST /api/v1/auth/token and the dashboard's /login) per client address.
     login_attempts_per_minute: Annotated[float, Field(gt=0)] = 10.0
     login_burst: Annotated[int, Field(ge=1)] = 10
+    # Login attempts per user name, from any address: bounds guessing one account's password
+    # from many addresses. Larger than the per-address budget, so one attacker address locked
+    # out does not lock the account's owner out too.
+    login_attempts_per_name_per_minute: Annotated[float, Field(gt=0)] = 10.0
+    login_name_burst: Annotated[int, Field(ge=1)] = 30
     # Ingest requests per node token: an agent sends about one per second, and its spool
     # replays faster after an outage, hence the burst.
     ingest_requests_per_second: Annotated[float, Field(gt=0)] = 20.0
@@ -138,6 +145,10 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # Mounts /bench/baseline-ingest (orjson.loads + list.extend) for benchmarks/ingest.py only.
     bench_endpoints: bool = False
+    # Reverse proxies whose X-Forwarded-For / -Proto are believed (addresses or CIDR networks,
+    # comma-separated in the environment; `rlguard server --trusted-proxy`). None by default:
+    # app/core/forwarded.py.
+    trusted_proxies: Annotated[list[str], NoDecode] = []
     # SQLite durability: FULL fsyncs every commit (acknowledged batches survive power loss).
     sqlite_synchronous: str = "FULL"
 
@@ -150,6 +161,15 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute_data_dir(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_list(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = [part for part in v.split(",") if part.strip()]
+        if isinstance(v, list | tuple):
+            return [str(n) for n in parse_trusted_proxies(str(p) for p in v)]
+        return v
 
     @field_validator("sqlite_synchronous")
     @classmethod
