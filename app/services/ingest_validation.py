@@ -9,6 +9,12 @@ that check both validators agree).
 
 Every violation raises ``IngestRejected`` whose message names the field and the bad value; nothing
 is applied from a rejected batch.
+
+Every number and string is bounded to what both databases (SQLite, PostgreSQL: ``double
+precision``, ``bigint``, ``timestamp``, ``text``) and Python's ``datetime`` can hold, so a batch
+that passes can always be committed: a value that passed here but failed in the group commit used
+to stop ingest for every node (issue 17). The bounds are the constants below, one rule for
+samples, participants and the envelope.
 """
 
 from __future__ import annotations
@@ -32,6 +38,21 @@ LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 # Node, agent, job and role identifiers: printable, no spaces, no path tricks at the start.
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]*$"
 PHASE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Free text (label values, fingerprint keys and values): anything but NUL, which PostgreSQL's
+# text and JSON cannot hold.
+TEXT_PATTERN = r"^[^\x00]*$"
+
+# Timestamps (Unix seconds): from 1970 to the last second ``datetime`` holds (9999-12-31
+# 23:59:59 UTC; PostgreSQL's timestamp reaches further), and never more than
+# ``max_future_skew_seconds`` ahead of the server clock.
+MIN_TIMESTAMP = 0.0
+MAX_TIMESTAMP = 253_402_300_799.0
+# Sample values: a minute's rollup sums its samples, and a sum of up to 10^8 values of this size
+# is still a finite double (an infinite or NaN aggregate is refused by SQLite's NOT NULL REAL).
+MAX_ABS_VALUE = 1e300
+MAX_SEQ = 2**62  # below the bigint column's 2^63 - 1, with room for the window arithmetic
+MAX_STEP = 2**31 - 1  # the column is INTEGER (32-bit) on PostgreSQL
+MAX_RANK = 1_000_000
 
 _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
@@ -73,16 +94,24 @@ class ValidBatch:
 
 def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]]:
     """(envelope model, full documentation model) for these limits."""
-    Finite = Annotated[float, Field(allow_inf_nan=False)]  # noqa: N806
+    Timestamp = Annotated[  # noqa: N806
+        float, Field(allow_inf_nan=False, ge=MIN_TIMESTAMP, le=MAX_TIMESTAMP)
+    ]
+    Value = Annotated[  # noqa: N806
+        float, Field(allow_inf_nan=False, ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)
+    ]
     Ident = Annotated[  # noqa: N806
         str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=limits.max_id_length)
     ]
     Phase = Annotated[  # noqa: N806
         str, StringConstraints(pattern=PHASE_PATTERN, min_length=1, max_length=64)
     ]
-    FpKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]  # noqa: N806
+    FpKey = Annotated[  # noqa: N806
+        str, StringConstraints(pattern=TEXT_PATTERN, min_length=1, max_length=128)
+    ]
     FpValue = Annotated[  # noqa: N806
-        str, StringConstraints(max_length=limits.max_fingerprint_value_length)
+        str,
+        StringConstraints(pattern=TEXT_PATTERN, max_length=limits.max_fingerprint_value_length),
     ]
     Fingerprint = Annotated[  # noqa: N806
         dict[FpKey, FpValue], Field(max_length=limits.max_fingerprint_keys)
@@ -95,7 +124,7 @@ def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]
         StringConstraints(pattern=LABEL_NAME_PATTERN, max_length=limits.max_label_name_length),
     ]
     LabelValue = Annotated[  # noqa: N806
-        str, StringConstraints(max_length=limits.max_label_value_length)
+        str, StringConstraints(pattern=TEXT_PATTERN, max_length=limits.max_label_value_length)
     ]
     Labels = Annotated[dict[LabelName, LabelValue], Field(max_length=limits.max_labels)]  # noqa: N806
     strict = ConfigDict(strict=True, extra="forbid")
@@ -104,27 +133,25 @@ def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]
         model_config = strict
         job: Ident
         role: Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=64)]
-        rank: Annotated[int, Field(ge=0, le=1_000_000)]
+        rank: Annotated[int, Field(ge=0, le=MAX_RANK)]
         phase: Phase
-        # 32-bit: the column is INTEGER on every backend (a value the database refuses would
-        # fail the whole group commit, so every bound here matches its column).
-        step: Annotated[int, Field(ge=0, le=2**31 - 1)]
-        ts: Finite
+        step: Annotated[int, Field(ge=0, le=MAX_STEP)]
+        ts: Timestamp
 
     class IngestEnvelope(BaseModel):
         model_config = strict
         agent_id: Ident
         node: Ident
-        seq: Annotated[int, Field(ge=0, le=2**62)]
-        sent_at: Finite
+        seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
+        sent_at: Timestamp
         participants: Annotated[list[Participant], Field(max_length=limits.max_participants)] = []
         fingerprint: Fingerprint | None = None
 
     class Sample(BaseModel):
         model_config = strict
         name: MetricName
-        value: Finite
-        ts: Annotated[float, Field(allow_inf_nan=False, ge=0)]
+        value: Value
+        ts: Timestamp
         labels: Labels = {}
 
     class IngestBatchDoc(IngestEnvelope):
@@ -207,13 +234,12 @@ class BatchValidator:
             ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts)
             for p in env.participants  # type: ignore[attr-defined]
         ]
-        horizon = self._clock() + self.limits.max_future_skew_seconds
+        horizon = self._horizon()
+        if env.sent_at > horizon:  # type: ignore[attr-defined]
+            raise IngestRejected(self._future("sent_at", env.sent_at))  # type: ignore[attr-defined]
         for i, p in enumerate(parts):
             if p.ts > horizon:
-                raise IngestRejected(
-                    f"participants[{i}].ts: {p.ts} is more than "
-                    f"{self.limits.max_future_skew_seconds:g} s ahead of the server clock"
-                )
+                raise IngestRejected(self._future(f"participants[{i}].ts", p.ts))
         return ValidBatch(
             agent_id=env.agent_id,  # type: ignore[attr-defined]
             node=env.node,  # type: ignore[attr-defined]
@@ -224,6 +250,16 @@ class BatchValidator:
             fingerprint=env.fingerprint,  # type: ignore[attr-defined]
         )
 
+    def _horizon(self) -> float:
+        """The latest timestamp accepted now: the clock plus the allowed skew, within datetime."""
+        return min(self._clock() + self.limits.max_future_skew_seconds, MAX_TIMESTAMP)
+
+    def _future(self, where: str, ts: float) -> str:
+        return (
+            f"{where}: {ts!r} is more than {self.limits.max_future_skew_seconds:g} s ahead of "
+            f"the server clock (or after {MAX_TIMESTAMP:.0f}, 9999-12-31)"
+        )
+
     def _check_samples(self, node: str, raw: list[Any]) -> list[tuple[SeriesKey, float, float]]:
         """The fast loop: a sample of a known series with float value and ts passes with a few
         lookups; anything else goes through ``_check_one``, which applies every rule."""
@@ -232,7 +268,7 @@ class BatchValidator:
         keys = self._keys.get(node)
         if keys is None:
             keys = self._keys[node] = {}
-        horizon = self._clock() + self.limits.max_future_skew_seconds
+        horizon = self._horizon()
         for i, s in enumerate(raw):
             try:
                 value = s["value"]
@@ -245,8 +281,9 @@ class BatchValidator:
             # orjson never yields NaN or inf floats, so a float here is finite.
             if (
                 type(value) is not float
+                or not -MAX_ABS_VALUE <= value <= MAX_ABS_VALUE
                 or type(ts) is not float
-                or not 0.0 <= ts <= horizon
+                or not MIN_TIMESTAMP <= ts <= horizon
                 or len(s) != (3 if labels is None else 4)
             ):
                 append(self._check_one(i, node, s, horizon))
@@ -268,12 +305,16 @@ class BatchValidator:
             value = self._int_to_float(value, f"samples[{i}].value")
         elif not math.isfinite(value):
             raise IngestRejected(f"samples[{i}].value: must be finite, got {value}")
+        if not -MAX_ABS_VALUE <= value <= MAX_ABS_VALUE:
+            raise IngestRejected(
+                f"samples[{i}].value: {_short(value)} is outside -{MAX_ABS_VALUE:g}..{MAX_ABS_VALUE:g}"
+            )
         tt = type(ts)
         if tt is not float:
             if tt is not int:
                 raise IngestRejected(_not_a_number(i, "ts", s))
             ts = self._int_to_float(ts, f"samples[{i}].ts")
-        if not 0.0 <= ts <= horizon:
+        if not MIN_TIMESTAMP <= ts <= horizon:
             raise IngestRejected(
                 f"samples[{i}].ts: {ts!r} is negative or more than "
                 f"{self.limits.max_future_skew_seconds:g} s ahead of the server clock"
@@ -323,6 +364,10 @@ class BatchValidator:
                 )
             if type(v) is not str:
                 raise IngestRejected(f"samples[{i}].labels.{k}: must be a string, got {_short(v)}")
+            if "\x00" in v:
+                raise IngestRejected(
+                    f"samples[{i}].labels.{k}: must not contain NUL (U+0000), got {_short(v)}"
+                )
             if len(v) > lim.max_label_value_length:
                 raise IngestRejected(
                     f"samples[{i}].labels.{k}: value is longer than "

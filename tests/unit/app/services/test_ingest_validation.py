@@ -123,3 +123,56 @@ def test_fast_path_agrees_with_the_documented_model(batch: list[dict[str, object
         assert all(isinstance(val, float) and math.isfinite(val) for _k, _t, val in out.samples)
         # a second pass (now from the key cache) gives the same answer
         assert v.validate(raw).samples == out.samples
+
+
+# -- every number and string fits both databases and datetime (issue 17: -1e300 stopped ingest) --
+
+PARTICIPANT = {"job": "j", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1, "ts": NOW}
+SAMPLE = {"name": "m", "value": 1.0, "ts": NOW, "labels": {"g": "0"}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"participants": [{**PARTICIPANT, "ts": -1e300}]}, "participants.0.ts"),
+        ({"participants": [{**PARTICIPANT, "ts": -1.0}]}, "participants.0.ts"),
+        ({"participants": [{**PARTICIPANT, "ts": 1e300}]}, "participants.0.ts"),
+        ({"participants": [{**PARTICIPANT, "ts": NOW + 601}]}, r"participants\[0\].ts"),
+        ({"participants": [{**PARTICIPANT, "step": 2**31}]}, "participants.0.step"),
+        ({"participants": [{**PARTICIPANT, "rank": 1_000_001}]}, "participants.0.rank"),
+        ({"sent_at": -1e300}, "sent_at"),
+        ({"sent_at": 1e300}, "sent_at"),
+        ({"sent_at": NOW + 601}, "sent_at"),
+        ({"seq": 2**62 + 1}, "seq"),
+        ({"fingerprint": {"torch": "2\x00"}}, "fingerprint.torch"),
+        ({"fingerprint": {"a\x00": "1"}}, "fingerprint"),
+        ({"samples": [{**SAMPLE, "value": 1e301}]}, r"samples\[0\].value"),
+        ({"samples": [{**SAMPLE, "value": -1.7e308}]}, r"samples\[0\].value"),
+        ({"samples": [{**SAMPLE, "value": 10**301}]}, r"samples\[0\].value"),
+        ({"samples": [{**SAMPLE, "ts": -1e300}]}, r"samples\[0\].ts"),
+        ({"samples": [{**SAMPLE, "labels": {"g": "0\x00"}}]}, r"samples\[0\].labels.g"),
+    ],
+)
+def test_every_number_and_string_is_bounded(extra: dict[str, object], field: str) -> None:
+    v = validator()
+    ok = {"samples": [SAMPLE], "participants": [PARTICIPANT], "fingerprint": {"torch": "2"}}
+    v.validate(body(**ok))  # the same batch within the bounds passes (and caches the series)
+    doc = {**ok, **extra}
+    with pytest.raises(IngestRejected, match=field) as exc:
+        v.validate(body(**doc))
+    assert exc.value.status_code == 422
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    v = BatchValidator(IngestLimits(max_future_skew_seconds=1e308), clock=lambda: NOW)
+    far = 253_402_300_799.0  # 9999-12-31 23:59:59 UTC
+    out = v.validate(
+        body(
+            [{**SAMPLE, "value": 1e300, "ts": far}, {**SAMPLE, "value": -1e300, "ts": 0.0}],
+            sent_at=far,
+            participants=[{**PARTICIPANT, "ts": far}, {**PARTICIPANT, "ts": 0, "rank": 1}],
+        )
+    )
+    assert [p.ts for p in out.participants] == [far, 0]
+    with pytest.raises(IngestRejected, match="sent_at"):
+        v.validate(body([SAMPLE], sent_at=far + 1))
