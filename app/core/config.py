@@ -111,6 +111,19 @@ class SeriesSettings(BaseModel):
     shared_follow_interval_seconds: Annotated[float, Field(gt=0)] = 0.5
 
 
+class GoodputSettings(BaseModel):
+    """The goodput ledger's assumptions (``RLGUARD_GOODPUT__*``), shown beside its figures."""
+
+    # H800 spot price per GPU-hour, from the seeds' cost-of-a-fault estimate.
+    price_per_gpu_hour: Annotated[float, Field(ge=0)] = 2.5
+    # Counterfactual: how long a person takes to notice a fault without RLGuard (at night).
+    human_detection_delay_seconds: Annotated[float, Field(ge=0)] = 1800.0
+    # A node whose GPUs were never reported counts this many.
+    gpus_per_node: Annotated[int, Field(ge=1)] = 8
+    # Whose step counter is the job's progress.
+    trainer_roles: list[str] = ["trainer"]
+
+
 class HardeningSettings(BaseModel):
     """Request limits (``RLGUARD_HARDENING__*``): body size, login and ingest rate limits."""
 
@@ -156,6 +169,7 @@ class Settings(BaseSettings):
     series: SeriesSettings = SeriesSettings()
     policy: PolicySettings = PolicySettings()
     hardening: HardeningSettings = HardeningSettings()
+    goodput: GoodputSettings = GoodputSettings()
 
     @field_validator("data_dir")
     @classmethod
