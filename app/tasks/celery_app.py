@@ -1,10 +1,13 @@
 """The Celery application: Redis when ``RLGUARD_REDIS_URL`` is set, otherwise a broker that
-needs no server (kombu's SQLAlchemy transport on a SQLite file under the data directory).
+needs no server (a SQLite file under the data directory, ``app.tasks.sqlite_broker``).
 
 Queues: ``cluster`` for cluster-wide actions and ``node.<node>`` for node-local ones (routing is
 explicit: the dispatcher names the queue of every message). Tasks are idempotent, so they are
 acknowledged late and given back when a worker is lost; the Redis visibility timeout is above
 the longest task's time limit.
+
+``celery_app`` is configured lazily, on first use: importing this module (every ``rlguard``
+command does, to list its subcommands) reads no settings and creates no file.
 """
 
 from __future__ import annotations
@@ -13,25 +16,24 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]  # kombu has no type hints
 
 from app.core.config import Settings, get_settings
+from app.tasks import sqlite_broker
 from app.tasks.settings import RecoverySettings, get_recovery_settings
 
 CLUSTER_QUEUE = "cluster"
+BROKER_FILE_NAME = "celery-broker.sqlite"
+TASK_MODULES = ["app.tasks.recovery_tasks", "app.tasks.alert_tasks"]
 
 
 def broker_url(settings: Settings) -> str:
     if settings.redis_url:
         return settings.redis_url
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqla+sqlite:///{settings.data_dir / 'celery-broker.sqlite'}"
+    return sqlite_broker.broker_file_url(settings.data_dir / BROKER_FILE_NAME)
 
 
-def make_celery(
-    settings: Settings | None = None, recovery: RecoverySettings | None = None
-) -> Celery:
-    settings = settings or get_settings()
-    recovery = recovery or get_recovery_settings()
-    app = Celery("rlguard", broker=broker_url(settings), include=["app.tasks.recovery_tasks", "app.tasks.alert_tasks"])
+def celery_config(settings: Settings, recovery: RecoverySettings) -> dict[str, object]:
+    """Everything the app is configured with, broker included."""
     transport_options: dict[str, object] = {}
+    transport: str | None = None
     if settings.redis_url:
         transport_options = {
             "visibility_timeout": recovery.visibility_timeout_seconds,
@@ -39,12 +41,10 @@ def make_celery(
             "socket_connect_timeout": recovery.broker_timeout_seconds,
         }
     else:
-        # The SQLAlchemy transport hands its transport options to create_engine, so the poll
-        # interval (default 1 s) can only be set on the transport class.
-        from kombu.transport.sqlalchemy import Transport
-
-        Transport.polling_interval = 0.2
-    app.conf.update(
+        transport = sqlite_broker.TRANSPORT
+    return dict(
+        broker_url=broker_url(settings),
+        broker_transport=transport,
         task_default_queue=CLUSTER_QUEUE,
         task_queues=[Queue(CLUSTER_QUEUE)],  # type: ignore[no-untyped-call]
         task_create_missing_queues=True,
@@ -65,7 +65,18 @@ def make_celery(
         task_serializer="json",
         enable_utc=True,
     )
+
+
+def make_celery(
+    settings: Settings | None = None, recovery: RecoverySettings | None = None
+) -> Celery:
+    settings = settings or get_settings()
+    recovery = recovery or get_recovery_settings()
+    app = Celery("rlguard", include=TASK_MODULES)
+    app.conf.update(celery_config(settings, recovery))
     return app
 
 
-celery_app = make_celery()
+# Configured when first used (a worker starting, a task sent), from the settings of that moment.
+celery_app = Celery("rlguard", include=TASK_MODULES)
+celery_app.add_defaults(lambda: celery_config(get_settings(), get_recovery_settings()))
