@@ -206,11 +206,7 @@ def user_create(
         parsed = parse_role(role)
     except ServiceError as exc:
         fail(str(exc))
-    password = None
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-        if not password:
-            fail("--password-stdin given but stdin was empty")
+    password = _read_password_stdin(password_stdin)
     _user, token = run_db(
         load_settings(),
         lambda s: create_user(s, name=name, role=parsed, password=password, actor="cli"),
@@ -218,7 +214,84 @@ def user_create(
     typer.echo(token)
 
 
+def _read_password_stdin(password_stdin: bool) -> str | None:
+    if not password_stdin:
+        return None
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        fail("--password-stdin given but stdin was empty")
+    return password
+
+
+@user_cli.command("set-password")
+def user_set_password(
+    name: Annotated[str, typer.Argument(help="User name.")],
+    password_stdin: Annotated[
+        bool, typer.Option("--password-stdin", help="Read the new password from stdin.")
+    ] = False,
+) -> None:
+    """Set a user's login password; every dashboard session of theirs ends."""
+    from app.services.users import set_password
+
+    given = _read_password_stdin(password_stdin)
+    if given is None:
+        fail("set-password reads the new password from stdin: pass --password-stdin")
+    password: str = given
+    run_db(load_settings(), lambda s: set_password(s, name=name, password=password, actor="cli"))
+    info(f"password of user {name!r} set; their dashboard sessions are ended")
+
+
+@user_cli.command("disable")
+def user_disable(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
+    """Disable a user: their API tokens and dashboard sessions stop working at once."""
+    from app.services.users import disable_user
+
+    run_db(load_settings(), lambda s: disable_user(s, name=name, actor="cli"))
+    info(f"user {name!r} disabled")
+
+
+@user_cli.command("enable")
+def user_enable(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
+    """Enable a disabled user again (their API tokens work again)."""
+    from app.services.users import enable_user
+
+    run_db(load_settings(), lambda s: enable_user(s, name=name, actor="cli"))
+    info(f"user {name!r} enabled")
+
+
+@user_cli.command("delete")
+def user_delete(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
+    """Delete a user with their API tokens and sessions (never the last enabled admin)."""
+    from app.services.users import delete_user
+
+    run_db(load_settings(), lambda s: delete_user(s, name=name, actor="cli"))
+    info(f"user {name!r} deleted")
+
+
 # -- serving ----------------------------------------------------------------------------------
+
+
+TrustedProxyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trusted-proxy",
+        help="A reverse proxy (address or CIDR) whose X-Forwarded-For/-Proto are believed; "
+        "repeat for several (default RLGUARD_TRUSTED_PROXIES, else none).",
+    ),
+]
+
+
+def _apply_trusted_proxies(values: list[str] | None) -> None:
+    """--trusted-proxy overrides RLGUARD_TRUSTED_PROXIES for this process and its children."""
+    if not values:
+        return
+    from app.core.forwarded import parse_trusted_proxies
+
+    try:
+        parse_trusted_proxies(values)
+    except ValueError as exc:
+        fail(f"--trusted-proxy: {exc}")
+    os.environ["RLGUARD_TRUSTED_PROXIES"] = ",".join(v.strip() for v in values)
 
 
 def _check_port(port: int) -> None:
@@ -254,6 +327,9 @@ def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
         port=port,
         log_level=settings.log_level,
         access_log=access_log,
+        # The app decides which proxies to believe (app.core.forwarded); uvicorn's own
+        # handling would trust X-Forwarded-For from 127.0.0.1 whatever is configured.
+        proxy_headers=False,
         timeout_graceful_shutdown=15,
     )
 
@@ -263,8 +339,10 @@ def server(
     host: Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    trusted_proxy: TrustedProxyOption = None,
 ) -> None:
     """Serve the API and pages (the database must already be migrated)."""
+    _apply_trusted_proxies(trusted_proxy)
     settings = load_settings()
     port = settings.port if port is None else port
     _check_port(port)
@@ -276,8 +354,10 @@ def up(
     host: Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    trusted_proxy: TrustedProxyOption = None,
 ) -> None:
     """Everything on one machine: data dir, secret, migrations, first admin, server, workers."""
+    _apply_trusted_proxies(trusted_proxy)
     from app.core import migrate
     from app.core.db import make_engine
     from app.core.supervisor import ChildSupervisor, embedded_children

@@ -45,6 +45,7 @@ from app.api.routes import (
 )
 from app.core.config import Settings, get_settings
 from app.core.db import is_sqlite, make_engine
+from app.core.forwarded import TrustedProxyMiddleware, parse_trusted_proxies
 from app.core.gc_tuning import freeze_startup_heap, thaw_heap
 from app.core.ratelimit import (
     RateLimitMiddleware,
@@ -55,7 +56,7 @@ from app.core.ratelimit import (
 )
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.metrics import build_registry
-from app.services.errors import ServiceError
+from app.services.errors import ServiceError, TooManyRequests
 from app.services.ingest import IngestService
 from app.services.ingest_inline import InlineSqliteCommitter
 from app.services.redis_dedupe import RedisDedupe
@@ -146,7 +147,9 @@ def create_app(
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else {}
+        if isinstance(exc, TooManyRequests):
+            headers["Retry-After"] = str(exc.retry_after)
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(OperationalError)
@@ -238,8 +241,12 @@ def _add_hardening(app: FastAPI, settings: Settings) -> None:
     """Size limit, rate limits and security headers (the last added runs first)."""
     h = settings.hardening
     login = TokenBucketLimiter(rate=h.login_attempts_per_minute / 60.0, burst=h.login_burst)
+    login_name = TokenBucketLimiter(
+        rate=h.login_attempts_per_name_per_minute / 60.0, burst=h.login_name_burst
+    )
     ingest_limiter = TokenBucketLimiter(rate=h.ingest_requests_per_second, burst=h.ingest_burst)
-    app.state.rate_limiters = {"login": login, "ingest": ingest_limiter}
+    # "login_name" is applied by the login routes, once they have read the name from the body.
+    app.state.rate_limiters = {"login": login, "login_name": login_name, "ingest": ingest_limiter}
     app.add_middleware(
         RequestSizeLimitMiddleware,
         max_bytes=h.max_request_body_bytes,
@@ -256,6 +263,10 @@ def _add_hardening(app: FastAPI, settings: Settings) -> None:
         ],
     )
     app.add_middleware(SecurityHeadersMiddleware)
+    # Outermost: everything above sees the real client address and scheme (HSTS, rate limits).
+    app.add_middleware(
+        TrustedProxyMiddleware, trusted=parse_trusted_proxies(settings.trusted_proxies)
+    )
 
 
 def _document_ingest_body(app: FastAPI, service: IngestService) -> None:

@@ -16,7 +16,9 @@ from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings
+from app.core.ratelimit import TokenBucketLimiter
 from app.models import Role, User
+from app.services.audit import AUDIT_READER_ROLE
 from app.services.errors import Forbidden, NotAuthenticated
 from app.services.ingest import IngestService
 from app.services.series_store import SeriesStore
@@ -47,10 +49,17 @@ async def get_ingest_service(request: Request) -> IngestService:
     return service
 
 
+async def get_login_name_limiter(request: Request) -> TokenBucketLimiter:
+    """Login attempts per user name (app.main._add_hardening); per address is middleware."""
+    limiter: TokenBucketLimiter = request.app.state.rate_limiters["login_name"]
+    return limiter
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 SeriesStoreDep = Annotated[SeriesStore, Depends(get_series_store)]
 IngestDep = Annotated[IngestService, Depends(get_ingest_service)]
+LoginThrottleDep = Annotated[TokenBucketLimiter, Depends(get_login_name_limiter)]
 
 
 def bearer_token(request: Request) -> str | None:
@@ -90,6 +99,7 @@ ViewerUser = Annotated[User, Depends(require_role(Role.viewer))]
 OperatorUser = Annotated[User, Depends(require_role(Role.operator))]
 ApproverUser = Annotated[User, Depends(require_role(Role.approver))]
 AdminUser = Annotated[User, Depends(require_role(Role.admin))]
+AuditReader = Annotated[User, Depends(require_role(AUDIT_READER_ROLE))]
 
 
 async def get_node_identity(request: Request) -> NodeIdentity:

@@ -92,6 +92,10 @@ class UserCreate(BaseModel):
     password: str | None = None
 
 
+class PasswordSet(BaseModel):
+    password: str
+
+
 class UserCreated(BaseModel):
     user: UserPublic
     token: str

@@ -6,7 +6,11 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.models import AuditEvent
+from app.models import AuditEvent, Role
+
+# Who may read the audit log, in the REST API (GET /api/v1/audit) and on the dashboard's /audit
+# page alike: it names failed sign-ins, client addresses and token prefixes.
+AUDIT_READER_ROLE = Role.admin
 
 
 def record_audit(

@@ -33,5 +33,15 @@ class PayloadTooLarge(ServiceError):
     status_code = 413
 
 
+class TooManyRequests(ServiceError):
+    """Refused by a rate limit; ``retry_after`` is whole seconds until a try can succeed."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class Unavailable(ServiceError):
     status_code = 503

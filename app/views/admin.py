@@ -7,6 +7,7 @@ from fastapi.responses import HTMLResponse
 
 from app.alerts.errors import AlertConfigError
 from app.services import alerts as alerts_service
+from app.services.audit import AUDIT_READER_ROLE
 from app.services.dashboard.admin import BadFilter, audit_page, settings_view
 from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
 from app.views.rendering import error_page, is_htmx, render
@@ -23,6 +24,13 @@ def audit(
     action: str = "",
     before: int | None = Query(default=None),
 ) -> HTMLResponse:
+    assert page.user is not None  # SignedInDep guarantees it
+    if not page.user.can_read_audit:
+        message = (
+            f"the audit log needs the {AUDIT_READER_ROLE.value} role; "
+            f"{page.user.name} is {page.user.role}"
+        )
+        return error_page(request, page, "Not allowed", message, status_code=403)
     try:
         result = audit_page(session, actor=actor.strip(), action=action.strip(), before_id=before)
     except BadFilter as exc:

@@ -18,9 +18,11 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app.api.deps import SessionDep
+from app.auth import sessions
 from app.core.config import Settings
-from app.models import Role, User
+from app.models import Role
 from app.services import web_auth
+from app.services.audit import AUDIT_READER_ROLE
 from app.services.dashboard.incidents import pending_approvals_count
 from app.services.series_store import SeriesStore
 
@@ -58,11 +60,15 @@ class SignedInUser:
     def can_decide(self) -> bool:
         return self.role.allows(Role.approver)
 
+    @property
+    def can_read_audit(self) -> bool:
+        return self.role.allows(AUDIT_READER_ROLE)
+
 
 @dataclass(slots=True)
 class PageContext:
     user: SignedInUser | None
-    csrf_nonce: str
+    session_id: str | None  # the cookie value of the live session, when signed in
     new_csrf_nonce: str | None  # set when this response must give the browser its nonce
     csrf_token: str
     secure: bool
@@ -75,42 +81,55 @@ class PageContext:
 
 
 def request_is_https(request: Request) -> bool:
-    """HTTPS directly, or a reverse proxy in front says the browser used HTTPS."""
-    if request.url.scheme == "https":
-        return True
-    forwarded = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
-    return forwarded == "https"
+    """Whether the browser used HTTPS. ``X-Forwarded-Proto`` counts only from a configured
+    proxy: the trusted-proxy middleware (app.core.forwarded) has already set the scheme."""
+    return request.url.scheme == "https"
 
 
-def _signed_in_user(request: Request, session: Session, secret: str) -> SignedInUser | None:
-    raw = request.cookies.get(web_auth.SESSION_COOKIE)
-    if not raw:
-        return None
-    try:
-        web_session = web_auth.decode_session(secret, raw)
-    except web_auth.SessionError as exc:
-        log.info("dashboard session refused: %s", exc)
-        return None
-    user = session.get(User, web_session.user_id)
-    if user is None or user.disabled or user.id is None:
-        return None
-    if web_auth.password_tag(user.password_hash) != web_session.password_tag:
-        return None  # the password changed since this session was issued
-    return SignedInUser(id=user.id, name=user.name, role=Role(user.role))
+def session_cookie(request: Request) -> str | None:
+    """The session cookie's value, under the name this request's scheme uses."""
+    return request.cookies.get(web_auth.session_cookie_name(request_is_https(request)))
+
+
+def csrf_binding(request: Request) -> str | None:
+    """What this browser's CSRF token is bound to: its session once signed in, else its nonce.
+
+    Pages and :func:`require_csrf` both use this, so a token is accepted exactly when it was
+    made for the session (or pre-login nonce) the request carries.
+    """
+    secure = request_is_https(request)
+    session_id = session_cookie(request)
+    if session_id and len(session_id) <= sessions.MAX_SESSION_ID_LENGTH:
+        return web_auth.session_binding(session_id)
+    nonce = request.cookies.get(web_auth.csrf_cookie_name(secure))
+    if nonce and len(nonce) <= web_auth.MAX_NONCE_LENGTH:
+        return web_auth.nonce_binding(nonce)
+    return None
+
+
+def _signed_in(session: Session, session_id: str | None) -> tuple[SignedInUser | None, str | None]:
+    active = sessions.resolve_session(session, session_id)
+    if active is None or active.user.id is None:
+        return None, None
+    user, user_id = active.user, active.user.id
+    # The role is read from the database on every request, never kept in the cookie.
+    return SignedInUser(id=user_id, name=user.name, role=Role(user.role)), session_id
 
 
 def page_context(request: Request, rt: RuntimeDep, session: DbDep) -> PageContext:
     """The context of any page, signed in or not."""
     secret = rt.settings.secret_key
-    nonce = request.cookies.get(web_auth.CSRF_COOKIE)
+    binding = csrf_binding(request)
     new_nonce = None
-    if not nonce or len(nonce) > 64:
-        nonce = new_nonce = web_auth.new_csrf_nonce()
+    if binding is None:
+        new_nonce = web_auth.new_csrf_nonce()
+        binding = web_auth.nonce_binding(new_nonce)
+    user, session_id = _signed_in(session, session_cookie(request))
     return PageContext(
-        user=_signed_in_user(request, session, secret),
-        csrf_nonce=nonce,
+        user=user,
+        session_id=session_id,
         new_csrf_nonce=new_nonce,
-        csrf_token=web_auth.csrf_token(secret, nonce),
+        csrf_token=web_auth.csrf_token(secret, binding),
         secure=request_is_https(request),
         now=time.time(),
     )
@@ -147,11 +166,11 @@ async def _submitted_csrf_token(request: Request) -> str | None:
 
 
 async def require_csrf(request: Request) -> None:
-    """Refuses a state-changing request whose CSRF token does not match the browser's cookie."""
+    """Refuses a state-changing request whose CSRF token was not made for this browser's
+    session (or, before sign-in, its nonce cookie)."""
     secret = request.app.state.settings.secret_key
-    nonce = request.cookies.get(web_auth.CSRF_COOKIE)
     token = await _submitted_csrf_token(request)
-    if not web_auth.csrf_token_valid(secret, nonce, token):
+    if not web_auth.csrf_token_valid(secret, csrf_binding(request), token):
         reason = "CSRF token missing" if not token else "CSRF token invalid"
         log.warning(
             "dashboard request refused: %s (%s %s)", reason, request.method, request.url.path

@@ -125,7 +125,12 @@ def error_page(
 
 def set_csrf_cookie(response: HTMLResponse, nonce: str, *, secure: bool) -> None:
     response.set_cookie(
-        web_auth.CSRF_COOKIE, nonce, httponly=True, samesite="lax", secure=secure, path="/"
+        web_auth.csrf_cookie_name(secure),
+        nonce,
+        httponly=True,
+        samesite="lax",
+        secure=secure,
+        path="/",
     )
 
 

@@ -1,17 +1,19 @@
-"""Users (admin to create and list; anyone authenticated can read themselves), login, audit."""
+"""Users (admin to create, list, disable, enable, set a password, delete; anyone authenticated
+can read themselves), login, audit. Every change is audited by the users service."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from sqlmodel import select
 
-from app.api.deps import AdminUser, CurrentUser, SessionDep
+from app.api.deps import AdminUser, AuditReader, CurrentUser, LoginThrottleDep, SessionDep
 from app.models import User
 from app.models.public import (
     AuditEventPublic,
     LoginRequest,
+    PasswordSet,
     TokenCreated,
     UserCreate,
     UserCreated,
@@ -22,6 +24,8 @@ from app.services.audit import record_audit
 from app.services.errors import NotAuthenticated
 
 router = APIRouter(prefix="/api/v1", tags=["users"])
+
+UserName = Annotated[str, Path(min_length=1, max_length=64, description="The user's name.")]
 
 
 @router.get("/me", response_model=UserPublic, summary="The user this token belongs to")
@@ -45,12 +49,56 @@ def create_user(body: UserCreate, session: SessionDep, admin: AdminUser) -> User
 
 
 @router.post(
+    "/users/{name}/disable",
+    response_model=UserPublic,
+    summary="Disable a user: their API tokens and dashboard sessions stop working at once",
+)
+def disable_user(name: UserName, session: SessionDep, admin: AdminUser) -> UserPublic:
+    user = users.disable_user(session, name=name, actor=f"user:{admin.name}")
+    session.commit()
+    return cluster.user_public(user)
+
+
+@router.post("/users/{name}/enable", response_model=UserPublic, summary="Enable a disabled user")
+def enable_user(name: UserName, session: SessionDep, admin: AdminUser) -> UserPublic:
+    user = users.enable_user(session, name=name, actor=f"user:{admin.name}")
+    session.commit()
+    return cluster.user_public(user)
+
+
+@router.put(
+    "/users/{name}/password",
+    response_model=UserPublic,
+    summary="Set a user's login password; their dashboard sessions end",
+)
+def set_password(
+    name: UserName, body: PasswordSet, session: SessionDep, admin: AdminUser
+) -> UserPublic:
+    user = users.set_password(
+        session, name=name, password=body.password, actor=f"user:{admin.name}"
+    )
+    session.commit()
+    return cluster.user_public(user)
+
+
+@router.delete(
+    "/users/{name}",
+    status_code=204,
+    summary="Delete a user with their tokens and sessions (never the last enabled admin)",
+)
+def delete_user(name: UserName, session: SessionDep, admin: AdminUser) -> None:
+    users.delete_user(session, name=name, actor=f"user:{admin.name}")
+    session.commit()
+
+
+@router.post(
     "/auth/token",
     response_model=TokenCreated,
     status_code=201,
     summary="Exchange a user name and password for a new API token",
 )
-def login(body: LoginRequest, session: SessionDep) -> TokenCreated:
+def login(body: LoginRequest, session: SessionDep, throttle: LoginThrottleDep) -> TokenCreated:
+    users.throttle_login_name(throttle, body.name)
     user = users.authenticate_password(session, name=body.name, password=body.password)
     if user is None:
         raise NotAuthenticated("wrong user name or password")
@@ -66,6 +114,6 @@ def login(body: LoginRequest, session: SessionDep) -> TokenCreated:
 
 @router.get("/audit", response_model=list[AuditEventPublic], summary="Latest audit events")
 def audit(
-    session: SessionDep, _admin: AdminUser, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    session: SessionDep, _reader: AuditReader, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> list[AuditEventPublic]:
     return cluster.list_audit(session, limit=limit)

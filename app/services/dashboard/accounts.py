@@ -1,36 +1,39 @@
-"""Signing in to the dashboard: check a name and password (the users service), audit the attempt."""
+"""Signing in to the dashboard: check a name and password (the users service), open a
+server-side session (app.auth.sessions), audit the attempt; signing out ends that session."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from sqlmodel import Session
 
-from app.services import web_auth
+from app.auth import sessions
+from app.core.ratelimit import TokenBucketLimiter
 from app.services.audit import record_audit
-from app.services.users import authenticate_password
+from app.services.users import (
+    MAX_PASSWORD_LENGTH,
+    authenticate_password,
+    name_for_log,
+    throttle_login_name,
+)
 
 log = logging.getLogger("rlguard.views.auth")
 
 MAX_NAME_LENGTH = 64
-MAX_PASSWORD_LENGTH = 1024  # argon2 would hash more, but nobody types more; bounds the CPU cost
 
 
 class LoginRefused(ValueError):
     """Sign-in failed; the message is safe to show (it never says which of the two was wrong)."""
 
 
-@dataclass(frozen=True, slots=True)
-class SignedIn:
-    user_id: int
-    name: str
-    role: str
-    password_tag: str
+def sign_in(
+    session: Session, *, name: str, password: str, client: str, throttle: TokenBucketLimiter
+) -> str:
+    """A new session id for the user, if ``password`` is theirs; every attempt is audited.
 
-
-def sign_in(session: Session, *, name: str, password: str, client: str) -> SignedIn:
-    """The user, if ``password`` is theirs; every attempt, good or bad, is audited."""
+    Raises :class:`LoginRefused`, or ``TooManyRequests`` when this user name has used up its
+    login attempts (from any address; the per-address limit is the middleware's).
+    """
     name = name.strip()
     if not name or not password:
         raise LoginRefused("Enter both a user name and a password.")
@@ -38,14 +41,17 @@ def sign_in(session: Session, *, name: str, password: str, client: str) -> Signe
         raise LoginRefused(f"User names are at most {MAX_NAME_LENGTH} characters.")
     if len(password) > MAX_PASSWORD_LENGTH:
         raise LoginRefused(f"Passwords are at most {MAX_PASSWORD_LENGTH} characters.")
+    throttle_login_name(throttle, name)
     user = authenticate_password(session, name=name, password=password)
     if user is None or user.id is None:
+        shown = name_for_log(session, name)
         record_audit(
-            session, actor=f"web:{client}", action="web.login_failed", target=f"user:{name}"
+            session, actor=f"web:{client}", action="web.login_failed", target=f"user:{shown}"
         )
         session.commit()
-        log.info("dashboard sign-in refused for %r from %s", name, client)
+        log.info("dashboard sign-in refused for %s from %s", shown, client)
         raise LoginRefused("Unknown user or wrong password.")
+    session_id = sessions.start_session(session, user=user, client=client)
     record_audit(
         session,
         actor=f"user:{user.name}",
@@ -54,14 +60,10 @@ def sign_in(session: Session, *, name: str, password: str, client: str) -> Signe
         detail={"client": client},
     )
     session.commit()
-    return SignedIn(
-        user_id=user.id,
-        name=user.name,
-        role=str(user.role),
-        password_tag=web_auth.password_tag(user.password_hash),
-    )
+    return session_id
 
 
-def record_logout(session: Session, *, name: str) -> None:
+def sign_out(session: Session, *, session_id: str, name: str) -> None:
+    sessions.end_session(session, session_id)
     record_audit(session, actor=f"user:{name}", action="web.logout", target=f"user:{name}")
     session.commit()

@@ -22,6 +22,7 @@ from sqlmodel import Session
 from app.core.config import Settings
 from app.core.db import make_engine
 from app.core.migrate import upgrade
+from app.core.ratelimit import TokenBucketLimiter
 from app.models import Role, User
 from app.services.series_store import SeriesStore
 from app.views import mount_dashboard
@@ -60,6 +61,8 @@ def dash(tmp_path: Path) -> Iterator[DashboardApp]:
     app.state.settings = settings
     app.state.engine = engine
     app.state.series_store = SeriesStore()
+    # The per-name login limit the login form applies (app.main sets all of them up).
+    app.state.rate_limiters = {"login_name": TokenBucketLimiter(rate=1.0, burst=1000)}
     mount_dashboard(app)
     with Session(engine) as s:
         for name, role in (
@@ -82,11 +85,11 @@ class Browser:
     here; this is the same idea: an httpx.AsyncClient driven from a blocking portal.)
     """
 
-    def __init__(self, portal: BlockingPortal, app: FastAPI) -> None:
+    def __init__(
+        self, portal: BlockingPortal, app: FastAPI, base_url: str = "http://testserver"
+    ) -> None:
         self._portal = portal
-        self._client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://testserver"
-        )
+        self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url)
         self.cookies = self._client.cookies
 
     def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
@@ -141,6 +144,14 @@ def portal() -> Iterator[BlockingPortal]:
 @pytest.fixture
 def client(dash: DashboardApp, portal: BlockingPortal) -> Iterator[Browser]:
     browser = Browser(portal, dash.app)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture
+def https_client(dash: DashboardApp, portal: BlockingPortal) -> Iterator[Browser]:
+    """A browser on an HTTPS origin (as behind a TLS-terminating, trusted proxy)."""
+    browser = Browser(portal, dash.app, base_url="https://testserver")
     yield browser
     browser.close()
 

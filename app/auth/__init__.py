@@ -1,0 +1,1 @@
+"""Who is signed in: server-side dashboard sessions (``sessions``)."""
