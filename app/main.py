@@ -34,6 +34,7 @@ from app.api.routes import (
     approvals,
     bench,
     docs,
+    goodput,
     health,
     incidents,
     ingest,
@@ -190,6 +191,7 @@ def create_app(
         approvals,
         alertmanager,
         alerts,
+        goodput,
         docs,
     ):
         app.include_router(module.router)

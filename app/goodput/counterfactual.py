@@ -1,0 +1,80 @@
+"""The same faults under the common alternative: a person notices, the whole job restarts from
+its newest checkpoint. What RLGuard saved is the difference, so its assumptions are part of
+the answer and travel with it (:class:`Assumptions`).
+
+Per fault, the whole-job restart loses:
+
+* the partial step the fault interrupted (last new step → fault), as RLGuard's ledger does;
+* ``human_detection_seconds``: the time until a person notices (a setting: at night it is the
+  on-call's reaction time, not the detector's);
+* the job's own start-up time, measured from this job's first start: first report → first new
+  step, less one typical step (the restarted job loads the same model and warms the same
+  engines);
+* redone steps: every step since the newest checkpoint at the fault, at the typical step time.
+
+Overlapping counterfactual spans are merged like the real ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.goodput.breakdown import IncidentCost
+from app.goodput.intervals import Interval
+from app.goodput.steps import StepHistory
+
+
+@dataclass(slots=True, frozen=True)
+class Counterfactual:
+    incident_id: int
+    lost: Interval
+    steps_redone: int
+
+
+def startup_seconds(history: StepHistory, *, started_at: float, typical_step: float | None) -> float | None:
+    """First report → first new step, less one typical step; None when not seen."""
+    if not history.completions:
+        return None
+    first = history.completions[0]
+    if first.at < started_at:
+        return None
+    return max(0.0, first.at - started_at - (typical_step or 0.0) * first.new)
+
+
+def whole_job_restart(
+    cost: IncidentCost,
+    *,
+    checkpoint_step: int | None,
+    mark: int | None,
+    human_detection_seconds: float,
+    startup: float,
+    typical_step: float | None,
+) -> Counterfactual:
+    """The span ``cost``'s fault would have cost under a whole-job restart."""
+    redone = max(0, (mark or 0) - checkpoint_step) if checkpoint_step is not None else 0
+    start = cost.lost.start
+    seconds = (
+        (cost.fault_at - start)
+        + human_detection_seconds
+        + startup
+        + redone * (typical_step or 0.0)
+    )
+    return Counterfactual(cost.id, Interval(start, start + seconds), redone)
+
+
+def assumed_checkpoint(mark: int | None, every_steps: int) -> int | None:
+    """The newest checkpoint at step ``mark`` when checkpoints are every ``every_steps`` steps."""
+    if mark is None:
+        return None
+    return mark - mark % every_steps
+
+
+def newest_checkpoint(points: Sequence[tuple[float, int]], at: float) -> int | None:
+    """The newest committed checkpoint step reported at or before ``at``."""
+    found = None
+    for t, step in sorted(points):
+        if t > at:
+            break
+        found = step if found is None else max(found, step)
+    return found
