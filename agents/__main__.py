@@ -1,7 +1,9 @@
 """``python -m agents`` (also ``rlguard agent ...``): run the node agent or print its status.
 
     python -m agents --server URL --token TOKEN --node NODE --run-dir DIR [--interval S]
-                     [--simulate-gpus N] [--spool-dir D] [--spool-max-bytes B] [--record FILE]
+                     [--simulate-gpus N | --gpu-source dcgm-exporter [--dcgm-url URL]]
+                     [--engine vllm=URL[,role=R,rank=N,job=J] ...]
+                     [--spool-dir D] [--spool-max-bytes B] [--record FILE]
     python -m agents --node NODE [--spool-dir D] --status [--json]
 
 Bad values end the program with one line naming the option and the value, exit status 2.
@@ -24,6 +26,8 @@ from urllib.parse import urlsplit
 import orjson
 
 from agents.agent import STATUS_FILENAME, Agent, AgentConfig, default_spool_dir
+from agents.collectors.dcgm import DEFAULT_DCGM_URL
+from agents.collectors.engines import EngineSpec, EngineSpecError
 from agents.fingerprint import DEFAULT_PACKAGES
 from agents.spool import SpoolError
 
@@ -86,6 +90,13 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+def _engine(text: str) -> EngineSpec:
+    try:
+        return EngineSpec.parse(text)
+    except EngineSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _node(text: str) -> str:
     if not _NODE_PATTERN.fullmatch(text):
         raise argparse.ArgumentTypeError(
@@ -131,6 +142,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help='simulate N GPUs instead of NVML (samples labelled simulated="1"); faults are '
         "injected through <run-dir>/rlguard-simulate/*.json",
+    )
+    p.add_argument(
+        "--gpu-source",
+        choices=["nvml", "dcgm-exporter"],
+        default="nvml",
+        help="where GPU health comes from: NVML (default) or the node's dcgm-exporter",
+    )
+    p.add_argument(
+        "--dcgm-url",
+        type=_url,
+        help=f"with --gpu-source dcgm-exporter: its metrics URL (default {DEFAULT_DCGM_URL})",
+    )
+    p.add_argument(
+        "--engine",
+        type=_engine,
+        action="append",
+        default=[],
+        metavar="KIND=URL[,role=R,rank=N,job=J]",
+        help="an inference engine (vllm or sglang) serving this job's rollouts: probe its "
+        "/health and scrape its /metrics every round (repeatable; role defaults to rollout, "
+        "rank to 0)",
     )
     p.add_argument(
         "--spool-dir",
@@ -262,6 +294,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("the following arguments are required: --run-dir")
     if not args.run_dir.is_dir():
         parser.error(f"argument --run-dir: {str(args.run_dir)!r} is not a directory")
+    if args.gpu_source == "dcgm-exporter" and args.simulate_gpus:
+        parser.error("argument --simulate-gpus: not with --gpu-source dcgm-exporter")
+    if args.dcgm_url is not None and args.gpu_source != "dcgm-exporter":
+        parser.error("argument --dcgm-url: only with --gpu-source dcgm-exporter")
+    seen: set[tuple[str | None, str, int]] = set()
+    for engine in args.engine:
+        if (engine.job, engine.role, engine.rank) in seen:
+            parser.error(
+                f"argument --engine: two engines for {engine.role} rank {engine.rank}"
+                f"{' of job ' + engine.job if engine.job else ''}"
+            )
+        seen.add((engine.job, engine.role, engine.rank))
     token = _read_token(args, parser)
     logging.basicConfig(
         level=getattr(logging, args.log_level),
@@ -280,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         spool_max_bytes=args.spool_max_bytes,
         record=args.record,
         fingerprint_packages=args.fingerprint_packages,
+        gpu_source=args.gpu_source,
+        dcgm_url=args.dcgm_url or DEFAULT_DCGM_URL,
+        engines=tuple(args.engine),
     )
     try:
         agent = Agent(config)

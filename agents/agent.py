@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import orjson
 
+from agents.collectors.dcgm import DEFAULT_DCGM_URL, DcgmExporterCollector
+from agents.collectors.engines import EngineCollector, EngineSpec
 from agents.collectors.job import JobCollector
 from agents.collectors.nvml import NvmlCollector
 from agents.fake_nvml import FakeNVML
@@ -34,6 +36,7 @@ from agents.samples import Sample, make_sample
 from agents.sender import Sender
 from agents.simulate import apply_fault_files
 from agents.spool import Spool, SpoolError
+from recovery.report import safe_job_name
 
 log = logging.getLogger("rlguard.agent")
 
@@ -62,6 +65,11 @@ class AgentConfig:
     spool_fsync: bool = True
     backoff_max: float = 15.0
     extra: dict[str, Any] = field(default_factory=dict)
+    # "nvml" (default) or "dcgm-exporter": scrape dcgm_url instead of calling NVML.
+    gpu_source: str = "nvml"
+    dcgm_url: str = DEFAULT_DCGM_URL
+    engines: tuple[EngineSpec, ...] = ()
+    scrape_timeout: float = 1.0
 
 
 def default_spool_dir(node: str) -> Path:
@@ -89,7 +97,12 @@ class Agent:
         self.config = config
         self._clock = clock
         self.fake: FakeNVML | None = None
-        if nvml is None:
+        self.gpus: NvmlCollector | DcgmExporterCollector
+        if config.gpu_source == "dcgm-exporter":
+            self.gpus = DcgmExporterCollector(
+                config.dcgm_url, timeout=config.scrape_timeout, clock=clock
+            )
+        elif nvml is None:
             if config.simulate_gpus > 0:
                 self.fake = FakeNVML(config.simulate_gpus, clock=clock)
                 nvml = self.fake
@@ -99,8 +112,15 @@ class Agent:
                 nvml = pynvml
         elif isinstance(nvml, FakeNVML):
             self.fake = nvml
-        self.nvml = NvmlCollector(nvml, simulated=config.simulate_gpus > 0, clock=clock)
+        if config.gpu_source != "dcgm-exporter":
+            self.gpus = NvmlCollector(nvml, simulated=config.simulate_gpus > 0, clock=clock)
         self.jobs = JobCollector(config.run_dir, clock=clock)
+        self.engines = EngineCollector(
+            config.engines,
+            default_job=safe_job_name(config.run_dir.resolve().name),
+            timeout=config.scrape_timeout,
+            clock=clock,
+        )
         self.spool = Spool(
             config.spool_dir,
             node=config.node,
@@ -124,6 +144,11 @@ class Agent:
         self.round_errors = 0
         self.started_at = clock()
         self._spool_failing = False
+
+    @property
+    def nvml(self) -> NvmlCollector | DcgmExporterCollector:
+        """The GPU source (NVML unless ``gpu_source`` is dcgm-exporter); the older name."""
+        return self.gpus
 
     def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         """Ask the loop to finish its round and shut down (safe to call from a signal handler)."""
@@ -180,6 +205,7 @@ class Agent:
         self.write_status()
         self.spool.close()
         self.nvml.close()
+        self.engines.close()
         if self._record is not None:
             self._record.close()
             self._record = None
@@ -198,6 +224,7 @@ class Agent:
         samples: list[Sample] = self.nvml.collect()
         job_samples, participants = self.jobs.collect()
         samples.extend(job_samples)
+        samples.extend(self.engines.collect())
         samples.extend(self._own_samples(now))
         fingerprint = self._fingerprint_if_due(now)
         limit = self.config.max_samples_per_batch
@@ -254,8 +281,11 @@ class Agent:
     def _own_samples(self, now: float) -> list[Sample]:
         st = self.spool.stats()
         sent = self.sender.stats
+        source_up = "agent_dcgm_exporter_up" if self.config.gpu_source != "nvml" else None
         out = [
-            make_sample("agent_nvml_available", 1 if self.nvml.available else 0, now, {}),
+            make_sample(
+                source_up or "agent_nvml_available", 1 if self.nvml.available else 0, now, {}
+            ),
             make_sample("agent_gpus_monitored", self.nvml.gpu_count, now, {}),
             make_sample("agent_spool_bytes", st.bytes, now, {}),
             make_sample("agent_spool_batches", st.batches, now, {}),

@@ -69,12 +69,20 @@ JOB_METRICS: frozenset[str] = frozenset(
         "checkpoint_write_errors_total",
         "checkpoint_committed_step",
         "checkpoint_inference_version",
+        # Inference engines scraped with --engine (labels job, role, rank, engine); the engine
+        # also feeds rollout_pending_ratio/_count, rollout_scheduled_count and the token series.
+        "rollout_engine_up",
+        "rollout_engine_requests_running",
+        "rollout_engine_requests_waiting",
+        "rollout_engine_kv_cache_usage_ratio",
+        "rollout_engine_preemptions_total",
     }
 )
 
 AGENT_METRICS: frozenset[str] = frozenset(
     {
         "agent_nvml_available",
+        "agent_dcgm_exporter_up",
         "agent_gpus_monitored",
         "agent_spool_bytes",
         "agent_spool_batches",
