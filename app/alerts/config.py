@@ -26,6 +26,7 @@ from pydantic import (
 
 from app.alerts.errors import AlertConfigError
 from app.alerts.events import AlertEvent, Tier
+from app.models.auth import Role
 
 Locale = Literal["en", "zh"]
 
@@ -101,8 +102,12 @@ class _ChannelBase(BaseModel):
         """Whether this channel wants `event`: not muted, and the event's tier is high enough."""
         return not self.muted and event.tier.rank >= self.min_tier.rank
 
-    def public(self) -> dict[str, Any]:
-        """What the API and the UI may show: everything but secrets, the URL masked."""
+    def public(self, *, reveal_contacts: bool = False) -> dict[str, Any]:
+        """What the API and the UI may show: everything but secrets, the URL masked.
+
+        People's contact details (WeCom phone numbers) are masked too unless
+        ``reveal_contacts`` (admins, ``CONTACTS_READER_ROLE``).
+        """
         data = self.model_dump(mode="json", exclude={"url", "signing_secret"})
         data["url"] = self.masked_url
         return data
@@ -110,6 +115,17 @@ class _ChannelBase(BaseModel):
     def __repr_args__(self) -> Any:
         for key, value in super().__repr_args__():
             yield (key, self.masked_url) if key == "url" else (key, value)
+
+
+# Who may see the people behind a channel (phone numbers) in the API and on the settings page.
+CONTACTS_READER_ROLE = Role.admin
+
+
+def mask_mobile(mobile: str) -> str:
+    """A phone number with all but its last four digits hidden ("@all" is no one's number)."""
+    if mobile == "@all":
+        return mobile
+    return "*" * max(0, len(mobile) - 4) + mobile[-4:]
 
 
 class SlackChannel(_ChannelBase):
@@ -124,6 +140,12 @@ class WeComChannel(_ChannelBase):
     # Minimum pause before retrying after the robot says "too many messages" (errcode 45009).
     rate_limit_pause_s: float = Field(default=60.0, ge=0.0, le=600.0)
     max_per_minute: int = Field(default=20, ge=1, le=20)
+
+    def public(self, *, reveal_contacts: bool = False) -> dict[str, Any]:
+        data = super().public()
+        if not reveal_contacts:
+            data["mentioned_mobile_list"] = [mask_mobile(m) for m in self.mentioned_mobile_list]
+        return data
 
     @field_validator("mentioned_mobile_list")
     @classmethod

@@ -8,10 +8,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 
-from app.alerts.config import AlertsConfig
+from app.alerts.config import CONTACTS_READER_ROLE, AlertsConfig
 from app.alerts.delivery import RetryPolicy
 from app.alerts.errors import AlertConfigError, AlertEventError
 from app.api.deps import AdminUser, SessionDep, ViewerUser
+from app.models import Role
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery
 from app.services import alerts as alert_service
@@ -113,9 +114,11 @@ def list_alerts(
 @router.get(
     "/channels", response_model=AlertChannelsPublic, summary="Configured channels (URLs masked)"
 )
-def list_channels(config: AlertsConfigDep, _viewer: ViewerUser) -> AlertChannelsPublic:
+def list_channels(config: AlertsConfigDep, viewer: ViewerUser) -> AlertChannelsPublic:
+    # Phone numbers only for admins; other roles see them masked.
+    reveal = Role(viewer.role).allows(CONTACTS_READER_ROLE)
     return AlertChannelsPublic(
-        channels=[c.public() for c in config.channels],
+        channels=[c.public(reveal_contacts=reveal) for c in config.channels],
         group_wait_s=config.group_wait_s,
         repeat_interval_s=config.repeat_interval_s,
         external_base_url=config.external_base_url,
