@@ -143,6 +143,19 @@ class HardeningSettings(BaseModel):
     ingest_burst: Annotated[int, Field(ge=1)] = 200
 
 
+class ServerLimits(BaseModel):
+    """How the HTTP server treats slow and numerous clients (``RLGUARD_SERVER__*``; see
+    app/core/http_server.py and docs/deploy.md)."""
+
+    # A request's headers must be complete this long after the connection (or the request's
+    # first byte); a slower client gets 408 and is disconnected.
+    header_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # Open connections plus requests in progress; beyond it, a request is answered 503 at once.
+    limit_concurrency: Annotated[int, Field(ge=1)] = 1000
+    # An idle keep-alive connection is closed after this many seconds.
+    keep_alive_seconds: Annotated[int, Field(ge=1, le=300)] = 5
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RLGUARD_", env_nested_delimiter="__", extra="ignore"
@@ -169,6 +182,7 @@ class Settings(BaseSettings):
     series: SeriesSettings = SeriesSettings()
     policy: PolicySettings = PolicySettings()
     hardening: HardeningSettings = HardeningSettings()
+    server: ServerLimits = ServerLimits()
     goodput: GoodputSettings = GoodputSettings()
 
     @field_validator("data_dir")
