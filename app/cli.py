@@ -409,6 +409,18 @@ def agent(ctx: typer.Context) -> None:
     os.execv(sys.executable, argv)
 
 
+@cli.command(
+    "launch",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def launch(ctx: typer.Context) -> None:
+    """Run a training command under RLGuard on this node (`python -m integrations.launch ARGS`:
+    see docs/integrations.md); every argument is passed through."""
+    argv = [sys.executable, "-m", "integrations.launch", *ctx.args]
+    os.execv(sys.executable, argv)
+
+
 _extensions_registered = False
 
 
@@ -417,9 +429,10 @@ def register_extensions() -> None:
     global _extensions_registered
     if _extensions_registered:
         return
-    from app import cli_policy, demo
+    from app import cli_goodput, cli_policy, demo
 
     cli_policy.register(cli)
+    cli_goodput.register(cli)
     demo.register(cli)
     _extensions_registered = True
 

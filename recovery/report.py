@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+import signal
 import tempfile
 import threading
 import time
@@ -51,6 +52,13 @@ _ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.]{1,64}$")  # no "-": it separates rol
 JOB_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,127}$")
 PHASE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _UNSET: Any = object()
+# The phase a launcher writes for a process it saw exit (app policy: detection.heartbeat.
+# exited_phases), and for one it started that has not reported yet.
+EXITED_PHASE = "EXITED"
+STARTING_PHASE = "STARTING"
+DONE_PHASE = "DONE"
+# Phases of a process that finished on purpose (app policy: detection.heartbeat.finished_phases).
+FINISHED_PHASES = ("DONE", "STOPPED", "FINISHED")
 
 
 class HeartbeatError(RecoveryError, ValueError):
@@ -446,24 +454,88 @@ class HeartbeatReporter:
         now = self._clock()
         if not force and now - self._last_write < self._interval:
             return False
-        doc = self._document_locked()
-        data = json.dumps(doc, separators=(",", ":")).encode()
-        directory = self._path.parent
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            # A dot-prefixed temporary name: the agent reads only "*.json" files.
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{self._path.name}.", dir=directory)
-        except OSError as exc:
-            raise HeartbeatError(f"cannot create heartbeat file in {directory}: {exc}") from exc
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(tmp_name, self._path)
-        except OSError as exc:
-            try:
-                os.unlink(tmp_name)
-            except FileNotFoundError:
-                pass
-            raise HeartbeatError(f"cannot write heartbeat {self._path}: {exc}") from exc
+        _replace_heartbeat_file(self._path, self._document_locked())
         self._last_write = now
         return True
+
+
+def _replace_heartbeat_file(path: Path, doc: dict[str, Any]) -> None:
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # A dot-prefixed temporary name: the agent reads only "*.json" files.
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    except OSError as exc:
+        raise HeartbeatError(f"cannot create heartbeat file in {directory}: {exc}") from exc
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp_name, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise HeartbeatError(f"cannot write heartbeat {path}: {exc}") from exc
+
+
+def read_heartbeat(path: Path) -> dict[str, Any] | None:
+    """The heartbeat document at ``path``; None when it is missing or being replaced."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def report_process_exit(
+    run_dir: str | os.PathLike[str],
+    role: str,
+    rank: int,
+    *,
+    job: str,
+    pid: int | None,
+    returncode: int,
+    clean_exit_phase: str = DONE_PHASE,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, Any]:
+    """Write into ``role``/``rank``'s heartbeat that its process exited; return the document.
+
+    For the process's launcher, which sees the exit (waitpid) before anyone else: a non-zero
+    exit or a signal becomes phase ``EXITED``, which the policy engine treats as lost at once.
+    A clean exit (0) becomes ``clean_exit_phase`` (``DONE``: a process that chose to finish is
+    not a fault; pass ``EXITED`` where a process never exits on its own), unless the process
+    already wrote a finished phase itself. ``exit_code`` is the code, or minus the signal
+    number as :mod:`subprocess` reports it; ``exit_signal`` names the signal. Everything else
+    the process last wrote (step, fault counters) is kept.
+    """
+    path = heartbeat_path(run_dir, role, rank)
+    doc = read_heartbeat(path) or {
+        "format": HEARTBEAT_FORMAT,
+        "job": job,
+        "role": role,
+        "rank": rank,
+    }
+    now = clock()
+    doc.update(pid=pid if pid is not None else doc.get("pid"), ts=now, exit_code=returncode)
+    if returncode < 0:
+        try:
+            doc["exit_signal"] = signal.Signals(-returncode).name
+        except ValueError:
+            doc["exit_signal"] = f"SIG{-returncode}"
+    if returncode != 0:
+        doc["phase"] = EXITED_PHASE
+    elif doc.get("phase") not in FINISHED_PHASES:
+        doc["phase"] = clean_exit_phase
+    _replace_heartbeat_file(path, doc)
+    return doc
+
+
+def report_starting(
+    run_dir: str | os.PathLike[str], role: str, rank: int, *, job: str, pid: int
+) -> None:
+    """Write phase ``STARTING`` for a process its launcher just started, until the process
+    reports for itself: a restart under way must not look like a silent participant."""
+    reporter = HeartbeatReporter(run_dir, role, rank, job=job, pid=pid)
+    reporter.update(phase=STARTING_PHASE, force=True)

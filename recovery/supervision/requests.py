@@ -1,0 +1,158 @@
+"""The launcher hook's protocol: how RLGuard's recovery worker asks a node's launcher to act.
+
+The worker runs the executable named by ``RLGUARD_RECOVERY_LAUNCHER`` as
+``<hook> <action> --job J [--node N] [--role R] [--rank K] --idempotency-key KEY [--extra JSON]``
+(``app.services.recovery_adapters``). The hook (:func:`submit`) leaves the request as
+``<run_dir>/recovery/launcher/<digest of KEY>.json`` and waits; the launcher's supervisor
+(:func:`pending`, :func:`answer`) carries it out and writes ``<digest>.done`` next to it with
+``ok`` and what it did, then removes the request. A key that was answered already is answered
+again without acting: the worker retries a hook that timed out, and a request is carried out
+once.
+
+The supervisor says it is alive in ``<run_dir>/recovery/supervisor.json`` (its pid); a request to
+a launcher that is not running is refused at once instead of waiting for an answer that will
+not come.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recovery.checkpoint._atomic import write_json_atomic
+from recovery.errors import RecoveryError, RecoveryTimeout
+
+HOOK_ACTIONS = ("restart_role", "restart_job", "reschedule_batches", "restore_checkpoint")
+KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,300}")  # printable ASCII, no spaces
+JOB_DIR_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a job that names a directory
+
+
+class LauncherError(RecoveryError):
+    """The request could not be delivered (no launcher running, bad request)."""
+
+
+class LauncherTimeout(LauncherError, RecoveryTimeout):
+    """The launcher did not answer within the wait."""
+
+
+def requests_dir(run_dir: Path) -> Path:
+    """Where requests to the launcher of ``run_dir`` wait."""
+    return run_dir / "recovery" / "launcher"
+
+
+def supervisor_file(run_dir: Path) -> Path:
+    """Where the running supervisor of ``run_dir`` records its pid."""
+    return run_dir / "recovery" / "supervisor.json"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None  # missing, or being replaced right now: the next read sees the whole file
+    return data if isinstance(data, dict) else None
+
+
+def announce(run_dir: Path, **fields: Any) -> None:
+    """Record that a supervisor of ``run_dir`` runs in this process (call once at its start)."""
+    requests_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(
+        supervisor_file(run_dir), {"pid": os.getpid(), "started_at": time.time(), **fields}
+    )
+
+
+def retire(run_dir: Path) -> None:
+    """Say that the supervisor of ``run_dir`` stopped (requests are refused from now on)."""
+    path = supervisor_file(run_dir)
+    body = _read(path)
+    if body is not None and body.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+def _launcher_alive(run_dir: Path) -> bool:
+    body = _read(supervisor_file(run_dir))
+    try:
+        pid = int((body or {})["pid"])
+        os.kill(pid, 0)
+    except (KeyError, TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request file the supervisor has not answered yet."""
+
+    path: Path
+    body: dict[str, Any]
+
+    @property
+    def action(self) -> Any:
+        return self.body.get("action")
+
+
+def request_name(key: str) -> str:
+    # Keys carry '/' and ':' (inc2/s0/restart_job:job): a digest makes a safe, stable file name.
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def submit(
+    run_dir: Path, body: dict[str, Any], *, key: str, timeout: float, poll: float = 0.05
+) -> dict[str, Any]:
+    """Leave ``body`` for the launcher of ``run_dir`` under ``key`` and return its answer.
+
+    Raises :class:`LauncherError` when no launcher runs there, :class:`LauncherTimeout` when
+    it did not answer within ``timeout`` seconds (the request stays: asking again with the same
+    key waits for the same answer).
+    """
+    if not KEY_PATTERN.fullmatch(key):
+        raise LauncherError(f"idempotency key {key!r} must be 1-300 printable ASCII characters")
+    directory = requests_dir(run_dir)
+    name = request_name(key)
+    req, done = directory / f"{name}.json", directory / f"{name}.done"
+    if not done.exists():
+        if not _launcher_alive(run_dir):
+            raise LauncherError(f"no launcher is running for {run_dir}")
+        if not req.exists():
+            write_json_atomic(req, {**body, "key": key, "ts": time.time()})
+        deadline = time.monotonic() + timeout
+        while not done.exists():
+            if time.monotonic() > deadline:
+                raise LauncherTimeout(f"the launcher did not answer within {timeout:g}s")
+            time.sleep(poll)
+    answer = None
+    while answer is None:  # written atomically: absent or whole, never torn
+        answer = _read(done)
+    return answer
+
+
+def pending(run_dir: Path) -> list[Request]:
+    """Unanswered requests, oldest name first (names are digests: order is not meaningful)."""
+    out = []
+    for path in sorted(requests_dir(run_dir).glob("*.json")):
+        body = _read(path)
+        if body is not None:
+            out.append(Request(path, body))
+    return out
+
+
+def answer(request: Request, result: dict[str, Any]) -> None:
+    """Write the answer to ``request`` and remove it (answer first: a crash in between leaves
+    an answered request, which the next supervisor answers again without acting)."""
+    write_json_atomic(
+        request.path.with_suffix(".done"), {**request.body, **result, "done_at": time.time()}
+    )
+    request.path.unlink(missing_ok=True)
+
+
+def answered(request: Request) -> bool:
+    """Whether ``request`` was answered already (its key was carried out before)."""
+    return request.path.with_suffix(".done").exists()

@@ -1,0 +1,435 @@
+"""The node-side supervisor: runs a job's processes, reports their exits, restarts on request.
+
+One supervisor per launch (``rlguard launch`` for any command, ``python -m workload.launch`` for
+the reference job). What it does:
+
+* starts one process per child (role, rank) through its :mod:`backend
+  <recovery.supervision.backends>`, with the argv and environment its caller computes;
+* sees a process exit at once (``poll`` every ``poll`` seconds) and writes it into the
+  process's heartbeat *before* announcing it on the timeline (``child_exit``): phase
+  ``EXITED`` with the exit code or signal, which the node agent forwards and the policy engine
+  treats as lost at once, so a reader of the timeline never sees an exit the heartbeat does
+  not show yet;
+* is RLGuard's launcher hook on its node: it carries out the requests of
+  :mod:`recovery.supervision.requests` (``restart_role``, ``restart_job``, ...) and answers
+  them. It never restarts anything by itself: the policy engine decides. A restart spends the
+  :class:`~recovery.supervision.restarts.RestartBudget` (an empty budget refuses, saying so),
+  waits its backoff, and is held while the job's control file says ``SAFE_MODE``
+  (:mod:`recovery.control`), until an approver releases the job; an approved heavy action
+  (``restart_job``, ``restore_checkpoint``) is that release;
+* keeps the heartbeat of a process that is still starting fresh (phase ``STARTING``), and
+  optionally a warm standby per role (:mod:`recovery.supervision.standby`) once the job is
+  steady.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery.checkpoint._atomic import write_json_atomic
+from recovery.control import ControlError, ControlMode, read_control, write_control
+from recovery.report import (
+    DONE_PHASE,
+    EXITED_PHASE,
+    STARTING_PHASE,
+    heartbeat_path,
+    read_heartbeat,
+    report_process_exit,
+    report_starting,
+)
+from recovery.supervision import requests
+from recovery.supervision.backends import Backend
+from recovery.supervision.backends.local import LocalBackend
+from recovery.supervision.events import EVENTS_FILE, append_event
+from recovery.supervision.restarts import RestartBudget
+from recovery.supervision.standby import StandbyPool
+
+log = logging.getLogger("rlguard.recovery.supervision")
+
+# Heavy-tier actions reach the launcher only after an approver said so.
+APPROVED_HEAVY_ACTIONS = ("restart_job", "restore_checkpoint")
+_KILL_TIMEOUT = 10.0
+
+
+@dataclass
+class Child:
+    """One supervised process slot: a role and rank, and the process now filling it."""
+
+    role: str
+    rank: int
+    proc: subprocess.Popen[bytes] | None = None
+    reported_exit: bool = False
+    starts: int = 0
+    vouched_at: float = 0.0
+    started_at: float = 0.0
+    quick_failures: int = 0
+    last_pid: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.rank}"
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+
+@dataclass
+class _Restart:
+    children: list[Child]
+    due: float
+    why: str
+    request: requests.Request | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Supervisor:
+    """See the module docstring. ``command(child)`` is the argv of the child's next start
+    (``child.starts`` is 0 before the first), ``env(child)`` its environment; ``order(child,
+    argv, env, log)`` the line that makes a standby that process (needed with ``standby``)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        job: str,
+        children: list[Child],
+        *,
+        command: Callable[[Child], list[str]],
+        env: Callable[[Child], Mapping[str, str]] = lambda child: dict(os.environ),
+        backend: Backend | None = None,
+        budget: RestartBudget | None = None,
+        standby: StandbyPool | None = None,
+        order: Callable[[Child, list[str], Mapping[str, str], Path], bytes] | None = None,
+        clean_exit_phase: str = DONE_PHASE,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+        poll: float = 0.1,
+    ) -> None:
+        if standby is not None and order is None:
+            raise ValueError("a standby pool needs an order function")
+        self.run_dir = run_dir
+        self.job = job
+        self.children = children
+        self._command = command
+        self._env = env
+        self.backend: Backend = backend or LocalBackend()
+        self.budget = budget or RestartBudget()
+        self.standby = standby
+        self._order = order
+        self.clean_exit_phase = clean_exit_phase
+        self.cwd = cwd
+        self.timeout = timeout
+        self.poll = poll
+        self.log_dir = run_dir / "logs"
+        self._restarts: list[_Restart] = []
+        self._deferred_keys: set[str] = set()
+        self._stopping = False
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        requests.requests_dir(run_dir).mkdir(parents=True, exist_ok=True)
+
+    # ---- timeline ----------------------------------------------------------------------------
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one event to the run directory's timeline (``events.jsonl``)."""
+        append_event(self.run_dir / EVENTS_FILE, kind, **fields)
+
+    # ---- processes ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Say the launcher runs (for the hook) and start every child."""
+        requests.announce(self.run_dir, job=self.job, backend=self.backend.name)
+        for child in self.children:
+            self.spawn(child)
+
+    def spawn(self, child: Child) -> None:
+        """Start ``child``'s process: a warm standby of its role if one waits, else cold."""
+        argv = self._command(child)
+        env = self._env(child)
+        log_path = self.log_dir / f"{child.name}.log"
+        warm = None
+        if self.standby is not None and self._order is not None:
+            warm = self.standby.activate(child.role, self._order(child, argv, env, log_path))
+        child.proc = warm or self.backend.spawn(argv, env=env, log_path=log_path, cwd=self.cwd)
+        child.reported_exit = False
+        child.starts += 1
+        child.started_at = time.monotonic()
+        child.vouched_at = 0.0
+        child.last_pid = child.proc.pid
+        self.event(
+            "spawn",
+            role=child.role,
+            rank=child.rank,
+            child_pid=child.proc.pid,
+            start=child.starts,
+            warm=warm is not None,
+            argv=argv,
+        )
+        self._write_pids()
+
+    def kill(self, child: Child) -> None:
+        """End ``child``'s process now; its exit is ours, not a fault to report."""
+        if child.proc is not None:
+            self.backend.kill(child.proc, _KILL_TIMEOUT)
+        child.reported_exit = True
+
+    def restart_now(self, children: list[Child], why: str) -> None:
+        """Kill and start ``children`` at once (no budget, no backoff: the caller decided)."""
+        for child in children:
+            self.kill(child)
+        self.event("restart", roles=[c.name for c in children], why=why)
+        for child in children:
+            self.spawn(child)
+
+    def _write_pids(self) -> None:
+        write_json_atomic(
+            self.run_dir / "pids.json",
+            {
+                c.name: c.proc.pid
+                for c in self.children
+                if c.proc is not None and c.proc.poll() is None
+            },
+        )
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def loop(self) -> int:
+        """Supervise until the job is finished (0), ``timeout`` passed (4) or :meth:`stop` (130)."""
+        started = time.monotonic()
+        while not self._stopping:
+            if self.timeout is not None and time.monotonic() - started > self.timeout:
+                log.error("job did not finish within %.0f s", self.timeout)
+                self.event("launcher_timeout")
+                return 4
+            self.tick()  # first: an exit is reported (heartbeat) even when it ends the job
+            if self.finished():
+                self.event("job_done")
+                return 0
+            time.sleep(self.poll)
+        return 130
+
+    def tick(self) -> list[str]:
+        """One round of supervision; returns the names of children whose process failed."""
+        failed = self.check_exits()
+        self.handle_requests()
+        self._run_due_restarts()
+        self._vouch_for_starting()
+        self._keep_standbys()
+        return failed
+
+    def finished(self) -> bool:
+        """Whether the job is done: every process exited 0 and no restart is pending."""
+        return not self._restarts and all(c.returncode == 0 for c in self.children)
+
+    def exit_expected(self, child: Child, code: int) -> bool:
+        """Whether ``child``'s exit is part of the job's normal end (not reported at all)."""
+        return False
+
+    def standby_wanted(self) -> bool:
+        """Whether warm standbys may start now (the job is steady: see :meth:`_keep_standbys`)."""
+        return True
+
+    def check_exits(self) -> list[str]:
+        """Report every new exit (heartbeat first, then the timeline); failed children's names."""
+        failed = []
+        for c in self.children:
+            code = c.returncode
+            if code is None or self.exit_expected(c, code):
+                continue
+            if not c.reported_exit:
+                c.reported_exit = True
+                ran = time.monotonic() - c.started_at
+                c.quick_failures = c.quick_failures + 1 if ran < self.budget.stable_seconds else 0
+                # The heartbeat first: whoever reads the event must find the exit there already.
+                report_process_exit(
+                    self.run_dir,
+                    c.role,
+                    c.rank,
+                    job=self.job,
+                    pid=c.proc.pid if c.proc is not None else None,
+                    returncode=code,
+                    clean_exit_phase=self.clean_exit_phase,
+                )
+                self.event("child_exit", role=c.role, rank=c.rank, code=code, ran_s=round(ran, 3))
+                self._write_pids()
+            if code != 0 or self.clean_exit_phase == EXITED_PHASE:
+                failed.append(c.name)
+        return failed
+
+    def _vouch_for_starting(self) -> None:
+        """Keep the heartbeat of a process that is still starting (importing torch takes seconds
+        on a busy machine) fresh, with phase STARTING and the new pid, until the process writes
+        its own: a restart that is under way must not look like a second silent participant."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is None or c.proc.poll() is not None or now - c.vouched_at < 0.5:
+                continue
+            beat = read_heartbeat(heartbeat_path(self.run_dir, c.role, c.rank)) or {}
+            if beat.get("pid") == c.proc.pid and beat.get("phase") != STARTING_PHASE:
+                continue  # the process reports for itself now
+            c.vouched_at = now
+            report_starting(self.run_dir, c.role, c.rank, job=self.job, pid=c.proc.pid)
+
+    def _keep_standbys(self) -> None:
+        """Start the missing standbys once the job is steady: every process is alive and writes
+        its own heartbeat (not while the job starts or recovers, when CPU is what it lacks)."""
+        if self.standby is None:
+            return
+        self.standby.reap()
+        missing = self.standby.missing({c.role for c in self.children})
+        if not missing or self._restarts or not self.standby_wanted():
+            return
+        for c in self.children:
+            if c.proc is None or c.proc.poll() is not None:
+                return
+            beat = read_heartbeat(heartbeat_path(self.run_dir, c.role, c.rank)) or {}
+            if beat.get("pid") != c.proc.pid or beat.get("phase") in ("INIT", STARTING_PHASE):
+                return
+        for role in missing:
+            self.standby.start(role)
+
+    # ---- launcher hook requests --------------------------------------------------------------
+
+    def handle_requests(self) -> None:
+        """Carry out (or hold) every request the hook left."""
+        in_progress = {r.request.path for r in self._restarts if r.request is not None}
+        for req in requests.pending(self.run_dir):
+            if req.path in in_progress:
+                continue
+            if requests.answered(req):  # carried out before a crash between answer and unlink
+                req.path.unlink(missing_ok=True)
+                continue
+            result = self.carry_out(req)
+            if result is not None:
+                requests.answer(req, result)
+
+    def carry_out(self, req: requests.Request) -> dict[str, Any] | None:
+        """The answer to ``req``, or None while it is held or scheduled (answered later)."""
+        body = req.body
+        action, role, rank = body.get("action"), body.get("role"), body.get("rank")
+        key = str(body.get("key"))
+        if key not in self._deferred_keys:
+            self.event("hook_request", action=action, role=role, rank=rank)
+        if action in APPROVED_HEAVY_ACTIONS:
+            released = self._release_safe_mode(f"{action} approved ({key})")
+            if self.backend.requeue_job(f"{action} requested"):
+                self.event("requeued", action=action, backend=self.backend.name)
+                return {"ok": True, "requeued": True, "released_safe_mode": released}
+            return self._schedule(req, self.children, f"{action} requested",
+                                  {"released_safe_mode": released})
+        if action in ("restart_role", "reschedule_batches"):
+            if role is None:
+                if action == "reschedule_batches":
+                    # One machine: there is no healthy node to move batches to; processes that
+                    # lost work redo it themselves, so nothing is left to move.
+                    return {"ok": True, "restarted": [], "note": "single node: nothing to move"}
+                return {"ok": False, "error": "restart_role needs --role"}
+            targets = [
+                c
+                for c in self.children
+                if c.role == role and (rank is None or str(c.rank) == str(rank))
+            ]
+            if not targets:
+                return {"ok": False, "error": f"no process with role {role!r} rank {rank!r}"}
+            held = self._safe_mode_reason()
+            if held is not None:
+                if key not in self._deferred_keys:
+                    self._deferred_keys.add(key)
+                    self.event("restart_held", action=action, role=role, rank=rank, why=held)
+                    log.warning("%s of %s held: %s", action, role, held)
+                return None
+            self._deferred_keys.discard(key)
+            return self._schedule(req, targets, f"{action} requested", {})
+        return {"ok": False, "error": f"unknown launcher action {action!r}"}
+
+    def _safe_mode_reason(self) -> str | None:
+        try:
+            state = read_control(self.run_dir)
+        except ControlError as exc:
+            return f"the control file cannot be read ({exc}): no restart until it can"
+        if state.mode is ControlMode.SAFE_MODE:
+            return f"the job is in SAFE_MODE ({state.reason}): no restart until it is released"
+        return None
+
+    def _release_safe_mode(self, reason: str) -> bool:
+        try:
+            if read_control(self.run_dir).mode is not ControlMode.SAFE_MODE:
+                return False
+        except ControlError:
+            pass  # an unreadable control file is replaced by the approved command
+        write_control(self.run_dir, ControlMode.RUN, reason, timeout=10.0)
+        return True
+
+    def _schedule(
+        self, req: requests.Request, children: list[Child], why: str, extra: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        if not self.budget.spend():
+            message = (
+                f"restart budget spent: {self.budget.used} of {self.budget.max_restarts} "
+                f"restarts used (--max-restarts); not restarting {[c.name for c in children]}"
+            )
+            log.error("%s", message)
+            self.event("restart_refused", roles=[c.name for c in children], why=message)
+            return {"ok": False, "error": message, "budget_left": 0}
+        delay = max(self.budget.delay(c.quick_failures) for c in children)
+        for child in children:  # at once: a hung process must not keep its GPU during backoff
+            self.kill(child)
+        if delay > 0:
+            self.event("restart_backoff", roles=[c.name for c in children], delay_s=delay)
+        self._restarts.append(_Restart(children, time.monotonic() + delay, why, req, extra))
+        return None
+
+    def _run_due_restarts(self) -> None:
+        now = time.monotonic()
+        for restart in list(self._restarts):
+            if restart.due > now:
+                continue
+            self._restarts.remove(restart)
+            self.event("restart", roles=[c.name for c in restart.children], why=restart.why)
+            for child in restart.children:
+                self.spawn(child)
+            if restart.request is not None:
+                requests.answer(
+                    restart.request,
+                    {
+                        "ok": True,
+                        "restarted": [c.name for c in restart.children],
+                        "budget_left": self.budget.left,
+                        **restart.extra,
+                    },
+                )
+
+    # ---- stopping ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Make :meth:`loop` return (from a signal handler)."""
+        self._stopping = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the standbys and every process (SIGTERM, SIGKILL after ``timeout``)."""
+        if self.standby is not None:
+            self.standby.close(timeout)
+        for c in self.children:
+            if c.proc is not None and c.proc.poll() is None:
+                try:
+                    os.kill(c.proc.pid, signal.SIGCONT)  # a stopped process cannot take SIGTERM
+                    c.proc.terminate()
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + timeout
+        for c in self.children:
+            if c.proc is None:
+                continue
+            try:
+                c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.backend.kill(c.proc, _KILL_TIMEOUT)
+        requests.retire(self.run_dir)
+        (self.run_dir / "pids.json").unlink(missing_ok=True)
