@@ -316,6 +316,15 @@ def commit_dir(
     fsync_dir(tmp_dir)
     os.rename(tmp_dir, final_dir)
     fsync_dir(final_dir.parent)
+    return write_marker(final_dir, files=files, marker_name=marker_name, metadata=metadata)
+
+
+def write_marker(
+    final_dir: Path, *, files: list[FileDigest], marker_name: str, metadata: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write ``final_dir``'s completion marker (the digests of ``files``, ``metadata`` and a
+    checksum of the marker itself) atomically; returns the marker body. The files must already
+    be durable: the marker is the last thing written, so its presence means all of them are."""
     body: dict[str, Any] = {
         "format": MARKER_FORMAT,
         "files": {f.name: f.as_json() for f in files},
@@ -324,6 +333,39 @@ def commit_dir(
     marker = {"body": body, "body_sha256": _marker_body_digest(body)}
     write_json_atomic(final_dir / marker_name, marker)
     return body
+
+
+def seal_dir(
+    final_dir: Path,
+    *,
+    marker_name: str,
+    metadata: Mapping[str, Any],
+    checksum: str = "sha256",
+) -> dict[str, Any]:
+    """Mark a directory that another writer filled in place (a framework's own checkpoint) as
+    complete: fsync and checksum every file under it (sub-directories included, named by their
+    relative path), fsync the directories, then write the marker. Returns the marker body.
+
+    Such a writer gives no atomic rename, so the marker is what separates a finished directory
+    from a torn one; :func:`verify_committed_dir` then checks it like any committed directory.
+    An old marker in ``final_dir`` is replaced, never listed as one of its files.
+    """
+    files: list[FileDigest] = []
+    directories = [final_dir]
+    for path in sorted(final_dir.rglob("*")):
+        relative = path.relative_to(final_dir).as_posix()
+        if path.is_dir():
+            directories.append(path)
+            continue
+        if relative == marker_name or path.name.startswith(TMP_PREFIX):
+            continue
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+        digest = digest_file(path, checksum=checksum)
+        files.append(FileDigest(relative, digest.size, digest.digest, checksum))
+    for directory in directories:
+        fsync_dir(directory)
+    return write_marker(final_dir, files=files, marker_name=marker_name, metadata=metadata)
 
 
 def read_marker(final_dir: Path, marker_name: str) -> dict[str, Any]:
