@@ -132,6 +132,20 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
                            headers=auth(admin)),
             "user.create",
         ),
+        ("POST", "/api/v1/users/{name}/disable"): (
+            lambda: c.post("/api/v1/users/vic/disable", headers=auth(admin)), "user.disable"
+        ),
+        ("POST", "/api/v1/users/{name}/enable"): (
+            lambda: c.post("/api/v1/users/vic/enable", headers=auth(admin)), "user.enable"
+        ),
+        ("PUT", "/api/v1/users/{name}/password"): (
+            lambda: c.request("PUT", "/api/v1/users/vic/password",
+                              json={"password": "a new long password"}, headers=auth(admin)),
+            "user.set_password",
+        ),
+        ("DELETE", "/api/v1/users/{name}"): (
+            lambda: c.delete("/api/v1/users/vic", headers=auth(admin)), "user.delete"
+        ),
         ("POST", "/api/v1/auth/token"): (
             lambda: c.post("/api/v1/auth/token", json={"name": "appr", "password": PASSWORD}),
             "auth.login",
