@@ -299,10 +299,49 @@ def _check_port(port: int) -> None:
         fail(f"--port {port} is not a TCP port (1-65535)")
 
 
+HeaderTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--header-timeout",
+        help="Seconds a client has to send a request's headers, else 408 and disconnect "
+        "(default RLGUARD_SERVER__HEADER_TIMEOUT_SECONDS, 10).",
+    ),
+]
+LimitConcurrencyOption = Annotated[
+    int | None,
+    typer.Option(
+        "--limit-concurrency",
+        help="Open connections plus requests in progress beyond which a request gets 503 "
+        "(default RLGUARD_SERVER__LIMIT_CONCURRENCY, 1000).",
+    ),
+]
+
+
+def _apply_serving_options(
+    host: str | None, port: int | None, header_timeout: float | None, limit_concurrency: int | None
+) -> None:
+    """Command-line values override RLGUARD_* for this process and its children: the embedded
+    worker of `up` renders alert links from the host and port the server really binds."""
+    if host:
+        os.environ["RLGUARD_HOST"] = host
+    if port is not None:
+        _check_port(port)
+        os.environ["RLGUARD_PORT"] = str(port)
+    if header_timeout is not None:
+        if not 0 < header_timeout <= 300:  # also refuses nan
+            fail(f"--header-timeout {header_timeout} must be above 0 and at most 300 seconds")
+        os.environ["RLGUARD_SERVER__HEADER_TIMEOUT_SECONDS"] = repr(header_timeout)
+    if limit_concurrency is not None:
+        if limit_concurrency < 1:
+            fail(f"--limit-concurrency {limit_concurrency} must be at least 1")
+        os.environ["RLGUARD_SERVER__LIMIT_CONCURRENCY"] = str(limit_concurrency)
+
+
 def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
     import uvicorn
 
     from app.core import migrate
+    from app.core.http_server import raise_descriptor_limit, uvicorn_options
     from app.core.logging import configure_logging
 
     configure_logging(settings.log_level)
@@ -320,6 +359,7 @@ def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
             "the latest; run `rlguard db upgrade`",
             code=1,
         )
+    raise_descriptor_limit(settings.server)
     uvicorn.run(
         "app.main:create_app_from_env",
         factory=True,
@@ -331,6 +371,7 @@ def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
         # handling would trust X-Forwarded-For from 127.0.0.1 whatever is configured.
         proxy_headers=False,
         timeout_graceful_shutdown=15,
+        **uvicorn_options(settings.server),  # header deadline, concurrency limit (slow clients)
     )
 
 
@@ -340,13 +381,17 @@ def server(
     port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     trusted_proxy: TrustedProxyOption = None,
+    header_timeout: HeaderTimeoutOption = None,
+    limit_concurrency: LimitConcurrencyOption = None,
 ) -> None:
     """Serve the API and pages (the database must already be migrated)."""
+    from app.core.private_files import keep_private
+
     _apply_trusted_proxies(trusted_proxy)
+    _apply_serving_options(host, port, header_timeout, limit_concurrency)
     settings = load_settings()
-    port = settings.port if port is None else port
-    _check_port(port)
-    _serve(settings, host or settings.host, port, access_log)
+    keep_private(settings)
+    _serve(settings, settings.host, settings.port, access_log)
 
 
 @cli.command("up")
@@ -355,18 +400,22 @@ def up(
     port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     trusted_proxy: TrustedProxyOption = None,
+    header_timeout: HeaderTimeoutOption = None,
+    limit_concurrency: LimitConcurrencyOption = None,
 ) -> None:
     """Everything on one machine: data dir, secret, migrations, first admin, server, workers."""
     _apply_trusted_proxies(trusted_proxy)
+    _apply_serving_options(host, port, header_timeout, limit_concurrency)
     from app.core import migrate
     from app.core.db import make_engine
-    from app.core.supervisor import ChildSupervisor, embedded_children
+    from app.core.private_files import keep_private
+    from app.core.supervisor import ChildSupervisor, embedded_children, exit_on_sigterm
     from app.services import bootstrap
 
+    exit_on_sigterm()  # so that the `finally` below stops the embedded worker
     settings = load_settings()
-    port = settings.port if port is None else port
-    _check_port(port)
-    host = host or settings.host
+    host, port = settings.host, settings.port
+    keep_private(settings)  # before the data directory, database and broker are created
     try:
         bootstrap.ensure_data_dir(settings)
     except OSError as exc:
