@@ -20,6 +20,9 @@ itself. The counters are cumulative; ``restore_fault_counts`` carries them over 
 
 ``record_checkpoint`` publishes the version vector (training_step, inference_version) of the
 last checkpoint that committed, so the operator sees how far back a restore would go.
+
+``set_signals`` publishes a framework's own training metrics (a GRPO trainer's reward, KL ...)
+under ``signals``; the agent forwards the names it knows (``agents/metric_names.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ _ROLE_PATTERN = re.compile(r"^[A-Za-z0-9_.]{1,64}$")  # no "-": it separates rol
 # the agent, so the reporter refuses such values up front.
 JOB_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,127}$")
 PHASE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# A signal's name is the metric name the agent sends it under (Prometheus' rules, lower case).
+SIGNAL_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_MAX_SIGNALS = 32
 _UNSET: Any = object()
 # The phase a launcher writes for a process it saw exit (app policy: detection.heartbeat.
 # exited_phases), and for one it started that has not reported yet.
@@ -177,6 +183,7 @@ class HeartbeatReporter:
             "checkpoint_write_errors_total": 0,
             "checkpoint_step": None,
             "checkpoint_inference_version": None,
+            "signals": {},
             "updated_at": clock(),
             "ts": None,
         }
@@ -386,6 +393,34 @@ class HeartbeatReporter:
         finally:
             self._lock.release()
 
+    def set_signals(self, values: dict[str, float]) -> bool:
+        """Merge ``{name: value}`` into the published training signals; write if ``interval``
+        has passed. Names follow :data:`SIGNAL_PATTERN`, values are finite numbers; anything
+        else raises :class:`HeartbeatError` and changes nothing."""
+        if not isinstance(values, dict):
+            raise HeartbeatError(f"signals must be a dict of name -> number, got {values!r}")
+        checked: dict[str, float] = {}
+        for name, value in values.items():
+            if not isinstance(name, str) or not SIGNAL_PATTERN.match(name):
+                raise HeartbeatError(
+                    f"signal name must match {SIGNAL_PATTERN.pattern}, got {name!r}"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise HeartbeatError(f"signal {name} must be a number, got {value!r}")
+            if not (-float("inf") < float(value) < float("inf")):
+                raise HeartbeatError(f"signal {name} must be finite, got {value!r}")
+            checked[name] = float(value)
+        self._acquire()
+        try:
+            merged = {**self._state["signals"], **checked}
+            if len(merged) > _MAX_SIGNALS:
+                raise HeartbeatError(f"at most {_MAX_SIGNALS} signals, got {len(merged)}")
+            self._state["signals"] = merged
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(False)
+        finally:
+            self._lock.release()
+
     def record_state_log_latency(self, latency_ms: float) -> bool:
         """Record the latency of the last state-log append; write if ``interval`` has passed."""
         return self.update(state_log_latency_ms=latency_ms)
@@ -447,6 +482,7 @@ class HeartbeatReporter:
         doc = dict(self._state)
         doc["shard_rebuilds"] = [t for t in self._rebuilds if now - t <= SHARD_REBUILD_WINDOW_S]
         doc["stale_shards"] = list(self._state["stale_shards"])
+        doc["signals"] = dict(self._state["signals"])
         doc["ts"] = now
         return doc
 

@@ -55,6 +55,7 @@ def test_first_update_writes_the_documented_fields(tmp_path: Path) -> None:
         "checkpoint_write_errors_total": 0,
         "checkpoint_step": None,
         "checkpoint_inference_version": None,
+        "signals": {},
         "updated_at": 1000.0,
         "ts": 1000.0,
     }
