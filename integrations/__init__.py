@@ -19,6 +19,9 @@ The environment the launcher gives each child process: ``RLGUARD_JOB``, ``RLGUAR
 launcher writes phase ``EXITED`` (with the exit code or signal) into that same file when the
 process exits.
 
+An integration may also name ``preload_modules`` (a tuple of module names): what a warm standby
+(``rlguard launch --standby``) imports ahead of time, e.g. ``("torch", "transformers", "trl")``.
+
 This package imports :mod:`recovery` and its frameworks, never :mod:`app`.
 """
 
@@ -60,6 +63,7 @@ class GenericIntegration:
     """No framework: nothing to check, a restart runs the same command again."""
 
     name = "none"
+    preload_modules: tuple[str, ...] = ()
 
     def check_environment(self) -> None:
         return None
@@ -74,20 +78,29 @@ def known_integrations() -> list[str]:
 
 
 def load_integration(name: str) -> Integration:
-    """The integration called ``name``; its framework module is imported only now."""
+    """The integration called ``name``; its framework module is imported only now.
+
+    ``name`` is one of :func:`known_integrations`, or the dotted name of a module of your own
+    with an ``INTEGRATION`` object (``mypkg.rlguard_integration``), for a framework RLGuard does
+    not ship.
+    """
     if name == "none":
         return GenericIntegration()
     module_name = _FRAMEWORK_MODULES.get(name)
-    if module_name is None:
+    if module_name is None and "." not in name:
         raise IntegrationError(
-            f"unknown integration {name!r} (known: {', '.join(known_integrations())})"
+            f"unknown integration {name!r} (known: {', '.join(known_integrations())}, "
+            f"or a module path with an INTEGRATION object)"
         )
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name or name)
     except ImportError as exc:
+        if module_name is None:
+            raise IntegrationError(f"cannot import integration module {name!r}: {exc}") from exc
         raise IntegrationError(
             f"integration {name!r} needs its extra: pip install 'rlguard[{name}]' ({exc})"
         ) from exc
+    module_name = module.__name__
     integration = getattr(module, "INTEGRATION", None)
     if not isinstance(integration, Integration):
         raise IntegrationError(f"{module_name} has no INTEGRATION object")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recovery.supervision.events import EVENTS_FILE, append_event
+from recovery.supervision.events import read_events as _read_events
 from workload.task import TaskSpec
 
 WEIGHT_SET = "policy"
@@ -98,7 +99,7 @@ class RunDir:
     chaos = property(lambda self: self.root / "chaos")
     requests = property(lambda self: self.root / "recovery" / "requests")
     launcher_requests = property(lambda self: self.root / "recovery" / "launcher")
-    events = property(lambda self: self.root / "events.jsonl")
+    events = property(lambda self: self.root / EVENTS_FILE)
     consumed = property(lambda self: self.root / "consumed.jsonl")
     done = property(lambda self: self.root / "DONE")
     final = property(lambda self: self.root / "final.json")
@@ -113,25 +114,9 @@ class RunDir:
         return f"s{step:06d}-w{worker:02d}"
 
     def event(self, kind: str, **fields: Any) -> None:
-        """Append one line to ``events.jsonl`` (the benchmark's timeline); O_APPEND keeps lines
-        of concurrent processes whole."""
-        line = json.dumps({"ts": time.time(), "kind": kind, "pid": os.getpid(), **fields})
-        fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+        """Append one line to ``events.jsonl`` (the benchmark's timeline)."""
+        append_event(self.events, kind, **fields)
 
 
 def read_events(run: RunDir) -> list[dict[str, Any]]:
-    try:
-        text = run.events.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line torn by kill -9: the rest of the timeline still counts
-    return out
+    return _read_events(run.events)

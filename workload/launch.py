@@ -10,31 +10,26 @@ Launcher hook (what ``RLGUARD_RECOVERY_LAUNCHER`` points at; the recovery adapte
     python -m workload.launch hook restart_role --job J --role rollout --rank 1 --idempotency-key K
     python -m workload.launch write-hook PATH --run-root ROOT   # an executable wrapper for it
 
-The hook leaves a request in ``<run_root>/<job>/recovery/launcher/`` and waits for the running
-supervisor to answer it; a request with a key that was already answered is answered again
-without acting (the adapters may retry).
+The hook is :mod:`recovery.supervision.hook`, the same for every job on the node (``rlguard
+launch`` serves it too): it leaves a request in ``<run_root>/<job>/recovery/launcher/`` and waits
+for the running supervisor to answer it; a request with a key that was already answered is
+answered again without acting (the adapters may retry).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
-import re
-import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 
-from workload.job import JobConfig, JobConfigError, RunDir, read_json, write_json_atomic
+from recovery.supervision import hook
+from recovery.supervision.requests import JOB_DIR_PATTERN as _JOB
+from workload.job import JobConfig, JobConfigError, RunDir, read_json
 from workload.task import TaskSpec
-
-HOOK_ACTIONS = ("restart_role", "restart_job", "reschedule_batches", "restore_checkpoint")
-_KEY = re.compile(r"^[\x21-\x7e]{1,300}$")  # printable ASCII, no spaces
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def _supervise(argv: list[str]) -> int:
@@ -123,75 +118,12 @@ def _supervise(argv: list[str]) -> int:
 
 
 def _hook(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m workload.launch hook")
-    p.add_argument("action")
-    p.add_argument("--job", required=True)
-    p.add_argument("--node")
-    p.add_argument("--role")
-    p.add_argument("--rank")
-    p.add_argument("--away-from")
-    p.add_argument("--idempotency-key", required=True)
-    p.add_argument("--extra")
-    p.add_argument("--run-root", default=os.environ.get("RLGUARD_RECOVERY_RUN_ROOT"))
-    p.add_argument("--wait", type=float, default=60.0)
-    args = p.parse_args(argv)
-    if args.action not in HOOK_ACTIONS:
-        p.error(f"action {args.action!r} is not one of {', '.join(HOOK_ACTIONS)}")
-    if not _JOB.fullmatch(args.job):
-        p.error(f"--job {args.job!r} cannot name a run directory")
-    if not _KEY.fullmatch(args.idempotency_key):
-        p.error(
-            f"--idempotency-key {args.idempotency_key!r} must be 1-300 printable ASCII characters"
-        )
-    if args.rank is not None and not args.rank.isdigit():
-        p.error(f"--rank must be a non-negative integer, got {args.rank!r}")
-    if args.role is not None and args.role not in ("trainer", "rollout"):
-        p.error(f"--role must be trainer or rollout, got {args.role!r}")
-    if not args.run_root:
-        p.error("--run-root (or RLGUARD_RECOVERY_RUN_ROOT) is needed to find the job")
-    extra = {}
-    if args.extra:
-        try:
-            extra = json.loads(args.extra)
-        except json.JSONDecodeError as exc:
-            p.error(f"--extra is not JSON: {exc}")
-    run = RunDir(Path(args.run_root) / args.job)
-    runtime = read_json(run.runtime)
-    if runtime is None:
-        print(f"no running job {args.job!r} under {args.run_root}", file=sys.stderr)  # noqa: T201
-        return 2
-    # Keys carry '/' and ':' (inc2/s0/restart_job:job): a digest makes a safe, stable file name.
-    name = hashlib.sha256(args.idempotency_key.encode()).hexdigest()[:32]
-    req, done = run.launcher_requests / f"{name}.json", run.launcher_requests / f"{name}.done"
-    if not done.exists():
-        try:
-            os.kill(int(runtime["launcher_pid"]), 0)
-        except (ProcessLookupError, ValueError, KeyError):
-            print(f"the launcher of {args.job!r} is not running", file=sys.stderr)  # noqa: T201
-            return 2
-        if not req.exists():
-            write_json_atomic(
-                req,
-                {
-                    "action": args.action,
-                    "role": args.role,
-                    "rank": args.rank,
-                    "node": args.node,
-                    "away_from": args.away_from,
-                    "key": args.idempotency_key,
-                    "extra": extra,
-                    "ts": time.time(),
-                },
-            )
-        deadline = time.monotonic() + args.wait
-        while not done.exists():
-            if time.monotonic() > deadline:
-                print(f"the launcher did not answer within {args.wait:g}s", file=sys.stderr)  # noqa: T201
-                return 3
-            time.sleep(0.05)
-    answer = read_json(done) or {}
-    print(json.dumps(answer, sort_keys=True))  # noqa: T201
-    return 0 if answer.get("ok") else 1
+    # The one launcher hook (recovery.supervision.hook): it serves this job and rlguard launch.
+    return hook.main(
+        argv,
+        prog="python -m workload.launch hook",
+        default_run_root=os.environ.get("RLGUARD_RECOVERY_RUN_ROOT"),
+    )
 
 
 def _write_hook(argv: list[str]) -> int:
@@ -199,14 +131,7 @@ def _write_hook(argv: list[str]) -> int:
     p.add_argument("path")
     p.add_argument("--run-root", required=True)
     args = p.parse_args(argv)
-    path = Path(args.path)
-    root = str(Path(args.run_root).resolve())
-    path.write_text(
-        "#!/bin/sh\n# RLGuard launcher hook for the reference job (written by workload.launch)\n"
-        f'exec {shlex.quote(sys.executable)} -m workload.launch hook --run-root {shlex.quote(root)} "$@"\n',
-        encoding="utf-8",
-    )
-    path.chmod(0o755)
+    hook.write_hook(Path(args.path), module="workload.launch", run_root=Path(args.run_root))
     return 0
 
 

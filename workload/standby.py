@@ -17,48 +17,23 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import os
 import sys
-from typing import Any
+
+from recovery.supervision.standby import OrderError, redirect_output
+from recovery.supervision.standby import parse_order as _parse_order
+
+__all__ = ["ROLES", "OrderError", "main", "parse_order"]
 
 ROLES = ("trainer", "rollout")
 
 
-class OrderError(ValueError):
-    """The launcher's order cannot be carried out; the message says why."""
-
-
 def parse_order(line: str) -> tuple[list[str], str]:
-    """The order's ``argv`` and ``log``; :class:`OrderError` names what is wrong."""
-    try:
-        order: Any = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise OrderError(f"the order is not JSON: {exc}") from exc
-    if not isinstance(order, dict) or set(order) != {"argv", "log"}:
+    """The order's ``argv`` and ``log``; :class:`OrderError` names what is wrong. The reference
+    roles take no environment or directory of their own: an order with them is refused."""
+    order = _parse_order(line)
+    if order.env or order.cwd is not None:
         raise OrderError(f"the order must be an object with argv and log, got {line.strip()!r}")
-    argv, log = order["argv"], order["log"]
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        raise OrderError(f"argv must be a list of strings, got {argv!r}")
-    if not isinstance(log, str) or not log:
-        raise OrderError(f"log must be a file path, got {log!r}")
-    return argv, log
-
-
-def _redirect_output(log: str) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-    finally:
-        os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        os.dup2(null, 0)
-    finally:
-        os.close(null)
+    return order.argv, order.log
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except OrderError as exc:
         print(f"standby {args.role}: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    _redirect_output(log)
+    redirect_output(log)
     code: int = module.main(role_argv)
     return code
 

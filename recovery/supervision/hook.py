@@ -80,7 +80,7 @@ def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
         sys.stderr.write(f"{exc}\n")
         return 3
     except LauncherError as exc:
-        sys.stderr.write(f"job {args.job!r}: {exc}\n")
+        sys.stderr.write(f"no running job {args.job!r} under {args.run_root} ({exc})\n")
         return 2
     sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
     return 0 if answer.get("ok") else 1

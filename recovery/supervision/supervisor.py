@@ -210,6 +210,7 @@ class Supervisor:
                 return 4
             self.tick()  # first: an exit is reported (heartbeat) even when it ends the job
             if self.finished():
+                self.wind_down()
                 self.event("job_done")
                 return 0
             time.sleep(self.poll)
@@ -227,6 +228,9 @@ class Supervisor:
     def finished(self) -> bool:
         """Whether the job is done: every process exited 0 and no restart is pending."""
         return not self._restarts and all(c.returncode == 0 for c in self.children)
+
+    def wind_down(self) -> None:
+        """Called once when the job finished, before ``job_done`` goes on the timeline."""
 
     def exit_expected(self, child: Child, code: int) -> bool:
         """Whether ``child``'s exit is part of the job's normal end (not reported at all)."""

@@ -93,7 +93,7 @@ def test_file_lease_excludes_a_second_holder_until_expiry(tmp_path: Path) -> Non
      (["hook", "restart_role", "--job", "../etc", "--idempotency-key", "k", "--run-root", "/tmp"], "../etc"),
      (["hook", "restart_role", "--job", "j", "--idempotency-key", "a b", "--run-root", "/tmp"], "a b"),
      (["hook", "restart_role", "--job", "j", "--rank", "x", "--idempotency-key", "k", "--run-root", "/tmp"], "'x'"),
-     (["hook", "restart_role", "--job", "j", "--role", "chef", "--idempotency-key", "k", "--run-root", "/tmp"], "chef"),
+     (["hook", "restart_role", "--job", "j", "--role", "ro-le", "--idempotency-key", "k", "--run-root", "/tmp"], "ro-le"),
      (["--run-dir", "/tmp/x", "--steps", "0"], "steps"),
      (["--run-dir", "/tmp/x", "--steps", "3", "--group-size", "1"], "group-size"),
      (["--run-dir", "/tmp/x", "--steps", "3", "--on-failure", "restart-job", "--standby"], "--standby")],
