@@ -45,7 +45,19 @@ GPU_METRICS: frozenset[str] = frozenset(
     }
 )
 
-JOB_METRICS: frozenset[str] = frozenset(
+# Training metrics a framework integration publishes in the heartbeat's ``signals``
+# (``HeartbeatReporter.set_signals``; the TRL callback sends GRPO's). Only these are forwarded.
+TRAINER_SIGNALS: frozenset[str] = frozenset(
+    {
+        "grpo_reward_mean",
+        "grpo_reward_std",
+        "grpo_kl",
+        "grpo_completion_length_mean",
+        "grpo_completion_clipped_ratio",
+    }
+)
+
+JOB_METRICS: frozenset[str] = TRAINER_SIGNALS | frozenset(
     {
         "rollout_pending_ratio",
         "rollout_pending_count",

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from agents.metric_names import TRAINER_SIGNALS
 from agents.samples import Participant, Sample, make_sample
 from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
 
@@ -71,6 +72,8 @@ class Heartbeat:
     # The last committed checkpoint's version vector (None until one committed).
     checkpoint_step: int | None = None
     checkpoint_inference_version: int | None = None
+    # A framework's training metrics (``signals``): only the names in TRAINER_SIGNALS.
+    signals: tuple[tuple[str, float], ...] = ()
 
 
 def _number(doc: dict[str, Any], key: str) -> float | None:
@@ -89,6 +92,22 @@ def _count(doc: dict[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise HeartbeatInvalid(f"field {key!r} is not a count: {value!r}")
     return value
+
+
+def _signals(doc: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The known training signals of the heartbeat; names the agent does not know are left out
+    (a newer integration may publish more than this agent forwards)."""
+    raw = doc.get("signals")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise HeartbeatInvalid(f"field 'signals' is not an object: {raw!r}")
+    out = []
+    for name in sorted(TRAINER_SIGNALS.intersection(raw)):
+        value = _number(raw, name)
+        if value is not None:
+            out.append((name, value))
+    return tuple(out)
 
 
 def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
@@ -156,6 +175,7 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
         checkpoint_write_errors_total=_count(doc, "checkpoint_write_errors_total"),
         checkpoint_step=_count(doc, "checkpoint_step"),
         checkpoint_inference_version=_count(doc, "checkpoint_inference_version"),
+        signals=_signals(doc),
     )
 
 
@@ -363,6 +383,8 @@ class JobCollector:
                 add(name, value)
         if hb.stale_shards is not None:
             add("actor_shard_stale", 1 if hb.stale_shards else 0)
+        for signal, reading in hb.signals:
+            add(signal, reading)
         if hb.tokens_generated is not None:
             add("rollout_tokens_generated_total", hb.tokens_generated)
             key = (hb.job, hb.role, hb.rank)
