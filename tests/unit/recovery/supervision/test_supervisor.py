@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from recovery.report import heartbeat_path, read_heartbeat
-from recovery.supervision import Child, RestartBudget, RestartBudgetError, Supervisor
-from recovery.supervision import requests
+from recovery.supervision import Child, RestartBudget, RestartBudgetError, Supervisor, requests
 from recovery.supervision.events import read_events
 
 pytestmark = pytest.mark.timeout(60)
