@@ -56,7 +56,8 @@ from app.core.ratelimit import (
     client_address,
 )
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
-from app.metrics import build_registry
+from app.goodput.queries import metrics_source as goodput_metrics_source
+from app.metrics import GoodputCollector, build_registry
 from app.services.errors import ServiceError, TooManyRequests
 from app.services.ingest import IngestService
 from app.services.ingest_inline import InlineSqliteCommitter
@@ -92,6 +93,7 @@ def create_app(
         window_seconds=settings.series.window_seconds, max_points=settings.series.max_points
     )
     registry, metrics = build_registry(store, settings.series.export_labels)
+    registry.register(GoodputCollector(goodput_metrics_source(engine, settings)))
     backend, dedupe = _window_backend(settings)
     ingest_service = IngestService(
         engine=engine,

@@ -17,7 +17,10 @@ number collapsed is exported as ``rlguard_export_collapsed_series``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -157,6 +160,62 @@ class SeriesCollector(Collector):
         yield GaugeMetricFamily(
             "rlguard_series_exported", "Series in the in-memory window", value=len(self.store)
         )
+
+
+class GoodputCollector(Collector):
+    """Per job: ``rlguard_job_ettr_ratio`` (the last 24 h) and
+    ``rlguard_job_gpu_hours_lost_total`` (its life), from the goodput ledger.
+
+    The figures come from the database (``app.goodput.queries.metrics_snapshot``), so a scrape
+    reuses the last computation for ``refresh_seconds``: a scrape every 15 s costs at most one
+    ledger pass per job per refresh. A failing computation keeps the last good figures (and is
+    logged): the exporter must not fail the whole scrape for one subsystem.
+    """
+
+    def __init__(
+        self,
+        compute: Callable[[], list[tuple[str, float, float]]],
+        *,
+        refresh_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._compute = compute
+        self._refresh = refresh_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._rows: list[tuple[str, float, float]] = []
+
+    def _current(self) -> list[tuple[str, float, float]]:
+        with self._lock:
+            now = self._clock()
+            if self._at is None or now - self._at >= self._refresh:
+                try:
+                    self._rows = self._compute()
+                except Exception:  # noqa: BLE001 - logged; the last figures stay exported
+                    logging.getLogger("rlguard.goodput").exception("goodput metrics failed")
+                self._at = now
+            return self._rows
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self._current()
+        ettr = GaugeMetricFamily(
+            PREFIX + "job_ettr_ratio",
+            "Effective training time ratio of the job over the last 24 h (productive / wall "
+            "time; 1.0 without faults), from the goodput ledger",
+            labels=["job"],
+        )
+        lost = CounterMetricFamily(
+            PREFIX + "job_gpu_hours_lost",
+            "GPU-hours the job lost to faults (detection, approval, recovery, redone work) over "
+            "its recorded life, from the goodput ledger",
+            labels=["job"],
+        )
+        for job, ratio, hours in rows:
+            ettr.add_metric([job], ratio)
+            lost.add_metric([job], hours)
+        yield ettr
+        yield lost
 
 
 def build_registry(

@@ -8,9 +8,11 @@ a window opens in the middle of is known) and by indexed columns.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from app.core.config import Settings
@@ -20,7 +22,7 @@ from app.goodput.ledger import LedgerInput, build_ledger
 from app.goodput.progress import RECORDED_RANK
 from app.goodput.public import JobGoodput
 from app.goodput.steps import StepPoint
-from app.models import Job, MetricRollup, Participant
+from app.models import Job, MetricRollup, Participant, utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEvent
@@ -249,3 +251,38 @@ def _gpu_count(
     missing = [n for n in nodes if not seen.get(n)]
     source = "reported" if not missing else ("default" if len(missing) == len(nodes) else "partly default")
     return reported + default_per_node * len(missing), source
+
+
+#: Window of the exported ETTR gauge; the GPU-hours counter covers the job's life (≤ MAX_WINDOW).
+METRICS_ETTR_WINDOW = timedelta(hours=24)
+
+
+def metrics_snapshot(
+    session: Session, *, now: datetime, settings: Settings
+) -> list[tuple[str, float, float]]:
+    """``(job, ETTR over the last 24 h, GPU-hours lost over its life)`` of every job that
+    reported in the last 24 h, for ``/metrics``."""
+    out = []
+    for name in jobs_seen(session, since=now - METRICS_ETTR_WINDOW):
+        job = session.exec(select(Job).where(Job.name == name)).one()
+        day = build_ledger(
+            _ledger_input(
+                session, job, since=now - METRICS_ETTR_WINDOW, until=now, settings=settings
+            )
+        )
+        # Its life: the wall time is clipped to its first report anyway.
+        life = build_ledger(
+            _ledger_input(session, job, since=now - MAX_WINDOW, until=now, settings=settings)
+        )
+        out.append((name, day.ettr, life.gpu_hours_lost))
+    return out
+
+
+def metrics_source(engine: Engine, settings: Settings) -> Callable[[], list[tuple[str, float, float]]]:
+    """What ``app.metrics.GoodputCollector`` calls (in the scrape's thread)."""
+
+    def compute() -> list[tuple[str, float, float]]:
+        with Session(engine) as session:
+            return metrics_snapshot(session, now=utcnow(), settings=settings)
+
+    return compute

@@ -124,6 +124,21 @@ def test_every_figure_of_the_ledger_to_the_second(history: tuple[Api, float, dic
     assert calm["ettr"] == 1.0 and calm["lost_seconds"] == 0 and calm["incidents"] == []
     assert calm["counterfactual"]["gpu_hours_saved"] == 0
 
+    # /metrics: the ETTR over the last 24 h and the GPU-hours lost over the job's life.
+    day = api.client.get(
+        f"/api/v1/jobs/{JOB}/goodput", params={"since": "24h"}, headers=auth(viewer)
+    ).json()
+    text = api.client.get("/metrics").text
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("rlguard_job_")
+    }
+    assert values[f'rlguard_job_gpu_hours_lost_total{{job="{JOB}"}}'] == pytest.approx(310 / 3600 * 8)
+    assert values[f'rlguard_job_ettr_ratio{{job="{JOB}"}}'] == pytest.approx(day["ettr"], rel=1e-3)
+    assert values[f'rlguard_job_ettr_ratio{{job="{CALM}"}}'] == 1.0
+    assert values[f'rlguard_job_gpu_hours_lost_total{{job="{CALM}"}}'] == 0.0
+
 
 BAD = [
     ({"since": "yesterday"}, 422, "since 'yesterday' is neither a duration"),
