@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from argon2 import PasswordHasher
 from sqlmodel import Session
 
 from app.core import migrate
@@ -21,17 +22,24 @@ from app.models import Role
 from app.services.users import create_user
 from tests.integration.foundation.conftest import Api, AppClient, make_settings
 from tests.unit.app.views.conftest import PASSWORD, csrf_from
+from tests.unit.app.views.conftest import _password_hash as password_hash
 
 pytestmark = [pytest.mark.integration]
 
 
 @pytest.fixture
-def make_replica(postgres_url: str, tmp_path: Path) -> Iterator[Callable[..., Api]]:
-    migrate.upgrade(postgres_url)
+def auth_db_url(postgres_url: str) -> str:
+    """The database the replicas share (PostgreSQL, as deployed); a module may override it."""
+    return postgres_url
+
+
+@pytest.fixture
+def make_replica(auth_db_url: str, tmp_path: Path) -> Iterator[Callable[..., Api]]:
+    migrate.upgrade(auth_db_url)
     clients: list[AppClient] = []
 
     def factory(**overrides: object) -> Api:
-        settings = make_settings(postgres_url, tmp_path / f"data{len(clients)}", **overrides)
+        settings = make_settings(auth_db_url, tmp_path / f"data{len(clients)}", **overrides)
         client = AppClient(create_app(settings, extra_lifespans=[]))
         clients.append(client)
         return Api(client)
@@ -44,7 +52,13 @@ def make_replica(postgres_url: str, tmp_path: Path) -> Iterator[Callable[..., Ap
 def add_user(api: Api, name: str, role: Role, password: str = PASSWORD) -> str:
     """A user with a login password; returns their first API token."""
     with Session(api.engine) as s:
-        _user, token = create_user(s, name=name, role=role, password=password, actor="test")
+        user, token = create_user(s, name=name, role=role, actor="test")
+        # One argon2 hash of PASSWORD for every test user (app.services.users hashes the same
+        # way): hashing is the slow part of these tests.
+        user.password_hash = password_hash() if password == PASSWORD else PasswordHasher().hash(
+            password
+        )
+        s.add(user)
         s.commit()
     return token
 
