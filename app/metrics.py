@@ -76,6 +76,13 @@ class ServerMetrics:
             "Failed ingest group commits (retried)",
             registry=registry,
         )
+        self.ingest_batches_rejected = Counter(
+            "rlguard_ingest_batches_rejected",
+            "Batches the database refused at commit (isolated from their group, answered 422), "
+            "by the body field whose write failed; non-zero means validation has a gap",
+            ["reason"],
+            registry=registry,
+        )
         self.http_request_seconds = Histogram(
             "rlguard_http_request_duration_seconds",
             "HTTP request latency by method, route template and status",

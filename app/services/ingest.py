@@ -14,7 +14,10 @@ restart" fit together:
 3. The group committer writes everything queued so far in ONE database transaction
    (``ingest_persist.write_ingest_group``), then resolves the waiting requests. Only then is
    ``{"accepted": N, "duplicate": false}`` sent. Concurrent requests share one commit (and one
-   fsync), which is what keeps the hot path fast.
+   fsync), which is what keeps the hot path fast. A group that fails because of its data is
+   split until the batch(es) the database refuses are found (``ingest_committer``): the others
+   commit, each refused batch is answered 422 and its seq released, so no single batch can stop
+   ingest for the other nodes.
 4. A delivery whose seq is already marked answers ``{"duplicate": true}``, but also only once the
    agent's window is durable: otherwise "duplicate" could be acknowledged for a batch whose
    original delivery is lost by a crash a moment later.
@@ -23,8 +26,10 @@ If the process dies between 2 and 3, nothing was acknowledged, the window in the
 contain the seq, and the agent's retry is applied (once) by the restarted server. If it dies after
 3, the retry is refused as a duplicate, because the window is loaded from the database at start.
 If the commit fails (database down), the request gets 503 after ``commit_timeout_seconds``; the
-batch stays in memory and marked, the committer keeps retrying, and the agent's retry is answered
-"duplicate" once the commit finally succeeds. The in-memory window of samples itself is volatile by
+batch stays in memory and marked, the committer keeps retrying (``/readyz`` answers 503 while it
+does), and the agent's retry is answered "duplicate" once the commit finally succeeds. A batch
+refused at commit keeps its samples in the in-memory window (volatile, not rolled back) but
+nothing of it reaches the database. The in-memory window of samples itself is volatile by
 design (it is a cache for the policy engine; ``MetricRollup`` keeps history).
 
 Alone, this holds for ONE process per database (the windows live in its memory). With a shared
@@ -42,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -54,15 +59,16 @@ from app.goodput.progress import StepTracker, load_step_tracker
 from app.metrics import ServerMetrics
 from app.models import utcnow
 from app.services.errors import Unavailable
+from app.services.ingest_committer import (
+    QueuedBatch,
+    Rejection,
+    group_of,
+    is_transient,
+    isolate,
+)
 from app.services.ingest_dedupe import DedupeWindow
 from app.services.ingest_inline import InlineSqliteCommitter
-from app.services.ingest_persist import (
-    IngestGroup,
-    NodeSeen,
-    ParticipantSeen,
-    load_cursors,
-    write_ingest_group,
-)
+from app.services.ingest_persist import IngestGroup, load_cursors, write_ingest_group
 from app.services.ingest_phases import PhaseRetention, PhaseTracker, load_tracker
 from app.services.ingest_validation import BatchValidator, IngestRejected, ValidBatch
 from app.services.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
@@ -82,6 +88,8 @@ _RETRY_MAX_S = 5.0
 # A Redis claim older than this whose seq the database does not hold belongs to a replica that
 # died (or answered 503) before committing; another replica may take the batch over.
 STEAL_CLAIM_AFTER_S = 30.0
+# Refused seqs remembered per agent, for a retry that arrived while the original was queued.
+_REMEMBER_REJECTED = 64
 
 
 @dataclass(slots=True)
@@ -94,8 +102,9 @@ class IngestResult:
 class _AgentState:
     window: DedupeWindow
     version: int = 0  # bumped on every mark
-    durable_version: int = 0  # the version the database holds
+    durable_version: int = 0  # every batch up to this version is committed (or refused)
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    rejected: dict[int, str] = field(default_factory=dict)  # seq -> why the database refused it
 
 
 @dataclass(slots=True)
@@ -132,16 +141,14 @@ class IngestService:
         self.inline = inline
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
         self.dedupe = dedupe
-        self._pending_samples: list[Sample] = []
-        self._pending_shared: list[SharedParticipant] = []
         self.store = store
         self.limits = limits
         self.metrics = metrics
         self.validator = BatchValidator(limits, clock=clock)
         self._agents: dict[tuple[str, str], _AgentState] = {}
-        self._pending = IngestGroup()
-        self._pending_versions: dict[tuple[str, str], int] = {}
-        self._pending_batches = 0
+        self._queued: list[QueuedBatch] = []  # accepted, not yet committed, in arrival order
+        self._done: dict[int, asyncio.Future[None]] = {}  # id(queued batch) -> its request's
+        self._failing_since: float | None = None  # monotonic time of the first failed retry
         self._participants: dict[tuple[str, str, int], ParticipantState] = {}
         # Phase changes go into the group commit (app.services.ingest_phases); seeded at start.
         self._phases = PhaseTracker()
@@ -180,6 +187,13 @@ class IngestService:
         """False once the group committer has stopped (readiness reports it)."""
         return self._task is not None and not self._task.done()
 
+    def commits_failing_for(self) -> float | None:
+        """Seconds since group commits started failing (None while they succeed); readiness
+        reports it: acknowledged ingest is stalled while it is not None."""
+        if self._failing_since is None:
+            return None
+        return time.monotonic() - self._failing_since
+
     async def stop(self) -> None:
         """Flush what is pending (so acknowledged-pending requests complete), then stop."""
         self._stopping = True
@@ -210,6 +224,12 @@ class IngestService:
         except IngestRejected as exc:
             m.ingest_rejections.labels(reason=exc.kind).inc()
             raise
+        return await self.apply(batch)
+
+    async def apply(self, batch: ValidBatch) -> IngestResult:
+        """Apply a validated batch once and answer when it is durable (``ingest`` after its
+        checks; tests drive the committer with batches validation would refuse)."""
+        m = self.metrics
         key = (batch.node, batch.agent_id)
         state = self._agents.get(key)
         if state is None:
@@ -228,18 +248,18 @@ class IngestService:
                 return IngestResult(accepted=0, duplicate=True)
         if not state.window.mark(batch.seq):
             m.ingest_batches.labels(result="duplicate").inc()
-            await self._wait_durable(key, state, state.version)
+            await self._wait_durable(state, state.version)
+            refused = state.rejected.get(batch.seq)
+            if refused is not None:  # the original was refused at commit while this waited
+                raise IngestRejected(refused, kind="uncommittable")
             return IngestResult(accepted=0, duplicate=True)
         # From here to the end of _queue there is no await: store, window and queue move together.
         stored = self.store.extend(batch.samples)
-        if self.backend.shared:
-            self._pending_samples.extend(batch.samples)
-            self._pending_shared.extend(participants_of(batch.participants, batch.node))
         state.version += 1
-        self._queue(batch, state)
+        done = self._queue(batch, state)
         m.ingest_batches.labels(result="accepted").inc()
         m.ingest_samples.inc(stored)
-        await self._wait_durable(key, state, state.version)
+        await self._wait_committed(done)
         return IngestResult(accepted=stored, duplicate=False)
 
     async def _claim_shared(self, batch: ValidBatch, state: _AgentState) -> bool:
@@ -280,41 +300,53 @@ class IngestService:
             "server replica; retry the same seq"
         )
 
-    def _queue(self, batch: ValidBatch, state: _AgentState) -> None:
-        key = (batch.node, batch.agent_id)
-        pending = self._pending
-        pending.cursors[key] = (state.window.high_seq, state.window.window_mask)
-        self._pending_versions[key] = state.version
-        self._pending_batches += 1
+    def _queue(self, batch: ValidBatch, state: _AgentState) -> asyncio.Future[None]:
+        """Queue the batch's durable effects; the future resolves once they are committed."""
         seen = utcnow()
-        node = pending.nodes.get(batch.node)
-        if node is None:
-            pending.nodes[batch.node] = NodeSeen(batch.agent_id, seen, batch.fingerprint)
-        else:
-            node.agent_id, node.seen_at = batch.agent_id, seen
-            if batch.fingerprint is not None:
-                node.fingerprint = batch.fingerprint
-        phases = self._phases
+        phases, steps = [], []
         for p in batch.participants:
-            pending.jobs[p.job] = seen
-            change = phases.observe(p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts)
+            change = self._phases.observe(p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts)
             if change is not None:
-                pending.phases.append(change)
+                phases.append(change)
             moved = self._steps.observe(p.job, p.role, p.rank, p.step, p.ts)
             if moved is not None:
-                pending.steps.append(moved)
+                steps.append(moved)
             pkey = (p.job, p.role, p.rank)
-            known = pending.participants.get(pkey)
-            if known is None or known.ts <= p.ts:
-                pending.participants[pkey] = ParticipantSeen(batch.node, p.phase, p.step, p.ts)
             mem = self._participants.get(pkey)
             if mem is None or mem.ts <= p.ts:
                 self._participants[pkey] = ParticipantState(
                     p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts
                 )
+        queued = QueuedBatch(
+            batch.node,
+            batch.agent_id,
+            batch.seq,
+            state.version,
+            seen,
+            batch.fingerprint,
+            batch.participants,
+            phases,
+            steps,
+        )
+        if self.backend.shared:
+            queued.samples = batch.samples
+            queued.shared = participants_of(batch.participants, batch.node)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A request that gave up (503) leaves its future unawaited: retrieve its outcome here so
+        # asyncio does not log "exception was never retrieved".
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._done[id(queued)] = done
+        self._queued.append(queued)
         self._wake.set()
+        return done
 
-    async def _wait_durable(self, key: tuple[str, str], state: _AgentState, version: int) -> None:
+    async def _wait_committed(self, done: asyncio.Future[None]) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout=self.limits.commit_timeout_seconds)
+        except TimeoutError:
+            raise self._not_durable() from None
+
+    async def _wait_durable(self, state: _AgentState, version: int) -> None:
         if state.durable_version >= version:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -322,73 +354,130 @@ class IngestService:
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=self.limits.commit_timeout_seconds)
         except TimeoutError:
-            self.metrics.ingest_rejections.labels(reason="not_durable").inc()
-            raise Unavailable(
-                "the batch is applied in memory but could not be committed to the database "
-                f"within {self.limits.commit_timeout_seconds:g} s; retry the same seq"
-            ) from None
+            raise self._not_durable() from None
+
+    def _not_durable(self) -> Unavailable:
+        self.metrics.ingest_rejections.labels(reason="not_durable").inc()
+        return Unavailable(
+            "the batch is applied in memory but could not be committed to the database "
+            f"within {self.limits.commit_timeout_seconds:g} s; retry the same seq"
+        )
 
     # -- the group committer ------------------------------------------------------------------
 
     async def _commit_loop(self) -> None:
         backoff = _RETRY_MIN_S
         while True:
-            if not self._pending:
+            if not self._queued:
                 if self._stopping:
                     return
                 await self._wake.wait()
                 self._wake.clear()
                 continue
-            group, versions = self._pending, self._pending_versions
-            batches, self._pending_batches = self._pending_batches, 0
-            self._pending, self._pending_versions = IngestGroup(), {}
-            samples, shared = self._pending_samples, self._pending_shared
-            self._pending_samples, self._pending_shared = [], []
+            batches, self._queued = self._queued, []
             started = time.perf_counter()
-            try:
-                if self.inline is not None and self.inline.try_commit(group, self._phase_retention):
-                    self.metrics.ingest_commits.labels(path="inline").inc()
-                else:
-                    await asyncio.to_thread(self._commit, group, samples, shared)
-                    self.metrics.ingest_commits.labels(path="thread").inc()
-            except Exception:
-                # Keep the group (newer state wins) and retry; waiters time out with 503.
-                log.exception("ingest commit failed; retrying in %.1f s", backoff)
-                self.metrics.ingest_commit_failures.inc()
-                self._pending.absorb_older(group)
-                self._pending_samples[:0] = samples
-                self._pending_shared[:0] = shared
-                for k, v in versions.items():
-                    self._pending_versions.setdefault(k, v)
-                self._pending_batches += batches
-                if self._stopping and backoff >= _RETRY_MAX_S:
-                    return
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _RETRY_MAX_S)
+            failure = await self._commit_or_isolate(batches)
+            if failure is None:
+                backoff = _RETRY_MIN_S
+                self._failing_since = None
+                self.metrics.ingest_commit_seconds.observe(time.perf_counter() - started)
+                self.metrics.ingest_commit_group_size.observe(len(batches))
                 continue
-            backoff = _RETRY_MIN_S
-            self.metrics.ingest_commit_seconds.observe(time.perf_counter() - started)
-            self.metrics.ingest_commit_group_size.observe(batches)
-            for k, version in versions.items():
-                state = self._agents[k]
-                if version > state.durable_version:
-                    state.durable_version = version
-                still = []
-                for want, fut in state.waiters:
-                    if want <= state.durable_version:
-                        if not fut.done():
-                            fut.set_result(None)
-                    else:
-                        still.append((want, fut))
-                state.waiters = still
+            # The database (or Redis) is failing: what is left stays queued, ahead of newer
+            # batches, and is retried whole; its waiters time out with 503.
+            log.error(
+                "ingest commit failed (%s); retrying in %.1f s",
+                type(failure).__name__,
+                backoff,
+                exc_info=failure,
+            )
+            if self._failing_since is None:
+                self._failing_since = time.monotonic()
+            if self._stopping and backoff >= _RETRY_MAX_S:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _RETRY_MAX_S)
 
-    def _commit(
-        self, group: IngestGroup, samples: list[Sample], shared: list[SharedParticipant]
-    ) -> None:
+    async def _commit_or_isolate(self, batches: list[QueuedBatch]) -> BaseException | None:
+        """Commit ``batches`` in one transaction; when their data fails it, commit all but the
+        batch(es) at fault. Returns the transient failure that left batches queued, or None."""
+        group = group_of(batches)
+        try:
+            if self.inline is not None and self.inline.try_commit(group, self._phase_retention):
+                self.metrics.ingest_commits.labels(path="inline").inc()
+            else:
+                await asyncio.to_thread(self._write_and_publish, group, batches)
+                self.metrics.ingest_commits.labels(path="thread").inc()
+        except Exception as exc:
+            self.metrics.ingest_commit_failures.inc()
+            if is_transient(exc):
+                self._queued[:0] = batches
+                return exc
+            log.error(
+                "ingest group of %d batches refused by the database (%s); isolating the "
+                "batch(es) at fault",
+                len(batches),
+                type(exc).__name__,
+            )
+            outcome = await asyncio.to_thread(isolate, batches, self._commit_batches)
+            self._resolve(outcome.committed, outcome.rejected)
+            if outcome.unresolved:
+                self._queued[:0] = outcome.unresolved
+                return outcome.transient
+            return None
+        self._resolve(batches, [])
+        return None
+
+    def _commit_batches(self, batches: Sequence[QueuedBatch]) -> None:
+        self._write_and_publish(group_of(batches), batches)
+
+    def _write_and_publish(self, group: IngestGroup, batches: Sequence[QueuedBatch]) -> None:
         write_ingest_group(self.engine, group, phase_retention=self._phase_retention)
         # After the database: a retry after a failed publish rewrites the same (idempotent)
         # upserts, and never appends the samples to the shared stream twice.
+        samples: list[Sample] = []
+        shared: list[SharedParticipant] = []
+        if self.backend.shared:
+            for b in batches:
+                samples.extend(b.samples)
+                shared.extend(b.shared)
         self.backend.publish(samples, shared)
+
+    def _resolve(self, committed: list[QueuedBatch], rejected: list[Rejection]) -> None:
+        """Answer the requests of ``committed`` and ``rejected`` batches (together a prefix of
+        the queue) and advance their agents' durable versions past them."""
+        versions: dict[tuple[str, str], int] = {}
+        for r in rejected:
+            b = r.batch
+            state = self._agents[(b.node, b.agent_id)]
+            # Released: a retry is applied (and refused) again instead of answered "duplicate".
+            state.window.unmark(b.seq)
+            state.rejected[b.seq] = r.reason
+            if len(state.rejected) > _REMEMBER_REJECTED:
+                del state.rejected[next(iter(state.rejected))]
+            self.metrics.ingest_batches_rejected.labels(reason=r.field).inc()
+            done = self._done.pop(id(b))
+            if not done.done():
+                done.set_exception(IngestRejected(r.reason, kind="uncommittable"))
+        for b in committed:
+            done = self._done.pop(id(b))
+            if not done.done():
+                done.set_result(None)
+        for b in [*committed, *(r.batch for r in rejected)]:
+            key = (b.node, b.agent_id)
+            versions[key] = max(versions.get(key, 0), b.version)
+        for k, version in versions.items():
+            state = self._agents[k]
+            if version > state.durable_version:
+                state.durable_version = version
+            still = []
+            for want, fut in state.waiters:
+                if want <= state.durable_version:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    still.append((want, fut))
+            state.waiters = still
 
     # -- read side ----------------------------------------------------------------------------
 

@@ -48,3 +48,10 @@ class DedupeWindow:
         else:
             self.window_mask |= 1 << (self.high_seq - seq)
         return True
+
+    def unmark(self, seq: int) -> None:
+        """Forget ``seq`` (its batch was refused at commit) so a retry is applied again; a seq
+        below the window stays seen, as every seq there does."""
+        offset = self.high_seq - seq
+        if 0 <= offset < WINDOW:
+            self.window_mask &= ~(1 << offset)

@@ -3,12 +3,15 @@
 ``write_ingest_group`` upserts, in ONE transaction, the dedupe cursors of every batch in the group
 together with the batches' durable effects (node last-seen and fingerprint, jobs, participants).
 Either all of it commits or none of it does, so a batch is never recorded as applied without its
-effects, nor its effects written without it being recorded.
+effects, nor its effects written without it being recorded. A failure is noted with the part of
+the group being written (``part_of``), so a batch rejected alone can be told which field failed.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -54,25 +57,6 @@ class IngestGroup:
         return bool(
             self.cursors or self.nodes or self.jobs or self.participants or self.phases or self.steps
         )
-
-    def absorb_older(self, older: IngestGroup) -> None:
-        """Put back a group whose commit failed; newer pending state wins key by key."""
-        for ck, cur in older.cursors.items():
-            self.cursors.setdefault(ck, cur)
-        for node, seen in older.nodes.items():
-            mine = self.nodes.get(node)
-            if mine is None:
-                self.nodes[node] = seen
-            elif mine.fingerprint is None and seen.fingerprint is not None:
-                mine.fingerprint = seen.fingerprint
-        for job, at in older.jobs.items():
-            self.jobs.setdefault(job, at)
-        for pk, part in older.participants.items():
-            newer = self.participants.get(pk)
-            if newer is None or newer.ts < part.ts:
-                self.participants[pk] = part
-        self.phases[:0] = older.phases
-        self.steps[:0] = older.steps
 
 
 def fingerprint_hash(fp: dict[str, str]) -> str:
@@ -164,60 +148,98 @@ def write_ingest_group(
                 prune_step_progress(conn, before=now - phase_retention.retention)
 
 
+_PART_NOTE = "rlguard ingest part: "
+
+
+@contextmanager
+def _writing(part: str) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(_PART_NOTE + part)
+        raise
+
+
+def part_of(exc: BaseException) -> str | None:
+    """The part of the group (jobs, nodes, fingerprint, participants, phases, steps, cursors)
+    whose write raised ``exc``, or None when it did not come from ``write_ingest_group``."""
+    for note in getattr(exc, "__notes__", ()):
+        if note.startswith(_PART_NOTE):
+            return str(note[len(_PART_NOTE) :])
+    return None
+
+
 def _write(conn: Connection, st: _Statements, group: IngestGroup, now: datetime) -> None:
     if group.jobs:
-        conn.execute(
-            st.jobs,
-            [{"name": n, "created_at": now, "last_seen_at": t} for n, t in group.jobs.items()],
-        )
+        with _writing("jobs"):
+            conn.execute(
+                st.jobs,
+                [{"name": n, "created_at": now, "last_seen_at": t} for n, t in group.jobs.items()],
+            )
     if group.nodes:
-        conn.execute(
-            st.nodes,
-            [
-                {"b_name": n, "b_seen": s.seen_at, "b_agent": s.agent_id}
-                for n, s in group.nodes.items()
-            ],
-        )
+        with _writing("nodes"):
+            conn.execute(
+                st.nodes,
+                [
+                    {"b_name": n, "b_seen": s.seen_at, "b_agent": s.agent_id}
+                    for n, s in group.nodes.items()
+                ],
+            )
         with_fp = [(n, s.fingerprint) for n, s in group.nodes.items() if s.fingerprint]
         if with_fp:
-            conn.execute(
-                st.fingerprints,
-                [{"b_name": n, "b_fp": fp, "b_h": fingerprint_hash(fp)} for n, fp in with_fp],
-            )
+            with _writing("fingerprint"):
+                conn.execute(
+                    st.fingerprints,
+                    [{"b_name": n, "b_fp": fp, "b_h": fingerprint_hash(fp)} for n, fp in with_fp],
+                )
     if group.participants:
-        conn.execute(
-            st.participants,
-            [
-                {
-                    "job_name": job,
-                    "role": role,
-                    "rank": rank,
-                    "node_name": p.node,
-                    "phase": p.phase,
-                    "step": p.step,
-                    "last_heartbeat_at": from_epoch(p.ts),
-                    "updated_at": now,
-                }
-                for (job, role, rank), p in group.participants.items()
-            ],
-        )
+        with _writing("participants"):
+            _write_participants(conn, st, group, now)
     # After the jobs (the rows refer to them), in the same transaction as the cursors.
-    write_phase_changes(conn, group.phases)
-    write_step_changes(conn, group.steps)
+    with _writing("phases"):
+        write_phase_changes(conn, group.phases)
+    with _writing("steps"):
+        write_step_changes(conn, group.steps)
     if group.cursors:
-        conn.execute(
-            st.cursors,
-            [
-                {
-                    "node_name": node,
-                    "agent_id": agent,
-                    "high_seq": high,
-                    "window_mask": mask,
-                    "updated_at": now,
-                }
-                for (node, agent), (high, mask) in group.cursors.items()
-            ],
-        )
+        with _writing("cursors"):
+            _write_cursors(conn, st, group, now)
+
+
+def _write_participants(
+    conn: Connection, st: _Statements, group: IngestGroup, now: datetime
+) -> None:
+    conn.execute(
+        st.participants,
+        [
+            {
+                "job_name": job,
+                "role": role,
+                "rank": rank,
+                "node_name": p.node,
+                "phase": p.phase,
+                "step": p.step,
+                "last_heartbeat_at": from_epoch(p.ts),
+                "updated_at": now,
+            }
+            for (job, role, rank), p in group.participants.items()
+        ],
+    )
+
+
+def _write_cursors(conn: Connection, st: _Statements, group: IngestGroup, now: datetime) -> None:
+    conn.execute(
+        st.cursors,
+        [
+            {
+                "node_name": node,
+                "agent_id": agent,
+                "high_seq": high,
+                "window_mask": mask,
+                "updated_at": now,
+            }
+            for (node, agent), (high, mask) in group.cursors.items()
+        ],
+    )
 
 
 def load_cursors(

@@ -34,9 +34,22 @@ async def readyz(request: Request) -> JSONResponse:
             {"status": "unavailable", "database": f"unreachable ({type(exc).__name__})"},
             status_code=503,
         )
-    if not request.app.state.ingest.committer_alive():
+    ingest = request.app.state.ingest
+    if not ingest.committer_alive():
         return JSONResponse(
             {"status": "unavailable", "database": "ok", "ingest": "committer stopped"},
+            status_code=503,
+        )
+    # The ping can pass while the group commit keeps failing (a failure only the ingest writes
+    # hit): acknowledged ingest is stalled then, so this replica is not ready.
+    failing = ingest.commits_failing_for()
+    if failing is not None:
+        return JSONResponse(
+            {
+                "status": "unavailable",
+                "database": "ok",
+                "ingest": f"group commits failing for {failing:.1f} s",
+            },
             status_code=503,
         )
     return JSONResponse({"status": "ok", "database": "ok"})

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from app.core.db import make_engine
 from app.core.migrate import upgrade
 from app.models import utcnow
+from app.services.ingest_committer import QueuedBatch, group_of
 from app.services.ingest_persist import IngestGroup, write_ingest_group
 from app.services.ingest_phases import (
     PhaseChange,
@@ -42,15 +43,16 @@ def test_seeded_tracker_does_not_repeat_the_known_phase() -> None:
     assert change is not None and change.previous == "TRAIN"
 
 
-def test_a_failed_group_keeps_its_changes_in_order() -> None:
-    older, newer = IngestGroup(), IngestGroup()
+def test_a_group_keeps_its_batches_changes_in_order() -> None:
+    # (A failed group is put back as its queued batches, ahead of newer ones: group_of of the
+    # retried queue gives the same order.)
     a = PhaseChange("j", "trainer", 0, "n", "ROLLOUT", None, 1, 1.0)
     b = PhaseChange("j", "trainer", 0, "n", "TRAIN", "ROLLOUT", 2, 2.0)
-    older.phases.append(a)
-    assert older  # a group with only a phase change still commits
-    newer.phases.append(b)
-    newer.absorb_older(older)
-    assert newer.phases == [a, b]
+    first = QueuedBatch("n", "a", 1, 1, utcnow(), None, [], [a], [])
+    second = QueuedBatch("n", "a", 2, 2, utcnow(), None, [], [b], [])
+    only_phases = IngestGroup(phases=[a])
+    assert only_phases  # a group with only a phase change still commits
+    assert group_of([first, second]).phases == [a, b]
 
 
 @pytest.fixture
