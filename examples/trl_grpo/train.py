@@ -9,7 +9,7 @@ Sizes (``--size``, see ``SIZES``): ``full`` (default) is sized like the referenc
 step on 2 CPU cores (measured 1.2-2.2 s on a loaded machine): a 4-layer, 512-wide model (about
 13 M parameters), 6 prompts x 8 generations of 24 to 48 tokens per step. A 2-layer, 64-wide model
 trains at ~40 ms per step, which would make any restart look expensive. ``tiny`` is for tests:
-a 2-layer, 32-wide model, 4 generations of up to 6 tokens, a few tens of ms per step.
+a 2-layer, 32-wide model, 2 prompts x 4 generations of 4 to 8 tokens, a few tens of ms per step.
 
 Run it under RLGuard::
 
@@ -39,6 +39,7 @@ import json  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -77,7 +78,7 @@ SIZES = {
     ),
     # For tests: a few tens of milliseconds per step.
     "tiny": Size(
-        hidden=32, layers=2, heads=2, generations=4, prompts_per_step=1, completion_tokens=6
+        hidden=32, layers=2, heads=2, generations=4, prompts_per_step=2, completion_tokens=8
     ),
 }
 
@@ -135,14 +136,25 @@ def build_dataset(count: int, seed: int) -> Dataset:
     )
 
 
-def sum_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
-    """Share of the answer's characters in the right place, minus a little for extra length."""
-    rewards = []
-    for completion, expected in zip(completions, answer, strict=True):
-        right = sum(1 for got, want in zip(completion, expected, strict=False) if got == want)
-        extra = max(0, len(completion) - len(expected))
-        rewards.append(right / len(expected) - 0.05 * extra)
-    return rewards
+def make_reward(fail_at_step: int | None = None) -> Callable[..., list[float]]:
+    """The verifiable reward; with ``fail_at_step`` it raises inside that training step (a
+    stand-in for an OOM or a crashing reward service, for the tests)."""
+
+    def sum_reward(
+        completions: list[str], answer: list[str], trainer_state: Any = None, **_: Any
+    ) -> list[float]:
+        """Share of the answer's characters in the right place, minus a little per extra one."""
+        step = None if trainer_state is None else trainer_state.global_step + 1
+        if fail_at_step is not None and step == fail_at_step:
+            raise RuntimeError(f"injected failure in training step {step}")
+        rewards = []
+        for completion, expected in zip(completions, answer, strict=True):
+            right = sum(1 for got, want in zip(completion, expected, strict=False) if got == want)
+            extra = max(0, len(completion) - len(expected))
+            rewards.append(right / len(expected) - 0.05 * extra)
+        return rewards
+
+    return sum_reward
 
 
 class StepLog(TrainerCallback):
@@ -155,6 +167,20 @@ class StepLog(TrainerCallback):
         line = json.dumps({"step": state.global_step, "pid": os.getpid(), "t": time.time()})
         with open(self._path, "a", encoding="utf-8") as handle:
             handle.write(line + "\n")
+
+
+class StallInSave(TrainerCallback):
+    """Holds the process after the Trainer wrote ``checkpoint-N`` and before RLGuard seals it:
+    the window a kill during a save hits, made wide for the tests (``--stall_in_save_at``)."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self._step = step
+        self._path = path
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self._step:
+            self._path.write_text(str(os.getpid()), encoding="utf-8")
+            time.sleep(3600)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -174,6 +200,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("auto", "on", "off"),
         default="auto",
         help="add RLGuardCallback (auto: when run by rlguard launch, i.e. RLGUARD_RUN_DIR is set)",
+    )
+    parser.add_argument(
+        "--fail_at_step", type=int, default=None, help="test fault: the reward raises in this step"
+    )
+    parser.add_argument(
+        "--stall_in_save_at",
+        type=int,
+        default=None,
+        help="test fault: stall after writing checkpoint-N, before it is sealed",
     )
     args = parser.parse_args(argv)
     for name in ("max_steps", "save_steps"):
@@ -211,6 +246,8 @@ def build_trainer(args: argparse.Namespace) -> GRPOTrainer:
         dataloader_num_workers=0,
     )
     callbacks: list[TrainerCallback] = [StepLog(output_dir / "steps.jsonl")]
+    if args.stall_in_save_at is not None:
+        callbacks.append(StallInSave(args.stall_in_save_at, output_dir / "stalled-in-save.pid"))
     use_rlguard = args.rlguard == "on" or (
         args.rlguard == "auto" and bool(os.environ.get("RLGUARD_RUN_DIR"))
     )
@@ -220,7 +257,7 @@ def build_trainer(args: argparse.Namespace) -> GRPOTrainer:
         callbacks.append(RLGuardCallback())
     return GRPOTrainer(
         model=str(initial_model_dir(output_dir, size, tokenizer, args.seed)),
-        reward_funcs=sum_reward,
+        reward_funcs=make_reward(args.fail_at_step),
         args=config,
         train_dataset=build_dataset(max(64, args.max_steps * size.prompts_per_step * 2), args.seed),
         processing_class=tokenizer,

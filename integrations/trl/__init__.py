@@ -127,6 +127,8 @@ class TRLIntegration:
     """What ``rlguard launch --integration trl`` needs to know about a TRL training script."""
 
     name = "trl"
+    # What a warm standby of ``rlguard launch --standby`` imports ahead (the slow part of a start).
+    preload_modules = ("torch", "transformers", "trl")
 
     def check_environment(self) -> None:
         """Raise :class:`IntegrationError` unless supported TRL and transformers are installed."""
