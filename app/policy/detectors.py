@@ -888,6 +888,8 @@ class EnvDriftDetector(Detector):
 
 
 def default_detectors(policy: Policy) -> list[Detector]:
+    from app.policy.hang import TrainHangDetector  # its own module, built on this one
+
     return [
         GoldenMetricDetector(policy),
         TrainerIdleDetector(policy),
@@ -897,4 +899,5 @@ def default_detectors(policy: Policy) -> list[Detector]:
         GpuHealthDetector(policy),
         JobFailureDetector(policy),
         EnvDriftDetector(policy),
+        TrainHangDetector(policy),
     ]

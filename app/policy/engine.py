@@ -103,8 +103,12 @@ class TickResult:
 
 
 # A signal of the first kind about a participant makes one of the second kind about the same
-# participant redundant (one incident per root cause, not an alert storm).
-_SUPERSEDES = {FaultKind.ROLLOUT_DOWN: FaultKind.HEARTBEAT_LOST}
+# participant redundant (one incident per root cause, not an alert storm): a dead rollout is
+# rollout_down, a SIGSTOPped trainer is hung (train_hang) though its heartbeat goes silent too.
+_SUPERSEDES = {
+    FaultKind.ROLLOUT_DOWN: FaultKind.HEARTBEAT_LOST,
+    FaultKind.TRAIN_HANG: FaultKind.HEARTBEAT_LOST,
+}
 
 
 class PolicyEngine:

@@ -56,6 +56,12 @@ class TrainerDetection(_Strict):
     active_phases: tuple[str, ...] = ("TRAIN",)
     idle_timeout_seconds: float = Field(default=300, gt=0)
     idle_utilization_ratio: float = Field(default=0.05, ge=0, le=1)
+    # train_hang (app/policy/hang.py): the step stuck for max(hang_min_seconds,
+    # hang_step_factor x median step time), counted only in hang_phases.
+    hang_phases: tuple[str, ...] = ("ROLLOUT", "TRAIN")
+    hang_min_seconds: float = Field(default=120, gt=0)
+    hang_step_factor: float = Field(default=10, ge=1)
+    hang_min_steps: int = Field(default=3, ge=1)
 
 
 class RolloutDetection(_Strict):

@@ -20,6 +20,7 @@ class FaultKind(StrEnum):
     STORAGE_UNWRITABLE = "storage_unwritable"
     # role-aware idleness and liveness
     TRAINER_IDLE = "trainer_idle"
+    TRAIN_HANG = "train_hang"
     ROLLOUT_DOWN = "rollout_down"
     HEARTBEAT_LOST = "heartbeat_lost"
     NODE_SILENT = "node_silent"

@@ -304,6 +304,44 @@ def same_step_twice(v: int):
     ], "step 20 fails, is retried and fails again"
 
 
+def stepping(every: float, *, frozen: Callable[[float], bool] = lambda rel: False,
+             first: float | None = None) -> Callable[[float, Sim], None]:
+    """A hook that advances the job's step every ``every`` s of trace time, except while
+    ``frozen(seconds since T0)``; the first step takes ``first`` s when given."""
+    base: list[int] = []
+    progress = [0.0]
+
+    def hook(t: float, sim: Sim) -> None:
+        if not base:
+            base.append(sim.step)
+        if not frozen(t - T0):
+            progress[0] += 1
+        done = progress[0]
+        if first is not None:
+            done = 0 if done < first else every * (1 + (done - first) // every)
+        sim.step = base[0] + int(done // every)
+
+    return hook
+
+
+def _trainers(phase: str) -> Callable[[Sim], None]:
+    def set_phase(s: Sim) -> None:
+        s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = phase
+    return set_phase
+
+
+def train_hang(v: int):
+    start, every = 60 + 10 * v, 3 + v
+    sim = Sim(seed=1300 + v, duration=start + 120 + 20)
+    phase = ("TRAIN", "ROLLOUT")[v % 2]
+    _trainers(phase)(sim)
+    sim.hooks.append(stepping(every, frozen=lambda rel: rel >= start))
+    # A hung collective spins the GPUs: utilisation stays high, only the step tells.
+    sim.hooks.append(at(start, 10_000, lambda s: setattr(s, "trainer_util", 1.0)))
+    return sim, [exp("train_hang", start, 120, role="trainer", rank=r, node="n0") for r in (0, 1)], (
+        f"trainers hang in a collective in {phase} ({every} s steps), GPUs at 100 %")
+
+
 POSITIVE: dict[str, tuple[Scenario, int]] = {
     "pending_ratio": (golden("rollout_pending_ratio", "rollout_pending_high", 0.55, 30, 20), 3),
     "shard_rebuilds": (golden("actor_shard_rebuild_count_5m", "shard_rebuild_storm", 2, 0, 30), 3),
@@ -325,6 +363,7 @@ POSITIVE: dict[str, tuple[Scenario, int]] = {
     "env_drift": (env_drift, 2),
     "first_step": (first_step, 2),
     "same_step_twice": (same_step_twice, 2),
+    "train_hang": (train_hang, 2),
 }
 
 
@@ -408,6 +447,32 @@ def preexisting_counters(v: int):
     return sim, [], "counters already non-zero when the agent starts reporting"
 
 
+def _paused(phase: str, start: float, length: float, seed: int, every: float, what: str, idle: bool):
+    def make(v: int):
+        sim = Sim(seed=seed + v, duration=start + length + 60)
+        sim.hooks.append(stepping(every, frozen=lambda rel: start <= rel < start + length))
+        sim.hooks.append(at(start, start + length, _trainers(phase), _trainers("TRAIN")))
+        if idle:
+            sim.hooks.append(at(start, start + length, lambda s: setattr(s, "trainer_util", 0.0),
+                                lambda s: setattr(s, "trainer_util", None)))
+        return sim, [], what
+    return make
+
+
+def long_first_step(v: int):
+    sim = Sim(seed=3300 + v, duration=400 + 60)
+    sim.step = 0
+    sim.hooks.append(stepping(3, first=400))
+    return sim, [], "the first step takes 400 s (compilation, warm-up), then 3 s steps"
+
+
+def long_tail_step(v: int):
+    sim = Sim(seed=3400 + v, duration=100 + 125 + 60)
+    sim.hooks.append(stepping(15, frozen=lambda rel: 100 <= rel < 225))
+    return sim, [], ("15 s steps, one of 140 s in TRAIN (a long completion): over the 120 s "
+                     "minimum, under 10 x the median")
+
+
 NEGATIVE: dict[str, tuple[Scenario, int]] = {
     "healthy": (healthy, 2),
     "tool_wait": (tool_wait, 2),
@@ -418,6 +483,11 @@ NEGATIVE: dict[str, tuple[Scenario, int]] = {
     "heartbeat_gap": (heartbeat_gap, 2),
     "brief_spikes": (brief_spikes, 2),
     "preexisting_counters": (preexisting_counters, 1),
+    "long_weight_sync": (_paused("WEIGHT_SYNC", 40, 300, 3000, 3, "3 s steps, then a 300 s weight sync (GPUs idle)", True), 1),
+    "slow_eval": (_paused("EVAL", 40, 300, 3100, 3, "3 s steps, then a 300 s evaluation", False), 1),
+    "long_save": (_paused("SAVE", 40, 200, 3200, 3, "3 s steps, then a 200 s checkpoint save", True), 1),
+    "long_first_step": (long_first_step, 1),
+    "long_tail_step": (long_tail_step, 1),
 }
 
 
