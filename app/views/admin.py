@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from app.alerts.config import CONTACTS_READER_ROLE
 from app.alerts.errors import AlertConfigError
 from app.services import alerts as alerts_service
 from app.services.audit import AUDIT_READER_ROLE
@@ -49,10 +48,8 @@ def settings_page(request: Request, page: SignedInDep, rt: RuntimeDep) -> HTMLRe
     policy = running_policy(request)
     channels_error = None
     try:
-        reveal = page.user is not None and page.user.role.allows(CONTACTS_READER_ROLE)
-        channels = [
-            c.public(reveal_contacts=reveal) for c in alerts_service.current_config().channels
-        ]
+        # Masked contacts (public()'s default): the page shows no phone numbers to anyone.
+        channels = [c.public() for c in alerts_service.current_config().channels]
     except AlertConfigError as exc:
         channels, channels_error = [], str(exc)
     view = settings_view(rt.settings, policy=policy, channels=channels)
