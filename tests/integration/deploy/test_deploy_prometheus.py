@@ -62,6 +62,12 @@ def _golden_batch(node: str) -> dict:
         {"name": "state_log_write_latency_ms", "value": 230.0, "ts": now, "labels": labels},
         {"name": "gpu_utilization", "value": 97.0, "ts": now, "labels": {"gpu": "0"}},
     ]
+    # What the agent sends for an inference engine (--engine): the engine alert rules read it.
+    engine = {**labels, "engine": "vllm"}
+    samples += [
+        {"name": "rollout_engine_up", "value": 1.0, "ts": now, "labels": engine},
+        {"name": "rollout_engine_kv_cache_usage_ratio", "value": 0.5, "ts": now, "labels": engine},
+    ]
     return {"agent_id": "agent-prom", "node": node, "seq": 0, "sent_at": now, "samples": samples}
 
 
