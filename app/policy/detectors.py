@@ -889,6 +889,7 @@ class EnvDriftDetector(Detector):
 
 def default_detectors(policy: Policy) -> list[Detector]:
     from app.policy.hang import TrainHangDetector  # its own module, built on this one
+    from app.policy.inference_engines import InferenceEngineDownDetector  # likewise
 
     return [
         GoldenMetricDetector(policy),
@@ -900,4 +901,5 @@ def default_detectors(policy: Policy) -> list[Detector]:
         JobFailureDetector(policy),
         EnvDriftDetector(policy),
         TrainHangDetector(policy),
+        InferenceEngineDownDetector(policy),
     ]

@@ -37,9 +37,13 @@ GPU_THROTTLE_THERMAL = "gpu_throttle_thermal_active"
 GPU_THROTTLE_POWER = "gpu_throttle_power_active"
 GPU_LOST = "gpu_lost"
 
+# --- inference engines probed by the agent (--engine; labels job, role, rank, engine) ---
+ROLLOUT_ENGINE_UP = "rollout_engine_up"  # gauge 0/1: the engine's /health answered
+
 # Label names the detectors rely on.
 LABEL_JOB = "job"
 LABEL_ROLE = "role"
 LABEL_RANK = "rank"
 LABEL_GPU = "gpu"
 LABEL_XID = "xid"
+LABEL_ENGINE = "engine"

@@ -69,6 +69,11 @@ class RolloutDetection(_Strict):
     stall_timeout_seconds: float = Field(default=60, gt=0)
 
 
+class EngineDetection(_Strict):
+    # rollout_engine_down (app/policy/inference_engines.py): the health probe failing this long.
+    down_seconds: float = Field(default=30, gt=0)
+
+
 class HeartbeatDetection(_Strict):
     suspect_seconds: float = Field(default=15, gt=0)
     confirm_seconds: float = Field(default=60, gt=0)
@@ -108,6 +113,7 @@ class Detection(_Strict):
     stale_sample_seconds: float = Field(default=15, gt=0)
     trainer: TrainerDetection = TrainerDetection()
     rollout: RolloutDetection = RolloutDetection()
+    engine: EngineDetection = EngineDetection()
     heartbeat: HeartbeatDetection = HeartbeatDetection()
     nodes: NodeDetection = NodeDetection()
     gpu: GpuDetection = GpuDetection()

@@ -22,6 +22,7 @@ class FaultKind(StrEnum):
     TRAINER_IDLE = "trainer_idle"
     TRAIN_HANG = "train_hang"
     ROLLOUT_DOWN = "rollout_down"
+    ROLLOUT_ENGINE_DOWN = "rollout_engine_down"
     HEARTBEAT_LOST = "heartbeat_lost"
     NODE_SILENT = "node_silent"
     NODES_LOST = "nodes_lost"

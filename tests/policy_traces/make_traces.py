@@ -53,6 +53,11 @@ class Sim:
     hb_frozen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     fingerprints: dict[str, dict[str, str]] = field(default_factory=dict)
     trainer_util: float | None = None  # forced trainer-node GPU utilization
+    # Inference engines the agent probes (--engine): node → [(kind, role, rank)]; a trace
+    # without engines draws nothing for them, so the older traces stay byte-identical.
+    engines: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
+    engine_down: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    engine_idle: set[tuple[str, int]] = field(default_factory=set)  # up, generating nothing
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -130,6 +135,7 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
             {"job": JOB, "role": role, "rank": rank, "phase": sim.phase[(role, rank)],
              "step": sim.step, "ts": hb_ts}
         )
+    _engine_samples(sim, node, t, add)
     return {
         "agent_id": f"agent-{node}",
         "node": node,
@@ -139,6 +145,28 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
         "participants": participants,
         "fingerprint": sim.fingerprints.get(node, FINGERPRINT) if seq == 1 else None,
     }
+
+
+def _engine_samples(sim: Sim, node: str, t: float, add: Callable[..., None]) -> None:
+    """What the agent's engine collector sends for each engine of ``node`` (docs/metrics.md)."""
+    r = sim.rng
+    for kind, role, rank in sim.engines.get(node, []):
+        labels = {"job": JOB, "role": role, "rank": str(rank), "engine": kind}
+        span = sim.engine_down.get((role, rank))
+        if span is not None and span[0] <= t < span[1]:
+            add("rollout_engine_up", 0, **labels)  # the health probe failed: nothing else
+            continue
+        add("rollout_engine_up", 1, **labels)
+        if (role, rank) in sim.engine_idle:
+            running, waiting, tokens_per_s = 0, 0, 0.0
+        else:
+            running, waiting, tokens_per_s = r.randint(16, 32), r.randint(0, 2), r.uniform(800, 1500)
+        add("rollout_engine_requests_running", running, **labels)
+        add("rollout_engine_requests_waiting", waiting, **labels)
+        add("rollout_engine_kv_cache_usage_ratio", r.uniform(0.2, 0.7) if running else 0.0, **labels)
+        if running + waiting:
+            add("rollout_pending_ratio", waiting / (running + waiting), **labels)
+        add("rollout_tokens_per_second", tokens_per_s, **labels)
 
 
 def simulate(sim: Sim) -> list[dict[str, Any]]:
@@ -489,6 +517,50 @@ NEGATIVE: dict[str, tuple[Scenario, int]] = {
     "long_first_step": (long_first_step, 1),
     "long_tail_step": (long_tail_step, 1),
 }
+
+
+# -- inference engines the agent probes (--engine) ---------------------------------------------
+
+ENGINES = {"n1": [("vllm", "rollout", 0)], "n2": [("sglang", "rollout", 1)]}
+
+
+def engine_down(v: int):
+    start = 50 + 6 * v
+    rank, node = v % 2, ("n1", "n2")[v % 2]
+    sim = Sim(seed=5100 + v, duration=start + 30 + 30)
+    sim.engines = ENGINES
+    sim.engine_down[("rollout", rank)] = (T0 + start, T0 + 10_000)
+    return sim, [exp("rollout_engine_down", start, 30, role="rollout", rank=rank, node=node)], (
+        "an inference engine stops answering its health probe; its node and the rollout's heartbeat go on")
+
+
+def engine_tool_wait(v: int):
+    sim = Sim(seed=5200 + v, duration=220)
+    sim.engines = ENGINES
+    rank = v % 2
+
+    def wait(s: Sim) -> None:
+        s.engine_idle.add(("rollout", rank))
+        s.part_override[(rank, "rollout", "rollout_tokens_per_second")] = 0
+
+    def back(s: Sim) -> None:
+        s.engine_idle.discard(("rollout", rank))
+        s.part_override.pop((rank, "rollout", "rollout_tokens_per_second"), None)
+
+    sim.hooks.append(at(40, 40 + 130, wait, back))
+    return sim, [], "rollout waits 130 s on a tool: its engine answers, runs nothing, generates nothing"
+
+
+def engine_blip(v: int):
+    sim = Sim(seed=5300 + v, duration=160)
+    sim.engines = ENGINES
+    sim.engine_down[("rollout", 0)] = (T0 + 60, T0 + 80)
+    return sim, [], "an engine misses its health probe for 20 s (a weight load) and answers again"
+
+
+POSITIVE["engine_down"] = (engine_down, 2)
+NEGATIVE["engine_tool_wait"] = (engine_tool_wait, 2)
+NEGATIVE["engine_blip"] = (engine_blip, 1)
 
 
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:
