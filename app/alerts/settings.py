@@ -56,5 +56,7 @@ def load_server_alerts_config(
         data = {}
     if env.external_base_url:
         data["external_base_url"] = env.external_base_url
-    data.setdefault("external_base_url", f"http://{host}:{port}")
+    # A wildcard bind is reachable on loopback at least (as `rlguard up` prints it).
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    data.setdefault("external_base_url", f"http://{shown}:{port}")
     return parse_alerts_config(data)

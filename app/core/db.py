@@ -23,6 +23,14 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for another database or an in-memory one)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
 def make_engine(
     url: str,
     *,

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from kombu.transport import sqlalchemy as kombu_sqlalchemy
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
+
+from app.core.db import sqlite_file
 
 TRANSPORT = "app.tasks.sqlite_broker:Transport"
 # kombu polls an empty queue this often (its default, 1 s, delays every action by up to 1 s).
@@ -33,16 +34,9 @@ def broker_file_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def _sqlite_file(url: str) -> Path | None:
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(parsed.database)
-
-
 class Channel(kombu_sqlalchemy.Channel):
     def _open(self) -> Any:
-        path = _sqlite_file(self.connection.client.hostname)
+        path = sqlite_file(self.connection.client.hostname)
         if path is not None:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:

@@ -6,7 +6,7 @@ import socket
 import sys
 
 from app.core.config import Settings
-from app.core.supervisor import ChildSpec
+from app.core.supervisor import ChildSpec, exit_with_parent
 from app.tasks.celery_app import CLUSTER_QUEUE
 from app.tasks.settings import RecoverySettings, get_recovery_settings
 
@@ -49,6 +49,7 @@ def run_worker(
 ) -> None:
     from app.tasks.celery_app import celery_app
 
+    exit_with_parent()  # the embedded worker of `rlguard up` stops when `up` dies, even by SIGKILL
     celery_app.worker_main(
         worker_argv(queues, name=name, concurrency=concurrency, loglevel=loglevel)
     )

@@ -52,3 +52,13 @@ def test_a_named_file_that_is_missing_or_bad_is_an_error(tmp_path: Path) -> None
             data_dir=tmp_path, host="h", port=1, env=AlertFileSettings(file=bad)
         )
     assert "must use https" in str(err.value) and "secretpart" not in str(err.value)
+
+
+@pytest.mark.parametrize(("host", "base"), [("0.0.0.0", "http://127.0.0.1:18080"),
+                                            ("::", "http://127.0.0.1:18080"),
+                                            ("10.1.2.3", "http://10.1.2.3:18080")])
+def test_links_default_to_the_bind_address_and_a_wildcard_to_loopback(
+    tmp_path: Path, host: str, base: str
+) -> None:
+    cfg = load_server_alerts_config(data_dir=tmp_path, host=host, port=18080, env=AlertFileSettings())
+    assert cfg.external_base_url == base
