@@ -67,8 +67,12 @@ def _parser() -> _Parser:
     p.add_argument("--standby", action="store_true", help="keep a warm standby per role")
     p.add_argument("--preload", help="modules a standby imports ahead (default: the integration's)")
     p.add_argument("--max-restarts", default="10", help="restart budget of this launch")
-    p.add_argument("--backoff", default="1", help="seconds before restarting a process that "
-                   "died quickly, doubled per quick failure in a row")
+    p.add_argument(
+        "--backoff",
+        default="1",
+        help="seconds before restarting a process that "
+        "died quickly, doubled per quick failure in a row",
+    )
     p.add_argument("--backoff-max", default="30", help="longest backoff, seconds")
     p.add_argument("--backend", default="local", help=f"one of {', '.join(known_backends())}")
     p.add_argument("--timeout", default=None, help="give up after this many seconds")
@@ -177,7 +181,16 @@ def plan(argv: list[str]) -> LaunchPlan:
         p.error("--preload is for --standby")
     _check_run_dir(p, run_dir)  # last: the only check that may create something
     return LaunchPlan(
-        job, args.role, ranks, world, run_dir, command, integration, backend, budget, preload,
+        job,
+        args.role,
+        ranks,
+        world,
+        run_dir,
+        command,
+        integration,
+        backend,
+        budget,
+        preload,
         timeout,
     )
 
@@ -212,8 +225,15 @@ def build_supervisor(launch: LaunchPlan) -> Supervisor:
         events = str(launch.run_dir / EVENTS_FILE)
         standby = StandbyPool(
             lambda role: [
-                sys.executable, "-m", "recovery.supervision.standby_process",
-                "--role", role, "--preload", preload, "--events", events,
+                sys.executable,
+                "-m",
+                "recovery.supervision.standby_process",
+                "--role",
+                role,
+                "--preload",
+                preload,
+                "--events",
+                events,
             ],
             log_dir=launch.run_dir / "logs",
             env=base,

@@ -1,0 +1,80 @@
+"""``rlguard launch`` under the whole product: a generic training script (heartbeat API only) is
+killed with kill -9 and RLGuard brings it back. Real server, policy engine and Celery worker
+(embedded ``rlguard up``), a real node agent, the launcher hook the worker runs, and the launcher
+carrying the restart out with the integration's resume arguments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.demo import DemoStack
+from tests.conftest import free_port
+from tests.unit.integrations._launcher import TEST_INTEGRATION, Launch, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+JOB = "generic-job"
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[DemoStack]:
+    s = DemoStack(tmp_path, free_port(), job=JOB, schedule=None)
+    try:
+        s.start_server()
+        s.start_agent()
+        yield s
+    finally:
+        s.stop()
+
+
+def _incident(stack: DemoStack, kind: str) -> dict[str, Any] | None:
+    for inc in stack.incidents():
+        if inc["kind"] == kind and inc["subject"].get("job") == JOB:
+            return stack.incident(inc["id"])
+    return None
+
+
+def test_a_killed_script_is_restarted_by_rlguard_with_its_resume_arguments(stack: DemoStack) -> None:
+    launch = Launch(stack.run_dir, "--role", "trainer", "--job", JOB, "--integration", TEST_INTEGRATION,
+                    script_args=("--lr", "0.1"))
+    try:
+        logs = launch.logs
+        # Past the job's first steps: a fault there is a first-step anomaly (heavy, approval).
+        launch.wait(lambda: (launch.beat().get("step") or 0) >= 5, "the script to train")
+        def training_seen() -> bool:
+            jobs = stack.api("GET", "/api/v1/jobs").json()["data"]
+            return any(j["name"] == JOB and j["phases"].get("TRAIN") == 1 for j in jobs)
+
+        wait_for(training_seen, 60, "the server to see the job train", logs=logs)
+        dead = launch.kill_child()
+
+        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "a heartbeat_lost incident",
+                       logs=logs)
+        assert inc["tier"] == "medium"
+        assert inc["subject"]["role"] == "trainer" and str(inc["subject"]["rank"]) == "0"
+
+        def restarted() -> str | None:
+            acts = [a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"]
+            return acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
+
+        assert wait_for(restarted, 90, "restart_role to finish", logs=logs) == "succeeded"
+        starts = launch.wait(lambda: launch.starts()[1:] and launch.starts(), "the second start")
+        assert starts[0]["argv"] == ["--lr", "0.1"]
+        assert starts[1]["argv"] == ["--lr", "0.1", "--resumed-from", "1"]
+        assert starts[1]["pid"] != dead
+        launch.wait(lambda: launch.beat().get("pid") == starts[1]["pid"]
+                    and launch.beat().get("phase") == "TRAIN", "the restarted script to train")
+        # The hook request came from the worker (its key), and the launcher's timeline says so.
+        hook = launch.events("hook_request")
+        assert [(h["action"], h["role"], str(h["rank"])) for h in hook] == [("restart_role", "trainer", "0")]
+        answers = list((stack.run_dir / "recovery" / "launcher").glob("*.done"))
+        assert len(answers) == 1 and json.loads(answers[0].read_text())["ok"] is True
+
+        (stack.run_dir / "stop").touch()
+        assert launch.proc.wait(30) == 0, launch.logs()
+    finally:
+        launch.close()
