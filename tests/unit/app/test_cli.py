@@ -22,6 +22,10 @@ from app.cli import cli, register_extensions
         ["token", "list"],
         ["user"],
         ["user", "create"],
+        ["user", "disable"],
+        ["user", "enable"],
+        ["user", "set-password"],
+        ["user", "delete"],
     ],
 )
 def test_help_on_every_command(args: list[str]) -> None:
