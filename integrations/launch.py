@@ -207,7 +207,10 @@ def build_supervisor(launch: LaunchPlan) -> Supervisor:
     base.setdefault("PYTHONUNBUFFERED", "1")  # the child's log is read while it runs
     base.update({ENV_JOB: launch.job, ENV_ROLE: launch.role, ENV_RUN_DIR: str(launch.run_dir)})
     base["WORLD_SIZE"] = str(launch.world_size)
-    if len(launch.ranks) > 1:
+    # A world of one process gets one too, as under torchrun: a framework that sees RANK /
+    # LOCAL_RANK (accelerate, hence the Hugging Face Trainer) sets up torch.distributed and
+    # needs a rendezvous address. One rank of a larger world keeps what its starter gave it.
+    if len(launch.ranks) > 1 or (launch.world_size == 1 and "MASTER_ADDR" not in base):
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
 
     def env(child: Child) -> Mapping[str, str]:
