@@ -286,3 +286,21 @@ def metrics_source(engine: Engine, settings: Settings) -> Callable[[], list[tupl
             return metrics_snapshot(session, now=utcnow(), settings=settings)
 
     return compute
+
+
+def cluster_ettr(
+    session: Session, *, since: datetime, until: datetime, now: datetime, settings: Settings
+) -> tuple[float, int, float]:
+    """``(ETTR, jobs, GPU-hours lost)`` of every job that reported in the window, each job
+    weighted by its GPUs (a 1,000-GPU job's hour counts more than an 8-GPU job's)."""
+    check_window(since, until, now=now)
+    until = min(until, now)
+    wall = productive = lost = 0.0
+    names = jobs_seen(session, since=since)
+    for name in names:
+        job = session.exec(select(Job).where(Job.name == name)).one()
+        g = build_ledger(_ledger_input(session, job, since=since, until=until, settings=settings))
+        wall += g.wall_seconds * g.gpu_count
+        productive += g.productive_seconds * g.gpu_count
+        lost += g.gpu_hours_lost
+    return (1.0 if wall <= 0 else productive / wall), len(names), lost

@@ -7,6 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.goodput.dashboard import WINDOWS, goodput_panel
+from app.goodput.queries import job_goodput
+from app.goodput.window import parse_instant
+from app.models import utcnow
 from app.services import incidents as incidents_service
 from app.services.dashboard.jobs import (
     HISTORY_MINUTES,
@@ -16,13 +20,27 @@ from app.services.dashboard.jobs import (
 )
 from app.services.dashboard.phases import KNOWN_PHASES
 from app.services.errors import NotFound
-from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
+from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep, running_policy
 from app.views.rendering import error_page, render
 
 router = APIRouter(include_in_schema=False)
 
 POLL_SECONDS = 3
 JOB_INCIDENTS = 10
+GOODPUT_POLL_SECONDS = 60
+
+
+def _goodput(rt: Runtime, session: Any, *, job: str, window: str | None) -> dict[str, Any]:
+    """The goodput panel's data; raises NotFound for an unknown job."""
+    window = window if window in WINDOWS else "24h"
+    now = utcnow()
+    since = parse_instant("window", window, now=now)
+    ledger = job_goodput(session, job=job, since=since, until=now, now=now, settings=rt.settings)
+    return {
+        "goodput": goodput_panel(ledger, window=window),
+        "goodput_windows": list(WINDOWS),
+        "goodput_poll_seconds": GOODPUT_POLL_SECONDS,
+    }
 
 
 @router.get("/jobs/{name}", response_class=HTMLResponse)
@@ -55,7 +73,20 @@ def job_page(
         "known_phases": KNOWN_PHASES,
         "active_nav": "overview",
     }
+    data.update(_goodput(rt, session, job=name, window=request.query_params.get("goodput")))
     return render(request, page, "pages/job.html", data)
+
+
+@router.get("/ui/jobs/{name}/goodput", response_class=HTMLResponse)
+def job_goodput_partial(
+    name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    try:
+        data = _goodput(rt, session, job=name, window=request.query_params.get("window"))
+    except NotFound as exc:
+        return error_page(request, page, "Unknown job", str(exc), status_code=404)
+    data["job_name"] = name
+    return render(request, page, "partials/_job_goodput.html", data)
 
 
 @router.get("/ui/jobs/{name}/participants", response_class=HTMLResponse)

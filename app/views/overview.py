@@ -7,6 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.goodput.dashboard import cluster_tiles
+from app.models import utcnow
 from app.services import incidents as incidents_service
 from app.services.dashboard.incidents import (
     open_incident_counts,
@@ -54,6 +56,14 @@ def _jobs(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
 
 
 OVERVIEW_INCIDENTS = 12
+GOODPUT_POLL_SECONDS = 60
+
+
+def _goodput(rt: Runtime, session: Any) -> dict[str, Any]:
+    return {
+        "cluster_ettr": cluster_tiles(session, now=utcnow(), settings=rt.settings),
+        "goodput_poll_seconds": GOODPUT_POLL_SECONDS,
+    }
 
 
 def _incidents(session: Any) -> dict[str, Any]:
@@ -73,7 +83,15 @@ def overview_page(
     data.update(_health(rt, session, page))
     data.update(_jobs(rt, session, page))
     data.update(_incidents(session))
+    data.update(_goodput(rt, session))
     return render(request, page, "pages/overview.html", data)
+
+
+@router.get("/ui/overview/goodput", response_class=HTMLResponse)
+def overview_goodput_partial(
+    request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    return render(request, page, "partials/_overview_goodput.html", _goodput(rt, session))
 
 
 @router.get("/ui/overview/health", response_class=HTMLResponse)

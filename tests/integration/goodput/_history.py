@@ -6,7 +6,7 @@ service calls the policy engine, the Celery worker, the approvals API and the re
 Times are seconds after ``t0`` (a whole second, twenty minutes ago):
 
 * job start: first report at -60 (step 0); steps every 10 s from 10 (step 1) to 200 (step 20).
-* A, heartbeat_lost (medium): fault 204 (detection delay 6 s), opened 210, restart_role
+* A, gpu_lost (medium): fault 204 (detection delay 6 s), opened 210, restart_role
   claimed 212, succeeded 230; the trainer restored step 18 at 230, trains 19 at 240 and 20 at
   250 again, and the new step 21 at 260; steps every 10 s up to 40 at 450.
 * B, gpu_xid (medium, overlaps A): opened 215 (no delay known), its action succeeded 262.
@@ -23,9 +23,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from app.models import Role, User
+from app.models import User
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
 from app.policy.engine import DecisionType, IncidentDecision
@@ -40,8 +41,9 @@ from tests.integration.foundation.conftest import Api, auth, batch
 JOB, CALM = "grpo-ledger", "grpo-calm"
 
 
-def start() -> float:
-    return float(math.floor(time.time()) - 1200)
+def start(ago: float = 1200) -> float:
+    """``t0``: a whole second, ``ago`` seconds ago (the history ends at ``t0 + 860``)."""
+    return float(math.floor(time.time() - ago))
 
 
 def at(t0: float, s: float) -> datetime:
@@ -56,26 +58,35 @@ def trainer_steps() -> list[tuple[float, int]]:
     return out
 
 
+def step_reports(
+    t0: float, *, job: str, steps: list[tuple[float, int]], nodes: tuple[str, str] = ("n0", "n1")
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """``(node, participants)`` per agent report: trainer ranks 0 and 1 on the first node, a
+    rollout on the second, all at the trainer's step."""
+    out = []
+    for s, step in steps:
+        for node, parts in ((nodes[0], [("trainer", 0), ("trainer", 1)]), (nodes[1], [("rollout", 0)])):
+            out.append(
+                (
+                    node,
+                    [
+                        {"job": job, "role": role, "rank": rank, "phase": "TRAIN", "step": step, "ts": t0 + s}
+                        for role, rank in parts
+                    ],
+                )
+            )
+    return out
+
+
 def ingest_steps(api: Api, t0: float, *, job: str, steps: list[tuple[float, int]]) -> None:
-    """Each report as an agent sends it: trainer ranks 0 and 1 on n0, a rollout on n1."""
+    """Each report as an agent sends it, through ``POST /api/v1/ingest``."""
     tokens = {n: auth(api.node_token(n)) for n in ("n0", "n1")}
     seq = {"n0": 0, "n1": 0}
-    for s, step in steps:
-        ts = t0 + s
-        for node, parts in (
-            ("n0", [("trainer", 0), ("trainer", 1)]),
-            ("n1", [("rollout", 0)]),
-        ):
-            seq[node] += 1
-            body = batch(
-                node, seq[node], agent=f"agent-{node}-{job}", n=1,
-                participants=[
-                    {"job": job, "role": role, "rank": rank, "phase": "TRAIN", "step": step, "ts": ts}
-                    for role, rank in parts
-                ],
-            )
-            r = api.client.post("/api/v1/ingest", json=body, headers=tokens[node])
-            assert r.status_code == 200, r.text
+    for node, participants in step_reports(t0, job=job, steps=steps):
+        seq[node] += 1
+        body = batch(node, seq[node], agent=f"agent-{node}-{job}", n=1, participants=participants)
+        r = api.client.post("/api/v1/ingest", json=body, headers=tokens[node])
+        assert r.status_code == 200, r.text
 
 
 def _open(
@@ -112,20 +123,23 @@ def _actions(session: Session, inc_id: int) -> dict[str, RecoveryAction]:
     return {r.action: r for r in rows}
 
 
-def build_incidents(api: Api, t0: float) -> dict[str, Any]:
-    """Incidents A, B and C as the module docstring tells; returns their ids."""
-    approver = api.user_token("alice", Role.approver)  # noqa: F841 - creates the user
-    with Session(api.engine) as s:
-        trainer = Subject(job=JOB, role="trainer", rank=0, node="n0")
+def build_incidents(
+    engine: Engine, t0: float, *, approver: str = "alice", node: str = "n0"
+) -> dict[str, int]:
+    """Incidents A, B and C as the module docstring tells; returns their ids. ``approver``
+    names an existing user with the approver role; ``node`` is the trainer's node."""
+    with Session(engine) as s:
+        # GPU-level kinds and a storage fault: kinds a server's own policy engine cannot open
+        # from these reports (no GPU samples, no state-log counters).
         a = _open(
-            s, t0, kind=FaultKind.HEARTBEAT_LOST, tier=Tier.MEDIUM, opened=210, delay=6,
-            subject=trainer,
+            s, t0, kind=FaultKind.GPU_LOST, tier=Tier.MEDIUM, opened=210, delay=6,
+            subject=Subject(job=JOB, node=node, gpu="1"),
             actions=(PlannedAction(ActionName.RESTART_ROLE, JOB, None, False, {"role": "trainer", "rank": 0}),),
         )
         s.commit()
         b = _open(
             s, t0, kind=FaultKind.GPU_XID, tier=Tier.MEDIUM, opened=215, delay=None,
-            subject=Subject(job=JOB, node="n0", gpu="0"),
+            subject=Subject(job=JOB, node=node, gpu="0"),
             actions=(PlannedAction(ActionName.RESTART_ROLE, JOB, None, False, {"role": "trainer", "rank": 1}),),
         )
         s.commit()
@@ -137,14 +151,14 @@ def build_incidents(api: Api, t0: float) -> dict[str, Any]:
             s, t0, kind=FaultKind.STORAGE_UNWRITABLE, tier=Tier.HEAVY, opened=460, delay=5,
             subject=Subject(job=JOB),
             actions=(
-                PlannedAction(ActionName.ENTER_SAFE_MODE, JOB, "n0", False),
+                PlannedAction(ActionName.ENTER_SAFE_MODE, JOB, node, False),
                 PlannedAction(ActionName.RESTORE_CHECKPOINT, JOB, None, True),
             ),
         )
         s.commit()
         _run(s, t0, _actions(s, c)["enter_safe_mode"].id, claimed=461, done=462)  # type: ignore[arg-type]
         s.commit()
-        user = s.exec(select(User).where(User.name == "alice")).one()
+        user = s.exec(select(User).where(User.name == approver)).one()
         [appr] = s.exec(select(Approval).where(Approval.incident_id == c)).all()
         approvals.decide(
             s, approval_id=appr.id, user=user, approve=False,  # type: ignore[arg-type]

@@ -43,7 +43,8 @@ def history(migrated_url: str, make_api: Callable[..., Api]) -> tuple[Api, float
     t0 = start()
     ingest_steps(api, t0, job=JOB, steps=trainer_steps())
     ingest_steps(api, t0, job=CALM, steps=[(10.0 * i, i) for i in range(0, 80)])
-    ids = build_incidents(api, t0)
+    api.user_token("alice", Role.approver)
+    ids = build_incidents(api.engine, t0)
     return api, t0, ids, api.user_token("vera", Role.viewer)
 
 

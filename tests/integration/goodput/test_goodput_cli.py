@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from app.cli import cli, register_extensions
 from app.core import migrate
+from app.models import Role
 from tests.integration.foundation.conftest import Api
 from tests.integration.goodput._history import (
     JOB,
@@ -39,7 +40,8 @@ def test_report_table_markdown_and_bad_values(
     api = make_api(sqlite_url)
     t0 = start()
     ingest_steps(api, t0, job=JOB, steps=trainer_steps())
-    ids = build_incidents(api, t0)
+    api.user_token("alice", Role.approver)
+    ids = build_incidents(api.engine, t0)
     for k in list(os.environ):
         if k.startswith("RLGUARD_"):
             monkeypatch.delenv(k)
