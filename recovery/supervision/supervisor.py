@@ -87,7 +87,7 @@ class _Restart:
     children: list[Child]
     due: float
     why: str
-    request: requests.Request | None
+    asked_by: list[requests.Request]
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -303,7 +303,7 @@ class Supervisor:
 
     def handle_requests(self) -> None:
         """Carry out (or hold) every request the hook left."""
-        in_progress = {r.request.path for r in self._restarts if r.request is not None}
+        in_progress = {req.path for r in self._restarts for req in r.asked_by}
         for req in requests.pending(self.run_dir):
             if req.path in in_progress:
                 continue
@@ -374,6 +374,11 @@ class Supervisor:
     def _schedule(
         self, req: requests.Request, children: list[Child], why: str, extra: dict[str, Any]
     ) -> dict[str, Any] | None:
+        for pending in self._restarts:
+            if {id(c) for c in children} <= {id(c) for c in pending.children}:
+                # Already being restarted (in its backoff): one restart answers both requests.
+                pending.asked_by.append(req)
+                return None
         if not self.budget.spend():
             message = (
                 f"restart budget spent: {self.budget.used} of {self.budget.max_restarts} "
@@ -387,7 +392,7 @@ class Supervisor:
             self.kill(child)
         if delay > 0:
             self.event("restart_backoff", roles=[c.name for c in children], delay_s=delay)
-        self._restarts.append(_Restart(children, time.monotonic() + delay, why, req, extra))
+        self._restarts.append(_Restart(children, time.monotonic() + delay, why, [req], extra))
         return None
 
     def _run_due_restarts(self) -> None:
@@ -399,9 +404,9 @@ class Supervisor:
             self.event("restart", roles=[c.name for c in restart.children], why=restart.why)
             for child in restart.children:
                 self.spawn(child)
-            if restart.request is not None:
+            for req in restart.asked_by:
                 requests.answer(
-                    restart.request,
+                    req,
                     {
                         "ok": True,
                         "restarted": [c.name for c in restart.children],

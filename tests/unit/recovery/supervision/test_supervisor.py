@@ -108,3 +108,35 @@ def test_restart_budget_backoff_doubles_per_quick_failure_up_to_its_cap() -> Non
 def test_restart_budget_refuses_bad_settings(kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(RestartBudgetError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         RestartBudget(**kw)
+
+
+def test_a_second_request_during_the_backoff_joins_the_pending_restart(tmp_path: Path) -> None:
+    sup = _supervisor(tmp_path, "import sys; sys.exit(1)",
+                      budget=RestartBudget(max_restarts=5, backoff=0.5, backoff_max=1))
+    sup.start()
+    answers: dict[str, dict[str, Any]] = {}
+
+    def ask(key: str) -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.__setitem__(key, requests.submit(
+            tmp_path, {"action": "restart_role", "role": "worker"}, key=key, timeout=20)))
+        t.start()
+        return t
+
+    try:
+        while not sup.check_exits():
+            time.sleep(0.01)
+        first = ask("inc1/restart_role")
+        while not any(e["kind"] == "restart_backoff" for e in read_events(tmp_path / "events.jsonl")):
+            sup.tick()
+            time.sleep(0.01)
+        second = ask("inc2/restart_role")  # another incident about the same process
+        while len(requests.pending(tmp_path)) < 2:  # no tick meanwhile: the backoff cannot end
+            time.sleep(0.01)
+        while first.is_alive() or second.is_alive():
+            sup.tick()
+            time.sleep(0.01)
+    finally:
+        sup.close()
+    assert answers["inc1/restart_role"]["restarted"] == answers["inc2/restart_role"]["restarted"] == ["worker-0"]
+    spawns = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "spawn"]
+    assert len(spawns) == 2 and sup.budget.used == 1
