@@ -87,9 +87,16 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         server.start(timeout=90)
         # Revoking or rotating a token by a generated id can hit the admin's own token and
         # leave every later operation answering 401: those two run last, in their own pass.
+        # Likewise disabling or deleting a user by a name it read from GET /api/v1/users can
+        # hit the admin itself once POST /api/v1/users made a second admin: the user lifecycle
+        # routes get their own pass too, without POST /api/v1/users (the admin stays the last
+        # enabled one, which they refuse to remove).
         api, api_ops = _run(server.url, admin, tmp_path / "api.ndjson",
                             "--exclude-path", "/api/v1/ingest",
-                            "--exclude-path-regex", r"^/api/v1/tokens/\{token_id\}")
+                            "--exclude-path-regex",
+                            r"^/api/v1/(tokens/\{token_id\}|users/\{name\})")
+        users, users_ops = _run(server.url, admin, tmp_path / "users.ndjson",
+                                "--include-path-regex", r"^/api/v1/users/\{name\}")
         tok, tok_ops = _run(server.url, admin, tmp_path / "tokens.ndjson",
                             "--include-path-regex", r"^/api/v1/tokens/\{token_id\}")
         ingest, ingest_ops = _run(server.url, node, tmp_path / "ingest.ndjson",
@@ -98,6 +105,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         print("schemathesis (node token):", json.dumps(ingest_ops, sort_keys=True))  # noqa: T201
         print("schemathesis (token revoke/rotate):", json.dumps(tok_ops, sort_keys=True))  # noqa: T201
         assert api.returncode == 0, api.stdout[-6000:] + api.stderr[-2000:]
+        print("schemathesis (user lifecycle):", json.dumps(users_ops, sort_keys=True))  # noqa: T201
+        assert users.returncode == 0, users.stdout[-6000:] + users.stderr[-2000:]
+        assert len(users_ops["operations"]) == 4, users_ops
+        assert "Authentication failed" not in users.stdout, users.stdout[-4000:]
         assert tok.returncode == 0, tok.stdout[-6000:] + tok.stderr[-2000:]
         assert len(tok_ops["operations"]) == 2, tok_ops
         # The admin token stayed valid through the main pass (see above).
