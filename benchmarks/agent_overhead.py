@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/agent_overhead.py --duration 15    # quick smoke run
     .venv/bin/python benchmarks/agent_overhead.py --real-gpus      # on a GPU machine: real NVML
     .venv/bin/python benchmarks/agent_overhead.py --dump-real-nvml # one real collector round
+    .venv/bin/python benchmarks/agent_overhead.py --gpu-source dcgm-exporter --engines 2
 
 Three processes run side by side for the same wall-clock window:
 
@@ -15,6 +16,12 @@ Three processes run side by side for the same wall-clock window:
   in a 1 Hz loop that only samples: no spool, no HTTP;
 - a writer that rewrites the 64 heartbeat files every 2 s through ``HeartbeatReporter`` (like 64
   training processes) and appends to ``state_log.jsonl``.
+
+With ``--gpu-source dcgm-exporter`` the GPUs come from a local HTTP server serving a
+dcgm-exporter 4.5.3-4.8.2 page for ``--gpus`` GPUs (the recorded page of the tests, repeated per
+GPU) and the agent scrapes it every round instead of calling NVML; ``--engines 1|2`` adds a vLLM
+and an SGLang engine (recorded pages, ``/health`` and ``/metrics``) probed and scraped every
+round. The baseline then runs the same scraping collectors.
 
 CPU time is read from ``/proc/<pid>/stat`` (utime + stime) after a warm-up, RSS from
 ``/proc/<pid>/status`` (VmRSS at the end, VmHWM as the peak). Targets (issue 6): the agent under
@@ -75,6 +82,57 @@ def run_sink(port_file: Path) -> None:
     server.serve_forever()
 
 
+EXPOSITIONS = REPO / "tests" / "unit" / "agents" / "collectors" / "expositions"
+ENGINE_KINDS = ("vllm", "sglang")
+
+
+def dcgm_page(gpus: int) -> str:
+    """The recorded dcgm-exporter page, its GPU 0 lines repeated for ``gpus`` GPUs."""
+    out: list[str] = []
+    for line in (EXPOSITIONS / "dcgm_exporter_4.5.3-4.8.2.txt").read_text().splitlines():
+        if line.startswith("#"):
+            out.append(line)
+        elif 'gpu="0",' in line:
+            for i in range(gpus):
+                out.append(
+                    line.replace('gpu="0",', f'gpu="{i}",')
+                    .replace('device="nvidia0"', f'device="nvidia{i}"')
+                    .replace("2f1c3b4d5e60", f"2f1c3b4d{i:04x}")
+                )
+    return "\n".join(out) + "\n"
+
+
+def run_pages(port_file: Path, gpus: int) -> None:
+    pages = {"/dcgm/metrics": dcgm_page(gpus).encode()}
+    for kind in ENGINE_KINDS:
+        pages[f"/{kind}/health"] = b""
+        pages[f"/{kind}/metrics"] = (EXPOSITIONS / f"{kind}.txt").read_bytes()
+
+    class Pages(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = pages.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    port_file.write_text(str(server.server_address[1]))
+    server.serve_forever()
+
+
+def engine_specs(pages_url: str, engines: int) -> list[str]:
+    """The ``--engine`` values for the first ``engines`` engines of the pages server."""
+    return [
+        f"{kind}={pages_url}/{kind},role=rollout,rank={rank}"
+        for rank, kind in enumerate(ENGINE_KINDS[:engines])
+    ]
+
+
 def run_writer(run_dir: Path, files: int) -> None:
     sys.path.insert(0, str(REPO))
     from recovery.report import HeartbeatReporter
@@ -101,25 +159,35 @@ def run_writer(run_dir: Path, files: int) -> None:
         time.sleep(2.0)
 
 
-def run_baseline(run_dir: Path, gpus: int, interval: float) -> None:
+def run_baseline(
+    run_dir: Path, gpus: int, interval: float, pages_url: str | None, dcgm: bool, engines: int
+) -> None:
     sys.path.insert(0, str(REPO))
+    from agents.collectors.dcgm import DcgmExporterCollector
+    from agents.collectors.engines import EngineCollector, EngineSpec
     from agents.collectors.job import JobCollector
     from agents.collectors.nvml import NvmlCollector
     from agents.fake_nvml import FakeNVML
 
-    if gpus > 0:
-        nvml = NvmlCollector(FakeNVML(gpus), simulated=True)
+    gpu_source: NvmlCollector | DcgmExporterCollector
+    if dcgm and pages_url is not None:
+        gpu_source = DcgmExporterCollector(f"{pages_url}/dcgm/metrics")
+    elif gpus > 0:
+        gpu_source = NvmlCollector(FakeNVML(gpus), simulated=True)
     else:
         import pynvml
 
-        nvml = NvmlCollector(pynvml)
-    nvml.start()
+        gpu_source = NvmlCollector(pynvml)
+    gpu_source.start()
+    specs = engine_specs(pages_url, engines) if pages_url is not None else []
+    engine_collector = EngineCollector([EngineSpec.parse(s) for s in specs], default_job="bench")
     jobs = JobCollector(run_dir)
     next_round = time.monotonic()
     while True:
-        samples = nvml.collect()
+        samples = gpu_source.collect()
         job_samples, _participants = jobs.collect()
         samples.extend(job_samples)
+        samples.extend(engine_collector.collect())
         next_round += interval
         time.sleep(max(0.0, next_round - time.monotonic()))
 
@@ -174,8 +242,24 @@ def main() -> None:
         action="store_true",
         help="print one round of the NVML collector on the real GPUs and exit",
     )
-    parser.add_argument("--role", choices=["sink", "writer", "baseline"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--gpu-source",
+        choices=["simulated", "dcgm-exporter"],
+        default="simulated",
+        help="simulated NVML (default) or a local dcgm-exporter page with --gpus GPUs",
+    )
+    parser.add_argument(
+        "--engines",
+        type=int,
+        choices=[0, 1, 2],
+        default=0,
+        help="inference engines (vLLM, then SGLang) the agent probes and scrapes (default 0)",
+    )
+    parser.add_argument(
+        "--role", choices=["sink", "writer", "baseline", "pages"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--pages-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dump_real_nvml:
         return dump_real_nvml()
@@ -185,7 +269,11 @@ def main() -> None:
     if args.role == "writer":
         return run_writer(args.dir, args.heartbeats)
     if args.role == "baseline":
-        return run_baseline(args.dir, gpus, args.interval)
+        dcgm = args.gpu_source == "dcgm-exporter"
+        return run_baseline(args.dir, gpus, args.interval, args.pages_url, dcgm, args.engines)
+    if args.role == "pages":
+        return run_pages(args.dir, args.gpus)
+    scraped = args.gpu_source == "dcgm-exporter" or args.engines > 0
 
     me = [sys.executable, str(Path(__file__).resolve())]
     procs: list[subprocess.Popen[bytes]] = []
@@ -215,6 +303,30 @@ def main() -> None:
                     raise SystemExit("the HTTP sink did not start")
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{port_file.read_text()}"
+            pages_url: str | None = None
+            if scraped:
+                pages_file = root / "pages-port"
+                procs.append(
+                    subprocess.Popen(
+                        [*me, "--role", "pages", "--dir", str(pages_file), "--gpus", str(gpus)]
+                    )
+                )
+                while not pages_file.exists() or not pages_file.read_text():
+                    if time.monotonic() > deadline:
+                        raise SystemExit("the pages server did not start")
+                    time.sleep(0.05)
+                pages_url = f"http://127.0.0.1:{pages_file.read_text()}"
+            if args.gpu_source == "dcgm-exporter":
+                gpu_args = [
+                    "--gpu-source",
+                    "dcgm-exporter",
+                    "--dcgm-url",
+                    f"{pages_url}/dcgm/metrics",
+                ]
+            else:
+                gpu_args = ["--simulate-gpus", str(gpus)]
+            for spec in engine_specs(pages_url, args.engines) if pages_url else []:
+                gpu_args += ["--engine", spec]
             agent = subprocess.Popen(
                 [
                     sys.executable,
@@ -230,8 +342,7 @@ def main() -> None:
                     str(run_dir),
                     "--spool-dir",
                     str(root / "spool"),
-                    "--simulate-gpus",
-                    str(gpus),
+                    *gpu_args,
                     "--interval",
                     str(args.interval),
                     "--log-level",
@@ -251,6 +362,11 @@ def main() -> None:
                     str(gpus),
                     "--interval",
                     str(args.interval),
+                    "--engines",
+                    str(args.engines),
+                    "--gpu-source",
+                    args.gpu_source,
+                    *(["--pages-url", pages_url] if pages_url else []),
                 ]
             )
             procs.append(baseline)
@@ -284,8 +400,12 @@ def main() -> None:
 
     per_min = {pid: cpu / wall * 60 for pid, cpu in used.items()}
     a, b = agent.pid, baseline.pid
+    if args.gpu_source == "dcgm-exporter":
+        source = f"{gpus} GPUs scraped from a dcgm-exporter page"
+    else:
+        source = "real NVML GPUs" if args.real_gpus else f"{gpus} simulated GPUs"
     print(
-        f"agent overhead: {'real NVML GPUs' if args.real_gpus else f'{gpus} simulated GPUs'}, "
+        f"agent overhead: {source}, {args.engines} inference engine(s) scraped, "
         f"{args.heartbeats} heartbeat files, "
         f"interval {args.interval} s, measured {wall:.1f} s after {args.warmup:.0f} s warm-up"
     )

@@ -28,14 +28,19 @@ from dataclasses import dataclass, field
 import httpx
 import pynvml
 
-from agents.collectors.exposition import ExpositionSample, ScrapeError, by_name, scrape
+from agents.collectors.exposition import (
+    ExpositionReader,
+    ExpositionSample,
+    ScrapeError,
+    by_name,
+    scrape,
+)
 from agents.metric_names import CRITICAL_XIDS
 from agents.samples import Sample, make_sample
 
 log = logging.getLogger("rlguard.agent.dcgm")
 
 DEFAULT_DCGM_URL = "http://127.0.0.1:9400/metrics"
-_PREFIXES = ("DCGM_FI_",)
 # DCGM renders a field it has no value for as its "blank" sentinel (DCGM_INT32_BLANK =
 # 0x7ffffff0 and up, DCGM_INT64_BLANK and DCGM_FP64_BLANK are larger still): never a reading.
 _BLANK_FROM = float(0x7FFFFFF0)
@@ -115,6 +120,8 @@ class DcgmExporterCollector:
         self._clock = clock
         self._client = httpx.Client(timeout=timeout, transport=transport)
         self._gpus: dict[str, _GpuState] = {}
+        # Only the fields mapped below are read; the rest of the page is skipped unparsed.
+        self._reader = ExpositionReader(tuple(sorted(MAPPED_FIELDS | set(_CLOCK_EVENTS))))
         self._available = False
         self._down_reason: str | None = None
         self._driver: str | None = None
@@ -150,7 +157,7 @@ class DcgmExporterCollector:
     def collect(self) -> list[Sample]:
         """Scrape once and return this round's GPU samples (none while the exporter is down)."""
         try:
-            samples = scrape(self._client, self.url, _PREFIXES)
+            samples = scrape(self._client, self.url, self._reader)
         except ScrapeError as exc:
             self._mark_down(str(exc))
             return []

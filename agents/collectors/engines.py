@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agents.collectors.exposition import ExpositionSample, ScrapeError, scrape
+from agents.collectors.exposition import ExpositionReader, ExpositionSample, ScrapeError, scrape
 from agents.samples import Sample, make_sample
 from recovery.report import JOB_PATTERN
 
@@ -45,6 +45,17 @@ class EngineMetricNames:
     generation_tokens: str
     kv_cache_usage: tuple[str, ...]  # first found wins (current name, then the deprecated one)
     preemptions: str
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """Every name read (the reader parses only these families of the page)."""
+        return (
+            self.running,
+            self.waiting,
+            self.generation_tokens,
+            *self.kv_cache_usage,
+            self.preemptions,
+        )
 
 
 ENGINE_METRICS: dict[str, EngineMetricNames] = {
@@ -137,6 +148,7 @@ class EngineSpec:
 class _EngineState:
     spec: EngineSpec
     labels: dict[str, str]
+    reader: ExpositionReader
     down_reason: str | None = None
     metrics_failing: str | None = None
     last_tokens: tuple[float, float] | None = None  # (monotonic time, generation tokens)
@@ -165,6 +177,7 @@ class EngineCollector:
                     "rank": str(e.rank),
                     "engine": e.kind,
                 },
+                reader=ExpositionReader(ENGINE_METRICS[e.kind].families),
             )
             for e in engines
         ]
@@ -204,7 +217,7 @@ class EngineCollector:
         out = [make_sample("rollout_engine_up", 1, now, labels)]
         names = ENGINE_METRICS[state.spec.kind]
         try:
-            samples = scrape(self._client, state.spec.url + "/metrics", (state.spec.kind + ":",))
+            samples = scrape(self._client, state.spec.url + "/metrics", state.reader)
         except ScrapeError as exc:
             if state.metrics_failing is None:
                 log.warning("engine %s: metrics not readable: %s", state.spec.name, exc)

@@ -1,9 +1,10 @@
 """Scraping a Prometheus text exposition (``/metrics``) for the few series a collector maps.
 
-Used by the dcgm-exporter and inference-engine collectors. The text is parsed with
-``prometheus_client.parser`` (the reference parser), but only after the lines of families the
-caller does not want are dropped: an inference engine's page is mostly histogram buckets the
-agent never reads, and parsing them every second would cost more CPU than the rest of a round.
+Used by the dcgm-exporter and inference-engine collectors. Series are parsed with
+``prometheus_client.parser`` (the reference parser), but only those of the families the caller
+names: an inference engine's page is mostly histogram buckets the agent never reads, and
+parsing them every second would cost more CPU than the rest of a round. See
+:class:`ExpositionReader` for why a known series is not parsed again.
 """
 
 from __future__ import annotations
@@ -30,35 +31,72 @@ class ExpositionSample:
     value: float
 
 
-def keep_lines(text: str, prefixes: tuple[str, ...]) -> str:
-    """The lines of ``text`` (samples and their ``# HELP``/``# TYPE``) whose metric name starts
-    with one of ``prefixes``; everything else is dropped before parsing."""
-    kept: list[str] = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(prefixes):
-                kept.append(line)
-        elif line.startswith(prefixes):
-            kept.append(line)
-    return "\n".join(kept) + "\n"
+class ExpositionReader:
+    """Reads the wanted families of one endpoint's page, scrape after scrape.
+
+    The first time a series (its name and labels) appears, its line is parsed by
+    ``prometheus_client.parser`` together with its family's ``# TYPE`` line, and the result is
+    kept: a page repeats the same series every scrape and only the values change, so later
+    scrapes read just the value (``float``) of a known series. Label parsing was most of the
+    agent's CPU on a dcgm-exporter page (8 GPUs × 30 fields, every second). A value that is not a
+    number makes the page malformed, as an unparsable new series does.
+    """
+
+    _MAX_SERIES = 50_000  # a page whose series keep changing must not grow the cache forever
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        self.prefixes = prefixes
+        self._series: dict[str, tuple[str, dict[str, str]]] = {}
+
+    def parse(self, text: str) -> list[ExpositionSample]:
+        """The samples of the wanted families (labels dicts are shared: do not change them)."""
+        out: list[ExpositionSample] = []
+        type_line = ""
+        for line in text.splitlines():
+            if line.startswith("#"):
+                if line.startswith("# TYPE ") and line[7:].startswith(self.prefixes):
+                    type_line = line
+                continue
+            if not line.startswith(self.prefixes):
+                continue
+            brace = line.rfind("}")
+            series, _, rest = (
+                (line[: brace + 1], "", line[brace + 1 :]) if brace >= 0 else line.partition(" ")
+            )
+            known = self._series.get(series)
+            if known is None:
+                known = self._learn(series, type_line)
+            try:
+                value = float(rest.split()[0])
+            except (ValueError, IndexError):
+                raise ScrapeError(
+                    f"not a Prometheus text exposition: bad value in {line!r}"
+                ) from None
+            if math.isfinite(value):
+                out.append(ExpositionSample(known[0], known[1], value))
+        return out
+
+    def _learn(self, series: str, type_line: str) -> tuple[str, dict[str, str]]:
+        family = type_line.split()[2] if type_line else ""
+        header = type_line + "\n" if family and series.startswith(family) else ""
+        try:
+            samples = [
+                s
+                for f in text_string_to_metric_families(f"{header}{series} 0\n")
+                for s in f.samples
+            ]
+        except ValueError as exc:
+            raise ScrapeError(f"not a Prometheus text exposition: {exc}") from None
+        if len(samples) != 1:
+            raise ScrapeError(f"not a Prometheus text exposition: {series!r}")
+        if len(self._series) >= self._MAX_SERIES:
+            self._series.clear()
+        known = self._series[series] = (samples[0].name, dict(samples[0].labels))
+        return known
 
 
-def parse_samples(text: str, prefixes: tuple[str, ...]) -> list[ExpositionSample]:
-    """Parse the wanted part of an exposition; raises :class:`ScrapeError` on malformed text."""
-    out: list[ExpositionSample] = []
-    try:
-        for family in text_string_to_metric_families(keep_lines(text, prefixes)):
-            for s in family.samples:
-                if math.isfinite(s.value):
-                    out.append(ExpositionSample(s.name, dict(s.labels), float(s.value)))
-    except ValueError as exc:
-        raise ScrapeError(f"not a Prometheus text exposition: {exc}") from None
-    return out
-
-
-def scrape(client: httpx.Client, url: str, prefixes: tuple[str, ...]) -> list[ExpositionSample]:
-    """GET ``url`` and parse it; raises :class:`ScrapeError` for any failure (the message is
+def scrape(client: httpx.Client, url: str, reader: ExpositionReader) -> list[ExpositionSample]:
+    """GET ``url`` and read it; raises :class:`ScrapeError` for any failure (the message is
     one line fit for a log: refused, timed out, HTTP status, or malformed text)."""
     try:
         response = client.get(url)
@@ -68,7 +106,7 @@ def scrape(client: httpx.Client, url: str, prefixes: tuple[str, ...]) -> list[Ex
         raise ScrapeError(f"{url}: {type(exc).__name__}: {exc}") from None
     if response.status_code != 200:
         raise ScrapeError(f"{url}: HTTP {response.status_code}")
-    return parse_samples(response.text, prefixes)
+    return reader.parse(response.text)
 
 
 def by_name(samples: Iterable[ExpositionSample]) -> dict[str, list[ExpositionSample]]:
