@@ -14,7 +14,8 @@ launcher runs without any framework installed.
 
 The environment the launcher gives each child process: ``RLGUARD_JOB``, ``RLGUARD_ROLE``,
 ``RLGUARD_RUN_DIR``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (and ``MASTER_ADDR`` /
-``MASTER_PORT`` when it starts more than one rank). Each process writes its heartbeat to
+``MASTER_PORT`` when it starts more than one rank, or a world of one). Each process writes its
+heartbeat to
 ``<run_dir>/heartbeat/<role>-<rank>.json`` with :class:`recovery.report.HeartbeatReporter`; the
 launcher writes phase ``EXITED`` (with the exit code or signal) into that same file when the
 process exits.

@@ -214,7 +214,8 @@ def build_supervisor(launch: LaunchPlan) -> Supervisor:
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
 
     def env(child: Child) -> Mapping[str, str]:
-        local = child.rank if len(launch.ranks) > 1 else int(base.get("LOCAL_RANK", child.rank))
+        given = base.get("LOCAL_RANK", "")
+        local = int(given) if len(launch.ranks) == 1 and given.isdigit() else child.rank
         return {**base, "RANK": str(child.rank), "LOCAL_RANK": str(local)}
 
     def command(child: Child) -> list[str]:

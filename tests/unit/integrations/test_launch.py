@@ -195,7 +195,15 @@ def test_nproc_starts_each_rank_with_its_environment(tmp_path: Path, launches: l
     assert [launch.beat(rank=r)["phase"] for r in (0, 1)] == ["DONE", "DONE"]
 
 
-def test_a_single_process_without_nproc_has_no_rendezvous(tmp_path: Path, launches: list[Launch]) -> None:
+def test_a_world_of_one_gets_a_rendezvous_as_under_torchrun(tmp_path: Path, launches: list[Launch]) -> None:
+    launch = _start(launches, tmp_path / "job-g", "--role", "trainer", script_args=("--steps", "1"))
+    assert launch.proc.wait(30) == 0, launch.logs()
+    seen = launch.starts()[0]["env"]
+    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"], seen["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
+    assert int(seen["MASTER_PORT"]) > 0
+
+
+def test_one_rank_of_a_larger_world_keeps_its_starters_rendezvous(tmp_path: Path, launches: list[Launch]) -> None:
     run_dir = tmp_path / "job-e"
     launch = _start(launches, run_dir, "--role", "trainer", "--rank", "3", script_args=("--steps", "1"),
                     environ=env(WORLD_SIZE="8"))
