@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System packages the test suite drives for real: Chromium (dashboard e2e tests), promtool
-# (Prometheus config/rules/exposition checks) and Alertmanager (its webhook integration test).
+# (Prometheus config/rules/exposition checks), Alertmanager (its webhook integration test) and
+# Slurm with munge (the Slurm launcher backend's integration tests).
 # Installed from Debian with apt when missing; needs root (CI runs as root).
 set -euo pipefail
 need=()
@@ -8,6 +9,12 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 \
     || need+=(prometheus-alertmanager)
+# Slurm (one slurmctld + one slurmd started by tests/integration/slurm, CPU only) and munge,
+# its authentication daemon: the Slurm launcher backend is tested against the real scheduler.
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
+command -v scontrol >/dev/null 2>&1 || need+=(slurm-client)
+command -v munged >/dev/null 2>&1 || need+=(munge)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
         echo "system-deps: missing ${need[*]}; install them (apt-get install ${need[*]}) or run as root" >&2
