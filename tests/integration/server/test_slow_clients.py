@@ -1,0 +1,159 @@
+"""Slow and numerous clients against a real `rlguard server` on 127.0.0.1 (issue 17 item 4).
+
+Half-open connections (a request whose headers never end) are answered 408 and closed after
+the header timeout, while /healthz keeps answering; trickling bytes does not extend the
+deadline; beyond the concurrency limit a request gets 503 at once instead of hanging.
+Bounded: a few hundred sockets, header timeouts of a few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.core import migrate
+from tests.conftest import free_port
+
+from ._procs import clean_env, healthy, rlguard, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+HALF_OPEN = 300
+PARTIAL_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+@contextmanager
+def server(tmp_path: Path, header_timeout: float, *flags: str) -> Iterator[tuple[str, int]]:
+    db = tmp_path / "rlguard.db"
+    migrate.upgrade(f"sqlite:///{db}")
+    db.chmod(0o644)  # as `rlguard db upgrade` under the usual umask leaves it
+    port = free_port()
+    env = clean_env(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(tmp_path / "data"),
+                    RLGUARD_DATABASE_URL=f"sqlite:///{db}", RLGUARD_POLICY_SCHEDULER="0")
+    log = tmp_path / "server.log"
+    args = ["server", "--port", str(port), "--header-timeout", str(header_timeout), *flags]
+    with rlguard(args, env, log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        healthy(url, proc, log)
+        assert stat.S_IMODE(db.stat().st_mode) == 0o600  # `server` made the database private
+        yield url, proc.pid
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def half_open(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(PARTIAL_REQUEST)
+        socks.append(s)
+    return socks
+
+
+def wait_closed_by_server(socks: list[socket.socket], timeout: float) -> dict[socket.socket, bytes]:
+    """Read every socket until the server closes it; what each received."""
+    got = {s: b"" for s in socks}
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.5):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                data = sock.recv(4096)
+                got[sock] += data
+                if not data:
+                    sel.unregister(sock)
+        assert not sel.get_map(), f"{len(sel.get_map())} connections still open after {timeout} s"
+    finally:
+        sel.close()
+    return got
+
+
+def test_half_open_connections_are_closed_and_healthz_keeps_answering(tmp_path: Path) -> None:
+    timeout = 4.0
+    with server(tmp_path, timeout) as (url, pid), ThreadPoolExecutor(1) as pool:
+        port = int(url.rsplit(":", 1)[1])
+        baseline = open_fds(pid)
+        trickled = pool.submit(trickle_until_closed, port, timeout)
+        started = time.monotonic()
+        socks = half_open(port, HALF_OPEN)
+        try:
+            for _ in range(5):
+                assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+            # ...while all of them still hang (the machine opened them within the timeout):
+            assert time.monotonic() - started < timeout, "too slow to test: raise the timeout"
+            sel = selectors.DefaultSelector()
+            for sock in socks:
+                sel.register(sock, selectors.EVENT_READ)
+            assert sel.select(timeout=0) == [], "a half-open connection was answered early"
+            sel.close()
+            got = wait_closed_by_server(socks, timeout + 15)
+            took = time.monotonic() - started
+        finally:
+            for sock in socks:
+                sock.close()
+        assert all(data.startswith(b"HTTP/1.1 408 ") for data in got.values())
+        assert took >= timeout
+        assert timeout <= trickled.result(30) < timeout + 5  # bytes do not extend the deadline
+        wait_for(lambda: open_fds(pid) <= baseline + 5, 10, "the server's sockets to be released")
+        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+
+
+def trickle_until_closed(port: int, timeout: float) -> float:
+    """Send a header byte every 0.2 s until the server closes the connection; how long it took."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        t0 = time.monotonic()
+        s.sendall(PARTIAL_REQUEST)
+        sel = selectors.DefaultSelector()
+        sel.register(s, selectors.EVENT_READ)
+        try:
+            while time.monotonic() - t0 < timeout + 10:
+                if sel.select(timeout=0.2):  # readable: the 408, then end of file
+                    while s.recv(4096):
+                        pass
+                    return time.monotonic() - t0
+                try:
+                    s.sendall(b"x")
+                except (BrokenPipeError, ConnectionResetError):
+                    return time.monotonic() - t0
+        finally:
+            sel.close()
+    raise AssertionError("a trickling client kept its connection open")
+
+
+def test_beyond_the_concurrency_limit_requests_get_503_at_once(tmp_path: Path) -> None:
+    timeout = 4.0
+    with server(tmp_path, timeout, "--limit-concurrency", "20") as (url, pid):
+        port = int(url.rsplit(":", 1)[1])
+        baseline = open_fds(pid)
+        started = time.monotonic()
+        socks = half_open(port, 30)
+        try:
+            # (the count of other descriptors moves by one or two meanwhile)
+            wait_for(lambda: open_fds(pid) >= baseline + 25, 10, "the server to accept them")
+            t0 = time.monotonic()
+            assert t0 - started < timeout - 2, "too slow to test: raise the timeout"
+            r = httpx.get(url + "/healthz", timeout=5)
+            assert r.status_code == 503 and time.monotonic() - t0 < 2
+            # once the header timeout has closed the half-open ones, requests pass again
+            wait_closed_by_server(socks, timeout + 15)
+            assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+        finally:
+            for s in socks:
+                s.close()
