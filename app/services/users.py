@@ -151,7 +151,10 @@ def disable_user(session: Session, *, name: str, actor: str) -> User:
     assert user.id is not None
     ended = end_user_sessions(session, user.id)
     record_audit(
-        session, actor=actor, action="user.disable", target=f"user:{name}",
+        session,
+        actor=actor,
+        action="user.disable",
+        target=f"user:{name}",
         detail={"sessions_ended": ended},
     )
     return user
@@ -177,7 +180,10 @@ def set_password(session: Session, *, name: str, password: str, actor: str) -> U
     assert user.id is not None
     ended = end_user_sessions(session, user.id)
     record_audit(
-        session, actor=actor, action="user.set_password", target=f"user:{name}",
+        session,
+        actor=actor,
+        action="user.set_password",
+        target=f"user:{name}",
         detail={"sessions_ended": ended},
     )
     return user
@@ -193,7 +199,10 @@ def delete_user(session: Session, *, name: str, actor: str) -> None:
     delete_user_sessions(session, user.id)
     session.delete(user)
     record_audit(
-        session, actor=actor, action="user.delete", target=f"user:{name}",
+        session,
+        actor=actor,
+        action="user.delete",
+        target=f"user:{name}",
         detail={"role": str(user.role), "tokens_deleted": list(tokens)},
     )
 
