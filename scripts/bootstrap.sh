@@ -17,7 +17,7 @@ fi
 if [ "$extra" = "dev" ]; then
     # the ucx and trl extras too, so that the ucx transport and TRL integration tests run
     # rather than skip; the constraint keeps the torch installed above
-    .venv/bin/python -m pip install -q -c <(echo "torch==2.13.0") -e ".[dev,ucx,trl]"
+    .venv/bin/python -m pip install -q -c <(echo "torch==2.13.0") -e ".[dev,ucx,trl,ray]"
 else
     .venv/bin/python -m pip install -q -e .
 fi
