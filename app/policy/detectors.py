@@ -368,7 +368,13 @@ class HeartbeatDetector(Detector):
     is lost at once: nothing is left to come back.
 
     Participants on a node that is silent as a whole are the node detector's business.
+
+    A Ray actor (agent ``--ray``) that Ray reports dead or restarting comes in phase
+    ``RAY_DEAD`` / ``RAY_RESTARTING`` (exited phases too); Ray's death cause, sent as
+    ``ray_actor_dead{reason}``, goes into the evidence.
     """
+
+    lookups = (m.RAY_ACTOR_DEAD,)
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -417,13 +423,23 @@ class HeartbeatDetector(Detector):
         return out
 
     def _exited(self, world: World, p: ParticipantView) -> FaultSignal:
+        ray_cause = self._ray_cause(world, p) if p.phase.startswith("RAY_") else None
+        if ray_cause is not None:
+            detail = (
+                f"{p.role}-{p.rank} is {p.phase.removeprefix('RAY_')} in Ray "
+                f"(reported {world.now - p.last_heartbeat_ts:.0f}s ago): {ray_cause}"
+            )
+        else:
+            detail = (
+                f"{p.role}-{p.rank} exited (phase {p.phase}, reported by its launcher "
+                f"{world.now - p.last_heartbeat_ts:.0f}s ago) while its node still reports"
+            )
         evidence = Evidence(
             metric=None,
             values=((p.last_heartbeat_ts, 0.0),),
             window_seconds=0.0,
             threshold=None,
-            detail=f"{p.role}-{p.rank} exited (phase {p.phase}, reported by its launcher "
-            f"{world.now - p.last_heartbeat_ts:.0f}s ago) while its node still reports",
+            detail=detail,
         )
         return self.signal(
             world,
@@ -434,6 +450,24 @@ class HeartbeatDetector(Detector):
             step=p.step,
             exited=True,
         )
+
+
+    @staticmethod
+    def _ray_cause(world: World, p: ParticipantView) -> str | None:
+        """Ray's death cause of the participant's actor (newest ``ray_actor_dead`` series)."""
+        best: tuple[float, str] | None = None
+        for key, point in world.all_series(m.RAY_ACTOR_DEAD):
+            if (key.label(m.LABEL_JOB), key.label(m.LABEL_ROLE), key.label(m.LABEL_RANK)) != (
+                p.job,
+                p.role,
+                str(p.rank),
+            ):
+                continue
+            pid = f", pid {int(point.value)}" if point.value > 0 else ""
+            text = f"Ray death cause {key.label('reason')}{pid}"
+            if best is None or point.ts > best[0]:
+                best = (point.ts, text)
+        return best[1] if best is not None else "Ray gave no death cause"
 
 
 class NodeSilenceDetector(Detector):

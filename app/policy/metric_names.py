@@ -16,6 +16,9 @@ ROLLOUT_TOKENS_PER_SECOND = "rollout_tokens_per_second"
 TRAIN_STEP = "train_step"
 PARTICIPANT_HEARTBEAT_AGE_SECONDS = "participant_heartbeat_age_seconds"
 JOB_SAFE_MODE = "job_safe_mode"
+# A Ray actor that Ray reports dead or restarting (agent --ray; labels job, role, rank and
+# reason = Ray's death cause; value: the dead process's pid).
+RAY_ACTOR_DEAD = "ray_actor_dead"
 
 # Faults the job reports itself (labels job, role, rank): heartbeat fields written by
 # recovery.report.HeartbeatReporter (a PhaseMachine given the reporter feeds them), sent by the

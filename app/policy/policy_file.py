@@ -81,7 +81,8 @@ class HeartbeatDetection(_Strict):
     # A participant in one of these phases is known to be gone: its launcher saw the process
     # exit (waitpid) and said so. That is certain, unlike a silent heartbeat, so it is lost at
     # once instead of after suspect + confirm.
-    exited_phases: tuple[str, ...] = ("EXITED",)
+    # RAY_DEAD / RAY_RESTARTING: Ray itself reports the actor dead or restarting (agent --ray).
+    exited_phases: tuple[str, ...] = ("EXITED", "RAY_DEAD", "RAY_RESTARTING")
 
     @model_validator(mode="after")
     def _exited_is_not_finished(self) -> HeartbeatDetection:

@@ -269,6 +269,26 @@ def test_exited_participant_is_lost_at_once_and_clears_when_restarted() -> None:
     assert first_firing(res) is None
 
 
+@pytest.mark.parametrize("phase", ["RAY_DEAD", "RAY_RESTARTING"])
+def test_ray_dead_or_restarting_actor_is_lost_at_once_with_rays_death_cause(phase: str) -> None:
+    c = Cluster()
+    det = HeartbeatDetector(c.policy)
+
+    def dead(c: Cluster) -> None:
+        c.put("n0", m.RAY_ACTOR_DEAD, 4242, job=JOB, role="rollout", rank="3", reason="WORKER_DIED")
+        c.put("n0", m.RAY_ACTOR_DEAD, 77, job=JOB, role="rollout", rank="2", reason="NODE_DIED")
+        c.participant("rollout", 3, "n0", phase=phase, step=0)
+
+    res = c.run(1, dead, detector=det)
+    assert first_firing(res) == 1
+    sig = res[0][0]
+    assert sig.kind is FaultKind.HEARTBEAT_LOST and sig.extra == {"exited": True}
+    assert sig.subject.rank == 3
+    detail = sig.evidence.detail
+    assert "Ray death cause WORKER_DIED, pid 4242" in detail and "NODE_DIED" not in detail
+    assert phase.removeprefix("RAY_") in detail
+
+
 def test_exited_participant_on_a_silent_node_is_the_node_detectors() -> None:
     c = Cluster()
     det = HeartbeatDetector(c.policy)
