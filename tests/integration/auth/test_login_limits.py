@@ -2,7 +2,7 @@
 
 The in-process apps here see every request from 127.0.0.1 (httpx's ASGI transport), which plays
 the proxy: with ``trusted_proxies=["127.0.0.1"]`` its ``X-Forwarded-For`` names the client, by
-default it is ignored. One real ``rlguard server`` shows uvicorn itself believes nothing either.
+default it is ignored. test_reference_proxy.py runs a real ``rlguard server`` behind nginx.
 """
 
 from __future__ import annotations
@@ -10,20 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
-from app.core import migrate
 from app.core.config import HardeningSettings
 from app.models import Role
-from tests.conftest import free_port
 from tests.integration.auth.conftest import Browser, add_user
 from tests.integration.foundation.conftest import (
-    RLGUARD,
     Api,
-    ServerProcess,
     auth,
-    rlguard_env,
 )
 from tests.unit.app.views.conftest import PASSWORD
 
@@ -117,35 +111,6 @@ def test_hsts_and_host_cookies_only_when_a_trusted_proxy_says_https(
     assert any(c.startswith("__Host-rlguard_csrf=") for c in form.headers.get_list("set-cookie"))
     form = default.client.get("/login", headers=https)
     assert any(c.startswith("rlguard_csrf=") for c in form.headers.get_list("set-cookie"))
-
-
-def test_the_real_server_believes_no_forwarded_header_by_default(tmp_path: Path) -> None:
-    """uvicorn trusts X-Forwarded-For from 127.0.0.1 unless told otherwise; we tell it."""
-    db = f"sqlite:///{tmp_path / 'rlguard.db'}"
-    env = rlguard_env(
-        db, tmp_path,
-        RLGUARD_DEV="1",
-        RLGUARD_HARDENING__LOGIN_ATTEMPTS_PER_MINUTE="6",
-        RLGUARD_HARDENING__LOGIN_BURST="3",
-    )
-    migrate.upgrade(db)
-    port = free_port()
-    server = ServerProcess(
-        [*RLGUARD, "server", "--port", str(port)], env, port, tmp_path / "server.log"
-    ).start()
-    try:
-        codes = [
-            httpx.post(
-                server.url + "/api/v1/auth/token",
-                json={"name": "root", "password": "guess"},
-                headers={"X-Forwarded-For": f"192.0.2.{i}"},
-                timeout=10,
-            ).status_code
-            for i in range(1, 5)
-        ]
-    finally:
-        server.stop()
-    assert codes == [401, 401, 401, 429]
 
 
 def test_bad_trusted_proxy_is_refused_by_name(tmp_path: Path) -> None:

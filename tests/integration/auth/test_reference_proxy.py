@@ -1,11 +1,14 @@
 """The reference nginx config (deploy/nginx/rlguard.conf) in front of a real ``rlguard server``
 with ``--trusted-proxy`` (issue 17 item 3).
 
-nginx listens on 127.0.0.1 and reaches the server from 127.0.0.1, the one trusted proxy; the
-clients connect from other loopback addresses (127.0.0.2 the attacker, 127.0.0.3 the admin), so
-the server tells them apart only through the X-Forwarded-For nginx appends. The config is the
-shipped file with its two Docker names (the upstream ``server:8000`` and ``listen 8000``)
-pointed at this test's ports; nothing else is changed.
+nginx listens on 127.0.0.1 and reaches the server from 127.0.0.5 (``proxy_bind``), the one
+trusted proxy; the clients connect from other loopback addresses (127.0.0.2 the attacker,
+127.0.0.3 the admin), so the server tells them apart only through the X-Forwarded-For nginx
+appends. The site config is the shipped file with its two Docker names (the upstream
+``server:8000`` and ``listen 8000``) pointed at this test's ports; the wrapping ``http`` block
+adds only temp paths and the ``proxy_bind``. A client on 127.0.0.1 talking to the server
+directly shows that 127.0.0.1 is not trusted unless configured (uvicorn's own proxy-header
+handling, which would trust it, is off).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parents[3]
 NGINX = "/usr/sbin/nginx"
-ATTACKER, ADMIN = "127.0.0.2", "127.0.0.3"
+ATTACKER, ADMIN, PROXY_ADDR = "127.0.0.2", "127.0.0.3", "127.0.0.5"
 
 
 def _nginx_conf(tmp: Path, listen_port: int, upstream_port: int) -> Path:
@@ -51,7 +54,10 @@ def _nginx_conf(tmp: Path, listen_port: int, upstream_port: int) -> Path:
     main.write_text(
         f"{user}daemon off;\nworker_processes 1;\npid {tmp}/nginx.pid;\n"
         f"error_log {tmp}/error.log;\nevents {{}}\n"
-        f"http {{\n    access_log off;\n{temp}    include {tmp}/rlguard.conf;\n}}\n"
+        # nginx reaches the server from PROXY_ADDR, so that 127.0.0.1 can be an untrusted
+        # client of the server here (uvicorn would trust it by default).
+        f"http {{\n    access_log off;\n    proxy_bind {PROXY_ADDR};\n{temp}"
+        f"    include {tmp}/rlguard.conf;\n}}\n"
     )
     return main
 
@@ -74,7 +80,7 @@ def proxied(tmp_path: Path) -> Iterator[tuple[str, str]]:
     )
     port, nginx_port = free_port(), free_port()
     server = ServerProcess(
-        [*RLGUARD, "server", "--port", str(port), "--trusted-proxy", "127.0.0.1"],
+        [*RLGUARD, "server", "--port", str(port), "--trusted-proxy", PROXY_ADDR],
         env, port, tmp_path / "server.log",
     ).start()
     nginx_dir = tmp_path / "nginx"
@@ -128,6 +134,14 @@ def test_behind_the_reference_proxy_one_attacker_locks_out_only_itself_and_hsts_
         # Straight to the server, the attacker is not a trusted proxy: its header is ignored,
         # and its own address is still locked.
         assert login(attacker, direct, PASSWORD, **spoof) == 429
+    # 127.0.0.1 is no proxy here: whatever it claims, its attempts share one bucket.
+    with client_from("127.0.0.1") as local:
+        codes = [
+            login(local, direct, "guess", **{"X-Forwarded-For": f"192.0.2.{i}"})
+            for i in range(1, 5)
+        ]
+        assert codes == [401, 401, 401, 429]
+    with client_from(ADMIN) as admin:
 
         # A TLS terminator in front of nginx says https; nginx passes that on, the server
         # believes nginx and sends HSTS. Plain HTTP gets none.
