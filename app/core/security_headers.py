@@ -33,7 +33,8 @@ class SecurityHeadersMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # Only over TLS (uvicorn sets the scheme from X-Forwarded-Proto for trusted proxies):
+        # Only over TLS (app.core.forwarded sets the scheme from a trusted proxy's
+        # X-Forwarded-Proto):
         # HSTS on plain HTTP would be ignored, and on a test host it would pin it to HTTPS.
         extra = [(HSTS[0].encode(), HSTS[1].encode())] if scope.get("scheme") == "https" else []
 
