@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from pydantic import Field
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -54,6 +55,15 @@ async def get_login_name_limiter(request: Request) -> TokenBucketLimiter:
     limiter: TokenBucketLimiter = request.app.state.rate_limiters["login_name"]
     return limiter
 
+
+# Every integer path or query parameter that reaches SQL is one of these: SQLite binds a Python
+# int as a signed 64-bit INTEGER and raised OverflowError (a 500) for 2**63 and beyond, so the
+# bound is checked once, here, and a value outside answers 422 naming the parameter (API and
+# pages alike). PostgreSQL's 32-bit id columns refuse what lies between with a DataError, which
+# main.py answers 422 as well.
+SQL_INT_MAX = 2**63 - 1
+RowId = Annotated[int, Field(ge=1, le=SQL_INT_MAX)]
+RowCount = Annotated[int, Field(ge=0, le=SQL_INT_MAX)]
 
 SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]

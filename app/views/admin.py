@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.alerts.errors import AlertConfigError
+from app.api.deps import RowId
 from app.services import alerts as alerts_service
 from app.services.audit import AUDIT_READER_ROLE
 from app.services.dashboard.admin import BadFilter, audit_page, settings_view
@@ -22,7 +25,7 @@ def audit(
     session: DbDep,
     actor: str = "",
     action: str = "",
-    before: int | None = Query(default=None),
+    before: Annotated[RowId | None, Query()] = None,
 ) -> HTMLResponse:
     assert page.user is not None  # SignedInDep guarantees it
     if not page.user.can_read_audit:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.alerts.errors import AlertEventError
+from app.api.deps import RowId
 from app.models.alert import DeliveryState
 from app.services import alerts as alerts_service
 from app.views.context import DbDep, SignedInDep
@@ -33,8 +36,8 @@ def alerts_page(
     session: DbDep,
     state: str = "",
     channel: str = "",
-    incident: int | None = Query(default=None, ge=1),
-    before: int | None = Query(default=None, ge=1),
+    incident: Annotated[RowId | None, Query()] = None,
+    before: Annotated[RowId | None, Query()] = None,
 ) -> HTMLResponse:
     state, channel = state.strip(), channel.strip()[:64]
     try:

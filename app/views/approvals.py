@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from app.api.deps import RowId
 from app.services.dashboard.approvals import approval_card, approval_queue, decide
 from app.services.errors import NotFound, ServiceError
 from app.views.context import CsrfDep, DbDep, PageContext, SignedInDep
@@ -39,7 +40,7 @@ def approvals_queue_partial(request: Request, page: SignedInDep, session: DbDep)
 
 @router.get("/approvals/{approval_id}", response_class=HTMLResponse)
 def approval_page(
-    approval_id: int, request: Request, page: SignedInDep, session: DbDep
+    approval_id: RowId, request: Request, page: SignedInDep, session: DbDep
 ) -> HTMLResponse:
     try:
         card = approval_card(session, approval_id=approval_id, now=page.now)
@@ -49,7 +50,7 @@ def approval_page(
 
 
 def _decide(
-    approval_id: int,
+    approval_id: RowId,
     request: Request,
     page: PageContext,
     session: Any,
@@ -85,7 +86,7 @@ def _decide(
 
 @router.post("/approvals/{approval_id}/approve", dependencies=[CsrfDep])
 def approve(
-    approval_id: int,
+    approval_id: RowId,
     request: Request,
     page: SignedInDep,
     session: DbDep,
@@ -96,7 +97,7 @@ def approve(
 
 @router.post("/approvals/{approval_id}/reject", dependencies=[CsrfDep])
 def reject(
-    approval_id: int,
+    approval_id: RowId,
     request: Request,
     page: SignedInDep,
     session: DbDep,

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.api.deps import RowId
 from app.services import incidents as incidents_service
 from app.services.dashboard.incidents import incident_page
 from app.services.errors import InvalidInput, NotFound
@@ -79,13 +80,13 @@ def _detail(
 
 @router.get("/incidents/{incident_id}", response_class=HTMLResponse)
 def incident_detail_page(
-    incident_id: int, request: Request, page: SignedInDep, session: DbDep
+    incident_id: RowId, request: Request, page: SignedInDep, session: DbDep
 ) -> HTMLResponse:
     return _detail(request, page, session, incident_id, "pages/incident.html")
 
 
 @router.get("/ui/incidents/{incident_id}/timeline", response_class=HTMLResponse)
 def incident_timeline_partial(
-    incident_id: int, request: Request, page: SignedInDep, session: DbDep
+    incident_id: RowId, request: Request, page: SignedInDep, session: DbDep
 ) -> HTMLResponse:
     return _detail(request, page, session, incident_id, "partials/_incident_timeline.html")

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from app.alerts.config import CONTACTS_READER_ROLE, AlertsConfig
 from app.alerts.delivery import RetryPolicy
 from app.alerts.errors import AlertConfigError, AlertEventError
-from app.api.deps import AdminUser, SessionDep, ViewerUser
+from app.api.deps import AdminUser, RowId, SessionDep, ViewerUser
 from app.models import Role
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery
@@ -88,11 +88,11 @@ def _public(row: AlertDelivery) -> AlertDeliveryPublic:
 def list_alerts(
     session: SessionDep,
     _viewer: ViewerUser,
-    incident_id: int | None = None,
+    incident_id: RowId | None = None,
     channel: str | None = None,
     state: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_id: int | None = None,
+    before_id: RowId | None = None,
 ) -> AlertDeliveriesPublic:
     try:
         rows = alert_service.list_deliveries(

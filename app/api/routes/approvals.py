@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 
-from app.api.deps import ApproverUser, SessionDep, ViewerUser
+from app.api.deps import ApproverUser, RowCount, RowId, SessionDep, ViewerUser
 from app.models.incident_public import ApprovalDecisionIn, ApprovalPublic
 from app.services import approvals
 
@@ -16,7 +18,7 @@ def list_approvals(
     session: SessionDep,
     _user: ViewerUser,
     status: str = Query("pending", description="pending, approved, rejected, expired or all"),
-    limit: int = Query(100),
+    limit: Annotated[RowCount, Query()] = 100,
 ) -> list[ApprovalPublic]:
     return approvals.list_approvals(session, status=status, limit=limit)
 
@@ -24,7 +26,7 @@ def list_approvals(
 def _decide(
     session: SessionDep,
     user: ApproverUser,
-    approval_id: int,
+    approval_id: RowId,
     body: ApprovalDecisionIn | None,
     approve: bool,
 ) -> ApprovalPublic:
@@ -45,7 +47,7 @@ def _decide(
     summary="Approve: the waiting actions run",
 )
 def approve(
-    approval_id: int,
+    approval_id: RowId,
     session: SessionDep,
     user: ApproverUser,
     body: ApprovalDecisionIn | None = None,
@@ -59,7 +61,7 @@ def approve(
     summary="Reject: nothing runs, the job stays in SAFE_MODE",
 )
 def reject(
-    approval_id: int,
+    approval_id: RowId,
     session: SessionDep,
     user: ApproverUser,
     body: ApprovalDecisionIn | None = None,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 
-from app.api.deps import SessionDep, ViewerUser
+from app.api.deps import RowCount, RowId, SessionDep, ViewerUser
 from app.models.incident_public import IncidentDetail, IncidentsPublic
 from app.services import incidents
 
@@ -18,8 +20,8 @@ def list_incidents(
     status: str = Query("all", description="open, resolved or all"),
     tier: str | None = Query(None, description="light, medium or heavy"),
     job: str | None = Query(None, max_length=128),
-    limit: int = Query(100),
-    offset: int = Query(0),
+    limit: Annotated[RowCount, Query()] = 100,
+    offset: Annotated[RowCount, Query()] = 0,
 ) -> IncidentsPublic:
     return incidents.list_incidents(
         session, status=status, tier=tier, job=job, limit=limit, offset=offset
@@ -29,5 +31,5 @@ def list_incidents(
 @router.get(
     "/{incident_id}", response_model=IncidentDetail, summary="One incident with its timeline"
 )
-def get_incident(incident_id: int, session: SessionDep, _user: ViewerUser) -> IncidentDetail:
+def get_incident(incident_id: RowId, session: SessionDep, _user: ViewerUser) -> IncidentDetail:
     return incidents.incident_detail(session, incident_id=incident_id)

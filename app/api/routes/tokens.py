@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from sqlmodel import select
 
-from app.api.deps import AdminUser, SessionDep
+from app.api.deps import AdminUser, RowId, SessionDep
 from app.models import ApiToken
 from app.models.public import NodeTokenCreate, TokenCreated, TokenPublic
 from app.services import cluster, tokens
@@ -32,7 +32,7 @@ def create_node_token(body: NodeTokenCreate, session: SessionDep, admin: AdminUs
 
 @router.delete("/{token_id}", response_model=TokenPublic, summary="Revoke a token")
 def revoke_token(
-    token_id: int, request: Request, session: SessionDep, admin: AdminUser
+    token_id: RowId, request: Request, session: SessionDep, admin: AdminUser
 ) -> TokenPublic:
     token = tokens.revoke_token(session, token_id=token_id, actor=f"user:{admin.name}")
     session.commit()
@@ -47,7 +47,7 @@ def revoke_token(
     summary="Replace a token: a new one (shown once) for the same owner; the old one is revoked",
 )
 def rotate_token(
-    token_id: int, request: Request, session: SessionDep, admin: AdminUser
+    token_id: RowId, request: Request, session: SessionDep, admin: AdminUser
 ) -> TokenCreated:
     token, plaintext = tokens.rotate_token(session, token_id=token_id, actor=f"user:{admin.name}")
     session.commit()
