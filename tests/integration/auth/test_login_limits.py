@@ -74,6 +74,10 @@ def test_many_addresses_guessing_one_name_are_limited_per_name(
     # A fresh address is refused for that name, and only for that name.
     assert login(api, "lena", PASSWORD, "192.0.2.50") == 429
     assert login(api, "root", PASSWORD, "192.0.2.51") == 201
+    # The dashboard's form shares the name's budget: the page says why, with Retry-After.
+    page = Browser(api).login("lena")
+    assert page.status_code == 429 and int(page.headers["retry-after"]) >= 1
+    assert "too many login attempts for this user name" in page.text
 
 
 def test_forwarded_for_from_an_untrusted_peer_is_ignored(
