@@ -20,6 +20,7 @@ lease go.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -174,6 +175,7 @@ class PolicyScheduler:
             ],
         )
         self._leader_until = 0.0
+        self._renew_after = 0.0
         self._needs_restore = True
         self._lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
@@ -186,6 +188,16 @@ class PolicyScheduler:
         return time.monotonic() < self._leader_until
 
     def _renew(self) -> bool:
+        """Take or renew the lease, writing it only once a third of it has passed.
+
+        Renewing on every tick made each tick an fsync'd write that queued for SQLite's one
+        write lock behind ingest commits: most of a tick's time, and what made it overrun its
+        interval on a busy disk. The holder still renews well before the lease can expire
+        (and stops acting as the holder at 80 % of it, see ``is_leader``).
+        """
+        started = time.monotonic()
+        if self.is_leader() and started < self._renew_after:
+            return True
         try:
             ok = try_lease(self.engine, holder=self.holder, ttl=self.lease_seconds)
         except SQLAlchemyError as exc:
@@ -195,7 +207,8 @@ class PolicyScheduler:
             if not self.is_leader():
                 log.info("scheduler lease taken by %s", self.holder)
                 self._needs_restore = True
-            self._leader_until = time.monotonic() + self.lease_seconds * 0.8
+            self._leader_until = started + self.lease_seconds * 0.8
+            self._renew_after = started + self.lease_seconds / 3
         else:
             self._leader_until = 0.0
         return ok
@@ -360,7 +373,9 @@ class PolicyScheduler:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, tick_now: bool = True) -> None:
+        """Run the jobs; the first tick at once, or one interval from now (``tick_now=False``,
+        when the caller has just run one)."""
         sched = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 5},
@@ -371,7 +386,8 @@ class PolicyScheduler:
             "interval",
             seconds=self.policy.tick_seconds,
             id="tick",
-            next_run_time=datetime.now(UTC),
+            next_run_time=datetime.now(UTC)
+            + timedelta(seconds=0 if tick_now else self.policy.tick_seconds),
         )
         sched.add_job(
             self._safe(self.dispatch), "interval", seconds=self.dispatch_interval, id="dispatch"
@@ -485,7 +501,11 @@ async def policy_lifespan(app: Any) -> AsyncIterator[None]:
         rollups=getattr(app.state, "rollups", None),
     )
     app.state.policy_scheduler = sched
-    sched.start()
+    # The first tick is slow (the lease row written and fsync'd, the open incidents read, every
+    # query compiled for the first time): run it before serving, not as the interval job where it
+    # raced the rest of start-up (the heap freeze holds the GIL) and overran its 0.5 s in the demo.
+    await asyncio.to_thread(PolicyScheduler._safe(sched.tick))
+    sched.start(tick_now=False)
     try:
         yield
     finally:
