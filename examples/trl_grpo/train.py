@@ -169,6 +169,25 @@ class StepLog(TrainerCallback):
             handle.write(line + "\n")
 
 
+class MinStepTime(TrainerCallback):
+    """Pads every optimizer step to at least ``seconds`` (``--min_step_seconds``): the tiny size
+    trains at a few tens of ms per step on an idle machine, too fast for a test to act mid-run,
+    and 10-50 times slower on a busy one; a floor keeps a test's step count meaningful on both.
+    A step slower than the floor is not touched."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._began = time.monotonic()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._began = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        left = self._seconds - (time.monotonic() - self._began)
+        if left > 0:
+            time.sleep(left)
+
+
 class StallInSave(TrainerCallback):
     """Holds the process after the Trainer wrote ``checkpoint-N`` and before RLGuard seals it:
     the window a kill during a save hits, made wide for the tests (``--stall_in_save_at``)."""
@@ -178,8 +197,11 @@ class StallInSave(TrainerCallback):
         self._path = path
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == self._step:
-            self._path.write_text(str(os.getpid()), encoding="utf-8")
+        # Once per output dir: the restarted run saves this step again and must get through.
+        if state.global_step == self._step and not self._path.exists():
+            tmp = self._path.with_suffix(".tmp")
+            tmp.write_text(str(os.getpid()), encoding="utf-8")
+            os.replace(tmp, self._path)  # whole, for a test that reads it the moment it appears
             time.sleep(3600)
 
 
@@ -200,6 +222,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("auto", "on", "off"),
         default="auto",
         help="add RLGuardCallback (auto: when run by rlguard launch, i.e. RLGUARD_RUN_DIR is set)",
+    )
+    parser.add_argument(
+        "--min_step_seconds", type=float, default=0.0, help="pad each step to at least this long"
     )
     parser.add_argument(
         "--fail_at_step", type=int, default=None, help="test fault: the reward raises in this step"
@@ -246,6 +271,8 @@ def build_trainer(args: argparse.Namespace) -> GRPOTrainer:
         dataloader_num_workers=0,
     )
     callbacks: list[TrainerCallback] = [StepLog(output_dir / "steps.jsonl")]
+    if args.min_step_seconds > 0:
+        callbacks.insert(0, MinStepTime(args.min_step_seconds))
     if args.stall_in_save_at is not None:
         callbacks.append(StallInSave(args.stall_in_save_at, output_dir / "stalled-in-save.pid"))
     use_rlguard = args.rlguard == "on" or (

@@ -86,7 +86,8 @@ class RLGuardCallback(TrainerCallback):
 
     ``run_dir``, ``role``, ``rank`` and ``job`` default to what ``rlguard launch`` puts in the
     environment (``RLGUARD_RUN_DIR``, ``RLGUARD_ROLE`` or ``trainer``, ``RANK`` or 0,
-    ``RLGUARD_JOB``). ``heartbeat_interval`` bounds how often progress is written (seconds);
+    ``RLGUARD_JOB``). ``heartbeat_interval`` bounds how often progress is written (seconds; the
+    hang detector learns the step time from it, so it is shorter than the reporter's default);
     ``safe_mode_poll`` is how often a paused trainer re-reads the control file.
     """
 
@@ -97,7 +98,7 @@ class RLGuardCallback(TrainerCallback):
         role: str | None = None,
         rank: int | None = None,
         job: str | None = None,
-        heartbeat_interval: float = 2.0,
+        heartbeat_interval: float = 0.5,
         safe_mode_poll: float = 0.5,
     ) -> None:
         self._versions = check_versions()
@@ -195,7 +196,9 @@ class RLGuardCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._step_in_progress = None
-        self._reporter.update(step=state.global_step)
+        # Written at once (a few hundred microseconds): the hang detector learns the step time
+        # from when the step advances, and a step seen late looks longer than it was.
+        self._reporter.update(step=state.global_step, force=True)
         if self._safe_mode():
             # A callback cannot save by itself; the Trainer saves right after this hook when
             # asked, and on_save then holds the trainer.

@@ -1,0 +1,165 @@
+"""A TRL GRPO job (examples/trl_grpo/train.py, tiny size) under the real ``rlguard launch``,
+watched by a real stack (``app.demo.DemoStack``: ``rlguard up`` = server + policy engine +
+Celery worker on embedded SQLite, and a node agent), and what the tests read from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from app.demo import DemoStack
+from integrations.trl.checkpoints import MARKER_NAME, newest_complete_checkpoint
+from recovery.report import heartbeat_path, read_heartbeat
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "trl_grpo" / "train.py"
+
+
+def use_launch_hook(stack: DemoStack) -> None:
+    """Make ``rlguard launch`` (integrations.launch) the stack's launcher hook."""
+    subprocess.run(
+        [sys.executable, "-m", "integrations.launch", "write-hook",
+         str(stack.workdir / "launcher-hook"), "--run-root", str(stack.run_root)],
+        cwd=ROOT, env=stack._env(), check=True, timeout=60, capture_output=True,
+    )  # fmt: skip
+
+
+class TRLJob:
+    """One launch of the example: ``rlguard launch --integration trl -- python train.py ...``."""
+
+    def __init__(
+        self,
+        stack: DemoStack,
+        job: str,
+        *,
+        max_steps: int,
+        save_steps: int,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.stack = stack
+        self.job = job
+        self.run_dir = stack.run_root / job
+        self.out = stack.workdir / f"{job}-out"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.max_steps = max_steps
+        self.argv = [
+            sys.executable, "-m", "integrations.launch", "--job", job, "--role", "trainer",
+            "--run-dir", str(self.run_dir), "--integration", "trl", "--max-restarts", "4",
+            "--backoff", "0.2", "--timeout", "400", "--",
+            sys.executable, str(EXAMPLE), "--output_dir", str(self.out), "--max_steps", str(max_steps),
+            "--save_steps", str(save_steps), "--size", "tiny", "--min_step_seconds", "0.2", *extra,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        # Its own agent, watching this job's run directory.
+        self.stack.job = self.job
+        self.stack.stop_one("agent")
+        self.stack.start_agent()
+        self.proc = self.stack._spawn(f"launch-{self.job}", self.argv)
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def heartbeat(self) -> dict[str, Any]:
+        return read_heartbeat(heartbeat_path(self.run_dir, "trainer", 0)) or {}
+
+    def trainer_pid(self) -> int | None:
+        """The pid of the training process reporting for itself now (not the launcher's
+        STARTING placeholder, not an exited one)."""
+        beat = self.heartbeat()
+        if beat.get("phase") in (None, "STARTING", "EXITED", "INIT", "DONE"):
+            return None
+        pid = beat.get("pid")
+        return pid if isinstance(pid, int) else None
+
+    def steps(self) -> list[dict[str, Any]]:
+        path = self.out / "steps.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def sealed(self, step: int) -> bool:
+        return (self.out / f"checkpoint-{step}" / MARKER_NAME).exists()
+
+    def newest_complete(self) -> int | None:
+        newest = newest_complete_checkpoint(self.out)
+        return None if newest is None else newest.global_step
+
+    def server_step(self) -> int:
+        r = self.stack.api("GET", f"/api/v1/jobs/{self.job}")
+        if r.status_code != 200:
+            return -1
+        return max((p["step"] for p in r.json()["participant_list"]), default=-1)
+
+    def incident(self, kind: str) -> dict[str, Any] | None:
+        for inc in self.stack.incidents():
+            if inc["kind"] == kind and inc["job"] == self.job:
+                return self.stack.incident(inc["id"])
+        return None
+
+    def action_done(self, kind: str, action: str) -> dict[str, Any] | None:
+        inc = self.incident(kind)
+        done = [a for a in (inc or {}).get("actions", []) if a["action"] == action]
+        return inc if done and all(a["status"] == "succeeded" for a in done) else None
+
+    # ---- waiting ------------------------------------------------------------------------------
+
+    def wait(self, pred: Callable[[], Any], timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = pred()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+            time.sleep(0.05)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launch did not finish\n{self.logs()}") from None
+
+    def logs(self) -> str:
+        parts = []
+        files = [*sorted((self.run_dir / "logs").glob("*.log")),
+                 self.stack.workdir / "logs" / f"launch-{self.job}.log",
+                 self.stack.workdir / "logs" / "server.log"]  # fmt: skip
+        for f in files:
+            if f.exists():
+                parts.append(f"--- {f.name}\n{f.read_text(errors='replace')[-2500:]}")
+        parts.append(f"--- heartbeat {self.heartbeat()}")
+        parts.append(
+            f"--- incidents {[(i['kind'], i['job'], i['status']) for i in self.stack.incidents()]}"
+        )
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """SIGTERM the launcher (it stops its trainer), SIGKILL what is left."""
+        pid = self.heartbeat().get("pid")
+        self.stack.stop_one(f"launch-{self.job}")
+        if isinstance(pid, int):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def opened_at(inc: dict[str, Any]) -> float:
+    return datetime.fromisoformat(inc["opened_at"].replace("Z", "+00:00")).timestamp()
+
+
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` so the test reads a state that cannot move under it before a kill."""
+    os.kill(pid, signal.SIGSTOP)
