@@ -62,6 +62,7 @@ async def get_login_name_limiter(request: Request) -> TokenBucketLimiter:
 # pages alike). PostgreSQL's 32-bit id columns refuse what lies between with a DataError, which
 # main.py answers 422 as well.
 SQL_INT_MAX = 2**63 - 1
+SqlInt = Annotated[int, Field(ge=-SQL_INT_MAX - 1, le=SQL_INT_MAX)]  # the route checks the rest
 RowId = Annotated[int, Field(ge=1, le=SQL_INT_MAX)]
 RowCount = Annotated[int, Field(ge=0, le=SQL_INT_MAX)]
 

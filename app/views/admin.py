@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.alerts.errors import AlertConfigError
-from app.api.deps import RowId
+from app.api.deps import SqlInt
 from app.services import alerts as alerts_service
 from app.services.audit import AUDIT_READER_ROLE
 from app.services.dashboard.admin import BadFilter, audit_page, settings_view
@@ -25,7 +25,8 @@ def audit(
     session: DbDep,
     actor: str = "",
     action: str = "",
-    before: Annotated[RowId | None, Query()] = None,
+    # (below 1: the audit page's own 400 page, which says what a valid id is)
+    before: Annotated[SqlInt | None, Query()] = None,
 ) -> HTMLResponse:
     assert page.user is not None  # SignedInDep guarantees it
     if not page.user.can_read_audit:
