@@ -106,6 +106,28 @@ def _node(text: str) -> str:
     return text
 
 
+def _ray_address(text: str) -> str:
+    if text == "auto":
+        return text
+    if "://" in text:
+        return _url(text)
+    if re.fullmatch(r"[A-Za-z0-9_.-]+:\d{1,5}", text):
+        return f"http://{text}"
+    raise argparse.ArgumentTypeError(
+        f"must be 'auto' or the Ray dashboard's address (http://HEAD:8265 or HEAD:8265), "
+        f"got {text!r}"
+    )
+
+
+def _job(text: str) -> str:
+    if not _NODE_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"must be 1-128 characters of letters, digits and _.:@/- (not starting with "
+            f"a punctuation mark), got {text!r}"
+        )
+    return text
+
+
 def _packages(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n)]
@@ -163,6 +185,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="an inference engine (vllm or sglang) serving this job's rollouts: probe its "
         "/health and scrape its /metrics every round (repeatable; role defaults to rollout, "
         "rank to 0)",
+    )
+    p.add_argument(
+        "--ray",
+        type=_ray_address,
+        metavar="auto|ADDRESS",
+        help="watch a Ray cluster's actors as participants (verl, OpenRLHF): 'auto' on a node "
+        "of the cluster, or its dashboard URL http://HEAD:8265 (needs rlguard[ray])",
+    )
+    p.add_argument(
+        "--ray-preset",
+        default="verl",
+        metavar="verl|openrlhf|FILE",
+        help="which actor class is which role (default verl; a YAML/JSON file for others)",
+    )
+    p.add_argument(
+        "--ray-job", type=_job, help="with --ray: the job's name (default: from Ray's jobs)"
+    )
+    p.add_argument(
+        "--verl-log",
+        type=Path,
+        metavar="PATH",
+        help="follow verl's file logger (its VERL_FILE_LOGGER_PATH) for the job's signals",
     )
     p.add_argument(
         "--spool-dir",
@@ -306,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{' of job ' + engine.job if engine.job else ''}"
             )
         seen.add((engine.job, engine.role, engine.rank))
+    if args.ray_job is not None and args.ray is None and args.verl_log is None:
+        parser.error("argument --ray-job: only with --ray or --verl-log")
     token = _read_token(args, parser)
     logging.basicConfig(
         level=getattr(logging, args.log_level),
@@ -327,6 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu_source=args.gpu_source,
         dcgm_url=args.dcgm_url or DEFAULT_DCGM_URL,
         engines=tuple(args.engine),
+        ray_address=args.ray,
+        ray_preset=args.ray_preset,
+        ray_job=args.ray_job,
+        verl_log=args.verl_log,
     )
     try:
         agent = Agent(config)

@@ -70,6 +70,14 @@ class AgentConfig:
     dcgm_url: str = DEFAULT_DCGM_URL
     engines: tuple[EngineSpec, ...] = ()
     scrape_timeout: float = 1.0
+    # A Ray cluster's actors as participants (--ray auto|ADDRESS, integrations.ray): the
+    # preset maps actor classes to roles; ray_job names the job (default: from Ray's jobs).
+    ray_address: str | None = None
+    ray_preset: str = "verl"
+    ray_job: str | None = None
+    ray_interval: float = 1.0
+    # verl's file logger (VERL_FILE_LOGGER_PATH) followed for its training signals.
+    verl_log: Path | None = None
 
 
 def default_spool_dir(node: str) -> Path:
@@ -121,6 +129,9 @@ class Agent:
             timeout=config.scrape_timeout,
             clock=clock,
         )
+        self.ray: Any = None
+        self.verl: Any = None
+        self._attach_ray(config, clock)
         self.spool = Spool(
             config.spool_dir,
             node=config.node,
@@ -145,6 +156,36 @@ class Agent:
         self.started_at = clock()
         self._spool_failing = False
 
+    def _attach_ray(self, config: AgentConfig, clock: Callable[[], float]) -> None:
+        """The Ray collector and verl's log tail, imported only when asked for; a bad preset or
+        a missing ray is said once and leaves the rest of the agent running."""
+        job = config.ray_job or safe_job_name(config.run_dir.resolve().name)
+        if config.verl_log is not None:
+            from integrations.ray.verl_log import VerlLogTail
+
+            self.verl = VerlLogTail(config.verl_log, job=job, clock=clock)
+        if config.ray_address is None:
+            return
+        try:
+            from integrations.ray.collector import RayCollector
+            from integrations.ray.presets import PresetError, load_preset
+        except ImportError as exc:  # pragma: no cover - the package ships with the agent
+            log.error("--ray: the Ray integration cannot be imported (%s): actors not watched", exc)
+            return
+        try:
+            preset = load_preset(config.ray_preset)
+        except PresetError as exc:
+            log.error("--ray-preset: %s; Ray actors are not watched", exc)
+            return
+        self.ray = RayCollector(
+            preset,
+            address=config.ray_address,
+            job_name=config.ray_job,
+            interval=config.ray_interval,
+            timeout=max(1.0, config.scrape_timeout),
+            clock=clock,
+        )
+
     @property
     def nvml(self) -> NvmlCollector | DcgmExporterCollector:
         """The GPU source (NVML unless ``gpu_source`` is dcgm-exporter); the older name."""
@@ -163,6 +204,8 @@ class Agent:
         """Run until stopped; returns the process exit code."""
         self.nvml.start()
         self.sender.start()
+        if self.ray is not None:
+            self.ray.start()
         log.info(
             "agent %s for node %s: server %s, run dir %s, spool %s",
             self.spool.agent_id,
@@ -206,6 +249,8 @@ class Agent:
         self.spool.close()
         self.nvml.close()
         self.engines.close()
+        if self.ray is not None:
+            self.ray.close()
         if self._record is not None:
             self._record.close()
             self._record = None
@@ -225,6 +270,17 @@ class Agent:
         job_samples, participants = self.jobs.collect()
         samples.extend(job_samples)
         samples.extend(self.engines.collect())
+        if self.verl is not None:
+            samples.extend(self.verl.collect())
+        if self.ray is not None:
+            ray_samples, ray_participants = self.ray.collect()
+            samples.extend(ray_samples)  # the same plain dict shape as agents.samples
+            if self.verl is not None and self.verl.step is not None:
+                # Ray knows no step: verl's log does (the policy judges first steps apart).
+                for p in ray_participants:
+                    if p["job"] == self.verl.labels["job"]:
+                        p["step"] = self.verl.step
+            participants.extend(ray_participants)
         samples.extend(self._own_samples(now))
         fingerprint = self._fingerprint_if_due(now)
         limit = self.config.max_samples_per_batch

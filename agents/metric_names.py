@@ -88,6 +88,21 @@ JOB_METRICS: frozenset[str] = TRAINER_SIGNALS | frozenset(
         "rollout_engine_requests_waiting",
         "rollout_engine_kv_cache_usage_ratio",
         "rollout_engine_preemptions_total",
+        # Ray actors (agent --ray; labels job, role, rank; ray_actor_dead also reason, Ray's
+        # death cause) and nodes (label ray_node)
+        "ray_actor_alive",
+        "ray_actor_restarts_total",
+        "ray_actor_dead",
+        "ray_node_alive",
+        # verl's file logger (agent --verl-log; integrations/ray/verl_log.py)
+        "train_throughput_tokens_per_second",
+        "train_step_seconds",
+        "train_phase_generate_seconds",
+        "train_phase_update_seconds",
+        "train_phase_generate_ratio",
+        "rollout_response_length_mean",
+        "rollout_stale_samples_total",
+        "rollout_dropped_stale_samples_total",
     }
 )
 
@@ -95,6 +110,7 @@ AGENT_METRICS: frozenset[str] = frozenset(
     {
         "agent_nvml_available",
         "agent_dcgm_exporter_up",
+        "ray_collector_up",
         "agent_gpus_monitored",
         "agent_spool_bytes",
         "agent_spool_batches",

@@ -1,0 +1,308 @@
+"""The launcher hook for Ray jobs: what ``RLGUARD_RECOVERY_LAUNCHER`` runs for verl / OpenRLHF.
+
+Same command line and exit codes as :mod:`recovery.supervision.hook` (the recovery worker's
+adapters call every hook alike)::
+
+    <hook> restart_role --job J --role R --rank K --idempotency-key KEY
+    <hook> restart_job  --job J --idempotency-key KEY
+
+0 done (one JSON line on stdout), 1 refused (the reason on stderr), 2 bad arguments or Ray not
+reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --dashboard URL
+--preset verl --state-dir DIR [--ray-address GCS] [--ray-job J]``.
+
+* ``restart_role``: the participant's actor (found as the collector maps it) is killed with
+  ``ray.kill(actor, no_restart=False)``, so Ray restarts it (actors created with
+  ``max_restarts``). Before the kill the hook records the actor's pid and restart count under
+  the idempotency key; a second delivery of the same action finds the record and kills nothing
+  once the actor has a new pid or a higher restart count. An actor Ray is already restarting is
+  left to Ray. A dead actor, one with no restart left, or one without a name (Ray gives no
+  handle to an unnamed actor outside its job: OpenRLHF's) is refused: the job has to be
+  resubmitted (``restart_job``, a heavy action).
+* ``restart_job``: the Ray job submitted through the Jobs API is stopped, then submitted again
+  with its recorded entrypoint plus the preset's resume arguments (verl
+  ``trainer.resume_mode=auto``, OpenRLHF ``--ckpt.load_enable``), its runtime environment and
+  metadata. The new submission id comes from the idempotency key, so a second delivery cannot
+  submit twice (the Jobs API refuses a known id). It runs only after the policy engine's
+  SAFE_MODE and an approver, as every heavy action does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from integrations.ray.mapping import MappedActor, job_name_of, map_actors
+from integrations.ray.presets import Preset, PresetError, load_preset, with_resume
+from integrations.ray.state import JobRecord, RayStateReader, RayUnavailable
+from recovery.checkpoint._atomic import write_json_atomic
+from recovery.supervision.requests import KEY_PATTERN
+
+PROG = "python -m integrations.ray.hook"
+_TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+class Refused(Exception):
+    """The action cannot be done through Ray; the message says why (exit 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class RayHook:
+    """Carries out hook actions on one Ray cluster (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        dashboard: str,
+        preset: Preset,
+        state_dir: Path,
+        ray_address: str = "auto",
+        job_name: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.dashboard = dashboard
+        self.preset = preset
+        self.state_dir = state_dir
+        self.ray_address = ray_address
+        self.job_name = job_name
+        self.timeout = timeout
+        self.reader = RayStateReader(dashboard, timeout=min(timeout, 10.0))
+
+    def _ledger(self, key: str) -> Path:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return self.state_dir / f"{digest}.json"
+
+    def _recorded(self, key: str) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(self._ledger(key).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    # -- restart_role ------------------------------------------------------------------------
+
+    def _find(self, job: str, role: str, rank: int) -> MappedActor:
+        snap = self.reader.snapshot()
+        mapped = map_actors(snap.actors, self.preset, snap.jobs, job_name=self.job_name)
+        found = mapped.find(job, role, rank)
+        if found is None:
+            raise Refused(
+                f"no Ray actor of job {job!r} is {role}-{rank} under preset {self.preset.name!r}"
+            )
+        return found
+
+    def restart_role(self, job: str, role: str, rank: int, key: str) -> dict[str, Any]:
+        actor = self._find(job, role, rank).actor
+        recorded = self._recorded(key)
+        if recorded is not None and recorded.get("actor_id") == actor.actor_id:
+            if actor.num_restarts > recorded["num_restarts"] or actor.pid != recorded["pid"]:
+                return {**recorded, "already": True, "pid_now": actor.pid}
+        if actor.state == "RESTARTING":
+            return {"actor_id": actor.actor_id, "restarted_by": "ray", "state": actor.state}
+        if actor.state != "ALIVE":
+            raise Refused(
+                f"Ray actor {actor.actor_id} ({actor.class_name}) is {actor.state} "
+                f"({actor.death_reason}) and Ray will not restart it: the job has to be "
+                f"resubmitted (restart_job)"
+            )
+        if not actor.name:
+            raise Refused(
+                f"Ray actor {actor.actor_id} ({actor.class_name}) has no name, and Ray gives no "
+                f"handle to an unnamed actor outside its job: the job has to be resubmitted "
+                f"(restart_job)"
+            )
+        import ray
+
+        ray.init(
+            address=self.ray_address,
+            namespace=actor.namespace,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+        )
+        try:
+            handle = ray.get_actor(actor.name, namespace=actor.namespace)
+            max_restarts = _max_restarts(actor.actor_id)
+            if max_restarts is not None and 0 <= max_restarts <= actor.num_restarts:
+                raise Refused(
+                    f"Ray actor {actor.name} has used {actor.num_restarts} of its "
+                    f"{max_restarts} restarts: the job has to be resubmitted (restart_job)"
+                )
+            record = {
+                "action": "restart_role",
+                "actor_id": actor.actor_id,
+                "name": actor.name,
+                "pid": actor.pid,
+                "num_restarts": actor.num_restarts,
+                "killed_at": time.time(),
+            }
+            write_json_atomic(self._ledger(key), record)  # recorded before the kill
+            ray.kill(handle, no_restart=False)
+        finally:
+            ray.shutdown()
+        return {**record, "already": False}
+
+    # -- restart_job -------------------------------------------------------------------------
+
+    def _ray_job(self, job: str) -> JobRecord:
+        """The job's newest Jobs API submission (a running one first)."""
+        snap = self.reader.snapshot()
+        mine = [
+            r
+            for r in snap.jobs
+            if r.submission_id and (self.job_name or job_name_of(r)) == job
+        ]
+        if not mine:
+            seen = sorted({job_name_of(r) for r in snap.jobs if r.submission_id})
+            raise Refused(
+                f"job {job!r} has no Ray job submitted through the Jobs API (submitted: "
+                f"{', '.join(seen) or 'none'}): it cannot be resubmitted (submit it with ray job "
+                f"submit --metadata-json '{{\"rlguard_job\": \"{job}\"}}')"
+            )
+        running = [r for r in mine if r.status not in _TERMINAL]
+        return (running or mine)[-1]
+
+    def restart_job(self, job: str, key: str) -> dict[str, Any]:
+        from ray.job_submission import JobSubmissionClient
+
+        new_id = f"rlguard-{job[:40]}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        recorded = self._recorded(key)
+        if recorded is not None:
+            return {**recorded, "already": True}
+        old = self._ray_job(job)
+        old_id = str(old.submission_id)
+        client = JobSubmissionClient(self.dashboard)
+        if old_id != new_id:
+            if old.status not in _TERMINAL:
+                client.stop_job(old_id)
+            self._wait_terminal(client, old_id)
+        entrypoint = with_resume(old.entrypoint, self.preset.resume_args)
+        details = client.get_job_info(old_id)
+        known = {j.submission_id for j in client.list_jobs()}
+        if new_id not in known:
+            client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=new_id,
+                runtime_env=details.runtime_env or None,
+                metadata={**(old.metadata or {}), "rlguard_job": job},
+            )
+        record = {
+            "action": "restart_job",
+            "stopped": old_id,
+            "submitted": new_id,
+            "entrypoint": entrypoint,
+        }
+        write_json_atomic(self._ledger(key), record)
+        return {**record, "already": False}
+
+    def _wait_terminal(self, client: Any, submission_id: str | None) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            status = client.get_job_status(submission_id)
+            if str(getattr(status, "value", status)) in _TERMINAL:
+                return
+            time.sleep(0.2)
+        raise Refused(f"Ray job {submission_id} did not stop within {self.timeout:g} s")
+
+
+def _max_restarts(actor_id: str) -> int | None:
+    """The actor's ``max_restarts`` from the GCS actor table (-1: unlimited), if it tells."""
+    try:
+        from ray._private.state import state
+        from ray._raylet import ActorID
+        from ray.core.generated import gcs_pb2
+
+        accessor = state._connect_and_get_accessor()
+        raw = accessor.get_actor_info(ActorID.from_hex(actor_id))
+        if raw is None:
+            return None
+        data = gcs_pb2.ActorTableData.FromString(raw)  # type: ignore[attr-defined]
+        return int(data.max_restarts)
+    except Exception:  # an internal API: without it, Ray's answer to the kill is the check
+        return None
+
+
+def write_hook(path: Path, argv: list[str], python: str = sys.executable) -> None:
+    """An executable that runs this hook with ``argv`` (the cluster options) before its own."""
+    path.write_text(
+        "#!/bin/sh\n# RLGuard launcher hook for Ray jobs (integrations.ray.hook)\n"
+        f"exec {shlex.quote(python)} -m integrations.ray.hook {shlex.join(argv)} \"$@\"\n",
+        encoding="utf-8",
+    )
+    path.chmod(0o755)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG)
+    p.add_argument("action", choices=["restart_role", "restart_job"])
+    p.add_argument("--job", required=True)
+    p.add_argument("--node")
+    p.add_argument("--role")
+    p.add_argument("--rank")
+    p.add_argument("--away-from")
+    p.add_argument("--idempotency-key", required=True)
+    p.add_argument("--extra")
+    p.add_argument("--dashboard", required=True, help="the Ray dashboard, http://HEAD:8265")
+    p.add_argument("--ray-address", default="auto", help="the GCS address for ray.kill")
+    p.add_argument("--preset", default="verl")
+    p.add_argument("--ray-job", help="the job's name, as given to the agent's --ray-job")
+    p.add_argument("--state-dir", required=True, type=Path)
+    p.add_argument("--timeout", type=float, default=60.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; the exit code (module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "write-hook":
+        if len(argv) < 2:
+            sys.stderr.write(f"{PROG} write-hook: error: the hook's path is required\n")
+            return 2
+        _parser().parse_args(["restart_job", "--job", "x", "--idempotency-key", "x", *argv[2:]])
+        write_hook(Path(argv[1]), argv[2:])
+        return 0
+    p = _parser()
+    args = p.parse_args(argv)
+    if not KEY_PATTERN.fullmatch(args.idempotency_key):
+        p.error(f"--idempotency-key {args.idempotency_key!r} must be printable ASCII")
+    if args.action == "restart_role" and (args.role is None or not (args.rank or "").isdigit()):
+        p.error("restart_role needs --role and a whole-number --rank")
+    try:
+        preset = load_preset(args.preset)
+    except PresetError as exc:
+        p.error(str(exc))
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    hook = RayHook(
+        dashboard=args.dashboard,
+        preset=preset,
+        state_dir=args.state_dir,
+        ray_address=args.ray_address,
+        job_name=args.ray_job,
+        timeout=args.timeout,
+    )
+    try:
+        if args.action == "restart_role":
+            answer = hook.restart_role(args.job, args.role, int(args.rank), args.idempotency_key)
+        else:
+            answer = hook.restart_job(args.job, args.idempotency_key)
+    except Refused as exc:
+        sys.stderr.write(f"refused: {exc}\n")
+        return 1
+    except RayUnavailable as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

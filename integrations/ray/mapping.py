@@ -1,0 +1,99 @@
+"""Ray actors as RLGuard participants ``(job, role, rank)``.
+
+The job is named for its Ray job: ``metadata["rlguard_job"]`` when the job was submitted with
+it, else its Jobs API submission id, else ``ray-<job id>``; ``job_name`` overrides them all
+(one training job per cluster, the usual verl and OpenRLHF set-up). Roles and ranks come from
+the preset (:mod:`integrations.ray.presets`). An actor no rule matches is left out and named
+once in :attr:`MappedActors.unmatched`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from integrations.ray.presets import Preset
+from integrations.ray.state import ActorRecord, JobRecord
+from recovery.report import safe_job_name
+
+
+@dataclass(frozen=True, slots=True)
+class MappedActor:
+    job: str
+    role: str
+    rank: int
+    actor: ActorRecord
+
+
+@dataclass(slots=True)
+class MappedActors:
+    actors: list[MappedActor] = field(default_factory=list)
+    # class names no rule matched (each once), for the agent's log
+    unmatched: set[str] = field(default_factory=set)
+
+    def find(self, job: str, role: str, rank: int) -> MappedActor | None:
+        for mapped in self.actors:
+            if (mapped.job, mapped.role, mapped.rank) == (job, role, rank):
+                return mapped
+        return None
+
+
+def job_name_of(job: JobRecord) -> str:
+    """The RLGuard name of a Ray job (module docstring)."""
+    name = job.metadata.get("rlguard_job") or job.submission_id or f"ray-{job.job_id}"
+    return safe_job_name(name)
+
+
+def job_names(jobs: Iterable[JobRecord]) -> dict[str, str]:
+    """Ray job id -> RLGuard job name, for the jobs that have a driver."""
+    return {job.job_id: job_name_of(job) for job in jobs if job.job_id}
+
+
+def _rank_key(
+    actor: ActorRecord, found_rank: int | None, group_local: tuple[int, int] | None
+) -> tuple[object, ...]:
+    # Ranks given by the name first, then (group, local) pairs, then actor ids: a stable order.
+    return (found_rank is None, found_rank or 0, group_local or (0, 0), actor.actor_id)
+
+
+def map_actors(
+    actors: Iterable[ActorRecord],
+    preset: Preset,
+    jobs: Iterable[JobRecord] = (),
+    *,
+    job_name: str | None = None,
+) -> MappedActors:
+    """Give each actor that a rule matches its ``(job, role, rank)``.
+
+    Within one job and role an actor's rank is the number in its name's ``rank`` group when
+    the rule has one; otherwise actors are numbered 0.. in the order of their name's
+    ``(group, local)`` numbers, else of their actor ids. A restarted actor keeps its id, hence
+    its rank.
+    """
+    names = job_names(jobs)
+    fixed = safe_job_name(job_name) if job_name else None
+    result = MappedActors()
+    grouped: dict[tuple[str, str], list[tuple[tuple[object, ...], int | None, ActorRecord]]] = (
+        defaultdict(list)
+    )
+    for actor in actors:
+        found = preset.role_of(actor.class_name, actor.name)
+        if found is None:
+            result.unmatched.add(actor.class_name)
+            continue
+        role, match = found
+        groups = match.groupdict() if match is not None else {}
+        rank = int(groups["rank"]) if groups.get("rank") is not None else None
+        pair = (
+            (int(groups["group"]), int(groups["local"]))
+            if groups.get("group") is not None and groups.get("local") is not None
+            else None
+        )
+        job = fixed or names.get(actor.job_id) or safe_job_name(f"ray-{actor.job_id}")
+        grouped[(job, role)].append((_rank_key(actor, rank, pair), rank, actor))
+    for (job, role), members in grouped.items():
+        members.sort(key=lambda item: item[0])
+        for index, (_key, rank, actor) in enumerate(members):
+            result.actors.append(MappedActor(job, role, rank if rank is not None else index, actor))
+    return result

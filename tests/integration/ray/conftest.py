@@ -1,0 +1,86 @@
+"""A real local Ray cluster for the Ray integration's tests (CPU only, kept small).
+
+One cluster per test session, started in this process with ``ray.init`` (this process is its
+first driver and owns it; ``ray.shutdown`` at the end stops every process it started). The
+dashboard is on: it serves the state API and the Jobs API that the collector and the hook use.
+A missing ``ray`` fails loudly: the ``ray`` extra is installed by ``scripts/bootstrap.sh dev``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.conftest import free_port
+
+
+@dataclass(frozen=True)
+class LocalRay:
+    gcs_address: str
+    dashboard: str  # http://127.0.0.1:PORT
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``pred`` every 0.1 s until it returns something true; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[LocalRay]:
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - the dev install has it
+        pytest.fail(f"the ray extra is required (scripts/bootstrap.sh dev): {exc}")
+    # A short private temp dir: Ray's socket paths must stay under the Unix 107-byte limit.
+    temp_dir = tempfile.mkdtemp(prefix="rlgray-", dir="/tmp")
+    port = free_port()
+    # The workers import the tests' actor classes: they inherit PYTHONPATH from this process.
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env_for_subprocess()["PYTHONPATH"]
+    ctx = ray.init(
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=port,
+        object_store_memory=80 * 1024 * 1024,
+        logging_level="ERROR",
+        log_to_driver=False,
+        namespace="rlguard-test",
+        _temp_dir=temp_dir,
+    )
+    try:
+        yield LocalRay(gcs_address=ctx.address_info["gcs_address"], dashboard=f"http://127.0.0.1:{port}")
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def actor_pid(handle: Any) -> int:
+    import ray
+
+    return int(ray.get(handle.pid.remote(), timeout=30))
+
+
+def env_for_subprocess() -> dict[str, str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
