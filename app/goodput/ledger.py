@@ -74,33 +74,7 @@ def build_ledger(data: LedgerInput) -> JobGoodput:
     )
     startup = startup_seconds(history, started_at=data.first_seen, typical_step=typical)
     ckpt_source = "reported" if data.checkpoints else f"assumed every {data.checkpoint_every_steps} steps"
-    rows: list[IncidentGoodput] = []
-    lost_spans: list[Interval] = []
-    cf_spans: list[Interval] = []
-    counted_so_far: list[Interval] = []
-    for cost in costs:
-        mark = history.mark_at(cost.fault_at)
-        ckpt = (
-            newest_checkpoint(data.checkpoints, cost.fault_at)
-            if data.checkpoints
-            else assumed_checkpoint(mark, data.checkpoint_every_steps)
-        )
-        cf = whole_job_restart(
-            cost,
-            checkpoint_step=ckpt,
-            mark=mark,
-            human_detection_seconds=data.human_detection_seconds,
-            startup=startup or 0.0,
-            typical_step=typical,
-        )
-        mine = clip_all([cost.lost], active.start, active.end)
-        if not mine and not data.since <= cost.fault_at < data.until:
-            continue  # neither its cost nor its fault falls in the window
-        counted = measure(mine) - overlap(mine, counted_so_far)
-        counted_so_far = union([*counted_so_far, *mine])
-        lost_spans.append(cost.lost)
-        cf_spans.append(cf.lost)
-        rows.append(_incident_row(cost, counted, cf.lost.seconds, cf.steps_redone))
+    rows, lost_spans, cf_spans = _in_window(data, costs, history, active, typical, startup)
     wall = active.seconds
     lost = measure(clip_all(lost_spans, active.start, active.end))
     productive = wall - lost
@@ -139,6 +113,46 @@ def build_ledger(data: LedgerInput) -> JobGoodput:
             ),
         ),
     )
+
+
+def _in_window(
+    data: LedgerInput,
+    costs: Sequence[IncidentCost],
+    history: StepHistory,
+    active: Interval,
+    typical: float | None,
+    startup: float | None,
+) -> tuple[list[IncidentGoodput], list[Interval], list[Interval]]:
+    """The incidents whose cost or fault falls in the window: their rows (each with the part
+    no earlier incident already counted), lost spans and counterfactual spans."""
+    rows: list[IncidentGoodput] = []
+    lost_spans: list[Interval] = []
+    cf_spans: list[Interval] = []
+    counted_so_far: list[Interval] = []
+    for cost in costs:
+        mine = clip_all([cost.lost], active.start, active.end)
+        if not mine and not data.since <= cost.fault_at < data.until:
+            continue
+        mark = history.mark_at(cost.fault_at)
+        ckpt = (
+            newest_checkpoint(data.checkpoints, cost.fault_at)
+            if data.checkpoints
+            else assumed_checkpoint(mark, data.checkpoint_every_steps)
+        )
+        cf = whole_job_restart(
+            cost,
+            checkpoint_step=ckpt,
+            mark=mark,
+            human_detection_seconds=data.human_detection_seconds,
+            startup=startup or 0.0,
+            typical_step=typical,
+        )
+        counted = measure(mine) - overlap(mine, counted_so_far)
+        counted_so_far = union([*counted_so_far, *mine])
+        lost_spans.append(cost.lost)
+        cf_spans.append(cf.lost)
+        rows.append(_incident_row(cost, counted, cf.lost.seconds, cf.steps_redone))
+    return rows, lost_spans, cf_spans
 
 
 def _ratio(num: float, den: float) -> float:

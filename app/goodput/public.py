@@ -65,6 +65,7 @@ class JobGoodput(BaseModel):
     gpu_count: int
     gpu_hours_lost: float
     cost_lost: float
+    # the incidents' segments added up (time two incidents share counts in each)
     segments: dict[str, float]
     incidents: list[IncidentGoodput]
     series: list[EttrPoint]
