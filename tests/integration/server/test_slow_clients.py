@@ -15,8 +15,6 @@ import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import pytest
@@ -28,12 +26,15 @@ from ._procs import clean_env, healthy, rlguard, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-HALF_OPEN = 300
+HEADER_TIMEOUT = 4.0
+LIMIT = 400
 PARTIAL_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 
-@contextmanager
-def server(tmp_path: Path, header_timeout: float, *flags: str) -> Iterator[tuple[str, int]]:
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """One `rlguard server` for the module: --header-timeout 4 --limit-concurrency 400."""
+    tmp_path = tmp_path_factory.mktemp("server")
     db = tmp_path / "rlguard.db"
     migrate.upgrade(f"sqlite:///{db}")
     db.chmod(0o644)  # as `rlguard db upgrade` under the usual umask leaves it
@@ -41,7 +42,8 @@ def server(tmp_path: Path, header_timeout: float, *flags: str) -> Iterator[tuple
     env = clean_env(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(tmp_path / "data"),
                     RLGUARD_DATABASE_URL=f"sqlite:///{db}", RLGUARD_POLICY_SCHEDULER="0")
     log = tmp_path / "server.log"
-    args = ["server", "--port", str(port), "--header-timeout", str(header_timeout), *flags]
+    args = ["server", "--port", str(port), "--header-timeout", str(HEADER_TIMEOUT),
+            "--limit-concurrency", str(LIMIT)]
     with rlguard(args, env, log) as proc:
         url = f"http://127.0.0.1:{port}"
         healthy(url, proc, log)
@@ -85,14 +87,16 @@ def wait_closed_by_server(socks: list[socket.socket], timeout: float) -> dict[so
     return got
 
 
-def test_half_open_connections_are_closed_and_healthz_keeps_answering(tmp_path: Path) -> None:
-    timeout = 4.0
-    with server(tmp_path, timeout) as (url, pid), ThreadPoolExecutor(1) as pool:
-        port = int(url.rsplit(":", 1)[1])
+def test_half_open_connections_are_closed_and_healthz_keeps_answering(
+    slow_server: tuple[str, int],
+) -> None:
+    url, pid = slow_server
+    timeout, port = HEADER_TIMEOUT, int(url.rsplit(":", 1)[1])
+    with ThreadPoolExecutor(1) as pool:
         baseline = open_fds(pid)
         trickled = pool.submit(trickle_until_closed, port, timeout)
         started = time.monotonic()
-        socks = half_open(port, HALF_OPEN)
+        socks = half_open(port, LIMIT - 100)  # below the concurrency limit
         try:
             for _ in range(5):
                 assert httpx.get(url + "/healthz", timeout=5).status_code == 200
@@ -111,8 +115,8 @@ def test_half_open_connections_are_closed_and_healthz_keeps_answering(tmp_path: 
         assert all(data.startswith(b"HTTP/1.1 408 ") for data in got.values())
         assert took >= timeout
         assert timeout <= trickled.result(30) < timeout + 5  # bytes do not extend the deadline
-        wait_for(lambda: open_fds(pid) <= baseline + 5, 10, "the server's sockets to be released")
-        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+    wait_for(lambda: open_fds(pid) <= baseline + 5, 10, "the server's sockets to be released")
+    assert httpx.get(url + "/healthz", timeout=5).status_code == 200
 
 
 def trickle_until_closed(port: int, timeout: float) -> float:
@@ -137,23 +141,24 @@ def trickle_until_closed(port: int, timeout: float) -> float:
     raise AssertionError("a trickling client kept its connection open")
 
 
-def test_beyond_the_concurrency_limit_requests_get_503_at_once(tmp_path: Path) -> None:
-    timeout = 4.0
-    with server(tmp_path, timeout, "--limit-concurrency", "20") as (url, pid):
-        port = int(url.rsplit(":", 1)[1])
-        baseline = open_fds(pid)
-        started = time.monotonic()
-        socks = half_open(port, 30)
-        try:
-            # (the count of other descriptors moves by one or two meanwhile)
-            wait_for(lambda: open_fds(pid) >= baseline + 25, 10, "the server to accept them")
-            t0 = time.monotonic()
-            assert t0 - started < timeout - 2, "too slow to test: raise the timeout"
-            r = httpx.get(url + "/healthz", timeout=5)
-            assert r.status_code == 503 and time.monotonic() - t0 < 2
-            # once the header timeout has closed the half-open ones, requests pass again
-            wait_closed_by_server(socks, timeout + 15)
-            assert httpx.get(url + "/healthz", timeout=5).status_code == 200
-        finally:
-            for s in socks:
-                s.close()
+def test_beyond_the_concurrency_limit_requests_get_503_at_once(
+    slow_server: tuple[str, int],
+) -> None:
+    url, pid = slow_server
+    port = int(url.rsplit(":", 1)[1])
+    baseline = open_fds(pid)
+    started = time.monotonic()
+    socks = half_open(port, LIMIT + 50)
+    try:
+        # (the count of other descriptors moves by one or two meanwhile)
+        wait_for(lambda: open_fds(pid) >= baseline + LIMIT + 45, 10, "the server to accept them")
+        t0 = time.monotonic()
+        assert t0 - started < HEADER_TIMEOUT - 1, "too slow to test: raise the timeout"
+        r = httpx.get(url + "/healthz", timeout=5)
+        assert r.status_code == 503 and time.monotonic() - t0 < 2
+        # once the header timeout has closed the half-open ones, requests pass again
+        wait_closed_by_server(socks, HEADER_TIMEOUT + 15)
+        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
