@@ -39,7 +39,7 @@ from app.services.tokens import create_node_token
 from tests.conftest import free_port
 from tests.integration.foundation.conftest import RLGUARD, ServerProcess, auth, batch, rlguard_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 EXAMPLES = Path(__file__).parent / "hypothesis-examples"
 LOCAL_EXAMPLES = Path(__file__).parents[3] / ".hypothesis" / "ingest-fuzz"
