@@ -5,7 +5,7 @@ bad value."""
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from app.services.errors import InvalidInput
 
@@ -22,7 +22,10 @@ def parse_instant(name: str, text: str, *, now: datetime) -> datetime:
         seconds = float(m.group(1)) * _UNIT[m.group(2)]
         if seconds <= 0:
             raise InvalidInput(f"{name} {text!r} is not a positive duration")
-        return now - timedelta(seconds=seconds)
+        try:
+            return now - timedelta(seconds=seconds)
+        except OverflowError:
+            raise InvalidInput(f"{name} {text!r} reaches before the year 1") from None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -32,7 +35,10 @@ def parse_instant(name: str, text: str, *, now: datetime) -> datetime:
         ) from None
     if parsed.tzinfo is None:
         raise InvalidInput(f"{name} {text!r} must carry a time zone (e.g. ...Z or +08:00)")
-    return parsed
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"{name} {text!r} is outside the years 1..9999 in UTC") from None
 
 
 def parse_window(

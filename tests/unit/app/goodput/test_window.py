@@ -27,6 +27,8 @@ def test_durations_and_instants() -> None:
         ("7", "since '7' is neither"),
         ("-3d", "since '-3d' is neither"),
         ("0h", "since '0h' is not a positive duration"),
+        ("99999999999d", "since '99999999999d' reaches before the year 1"),
+        ("0001-01-01T00:00:00+14:00", "is outside the years 1..9999 in UTC"),
         ("2026-12-01T08:00:00", "since '2026-12-01T08:00:00' must carry a time zone"),
     ],
 )
