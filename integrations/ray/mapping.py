@@ -50,6 +50,23 @@ def job_names(jobs: Iterable[JobRecord]) -> dict[str, str]:
     return {job.job_id: job_name_of(job) for job in jobs if job.job_id}
 
 
+_ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+def superseded_jobs(jobs: Iterable[JobRecord], job_name: str | None = None) -> set[str]:
+    """Ray job ids that ended while another Ray job of the same RLGuard name runs (a job that
+    was resubmitted): their dead actors would otherwise keep the participants' ranks."""
+    by_name: dict[str, list[JobRecord]] = defaultdict(list)
+    for job in jobs:
+        if job.job_id:
+            by_name[job_name or job_name_of(job)].append(job)
+    out: set[str] = set()
+    for members in by_name.values():
+        if any(j.status not in _ENDED for j in members):
+            out.update(str(j.job_id) for j in members if j.status in _ENDED)
+    return out
+
+
 def _rank_key(
     actor: ActorRecord, found_rank: int | None, group_local: tuple[int, int] | None
 ) -> tuple[object, ...]:
@@ -71,13 +88,17 @@ def map_actors(
     ``(group, local)`` numbers, else of their actor ids. A restarted actor keeps its id, hence
     its rank.
     """
+    jobs = list(jobs)
     names = job_names(jobs)
     fixed = safe_job_name(job_name) if job_name else None
+    superseded = superseded_jobs(jobs, fixed)
     result = MappedActors()
     grouped: dict[tuple[str, str], list[tuple[tuple[object, ...], int | None, ActorRecord]]] = (
         defaultdict(list)
     )
     for actor in actors:
+        if actor.job_id in superseded:
+            continue  # a resubmission of the same job runs: its actors are the participants now
         found = preset.role_of(actor.class_name, actor.name)
         if found is None:
             result.unmatched.add(actor.class_name)

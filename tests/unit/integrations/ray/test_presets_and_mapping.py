@@ -124,3 +124,17 @@ def test_death_cause_from_rays_record() -> None:
     )
     oom = actor_from_dict({"actor_id": "c", "death_cause": {"oom_context": {"error_message": "m"}}})
     assert oom.death_reason == "OOM"
+
+
+def test_actors_of_a_job_that_was_resubmitted_are_left_out() -> None:
+    old = actor("a", "WorkerDict", "xWorkerDict_0:0", job="02000000", state="DEAD")
+    new = actor("b", "WorkerDict", "xWorkerDict_0:0", job="05000000")
+    jobs = [
+        JobRecord("02000000", "s1", "FAILED", "python m.py", {"rlguard_job": "v"}),
+        JobRecord("05000000", "s2", "RUNNING", "python m.py trainer.resume_mode=auto", {"rlguard_job": "v"}),
+    ]
+    mapped = map_actors([old, new], load_preset("verl"), jobs, job_name="v")
+    assert [(m.actor.actor_id, m.rank) for m in mapped.actors] == [("b", 0)]
+    # without a running successor the failed job's dead actor stays a participant
+    mapped = map_actors([old], load_preset("verl"), jobs[:1], job_name="v")
+    assert [m.actor.actor_id for m in mapped.actors] == ["a"]
