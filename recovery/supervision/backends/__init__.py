@@ -18,7 +18,10 @@ from typing import Protocol, runtime_checkable
 from recovery.errors import RecoveryError
 
 # Backend names -> the module that holds its BACKEND.
-_BACKEND_MODULES = {"local": "recovery.supervision.backends.local"}
+_BACKEND_MODULES = {
+    "local": "recovery.supervision.backends.local",
+    "slurm": "recovery.supervision.backends.slurm",
+}
 
 
 class BackendError(RecoveryError):
