@@ -46,3 +46,40 @@ def test_embedded_children_come_from_registered_factories(tmp_path: Path) -> Non
         assert spec not in without
     finally:
         EMBEDDED_CHILDREN.remove(factory)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has stopped; only its reaper is missing
+
+
+@pytest.mark.timeout(60)
+def test_stopping_a_child_ends_its_whole_process_group(tmp_path: Path) -> None:
+    # Like a Celery worker's pool process: a grandchild that ignores SIGTERM.
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+    child = ChildSpec("parent-of-one", [
+        sys.executable, "-c",
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
+        "time.sleep(60)",
+    ])
+    sup = ChildSupervisor([child], poll_interval=0.1)
+    sup.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the grandchild did not start"
+            time.sleep(0.05)
+    finally:
+        sup.stop(timeout=5)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _running(pid):  # SIGKILL is asynchronous: wait for it to land
+        assert time.monotonic() < deadline, f"grandchild {pid} outlived the supervisor's stop"
+        time.sleep(0.05)
