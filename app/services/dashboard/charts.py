@@ -51,6 +51,7 @@ class ChartSpec:
     y_min: float | None = None
     y_max: float | None = None
     latest: float | None = None
+    digits: int = 0  # decimals of the latest value shown beside the title
 
     @property
     def empty(self) -> bool:

@@ -28,6 +28,8 @@ JOB_SAFE_MODE = "job_safe_mode"
 CHECKPOINT_STEP = "checkpoint_committed_step"
 CHECKPOINT_INFERENCE_VERSION = "checkpoint_inference_version"
 CHECKPOINT_HISTORY = 12
+# A framework integration's training signal shown when the job reports it (TRL's GRPO reward).
+GRPO_REWARD = "grpo_reward_mean"
 
 
 @dataclass(slots=True)
@@ -306,6 +308,11 @@ def job_detail(
             unit="tok/s",
         ),
     ]
+    reward = dict(sorted(job_series(session, store, job=name, name=GRPO_REWARD, now=now).items()))
+    if reward:
+        chart = aligned_chart("GRPO reward (mean)", reward, step_seconds=STEP_SECONDS)
+        chart.digits = 3
+        progress.append(chart)
     safe = any(
         key.label("job") == name and (point := store.latest(key)) is not None and point.value >= 1
         for key in store.keys(name=JOB_SAFE_MODE)
