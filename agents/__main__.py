@@ -97,6 +97,12 @@ def _engine(text: str) -> EngineSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _slurm_node(text: str) -> str:
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", text):
+        raise argparse.ArgumentTypeError(f"not a Slurm node name: {text!r}")
+    return text
+
+
 def _node(text: str) -> str:
     if not _NODE_PATTERN.fullmatch(text):
         raise argparse.ArgumentTypeError(
@@ -207,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="follow verl's file logger (its VERL_FILE_LOGGER_PATH) for the job's signals",
+    )
+    p.add_argument(
+        "--slurm-node",
+        type=_slurm_node,
+        help="this node's name in Slurm: every 10 s ask scontrol/squeue whether it is DOWN or "
+        "DRAIN (a lost node) and how many jobs run on it",
     )
     p.add_argument(
         "--spool-dir",
@@ -373,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu_source=args.gpu_source,
         dcgm_url=args.dcgm_url or DEFAULT_DCGM_URL,
         engines=tuple(args.engine),
+        slurm_node=args.slurm_node,
         ray_address=args.ray,
         ray_preset=args.ray_preset,
         ray_job=args.ray_job,

@@ -30,6 +30,7 @@ from agents.collectors.dcgm import DEFAULT_DCGM_URL, DcgmExporterCollector
 from agents.collectors.engines import EngineCollector, EngineSpec
 from agents.collectors.job import JobCollector
 from agents.collectors.nvml import NvmlCollector
+from agents.collectors.slurm import SlurmNodeCollector
 from agents.fake_nvml import FakeNVML
 from agents.fingerprint import DEFAULT_PACKAGES, collect_fingerprint
 from agents.samples import Sample, make_sample
@@ -70,6 +71,8 @@ class AgentConfig:
     dcgm_url: str = DEFAULT_DCGM_URL
     engines: tuple[EngineSpec, ...] = ()
     scrape_timeout: float = 1.0
+    # The node's name in Slurm: ask Slurm every 10 s whether it is DOWN/DRAIN (None: do not).
+    slurm_node: str | None = None
     # A Ray cluster's actors as participants (--ray auto|ADDRESS, integrations.ray): the
     # preset maps actor classes to roles; ray_job names the job (default: from Ray's jobs).
     ray_address: str | None = None
@@ -123,6 +126,9 @@ class Agent:
         if config.gpu_source != "dcgm-exporter":
             self.gpus = NvmlCollector(nvml, simulated=config.simulate_gpus > 0, clock=clock)
         self.jobs = JobCollector(config.run_dir, clock=clock)
+        self.slurm = (
+            SlurmNodeCollector(config.slurm_node, clock=clock) if config.slurm_node else None
+        )
         self.engines = EngineCollector(
             config.engines,
             default_job=safe_job_name(config.run_dir.resolve().name),
@@ -270,6 +276,8 @@ class Agent:
         job_samples, participants = self.jobs.collect()
         samples.extend(job_samples)
         samples.extend(self.engines.collect())
+        if self.slurm is not None:
+            samples.extend(self.slurm.collect())
         if self.verl is not None:
             samples.extend(self.verl.collect())
         if self.ray is not None:

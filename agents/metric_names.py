@@ -106,6 +106,9 @@ JOB_METRICS: frozenset[str] = TRAINER_SIGNALS | frozenset(
     }
 )
 
+# What Slurm says of this node (--slurm-node; no labels: the node is the batch's node).
+SCHEDULER_METRICS: frozenset[str] = frozenset({"slurm_node_unavailable", "slurm_jobs_running"})
+
 AGENT_METRICS: frozenset[str] = frozenset(
     {
         "agent_nvml_available",
@@ -120,9 +123,10 @@ AGENT_METRICS: frozenset[str] = frozenset(
     }
 )
 
-ALL_METRICS: frozenset[str] = GPU_METRICS | JOB_METRICS | AGENT_METRICS
+ALL_METRICS: frozenset[str] = GPU_METRICS | JOB_METRICS | SCHEDULER_METRICS | AGENT_METRICS
 
 
 def is_job_signal(name: str) -> bool:
-    """True for samples the spool keeps longest: job signals outrank GPU and agent samples."""
-    return name in JOB_METRICS
+    """True for samples the spool keeps longest: job signals (and the scheduler's view of the
+    node) outrank GPU and agent samples."""
+    return name in JOB_METRICS or name in SCHEDULER_METRICS

@@ -924,6 +924,7 @@ class EnvDriftDetector(Detector):
 def default_detectors(policy: Policy) -> list[Detector]:
     from app.policy.hang import TrainHangDetector  # its own module, built on this one
     from app.policy.inference_engines import InferenceEngineDownDetector  # likewise
+    from app.policy.scheduler_nodes import SchedulerNodeDetector  # likewise
 
     return [
         GoldenMetricDetector(policy),
@@ -936,4 +937,5 @@ def default_detectors(policy: Policy) -> list[Detector]:
         EnvDriftDetector(policy),
         TrainHangDetector(policy),
         InferenceEngineDownDetector(policy),
+        SchedulerNodeDetector(policy),
     ]

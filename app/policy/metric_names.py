@@ -43,6 +43,9 @@ GPU_LOST = "gpu_lost"
 # --- inference engines probed by the agent (--engine; labels job, role, rank, engine) ---
 ROLLOUT_ENGINE_UP = "rollout_engine_up"  # gauge 0/1: the engine's /health answered
 
+# --- the scheduler's view of a node (agent --slurm-node; no labels) ---
+SLURM_NODE_UNAVAILABLE = "slurm_node_unavailable"  # gauge 0/1: DOWN, DRAIN, FAIL
+
 # Label names the detectors rely on.
 LABEL_JOB = "job"
 LABEL_ROLE = "role"

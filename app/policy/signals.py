@@ -26,6 +26,7 @@ class FaultKind(StrEnum):
     HEARTBEAT_LOST = "heartbeat_lost"
     NODE_SILENT = "node_silent"
     NODES_LOST = "nodes_lost"
+    NODE_UNAVAILABLE = "node_unavailable"  # the scheduler took the node out (DOWN, DRAIN)
     # step-level failures reported by the job
     STEP_FAILED = "step_failed"
     ROLLOUT_BATCH_TIMEOUT = "rollout_batch_timeout"

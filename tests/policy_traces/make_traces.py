@@ -58,6 +58,9 @@ class Sim:
     engines: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     engine_down: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     engine_idle: set[tuple[str, int]] = field(default_factory=set)  # up, generating nothing
+    # The agent's --slurm-node: what Slurm says of each node (no samples unless slurm is set).
+    slurm: bool = False
+    slurm_unavailable: dict[str, tuple[float, float]] = field(default_factory=dict)  # DOWN/DRAIN
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -136,6 +139,10 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
              "step": sim.step, "ts": hb_ts}
         )
     _engine_samples(sim, node, t, add)
+    if sim.slurm:
+        span = sim.slurm_unavailable.get(node)
+        add("slurm_node_unavailable", 1 if span is not None and span[0] <= t < span[1] else 0)
+        add("slurm_jobs_running", 1)
     return {
         "agent_id": f"agent-{node}",
         "node": node,
@@ -558,7 +565,28 @@ def engine_blip(v: int):
     return sim, [], "an engine misses its health probe for 20 s (a weight load) and answers again"
 
 
+# -- the scheduler's view of a node (agent --slurm-node) -----------------------------------------
+
+
+def node_unavailable(v: int):
+    start = 45 + 5 * v
+    node = ("n1", "n2")[v % 2]
+    sim = Sim(seed=5400 + v, duration=start + 40)
+    sim.slurm = True
+    sim.slurm_unavailable[node] = (T0 + start, T0 + 10_000)
+    return sim, [exp("node_unavailable", start, 0, job=None, node=node)], (
+        f"Slurm drains {node} (its agent and processes go on reporting)")
+
+
+def slurm_healthy(v: int):
+    sim = Sim(seed=5500 + v, duration=120)
+    sim.slurm = True
+    return sim, [], "every node IDLE/ALLOCATED in Slurm"
+
+
 POSITIVE["engine_down"] = (engine_down, 2)
+POSITIVE["node_unavailable"] = (node_unavailable, 2)
+NEGATIVE["slurm_healthy"] = (slurm_healthy, 1)
 NEGATIVE["engine_tool_wait"] = (engine_tool_wait, 2)
 NEGATIVE["engine_blip"] = (engine_blip, 1)
 

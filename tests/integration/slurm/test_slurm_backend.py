@@ -5,7 +5,8 @@
    the approved ``restart_job`` reaches the launcher through the launcher hook, exactly as the
    server's action task sends it; the backend requeues the job through Slurm, the batch script
    runs again (SLURM_RESTART_COUNT 1), the worker resumes and the job COMPLETES.
-2. A simulated XID 79 drains the node with RLGuard's reason; an application XID does not.
+2. A simulated XID 79 drains the node with RLGuard's reason; an application XID does not; the
+   agent's --slurm-node collector then reports the node unavailable (a lost node).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.collectors.slurm import SlurmNodeCollector
 from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.backends.slurm import (
     SlurmBackend,
@@ -152,12 +154,21 @@ def test_simulated_xid_79_drains_the_node_with_rlguards_reason(slurm: Slurm) -> 
         assert "DRAIN" in node["State"] and node_is_lost(node["State"]), node
         assert node["Reason"].startswith(reason), node
         assert backend.node_state() == node["State"]
+        # The agent's --slurm-node collector reports the drained node as unavailable (lost).
+        samples = {s["name"]: s["value"] for s in SlurmNodeCollector(NODE).collect()}
+        assert samples == {"slurm_node_unavailable": 1, "slurm_jobs_running": 0}
         with pytest.raises(BackendError, match="one-line reason"):
             backend.drain_node("two\nlines")
-    finally:
         slurm.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+        assert not node_is_lost(slurm.node()["State"])
+        samples = {s["name"]: s["value"] for s in SlurmNodeCollector(NODE).collect()}
+        assert samples["slurm_node_unavailable"] == 0
+        # An unknown node is not a lost one: nothing is sent (and it is logged once).
+        assert SlurmNodeCollector("no-such-node").collect() == []
+    finally:
+        if node_is_lost(slurm.node()["State"]):  # leave the node in service for other tests
+            slurm.scontrol("update", f"NodeName={NODE}", "State=RESUME")
         os.environ.pop("SLURM_CONF", None)
-    assert not node_is_lost(slurm.node()["State"])
 
 
 def test_slurm_backend_outside_a_job_is_refused_naming_why(slurm: Slurm) -> None:

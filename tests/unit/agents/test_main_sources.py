@@ -24,6 +24,7 @@ from agents.__main__ import main
         (["--dcgm-url", "http://127.0.0.1:9400/metrics"], "only with --gpu-source dcgm-exporter"),
         (["--gpu-source", "dcgm-exporter", "--dcgm-url", "ftp://x"], "'ftp://x'"),
         (["--gpu-source", "dcgm-exporter", "--simulate-gpus", "2"], "--simulate-gpus"),
+        (["--slurm-node", "gpu 7"], "'gpu 7'"),
     ],
 )
 def test_bad_source_and_engine_options_exit_2_naming_the_value(
