@@ -57,6 +57,13 @@ PHASE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # A signal's name is the metric name the agent sends it under (Prometheus' rules, lower case).
 SIGNAL_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _MAX_SIGNALS = 32
+# Cumulative fault counters a restarted process takes over from its predecessor's heartbeat.
+_CARRIED_COUNTERS = (
+    "train_step_failures_total",
+    "rollout_batch_timeouts_total",
+    "state_log_write_errors_total",
+    "checkpoint_write_errors_total",
+)
 _UNSET: Any = object()
 # The phase a launcher writes for a process it saw exit (app policy: detection.heartbeat.
 # exited_phases), and for one it started that has not reported yet.
@@ -322,6 +329,50 @@ class HeartbeatReporter:
         finally:
             self._lock.release()
 
+    def carry_over(self, previous: dict[str, Any] | None) -> bool:
+        """Take over what a previous process of this participant published (its heartbeat
+        document, e.g. from :func:`read_heartbeat`): the cumulative fault counters and the last
+        checkpoint's version vector. Counters never go back, values of the wrong type are
+        ignored. A restart thus keeps "the same step failed again" visible to the policy engine.
+        Writes the heartbeat at once when a value changed; returns whether it did."""
+        if not previous:
+            return False
+        counts = {
+            key: value
+            for key in (*_CARRIED_COUNTERS, "train_last_failed_step")
+            if isinstance(value := previous.get(key), int)
+            and not isinstance(value, bool)
+            and value >= 0
+        }
+        step, version = (
+            previous.get("checkpoint_step"),
+            previous.get("checkpoint_inference_version"),
+        )
+        self._acquire()
+        try:
+            before = dict(self._state)
+            failures = counts.get("train_step_failures_total", 0)
+            if failures > self._state["train_step_failures_total"]:
+                self._state["train_last_failed_step"] = counts.get("train_last_failed_step")
+            for key in _CARRIED_COUNTERS:
+                self._state[key] = max(self._state[key], counts.get(key, 0))
+            if (
+                self._state["checkpoint_step"] is None
+                and isinstance(step, int)
+                and isinstance(version, int)
+                and not isinstance(step, bool)
+                and step >= 0
+                and version >= 0
+            ):
+                self._state["checkpoint_step"] = step
+                self._state["checkpoint_inference_version"] = version
+            if self._state == before:
+                return False
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(True)
+        finally:
+            self._lock.release()
+
     def restore_fault_counts(
         self,
         *,
@@ -572,6 +623,9 @@ def report_starting(
     run_dir: str | os.PathLike[str], role: str, rank: int, *, job: str, pid: int
 ) -> None:
     """Write phase ``STARTING`` for a process its launcher just started, until the process
-    reports for itself: a restart under way must not look like a silent participant."""
+    reports for itself: a restart under way must not look like a silent participant. The fault
+    counters and checkpoint version the previous process published are kept
+    (:meth:`HeartbeatReporter.carry_over`), for the new process to take over in turn."""
     reporter = HeartbeatReporter(run_dir, role, rank, job=job, pid=pid)
+    reporter.carry_over(read_heartbeat(heartbeat_path(run_dir, role, rank)))
     reporter.update(phase=STARTING_PHASE, force=True)

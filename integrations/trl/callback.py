@@ -153,16 +153,7 @@ class RLGuardCallback(TrainerCallback):
     def _carry_fault_counts(self, previous: dict[str, Any] | None) -> None:
         """A restarted trainer keeps the counts of the process before it, so the policy engine
         sees "the same step failed again" across the restart."""
-        if not previous:
-            return
-        failures = previous.get("train_step_failures_total")
-        last = previous.get("train_last_failed_step")
-        if isinstance(failures, int) and failures > 0:
-            self._reporter.restore_fault_counts(
-                step_failures=failures,
-                last_failed_step=last if isinstance(last, int) else None,
-                rollout_timeouts=0,
-            )
+        self._reporter.carry_over(previous)
 
     # ---- Trainer hooks -----------------------------------------------------------------------
 
