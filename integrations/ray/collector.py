@@ -9,8 +9,8 @@ participant whose phase says what Ray says:
   both as lost at once, like a launcher's ``EXITED`` (``detection.heartbeat.exited_phases``),
   and the evidence names Ray's death cause, sent as ``ray_actor_dead{reason=...}`` (value: the
   dead process's pid);
-* actors of a Ray job that finished (``SUCCEEDED``/``STOPPED``) or released on purpose
-  (``OUT_OF_SCOPE``, ``REF_DELETED``) -> ``DONE``: their end is not a fault.
+* actors of a Ray job that finished (``SUCCEEDED``/``STOPPED``) or ended on purpose
+  (``OUT_OF_SCOPE``, ``REF_DELETED``, ``RAY_KILL``) -> ``DONE``: their end is not a fault.
 
 Ray nodes are sent as ``ray_node_alive{ray_node=IP}``. When Ray does not answer, the collector
 says so once in the log and in ``ray_collector_up`` = 0, sends no participant from an old
@@ -38,7 +38,9 @@ PHASE_DEAD = "RAY_DEAD"
 PHASE_DONE = "DONE"
 
 _FINISHED_JOB = frozenset({"SUCCEEDED", "STOPPED"})
-_RELEASED = frozenset({"OUT_OF_SCOPE", "REF_DELETED"})
+# Ended on purpose: out of scope, or ray.kill(no_restart=True) by the framework or a person (the
+# Ray hook kills with no_restart=False and refuses an actor with no restart left).
+_RELEASED = frozenset({"OUT_OF_SCOPE", "REF_DELETED", "RAY_KILL"})
 
 Sample = dict[str, Any]
 Participant = dict[str, Any]

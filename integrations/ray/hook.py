@@ -156,11 +156,10 @@ class RayHook:
     def _ray_job(self, job: str) -> JobRecord:
         """The job's newest Jobs API submission (a running one first)."""
         snap = self.reader.snapshot()
-        mine = [
-            r
-            for r in snap.jobs
-            if r.submission_id and (self.job_name or job_name_of(r)) == job
-        ]
+        submitted = [r for r in snap.jobs if r.submission_id]
+        mine = [r for r in submitted if job_name_of(r) == job]
+        if not mine and self.job_name == job:  # the one job of the cluster, submitted unnamed
+            mine = [r for r in submitted if "rlguard_job" not in r.metadata]
         if not mine:
             seen = sorted({job_name_of(r) for r in snap.jobs if r.submission_id})
             raise Refused(

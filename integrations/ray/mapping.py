@@ -58,8 +58,14 @@ def superseded_jobs(jobs: Iterable[JobRecord], job_name: str | None = None) -> s
     was resubmitted): their dead actors would otherwise keep the participants' ranks."""
     by_name: dict[str, list[JobRecord]] = defaultdict(list)
     for job in jobs:
-        if job.job_id:
-            by_name[job_name or job_name_of(job)].append(job)
+        if not job.job_id:
+            continue
+        # Only Jobs API submissions are resubmitted: a plain driver (another program connected
+        # to the cluster) never supersedes one, even when every actor goes to one job_name.
+        named = job.metadata.get("rlguard_job")
+        by_name[named or (job_name if job_name and job.submission_id else job_name_of(job))].append(
+            job
+        )
     out: set[str] = set()
     for members in by_name.values():
         if any(j.status not in _ENDED for j in members):

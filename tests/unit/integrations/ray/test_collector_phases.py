@@ -18,6 +18,7 @@ SNAP = ClusterSnapshot(
         rec("c", "vllm_server_2_0", "DEAD", "NODE_DIED"),
         rec("d", "vllm_server_3_0", "DEAD", "OUT_OF_SCOPE"),
         rec("e", "vllm_server_4_0", "PENDING_CREATION"),
+        rec("g", "vllm_server_5_0", "DEAD", "RAY_KILL"),
         rec("f", "vllm_server_0_0", "DEAD", "OWNER_DIED", job="09000000"),
     ),
     nodes=(NodeRecord("n1", "10.0.0.1", "ALIVE", True), NodeRecord("n2", "10.0.0.2", "DEAD", False)),
@@ -38,6 +39,7 @@ def test_phases_say_what_ray_says() -> None:
         ("ray-01000000", 2): "RAY_DEAD",
         ("ray-01000000", 3): "DONE",  # released on purpose
         ("ray-01000000", 4): "STARTING",
+        ("ray-01000000", 5): "DONE",  # ray.kill(no_restart=True): ended on purpose
         ("done-job", 0): "DONE",  # its job finished
     }
     dead = {s["labels"]["rank"]: s["labels"]["reason"] for s in samples if s["name"] == "ray_actor_dead"}
@@ -50,7 +52,7 @@ def test_an_old_snapshot_sends_no_participants() -> None:
     now = [1000.0]
     collector = RayCollector(load_preset("verl"), reader=lambda: SNAP, clock=lambda: now[0], interval=1)
     assert collector.poll_once()
-    assert len(collector.collect()[1]) == 6
+    assert len(collector.collect()[1]) == 7
     now[0] += collector.max_age + 1
     samples, participants = collector.collect()
     assert participants == [] and samples[0]["name"] == "ray_collector_up"

@@ -135,6 +135,8 @@ def test_actors_of_a_job_that_was_resubmitted_are_left_out() -> None:
     ]
     mapped = map_actors([old, new], load_preset("verl"), jobs, job_name="v")
     assert [(m.actor.actor_id, m.rank) for m in mapped.actors] == [("b", 0)]
-    # without a running successor the failed job's dead actor stays a participant
-    mapped = map_actors([old], load_preset("verl"), jobs[:1], job_name="v")
+    # without a running successor the failed job's dead actor stays a participant, also when a
+    # plain driver (not a Jobs API submission) runs on the cluster
+    driver = JobRecord("01000000", None, "RUNNING", "python notebook.py", {})
+    mapped = map_actors([old], load_preset("verl"), [jobs[0], driver], job_name="v")
     assert [m.actor.actor_id for m in mapped.actors] == ["a"]
