@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.policy.plans import ActionName, PlannedAction
+from app.policy.plans import ALWAYS_APPROVED_ACTIONS, ActionName, PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.signals import FaultSignal, Tier
 from app.policy.world import World
@@ -66,7 +66,7 @@ def plan_actions(
     out: list[PlannedAction] = []
 
     def add(action: ActionName, job: str | None, node: str | None, **params: object) -> None:
-        needs = heavy and action not in automatic
+        needs = (heavy or action in ALWAYS_APPROVED_ACTIONS) and action not in automatic
         clean = {k: v for k, v in params.items() if v is not None}
         planned = PlannedAction(action, job, node, needs, clean)
         if all(p.identity() != planned.identity() for p in out):
@@ -105,6 +105,10 @@ def plan_actions(
                     on_node = [p for p in members if subj.node is None or p.node == subj.node]
                     for p in sorted(on_node, key=lambda p: (p.role, p.rank)):
                         add(action, job, p.node, role=p.role, rank=p.rank)
+            elif action is ActionName.DRAIN_NODE:
+                xid = signal.extra.get("xid")
+                if subj.node and isinstance(xid, int) and xid in policy.detection.gpu.drain_xids:
+                    add(action, job, subj.node, xid=xid, gpu=subj.gpu)
             else:  # restore_checkpoint, restart_job: the whole job
                 add(action, job, None)
     return out

@@ -21,6 +21,9 @@ class ActionName(StrEnum):
     ENTER_SAFE_MODE = "enter_safe_mode"
     RESTORE_CHECKPOINT = "restore_checkpoint"
     RESTART_JOB = "restart_job"
+    # Take a node out of the scheduler's service (Slurm DRAIN) after a GPU fault whose XID says
+    # the node needs a person; through the launcher hook, whose backend knows the scheduler.
+    DRAIN_NODE = "drain_node"
     # Not planned by the engine: an approver releases a job from SAFE_MODE (app.services.jobs).
     RELEASE_SAFE_MODE = "release_safe_mode"
 
@@ -34,6 +37,10 @@ NODE_LOCAL_ACTIONS = frozenset(
         ActionName.RELEASE_SAFE_MODE,
     }
 )
+
+# Actions that wait for an approver whatever the incident's tier: a drain takes a machine
+# away from every job of the cluster, not only from the one that saw the fault.
+ALWAYS_APPROVED_ACTIONS = frozenset({ActionName.DRAIN_NODE})
 
 CLUSTER_QUEUE = "cluster"
 

@@ -98,6 +98,9 @@ class NodeDetection(_Strict):
 
 class GpuDetection(_Strict):
     critical_xids: tuple[int, ...] = (48, 63, 64, 74, 79, 94, 95)
+    # XIDs whose gpu_xid plan may drain the node (drain_node, always approved first); none by
+    # default: a drain takes the machine from every job of the cluster.
+    drain_xids: tuple[int, ...] = ()
     event_hold_seconds: float = Field(default=120, gt=0)
     throttle_sustain_seconds: float = Field(default=60, gt=0)
 

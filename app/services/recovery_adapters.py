@@ -33,6 +33,7 @@ from recovery.control import (
     write_control,
 )
 from recovery.errors import RecoveryError
+from recovery.supervision.backends.slurm import drain_reason_for_xid
 from recovery.wal import WALStatus, WriteAheadLog
 
 log = logging.getLogger("rlguard.recovery_adapters")
@@ -303,6 +304,17 @@ def reschedule_batches(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     return _launch(ctx, a)
 
 
+def drain_node(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Ask the launcher (its scheduler backend) to drain the node, with RLGuard's reason."""
+    xid, gpu = a.params.get("xid"), a.params.get("gpu")
+    if not isinstance(xid, int) or not a.node:
+        raise ActionError(f"drain_node needs a node and an XID, got node={a.node!r} xid={xid!r}")
+    reason = drain_reason_for_xid(xid, gpu=None if gpu is None else str(gpu)) or (
+        f"rlguard: {'gpu ' + str(gpu) + ' ' if gpu is not None else ''}XID {xid}"
+    )
+    return _launch(ctx, a, extra={"reason": f"{reason} [incident {a.incident_id}]", "xid": xid})
+
+
 ADAPTERS: dict[str, Callable[[ActionContext, ActionSnapshot], dict[str, Any]]] = {
     "enter_safe_mode": enter_safe_mode,
     "release_safe_mode": release_safe_mode,
@@ -313,4 +325,5 @@ ADAPTERS: dict[str, Callable[[ActionContext, ActionSnapshot], dict[str, Any]]] =
     "restart_role": restart_role,
     "restart_job": restart_job,
     "reschedule_batches": reschedule_batches,
+    "drain_node": drain_node,
 }

@@ -28,7 +28,13 @@ from typing import Any
 from recovery.checkpoint._atomic import write_json_atomic
 from recovery.errors import RecoveryError, RecoveryTimeout
 
-HOOK_ACTIONS = ("restart_role", "restart_job", "reschedule_batches", "restore_checkpoint")
+HOOK_ACTIONS = (
+    "restart_role",
+    "restart_job",
+    "reschedule_batches",
+    "restore_checkpoint",
+    "drain_node",
+)
 KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,300}")  # printable ASCII, no spaces
 JOB_DIR_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a job that names a directory
 

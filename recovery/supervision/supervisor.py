@@ -36,6 +36,7 @@ from typing import Any
 
 from recovery.checkpoint._atomic import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
+from recovery.errors import RecoveryError
 from recovery.report import (
     DONE_PHASE,
     EXITED_PHASE,
@@ -328,6 +329,8 @@ class Supervisor:
                 return {"ok": True, "requeued": True, "released_safe_mode": released}
             return self._schedule(req, self.children, f"{action} requested",
                                   {"released_safe_mode": released})
+        if action == "drain_node":
+            return self._drain_node(body)
         if action in ("restart_role", "reschedule_batches"):
             if role is None:
                 if action == "reschedule_batches":
@@ -352,6 +355,22 @@ class Supervisor:
             self._deferred_keys.discard(key)
             return self._schedule(req, targets, f"{action} requested", {})
         return {"ok": False, "error": f"unknown launcher action {action!r}"}
+
+    def _drain_node(self, body: dict[str, Any]) -> dict[str, Any]:
+        """An approved drain: the backend takes the node out of its scheduler's service."""
+        drain = getattr(self.backend, "drain_node", None)
+        if drain is None:
+            return {"ok": False, "error": f"the {self.backend.name} backend cannot drain a node"}
+        extra = body.get("extra") or {}
+        reason = extra.get("reason") if isinstance(extra, dict) else None
+        if not isinstance(reason, str) or not reason.strip():
+            return {"ok": False, "error": "drain_node needs a reason (--extra '{\"reason\": ...}')"}
+        try:
+            drain(reason, node=body.get("node"))
+        except RecoveryError as exc:
+            return {"ok": False, "error": str(exc)}
+        self.event("node_drained", node=body.get("node"), reason=reason, backend=self.backend.name)
+        return {"ok": True, "drained": body.get("node"), "reason": reason}
 
     def _safe_mode_reason(self) -> str | None:
         try:

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from agents.collectors.slurm import SlurmNodeCollector
+from app.services.actions import ActionSnapshot
+from app.services.recovery_adapters import ADAPTERS, ActionContext
 from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.backends.slurm import (
     SlurmBackend,
@@ -140,6 +142,84 @@ def test_kill_a_rank_then_restart_job_requeues_through_slurm_and_the_job_complet
     assert any(line.startswith("start step=") and "restart=1" in line for line in lines), lines
     assert lines[-1].startswith("done"), lines
     assert slurm.job(job).get("Restarts") == "1"
+
+
+def test_approved_drain_node_action_drains_through_the_launcher_hook(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    """RLGuard's drain_node action (planned for XID 79, run once approved) as the action task
+    runs it: the adapter calls the launcher hook, the launcher inside the Slurm job drains the
+    node through its backend."""
+    root = tmp_path / "runs"
+    run = root / "grpo-drain"
+    run.mkdir(parents=True)
+    worker = tmp_path / "worker.py"
+    worker.write_text("import time\nwhile True:\n    time.sleep(0.2)\n")
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"exec {sys.executable} -m integrations.launch --job grpo-drain --role worker --rank 0 "
+        f"--run-dir {run} --backend slurm -- {sys.executable} {worker}\n"
+    )
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--chdir={REPO}",
+            f"--output={tmp_path}/slurm-%j.out",
+            str(script),
+        ],
+        env=slurm.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    hook = tmp_path / "rlguard-hook"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "integrations.launch",
+            "write-hook",
+            str(hook),
+            "--run-root",
+            str(root),
+        ],
+        check=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    try:
+        wait_until(
+            lambda: (run / "recovery").exists() and slurm.job(job)["JobState"] == "RUNNING",
+            60,
+            "the launcher to run in the job",
+            slurm,
+        )
+        action = ActionSnapshot(
+            id=1,
+            incident_id=7,
+            action="drain_node",
+            job="grpo-drain",
+            node=NODE,
+            params={"xid": 79, "gpu": "1"},
+            attempts=0,
+            idempotency_key="inc7/s1/drain_node",
+        )
+        ctx = ActionContext(run_root=root, launcher=str(hook), launcher_timeout=60)
+        result = ADAPTERS["drain_node"](ctx, action)
+        assert result["exit"] == 0, result
+        node = slurm.node()
+        assert "DRAIN" in node["State"], node
+        assert node["Reason"].startswith(
+            "rlguard: gpu 1 XID 79 (GPU fallen off the bus) [incident 7]"
+        ), node
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env, timeout=30, check=False)
+        if node_is_lost(slurm.node()["State"]):
+            slurm.scontrol("update", f"NodeName={NODE}", "State=RESUME")
 
 
 def test_simulated_xid_79_drains_the_node_with_rlguards_reason(slurm: Slurm) -> None:
