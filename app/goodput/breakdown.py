@@ -75,13 +75,22 @@ def incident_cost(
     """The cost of ``facts`` given the job's step history; ``end`` closes an ongoing one."""
     fault = min(facts.fault_at, facts.detected_at)
     detected = facts.detected_at
-    last = history.last_completion_at(fault)
-    start = last if last is not None else min(fault, history.first_at or fault)
-    reference = facts.recovered_at if facts.recovered_at is not None else detected
-    resumed = history.first_completion_after(max(reference, fault))
-    resumed_at = resumed.at if resumed is not None and resumed.at <= end else None
-    span_end = resumed_at if resumed_at is not None else max(end, start)
-    credit = (typical_step or 0.0) * history.new_steps_between(start, span_end)
+    if history.completions:
+        last = history.last_completion_at(fault)
+        start = last if last is not None else min(fault, history.first_at or fault)
+        reference = facts.recovered_at if facts.recovered_at is not None else detected
+        resumed = history.first_completion_after(max(reference, fault))
+        resumed_at = resumed.at if resumed is not None and resumed.at <= end else None
+        span_end = resumed_at if resumed_at is not None else max(end, start)
+        credit = (typical_step or 0.0) * history.new_steps_between(start, span_end)
+    else:
+        # No progress recorded (no trainer role reports, or no step completed yet): the
+        # incident costs fault -> recovery (else its resolution), with nothing to credit.
+        start = fault
+        done = facts.recovered_at if facts.recovered_at is not None else facts.resolved_at
+        resumed_at = done if done is not None and done <= end else None
+        span_end = resumed_at if resumed_at is not None else max(end, start)
+        credit = 0.0
     lost = Interval(start, max(start, span_end - credit))
 
     recovered = facts.recovered_at if facts.recovered_at is not None else span_end

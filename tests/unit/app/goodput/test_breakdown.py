@@ -60,3 +60,19 @@ def test_ongoing_incident_runs_to_the_end_and_a_fault_that_only_slowed_is_credit
     cost = incident_cost(facts, slow, typical_step=10.0, end=1000)
     assert cost.resumed_at == 160 and cost.lost_seconds == 10.0  # 60 s span, 5 steps of 10
     assert sum(cost.segments.values()) == 10.0
+
+
+def test_without_recorded_progress_the_cost_runs_from_fault_to_recovery() -> None:
+    facts = IncidentFacts(
+        id=5, kind="rollout_down", tier="medium", fault_at=50, detected_at=60,
+        recovered_at=90, resolved_at=120, approval_waits=(Interval(60, 70),),
+    )
+    cost = incident_cost(facts, StepHistory([StepPoint(0, 0)]), typical_step=None, end=500)
+    assert cost.lost == Interval(50, 90) and cost.resumed_at == 90 and not cost.ongoing
+    assert cost.segments == {"detect": 10, "approve": 10, "recover": 20, "redo": 0}
+    unresolved = IncidentFacts(
+        id=6, kind="rollout_down", tier="medium", fault_at=50, detected_at=60,
+        recovered_at=None, resolved_at=None,
+    )
+    cost = incident_cost(unresolved, StepHistory([]), typical_step=None, end=500)
+    assert cost.ongoing and cost.lost == Interval(50, 500)
