@@ -25,6 +25,7 @@ from tests.conftest import free_port
 class LocalRay:
     gcs_address: str
     dashboard: str  # http://127.0.0.1:PORT
+    temp_dir: str
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -61,9 +62,15 @@ def local_ray() -> Iterator[LocalRay]:
         log_to_driver=False,
         namespace="rlguard-test",
         _temp_dir=temp_dir,
+        # A node whose raylet stops answering is declared dead after ~1.5 s instead of ~15 s.
+        _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3},
     )
     try:
-        yield LocalRay(gcs_address=ctx.address_info["gcs_address"], dashboard=f"http://127.0.0.1:{port}")
+        yield LocalRay(
+            gcs_address=ctx.address_info["gcs_address"],
+            dashboard=f"http://127.0.0.1:{port}",
+            temp_dir=temp_dir,
+        )
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)

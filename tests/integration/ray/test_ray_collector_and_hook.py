@@ -210,3 +210,43 @@ def test_hook_bad_input_is_one_line_and_exit_2(local_ray: LocalRay, tmp_path: Pa
     norank = _hook(local_ray, tmp_path, "restart_role", "--job", JOB, "--role", "trainer",
                    "--idempotency-key", "k")
     assert norank.returncode == 2 and "--rank" in norank.stderr
+
+
+def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray: LocalRay) -> None:
+    from tests.integration.ray.actors import vLLMHttpServer
+
+    # A second node of the same cluster on this machine, in its own process group (ours to kill).
+    node = subprocess.Popen(
+        ["ray", "start", "--address", local_ray.gcs_address, "--num-cpus", "1",
+         "--resources", '{"second_node": 1}', "--object-store-memory", str(80 * 1024 * 1024),
+         "--block"],
+        env=env_for_subprocess(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, executable=str(Path(sys.executable).with_name("ray")),
+    )
+    try:
+        reader = RayStateReader(local_ray.dashboard)
+        wait_for(lambda: len([n for n in reader.snapshot().nodes if n.state == "ALIVE"]) == 2,
+                 60, "the second node to join")
+        rollout = vLLMHttpServer.options(name="vllm_server_5_0", max_restarts=0,
+                                         resources={"second_node": 0.01}).remote()
+        actor_pid(rollout)
+        collector = RayCollector(load_preset("verl"), address=local_ray.dashboard, job_name=JOB)
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait(10)
+
+        def lost() -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+            collector.poll_once()
+            samples, participants = collector.collect()
+            dead_nodes = [s for s in samples if s["name"] == "ray_node_alive" and s["value"] == 0]
+            p = [p for p in participants if (p["role"], p["rank"]) == ("rollout", 5)]
+            return (dead_nodes, p[0]) if dead_nodes and p and p[0]["phase"] == PHASE_DEAD else None
+
+        dead_nodes, participant = wait_for(lost, 30, "the node and its actor reported dead")
+        assert len(dead_nodes) == 1
+        samples, _p = collector.collect()
+        cause = [s for s in samples if s["name"] == "ray_actor_dead" and s["labels"]["rank"] == "5"]
+        assert cause[0]["labels"]["reason"] == "NODE_DIED"
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait(10)
