@@ -45,6 +45,10 @@ from recovery.checkpoint._atomic import write_json_atomic
 from recovery.supervision.requests import KEY_PATTERN
 
 PROG = "python -m integrations.ray.hook"
+_ACTIONS = ("restart_role", "restart_job")
+# The other launcher-hook actions have no meaning for a Ray job: Ray places actors itself, and the
+# checkpoint a resubmission resumes from is the framework's (restart_job's resume arguments).
+_NOT_THROUGH_RAY = ("reschedule_batches", "restore_checkpoint")
 _TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
@@ -242,7 +246,7 @@ def write_hook(path: Path, argv: list[str], python: str = sys.executable) -> Non
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG)
-    p.add_argument("action", choices=["restart_role", "restart_job"])
+    p.add_argument("action", choices=[*_ACTIONS, *_NOT_THROUGH_RAY])
     p.add_argument("--job", required=True)
     p.add_argument("--node")
     p.add_argument("--role")
@@ -275,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--idempotency-key {args.idempotency_key!r} must be printable ASCII")
     if args.action == "restart_role" and (args.role is None or not (args.rank or "").isdigit()):
         p.error("restart_role needs --role and a whole-number --rank")
+    if args.action in _NOT_THROUGH_RAY:
+        sys.stderr.write(
+            f"refused: {args.action} is not done through Ray (Ray places the actors itself; a "
+            f"job resumes from its checkpoint with restart_job)\n"
+        )
+        return 1
     try:
         preset = load_preset(args.preset)
     except PresetError as exc:

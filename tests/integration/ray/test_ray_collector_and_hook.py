@@ -210,6 +210,8 @@ def test_hook_bad_input_is_one_line_and_exit_2(local_ray: LocalRay, tmp_path: Pa
     norank = _hook(local_ray, tmp_path, "restart_role", "--job", JOB, "--role", "trainer",
                    "--idempotency-key", "k")
     assert norank.returncode == 2 and "--rank" in norank.stderr
+    move = _hook(local_ray, tmp_path, "reschedule_batches", "--job", JOB, "--idempotency-key", "k")
+    assert move.returncode == 1 and "not done through Ray" in move.stderr
 
 
 def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray: LocalRay) -> None:
