@@ -924,6 +924,7 @@ class EnvDriftDetector(Detector):
 def default_detectors(policy: Policy) -> list[Detector]:
     from app.policy.hang import TrainHangDetector  # its own module, built on this one
     from app.policy.inference_engines import InferenceEngineDownDetector  # likewise
+    from app.policy.ray_nodes import RayNodeDeadDetector  # likewise
     from app.policy.scheduler_nodes import SchedulerNodeDetector  # likewise
 
     return [
@@ -938,4 +939,5 @@ def default_detectors(policy: Policy) -> list[Detector]:
         TrainHangDetector(policy),
         InferenceEngineDownDetector(policy),
         SchedulerNodeDetector(policy),
+        RayNodeDeadDetector(policy),
     ]

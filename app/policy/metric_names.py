@@ -19,6 +19,10 @@ JOB_SAFE_MODE = "job_safe_mode"
 # A Ray actor that Ray reports dead or restarting (agent --ray; labels job, role, rank and
 # reason = Ray's death cause; value: the dead process's pid).
 RAY_ACTOR_DEAD = "ray_actor_dead"
+# A Ray node's liveness in Ray's GCS (agent --ray; labels ray_node and, per job with actors on
+# the node, job): 0 once Ray declared the node dead.
+RAY_NODE_ALIVE = "ray_node_alive"
+LABEL_RAY_NODE = "ray_node"
 
 # Faults the job reports itself (labels job, role, rank): heartbeat fields written by
 # recovery.report.HeartbeatReporter (a PhaseMachine given the reporter feeds them), sent by the

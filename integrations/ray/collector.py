@@ -12,7 +12,8 @@ participant whose phase says what Ray says:
 * actors of a Ray job that finished (``SUCCEEDED``/``STOPPED``) or ended on purpose
   (``OUT_OF_SCOPE``, ``REF_DELETED``, ``RAY_KILL``) -> ``DONE``: their end is not a fault.
 
-Ray nodes are sent as ``ray_node_alive{ray_node=IP}``. When Ray does not answer, the collector
+Ray nodes are sent as ``ray_node_alive{ray_node=IP, job}`` (one series per job with actors on
+the node; 0 once Ray declared it dead: ``node_unavailable`` on the server). When Ray does not answer, the collector
 says so once in the log and in ``ray_collector_up`` = 0, sends no participant from an old
 snapshot, and keeps trying: the agent goes on with its other collectors.
 """
@@ -174,15 +175,18 @@ class RayCollector:
                     _sample("ray_actor_dead", m.actor.pid or 0, now, {**labels, "reason": reason})
                 )
                 self._log_loss(m, phase)
+        jobs_on_node: dict[str, set[str]] = {}
+        for m in mapped.actors:
+            if m.actor.node_id:
+                jobs_on_node.setdefault(m.actor.node_id, set()).add(m.job)
         for node in snapshot.nodes:
-            samples.append(
-                _sample(
-                    "ray_node_alive",
-                    1 if node.state == "ALIVE" else 0,
-                    now,
-                    {"ray_node": node.node_ip or node.node_id[:12]},
-                )
-            )
+            alive = 1 if node.state == "ALIVE" else 0
+            name = node.node_ip or node.node_id[:12]
+            # one series per job with actors there: a dead node is then lost for those jobs
+            jobs: list[str | None] = [*sorted(jobs_on_node.get(node.node_id, ()))] or [None]
+            for job in jobs:
+                labels = {"ray_node": name} if job is None else {"ray_node": name, "job": job}
+                samples.append(_sample("ray_node_alive", alive, now, labels))
         return samples, participants
 
     def _log_loss(self, m: MappedActor, phase: str) -> None:

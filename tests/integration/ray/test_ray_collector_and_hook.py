@@ -244,7 +244,7 @@ def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray
             return (dead_nodes, p[0]) if dead_nodes and p and p[0]["phase"] == PHASE_DEAD else None
 
         dead_nodes, participant = wait_for(lost, 30, "the node and its actor reported dead")
-        assert len(dead_nodes) == 1
+        assert [d["labels"] for d in dead_nodes] == [{"ray_node": dead_nodes[0]["labels"]["ray_node"], "job": JOB}]
         samples, _p = collector.collect()
         cause = [s for s in samples if s["name"] == "ray_actor_dead" and s["labels"]["rank"] == "5"]
         assert cause[0]["labels"]["reason"] == "NODE_DIED"
