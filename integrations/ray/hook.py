@@ -270,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) < 2:
             sys.stderr.write(f"{PROG} write-hook: error: the hook's path is required\n")
             return 2
-        _parser().parse_args(["restart_job", "--job", "x", "--idempotency-key", "x", *argv[2:]])
+        p = _parser()
+        checked = p.parse_args(["restart_job", "--job", "x", "--idempotency-key", "x", *argv[2:]])
+        try:
+            load_preset(checked.preset)
+        except PresetError as exc:
+            p.error(str(exc))
         write_hook(Path(argv[1]), argv[2:])
         return 0
     p = _parser()

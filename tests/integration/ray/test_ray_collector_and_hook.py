@@ -210,6 +210,14 @@ def test_hook_bad_input_is_one_line_and_exit_2(local_ray: LocalRay, tmp_path: Pa
     norank = _hook(local_ray, tmp_path, "restart_role", "--job", JOB, "--role", "trainer",
                    "--idempotency-key", "k")
     assert norank.returncode == 2 and "--rank" in norank.stderr
+    written = tmp_path / "hook"
+    refused = subprocess.run(
+        [sys.executable, "-m", "integrations.ray.hook", "write-hook", str(written),
+         "--dashboard", local_ray.dashboard, "--preset", "nope", "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, env=env_for_subprocess(), check=False,
+    )
+    assert refused.returncode == 2 and "unknown Ray preset 'nope'" in refused.stderr
+    assert not written.exists()
     move = _hook(local_ray, tmp_path, "reschedule_batches", "--job", JOB, "--idempotency-key", "k")
     assert move.returncode == 1 and "not done through Ray" in move.stderr
 
