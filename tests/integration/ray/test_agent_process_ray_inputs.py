@@ -1,0 +1,63 @@
+"""The real agent process with bad Ray inputs: an unreachable Ray address and an unknown preset
+are each said once in its log, and the agent keeps running its other collectors (its recorded
+batches keep coming, with ray_collector_up 0 for the unreachable Ray)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.ray.conftest import env_for_subprocess, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _agent(tmp_path: Path, *ray_args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    run, record, log = tmp_path / "run", tmp_path / "batches.jsonl", tmp_path / "agent.log"
+    run.mkdir()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agents", "--server", f"http://127.0.0.1:{free_port()}",
+             "--token", "t", "--node", "n1", "--run-dir", str(run), "--interval", "0.2",
+             "--simulate-gpus", "1", "--spool-dir", str(tmp_path / "spool"),
+             "--record", str(record), "--log-level", "WARNING", *ray_args],
+            env=env_for_subprocess(), stdout=out, stderr=subprocess.STDOUT,
+        )
+    return proc, record, log
+
+
+def _batches(record: Path) -> list[dict]:
+    if not record.exists():
+        return []
+    return [orjson.loads(line) for line in record.read_bytes().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--ray", "http://127.0.0.1:{port}"), "did not answer"),
+        (("--ray", "auto", "--ray-preset", "deepspeed"), "unknown Ray preset 'deepspeed'"),
+    ],
+)
+def test_the_agent_says_it_once_and_keeps_running(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+    args = tuple(a.format(port=free_port()) for a in args)
+    proc, record, log = _agent(tmp_path, *args)
+    try:
+        batches = wait_for(lambda: len(b := _batches(record)) >= 10 and b, 40, "ten rounds recorded")
+        assert proc.poll() is None, log.read_text()
+        names = {s["name"] for s in batches[-1]["samples"]}
+        assert "gpu_utilization_ratio" in names  # the other collectors go on
+        text = log.read_text()
+        assert text.count(said) == 1, text
+        if "--ray-preset" not in args:
+            up = [s["value"] for s in batches[-1]["samples"] if s["name"] == "ray_collector_up"]
+            assert up == [0.0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
