@@ -86,6 +86,9 @@ class DemoStack:
     decode_ms: float = 15.0
     simulate_gpus: int | None = 2
     schedule: list[dict[str, Any]] | None = field(default_factory=lambda: list(DEFAULT_SCHEDULE))
+    # The agent's --node, its token's node and the worker's embedded node (a Slurm test names
+    # the Slurm node: a drain acts on the node the agent reports from).
+    node: str = NODE
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     token: str = ""
     password: str = ""
@@ -108,7 +111,7 @@ class DemoStack:
         env.update(
             PYTHONPATH=os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])),
             RLGUARD_DATA_DIR=str(self.workdir / "data"),
-            RLGUARD_RECOVERY_EMBEDDED_NODES=NODE,
+            RLGUARD_RECOVERY_EMBEDDED_NODES=self.node,
             RLGUARD_RECOVERY_RUN_ROOT=str(self.run_root),
             RLGUARD_RECOVERY_LAUNCHER=str(self.workdir / "launcher-hook"),
             RLGUARD_RECOVERY_POLICY_FILE=str(demo_policy(self.workdir / "policy.yaml")),
@@ -194,7 +197,7 @@ class DemoStack:
         self.password = secrets.token_urlsafe(12)
         try:
             with Session(engine) as s:
-                node_token = create_node_token(s, node=NODE, actor="system:demo")[1]
+                node_token = create_node_token(s, node=self.node, actor="system:demo")[1]
                 name = (
                     USER
                     if s.exec(select(User).where(User.name == USER)).first() is None
@@ -222,7 +225,7 @@ class DemoStack:
             "--token-file",
             str(self.workdir / "node.token"),
             "--node",
-            NODE,
+            self.node,
             "--run-dir",
             str(self.run_dir),
             "--interval",

@@ -1,0 +1,240 @@
+"""The Slurm backend under the whole product, on the real Slurm of conftest.py: a batch job runs
+``rlguard launch --backend slurm`` around a small training script (``_train.py``); the real
+server with its policy engine and Celery worker (embedded ``rlguard up``) and a real node agent
+(``--node`` the Slurm node, simulated GPUs: the fake NVML at the hardware boundary) watch it.
+
+1. kill -9 of the rank in the job's first step -> the launcher writes EXITED -> heartbeat_lost,
+   escalated to heavy (RobustRL's first-step anomaly): SAFE_MODE at once and restart_job
+   waiting for an approver -> an approver approves through the REST API -> the Celery worker
+   runs the launcher hook -> the launcher inside the job asks Slurm (``scontrol requeue``) ->
+   the batch script runs again (``SLURM_RESTART_COUNT`` 1), the script resumes after step 1.
+   A kill later in a job is a medium fault (restart_role: the launcher restarts the process in
+   the same batch step, no requeue); the first-step case is the one that restarts the job.
+2. A simulated XID 79 on GPU 1 (the fake NVML) -> the agent -> gpu_xid -> drain_node planned
+   (``detection.gpu.drain_xids: [79]`` in this test's policy; the shipped policy drains
+   nothing) and waiting for an approver: the node stays in service until approved -> approved
+   -> ``scontrol show node`` says DRAIN with RLGuard's reason and the incident. A GPU that fell
+   off the bus is also a lost GPU (gpu_lost, medium): its restart_role restarts the rank in
+   place, inside the same batch run.
+3. The job then finishes its work and Slurm records it COMPLETED (requeued once).
+
+Not the reference job (``python -m workload.launch``): that is a supervisor of its own (trainer
+plus rollout processes with its own launcher hook), not a command ``rlguard launch`` wraps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from app.demo import DemoStack
+from recovery.report import heartbeat_path, read_heartbeat
+from recovery.supervision.backends.slurm import node_is_lost
+from recovery.supervision.events import read_events
+from tests.conftest import free_port
+from tests.unit.integrations._launcher import wait_for
+
+from .conftest import NODE, Slurm
+
+REPO = Path(__file__).resolve().parents[3]
+TRAIN = Path(__file__).resolve().parent / "_train.py"
+RLGUARD = Path(sys.executable).parent / "rlguard"
+JOB = "grpo-slurm-e2e"
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+class SlurmStack(DemoStack):
+    """The demo stack with drains turned on for XID 79 in its policy file."""
+
+    def _env(self) -> dict[str, str]:
+        env = super()._env()
+        shipped = Path(env["RLGUARD_RECOVERY_POLICY_FILE"])
+        policy = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+        policy["detection"]["gpu"]["drain_xids"] = [79]
+        path = self.workdir / "policy-drain.yaml"
+        path.write_text(yaml.safe_dump(policy), encoding="utf-8")
+        env["RLGUARD_RECOVERY_POLICY_FILE"] = str(path)
+        return env
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[SlurmStack]:
+    s = SlurmStack(tmp_path, free_port(), job=JOB, schedule=None, node=NODE)
+    try:
+        s.start_server()
+        s.start_agent()
+        yield s
+    finally:
+        s.stop()
+
+
+def _approver_token(stack: DemoStack) -> str:
+    from sqlmodel import Session
+
+    from app.core.db import make_engine
+    from app.models import Role
+    from app.services.users import create_user
+
+    engine = make_engine(f"sqlite:///{stack.workdir / 'data' / 'rlguard.db'}")
+    try:
+        with Session(engine) as s:
+            token = create_user(s, name="oncall", role=Role.approver, actor="system:test")[1]
+            s.commit()
+    finally:
+        engine.dispose()
+    return token
+
+
+def _incident(stack: DemoStack, kind: str) -> dict[str, Any] | None:
+    for inc in stack.incidents():
+        if inc["kind"] == kind:
+            return stack.incident(inc["id"])
+    return None
+
+
+def _action(stack: DemoStack, incident: dict[str, Any], name: str) -> dict[str, Any] | None:
+    acts = [a for a in stack.incident(incident["id"])["actions"] if a["action"] == name]
+    return acts[0] if acts else None
+
+
+def _finished(stack: DemoStack, incident: dict[str, Any], name: str) -> str | None:
+    act = _action(stack, incident, name)
+    return act["status"] if act and act["status"] in ("succeeded", "failed") else None
+
+
+def _pending_for(stack: DemoStack, incident: dict[str, Any]) -> list[dict[str, Any]]:
+    return [a for a in stack.pending_approvals() if a["incident_id"] == incident["id"]]
+
+
+def _approve(stack: DemoStack, token: str, approval: dict[str, Any]) -> None:
+    with httpx.Client(base_url=stack.url, timeout=10) as http:
+        r = http.post(f"/api/v1/approvals/{approval['id']}/approve",
+                      json={"comment": "on call: go"}, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    assert r.json()["decided_by"] == "oncall", r.json()
+
+
+def _server_step(stack: DemoStack) -> int:
+    r = stack.api("GET", f"/api/v1/jobs/{JOB}")
+    if r.status_code != 200:
+        return -1
+    steps = [p["step"] for p in r.json()["participant_list"] if p["role"] == "trainer"]
+    return max(steps, default=-1)
+
+
+def _submit(slurm: Slurm, run_dir: Path, out: Path) -> str:
+    script = out / "job.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"exec {RLGUARD} launch --job {JOB} --role trainer --rank 0 --run-dir {run_dir} "
+        f"--backend slurm --backoff 0 -- {sys.executable} {TRAIN}\n"
+    )
+    env = {k: v for k, v in slurm.env.items() if not k.startswith("RLGUARD_")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", f"--chdir={REPO}",
+         f"--output={out}/slurm-%j.out", str(script)],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
+    slurm: Slurm, stack: SlurmStack, tmp_path: Path
+) -> None:
+    approver = _approver_token(stack)
+    run_dir = stack.run_dir
+    job = _submit(slurm, run_dir, tmp_path)
+    starts = run_dir / "starts.jsonl"
+
+    def logs() -> str:
+        batch = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+        server = (stack.workdir / "logs" / "server.log").read_text(errors="replace")[-3000:]
+        events = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] != "fault"]
+        incidents = [(i["id"], i["kind"], i["tier"], i["subject"]) for i in stack.incidents()]
+        return (f"--- batch\n{batch}\n--- server\n{server}\n--- slurm job\n{slurm.job(job)}\n"
+                f"--- launcher events\n{events}\n--- incidents\n{incidents}")
+
+    def started() -> list[dict[str, Any]]:
+        lines = starts.read_text().splitlines() if starts.exists() else []
+        return [json.loads(line) for line in lines]
+
+    try:
+        first = wait_for(started, 60, "the script to start in the batch job", logs=logs)[0]
+        assert first["restarts"] == 0
+        wait_for(lambda: _server_step(stack) == 1, 60, "the server to see step 1", logs=logs)
+        os.kill(first["pid"], signal.SIGKILL)
+
+        # 1. heavy: SAFE_MODE at once; the requeue waits for an approver.
+        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", logs=logs)
+        assert inc["tier"] == "heavy" and inc["subject"]["job"] == JOB, inc
+        pending = wait_for(lambda: _pending_for(stack, inc), 60, "the restart_job approval",
+                           logs=logs)
+        assert [a["action"] for a in pending[0]["actions"]] == ["restart_job"], pending
+        assert wait_for(lambda: _finished(stack, inc, "enter_safe_mode"), 30,
+                        "SAFE_MODE", logs=logs) == "succeeded"
+        assert json.loads((run_dir / "control.json").read_text())["mode"] == "safe_mode"
+        assert read_heartbeat(heartbeat_path(run_dir, "trainer", 0))["phase"] == "EXITED"
+        assert slurm.job(job)["Restarts"] == "0" and len(started()) == 1  # nothing before approval
+
+        _approve(stack, approver, pending[0])
+        assert wait_for(lambda: _finished(stack, inc, "restart_job"), 60, "restart_job",
+                        logs=logs) == "succeeded", _action(stack, inc, "restart_job")
+        second = wait_for(lambda: started()[1:], 60, "the requeued batch script", logs=logs)[0]
+        assert second["restarts"] == 1 and second["from_step"] == 1, second
+        assert slurm.job(job)["Restarts"] == "1"
+
+        # 2. XID 79 once the job is past its first steps (a fault there would be heavy).
+        wait_for(lambda: _server_step(stack) >= 3, 60, "the resumed job to train", logs=logs)
+        assert not node_is_lost(slurm.node()["State"])
+        subprocess.run(
+            [sys.executable, "-m", "workload.chaos", "--run-dir", str(run_dir), "xid", "--gpu",
+             "1", "--xid", "79"],
+            cwd=REPO, check=True, timeout=60, capture_output=True,
+        )
+        xid = wait_for(lambda: _incident(stack, "gpu_xid"), 60, "gpu_xid", logs=logs)
+        assert xid["tier"] == "medium" and xid["subject"]["node"] == NODE, xid
+        drain = wait_for(lambda: _pending_for(stack, xid), 60, "the drain_node approval", logs=logs)
+        assert [a["action"] for a in drain[0]["actions"]] == ["drain_node"], drain
+        assert not node_is_lost(slurm.node()["State"])  # nothing drained before approval
+
+        _approve(stack, approver, drain[0])
+        assert wait_for(lambda: _finished(stack, xid, "drain_node"), 60, "drain_node",
+                        logs=logs) == "succeeded", _action(stack, xid, "drain_node")
+        node = slurm.node()
+        assert "DRAIN" in node["State"], node
+        assert node["Reason"].startswith(
+            f"rlguard: gpu 1 XID 79 (GPU fallen off the bus) [incident {xid['id']}]"
+        ), node
+
+        # The fake NVML reports a GPU that fell off the bus as lost too: gpu_lost (medium) restarts
+        # the role in place (no approval, no requeue: the same batch run, restart count 1).
+        lost = wait_for(lambda: _incident(stack, "gpu_lost"), 60, "gpu_lost", logs=logs)
+        assert wait_for(lambda: _finished(stack, lost, "restart_role"), 60, "restart_role",
+                        logs=logs) == "succeeded", _action(stack, lost, "restart_role")
+        third = wait_for(lambda: started()[2:], 30, "the role restarted in place", logs=logs)[0]
+        assert third["restarts"] == 1 and third["from_step"] >= 3, third
+
+        # 3. Running work finishes on a draining node: the job completes, requeued once.
+        (run_dir / "stop").touch()
+        wait_for(lambda: slurm.job(job)["JobState"] == "COMPLETED", 60, "the job to complete",
+                 logs=logs)
+        assert slurm.job(job)["Restarts"] == "1" and len(started()) == 3, logs()
+        assert "DRAIN" in slurm.node()["State"]  # still out of service once the job left
+    finally:
+        (run_dir / "stop").touch()
+        subprocess.run(["scancel", job], env=slurm.env, timeout=30, check=False)
+        if node_is_lost(slurm.node()["State"]):  # leave the node in service for other tests
+            slurm.scontrol("update", f"NodeName={NODE}", "State=RESUME")
