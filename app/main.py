@@ -57,8 +57,9 @@ from app.core.ratelimit import (
 )
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.goodput.queries import metrics_source as goodput_metrics_source
-from app.metrics import GoodputCollector, build_registry
+from app.metrics import GoodputCollector, IncidentCollector, build_registry
 from app.services.errors import ServiceError, TooManyRequests
+from app.services.incidents import open_incident_counts_source
 from app.services.ingest import IngestService
 from app.services.ingest_inline import InlineSqliteCommitter
 from app.services.redis_dedupe import RedisDedupe
@@ -94,6 +95,7 @@ def create_app(
     )
     registry, metrics = build_registry(store, settings.series.export_labels)
     registry.register(GoodputCollector(goodput_metrics_source(engine, settings)))
+    registry.register(IncidentCollector(open_incident_counts_source(engine)))
     backend, dedupe = _window_backend(settings)
     ingest_service = IngestService(
         engine=engine,

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -169,14 +170,49 @@ class SeriesCollector(Collector):
         )
 
 
+Row = TypeVar("Row")
+
+
+class _RefreshedRows(Generic[Row]):
+    """Rows computed from the database at most once per ``refresh_seconds`` (scrapes in between
+    reuse them). A failing computation keeps the last good rows (and is logged on ``logger``):
+    the exporter must not fail the whole scrape for one subsystem."""
+
+    def __init__(
+        self,
+        compute: Callable[[], list[Row]],
+        *,
+        refresh_seconds: float,
+        clock: Callable[[], float],
+        logger: str,
+    ) -> None:
+        self._compute = compute
+        self._refresh = refresh_seconds
+        self._clock = clock
+        self._log = logging.getLogger(logger)
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._rows: list[Row] = []
+
+    def current(self) -> list[Row]:
+        with self._lock:
+            now = self._clock()
+            if self._at is None or now - self._at >= self._refresh:
+                try:
+                    self._rows = self._compute()
+                except Exception:  # noqa: BLE001 - logged; the last rows stay exported
+                    self._log.exception("metrics computation failed")
+                self._at = now
+            return self._rows
+
+
 class GoodputCollector(Collector):
     """Per job: ``rlguard_job_ettr_ratio`` (the last 24 h) and
     ``rlguard_job_gpu_hours_lost_total`` (its life), from the goodput ledger.
 
     The figures come from the database (``app.goodput.queries.metrics_snapshot``), so a scrape
     reuses the last computation for ``refresh_seconds``: a scrape every 15 s costs at most one
-    ledger pass per job per refresh. A failing computation keeps the last good figures (and is
-    logged): the exporter must not fail the whole scrape for one subsystem.
+    ledger pass per job per refresh.
     """
 
     def __init__(
@@ -186,23 +222,12 @@ class GoodputCollector(Collector):
         refresh_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._compute = compute
-        self._refresh = refresh_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._at: float | None = None
-        self._rows: list[tuple[str, float, float]] = []
+        self._rows = _RefreshedRows(
+            compute, refresh_seconds=refresh_seconds, clock=clock, logger="rlguard.goodput"
+        )
 
     def _current(self) -> list[tuple[str, float, float]]:
-        with self._lock:
-            now = self._clock()
-            if self._at is None or now - self._at >= self._refresh:
-                try:
-                    self._rows = self._compute()
-                except Exception:  # noqa: BLE001 - logged; the last figures stay exported
-                    logging.getLogger("rlguard.goodput").exception("goodput metrics failed")
-                self._at = now
-            return self._rows
+        return self._rows.current()
 
     def collect(self) -> Iterator[Metric]:
         rows = self._current()
@@ -223,6 +248,33 @@ class GoodputCollector(Collector):
             lost.add_metric([job], hours)
         yield ettr
         yield lost
+
+
+class IncidentCollector(Collector):
+    """``rlguard_incidents_open{kind, tier}``: open incidents from the database (every server
+    replica exports the same figures: aggregate with max, not sum). Only kinds and tiers with an
+    open incident have a sample; both label sets are closed (fault kinds, three tiers)."""
+
+    def __init__(
+        self,
+        compute: Callable[[], list[tuple[str, str, int]]],
+        *,
+        refresh_seconds: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rows = _RefreshedRows(
+            compute, refresh_seconds=refresh_seconds, clock=clock, logger="rlguard.incidents"
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            PREFIX + "incidents_open",
+            "Open incidents by fault kind and tier (a train_hang incident is a hung trainer)",
+            labels=["kind", "tier"],
+        )
+        for kind, tier, count in self._rows.current():
+            family.add_metric([kind, tier], count)
+        yield family
 
 
 def build_registry(

@@ -9,11 +9,12 @@ after that transaction commits (``app.services.outbox``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
@@ -364,6 +365,28 @@ def open_incident_failures(session: Session) -> dict[str, int]:
         )
     ).all()
     return {k: n for k, n in rows}
+
+
+def open_incident_counts(session: Session) -> list[tuple[str, str, int]]:
+    """``(kind, tier, open incidents)`` for every kind and tier with an open incident (what
+    ``app.metrics.IncidentCollector`` exports; kinds and tiers are closed sets)."""
+    rows = session.exec(
+        select(Incident.kind, Incident.tier, func.count())
+        .where(Incident.status == IncidentStatus.open.value)
+        .group_by(Incident.kind, Incident.tier)
+        .order_by(Incident.kind, Incident.tier)
+    ).all()
+    return [(kind, tier, int(n)) for kind, tier, n in rows]
+
+
+def open_incident_counts_source(engine: Engine) -> Callable[[], list[tuple[str, str, int]]]:
+    """What ``app.metrics.IncidentCollector`` calls (in the scrape's thread)."""
+
+    def compute() -> list[tuple[str, str, int]]:
+        with Session(engine) as session:
+            return open_incident_counts(session)
+
+    return compute
 
 
 # -- read side --------------------------------------------------------------------------------
