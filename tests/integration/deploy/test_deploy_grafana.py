@@ -47,6 +47,7 @@ def test_every_panel_query_is_valid_promql_for_promtool(tmp_path: Path) -> None:
     queries = _queries()
     assert any("rlguard_rollout_engine_up" in q for _, q in queries)
     assert any("kv_cache_usage" in q for _, q in queries)
+    assert any("rlguard_incidents_open" in q for _, q in queries)  # open train_hang and others
     r = _check(tmp_path, queries)
     assert r.returncode == 0, r.stdout + r.stderr
     broken = _check(tmp_path, [("broken", 'sum by (job) (rlguard_rollout_engine_up{job=~"$job"}')])

@@ -13,15 +13,25 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sqlmodel import Session
 
+from app.core.db import make_engine
+from app.policy.engine import DecisionType, IncidentDecision
+from app.policy.policy_file import default_policy
+from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
+from app.services.incidents import persist_decisions
 from tests.integration.foundation.conftest import Api, auth
 
 ROOT = Path(__file__).resolve().parents[3]
 PROM = ROOT / "deploy" / "prometheus"
 PROMTOOL = shutil.which("promtool")
-ALLOWED_LINT = (
-    "rlguard_state_log_write_latency_ms metric names should not contain abbreviated units"
-)
+# promtool's lint findings allowed on a live scrape, each for a name an issue fixes.
+ALLOWED_LINT = {
+    # The golden metric: DESIGN.md fixes the name (the seeds call it state_log_write_latency_ms).
+    "rlguard_state_log_write_latency_ms metric names should not contain abbreviated units",
+    # The goodput metric: issue 23 fixes the name (GPU-hours, the unit costs are quoted in).
+    'rlguard_job_gpu_hours_lost_total use base unit "seconds" instead of "hours"',
+}
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -53,7 +63,7 @@ def test_promtool_refuses_a_broken_rule(tmp_path: Path) -> None:
     assert b"parse error" in r.stdout + r.stderr
 
 
-def _golden_batch(node: str) -> dict:
+def _golden_batch(node: str, *, seq: int = 0, step: int = 3) -> dict:
     now = time.time()
     labels = {"job": "grpo-demo", "role": "rollout", "rank": "0"}
     samples = [
@@ -68,7 +78,33 @@ def _golden_batch(node: str) -> dict:
         {"name": "rollout_engine_up", "value": 1.0, "ts": now, "labels": engine},
         {"name": "rollout_engine_kv_cache_usage_ratio", "value": 0.5, "ts": now, "labels": engine},
     ]
-    return {"agent_id": "agent-prom", "node": node, "seq": 0, "sent_at": now, "samples": samples}
+    # The job's trainer at a step: step progress, so the goodput metrics have a job to export.
+    trainer = {"job": "grpo-demo", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": step,
+               "ts": now}
+    return {"agent_id": "agent-prom", "node": node, "seq": seq, "sent_at": now,
+            "samples": samples, "participants": [trainer]}
+
+
+def _open_train_hang(db_url: str, node: str) -> None:
+    """A train_hang incident opened as the policy engine opens one (its persistence call)."""
+    now = time.time()
+    subject = Subject(node=node, job="grpo-demo", role="trainer", rank=0)
+    signal = FaultSignal(
+        kind=FaultKind.TRAIN_HANG, subject=subject,
+        evidence=Evidence(metric=None, detail="step 4 has not advanced for 300 s"),
+        suggested_tier=Tier.MEDIUM, detected_at=now, since=now - 300,
+    )
+    decision = IncidentDecision(
+        type=DecisionType.OPEN, key=signal.incident_key, kind=signal.kind, subject=subject,
+        tier=Tier.MEDIUM, at=now, signal=signal, actions=(),
+    )
+    engine = make_engine(db_url)
+    try:
+        with Session(engine) as session:
+            persist_decisions(session, decisions=[decision], policy=default_policy())
+            session.commit()
+    finally:
+        engine.dispose()
 
 
 def _names_used_by_rules() -> set[str]:
@@ -85,12 +121,15 @@ def _names_used_by_rules() -> set[str]:
 
 
 def test_live_scrape_passes_check_metrics_and_has_every_name_the_rules_use(
-    pg_api: Callable[..., Api],
+    pg_api: Callable[..., Api], postgres_url: str
 ) -> None:
     api = pg_api()
     token = api.node_token("node-prom")
-    r = api.client.post("/api/v1/ingest", json=_golden_batch("node-prom"), headers=auth(token))
-    assert r.status_code == 200, r.text
+    for seq, step in ((0, 3), (1, 4)):
+        r = api.client.post("/api/v1/ingest", json=_golden_batch("node-prom", seq=seq, step=step),
+                            headers=auth(token))
+        assert r.status_code == 200, r.text
+    _open_train_hang(postgres_url, "node-prom")
     # A refused batch, so the labelled rejection counter has a sample to export.
     refused = api.client.post(
         "/api/v1/ingest", json={**_golden_batch("node-prom"), "seq": -1}, headers=auth(token)
@@ -100,11 +139,10 @@ def test_live_scrape_passes_check_metrics_and_has_every_name_the_rules_use(
     assert scrape.status_code == 200
     body = scrape.content
     check = promtool("check", "metrics", stdin=body)
-    # Exit 1 is a parse error, 3 means only lint findings. The one finding allowed is the golden
-    # metric's name, which DESIGN.md fixes (the seeds call it state_log_write_latency_ms).
+    # Exit 1 is a parse error, 3 means only lint findings: only the allowed names' findings.
     findings = set((check.stdout + check.stderr).decode().splitlines())
     assert check.returncode in (0, 3), findings
-    assert findings <= {ALLOWED_LINT}, findings - {ALLOWED_LINT}
+    assert findings <= ALLOWED_LINT, findings - ALLOWED_LINT
     exported = set(re.findall(rb"^(rlguard_[a-z0-9_]+?)(?:\{| )", body, flags=re.M))
     exported_names = {n.decode() for n in exported}
     missing = set()
@@ -118,6 +156,12 @@ def test_live_scrape_passes_check_metrics_and_has_every_name_the_rules_use(
         body,
         flags=re.M,
     ), body.decode()
+    # The goodput metrics of the job with step progress, and the open hang, really exported.
+    assert re.search(rb'^rlguard_job_ettr_ratio\{job="grpo-demo"\} [0-9.e+-]+$', body, flags=re.M)
+    assert re.search(rb'^rlguard_job_gpu_hours_lost_total\{job="grpo-demo"\} [0-9.e+-]+$', body,
+                     flags=re.M), body.decode()
+    assert re.search(rb'^rlguard_incidents_open\{kind="train_hang",tier="medium"\} 1\.0$', body,
+                     flags=re.M), body.decode()
 
 
 def test_check_metrics_catches_a_malformed_exposition() -> None:
