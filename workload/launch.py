@@ -57,11 +57,21 @@ def _supervise(argv: list[str]) -> int:
         "(default: on with --on-failure wait; not available with restart-job)",
     )
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the trainer and rollout workers as Ray actors (workload.ray_mode; rlguard[ray])",
+    )
+    p.add_argument("--ray-address", help="with --ray: a running Ray cluster (default: start one)")
     args = p.parse_args(argv)
     if args.standby and args.on_failure != "wait":
         p.error(
             "--standby is for --on-failure wait (the whole-job restart starts every process cold)"
         )
+    if args.ray and (args.on_failure != "wait" or args.standby):
+        p.error("--ray restarts through Ray: not with --on-failure restart-job or --standby")
+    if args.ray_address is not None and not args.ray:
+        p.error("--ray-address: only with --ray")
     standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
     job = args.job or run_dir.name
@@ -88,6 +98,11 @@ def _supervise(argv: list[str]) -> int:
         level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
         format="%(asctime)s launch %(levelname)s %(name)s: %(message)s",
     )
+    if args.ray:
+        from workload.ray_mode import run_on_ray
+
+        code = run_on_ray(RunDir(run_dir), config, address=args.ray_address, timeout=args.timeout)
+        return _finished(run_dir, code)
     # Imported here: the hook and write-hook commands below must not pay for torch (the
     # recovery worker starts the hook for every action, on the recovery path).
     from workload.supervisor import Supervisor
@@ -111,6 +126,10 @@ def _supervise(argv: list[str]) -> int:
         code = sup.loop()
     finally:
         sup.close()
+    return _finished(run_dir, code)
+
+
+def _finished(run_dir: Path, code: int) -> int:
     if code == 0:
         final = read_json(RunDir(run_dir).final) or {}
         print(json.dumps({"done": True, **final}))  # noqa: T201 - CLI output

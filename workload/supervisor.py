@@ -43,6 +43,30 @@ EXITED = EXITED_PHASE  # heartbeat phase of a process the supervisor saw exit
 REFERENCE_BUDGET = 1000
 
 
+def start_job_services(run: RunDir, config: JobConfig) -> tuple[RegistryServer, Coordinator]:
+    """What the job's processes share for its lifetime, hosted by whoever launches them (this
+    supervisor, or the Ray driver of ``workload.ray_mode``): the config, the weight-source
+    registry and the checkpoint coordinator, their addresses in the runtime file."""
+    write_json_atomic(run.config, config.to_json())
+    registry = RegistryServer(InMemoryRegistry())
+    coordinator = Coordinator(
+        coordinator_id=f"launcher-{os.getpid()}",
+        lease=FileLease(run.root / "coordinator.lease", ttl=3.0),
+        checkpoint_interval_steps=1,
+        round_timeout=3.0,
+        request_timeout=1.0,
+        suspect_after=2.0,
+        confirm_after=4.0,
+        tick=0.1,
+    )
+    coordinator.start()
+    write_json_atomic(
+        run.runtime,
+        {"registry": registry.address, "coordinator": coordinator.url, "launcher_pid": os.getpid()},
+    )
+    return registry, coordinator
+
+
 class Supervisor(_Supervisor):
     def __init__(
         self,
@@ -86,27 +110,7 @@ class Supervisor(_Supervisor):
             clean_exit_phase=EXITED_PHASE,  # its processes never end on their own before DONE
             timeout=timeout,
         )
-        write_json_atomic(run.config, config.to_json())
-        self.registry = RegistryServer(InMemoryRegistry())
-        self.coordinator = Coordinator(
-            coordinator_id=f"launcher-{os.getpid()}",
-            lease=FileLease(run.root / "coordinator.lease", ttl=3.0),
-            checkpoint_interval_steps=1,
-            round_timeout=3.0,
-            request_timeout=1.0,
-            suspect_after=2.0,
-            confirm_after=4.0,
-            tick=0.1,
-        )
-        self.coordinator.start()
-        write_json_atomic(
-            run.runtime,
-            {
-                "registry": self.registry.address,
-                "coordinator": self.coordinator.url,
-                "launcher_pid": os.getpid(),
-            },
-        )
+        self.registry, self.coordinator = start_job_services(run, config)
 
     # ---- what the generic supervisor asks of the job -----------------------------------------
 
