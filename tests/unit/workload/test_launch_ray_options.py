@@ -1,0 +1,28 @@
+"""python -m workload.launch --ray: options that cannot go with it end in one line, exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workload.launch import main
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--ray", "--on-failure", "restart-job"], "--ray restarts through Ray"),
+        (["--ray", "--standby"], "--ray restarts through Ray"),
+        (["--ray-address", "127.0.0.1:6379"], "--ray-address: only with --ray"),
+    ],
+)
+def test_options_that_do_not_go_with_ray(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--run-dir", str(tmp_path / "run"), "--steps", "2", *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+    assert not (tmp_path / "run").exists()
