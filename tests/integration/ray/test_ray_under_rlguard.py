@@ -182,6 +182,7 @@ def test_driver_crash_is_escalated_approved_and_resubmitted_with_resume(
         assert "restart_job" in json.dumps(restarts)  # the hook's reason says what is needed
         pending = wait_for(lambda: [a for a in stack.pending_approvals() if a["incident_id"] == inc["id"]],
                            60, "the approval request for restart_job")
+        assert wait_for(lambda: _status(stack, inc, "enter_safe_mode"), 60, "SAFE_MODE") == "succeeded"
         assert json.loads((stack.run_dir / "control.json").read_text())["mode"] == "safe_mode"
         assert not starts.read_text().splitlines()[1:]  # nothing resubmitted before approval
         r = stack.api("POST", f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "go"})
