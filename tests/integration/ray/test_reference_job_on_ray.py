@@ -17,7 +17,7 @@ from tests.integration.workload._jobs import Job, consumed
 from workload.job import read_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-STEPS = 4
+STEPS = 3
 
 
 def test_kill9_of_a_rollout_actor_ends_bit_for_bit_equal_to_the_clean_run(tmp_path: Path) -> None:
