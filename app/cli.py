@@ -156,20 +156,33 @@ def token_create(
     typer.echo(plaintext)
 
 
+TokenId = Annotated[int, typer.Argument(help="The token's id.")]
+# Token ids as the table stores them (INTEGER: 32-bit on PostgreSQL); a value beyond would reach
+# the database as an overflow (a traceback), so it is refused here by name.
+TOKEN_ID_MAX = 2**31 - 1
+
+
+def check_token_id(token_id: int) -> None:
+    if not 1 <= token_id <= TOKEN_ID_MAX:
+        fail(f"invalid token id {token_id} (ids are 1..{TOKEN_ID_MAX})")
+
+
 @token_cli.command("revoke")
-def token_revoke(token_id: Annotated[int, typer.Argument(help="The token's id.")]) -> None:
+def token_revoke(token_id: TokenId) -> None:
     """Revoke a token (ingest with it stops within the server's token cache time, 5 s)."""
     from app.services.tokens import revoke_token
 
+    check_token_id(token_id)
     run_db(load_settings(), lambda s: revoke_token(s, token_id=token_id, actor="cli"))
     info(f"token {token_id} revoked")
 
 
 @token_cli.command("rotate")
-def token_rotate(token_id: Annotated[int, typer.Argument(help="The token's id.")]) -> None:
+def token_rotate(token_id: TokenId) -> None:
     """Replace a token: prints only the new one; the old one is revoked in the same commit."""
     from app.services.tokens import rotate_token
 
+    check_token_id(token_id)
     _token, plaintext = run_db(
         load_settings(), lambda s: rotate_token(s, token_id=token_id, actor="cli")
     )

@@ -48,6 +48,8 @@ BAD_VALUES = [
     (["token", "create", "--node", ""], None, "invalid node name ''"),
     (["token", "create", "--node", "-rf"], None, "invalid node name '-rf'"),
     (["token", "revoke", "999"], None, "no token with id 999"),
+    (["token", "revoke", str(2**63)], None, f"invalid token id {2**63}"),
+    (["token", "rotate", "0"], None, "invalid token id 0"),
     (["db", "upgrade", "--revision", "nope"], None, "revision 'nope'"),
     (["server", "--port", "70000"], None, "--port 70000"),
     (["up", "--port", "0"], None, "--port 0"),
