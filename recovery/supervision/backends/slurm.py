@@ -172,14 +172,21 @@ class SlurmBackend:
     def _start_requeue_watcher(self, job: str) -> int | None:
         """A detached shell that, once the requeued job is PENDING, sets its start time to now
         (again while it stays PENDING, in case Slurm sets its delay after the first update) and
-        ends when the job runs again; its pid, or None (then Slurm's delay applies)."""
+        ends when the job runs again; its pid, or None (then Slurm's delay applies).
+
+        It waits one second after it first sees the job PENDING: slurmd revoked the old
+        credential (whole seconds) before the job left COMPLETING, and refuses a credential
+        created in that same second (``ctime <= revoked``: "Job credential revoked", and the
+        job ends FAILED). Seen here once in a few runs when the job restarted within a second.
+        """
         sc = shlex.quote(self._scontrol)
         watch = (
             "seen=0; i=0; "
             f"while [ $i -lt {_REQUEUE_WATCH_TRIES} ]; do "
             f"s=$({sc} show job -o {job} 2>/dev/null); "
             'case "$s" in '
-            f"*JobState=PENDING*) seen=1; {sc} update JobId={job} StartTime=now ;; "
+            "*JobState=PENDING*) [ $seen = 0 ] && sleep 1; seen=1; "
+            f"{sc} update JobId={job} StartTime=now ;; "
             "*JobState=COMPLETING*|*JobState=REQUEUE*) ;; "
             "*) [ $seen = 1 ] && exit 0 ;; "
             "esac; sleep 0.5; i=$((i+1)); done"

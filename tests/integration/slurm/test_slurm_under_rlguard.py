@@ -165,7 +165,7 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         events = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] != "fault"]
         incidents = [(i["id"], i["kind"], i["tier"], i["subject"]) for i in stack.incidents()]
         return (f"--- batch\n{batch}\n--- server\n{server}\n--- slurm job\n{slurm.job(job)}\n"
-                f"--- launcher events\n{events}\n--- incidents\n{incidents}")
+                f"--- launcher events\n{events}\n--- incidents\n{incidents}\n{slurm.logs()}")
 
     def started() -> list[dict[str, Any]]:
         lines = starts.read_text().splitlines() if starts.exists() else []
