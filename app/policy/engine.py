@@ -3,13 +3,20 @@
 The engine is pure (no database, no clock of its own): given the same worlds in the same order
 it makes the same decisions, which is what makes trace replay and fast tests possible. The
 server persists the decisions (app.services.incidents) and tells the engine about recovery
-outcomes (``record_recovery_failure``) and incidents closed elsewhere (``forget``).
+outcomes (``set_recovery_failures``, ``set_plan_succeeded``) and incidents closed elsewhere
+(``forget``).
+
+A failed local recovery is planned once more and escalates when it fails again (DESIGN.md,
+"Escalation"). A recovery that did not hold fails too: the plan succeeded, the fault went away,
+and it is back while its incident is still open (a participant restarted by a successful
+``restart_role`` crashes again inside the quiet period). Otherwise a new occurrence is only
+recorded: a plan still pending or running is not planned twice.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from app.policy.classifier import Classification, Classifier, plan_actions
@@ -46,6 +53,9 @@ class IncidentDecision:
     signal: FaultSignal | None
     actions: tuple[PlannedAction, ...] = ()
     reasons: tuple[str, ...] = ()
+    # The fault came back after its plan succeeded: a failed local recovery the server has not
+    # counted (no action failed), so it counts it when it persists this decision.
+    recovery_did_not_hold: bool = False
 
     @property
     def detection_delay(self) -> float | None:
@@ -71,6 +81,10 @@ class OpenIncident:
     recovery_failures: int = 0
     # failures already answered by a retry of the local plan
     retried_failures: int = 0
+    # Every action of the newest plan succeeded (the server says so, like recovery_failures).
+    plan_succeeded: bool = False
+    # The signal was quiet on some tick since the newest plan was made: the fault went away.
+    quiet_since_plan: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +175,12 @@ class PolicyEngine:
         if inc is not None:
             inc.recovery_failures = count
 
+    def set_plan_succeeded(self, key: str, succeeded: bool) -> None:
+        """Whether every action of the incident's newest plan succeeded (from the database)."""
+        inc = self._open.get(key)
+        if inc is not None:
+            inc.plan_succeeded = succeeded
+
     def record_recovery_failure(self, key: str) -> None:
         inc = self._open.get(key)
         if inc is not None:
@@ -185,6 +205,9 @@ class PolicyEngine:
             active.setdefault(sig.incident_key, sig)
         for key in [k for k in self._closed_occurrence if k not in active]:
             del self._closed_occurrence[key]
+        for key, inc in self._open.items():
+            if key not in active:
+                inc.quiet_since_plan = True
         for key, sig in active.items():
             closed = self._closed_occurrence.get(key)
             if closed is not None and closed.covers(sig):
@@ -230,7 +253,15 @@ class PolicyEngine:
             inc.tier = cls.tier
             inc.escalated = cls.escalated
             inc.last_since = sig.since
+            inc.quiet_since_plan = False
             return self._decision(DecisionType.ESCALATE, key, sig, cls, world)
+        if self._recovery_did_not_hold(inc):
+            # The fault went away after its plan and is back now that the plan has succeeded:
+            # that recovery did not hold. It is a failed local recovery like one whose action
+            # failed: planned once more, escalated when it fails again (DESIGN.md, Escalation).
+            inc.last_since = sig.since
+            inc.recovery_failures += 1
+            return self._retry_or_escalate(world, key, inc, sig, recovery_did_not_hold=True)
         if sig.since != inc.last_since:
             # A new occurrence (another XID, a new breach run): worth recording, no new plan.
             inc.last_since = sig.since
@@ -239,12 +270,27 @@ class PolicyEngine:
             )
         return None
 
+    @staticmethod
+    def _recovery_did_not_hold(inc: OpenIncident) -> bool:
+        """The signal is back after going quiet, and the plan made before it had succeeded.
+
+        Only a local (not heavy) recovery: a heavy plan waits for a person. A failure not yet
+        answered is _after_failed_recoveries' to handle. A signal that never went quiet (a
+        participant still down, whatever its ``since`` says) is not a recurrence: the plan
+        never held, and counting each tick would escalate at once.
+        """
+        return (
+            inc.plan_succeeded
+            and inc.quiet_since_plan
+            and inc.tier is not Tier.HEAVY
+            and inc.recovery_failures <= inc.retried_failures
+        )
+
     def _after_failed_recoveries(
         self, world: World, active: dict[str, FaultSignal]
     ) -> list[IncidentDecision]:
         """A failed local recovery is planned once more; failing again escalates (RobustRL)."""
         out = []
-        limit = self.policy.escalation.local_recovery_failures
         for key, inc in self._open.items():
             if inc.escalated or inc.recovery_failures <= inc.retried_failures:
                 continue
@@ -256,22 +302,38 @@ class PolicyEngine:
                 detected_at=world.now,
                 since=inc.last_since,
             )
-            cls = self.classifier.classify(
-                sig, job_step=None, recovery_failures=inc.recovery_failures
-            )
-            inc.retried_failures = inc.recovery_failures
-            if cls.escalated or inc.recovery_failures >= limit:
-                inc.tier, inc.escalated = cls.tier, True
-                out.append(self._decision(DecisionType.ESCALATE, key, sig, cls, world))
-            else:
-                retry = Classification(
-                    inc.tier,
-                    cls.actions,
-                    False,
-                    (f"local recovery failed {inc.recovery_failures} time(s); trying again",),
-                )
-                out.append(self._decision(DecisionType.RETRY, key, sig, retry, world))
+            out.append(self._retry_or_escalate(world, key, inc, sig))
         return out
+
+    def _retry_or_escalate(
+        self,
+        world: World,
+        key: str,
+        inc: OpenIncident,
+        sig: FaultSignal,
+        *,
+        recovery_did_not_hold: bool = False,
+    ) -> IncidentDecision:
+        """Answer ``inc.recovery_failures`` failed local recoveries: the local plan once more,
+        or, at ``escalation.local_recovery_failures``, the escalation plan."""
+        cls = self.classifier.classify(sig, job_step=None, recovery_failures=inc.recovery_failures)
+        inc.retried_failures = inc.recovery_failures
+        inc.plan_succeeded = inc.quiet_since_plan = False  # a new plan starts now
+        why: tuple[str, ...] = ()
+        if recovery_did_not_hold:
+            why = (f"{sig.kind.value} came back after its recovery succeeded",)
+        if cls.escalated or inc.recovery_failures >= self.policy.escalation.local_recovery_failures:
+            inc.tier, inc.escalated = cls.tier, True
+            cls = Classification(cls.tier, cls.actions, True, why + cls.reasons)
+            type_ = DecisionType.ESCALATE
+        else:
+            tried = f"local recovery failed {inc.recovery_failures} time(s); trying again"
+            cls = Classification(inc.tier, cls.actions, False, (*why, tried))
+            type_ = DecisionType.RETRY
+        d = self._decision(type_, key, sig, cls, world)
+        if recovery_did_not_hold:
+            d = replace(d, recovery_did_not_hold=True)
+        return d
 
     def _resolve_quiet(self, now: float, active: dict[str, FaultSignal]) -> list[IncidentDecision]:
         quiet = self.policy.incidents.quiet_period_seconds

@@ -106,6 +106,8 @@ def persist_decisions(
             inc = _open_incident(session, d.key)
             if inc is None:
                 continue
+            if d.recovery_did_not_hold:
+                _count_recovery_that_did_not_hold(session, inc, d, now)
             previous = inc.tier
             inc.tier, inc.escalated, inc.reasons, inc.updated_at = (
                 d.tier.value,
@@ -120,7 +122,7 @@ def persist_decisions(
                 at=now,
                 detail={"from": previous, "to": d.tier.value, "reasons": list(d.reasons)},
             )
-            if d.signal is not None:
+            if d.signal is not None and not d.recovery_did_not_hold:
                 _record_signal(session, inc, d, now)
             _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
             _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
@@ -128,6 +130,8 @@ def persist_decisions(
             inc = _open_incident(session, d.key)
             if inc is None:
                 continue
+            if d.recovery_did_not_hold:
+                _count_recovery_that_did_not_hold(session, inc, d, now)
             inc.updated_at = now
             add_event(
                 session,
@@ -195,6 +199,28 @@ def _persist_open(
     )
     _record_signal(session, inc, d, now)
     _plan(session, inc, d.actions, policy, now, out, stage=0)
+
+
+def _count_recovery_that_did_not_hold(
+    session: Session, inc: Incident, d: IncidentDecision, now: datetime
+) -> None:
+    """The fault came back after its plan succeeded: one more failed local recovery, with the
+    occurrence that showed it (the engine restored after a restart reads ``since`` from the
+    evidence, and must not count this occurrence twice)."""
+    inc.recovery_failures += 1
+    if d.signal is not None:
+        inc.evidence = d.signal.to_dict()
+        _record_signal(session, inc, d, now)
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_="recovery_did_not_hold",
+        at=now,
+        detail={
+            "detail": d.signal.evidence.detail if d.signal is not None else "",
+            "failures": inc.recovery_failures,
+        },
+    )
 
 
 def _record_signal(session: Session, inc: Incident, d: IncidentDecision, now: datetime) -> None:
@@ -365,6 +391,36 @@ def open_incident_failures(session: Session) -> dict[str, int]:
         )
     ).all()
     return {k: n for k, n in rows}
+
+
+_LIVE_ACTION_STATUSES = (
+    ActionStatus.pending_approval.value,
+    ActionStatus.pending.value,
+    ActionStatus.dispatched.value,
+    ActionStatus.running.value,
+)
+
+
+def open_incidents_whose_plan_succeeded(session: Session) -> set[str]:
+    """Keys of open incidents whose newest plan succeeded: nothing of theirs is waiting or
+    running, and their newest action that was not cancelled succeeded (a plan's actions are
+    written together, and a failed one is answered by a new plan, see the engine)."""
+    rows = session.exec(
+        select(Incident.key, RecoveryAction.status)
+        .join(RecoveryAction, col(RecoveryAction.incident_id) == col(Incident.id))
+        .where(
+            Incident.status == IncidentStatus.open.value,
+            RecoveryAction.status != ActionStatus.cancelled.value,
+        )
+        .order_by(col(RecoveryAction.id))
+    ).all()
+    newest: dict[str, str] = {}
+    live: set[str] = set()
+    for key, status in rows:
+        newest[key] = status
+        if status in _LIVE_ACTION_STATUSES:
+            live.add(key)
+    return {k for k, st in newest.items() if st == ActionStatus.succeeded.value} - live
 
 
 def open_incident_counts(session: Session) -> list[tuple[str, str, int]]:

@@ -53,6 +53,7 @@ from app.services.approvals import expire_approvals
 from app.services.incidents import (
     open_incident_failures,
     open_incidents_for_engine,
+    open_incidents_whose_plan_succeeded,
     persist_decisions,
 )
 from app.services.outbox import OutboxDispatcher
@@ -284,13 +285,17 @@ class PolicyScheduler:
                 self.policy_engine.forget(key)
 
     def _sync_engine(self, session: Session) -> None:
-        """Fold in what happened outside the engine: failed recoveries, incidents closed."""
+        """Fold in what happened outside the engine: failed recoveries, plans that succeeded,
+        incidents closed."""
         failures = open_incident_failures(session)
         for key in list(self.policy_engine.open_incidents):
             if key not in failures:
                 self.policy_engine.forget(key)
         for key, n in failures.items():
             self.policy_engine.set_recovery_failures(key, n)
+        succeeded = open_incidents_whose_plan_succeeded(session)
+        for key in failures:
+            self.policy_engine.set_plan_succeeded(key, key in succeeded)
 
     # -- other jobs -------------------------------------------------------------------------
 

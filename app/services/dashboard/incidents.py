@@ -34,6 +34,7 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     "action_started": ("warn", "Action started"),
     "action_succeeded": ("ok", "Action succeeded"),
     "action_failed": ("bad", "Action failed"),
+    "recovery_did_not_hold": ("bad", "Fault back after its recovery succeeded"),
     "approval_requested": ("warn", "Approval requested"),
     "approval_granted": ("ok", "Approved"),
     "approval_rejected": ("bad", "Rejected"),
