@@ -63,6 +63,14 @@ def _supervise(argv: list[str]) -> int:
         help="run the trainer and rollout workers as Ray actors (workload.ray_mode; rlguard[ray])",
     )
     p.add_argument("--ray-address", help="with --ray: a running Ray cluster (default: start one)")
+    p.add_argument(
+        "--ray-restart-by",
+        choices=("ray", "rlguard", "none"),
+        default=None,
+        help="with --ray: who restarts a dead actor: Ray (max_restarts=-1, the default), "
+        "RLGuard's restart_role through the job's restarter actor (max_restarts=0), or none: "
+        "the job fails when one dies, as verl's does (to be resubmitted; max_restarts=0)",
+    )
     args = p.parse_args(argv)
     if args.standby and args.on_failure != "wait":
         p.error(
@@ -72,6 +80,8 @@ def _supervise(argv: list[str]) -> int:
         p.error("--ray restarts through Ray: not with --on-failure restart-job or --standby")
     if args.ray_address is not None and not args.ray:
         p.error("--ray-address: only with --ray")
+    if args.ray_restart_by is not None and not args.ray:
+        p.error("--ray-restart-by: only with --ray")
     standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
     job = args.job or run_dir.name
@@ -101,7 +111,13 @@ def _supervise(argv: list[str]) -> int:
     if args.ray:
         from workload.ray_mode import run_on_ray
 
-        code = run_on_ray(RunDir(run_dir), config, address=args.ray_address, timeout=args.timeout)
+        code = run_on_ray(
+            RunDir(run_dir),
+            config,
+            address=args.ray_address,
+            timeout=args.timeout,
+            restart_by=args.ray_restart_by or "ray",
+        )
         return _finished(run_dir, code)
     # Imported here: the hook and write-hook commands below must not pay for torch (the
     # recovery worker starts the hook for every action, on the recovery path).

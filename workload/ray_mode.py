@@ -13,6 +13,23 @@ process, which resumes from the WAL and the newest checkpoint as a restarted pro
 trainer's restart gets the next incarnation (``<run_dir>/ray_incarnation``), as the
 supervisor's restarts do. Ray is started here (CPU only, small) unless ``address`` names a
 running cluster.
+
+``restart_by="rlguard"`` (``--ray-restart-by rlguard``) leaves the restarts to RLGuard instead:
+the actors are created with ``max_restarts=0``, as verl creates its workers, so an actor whose
+process dies stays DEAD and Ray alone never brings it back. The controller registers a named
+actor, :data:`integrations.ray.restarter.RESTARTER_PREFIX` + job (see that module), that
+creates a dead role's actor again when RLGuard's ``restart_role`` asks for it; the new actor
+resumes the role from the WAL and the newest checkpoint as a restarted process does. It is named
+``<job>_<role>_<rank>_r<n>`` (Ray keeps the dead actor's name taken while the controller lives). With one
+rollout worker nothing else takes over its batches, so the job waits for RLGuard.
+``restart_by="none"`` creates them so too but fails the whole job (exit 1) as soon as one dies,
+as verl does: the recovery is then a resubmission of the job, which resumes from the run
+directory's checkpoints and WAL (the whole-job baseline of ``benchmarks/ettr.py --ray``).
+
+As verl's controller does with ``trainer.logger`` including ``file``, the controller appends one
+line per trained step, ``{"step": N, "data": {"perf/time_per_step": S}}``, to
+``$VERL_FILE_LOGGER_PATH`` when it is set: what ``rlguard agent --verl-log`` reads for a job's
+step, which Ray does not know.
 """
 
 from __future__ import annotations
@@ -59,19 +76,71 @@ class _Worker:
         return rollout.main(["--run-dir", self.run_dir, "--rank", str(self.rank)])
 
 
-def _actor_class() -> Any:
+def _actor_class(restart_by: str = "ray") -> Any:
     import ray
 
     cls = type(ACTOR_CLASS, (_Worker,), {"__module__": __name__})
+    if restart_by in ("rlguard", "none"):
+        return ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(cls)
     return ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(cls)
 
 
+class _Restarter:
+    """The job's restarter actor (``restart_by="rlguard"``): creates a dead role's actor again
+    when RLGuard asks (:mod:`integrations.ray.restarter`), and owns the actors it created."""
+
+    def __init__(self, job: str, run_dir: str) -> None:
+        import threading
+
+        self.job, self.run_dir = job, run_dir
+        self.done: dict[str, dict[str, Any]] = {}  # idempotency key -> answer
+        self.refs: dict[tuple[str, int], Any] = {}
+        self.actors: dict[tuple[str, int], Any] = {}
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+
+    def restart_role(self, role: str, rank: int, key: str) -> dict[str, Any]:
+        with self.lock:
+            if key in self.done:  # a second delivery of the same action creates nothing
+                return {**self.done[key], "already": True}
+            # Ray keeps a dead actor's name taken while its owner lives: a name of its own.
+            name = f"{self.job}_{role}_{rank}_r{len(self.done) + 1}"
+            actor = _actor_class("rlguard").options(name=name).remote(role, rank, self.run_dir)
+            self.actors[(role, rank)] = actor
+            self.refs[(role, rank)] = actor.run.remote()
+            answer = {"name": name, "actor_id": actor._actor_id.hex(), "created_at": time.time()}
+            self.done[key] = answer
+            self.changed.notify_all()
+            RunDir(self.run_dir).event("ray_role_recreated", role=role, rank=rank, key=key)
+            return {**answer, "already": False}
+
+    def result(self, role: str, rank: int, timeout: float) -> int | None:
+        """The exit code of the newest actor created for ``(role, rank)`` (None: none in time)."""
+        import ray
+
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while (role, rank) not in self.refs:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.changed.wait(left):
+                    return None
+            ref = self.refs[(role, rank)]
+        ready, _ = ray.wait([ref], timeout=max(0.0, deadline - time.monotonic()))
+        return int(ray.get(ready[0])) if ready else None
+
+
 def run_on_ray(
-    run: RunDir, config: JobConfig, *, address: str | None = None, timeout: float | None = None
+    run: RunDir,
+    config: JobConfig,
+    *,
+    address: str | None = None,
+    timeout: float | None = None,
+    restart_by: str = "ray",
 ) -> int:
     """Run the job to its end on Ray; the trainer's exit code (4 when ``timeout`` ran out)."""
     import ray
 
+    from integrations.ray.restarter import restarter_name
     from workload.supervisor import start_job_services
 
     run.root.mkdir(parents=True, exist_ok=True)
@@ -87,8 +156,16 @@ def run_on_ray(
     else:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     registry, coordinator = start_job_services(run, config)
+    step_log = None
     try:
-        worker = _actor_class()
+        worker = _actor_class(restart_by)
+        restarter = None
+        if restart_by == "rlguard":
+            restarter = (
+                ray.remote(_Restarter)
+                .options(name=restarter_name(config.job), num_cpus=0, max_concurrency=8)
+                .remote(config.job, str(run.root))
+            )
         roles = [("trainer", 0)] + [("rollout", k) for k in range(config.rollouts)]
         actors = {
             (role, rank): worker.options(name=f"{config.job}_{role}_{rank}").remote(
@@ -98,17 +175,101 @@ def run_on_ray(
         }
         refs = {key: actor.run.remote() for key, actor in actors.items()}
         run.event("ray_start", actors=[f"{r}-{k}" for r, k in roles])
+        step_log = _StepLog.start(run)
         deadline = None if timeout is None else time.monotonic() + timeout
-        ready, _ = ray.wait([refs[("trainer", 0)]], timeout=timeout)
-        if not ready:
+        if restart_by == "none" and _an_actor_died(refs, timeout):
+            return 1
+        code = _trainer_code(refs[("trainer", 0)], restarter, timeout)
+        if code is None:
             log.error("the job did not finish within %s s", timeout)
             return 4
-        code = int(ray.get(refs[("trainer", 0)]))
         rest = [ref for key, ref in refs.items() if key[0] != "trainer"]
         left = 15.0 if deadline is None else max(1.0, deadline - time.monotonic())
         ray.wait(rest, num_returns=len(rest), timeout=left)  # rollouts end once DONE is written
         return code
     finally:
+        if step_log is not None:
+            step_log.close()
         coordinator.close()
         registry.close()
         ray.shutdown()
+
+
+class _StepLog:
+    """verl's file logger's lines for the job's trained steps (module docstring)."""
+
+    def __init__(self, run: RunDir, path: str) -> None:
+        import threading
+
+        self.run, self.path, self.written = run, path, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="verl-step-log", daemon=True)
+
+    @classmethod
+    def start(cls, run: RunDir) -> _StepLog | None:
+        path = os.environ.get("VERL_FILE_LOGGER_PATH")
+        if not path:
+            return None
+        log_ = cls(run, path)
+        log_.thread.start()
+        return log_
+
+    def _follow(self) -> None:
+        import json
+
+        from workload.job import read_events
+
+        with open(self.path, "wb", buffering=0) as fp:  # "wb", as verl's FileLogger opens it
+            while not self.stop.wait(0.2):
+                steps = [e for e in read_events(self.run) if e["kind"] == "step"]
+                for e in steps[self.written :]:
+                    data = {"perf/time_per_step": float(e.get("seconds", 0.0))}
+                    fp.write(json.dumps({"step": e["step"], "data": data}).encode() + b"\n")
+                self.written = max(self.written, len(steps))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def _an_actor_died(refs: dict[tuple[str, int], Any], timeout: float | None) -> bool:
+    """Fail fast, as verl does: True as soon as one actor died before the trainer finished
+    (the recovery is then the whole job's resubmission, which resumes from the checkpoints)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    pending = list(refs.values())
+    trainer = refs[("trainer", 0)]
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+        if not ready:
+            return False  # the timeout: the caller's wait says so
+        try:
+            ray.get(ready[0])
+        except RayActorError as exc:
+            log.error("an actor of the job died: the job fails (%s)", str(exc).splitlines()[0])
+            return True
+        if ready[0] == trainer:
+            return False
+    return False
+
+
+def _trainer_code(ref: Any, restarter: Any, timeout: float | None) -> int | None:
+    """The trainer's exit code; under RLGuard's restarts, that of the actor RLGuard created
+    again when the first one died (None when ``timeout`` ran out)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    ready, _ = ray.wait([ref], timeout=timeout)
+    if not ready:
+        return None
+    try:
+        return int(ray.get(ref))
+    except RayActorError:
+        if restarter is None:
+            raise
+    log.warning("the trainer's actor died: waiting for RLGuard to create it again")
+    left = 1e9 if deadline is None else max(0.0, deadline - time.monotonic())
+    code = ray.get(restarter.result.remote("trainer", 0, left))
+    return None if code is None else int(code)

@@ -15,7 +15,9 @@ reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --da
   ``max_restarts``). Before the kill the hook records the actor's pid and restart count under
   the idempotency key; a second delivery of the same action finds the record and kills nothing
   once the actor has a new pid or a higher restart count. An actor Ray is already restarting is
-  left to Ray. A dead actor, one with no restart left, or one without a name (Ray gives no
+  left to Ray. A dead actor whose job registered a restarter actor
+  (:mod:`integrations.ray.restarter`) is created again by it, under the same idempotency key.
+  Any other dead actor, one with no restart left, or one without a name (Ray gives no
   handle to an unnamed actor outside its job: OpenRLHF's) is refused: the job has to be
   resubmitted (``restart_job``, a heavy action).
 * ``restart_job``: the Ray job submitted through the Jobs API is stopped, then submitted again
@@ -40,7 +42,8 @@ from typing import Any, NoReturn
 
 from integrations.ray.mapping import MappedActor, job_name_of, map_actors
 from integrations.ray.presets import Preset, PresetError, load_preset, with_resume
-from integrations.ray.state import JobRecord, RayStateReader, RayUnavailable
+from integrations.ray.restarter import restarter_name
+from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
 from recovery.checkpoint._atomic import write_json_atomic
 from recovery.supervision.requests import KEY_PATTERN
 
@@ -113,6 +116,10 @@ class RayHook:
                 return {**recorded, "already": True, "pid_now": actor.pid}
         if actor.state == "RESTARTING":
             return {"actor_id": actor.actor_id, "restarted_by": "ray", "state": actor.state}
+        if recorded is not None and recorded.get("via") == "restarter":
+            return self._ask_restarter(job, role, rank, key, actor)  # it answers a redelivery
+        if actor.state == "DEAD" and actor.name and self._has_restarter(job, actor):
+            return self._ask_restarter(job, role, rank, key, actor)
         if actor.state != "ALIVE":
             raise Refused(
                 f"Ray actor {actor.actor_id} ({actor.class_name}) is {actor.state} "
@@ -154,6 +161,47 @@ class RayHook:
         finally:
             ray.shutdown()
         return {**record, "already": False}
+
+    def _has_restarter(self, job: str, actor: ActorRecord) -> bool:
+        """Whether the job registered a restarter actor (:mod:`integrations.ray.restarter`)."""
+        snap = self.reader.snapshot()
+        return any(
+            a.name == restarter_name(job) and a.state == "ALIVE" and a.namespace == actor.namespace
+            for a in snap.actors
+        )
+
+    def _ask_restarter(
+        self, job: str, role: str, rank: int, key: str, actor: ActorRecord
+    ) -> dict[str, Any]:
+        """Ray will not restart the dead actor: the job's restarter creates it again."""
+        import ray
+
+        record = {
+            "action": "restart_role",
+            "via": "restarter",
+            "dead_actor_id": actor.actor_id,
+            "death_reason": actor.death_reason,
+            "name": actor.name,
+        }
+        if self._recorded(key) is None:
+            write_json_atomic(self._ledger(key), record)  # recorded before the request
+        ray.init(
+            address=self.ray_address,
+            namespace=actor.namespace,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+        )
+        try:
+            restarter = ray.get_actor(restarter_name(job), namespace=actor.namespace)
+            request: Any = restarter.restart_role.remote(role, rank, key)
+            answer = dict(ray.get(request, timeout=self.timeout))
+        except Exception as exc:  # noqa: BLE001 - any failure of the request is a refusal
+            raise Refused(
+                f"the restarter of job {job!r} did not create {role}-{rank}: {exc}"
+            ) from exc
+        finally:
+            ray.shutdown()
+        return {**record, **answer}
 
     # -- restart_job -------------------------------------------------------------------------
 

@@ -121,6 +121,17 @@ def map_actors(
         grouped[(job, role)].append((_rank_key(actor, rank, pair), rank, actor))
     for (job, role), members in grouped.items():
         members.sort(key=lambda item: item[0])
-        for index, (_key, rank, actor) in enumerate(members):
-            result.actors.append(MappedActor(job, role, rank if rank is not None else index, actor))
+        ranked = [
+            MappedActor(job, role, rank if rank is not None else index, actor)
+            for index, (_key, rank, actor) in enumerate(members)
+        ]
+        result.actors.extend(_replaced_left_out(ranked))
     return result
+
+
+def _replaced_left_out(members: list[MappedActor]) -> list[MappedActor]:
+    """A DEAD actor whose rank another actor of the job holds and that is not DEAD was
+    replaced (created again under its name, :mod:`integrations.ray.restarter`): the live one
+    is the participant now."""
+    live = {m.rank for m in members if m.actor.state != "DEAD"}
+    return [m for m in members if m.actor.state != "DEAD" or m.rank not in live]

@@ -15,6 +15,8 @@ from workload.launch import main
         (["--ray", "--on-failure", "restart-job"], "--ray restarts through Ray"),
         (["--ray", "--standby"], "--ray restarts through Ray"),
         (["--ray-address", "127.0.0.1:6379"], "--ray-address: only with --ray"),
+        (["--ray-restart-by", "rlguard"], "--ray-restart-by: only with --ray"),
+        (["--ray", "--ray-restart-by", "nobody"], "invalid choice: 'nobody'"),
     ],
 )
 def test_options_that_do_not_go_with_ray(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from integrations.ray.mapping import map_actors
-from integrations.ray.presets import PresetError, load_preset, with_resume
+from integrations.ray.presets import PresetError, load_preset, preset_from_dict, with_resume
 from integrations.ray.state import ActorRecord, JobRecord, actor_from_dict
 
 
@@ -140,3 +140,18 @@ def test_actors_of_a_job_that_was_resubmitted_are_left_out() -> None:
     driver = JobRecord("01000000", None, "RUNNING", "python notebook.py", {})
     mapped = map_actors([old], load_preset("verl"), [jobs[0], driver], job_name="v")
     assert [m.actor.actor_id for m in mapped.actors] == ["a"]
+
+
+def test_a_dead_actor_created_again_under_its_name_is_left_out() -> None:
+    # integrations.ray.restarter: the job created rollout 1 again; the dead one keeps its record.
+    preset = preset_from_dict(
+        {"name": "p", "roles": [{"role": "rollout", "class": "^W$", "name": r"^j_rollout_(?P<rank>\d+)$"}]},
+        "p",
+    )
+    dead = actor("a", "W", "j_rollout_1", state="DEAD")
+    new = actor("b", "W", "j_rollout_1")
+    other_dead = actor("c", "W", "j_rollout_0", state="DEAD")
+    mapped = map_actors([dead, new, other_dead], preset, job_name="j")
+    assert sorted((m.actor.actor_id, m.rank) for m in mapped.actors) == [("b", 1), ("c", 0)]
+    # until the new one exists, the dead one is the participant (its death is the incident)
+    assert [m.actor.actor_id for m in map_actors([dead], preset, job_name="j").actors] == ["a"]

@@ -1,0 +1,136 @@
+"""The reference job in Ray mode under the whole product, the restart being RLGuard's own.
+
+``python -m workload.launch --ray --ray-address GCS --ray-restart-by rlguard --rollouts 1`` on
+the session's local Ray, with the real server (policy engine, embedded Celery worker whose
+launcher hook is the Ray hook) and a real ``rlguard agent --ray``. The job's actors are created
+with ``max_restarts=0`` (as verl creates its workers), so Ray alone never restarts a dead one,
+and with one rollout worker nobody else generates its batches: without RLGuard the job would
+wait forever. kill -9 of the rollout actor's worker process mid-batch of step 3 -> the actor is DEAD in
+Ray -> heartbeat_lost with Ray's death cause within 5 s -> restart_role -> the Ray hook asks
+the job's restarter actor (integrations.ray.restarter) to create the actor again -> the role
+resumes from the WAL (its lost batch redone) -> the job completes with final parameters
+bit-identical to a clean run under the process supervisor, every consumed batch byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.demo import NODE, DemoStack
+from integrations.ray.hook import write_hook
+from recovery.report import heartbeat_path
+from tests.conftest import free_port
+from tests.integration.ray.conftest import LocalRay, wait_for
+from tests.integration.workload._jobs import Job, consumed
+from workload.job import read_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+JOB = "ref-on-ray"
+STEPS = 4  # the kill is in step 3: a fault in the first step is escalated to heavy
+PRESET = {
+    "name": "reference-job",
+    "resume": [],
+    "roles": [
+        {"role": "trainer", "class": "^ReferenceWorker$", "name": rf"^{JOB}_trainer_(?P<rank>\d+)(_r\d+)?$"},
+        {"role": "rollout", "class": "^ReferenceWorker$", "name": rf"^{JOB}_rollout_(?P<rank>\d+)(_r\d+)?$"},
+    ],
+}
+
+
+@pytest.fixture
+def stack(tmp_path: Path, local_ray: LocalRay) -> Iterator[DemoStack]:
+    s = DemoStack(tmp_path / "stack", free_port(), job="demo-idle", schedule=None)
+    try:
+        s.start_server()
+        preset = tmp_path / "preset.json"
+        preset.write_text(json.dumps(PRESET))
+        # The recovery worker's launcher hook is the Ray hook (the server reads it per action).
+        write_hook(s.workdir / "launcher-hook", [
+            "--dashboard", local_ray.dashboard, "--ray-address", local_ray.gcs_address,
+            "--preset", str(preset), "--ray-job", JOB, "--state-dir", str(tmp_path / "ray-hook"),
+        ])
+        s._spawn("agent", [
+            sys.executable, "-m", "agents", "--server", s.url,
+            "--token-file", str(s.workdir / "node.token"), "--node", NODE,
+            "--run-dir", str(s.run_dir), "--interval", "0.5", "--simulate-gpus", "2",
+            "--spool-dir", str(s.workdir / "spool"), "--log-level", "WARNING",
+            "--ray", local_ray.dashboard, "--ray-preset", str(preset), "--ray-job", JOB,
+            "--verl-log", str(tmp_path / "verl.jsonl"),  # the job's step (Ray knows none)
+        ])
+        yield s
+    finally:
+        s.stop()
+
+
+def _incident(stack: DemoStack) -> dict[str, Any] | None:
+    for inc in stack.incidents():
+        if inc["kind"] == "heartbeat_lost" and inc["subject"].get("job") == JOB:
+            return stack.incident(inc["id"])
+    return None
+
+
+def _restart_role(stack: DemoStack, inc: dict[str, Any]) -> dict[str, Any] | None:
+    acts = [a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"]
+    return acts[0] if acts and acts[0]["status"] in ("succeeded", "failed") else None
+
+
+def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit(
+    stack: DemoStack, local_ray: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean = Job(tmp_path / "clean", STEPS, "--rollouts", "1")
+    # The controller writes verl's file-logger lines there, as verl's does (workload.ray_mode).
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
+    # Its run directory is in the recovery worker's run root (SAFE_MODE's control file).
+    on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
+                 local_ray.gcs_address, "--ray-restart-by", "rlguard")
+    try:
+        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == 3],
+                    150, "rollout 0 working on step 3")
+        beat = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
+        os.kill(int(beat["pid"]), signal.SIGKILL)
+        killed = time.monotonic()
+        inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
+        detect_s = time.monotonic() - killed
+        text = json.dumps(inc)
+        assert inc["subject"]["role"] == "rollout" and str(inc["subject"]["rank"]) == "0", text[:2000]
+        assert "Ray death cause" in text and "DEAD in Ray" in text, text[:3000]
+        assert detect_s <= 5.0, f"incident {detect_s:.1f} s after the kill"
+        action = wait_for(lambda: _restart_role(stack, inc), 60, "restart_role to finish")
+        assert action["status"] == "succeeded", json.dumps(action)[:2000]
+        done = json.loads(action["result"]["stdout"])
+        assert done["via"] == "restarter" and done["already"] is False, done
+        assert done["death_reason"] == "WORKER_DIED" and done["name"] == f"{JOB}_rollout_0_r1", done
+        # A second delivery of the same action creates nothing (the restarter's and the hook's
+        # records of the idempotency key).
+        again = subprocess.run(
+            [str(stack.workdir / "launcher-hook"), "restart_role", "--job", JOB, "--role", "rollout",
+             "--rank", "0", "--idempotency-key", action["idempotency_key"]],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert json.loads(again.stdout)["already"] is True
+        assert json.loads(again.stdout)["actor_id"] == done["actor_id"]
+        final_ray = on_ray.finish()
+        final_clean = clean.finish()
+    finally:
+        on_ray.close()
+        clean.close()
+    assert final_ray["step"] == final_clean["step"] == STEPS
+    assert final_ray["params_sha256"] == final_clean["params_sha256"]
+    assert consumed(on_ray) == consumed(clean)
+    assert [(e["rank"], e["step"]) for e in on_ray.events("lost_rollout")] == [(0, 3)]
+    # Ray did not bring the actor back: RLGuard's restart_role did, once.
+    assert [(e["role"], e["rank"]) for e in on_ray.events("ray_role_recreated")] == [("rollout", 0)]
+    after = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
+    assert after["pid"] != beat["pid"]
+    print(f"kill -9 -> incident in {detect_s:.1f} s (loaded machine)")
