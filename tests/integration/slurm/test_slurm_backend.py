@@ -233,7 +233,10 @@ def test_simulated_xid_79_drains_the_node_with_rlguards_reason(slurm: Slurm) -> 
         node = slurm.node()
         assert "DRAIN" in node["State"] and node_is_lost(node["State"]), node
         assert node["Reason"].startswith(reason), node
-        assert backend.node_state() == node["State"]
+        # The backend's own read: drained too (not equal to the read above: flags such as
+        # COMPLETING or NOT_RESPONDING come and go between two reads on a busy machine).
+        state = backend.node_state()
+        assert state is not None and "DRAIN" in state and node_is_lost(state), state
         # The agent's --slurm-node collector reports the drained node as unavailable (lost).
         samples = {s["name"]: s["value"] for s in SlurmNodeCollector(NODE).collect()}
         assert samples == {"slurm_node_unavailable": 1, "slurm_jobs_running": 0}
