@@ -53,6 +53,8 @@ _ACTIONS = ("restart_role", "restart_job")
 # checkpoint a resubmission resumes from is the framework's (restart_job's resume arguments).
 _NOT_THROUGH_RAY = ("reschedule_batches", "restore_checkpoint")
 _TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+# What Ray's Jobs API answers (HTTP 500) while no job agent has registered with the head yet.
+NO_JOB_AGENT = "No available agent to submit job"
 
 
 class Refused(Exception):
@@ -240,7 +242,8 @@ class RayHook:
         details = client.get_job_info(old_id)
         known = {j.submission_id for j in client.list_jobs()}
         if new_id not in known:
-            client.submit_job(
+            self._submit(
+                client,
                 entrypoint=entrypoint,
                 submission_id=new_id,
                 runtime_env=details.runtime_env or None,
@@ -254,6 +257,20 @@ class RayHook:
         }
         write_json_atomic(self._ledger(key), record)
         return {**record, "already": False}
+
+    def _submit(self, client: Any, **job: Any) -> None:
+        """Submit, waiting out the Jobs API's "no agent yet" answer (the head's job agent
+        registers some seconds after the dashboard answers, e.g. right after a head restart);
+        any other refusal is raised at once."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                client.submit_job(**job)
+                return
+            except RuntimeError as exc:
+                if NO_JOB_AGENT not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def _wait_terminal(self, client: Any, submission_id: str | None) -> None:
         deadline = time.monotonic() + self.timeout

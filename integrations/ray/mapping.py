@@ -80,6 +80,11 @@ def _rank_key(
     return (found_rank is None, found_rank or 0, group_local or (0, 0), actor.actor_id)
 
 
+# The namespace of the JobSupervisor actor Ray starts for each Jobs API submission
+# (ray.dashboard.modules.job.common.SUPERVISOR_ACTOR_RAY_NAMESPACE, Ray 2.60.0).
+RAY_JOB_SUPERVISOR_NAMESPACE = "SUPERVISOR_ACTOR_RAY_NAMESPACE"
+
+
 def map_actors(
     actors: Iterable[ActorRecord],
     preset: Preset,
@@ -105,6 +110,8 @@ def map_actors(
     for actor in actors:
         if actor.job_id in superseded:
             continue  # a resubmission of the same job runs: its actors are the participants now
+        if actor.namespace == RAY_JOB_SUPERVISOR_NAMESPACE:
+            continue  # Ray's own actor behind every Jobs API submission, never a job's worker
         found = preset.role_of(actor.class_name, actor.name)
         if found is None:
             result.unmatched.add(actor.class_name)

@@ -40,6 +40,29 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.1)
 
 
+def _wait_for_job_agent(dashboard: str) -> None:
+    """Until the head's job agent has registered, the Jobs API answers every submission with
+    "No available agent" (seen on a loaded machine): submit a no-op job until one is taken."""
+    from ray.job_submission import JobSubmissionClient
+
+    from integrations.ray.hook import NO_JOB_AGENT
+
+    client = JobSubmissionClient(dashboard)
+
+    def submitted() -> str | None:
+        try:
+            # Named, so that no hook ever takes it for "the one unnamed job of the cluster".
+            return str(client.submit_job(entrypoint="true", metadata={"rlguard_job": "probe"}))
+        except RuntimeError as exc:
+            if NO_JOB_AGENT not in str(exc):
+                raise
+            return None
+
+    probe = wait_for(submitted, 120, "the Ray Jobs API to take a submission")
+    wait_for(lambda: client.get_job_status(probe).value in ("SUCCEEDED", "FAILED", "STOPPED"),
+             60, "the probe job to end")
+
+
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[LocalRay]:
     try:
@@ -66,10 +89,10 @@ def local_ray() -> Iterator[LocalRay]:
         _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3},
     )
     try:
+        dashboard = f"http://127.0.0.1:{port}"
+        _wait_for_job_agent(dashboard)
         yield LocalRay(
-            gcs_address=ctx.address_info["gcs_address"],
-            dashboard=f"http://127.0.0.1:{port}",
-            temp_dir=temp_dir,
+            gcs_address=ctx.address_info["gcs_address"], dashboard=dashboard, temp_dir=temp_dir
         )
     finally:
         ray.shutdown()

@@ -155,3 +155,14 @@ def test_a_dead_actor_created_again_under_its_name_is_left_out() -> None:
     assert sorted((m.actor.actor_id, m.rank) for m in mapped.actors) == [("b", 1), ("c", 0)]
     # until the new one exists, the dead one is the participant (its death is the incident)
     assert [m.actor.actor_id for m in map_actors([dead], preset, job_name="j").actors] == ["a"]
+
+
+def test_rays_own_job_supervisor_actors_are_neither_mapped_nor_unmatched() -> None:
+    # Every Jobs API submission starts a JobSupervisor actor in Ray's supervisor namespace; it
+    # is no worker of the job and must not be reported as an unknown class either.
+    supervisor = ActorRecord("js", "JobSupervisor", "DEAD", "02000000", "_ray_internal_job_actor_x",
+                             "n1", 101, 0, None, None, namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE")
+    worker = actor("a0", "WorkerDict", "xyzWorkerDict_0:0")
+    mapped = map_actors([supervisor, worker], load_preset("verl"), job_name="job-v")
+    assert [m.actor.actor_id for m in mapped.actors] == ["a0"]
+    assert mapped.unmatched == set()
