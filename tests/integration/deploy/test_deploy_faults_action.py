@@ -41,6 +41,11 @@ def test_postgres_crash_during_an_action_it_completes_once(
 ) -> None:
     stack, pg = pg_stack
     stack.env["RLGUARD_TEST_LAUNCHER_SLEEP"] = "restart_role=6"
+    # The case under test is an outage shorter than the action's lease. With the policy stack's
+    # 10 s lease, a PostgreSQL restart that took a few seconds on a loaded machine let the lease
+    # run out while the worker waited to record its result, and the action was rightly claimed a
+    # second time (attempts 2): that is the lease-expiry case, which other tests cover.
+    stack.env["RLGUARD_RECOVERY_ACTION_LEASE_SECONDS"] = "60"
     stack.start_server()
     worker = stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
     _base_cluster(stack)
