@@ -28,6 +28,7 @@ step before it to the next fault, against the clean run's median step time).
 
     .venv/bin/python benchmarks/ettr.py                      # 60 steps, a fault every 10
     .venv/bin/python benchmarks/ettr.py --steps 20 --fault-every 5
+    .venv/bin/python benchmarks/ettr.py --ray                # the Ray-mode job: benchmarks/_ettr_ray.py
 """
 
 from __future__ import annotations
@@ -282,6 +283,10 @@ def analyse(run: RunDir, clean: RunDir | None, stack: DemoStack | None) -> dict[
 
 
 def main() -> int:
+    if "--ray" in sys.argv[1:]:  # the Ray-mode job (issue 19): its own module, its own options
+        import _ettr_ray
+
+        return _ettr_ray.main([a for a in sys.argv[1:] if a != "--ray"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--fault-every", type=int, default=10)
