@@ -147,16 +147,7 @@ def disable_user(session: Session, *, name: str, actor: str) -> User:
         return user
     _refuse_removing_last_admin(session, user, "disable")
     user.disabled = True
-    session.add(user)
-    assert user.id is not None
-    ended = end_user_sessions(session, user.id)
-    record_audit(
-        session,
-        actor=actor,
-        action="user.disable",
-        target=f"user:{name}",
-        detail={"sessions_ended": ended},
-    )
+    _save_ending_sessions(session, user, actor=actor, action="user.disable")
     return user
 
 
@@ -176,17 +167,22 @@ def set_password(session: Session, *, name: str, password: str, actor: str) -> U
     check_password(password)
     user = get_user(session, name)
     user.password_hash = _hasher.hash(password)
+    _save_ending_sessions(session, user, actor=actor, action="user.set_password")
+    return user
+
+
+def _save_ending_sessions(session: Session, user: User, *, actor: str, action: str) -> None:
+    """Store a change that must sign the user out everywhere, end their sessions, audit both."""
     session.add(user)
     assert user.id is not None
     ended = end_user_sessions(session, user.id)
     record_audit(
         session,
         actor=actor,
-        action="user.set_password",
-        target=f"user:{name}",
+        action=action,
+        target=f"user:{user.name}",
         detail={"sessions_ended": ended},
     )
-    return user
 
 
 def delete_user(session: Session, *, name: str, actor: str) -> None:
