@@ -57,21 +57,21 @@ from app.core.ratelimit import (
 )
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.goodput.queries import metrics_source as goodput_metrics_source
-from app.metrics import GoodputCollector, IncidentCollector, build_registry
-from app.services.errors import ServiceError, TooManyRequests
-from app.services.incidents import open_incident_counts_source
-from app.services.ingest import IngestService
-from app.services.ingest_inline import InlineSqliteCommitter
-from app.services.redis_dedupe import RedisDedupe
-from app.services.rollups import RollupWriter
-from app.services.scheduler import policy_lifespan
-from app.services.series_backend import (
+from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.pipeline import IngestService
+from app.ingest.redis_dedupe import RedisDedupe
+from app.ingest.rollups import RollupWriter
+from app.ingest.series_backend import (
     LocalSeriesBackend,
     RedisSeriesBackend,
     SeriesBackend,
     key_prefix,
 )
-from app.services.series_store import SeriesStore
+from app.ingest.series_store import SeriesStore
+from app.metrics import GoodputCollector, IncidentCollector, build_registry
+from app.services.errors import ServiceError, TooManyRequests
+from app.services.incidents import open_incident_counts_source
+from app.services.scheduler import policy_lifespan
 from app.services.tokens import NodeTokenCache
 from app.views import mount_dashboard
 
@@ -119,7 +119,7 @@ def create_app(
                 for hook in hooks:
                     await stack.enter_async_context(hook(app))
                 if rollups.scheduled_by is None:
-                    # No policy scheduler took the rollups as a leased job (app.services.rollups).
+                    # No policy scheduler took the rollups as a leased job (app.ingest.rollups).
                     await stack.enter_async_context(rollups.running_alone())
                 log.info("rlguard server ready", extra={"database": engine.url.get_backend_name()})
                 freeze_startup_heap()
@@ -209,7 +209,7 @@ def create_app(
 
 
 def _inline_committer(settings: Settings) -> InlineSqliteCommitter | None:
-    """SQLite ingest commits on the event loop when safe (app.services.ingest_inline)."""
+    """SQLite ingest commits on the event loop when safe (app.ingest.inline)."""
     if (
         not is_sqlite(settings.db_url)
         or settings.ingest.inline_commit_max_ms <= 0

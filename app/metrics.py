@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.services.series_store import SeriesStore
+from app.ingest.series_store import SeriesStore
 
 PREFIX = "rlguard_"
 

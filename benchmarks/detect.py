@@ -36,11 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.ingest.series_store import SeriesKey, SeriesStore  # noqa: E402
 from app.policy import metric_names as m  # noqa: E402
 from app.policy.engine import PolicyEngine  # noqa: E402
 from app.policy.policy_file import default_policy  # noqa: E402
 from app.policy.world import ParticipantView, World  # noqa: E402
-from app.services.series_store import SeriesKey, SeriesStore  # noqa: E402
 
 GPU_METRICS = [m.GPU_UTILIZATION_RATIO, m.GPU_XID_CRITICAL_EVENTS_TOTAL, m.GPU_ECC_UNCORRECTED_TOTAL,
                m.GPU_REMAPPED_ROWS_FAILURE, m.GPU_THROTTLE_THERMAL, m.GPU_THROTTLE_POWER, m.GPU_LOST,

@@ -344,7 +344,7 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         if args.redis_url:
-            from app.services.series_backend import forget_shared_window
+            from app.ingest.series_backend import forget_shared_window
 
             forget_shared_window(args.redis_url, url)
 

@@ -18,11 +18,11 @@ from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings
 from app.core.ratelimit import TokenBucketLimiter
+from app.ingest.pipeline import IngestService
+from app.ingest.series_store import SeriesStore
 from app.models import Role, User
 from app.services.audit import AUDIT_READER_ROLE
 from app.services.errors import Forbidden, NotAuthenticated
-from app.services.ingest import IngestService
-from app.services.series_store import SeriesStore
 from app.services.tokens import NodeIdentity, NodeTokenCache
 from app.services.users import user_for_token
 

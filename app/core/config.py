@@ -90,7 +90,7 @@ class IngestLimits(BaseModel):
     # SQLite only: run a group commit on the event loop when it can take the write lock at once
     # and commits stay under this many milliseconds (0 turns it off). Handing a commit to a
     # thread costs more than the commit itself while the loop is busy (GIL hand-offs; see
-    # app/services/ingest_inline.py); a slow or locked commit falls back to the thread.
+    # app/ingest/inline.py); a slow or locked commit falls back to the thread.
     inline_commit_max_ms: Annotated[float, Field(ge=0, le=200)] = 20.0
 
 
@@ -106,7 +106,7 @@ class SeriesSettings(BaseModel):
     # Labels kept on the exported /metrics series (node is always kept); see app/metrics.py.
     export_labels: list[str] = ["gpu", "job", "role"]
     # Share the window and participant heartbeats between server replicas through Redis
-    # (RLGUARD_REDIS_URL), so that any replica can take ingest: app/services/series_backend.py.
+    # (RLGUARD_REDIS_URL), so that any replica can take ingest: app/ingest/series_backend.py.
     shared_window: bool = False
     shared_follow_interval_seconds: Annotated[float, Field(gt=0)] = 0.5
 

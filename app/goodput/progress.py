@@ -5,7 +5,7 @@ after a recovery). Agents report every participant's step about once a second, a
 report repeats the step already known, so :class:`StepTracker` keeps the last step of each
 role's rank 0 in memory (one dict lookup per report) and yields a :class:`StepChange` only when
 it moves. Changes ride in the ingest group and are written by the same transaction as the
-batch's other effects (``write_step_changes``), with the guarantees of ``app.services.ingest``:
+batch's other effects (``write_step_changes``), with the guarantees of ``app.ingest.pipeline``:
 a lost commit is re-sent by the agent, and the tracker, seeded from the ``participant`` table
 (which that commit did not reach either), notices the change again.
 

@@ -14,7 +14,7 @@ class IngestCursor(SQLModel, table=True):
     """Per agent: the highest applied ``seq`` and a bitmap of the 62 seqs just below it.
 
     Bit ``i`` of ``window_mask`` set means ``high_seq - i`` was applied (bit 0 is ``high_seq``
-    itself). A seq below the window counts as already applied. See ``app.services.ingest_dedupe``.
+    itself). A seq below the window counts as already applied. See ``app.ingest.dedupe``.
     """
 
     __tablename__ = "ingest_cursor"

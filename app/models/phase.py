@@ -2,7 +2,7 @@
 
 ``Participant`` keeps only the current phase; this table keeps one row per change, so the Job
 page can draw each participant's phases over time. Rows are written by the ingest group commit
-(``app.services.ingest_phases``) and deleted after ``rollup_retention_days``.
+(``app.ingest.phases``) and deleted after ``rollup_retention_days``.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from app.ingest.series_store import Point, SeriesKey
 from app.policy import metric_names as m
 from app.policy.policy_file import GoldenMetricRule, Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier, cap_points
 from app.policy.world import CHANGED, ParticipantView, Threshold, World
-from app.services.series_store import Point, SeriesKey
 
 
 def subject_of(key: SeriesKey) -> Subject:

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.ingest.series_store import SeriesKey, SeriesStore
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, IncidentDecision, PolicyEngine
 from app.policy.policy_file import Policy, default_policy
 from app.policy.signals import Tier
 from app.policy.world import ParticipantView, World
-from app.services.series_store import SeriesKey, SeriesStore
 
 
 class TraceError(ValueError):

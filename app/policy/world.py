@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.services.series_store import Point, SeriesKey, SeriesStore
+from app.ingest.series_store import Point, SeriesKey, SeriesStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlmodel import Session, select
 
+from app.ingest.series_store import SeriesStore
 from app.models import ApiToken, AuditEvent, Job, Node, Participant, User
 from app.models.public import (
     AuditEventPublic,
@@ -22,7 +23,6 @@ from app.models.public import (
     UserPublic,
 )
 from app.services.errors import InvalidInput, NotFound
-from app.services.series_store import SeriesStore
 
 
 def _age(at: datetime | None, now: float) -> float | None:

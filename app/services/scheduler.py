@@ -10,7 +10,7 @@ service's participant table and the node table, runs :class:`PolicyEngine`, writ
 decisions in one transaction and then wakes the dispatcher, so that an action reaches the
 broker right after its outbox row committed.
 
-The per-minute rollups (``app.services.rollups``) are one of these jobs: only the holder writes
+The per-minute rollups (``app.ingest.rollups``) are one of these jobs: only the holder writes
 them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
 takes the lease over first reads what the previous holder wrote (``RollupWriter.take_over``) so
 that no minute is rolled twice. The rollup job of a replica that is not the holder only forgets
@@ -38,6 +38,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
 
+from app.ingest.rollups import LeaseLost, RollupWriter
+from app.ingest.series_store import SeriesStore
 from app.models._types import utcnow
 from app.models.action import SchedulerLease
 from app.models.cluster import Node
@@ -57,8 +59,6 @@ from app.services.incidents import (
     persist_decisions,
 )
 from app.services.outbox import OutboxDispatcher
-from app.services.rollups import LeaseLost, RollupWriter
-from app.services.series_store import SeriesStore
 
 log = logging.getLogger("rlguard.scheduler")
 

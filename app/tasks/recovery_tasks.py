@@ -36,13 +36,13 @@ from app.services.actions import (
     renew_action_lease,
     task_name,
 )
-from app.services.recovery_adapters import (
+from app.tasks.celery_app import celery_app
+from app.tasks.recovery_adapters import (
     ADAPTERS,
     ActionContext,
     ActionError,
     TransientActionError,
 )
-from app.tasks.celery_app import celery_app
 from app.tasks.settings import get_recovery_settings
 
 log = logging.getLogger("rlguard.tasks")

@@ -11,8 +11,8 @@ from app.alerts.errors import AlertConfigError
 from app.api.deps import SqlInt
 from app.services import alerts as alerts_service
 from app.services.audit import AUDIT_READER_ROLE
-from app.services.dashboard.admin import BadFilter, audit_page, settings_view
 from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
+from app.views.models.admin import BadFilter, audit_page, settings_view
 from app.views.rendering import error_page, is_htmx, render
 
 router = APIRouter(include_in_schema=False)

@@ -8,9 +8,9 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.deps import RowId
-from app.services.dashboard.approvals import approval_card, approval_queue, decide
 from app.services.errors import NotFound, ServiceError
 from app.views.context import CsrfDep, DbDep, PageContext, SignedInDep
+from app.views.models.approvals import approval_card, approval_queue, decide
 from app.views.rendering import error_page, is_htmx, render
 
 router = APIRouter(include_in_schema=False)

@@ -9,9 +9,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from app.api.deps import LoginThrottleDep
 from app.services import web_auth
-from app.services.dashboard.accounts import LoginRefused, sign_in, sign_out
 from app.services.errors import TooManyRequests
 from app.views.context import CsrfDep, DbDep, PageDep
+from app.views.models.accounts import LoginRefused, sign_in, sign_out
 from app.views.rendering import SECURITY_HEADERS, render, set_csrf_cookie
 
 router = APIRouter(include_in_schema=False)

@@ -20,11 +20,11 @@ from sqlmodel import Session
 from app.api.deps import SessionDep
 from app.auth import sessions
 from app.core.config import Settings
+from app.ingest.series_store import SeriesStore
 from app.models import Role
 from app.services import web_auth
 from app.services.audit import AUDIT_READER_ROLE
-from app.services.dashboard.incidents import pending_approvals_count
-from app.services.series_store import SeriesStore
+from app.views.models.incidents import pending_approvals_count
 
 log = logging.getLogger("rlguard.views")
 

@@ -10,9 +10,9 @@ from fastapi.responses import HTMLResponse
 
 from app.api.deps import RowId
 from app.services import incidents as incidents_service
-from app.services.dashboard.incidents import incident_page
 from app.services.errors import InvalidInput, NotFound
 from app.views.context import DbDep, SignedInDep
+from app.views.models.incidents import incident_page
 from app.views.rendering import error_page, is_htmx, render
 
 router = APIRouter(include_in_schema=False)

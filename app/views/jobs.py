@@ -12,15 +12,15 @@ from app.goodput.queries import job_goodput
 from app.goodput.window import parse_instant
 from app.models import utcnow
 from app.services import incidents as incidents_service
-from app.services.dashboard.jobs import (
+from app.services.errors import NotFound
+from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep, running_policy
+from app.views.models.jobs import (
     HISTORY_MINUTES,
     effective_thresholds,
     job_detail,
     participant_rows,
 )
-from app.services.dashboard.phases import KNOWN_PHASES
-from app.services.errors import NotFound
-from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep, running_policy
+from app.views.models.phases import KNOWN_PHASES
 from app.views.rendering import error_page, render
 
 router = APIRouter(include_in_schema=False)

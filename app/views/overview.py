@@ -10,13 +10,13 @@ from fastapi.responses import HTMLResponse
 from app.goodput.dashboard import cluster_tiles
 from app.models import utcnow
 from app.services import incidents as incidents_service
-from app.services.dashboard.incidents import (
+from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
+from app.views.models.incidents import (
     open_incident_counts,
     open_tiers_by_node,
     safe_mode_jobs,
 )
-from app.services.dashboard.overview import job_rows, overview_health
-from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
+from app.views.models.overview import job_rows, overview_health
 from app.views.rendering import render
 
 router = APIRouter(include_in_schema=False)

@@ -2,7 +2,7 @@
 
 The worker runs the executable named by ``RLGUARD_RECOVERY_LAUNCHER`` as
 ``<hook> <action> --job J [--node N] [--role R] [--rank K] --idempotency-key KEY [--extra JSON]``
-(``app.services.recovery_adapters``). The hook (:func:`submit`) leaves the request as
+(``app.tasks.recovery_adapters``). The hook (:func:`submit`) leaves the request as
 ``<run_dir>/recovery/launcher/<digest of KEY>.json`` and waits; the launcher's supervisor
 (:func:`pending`, :func:`answer`) carries it out and writes ``<digest>.done`` next to it with
 ``ok`` and what it did, then removes the request. A key that was answered already is answered

@@ -1,4 +1,4 @@
-"""``POST /api/v1/ingest``: node agents' batches (see ``app.services.ingest`` for the guarantees)."""
+"""``POST /api/v1/ingest``: node agents' batches (see ``app.ingest.pipeline`` for the guarantees)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.api.deps import IngestDep, NodeAuth
+from app.ingest.validation import IngestRejected
 from app.models.public import IngestAck
-from app.services.ingest_validation import IngestRejected
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
 from app.models import utcnow
 from app.models.public import JobDetail, JobsPublic
-from app.services import cluster, jobs, phases
+from app.services import cluster, jobs, phase_history
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -30,7 +30,7 @@ def get_job(job: str, session: SessionDep, _user: ViewerUser) -> JobDetail:
 
 @router.get(
     "/{job}/phases",
-    response_model=phases.PhaseHistoryPublic,
+    response_model=phase_history.PhaseHistoryPublic,
     summary="Phase transitions of the job's participants (oldest first)",
 )
 def get_job_phases(
@@ -44,9 +44,9 @@ def get_job_phases(
             "last transition before it comes first, so its phase at `since` is known"
         ),
     ] = None,
-    limit: Annotated[int, Query(ge=1, le=phases.MAX_TRANSITIONS)] = phases.MAX_TRANSITIONS,
-) -> phases.PhaseHistoryPublic:
-    return phases.phase_history(session, job=job, now=utcnow(), since=since, limit=limit)
+    limit: Annotated[int, Query(ge=1, le=phase_history.MAX_TRANSITIONS)] = phase_history.MAX_TRANSITIONS,
+) -> phase_history.PhaseHistoryPublic:
+    return phase_history.phase_history(session, job=job, now=utcnow(), since=since, limit=limit)
 
 
 class JobReleaseIn(BaseModel):

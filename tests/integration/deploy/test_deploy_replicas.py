@@ -20,8 +20,8 @@ from sqlmodel import Session
 
 from app.core import migrate
 from app.core.db import make_engine
+from app.ingest.series_backend import forget_shared_window, key_prefix
 from app.models import Role
-from app.services.series_backend import forget_shared_window, key_prefix
 from app.services.tokens import create_node_token
 from app.services.users import create_user
 from tests.conftest import free_port

@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session, select
 
+from app.ingest.series_store import SeriesKey
 from app.models import IngestCursor, Job, Node, Participant
-from app.services.series_store import SeriesKey
 from tests.integration.foundation.conftest import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -1,4 +1,4 @@
-"""SQLite group commits on the event loop (app.services.ingest_inline): used when the database is
+"""SQLite group commits on the event loop (app.ingest.inline): used when the database is
 free, never waiting on a lock on the loop, paused after a slow commit, never for PostgreSQL."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pydantic import ValidationError
 
 from app.core import migrate
 from app.core.config import Settings
+from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.persist import IngestGroup
 from app.main import _inline_committer
 from app.models import IngestCursor
-from app.services.ingest_inline import InlineSqliteCommitter
-from app.services.ingest_persist import IngestGroup
 from tests.integration.foundation.conftest import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -10,10 +10,10 @@ from sqlmodel import Session, select
 
 from app.core.config import SeriesSettings
 from app.core.db import make_engine
+from app.ingest.rollups import RollupWriter, series_id
+from app.ingest.series_store import SeriesKey, SeriesStore
 from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
-from app.services.rollups import RollupWriter, series_id
-from app.services.series_store import SeriesKey, SeriesStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

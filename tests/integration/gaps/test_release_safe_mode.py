@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.services.recovery_adapters import read_mode
+from app.tasks.recovery_adapters import read_mode
 from recovery.phases import Event, Phase, PhaseMachine
 from recovery.statelog import StateLog
 from tests.integration.policy.conftest import Stack

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from app.services.ingest import IngestResult
-from app.services.ingest_dedupe import DedupeWindow
-from app.services.ingest_validation import IngestRejected, ParticipantReport, ValidBatch
+from app.ingest.dedupe import DedupeWindow
+from app.ingest.pipeline import IngestResult
+from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
 from tests.integration.checkpoint.procs import wait_for
 from tests.integration.foundation.conftest import Api, auth, batch
 

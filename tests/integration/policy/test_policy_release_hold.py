@@ -32,7 +32,7 @@ from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.services import actions, incidents
-from app.services.recovery_adapters import read_mode
+from app.tasks.recovery_adapters import read_mode
 from recovery.control import ControlMode, write_control
 from recovery.phases import Phase, PhaseMachine
 from recovery.statelog import StateLog

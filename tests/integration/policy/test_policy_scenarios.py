@@ -106,7 +106,7 @@ def _checkpoint(run_dir) -> str:
 
 
 def _control_mode(run_dir) -> str | None:
-    from app.services.recovery_adapters import read_mode
+    from app.tasks.recovery_adapters import read_mode
 
     return read_mode(run_dir)
 

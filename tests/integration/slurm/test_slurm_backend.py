@@ -22,7 +22,7 @@ import pytest
 
 from agents.collectors.slurm import SlurmNodeCollector
 from app.services.actions import ActionSnapshot
-from app.services.recovery_adapters import ADAPTERS, ActionContext
+from app.tasks.recovery_adapters import ADAPTERS, ActionContext
 from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.backends.slurm import (
     SlurmBackend,

@@ -20,9 +20,9 @@ from app.cli import cli
 from app.core import migrate
 from app.core.config import IngestLimits
 from app.core.db import make_engine
+from app.ingest.validation import BatchValidator, IngestRejected
 from app.models import Role
 from app.services.errors import InvalidInput
-from app.services.ingest_validation import BatchValidator, IngestRejected
 from app.services.tokens import create_node_token, validate_node_name
 from app.services.users import create_user
 from recovery.batch import _BATCH_ID

@@ -22,8 +22,8 @@ from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.services import actions, approvals, incidents, jobs
 from app.services.actions import ActionSnapshot
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.services.recovery_adapters import ActionContext, ActionError, release_safe_mode
 from app.services.users import create_user
+from app.tasks.recovery_adapters import ActionContext, ActionError, release_safe_mode
 from recovery.control import ControlMode, read_control, write_control
 from recovery.phases import Event, Phase, PhaseMachine
 from recovery.statelog import StateLog

@@ -23,8 +23,8 @@ from app.core.config import Settings
 from app.core.db import make_engine
 from app.core.migrate import upgrade
 from app.core.ratelimit import TokenBucketLimiter
+from app.ingest.series_store import SeriesStore
 from app.models import Role, User
-from app.services.series_store import SeriesStore
 from app.views import mount_dashboard
 
 PASSWORD = "correct horse battery"

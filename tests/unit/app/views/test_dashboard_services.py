@@ -1,4 +1,4 @@
-"""View-model pieces of app.services.dashboard that the page tests do not pin down exactly."""
+"""View-model pieces of app.views.models that the page tests do not pin down exactly."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from app.services.dashboard import overview
-from app.services.dashboard.charts import Band, ChartSpec, aligned_chart, safe_json
-from app.services.dashboard.health import GpuNow, gpu_level, liveness_level
-from app.services.dashboard.incidents import _detail_text, evidence_chart, evidence_from_store
-from app.services.series_store import SeriesKey, SeriesStore
+from app.ingest.series_store import SeriesKey, SeriesStore
+from app.views.models import overview
+from app.views.models.charts import Band, ChartSpec, aligned_chart, safe_json
+from app.views.models.health import GpuNow, gpu_level, liveness_level
+from app.views.models.incidents import _detail_text, evidence_chart, evidence_from_store
 from tests.unit.app.views.conftest import DashboardApp
 
 

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 
+from app.ingest.series_store import SeriesKey
 from app.models import Job, MetricRollup, from_epoch
 from app.models.phase import PhaseTransition
-from app.services.dashboard.phases import phase_timeline
 from app.services.errors import InvalidInput, NotFound
-from app.services.phases import phase_history
-from app.services.series_store import SeriesKey
+from app.services.phase_history import phase_history
+from app.views.models.phases import phase_timeline
 from tests.unit.app.views.conftest import Browser, DashboardApp, login
 
 LABELS = {"job": "grpo-a", "role": "trainer", "rank": "0"}

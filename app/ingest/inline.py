@@ -30,8 +30,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 from app.core.db import is_sqlite, make_engine
-from app.services.ingest_persist import IngestGroup, write_ingest_group
-from app.services.ingest_phases import PhaseRetention
+from app.ingest.persist import IngestGroup, write_ingest_group
+from app.ingest.phases import PhaseRetention
 
 log = logging.getLogger("rlguard.ingest")
 

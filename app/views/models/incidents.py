@@ -15,13 +15,13 @@ from typing import Any
 
 from sqlmodel import Session, col, func, select
 
+from app.ingest.series_store import SeriesStore
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentStatus
 from app.models.incident_public import IncidentDetail
 from app.services import incidents as incidents_service
-from app.services.dashboard.charts import ChartSpec, Threshold, aligned_chart, golden_bands
-from app.services.dashboard.health import TIER_LEVEL
-from app.services.series_store import SeriesStore
+from app.views.models.charts import ChartSpec, Threshold, aligned_chart, golden_bands
+from app.views.models.health import TIER_LEVEL
 
 TIERS = ("light", "medium", "heavy")
 

@@ -10,12 +10,12 @@ from typing import Any
 from sqlmodel import Session, select
 
 from app.core.config import GoldenThresholds
+from app.ingest.series_store import SeriesStore
 from app.models import Job, MetricRollup, from_epoch
 from app.services import cluster
-from app.services.dashboard.charts import Band, ChartSpec, Threshold, aligned_chart, golden_bands
-from app.services.dashboard.health import liveness_level, liveness_mark
-from app.services.dashboard.phases import PhaseTimeline, phase_timeline
-from app.services.series_store import SeriesStore
+from app.views.models.charts import Band, ChartSpec, Threshold, aligned_chart, golden_bands
+from app.views.models.health import liveness_level, liveness_mark
+from app.views.models.phases import PhaseTimeline, phase_timeline
 
 HISTORY_MINUTES = 60
 STEP_SECONDS = 10.0

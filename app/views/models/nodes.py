@@ -13,11 +13,12 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from app.ingest.series_store import SeriesStore
 from app.models import MetricRollup, from_epoch
 from app.models.public import ParticipantPublic
 from app.services import cluster
-from app.services.dashboard.charts import ChartSpec, Threshold, aligned_chart
-from app.services.dashboard.health import (
+from app.views.models.charts import ChartSpec, Threshold, aligned_chart
+from app.views.models.health import (
     GPU_ECC_CORRECTED,
     GPU_ECC_UNCORRECTED,
     GPU_MEM_USED,
@@ -32,7 +33,6 @@ from app.services.dashboard.health import (
     gpus_from_latest,
     liveness_level,
 )
-from app.services.series_store import SeriesStore
 
 HISTORY_MINUTES = 60
 LIVE_STEP_SECONDS = 10.0

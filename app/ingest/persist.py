@@ -22,9 +22,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from app.goodput.progress import StepChange, prune_step_progress, write_step_changes
+from app.ingest.dedupe import WINDOW, DedupeWindow
+from app.ingest.phases import PhaseChange, PhaseRetention, write_phase_changes
 from app.models import IngestCursor, Job, Node, Participant, from_epoch, utcnow
-from app.services.ingest_dedupe import WINDOW, DedupeWindow
-from app.services.ingest_phases import PhaseChange, PhaseRetention, write_phase_changes
 
 
 @dataclass(slots=True)

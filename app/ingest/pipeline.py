@@ -33,8 +33,8 @@ nothing of it reaches the database. The in-memory window of samples itself is vo
 design (it is a cache for the policy engine; ``MetricRollup`` keeps history).
 
 Alone, this holds for ONE process per database (the windows live in its memory). With a shared
-window (``app.services.series_backend``, several replicas), two more steps make it hold across
-replicas: a new batch must also win an atomic claim in Redis (``app.services.redis_dedupe``), and
+window (``app.ingest.series_backend``, several replicas), two more steps make it hold across
+replicas: a new batch must also win an atomic claim in Redis (``app.ingest.redis_dedupe``), and
 a commit group is appended to the shared Redis stream after its database commit and before any
 of its requests is answered. A delivery another replica claimed is answered "duplicate" only once
 the database holds its seq (else 503, retry); a claim whose replica died before committing is
@@ -56,30 +56,30 @@ from sqlalchemy.engine import Engine
 
 from app.core.config import IngestLimits
 from app.goodput.progress import StepTracker, load_step_tracker
-from app.metrics import ServerMetrics
-from app.models import utcnow
-from app.services.errors import Unavailable
-from app.services.ingest_committer import (
+from app.ingest.committer import (
     QueuedBatch,
     Rejection,
     group_of,
     is_transient,
     isolate,
 )
-from app.services.ingest_dedupe import DedupeWindow
-from app.services.ingest_inline import InlineSqliteCommitter
-from app.services.ingest_persist import IngestGroup, load_cursors, write_ingest_group
-from app.services.ingest_phases import PhaseRetention, PhaseTracker, load_tracker
-from app.services.ingest_validation import BatchValidator, IngestRejected, ValidBatch
-from app.services.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
-from app.services.series_backend import (
+from app.ingest.dedupe import DedupeWindow
+from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.persist import IngestGroup, load_cursors, write_ingest_group
+from app.ingest.phases import PhaseRetention, PhaseTracker, load_tracker
+from app.ingest.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
+from app.ingest.series_backend import (
     LocalSeriesBackend,
     Sample,
     SeriesBackend,
     SharedParticipant,
     participants_of,
 )
-from app.services.series_store import SeriesStore
+from app.ingest.series_store import SeriesStore
+from app.ingest.validation import BatchValidator, IngestRejected, ValidBatch
+from app.metrics import ServerMetrics
+from app.models import utcnow
+from app.services.errors import Unavailable
 
 log = logging.getLogger("rlguard.ingest")
 
@@ -135,7 +135,7 @@ class IngestService:
         inline: InlineSqliteCommitter | None = None,
     ) -> None:
         self.engine = engine
-        # SQLite: commit on the loop when it is safe and fast (app.services.ingest_inline).
+        # SQLite: commit on the loop when it is safe and fast (app.ingest.inline).
         if inline is not None and backend is not None and backend.shared:
             raise ValueError("a shared window publishes every commit to Redis: never inline")
         self.inline = inline
@@ -150,7 +150,7 @@ class IngestService:
         self._done: dict[int, asyncio.Future[None]] = {}  # id(queued batch) -> its request's
         self._failing_since: float | None = None  # monotonic time of the first failed retry
         self._participants: dict[tuple[str, str, int], ParticipantState] = {}
-        # Phase changes go into the group commit (app.services.ingest_phases); seeded at start.
+        # Phase changes go into the group commit (app.ingest.phases); seeded at start.
         self._phases = PhaseTracker()
         self._steps = StepTracker()  # the goodput ledger's progress (app.goodput.progress)
         self._phase_retention = PhaseRetention(retention_days=phase_retention_days)

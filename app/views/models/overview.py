@@ -19,9 +19,10 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from sqlmodel import Session, select
 
+from app.ingest.series_store import SeriesKey, SeriesStore
 from app.models import Job, MetricRollup, Node, Participant, from_epoch
-from app.services.dashboard.charts import safe_json
-from app.services.dashboard.health import (
+from app.views.models.charts import safe_json
+from app.views.models.health import (
     GPU_LOST,
     GPU_MEM_TOTAL,
     GPU_MEM_USED,
@@ -34,7 +35,6 @@ from app.services.dashboard.health import (
     liveness_level,
     worst,
 )
-from app.services.series_store import SeriesKey, SeriesStore
 
 SPARK_MINUTES = 30
 

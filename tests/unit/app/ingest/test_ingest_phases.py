@@ -9,15 +9,15 @@ import sqlalchemy as sa
 
 from app.core.db import make_engine
 from app.core.migrate import upgrade
-from app.models import utcnow
-from app.services.ingest_committer import QueuedBatch, group_of
-from app.services.ingest_persist import IngestGroup, write_ingest_group
-from app.services.ingest_phases import (
+from app.ingest.committer import QueuedBatch, group_of
+from app.ingest.persist import IngestGroup, write_ingest_group
+from app.ingest.phases import (
     PhaseChange,
     PhaseRetention,
     PhaseTracker,
     write_phase_changes,
 )
+from app.models import utcnow
 
 
 def test_first_report_and_changes_only() -> None:

@@ -17,7 +17,7 @@ from sqlmodel import Session, col, select
 
 from app.core.config import DEFAULT_SECRET_KEY, Settings
 from app.models import AuditEvent
-from app.services.dashboard.jobs import effective_thresholds
+from app.views.models.jobs import effective_thresholds
 
 AUDIT_PAGE_SIZE = 50
 MAX_FILTER_LENGTH = 160

@@ -6,7 +6,7 @@ rank) in memory, so a report costs one dict lookup and one string comparison, an
 (or a participant's first report) yields a :class:`PhaseChange`. The changes ride in the ingest
 group (``IngestGroup.phases``) and are inserted by the same database transaction as the batch's
 other durable effects and its dedupe cursor (``write_phase_changes``), so the guarantees in
-``app.services.ingest`` hold for them too: a batch acknowledged has its transitions stored; a
+``app.ingest.pipeline`` hold for them too: a batch acknowledged has its transitions stored; a
 batch lost by a crash before its commit is re-sent by the agent, and since the tracker is seeded
 at start from the ``participant`` table (which that lost commit did not reach either), the
 change is noticed again.

@@ -53,9 +53,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from app.core.config import SeriesSettings
+from app.ingest.series_store import SeriesKey, SeriesStore
 from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
-from app.services.series_store import SeriesKey, SeriesStore
 
 _ts_of = itemgetter(0)
 _value_of = itemgetter(1)

@@ -27,11 +27,11 @@ import sqlalchemy.exc as sa_exc
 from redis.exceptions import RedisError
 
 from app.goodput.progress import StepChange
-from app.services.ingest_dedupe import DedupeWindow
-from app.services.ingest_persist import IngestGroup, NodeSeen, ParticipantSeen, part_of
-from app.services.ingest_phases import PhaseChange
-from app.services.ingest_validation import ParticipantReport
-from app.services.series_backend import Sample, SharedParticipant
+from app.ingest.dedupe import DedupeWindow
+from app.ingest.persist import IngestGroup, NodeSeen, ParticipantSeen, part_of
+from app.ingest.phases import PhaseChange
+from app.ingest.series_backend import Sample, SharedParticipant
+from app.ingest.validation import ParticipantReport
 
 log = logging.getLogger("rlguard.ingest")
 

@@ -8,17 +8,17 @@ import pytest
 import sqlalchemy.exc as sa_exc
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from app.models import utcnow
-from app.services.ingest_committer import (
+from app.ingest.committer import (
     QueuedBatch,
     group_of,
     is_transient,
     isolate,
     rejection_of,
 )
-from app.services.ingest_dedupe import DedupeWindow
-from app.services.ingest_persist import _writing
-from app.services.ingest_validation import ParticipantReport
+from app.ingest.dedupe import DedupeWindow
+from app.ingest.persist import _writing
+from app.ingest.validation import ParticipantReport
+from app.models import utcnow
 
 
 def queued(node: str, seq: int, *, agent: str = "a", ts: float = 1.0, step: int = 1) -> QueuedBatch:

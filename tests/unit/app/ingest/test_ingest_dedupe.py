@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.services.ingest_dedupe import WINDOW, DedupeWindow
+from app.ingest.dedupe import WINDOW, DedupeWindow
 
 
 def test_in_order_and_replays() -> None:

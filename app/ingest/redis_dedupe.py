@@ -27,8 +27,8 @@ import redis.asyncio as aioredis
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from app.ingest.dedupe import WINDOW, DedupeWindow
 from app.models import IngestCursor
-from app.services.ingest_dedupe import WINDOW, DedupeWindow
 
 # KEYS: epoch, agent hash. ARGV: epoch, seq, window, ttl, now_ms, steal_before_ms (0: never).
 # A claim's field holds the time it was made; a claim older than steal_before_ms may be taken

@@ -11,7 +11,7 @@ highest seq plus a bitmap of the ``WINDOW`` seqs just below it:
   sequence restarts from zero must therefore use a new ``agent_id``.
 
 The state is two integers, stored per agent in ``ingest_cursor`` in the same transaction as the
-batch's durable effects (see ``app.services.ingest``).
+batch's durable effects (see ``app.ingest.pipeline``).
 """
 
 from __future__ import annotations
