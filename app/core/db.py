@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session
 
@@ -29,6 +30,20 @@ def sqlite_file(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
+
+
+
+def dialect_insert(dialect: str, table: sa.Table) -> Any:
+    """An INSERT for ``table`` that has ``on_conflict_do_nothing`` / ``on_conflict_do_update``.
+
+    Those clauses exist only on the dialect-specific inserts; RLGuard runs on SQLite and
+    PostgreSQL and refuses anything else loudly rather than writing duplicates.
+    """
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database dialect {dialect!r}: RLGuard needs SQLite or PostgreSQL")
 
 
 def make_engine(

@@ -22,9 +22,9 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from app.core.db import dialect_insert
 from app.models import Participant, from_epoch
 from app.models.progress import StepProgress
 
@@ -93,13 +93,7 @@ _INSERTS: dict[str, Any] = {}
 def _insert(dialect: str) -> Any:
     st = _INSERTS.get(dialect)
     if st is None:
-        if dialect == "postgresql":
-            insert: Any = postgresql.insert
-        elif dialect == "sqlite":
-            insert = sqlite.insert
-        else:
-            raise RuntimeError(f"unsupported database dialect {dialect!r}")
-        st = _INSERTS[dialect] = insert(_TABLE).on_conflict_do_nothing(
+        st = _INSERTS[dialect] = dialect_insert(dialect, _TABLE).on_conflict_do_nothing(
             index_elements=["job_name", "role", "rank", "at"]
         )
     return st

@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from app.core.db import dialect_insert
 from app.goodput.progress import StepChange, prune_step_progress, write_step_changes
 from app.ingest.dedupe import WINDOW, DedupeWindow
 from app.ingest.phases import PhaseChange, PhaseRetention, write_phase_changes
@@ -77,14 +77,8 @@ class _Statements:
     statement costs more than executing it for a small group)."""
 
     def __init__(self, dialect: str) -> None:
-        if dialect == "postgresql":
-            insert: Any = postgresql.insert
-        elif dialect == "sqlite":
-            insert = sqlite.insert
-        else:
-            raise RuntimeError(f"unsupported database dialect {dialect!r}")
         node_t = Node.__table__  # type: ignore[attr-defined]
-        job_i = insert(Job.__table__)  # type: ignore[attr-defined]
+        job_i = dialect_insert(dialect, Job.__table__)  # type: ignore[attr-defined]
         self.jobs = job_i.on_conflict_do_update(
             index_elements=["name"], set_={"last_seen_at": job_i.excluded.last_seen_at}
         )
@@ -99,7 +93,7 @@ class _Statements:
             .values(fingerprint=sa.bindparam("b_fp"), fingerprint_hash=sa.bindparam("b_h"))
         )
         part_t = Participant.__table__  # type: ignore[attr-defined]
-        part_i = insert(part_t)
+        part_i = dialect_insert(dialect, part_t)
         self.participants = part_i.on_conflict_do_update(
             index_elements=["job_name", "role", "rank"],
             set_={
@@ -111,7 +105,7 @@ class _Statements:
             where=part_i.excluded.last_heartbeat_at >= part_t.c.last_heartbeat_at,
         )
         cur_t = IngestCursor.__table__  # type: ignore[attr-defined]
-        cur_i = insert(cur_t)
+        cur_i = dialect_insert(dialect, cur_t)
         # Merge, never overwrite: with several server replicas each writes its own view of an
         # agent's window, and the row must end up holding every seq any of them committed.
         old_h, new_h = cur_t.c.high_seq, cur_i.excluded.high_seq

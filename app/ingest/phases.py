@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from app.core.db import dialect_insert
 from app.models import Participant, from_epoch
 from app.models.phase import PhaseTransition
 
@@ -101,13 +100,7 @@ class _Insert:
 
     def __init__(self, dialect: str) -> None:
         table = PhaseTransition.__table__  # type: ignore[attr-defined]
-        if dialect == "postgresql":
-            insert: Any = postgresql.insert
-        elif dialect == "sqlite":
-            insert = sqlite.insert
-        else:
-            raise RuntimeError(f"unsupported database dialect {dialect!r}")
-        self.statement = insert(table).on_conflict_do_nothing(
+        self.statement = dialect_insert(dialect, table).on_conflict_do_nothing(
             index_elements=["job_name", "role", "rank", "at"]
         )
         self.prune = sa.delete(table).where(table.c.at < sa.bindparam("b_cutoff"))

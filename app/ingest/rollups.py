@@ -49,10 +49,10 @@ from operator import itemgetter
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from app.core.config import SeriesSettings
+from app.core.db import dialect_insert
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
@@ -199,7 +199,7 @@ class RollupWriter:
             return
         table = MetricRollup.__table__  # type: ignore[attr-defined]
         with self.engine.begin() as conn:
-            ins = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+            ins = dialect_insert(conn.dialect.name, table)
             ex = ins.excluded
             stmt = ins.on_conflict_do_update(
                 index_elements=["series_id", "minute"],
