@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.metrics import ServerMetrics
+from app.core.server_metrics import ServerMetrics
 
 
 class RequestMetricsMiddleware:

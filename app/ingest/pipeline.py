@@ -55,6 +55,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import Engine
 
 from app.core.config import IngestLimits
+from app.core.server_metrics import ServerMetrics
 from app.goodput.progress import StepTracker, load_step_tracker
 from app.ingest.committer import (
     QueuedBatch,
@@ -77,7 +78,6 @@ from app.ingest.series_backend import (
 )
 from app.ingest.series_store import SeriesStore
 from app.ingest.validation import BatchValidator, IngestRejected, ValidBatch
-from app.metrics import ServerMetrics
 from app.models import utcnow
 from app.services.errors import Unavailable
 

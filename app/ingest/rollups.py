@@ -53,8 +53,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.core.config import SeriesSettings
 from app.core.db import dialect_insert
+from app.core.server_metrics import ServerMetrics
 from app.ingest.series_store import SeriesKey, SeriesStore
-from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
 
 _ts_of = itemgetter(0)

@@ -10,9 +10,9 @@ from sqlmodel import Session, select
 
 from app.core.config import SeriesSettings
 from app.core.db import make_engine
+from app.core.server_metrics import ServerMetrics
 from app.ingest.rollups import RollupWriter, series_id
 from app.ingest.series_store import SeriesKey, SeriesStore
-from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

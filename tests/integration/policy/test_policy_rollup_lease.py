@@ -24,11 +24,11 @@ from sqlmodel import Session, select
 from app.core import migrate
 from app.core.config import SeriesSettings
 from app.core.db import make_engine
+from app.core.server_metrics import ServerMetrics
 from app.ingest.rollups import LeaseLost, RollupWriter, series_id
 from app.ingest.series_backend import RedisSeriesBackend, forget_shared_window
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.main import create_app
-from app.metrics import ServerMetrics
 from app.models import MetricRollup
 from app.services.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
 from tests.integration.foundation.conftest import AppClient, auth, make_settings
