@@ -73,9 +73,7 @@ def test_recovery_failing_twice_escalates_to_whole_job_restart() -> None:
     e.record_recovery_failure(opened.key)
     [retry] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
     assert retry.type is DecisionType.RETRY and retry.tier is Tier.MEDIUM
-    assert [a.action for a in retry.actions] == [
-        a.action for a in opened.actions
-    ]  # same local plan
+    assert [a.action for a in retry.actions] == [a.action for a in opened.actions]  # same local plan
     assert c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e) == []
     e.record_recovery_failure(opened.key)
     [esc] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
@@ -134,20 +132,11 @@ def test_incident_closed_elsewhere_is_not_reopened_by_the_same_occurrence() -> N
     c = Cluster()
     e = PolicyEngine(c.policy)
     c.run(3, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 0, **T)), engine=e)
-    [opened] = c.run(
-        1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e
-    )
+    [opened] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
     assert opened.tier is Tier.HEAVY
     e.forget(opened.key)  # the approved restore completed: the service resolved it
-    assert (
-        c.run(
-            10, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e
-        )
-        == []
-    )
+    assert c.run(10, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e) == []
     # a new occurrence (more write errors after the hold) opens a new incident
     c.run(70, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
-    [again] = c.run(
-        1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 3, **T)), engine=e
-    )
+    [again] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 3, **T)), engine=e)
     assert again.type is DecisionType.OPEN and again.key == opened.key

@@ -38,9 +38,7 @@ def engine(tmp_path: Path):
     eng.dispose()
 
 
-def decision(
-    type_: DecisionType, kind: FaultKind, tier: Tier, *acts: PlannedAction, key: str | None = None
-) -> IncidentDecision:
+def decision(type_: DecisionType, kind: FaultKind, tier: Tier, *acts: PlannedAction, key: str | None = None) -> IncidentDecision:
     sig = FaultSignal(kind, SUBJ, Evidence(metric="m", detail="why"), tier, 100.0, since=90.0)
     return IncidentDecision(type_, key or sig.incident_key, kind, SUBJ, tier, 100.0, sig, acts)
 
@@ -71,33 +69,18 @@ def test_open_plans_actions_and_update_does_not_duplicate(engine) -> None:
     assert [e.type for e in detail.timeline] == ["opened", "action_planned", "updated"]
     assert len(detail.signals) == 2 and detail.detection_delay_seconds == pytest.approx(10.0)
     [a] = detail.actions
-    assert (
-        a.queue == "node.n0"
-        and a.status == "pending"
-        and a.idempotency_key.endswith("skip_failed_step:j:n0:3")
-    )
+    assert a.queue == "node.n0" and a.status == "pending" and a.idempotency_key.endswith("skip_failed_step:j:n0:3")
 
 
 def test_claim_is_exclusive_and_redelivery_is_a_noop(engine) -> None:
     skip = PlannedAction(ActionName.SKIP_FAILED_STEP, "j", "n0", False, {"step": 3})
-    [aid] = persist(
-        engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)
-    ).new_actions
+    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)).new_actions
     with Session(engine) as s:
         key = s.get(RecoveryAction, aid).idempotency_key
-        assert (
-            actions.claim_action(
-                s, action_id=aid, idempotency_key="wrong", worker="w1", lease_seconds=30
-            ).outcome
-            is actions.ClaimOutcome.unknown
-        )
-        c1 = actions.claim_action(
-            s, action_id=aid, idempotency_key=key, worker="w1", lease_seconds=30
-        )
+        assert actions.claim_action(s, action_id=aid, idempotency_key="wrong", worker="w1", lease_seconds=30).outcome is actions.ClaimOutcome.unknown
+        c1 = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w1", lease_seconds=30)
         s.commit()
-        c2 = actions.claim_action(
-            s, action_id=aid, idempotency_key=key, worker="w2", lease_seconds=30
-        )
+        c2 = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w2", lease_seconds=30)
         s.commit()
     assert c1.outcome is actions.ClaimOutcome.claimed and c1.action.attempts == 1
     assert c2.outcome is actions.ClaimOutcome.busy and c2.retry_in > 20
@@ -105,78 +88,45 @@ def test_claim_is_exclusive_and_redelivery_is_a_noop(engine) -> None:
         assert not actions.finish_action(s, action_id=aid, worker="w2", ok=True)  # not the holder
         assert actions.finish_action(s, action_id=aid, worker="w1", ok=True, result={"x": 1})
         s.commit()
-        c3 = actions.claim_action(
-            s, action_id=aid, idempotency_key=key, worker="w3", lease_seconds=30
-        )
+        c3 = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w3", lease_seconds=30)
     assert c3.outcome is actions.ClaimOutcome.done
 
 
 def test_expired_lease_is_taken_over_and_redispatched(engine) -> None:
     act = PlannedAction(ActionName.RESTART_ROLE, "j", "n0", False, {"role": "trainer", "rank": 0})
-    [aid] = persist(
-        engine, decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM, act)
-    ).new_actions
+    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM, act)).new_actions
     t0 = utcnow()
     with Session(engine) as s:
         key = s.get(RecoveryAction, aid).idempotency_key
         assert [d.id for d in actions.due_for_dispatch(s, now=t0)] == [aid]
         actions.mark_dispatched(s, action_id=aid, now=t0)
-        actions.claim_action(
-            s, action_id=aid, idempotency_key=key, worker="dead", lease_seconds=5, now=t0
-        )
+        actions.claim_action(s, action_id=aid, idempotency_key=key, worker="dead", lease_seconds=5, now=t0)
         s.commit()
         assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=4), redispatch_after=3) == []
-        assert [
-            d.id
-            for d in actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3)
-        ] == [aid]
-        c = actions.claim_action(
-            s,
-            action_id=aid,
-            idempotency_key=key,
-            worker="new",
-            lease_seconds=5,
-            now=t0 + timedelta(seconds=6),
-        )
+        assert [d.id for d in actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3)] == [aid]
+        c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="new", lease_seconds=5, now=t0 + timedelta(seconds=6))
         s.commit()
     assert c.outcome is actions.ClaimOutcome.claimed and c.action.attempts == 2
 
 
 def test_renewed_lease_keeps_a_slow_action_from_being_taken_over(engine) -> None:
     skip = PlannedAction(ActionName.SKIP_FAILED_STEP, "j", "n0", False, {"step": 5})
-    [aid] = persist(
-        engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)
-    ).new_actions
+    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)).new_actions
     t0 = utcnow()
     with Session(engine) as s:
         key = s.get(RecoveryAction, aid).idempotency_key
-        actions.claim_action(
-            s, action_id=aid, idempotency_key=key, worker="slow", lease_seconds=5, now=t0
-        )
+        actions.claim_action(s, action_id=aid, idempotency_key=key, worker="slow", lease_seconds=5, now=t0)
         s.commit()
         # The holder renews at t0+4 s: at t0+6 s the action is still its own.
-        assert actions.renew_action_lease(
-            s, action_id=aid, worker="slow", lease_seconds=5, now=t0 + timedelta(seconds=4)
-        )
+        assert actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5, now=t0 + timedelta(seconds=4))
         s.commit()
         assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3) == []
-        c = actions.claim_action(
-            s,
-            action_id=aid,
-            idempotency_key=key,
-            worker="other",
-            lease_seconds=5,
-            now=t0 + timedelta(seconds=6),
-        )
+        c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=6))
         s.commit()
         assert c.outcome is actions.ClaimOutcome.busy
         # Another worker cannot renew a lease it does not hold.
-        assert not actions.renew_action_lease(
-            s, action_id=aid, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=7)
-        )
-        assert actions.finish_action(
-            s, action_id=aid, worker="slow", ok=True, result={}, now=t0 + timedelta(seconds=8)
-        )
+        assert not actions.renew_action_lease(s, action_id=aid, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=7))
+        assert actions.finish_action(s, action_id=aid, worker="slow", ok=True, result={}, now=t0 + timedelta(seconds=8))
         s.commit()
         # Once finished there is nothing left to renew.
         assert not actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5)
@@ -191,9 +141,7 @@ def test_failed_recovery_counts_on_the_incident(engine) -> None:
         actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w", lease_seconds=30)
         actions.finish_action(s, action_id=aid, worker="w", ok=False, error="launcher exited 3")
         s.commit()
-        assert incidents.open_incident_failures(s) == {
-            decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM).key: 1
-        }
+        assert incidents.open_incident_failures(s) == {decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM).key: 1}
         detail = incidents.incident_detail(s, incident_id=out.opened[0])
     assert detail.timeline[-1].type == "action_failed" and detail.timeline[-1].actor == "worker:w"
 
@@ -207,9 +155,7 @@ def _approver(engine, role: Role = Role.approver, name: str = "ann"):
 
 
 def test_heavy_plan_waits_and_decisions_are_final_and_audited(engine) -> None:
-    out = persist(
-        engine, decision(DecisionType.OPEN, FaultKind.STORAGE_UNWRITABLE, Tier.HEAVY, *heavy_plan())
-    )
+    out = persist(engine, decision(DecisionType.OPEN, FaultKind.STORAGE_UNWRITABLE, Tier.HEAVY, *heavy_plan()))
     [appr_id] = out.approvals
     assert len(out.new_actions) == 1  # only enter_safe_mode is dispatchable
     viewer = _approver(engine, Role.operator, "otto")
@@ -235,9 +181,7 @@ def test_heavy_plan_waits_and_decisions_are_final_and_audited(engine) -> None:
 
 
 def test_approval_expires_and_the_job_stays_in_safe_mode(engine) -> None:
-    out = persist(
-        engine, decision(DecisionType.OPEN, FaultKind.NODES_LOST, Tier.HEAVY, *heavy_plan())
-    )
+    out = persist(engine, decision(DecisionType.OPEN, FaultKind.NODES_LOST, Tier.HEAVY, *heavy_plan()))
     [appr_id] = out.approvals
     ann = _approver(engine)
     with Session(engine) as s:
@@ -254,23 +198,15 @@ def test_approval_expires_and_the_job_stays_in_safe_mode(engine) -> None:
 def test_escalation_cancels_unstarted_actions_and_plans_restart(engine) -> None:
     act = PlannedAction(ActionName.RESTART_ROLE, "j", "n0", False, {"role": "trainer", "rank": 0})
     persist(engine, decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM, act))
-    esc = decision(
-        DecisionType.ESCALATE,
-        FaultKind.HEARTBEAT_LOST,
-        Tier.HEAVY,
-        PlannedAction(ActionName.ENTER_SAFE_MODE, "j", "n0", False),
-        PlannedAction(ActionName.RESTART_JOB, "j", None, True),
-    )
+    esc = decision(DecisionType.ESCALATE, FaultKind.HEARTBEAT_LOST, Tier.HEAVY,
+                   PlannedAction(ActionName.ENTER_SAFE_MODE, "j", "n0", False),
+                   PlannedAction(ActionName.RESTART_JOB, "j", None, True))
     out = persist(engine, esc)
     with Session(engine) as s:
         inc = s.exec(select(Incident)).one()
         rows = {r.action: r.status for r in s.exec(select(RecoveryAction)).all()}
     assert inc.tier == "heavy" and inc.escalated
-    assert rows == {
-        "restart_role": "cancelled",
-        "enter_safe_mode": "pending",
-        "restart_job": "pending_approval",
-    }
+    assert rows == {"restart_role": "cancelled", "enter_safe_mode": "pending", "restart_job": "pending_approval"}
     assert len(out.approvals) == 1
 
 
@@ -284,11 +220,8 @@ def test_resolve_frees_the_key_for_a_new_incident(engine) -> None:
     with Session(engine) as s:
         listed = incidents.list_incidents(s, status="open")
         assert listed.count == 1 and listed.incidents[0].id == second.opened[0]
-        for bad, needle in (
-            (dict(status="closed"), "status must be"),
-            (dict(tier="huge"), "tier must be"),
-            (dict(limit=0), "limit must be"),
-        ):
+        for bad, needle in ((dict(status="closed"), "status must be"), (dict(tier="huge"), "tier must be"),
+                            (dict(limit=0), "limit must be")):
             with pytest.raises(InvalidInput, match=needle):
                 incidents.list_incidents(s, **bad)
         with pytest.raises(NotFound, match="no incident with id 12345"):
