@@ -125,6 +125,11 @@ class RolloutStallDetector(Detector):
 
     lookups = (m.ROLLOUT_TOKENS_PER_SECOND,)
 
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        # (number of series in the store, throughput key per participant) of the last build
+        self._tp_cache: tuple[int, dict[tuple[str, str, int], SeriesKey]] | None = None
+
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.rollout
         suspect = self.policy.detection.heartbeat.suspect_seconds
@@ -178,9 +183,9 @@ class RolloutStallDetector(Detector):
         # Kept while the number of series is unchanged: parsing every key each tick would cost
         # more than the rest of the tick at cluster scale.
         size = len(world.store)
-        cached = getattr(self, "_tp_cache", None)
+        cached = self._tp_cache
         if cached is not None and cached[0] == size:
-            return cached[1]  # type: ignore[no-any-return]
+            return cached[1]
         keys: dict[tuple[str, str, int], SeriesKey] = {}
         for k, _ in world.all_series(m.ROLLOUT_TOKENS_PER_SECOND):
             sub = subject_of(k)
