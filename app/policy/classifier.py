@@ -30,12 +30,12 @@ class Classifier:
     def classify(
         self, signal: FaultSignal, *, job_step: int | None, recovery_failures: int = 0
     ) -> Classification:
-        rule = self.policy.tier_rule(signal.kind)
+        tier, plan = self._tier_and_plan(signal)
         esc = self.policy.escalation
         reasons: list[str] = []
         # Only faults that need recovery escalate: an alert-only signal (throttling, drift)
         # in the first step must not restart a job.
-        if rule.plan:
+        if plan:
             if job_step is not None and job_step <= esc.first_step_max:
                 reasons.append(f"anomaly in the job's first step (step {job_step})")
             same = signal.extra.get("same_step_failures")
@@ -45,7 +45,19 @@ class Classifier:
                 reasons.append(f"local recovery failed {recovery_failures} times")
         if reasons:
             return Classification(Tier.HEAVY, esc.plan, True, tuple(reasons))
-        return Classification(rule.tier, rule.plan, False, ())
+        return Classification(tier, plan, False, ())
+
+    def _tier_and_plan(self, signal: FaultSignal) -> tuple[Tier, tuple[ActionName, ...]]:
+        """The signal's tier rule; signals folded into it (same root cause) add their plans
+        and can raise the tier, so one incident recovers from everything its cause did."""
+        rule = self.policy.tier_rule(signal.kind)
+        tier, plan = rule.tier, rule.plan
+        for other in signal.related:
+            extra = self.policy.tier_rule(other.kind)
+            if extra.tier.rank > tier.rank:
+                tier = extra.tier
+            plan += tuple(a for a in extra.plan if a not in plan)
+        return tier, plan
 
 
 def _jobs(signal: FaultSignal, world: World) -> list[str]:

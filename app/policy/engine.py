@@ -28,6 +28,7 @@ from app.policy.detectors import (
 )
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
+from app.policy.root_cause import drop_superseded, fold_same_root_cause
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.policy.world import LatestIndex, ParticipantView, World
 
@@ -116,15 +117,6 @@ class TickResult:
     suspected_nodes: list[str] = field(default_factory=list)
 
 
-# A signal of the first kind about a participant makes one of the second kind about the same
-# participant redundant (one incident per root cause, not an alert storm): a dead rollout is
-# rollout_down, a SIGSTOPped trainer is hung (train_hang) though its heartbeat goes silent too.
-_SUPERSEDES = {
-    FaultKind.ROLLOUT_DOWN: FaultKind.HEARTBEAT_LOST,
-    FaultKind.TRAIN_HANG: FaultKind.HEARTBEAT_LOST,
-}
-
-
 class PolicyEngine:
     def __init__(
         self,
@@ -198,7 +190,7 @@ class PolicyEngine:
                 result.suspected_participants = det.suspected
             elif isinstance(det, NodeSilenceDetector):
                 result.suspected_nodes = det.suspected
-        signals = _drop_superseded(signals)
+        signals = fold_same_root_cause(drop_superseded(signals), self._tracked_occurrences())
         result.signals = signals
         active: dict[str, FaultSignal] = {}
         for sig in signals:
@@ -225,6 +217,12 @@ class PolicyEngine:
                 extra={"incident": d.key, "tier": d.tier.value, "actions": len(d.actions)},
             )
         return result
+
+    def _tracked_occurrences(self) -> dict[str, float | None]:
+        """Every incident the engine follows, by key, with the since of its occurrence."""
+        tracked = {key: occ.since for key, occ in self._closed_occurrence.items()}
+        tracked.update((key, inc.last_since) for key, inc in self._open.items())
+        return tracked
 
     def _on_signal(self, world: World, key: str, sig: FaultSignal) -> IncidentDecision | None:
         inc = self._open.get(key)
@@ -394,21 +392,6 @@ def _build_index(detectors: list[Detector]) -> LatestIndex:
     merged = {n: f for n, f in filters.items() if n not in whole}
     merged.update(dict.fromkeys(lookups))  # None: on demand only
     return LatestIndex(names | lookups, filters=merged)
-
-
-def _drop_superseded(signals: list[FaultSignal]) -> list[FaultSignal]:
-    present = {(s.kind, s.subject.job, s.subject.role, s.subject.rank) for s in signals}
-    out = []
-    for s in signals:
-        hidden = any(
-            winner_kind
-            for winner_kind, loser in _SUPERSEDES.items()
-            if s.kind is loser
-            and (winner_kind, s.subject.job, s.subject.role, s.subject.rank) in present
-        )
-        if not hidden:
-            out.append(s)
-    return out
 
 
 def _no_evidence(inc: OpenIncident) -> Evidence:

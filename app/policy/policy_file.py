@@ -56,7 +56,7 @@ class TrainerDetection(_Strict):
     active_phases: tuple[str, ...] = ("TRAIN",)
     idle_timeout_seconds: float = Field(default=300, gt=0)
     idle_utilization_ratio: float = Field(default=0.05, ge=0, le=1)
-    # train_hang (app/policy/hang.py): the step stuck for max(hang_min_seconds,
+    # train_hang (app/policy/detectors/hang.py): the step stuck for max(hang_min_seconds,
     # hang_step_factor x median step time), counted only in hang_phases.
     hang_phases: tuple[str, ...] = ("ROLLOUT", "TRAIN")
     hang_min_seconds: float = Field(default=120, gt=0)
@@ -70,7 +70,7 @@ class RolloutDetection(_Strict):
 
 
 class EngineDetection(_Strict):
-    # rollout_engine_down (app/policy/inference_engines.py): the health probe failing this long.
+    # rollout_engine_down (app/policy/detectors/inference_engines.py): the health probe failing this long.
     down_seconds: float = Field(default=30, gt=0)
 
 

@@ -136,13 +136,16 @@ class FaultSignal:
     since: float | None = None
     step: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Signals of other kinds with the same root cause, folded into this one by the engine (a
+    # GPU lost from the bus beside the XID 79 that announced it): one incident, not two.
+    related: tuple[FaultSignal, ...] = ()
 
     @property
     def incident_key(self) -> str:
         return f"{self.kind.value}:{self.subject.key()}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind.value,
             "subject": self.subject.to_dict(),
             "evidence": self.evidence.to_dict(),
@@ -152,3 +155,6 @@ class FaultSignal:
             "step": self.step,
             "extra": dict(self.extra),
         }
+        if self.related:  # absent otherwise: the stored shape of a lone signal stays as it was
+            out["related"] = [r.to_dict() for r in self.related]
+        return out

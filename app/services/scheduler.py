@@ -45,9 +45,8 @@ from app.models.action import SchedulerLease
 from app.models.cluster import Node
 from app.models.incident import Incident, IncidentStatus
 from app.policy.clock import Clock, WallClock
-from app.policy.detectors import default_detectors
+from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_detectors
 from app.policy.engine import PolicyEngine, TickResult
-from app.policy.external import ExternalAlertDetector, ExternalAlerts
 from app.policy.policy_file import Policy, default_policy, load_policy
 from app.policy.world import ParticipantView, World
 from app.services.alerts import run_alert_maintenance

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from app.api.deps import OperatorUser, SessionDep
-from app.policy.external import AlertmanagerPayload, AlertMappingError, map_alert
+from app.policy.detectors.external import AlertmanagerPayload, AlertMappingError, map_alert
 from app.services.audit import record_audit
 from app.services.errors import InvalidInput, Unavailable
 

@@ -78,3 +78,11 @@ class Cluster:
                 world.index_latest((), detector._test_index)  # type: ignore[attr-defined]
                 out.append(detector.run(world))  # type: ignore[attr-defined]
         return out
+
+
+def first_firing(results: list[list[object]]) -> int | None:
+    """The 1-based tick of the first non-empty result, or None if nothing fired."""
+    for i, sigs in enumerate(results):
+        if sigs:
+            return i + 1
+    return None

@@ -1,26 +1,13 @@
-"""Recovery adapters against real run directories, and the Alertmanager mapping."""
+"""Recovery adapters against real run directories."""
 
 from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
-from app.ingest.series_store import SeriesStore
-from app.policy.external import (
-    AlertmanagerPayload,
-    AlertMappingError,
-    ExternalAlertDetector,
-    ExternalAlerts,
-    map_alert,
-)
-from app.policy.policy_file import default_policy
-from app.policy.signals import FaultKind
-from app.policy.world import World
 from app.services.actions import ActionSnapshot
 from app.tasks import recovery_adapters as ra
 from recovery.control import ControlMode, read_control
@@ -86,7 +73,9 @@ def test_skip_step_request_is_idempotent(ctx: ra.ActionContext) -> None:
     a = snap("skip_failed_step", step=42, role="trainer", rank=0)
     assert ra.skip_failed_step(ctx, a)["already"] is False
     assert ra.skip_failed_step(ctx, a)["already"] is True
-    body = json.loads((ctx.run_root / "j" / "recovery" / "requests" / "skip_step-42.json").read_text())
+    body = json.loads(
+        (ctx.run_root / "j" / "recovery" / "requests" / "skip_step-42.json").read_text()
+    )
     assert body["step"] == 42
     with pytest.raises(ra.ActionError, match="needs the failed step"):
         ra.skip_failed_step(ctx, snap("skip_failed_step"))
@@ -96,63 +85,19 @@ def test_launcher_hook_exit_codes_and_timeouts(tmp_path: Path, ctx: ra.ActionCon
     with pytest.raises(ra.ActionError, match="needs a launcher hook"):
         ra.restart_role(ctx, snap("restart_role", role="trainer", rank=1))
     hook = tmp_path / "hook.py"
-    hook.write_text("import sys, time\nif 'slow' in sys.argv: time.sleep(5)\n"
-                    "print(' '.join(sys.argv[1:]))\nsys.exit(3 if 'bad' in sys.argv else 0)\n")
+    hook.write_text(
+        "import sys, time\nif 'slow' in sys.argv: time.sleep(5)\n"
+        "print(' '.join(sys.argv[1:]))\nsys.exit(3 if 'bad' in sys.argv else 0)\n"
+    )
     sh = tmp_path / "hook.sh"
-    sh.write_text(f"#!/bin/sh\nexec {sys.executable} {hook} \"$@\"\n")
+    sh.write_text(f'#!/bin/sh\nexec {sys.executable} {hook} "$@"\n')
     sh.chmod(0o755)
     ok = ra.ActionContext(ctx.run_root, str(sh), 2)
     out = ra.restart_role(ok, snap("restart_role", role="trainer", rank=1))
-    assert out["stdout"].startswith("restart_role --job j --node n0 --role trainer --rank 1 --idempotency-key")
+    assert out["stdout"].startswith(
+        "restart_role --job j --node n0 --role trainer --rank 1 --idempotency-key"
+    )
     with pytest.raises(ra.ActionError, match="launcher exited 3"):
         ra.restart_role(ok, snap("restart_role", role="bad"))
     with pytest.raises(ra.TransientActionError, match="timed out after 2s"):
         ra.restart_job(ok, snap("restart_job", role="slow"))
-
-
-# -- Alertmanager -------------------------------------------------------------------------------
-
-
-def payload(**alert) -> dict:
-    a = {"status": "firing", "labels": {"alertname": "GPUXidError", "node": "n3", "gpu": "1"},
-         "annotations": {"summary": "XID 79"}, "startsAt": "2026-11-29T10:00:00Z",
-         "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "abc"}
-    a.update(alert)
-    return {"version": "4", "status": "firing", "receiver": "rlguard", "groupKey": "{}:{}", "alerts": [a]}
-
-
-def test_alert_maps_to_a_fault_signal_until_resolved() -> None:
-    policy = default_policy()
-    alerts = ExternalAlerts()
-    det = ExternalAlertDetector(policy, alerts)
-    mapped = [map_alert(a, policy.alertmanager) for a in AlertmanagerPayload.model_validate(payload()).alerts]
-    assert alerts.apply(mapped) == (1, 0)
-    world = World(now=datetime(2026, 11, 29, 10, 1, tzinfo=UTC).timestamp(), store=SeriesStore())
-    [sig] = det.run(world)
-    assert sig.kind is FaultKind.GPU_XID and sig.subject.node == "n3" and sig.subject.gpu == "1"
-    assert "XID 79" in sig.evidence.detail
-    resolved = AlertmanagerPayload.model_validate(payload(status="resolved")).alerts
-    assert alerts.apply([map_alert(a, policy.alertmanager) for a in resolved]) == (0, 1)
-    assert det.run(world) == []
-
-
-def test_kind_label_wins_and_bad_labels_are_named() -> None:
-    m = default_policy().alertmanager
-    a = AlertmanagerPayload.model_validate(payload(labels={"rlguard_kind": "nodes_lost", "rl_job": "j"})).alerts[0]
-    assert map_alert(a, m).kind is FaultKind.NODES_LOST and map_alert(a, m).subject.job == "j"
-    bad = AlertmanagerPayload.model_validate(payload(labels={"rlguard_kind": "meteor"})).alerts[0]
-    with pytest.raises(AlertMappingError, match="label rlguard_kind='meteor' is not a fault kind"):
-        map_alert(bad, m)
-    bad_rank = AlertmanagerPayload.model_validate(payload(labels={"rank": "first"})).alerts[0]
-    with pytest.raises(AlertMappingError, match="rank='first' is not an integer rank"):
-        map_alert(bad_rank, m)
-    other = AlertmanagerPayload.model_validate(payload(labels={"alertname": "DiskFull"})).alerts[0]
-    assert map_alert(other, m).kind is FaultKind.EXTERNAL_ALERT
-
-
-@pytest.mark.parametrize("change", [{"version": "3"}, {"alerts": "x"}, {"status": "weird"}])
-def test_bad_alertmanager_payload_is_refused(change) -> None:
-    body = payload()
-    body.update(change)
-    with pytest.raises(ValidationError):
-        AlertmanagerPayload.model_validate(body)

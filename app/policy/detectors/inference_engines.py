@@ -14,7 +14,7 @@ shorter time (a long weight load, a restart the launcher already did) clears by 
 from __future__ import annotations
 
 from app.policy import metric_names as m
-from app.policy.detectors import Detector, breach_run, subject_of
+from app.policy.detectors.base import Detector, breach_run, subject_of
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
 from app.policy.world import Threshold, World

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from app.policy import metric_names as m
-from app.policy.ray_nodes import RayNodeDeadDetector
+from app.policy.detectors.ray_nodes import RayNodeDeadDetector
 from app.policy.signals import FaultKind
 
-from ._helpers import JOB, Cluster
+from .._helpers import JOB, Cluster
 
 
 def test_a_dead_ray_node_is_lost_at_once_for_the_job_on_it_and_clears_when_back() -> None:
@@ -18,6 +18,7 @@ def test_a_dead_ray_node_is_lost_at_once_for_the_job_on_it_and_clears_when_back(
             c.put("head", m.RAY_NODE_ALIVE, 1, ray_node="10.0.0.1", job=JOB)
             c.put("head", m.RAY_NODE_ALIVE, value, ray_node="10.0.0.2", job=JOB)
             c.put("head", m.RAY_NODE_ALIVE, value, ray_node="10.0.0.3")  # no actors there
+
         return feed
 
     assert c.run(3, alive(1), detector=det) == [[], [], []]

@@ -20,7 +20,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from app.policy.detectors import Detector, participant_subject
+from app.policy.detectors.base import Detector, participant_subject
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal
 from app.policy.world import ParticipantView, World

@@ -3,7 +3,7 @@
 With ``--ray`` the node agent sends ``ray_node_alive{ray_node, job}`` per Ray node (one series
 per job with actors there, the ``job`` label absent for a node without any): 0 once Ray's GCS
 has declared the node DEAD (its raylet stopped answering the health checks). Ray's word is
-certain, like the scheduler's (``app/policy/scheduler_nodes.py``), so the node is lost at once
+certain, like the scheduler's (``app/policy/detectors/scheduler_nodes.py``), so the node is lost at once
 and the fault is the same kind, about the Ray node and the job. The job's actors on it are
 ``RAY_DEAD`` too (``NODE_DIED``), each a ``heartbeat_lost`` of its own.
 """
@@ -11,7 +11,7 @@ and the fault is the same kind, about the Ray node and the job. The job's actors
 from __future__ import annotations
 
 from app.policy import metric_names as m
-from app.policy.detectors import Detector, breach_run
+from app.policy.detectors.base import Detector, breach_run
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import Threshold, World
 
@@ -42,8 +42,11 @@ class RayNodeDeadDetector(Detector):
             )
             out.append(
                 self.signal(
-                    world, FaultKind.NODE_UNAVAILABLE, Subject(node=ray_node, job=job),
-                    evidence, since=since,
+                    world,
+                    FaultKind.NODE_UNAVAILABLE,
+                    Subject(node=ray_node, job=job),
+                    evidence,
+                    since=since,
                 )
             )
         return out

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.policy.detectors import Detector
+from app.policy.detectors.base import Detector
 from app.policy.policy_file import AlertmanagerMapping, Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import World

@@ -12,7 +12,7 @@ detector's case.
 from __future__ import annotations
 
 from app.policy import metric_names as m
-from app.policy.detectors import AT_LEAST_ONE, Detector, at_least_one, breach_run
+from app.policy.detectors.base import AT_LEAST_ONE, Detector, at_least_one, breach_run
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import World
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
+from app.policy.detectors.hang import TrainHangDetector
 from app.policy.engine import PolicyEngine
-from app.policy.hang import TrainHangDetector
 from app.policy.policy_file import PolicyFileError, default_policy, parse_policy
 from app.policy.signals import FaultKind, Tier
 
-from ._helpers import JOB, Cluster
+from .._helpers import JOB, Cluster
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,7 +31,9 @@ def _stepping(every: int, phase: str = "TRAIN") -> Callable[[Cluster], None]:
 def _stuck(phase: str = "TRAIN", step: int | None = None) -> Callable[[Cluster], None]:
     def each(c: Cluster) -> None:
         if step is None:
-            c.participant("trainer", 0, "n0", phase=phase, step=c.participants[(JOB, "trainer", 0)].step)
+            c.participant(
+                "trainer", 0, "n0", phase=phase, step=c.participants[(JOB, "trainer", 0)].step
+            )
         else:
             c.participant("trainer", 0, "n0", phase=phase, step=step)
 
@@ -116,10 +118,12 @@ def test_a_sigstopped_trainer_is_one_incident_train_hang_not_heartbeat_lost() ->
 
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
-    [("hang_step_factor", 0.5, "detection.trainer.hang_step_factor"),
-     ("hang_min_seconds", 0, "detection.trainer.hang_min_seconds"),
-     ("hang_min_steps", 0, "detection.trainer.hang_min_steps"),
-     ("hang_after", 3, "detection.trainer.hang_after: unknown key")],
+    [
+        ("hang_step_factor", 0.5, "detection.trainer.hang_step_factor"),
+        ("hang_min_seconds", 0, "detection.trainer.hang_min_seconds"),
+        ("hang_min_steps", 0, "detection.trainer.hang_min_steps"),
+        ("hang_after", 3, "detection.trainer.hang_after: unknown key"),
+    ],
 )
 def test_bad_hang_settings_are_refused_by_name(key: str, value: float, needle: str) -> None:
     data = default_policy().model_dump(mode="json")

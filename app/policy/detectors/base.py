@@ -1,0 +1,117 @@
+"""What every detector shares: the ``Detector`` base class and the helpers to read series.
+
+Each detector is small and answers one question. A detector emits a signal on every tick that
+its condition holds (the engine groups repeated signals into one incident and resolves it once
+the signal has been absent for the quiet period). Time always comes from ``world.now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.ingest.series_store import Point, SeriesKey
+from app.policy import metric_names as m
+from app.policy.policy_file import Policy
+from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
+from app.policy.world import ParticipantView, Threshold, World
+
+
+def subject_of(key: SeriesKey) -> Subject:
+    rank = key.label(m.LABEL_RANK)
+    return Subject(
+        node=key.node,
+        job=key.label(m.LABEL_JOB),
+        role=key.label(m.LABEL_ROLE),
+        rank=int(rank) if rank is not None and rank.lstrip("-").isdigit() else None,
+        gpu=key.label(m.LABEL_GPU),
+    )
+
+
+def participant_subject(p: ParticipantView) -> Subject:
+    return Subject(node=p.node, job=p.job, role=p.role, rank=p.rank)
+
+
+class Detector:
+    """Base class: ``detect`` returns the signals whose condition holds at ``world.now``."""
+
+    #: metric names this detector reads from ``world.latest`` every tick
+    metrics: tuple[str, ...] = ()
+    #: per name: which series the snapshot keeps (a predicate on the newest value, or CHANGED);
+    #: a name without a filter comes whole. Filters keep the tick cheap at cluster scale.
+    filters: dict[str, object] = {}
+    #: names read only on demand (``world.all_series``), never snapshotted
+    lookups: tuple[str, ...] = ()
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._since: dict[object, float] = {}
+        self._since_now: dict[object, float] = {}
+
+    def run(self, world: World) -> list[FaultSignal]:
+        """``detect`` plus bookkeeping: conditions that did not hold this tick are forgotten."""
+        self._since_now = {}
+        out = self.detect(world)
+        self._since = self._since_now
+        return out
+
+    def sticky_since(self, ident: object, start: float, *, open_ended: bool) -> float:
+        """Keep the start of a condition stable while it lasts.
+
+        Detectors look back over a bounded window; when the condition fills the whole window
+        (``open_ended``) its true start lies further back: keep the start seen on earlier ticks,
+        so one long breach stays one occurrence instead of a start that moves every tick.
+        """
+        prev = self._since.get(ident)
+        if open_ended and prev is not None and prev <= start:
+            start = prev
+        self._since_now[ident] = start
+        return start
+
+    def tier(self, kind: FaultKind) -> Tier:
+        return self.policy.tier_rule(kind).tier
+
+    def signal(
+        self,
+        world: World,
+        kind: FaultKind,
+        subject: Subject,
+        evidence: Evidence,
+        *,
+        since: float | None,
+        step: int | None = None,
+        **extra: object,
+    ) -> FaultSignal:
+        return FaultSignal(
+            kind=kind,
+            subject=subject,
+            evidence=evidence,
+            suggested_tier=self.tier(kind),
+            detected_at=world.now,
+            since=since,
+            step=step,
+            extra=dict(extra),
+        )
+
+    def detect(self, world: World) -> list[FaultSignal]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def fresh(self, world: World, point: Point) -> bool:
+        return world.now - point.ts <= self.policy.detection.stale_sample_seconds
+
+
+def at_least_one(value: float) -> bool:
+    return value >= 1
+
+
+AT_LEAST_ONE = Threshold("ge", 1.0)
+
+
+def breach_run(points: list[Point], breaches: Callable[[float], bool]) -> list[Point]:
+    """The newest contiguous run of points that satisfy ``breaches`` (oldest first)."""
+    run: list[Point] = []
+    for p in reversed(points):
+        if not breaches(p.value):
+            break
+        run.append(p)
+    run.reverse()
+    return run

@@ -1,0 +1,197 @@
+"""Liveness: participants whose heartbeat went silent, nodes whose agent went silent."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from app.policy import metric_names as m
+from app.policy.detectors.base import Detector, participant_subject
+from app.policy.policy_file import Policy
+from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
+from app.policy.world import ParticipantView, World
+
+
+class HeartbeatDetector(Detector):
+    """Two-level loss: silent ``suspect_seconds`` → suspected; still silent after a further
+    ``confirm_seconds`` → confirmed (a signal). A participant that comes back clears itself.
+
+    A participant whose phase is one of ``exited_phases`` (its launcher saw the process exit)
+    is lost at once: nothing is left to come back.
+
+    Participants on a node that is silent as a whole are the node detector's business.
+
+    A Ray actor (agent ``--ray``) that Ray reports dead or restarting comes in phase
+    ``RAY_DEAD`` / ``RAY_RESTARTING`` (exited phases too); Ray's death cause, sent as
+    ``ray_actor_dead{reason}``, goes into the evidence.
+    """
+
+    lookups = (m.RAY_ACTOR_DEAD,)
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.suspected: list[ParticipantView] = []
+
+    def detect(self, world: World) -> list[FaultSignal]:
+        cfg = self.policy.detection.heartbeat
+        out: list[FaultSignal] = []
+        suspected: list[ParticipantView] = []
+        for p in world.participants:
+            if p.phase in cfg.finished_phases:
+                continue
+            age = world.now - p.last_heartbeat_ts
+            exited = p.phase in cfg.exited_phases
+            if age < cfg.suspect_seconds and not exited:
+                continue
+            node_seen = world.node_last_seen.get(p.node)
+            if node_seen is not None and world.now - node_seen >= cfg.suspect_seconds:
+                continue
+            if exited:
+                out.append(self._exited(world, p))
+                continue
+            if age < cfg.suspect_seconds + cfg.confirm_seconds:
+                suspected.append(p)
+                continue
+            evidence = Evidence(
+                metric=None,
+                values=((p.last_heartbeat_ts, 0.0),),
+                window_seconds=cfg.suspect_seconds + cfg.confirm_seconds,
+                threshold=cfg.suspect_seconds,
+                detail=f"heartbeat of {p.role}-{p.rank} silent for {age:.0f}s "
+                f"(suspected at {cfg.suspect_seconds:.0f}s, confirmed after a further "
+                f"{cfg.confirm_seconds:.0f}s) while its node still reports",
+            )
+            out.append(
+                self.signal(
+                    world,
+                    FaultKind.HEARTBEAT_LOST,
+                    participant_subject(p),
+                    evidence,
+                    since=p.last_heartbeat_ts,
+                    step=p.step,
+                )
+            )
+        self.suspected = suspected
+        return out
+
+    def _exited(self, world: World, p: ParticipantView) -> FaultSignal:
+        ray_cause = self._ray_cause(world, p) if p.phase.startswith("RAY_") else None
+        if ray_cause is not None:
+            detail = (
+                f"{p.role}-{p.rank} is {p.phase.removeprefix('RAY_')} in Ray "
+                f"(reported {world.now - p.last_heartbeat_ts:.0f}s ago): {ray_cause}"
+            )
+        else:
+            detail = (
+                f"{p.role}-{p.rank} exited (phase {p.phase}, reported by its launcher "
+                f"{world.now - p.last_heartbeat_ts:.0f}s ago) while its node still reports"
+            )
+        evidence = Evidence(
+            metric=None,
+            values=((p.last_heartbeat_ts, 0.0),),
+            window_seconds=0.0,
+            threshold=None,
+            detail=detail,
+        )
+        return self.signal(
+            world,
+            FaultKind.HEARTBEAT_LOST,
+            participant_subject(p),
+            evidence,
+            since=p.last_heartbeat_ts,
+            step=p.step,
+            exited=True,
+        )
+
+    @staticmethod
+    def _ray_cause(world: World, p: ParticipantView) -> str | None:
+        """Ray's death cause of the participant's actor (newest ``ray_actor_dead`` series)."""
+        best: tuple[float, str] | None = None
+        for key, point in world.all_series(m.RAY_ACTOR_DEAD):
+            if (key.label(m.LABEL_JOB), key.label(m.LABEL_ROLE), key.label(m.LABEL_RANK)) != (
+                p.job,
+                p.role,
+                str(p.rank),
+            ):
+                continue
+            pid = f", pid {int(point.value)}" if point.value > 0 else ""
+            text = f"Ray death cause {key.label('reason')}{pid}"
+            if best is None or point.ts > best[0]:
+                best = (point.ts, text)
+        return best[1] if best is not None else "Ray gave no death cause"
+
+
+class NodeSilenceDetector(Detector):
+    """A node whose agent sent nothing: suspected, then confirmed; several at once → heavy."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.suspected: list[str] = []
+
+    def detect(self, world: World) -> list[FaultSignal]:
+        cfg = self.policy.detection.heartbeat
+        confirmed: list[tuple[str, float]] = []
+        suspected: list[str] = []
+        for node, seen in sorted(world.node_last_seen.items()):
+            age = world.now - seen
+            if age < cfg.suspect_seconds:
+                continue
+            if age < cfg.suspect_seconds + cfg.confirm_seconds:
+                suspected.append(node)
+            else:
+                confirmed.append((node, seen))
+        self.suspected = suspected
+        if not confirmed:
+            return []
+        out: list[FaultSignal] = []
+        lost_by_job: dict[str | None, list[tuple[str, float]]] = defaultdict(list)
+        for node, seen in confirmed:
+            jobs: list[str | None] = list(world.jobs_on_node(node)) or [None]
+            for job in jobs:
+                lost_by_job[job].append((node, seen))
+        several = self.policy.detection.nodes.several_lost_min
+        grouped_nodes: set[str] = set()
+        for job, lost in sorted(lost_by_job.items(), key=lambda kv: kv[0] or ""):
+            if len(lost) < several:
+                continue
+            nodes = sorted(n for n, _ in lost)
+            grouped_nodes.update(nodes)
+            # The fault exists once the n-th node is confirmed: since = the n-th latest silence.
+            since = sorted(seen for _, seen in lost)[several - 1]
+            evidence = Evidence(
+                metric=None,
+                values=tuple(sorted((seen, 0.0) for _, seen in lost)),
+                window_seconds=cfg.suspect_seconds + cfg.confirm_seconds,
+                threshold=float(several),
+                detail=f"{len(nodes)} nodes silent: {', '.join(nodes)}",
+            )
+            out.append(
+                self.signal(
+                    world,
+                    FaultKind.NODES_LOST,
+                    Subject(job=job),
+                    evidence,
+                    since=since,
+                    nodes=nodes,
+                )
+            )
+        for node, seen in confirmed:
+            if node in grouped_nodes:
+                continue
+            evidence = Evidence(
+                metric=None,
+                values=((seen, 0.0),),
+                window_seconds=cfg.suspect_seconds + cfg.confirm_seconds,
+                threshold=cfg.suspect_seconds,
+                detail=f"node {node} sent nothing for {world.now - seen:.0f}s",
+            )
+            out.append(
+                self.signal(
+                    world,
+                    FaultKind.NODE_SILENT,
+                    Subject(node=node),
+                    evidence,
+                    since=seen,
+                    jobs=world.jobs_on_node(node),
+                )
+            )
+        return out
