@@ -13,9 +13,9 @@ server with its policy engine and Celery worker (embedded ``rlguard up``) and a 
 2. A simulated XID 79 on GPU 1 (the fake NVML) -> the agent -> gpu_xid -> drain_node planned
    (``detection.gpu.drain_xids: [79]`` in this test's policy; the shipped policy drains
    nothing) and waiting for an approver: the node stays in service until approved -> approved
-   -> ``scontrol show node`` says DRAIN with RLGuard's reason and the incident. A GPU that fell
-   off the bus is also a lost GPU (gpu_lost, medium): its restart_role restarts the rank in
-   place, inside the same batch run.
+   -> ``scontrol show node`` says DRAIN with RLGuard's reason and the incident. The GPU that fell
+   off the bus is also lost; that is the same root cause, so the same incident (no gpu_lost of
+   its own): its plan's restart_role restarts the rank in place, inside the same batch run.
 3. The job then finishes its work and Slurm records it COMPLETED (requeued once).
 
 Not the reference job (``python -m workload.launch``): that is a supervisor of its own (trainer
@@ -219,11 +219,12 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
             f"rlguard: gpu 1 XID 79 (GPU fallen off the bus) [incident {xid['id']}]"
         ), node
 
-        # The fake NVML reports a GPU that fell off the bus as lost too: gpu_lost (medium) restarts
-        # the role in place (no approval, no requeue: the same batch run, restart count 1).
-        lost = wait_for(lambda: _incident(stack, "gpu_lost"), 60, "gpu_lost", logs=logs)
-        assert wait_for(lambda: _finished(stack, lost, "restart_role"), 60, "restart_role",
-                        logs=logs) == "succeeded", _action(stack, lost, "restart_role")
+        # The fake NVML reports a GPU that fell off the bus as lost too: one root cause, so no
+        # gpu_lost incident of its own; the XID incident's plan restarts the role in place (no
+        # requeue: the same batch run, restart count 1).
+        assert _incident(stack, "gpu_lost") is None
+        assert wait_for(lambda: _finished(stack, xid, "restart_role"), 60, "restart_role",
+                        logs=logs) == "succeeded", _action(stack, xid, "restart_role")
         third = wait_for(lambda: started()[2:], 30, "the role restarted in place", logs=logs)[0]
         assert third["restarts"] == 1 and third["from_step"] >= 3, third
 
