@@ -112,25 +112,20 @@ class _KeyIndex:
     layout: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)  # node, gpu, names
 
 
-_key_index = _KeyIndex()
-_key_index_lock = threading.Lock()
-
-
 def _gpu_sort(gpu: str) -> tuple[bool, int, str]:
     digits = gpu.isdigit()
     return (not digits, int(gpu) if digits else 0, gpu)
 
 
-def _gpu_keys(store: SeriesStore, now: float) -> _KeyIndex:
+def _gpu_keys(caches: DashboardCaches, store: SeriesStore, now: float) -> _KeyIndex:
     """The overview's GPU series; rebuilt when the store's series count changes or every 10 s.
 
     Listing keys walks every series in the store (tens of thousands at cluster scale, most of
     them not GPU series); reading the latest points of known keys is cheap.
     """
-    global _key_index
     size = len(store)
-    with _key_index_lock:
-        index = _key_index
+    with caches.lock:
+        index = caches.key_index
         fresh = now - index.built_at < KEY_INDEX_MAX_AGE_SECONDS
         if index.store_id == id(store) and index.size == size and fresh:
             return index
@@ -145,14 +140,16 @@ def _gpu_keys(store: SeriesStore, now: float) -> _KeyIndex:
         members = groups[(node, gpu)]
         built.keys.extend(members)
         built.layout.append((node, gpu, tuple(k.name for k in members)))
-    with _key_index_lock:
-        _key_index = built
+    with caches.lock:
+        caches.key_index = built
     return built
 
 
-def live_gpus(store: SeriesStore, *, now: float) -> dict[str, list[GpuNow]]:
+def live_gpus(
+    caches: DashboardCaches, store: SeriesStore, *, now: float
+) -> dict[str, list[GpuNow]]:
     """Every node's GPUs with their latest values, judged and sorted, in one pass."""
-    index = _gpu_keys(store, now)
+    index = _gpu_keys(caches, store, now)
     points = store.latest_many(index.keys)
     result: dict[str, list[GpuNow]] = {}
     i = 0
@@ -210,8 +207,14 @@ class _SparkCache:
     refreshing: bool = False
 
 
-_spark_cache = _SparkCache()
-_spark_lock = threading.Lock()
+@dataclass(slots=True)
+class DashboardCaches:
+    """What the overview keeps between renders, one per app (``app.state.dashboard_caches``):
+    the index of GPU series and last minute's sparklines. ``lock`` guards both."""
+
+    key_index: _KeyIndex = field(default_factory=_KeyIndex)
+    sparks: _SparkCache = field(default_factory=_SparkCache)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
@@ -253,7 +256,7 @@ def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
     return SparkColumns(x=[int(ts) for ts in minutes], columns=columns)
 
 
-def rollup_sparks_cached(session: Session, *, now: float) -> SparkColumns:
+def rollup_sparks_cached(caches: DashboardCaches, session: Session, *, now: float) -> SparkColumns:
     """The last 30 minutes of rollups, recomputed once a minute (rollups change once a minute).
 
     When the minute turns, requests keep getting the previous minute's columns while one
@@ -263,38 +266,40 @@ def rollup_sparks_cached(session: Session, *, now: float) -> SparkColumns:
     minute = from_epoch(now).replace(second=0, microsecond=0)
     engine = session.get_bind()
     key = (id(engine), minute)
-    with _spark_lock:
-        cached, cached_key = _spark_cache.value, _spark_cache.key
+    spark = caches.sparks
+    with caches.lock:
+        cached, cached_key = spark.value, spark.key
         if cached is not None and cached_key == key:
             return cached
         if cached is not None and cached_key is not None and cached_key[0] == id(engine):
-            if not _spark_cache.refreshing:
-                _spark_cache.refreshing = True
+            if not spark.refreshing:
+                spark.refreshing = True
                 threading.Thread(
                     target=_refresh_sparks,
-                    args=(engine, key),
+                    args=(caches, engine, key),
                     name="rlguard-sparklines",
                     daemon=True,
                 ).start()
             return cached
     value = _rollup_sparks(session, since=minute - timedelta(minutes=SPARK_MINUTES))
-    with _spark_lock:
-        _spark_cache.key, _spark_cache.value = key, value
+    with caches.lock:
+        spark.key, spark.value = key, value
     return value
 
 
-def _refresh_sparks(engine: Any, key: tuple[int, datetime]) -> None:
+def _refresh_sparks(caches: DashboardCaches, engine: Any, key: tuple[int, datetime]) -> None:
+    spark = caches.sparks
     try:
         with Session(engine) as session:
             value = _rollup_sparks(session, since=key[1] - timedelta(minutes=SPARK_MINUTES))
-        with _spark_lock:
-            _spark_cache.key, _spark_cache.value = key, value
+        with caches.lock:
+            spark.key, spark.value = key, value
     except Exception:
         # The page keeps last minute's sparklines; the next minute tries again.
         log.exception("sparkline rollup query failed")
     finally:
-        with _spark_lock:
-            _spark_cache.refreshing = False
+        with caches.lock:
+            spark.refreshing = False
 
 
 NodeNow = tuple[float | None, float | None, float | None]  # util 0..1, hottest °C, memory 0..1
@@ -367,6 +372,7 @@ def sparkline_blob(
 
 def overview_health(
     *,
+    caches: DashboardCaches,
     session: Session,
     store: SeriesStore,
     now: float,
@@ -375,8 +381,8 @@ def overview_health(
     incident_tiers_by_node: dict[str, list[str]] | None = None,
 ) -> OverviewHealth:
     """Every node with its GPUs' live state and 30-minute sparklines."""
-    live = live_gpus(store, now=now)
-    sparks = rollup_sparks_cached(session, now=now)
+    live = live_gpus(caches, store, now=now)
+    sparks = rollup_sparks_cached(caches, session, now=now)
     tiers_by_node = incident_tiers_by_node or {}
     # Two columns, not the ORM rows: building a few hundred Node objects (fingerprint JSON and
     # all) per render was a visible share of the page.

@@ -290,11 +290,6 @@ def test_overview_sees_a_gpu_that_appears_later(client: Browser, dash: Dashboard
 
 
 def test_settings_page_shows_the_running_policy(client: Browser, dash: DashboardApp) -> None:
-    from types import SimpleNamespace
-
-    from app.policy.policy_file import default_policy
-
-    dash.app.state.policy_scheduler = SimpleNamespace(policy=default_policy())
     login(client, "vera")
     html = client.get("/settings").text
     assert "Policy file" in html
@@ -303,13 +298,11 @@ def test_settings_page_shows_the_running_policy(client: Browser, dash: Dashboard
 
 
 def test_job_bands_follow_the_running_policy(client: Browser, dash: DashboardApp) -> None:
-    from types import SimpleNamespace
-
     from app.policy.policy_file import default_policy, parse_policy
 
     data = default_policy().model_dump(mode="json")
     data["golden_metrics"]["rollout_pending_ratio"]["warning"] = 0.5
-    dash.app.state.policy_scheduler = SimpleNamespace(policy=parse_policy(data))
+    dash.app.state.policy = parse_policy(data)
     _fleet(dash)
     login(client, "vera")
     specs = _chart_specs(client.get("/jobs/grpo-a").text)
