@@ -11,6 +11,7 @@ import pytest
 
 from app.core import migrate
 from app.core.config import Settings
+from app.core.supervisor import ChildSpec
 from app.main import create_app
 from app.policy.policy_file import PolicyFileError, default_policy
 from app.runtime import SERVER_LIFESPANS, UP_CHILDREN, load_running_policy, up_children
@@ -98,3 +99,18 @@ def test_each_command_runs_what_the_wiring_file_lists(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, recovery={"embedded_nodes": "n1,n2"})
     [worker] = up_children(settings)
     assert worker.name == "worker" and worker.argv[-2:] == ["--node=n1", "--node=n2"]
+
+
+def test_up_children_skip_a_factory_that_declines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.runtime as runtime
+
+    spec = ChildSpec("demo", ["true"])
+
+    def factory(settings: Settings) -> ChildSpec | None:
+        return spec if settings.redis_url else None
+
+    monkeypatch.setattr(runtime, "UP_CHILDREN", (factory,))
+    assert up_children(Settings(data_dir=tmp_path, redis_url="redis://x")) == [spec]
+    assert up_children(Settings(data_dir=tmp_path)) == []

@@ -1,4 +1,4 @@
-"""``rlguard worker`` and ``rlguard replay`` (registered on the main CLI by ``register``)."""
+"""``rlguard worker`` and ``rlguard replay`` (registered on the main CLI in app/cli/__init__.py)."""
 
 from __future__ import annotations
 
@@ -60,13 +60,3 @@ def replay(
         _fail(str(exc))
     for line in format_report(result, score):
         typer.echo(line)
-
-
-def register(cli: typer.Typer) -> None:
-    cli.command("worker")(worker)
-    cli.command("replay")(replay)
-    from app.core.supervisor import EMBEDDED_CHILDREN
-    from app.tasks.worker import embedded_worker_spec
-
-    if embedded_worker_spec not in EMBEDDED_CHILDREN:
-        EMBEDDED_CHILDREN.append(embedded_worker_spec)

@@ -5,11 +5,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli, register_extensions
+from app.cli import cli
 
 pytestmark = pytest.mark.timeout(60)
 
-register_extensions()  # `rlguard worker` and `rlguard replay` are added like in main()
 
 CORPUS = Path(__file__).resolve().parents[3] / "policy_traces"
 
