@@ -370,6 +370,16 @@ def sparkline_blob(
 # ---------------------------------------------------------------- the page's parts
 
 
+def _silence_reasons(liveness: str, age: float | None) -> list[str]:
+    if liveness == "warn":
+        return [f"silent {age:.0f}s (suspected)"]
+    if liveness == "bad":
+        return [f"silent {age:.0f}s"]
+    if liveness == "idle":
+        return ["never reported"]
+    return []
+
+
 def overview_health(
     *,
     caches: DashboardCaches,
@@ -400,13 +410,7 @@ def overview_health(
         seen = last_seen.get(name)
         age = None if seen is None else max(0.0, now - seen.timestamp())
         liveness = liveness_level(age, suspect_after=suspect_after, confirm_after=confirm_after)
-        reasons: list[str] = []
-        if liveness == "warn":
-            reasons.append(f"silent {age:.0f}s (suspected)")
-        elif liveness == "bad":
-            reasons.append(f"silent {age:.0f}s")
-        elif liveness == "idle":
-            reasons.append("never reported")
+        reasons = _silence_reasons(liveness, age)
         gpu_levels = []
         for gpu in gpus:
             level = gpu.level
