@@ -207,16 +207,6 @@ class _SparkCache:
     refreshing: bool = False
 
 
-@dataclass(slots=True)
-class DashboardCaches:
-    """What the overview keeps between renders, one per app (``app.state.dashboard_caches``):
-    the index of GPU series and last minute's sparklines. ``lock`` guards both."""
-
-    key_index: _KeyIndex = field(default_factory=_KeyIndex)
-    sparks: _SparkCache = field(default_factory=_SparkCache)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
     """Per node and minute: mean GPU utilisation, hottest GPU, memory used / total."""
     r = MetricRollup
@@ -320,20 +310,28 @@ class _LiveTail:
     )
 
 
-_tail = _LiveTail()
-_tail_lock = threading.Lock()
+@dataclass(slots=True)
+class DashboardCaches:
+    """What the overview keeps between renders, one per app (``app.state.dashboard_caches``):
+    the index of GPU series, last minute's sparklines and the live tail. ``lock`` guards them."""
+
+    key_index: _KeyIndex = field(default_factory=_KeyIndex)
+    sparks: _SparkCache = field(default_factory=_SparkCache)
+    tail: _LiveTail = field(default_factory=_LiveTail)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def record_tail(
-    store: SeriesStore, now: float, current: dict[str, NodeNow]
+    caches: DashboardCaches, store: SeriesStore, now: float, current: dict[str, NodeNow]
 ) -> list[tuple[int, dict[str, NodeNow]]]:
-    with _tail_lock:
-        if _tail.store_id != id(store):
-            _tail.store_id = id(store)
-            _tail.entries.clear()
-        if not _tail.entries or now - _tail.entries[-1][0] >= TAIL_STEP_SECONDS:
-            _tail.entries.append((int(now), dict(current)))
-        return list(_tail.entries)
+    tail = caches.tail
+    with caches.lock:
+        if tail.store_id != id(store):
+            tail.store_id = id(store)
+            tail.entries.clear()
+        if not tail.entries or now - tail.entries[-1][0] >= TAIL_STEP_SECONDS:
+            tail.entries.append((int(now), dict(current)))
+        return list(tail.entries)
 
 
 def sparkline_blob(
@@ -455,7 +453,9 @@ def overview_health(
         gpus_total=gpus_total,
         gpus_bad=gpus_bad,
         gpus_warn=gpus_warn,
-        sparklines=sparkline_blob(sparks, record_tail(store, now, current), current, now=now),
+        sparklines=sparkline_blob(
+            sparks, record_tail(caches, store, now, current), current, now=now
+        ),
     )
 
 
