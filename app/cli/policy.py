@@ -17,9 +17,13 @@ def _fail(message: str, code: int = 2) -> None:
 def worker(
     node: Annotated[
         list[str] | None,
-        typer.Option("--node", help="Consume queue node.NODE (repeatable); without it: the cluster queue."),
+        typer.Option(
+            "--node", help="Consume queue node.NODE (repeatable); without it: the cluster queue."
+        ),
     ] = None,
-    cluster: Annotated[bool, typer.Option("--cluster", help="Also consume the cluster queue.")] = False,
+    cluster: Annotated[
+        bool, typer.Option("--cluster", help="Also consume the cluster queue.")
+    ] = False,
     concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
@@ -43,8 +47,12 @@ def replay(
         float | None,
         typer.Option(help="Times real time (e.g. 60); default: as fast as possible."),
     ] = None,
-    policy: Annotated[Path | None, typer.Option(help="Policy file (default: the shipped one).")] = None,
-    tail: Annotated[float, typer.Option(help="Seconds to keep ticking after the last batch.")] = 0.0,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy file (default: the shipped one).")
+    ] = None,
+    tail: Annotated[
+        float, typer.Option(help="Seconds to keep ticking after the last batch.")
+    ] = 0.0,
 ) -> None:
     """Replay a recorded trace through a fresh policy engine; print incidents, tiers, delays."""
     from app.policy.policy_file import PolicyFileError
