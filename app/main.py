@@ -4,13 +4,14 @@
 ingest service and rollup writer (so tests can run several side by side).
 ``create_app_from_env()`` is the factory ``rlguard server`` hands to uvicorn.
 
-In-process readers (the policy engine) find the shared objects on ``app.state``:
+In-process readers (the policy engine, the pages) find the shared objects on ``app.state``:
 ``series_store`` (``SeriesStore``), ``ingest`` (``IngestService``: participants, agents),
-``engine``, ``settings``, ``metrics`` (``ServerMetrics``), ``registry``.
+``engine``, ``settings``, ``policy`` (the loaded policy), ``metrics`` (``ServerMetrics``),
+``registry``, ``dashboard_caches``; no module keeps such state in a global.
 
-Later features that must run inside the server process (the policy tick, the scheduler lease)
-add an async context manager factory to ``EXTRA_LIFESPANS`` (or pass ``extra_lifespans=``): each
-is entered after ingest has started and exited before it stops, with the app as argument.
+What else runs inside the server process (the policy tick, the scheduler lease) is listed in
+``app.runtime.SERVER_LIFESPANS``: each is entered after ingest has started and exited before it
+stops, with the app as argument.
 """
 
 from __future__ import annotations
@@ -69,26 +70,71 @@ from app.ingest.series_backend import (
 )
 from app.ingest.series_store import SeriesStore
 from app.metrics import GoodputCollector, IncidentCollector, build_registry
+from app.runtime import SERVER_LIFESPANS, LifespanFactory, load_running_policy
 from app.services.errors import ServiceError, TooManyRequests
 from app.services.incidents import open_incident_counts_source
-from app.services.scheduler import policy_lifespan
 from app.services.tokens import NodeTokenCache
 from app.views import mount_dashboard
+from app.views.models.overview import DashboardCaches
 
 log = logging.getLogger("rlguard.server")
 
-LifespanFactory = Callable[[FastAPI], AbstractAsyncContextManager[None]]
-EXTRA_LIFESPANS: list[LifespanFactory] = [policy_lifespan]  # policy tick, outbox, approvals
+API_ROUTERS = (
+    health,
+    ingest,
+    nodes,
+    jobs,
+    series,
+    tokens,
+    users,
+    incidents,
+    approvals,
+    alertmanager,
+    alerts,
+    goodput,
+    docs,
+)
 
 
 def create_app(
     settings: Settings | None = None, *, extra_lifespans: Sequence[LifespanFactory] | None = None
 ) -> FastAPI:
+    """The server app; ``extra_lifespans`` replaces ``app.runtime.SERVER_LIFESPANS`` (tests)."""
     settings = settings or get_settings()
     settings.check_secret()
     settings.check_shared_window()
-    hooks = list(EXTRA_LIFESPANS if extra_lifespans is None else extra_lifespans)
+    hooks = list(SERVER_LIFESPANS if extra_lifespans is None else extra_lifespans)
+    app = FastAPI(
+        title="RLGuard",
+        version="0.1.0",
+        summary="Control plane for RL post-training clusters",
+        lifespan=_lifespan(hooks),
+        # Swagger UI from our own /static (app.api.routes.docs), not FastAPI's CDN pages.
+        docs_url=None,
+        redoc_url=None,
+    )
+    _build_state(app, settings)
+    _add_error_handlers(app)
+    registry = app.state.registry
 
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        body = await run_in_threadpool(generate_latest, registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    for module in API_ROUTERS:
+        app.include_router(module.router)
+    if settings.bench_endpoints:
+        app.include_router(bench.router)
+    mount_dashboard(app)  # HTML pages, htmx partials and /static (app.views)
+    _add_hardening(app, settings)
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+    _document_ingest_body(app, app.state.ingest)
+    return app
+
+
+def _build_state(app: FastAPI, settings: Settings) -> None:
+    """Everything one app owns, on ``app.state`` (several apps can live side by side)."""
     engine = make_engine(settings.db_url, sqlite_synchronous=settings.sqlite_synchronous)
     store = SeriesStore(
         window_seconds=settings.series.window_seconds, max_points=settings.series.max_points
@@ -97,7 +143,13 @@ def create_app(
     registry.register(GoodputCollector(goodput_metrics_source(engine, settings)))
     registry.register(IncidentCollector(open_incident_counts_source(engine)))
     backend, dedupe = _window_backend(settings)
-    ingest_service = IngestService(
+    state = app.state
+    state.settings, state.engine, state.series_store = settings, engine, store
+    state.registry, state.metrics = registry, metrics
+    state.window_backend, state.dedupe = backend, dedupe
+    # The policy the engine runs and the dashboard draws: one, loaded once (app.runtime).
+    state.policy = load_running_policy(settings)
+    state.ingest = IngestService(
         engine=engine,
         store=store,
         limits=settings.ingest,
@@ -108,48 +160,44 @@ def create_app(
         phase_retention_days=settings.series.rollup_retention_days,
         inline=_inline_committer(settings),
     )
-    rollups = RollupWriter(engine=engine, store=store, settings=settings.series, metrics=metrics)
+    state.rollups = RollupWriter(
+        engine=engine, store=store, settings=settings.series, metrics=metrics
+    )
+    state.node_tokens = NodeTokenCache(engine, ttl=settings.ingest.token_cache_seconds)
+    state.dashboard_caches = DashboardCaches()
 
+
+def _lifespan(
+    hooks: Sequence[LifespanFactory],
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backend.start(store)
-        await ingest_service.start()
+        state = app.state
+        state.window_backend.start(state.series_store)
+        await state.ingest.start()
         try:
             async with contextlib.AsyncExitStack() as stack:
                 for hook in hooks:
                     await stack.enter_async_context(hook(app))
-                if rollups.scheduled_by is None:
+                if state.rollups.scheduled_by is None:
                     # No policy scheduler took the rollups as a leased job (app.ingest.rollups).
-                    await stack.enter_async_context(rollups.running_alone())
-                log.info("rlguard server ready", extra={"database": engine.url.get_backend_name()})
+                    await stack.enter_async_context(state.rollups.running_alone())
+                backend_name = state.engine.url.get_backend_name()
+                log.info("rlguard server ready", extra={"database": backend_name})
                 freeze_startup_heap()
                 yield
         finally:
             thaw_heap()
-            await ingest_service.stop()
-            backend.stop()
-            if dedupe is not None:
-                await dedupe.close()
-            engine.dispose()
+            await state.ingest.stop()
+            state.window_backend.stop()
+            if state.dedupe is not None:
+                await state.dedupe.close()
+            state.engine.dispose()
 
-    app = FastAPI(
-        title="RLGuard",
-        version="0.1.0",
-        summary="Control plane for RL post-training clusters",
-        lifespan=lifespan,
-        # Swagger UI from our own /static (app.api.routes.docs), not FastAPI's CDN pages.
-        docs_url=None,
-        redoc_url=None,
-    )
-    app.state.settings = settings
-    app.state.engine = engine
-    app.state.series_store = store
-    app.state.registry = registry
-    app.state.metrics = metrics
-    app.state.ingest = ingest_service
-    app.state.rollups = rollups
-    app.state.node_tokens = NodeTokenCache(engine, ttl=settings.ingest.token_cache_seconds)
+    return lifespan
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else {}
@@ -177,35 +225,6 @@ def create_app(
             {"detail": f"a value in the request does not fit the database: {reason}"},
             status_code=422,
         )
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics_endpoint() -> Response:
-        body = await run_in_threadpool(generate_latest, registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-    for module in (
-        health,
-        ingest,
-        nodes,
-        jobs,
-        series,
-        tokens,
-        users,
-        incidents,
-        approvals,
-        alertmanager,
-        alerts,
-        goodput,
-        docs,
-    ):
-        app.include_router(module.router)
-    if settings.bench_endpoints:
-        app.include_router(bench.router)
-    mount_dashboard(app)  # HTML pages, htmx partials and /static (app.views)
-    _add_hardening(app, settings)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    _document_ingest_body(app, ingest_service)
-    return app
 
 
 def _inline_committer(settings: Settings) -> InlineSqliteCommitter | None:

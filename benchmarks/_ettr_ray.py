@@ -46,7 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.demo import NODE, DemoStack  # noqa: E402
+from app.cli.demo import NODE, DemoStack  # noqa: E402
 from integrations.ray.hook import write_hook  # noqa: E402
 from recovery.report import heartbeat_path  # noqa: E402
 from workload.job import RunDir, read_events, read_json  # noqa: E402

@@ -254,10 +254,9 @@ class Stack:
             key = s.get(RecoveryAction, aid).idempotency_key  # type: ignore[union-attr]
         if not hasattr(self, "_celery"):
             from app.core.config import Settings
-            from app.tasks.settings import RecoverySettings
 
             self._celery = make_celery(Settings(dev=True, database_url=self.url, data_dir=self.dir / "data",
-                                                redis_url=self.env.get("RLGUARD_REDIS_URL")), RecoverySettings())
+                                                redis_url=self.env.get("RLGUARD_REDIS_URL")))
         sent = time.time()
         self._celery.send_task(task_name("skip_failed_step"), args=[aid, key], queue="node.n0")
         started = self.started_at(job)

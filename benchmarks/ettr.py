@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.demo import DemoStack  # noqa: E402
+from app.cli.demo import DemoStack  # noqa: E402
 from workload.job import RunDir, read_events, read_json  # noqa: E402
 
 

@@ -53,7 +53,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.demo import DemoStack  # noqa: E402
+from app.cli.demo import DemoStack  # noqa: E402
 from integrations.trl.checkpoints import checkpoint_dirs  # noqa: E402
 from recovery.report import heartbeat_path, read_heartbeat  # noqa: E402
 

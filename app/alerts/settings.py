@@ -1,4 +1,4 @@
-"""Where the server finds its alert channels.
+"""Where the server finds its alert channels (``Settings.alerts``, app/core/config.py).
 
 The channels live in a YAML file (webhook URLs are secrets, so they are kept out of the policy
 file that is shared and reviewed): `RLGUARD_ALERTS_FILE`, else `<data_dir>/alerts.yaml` when it
@@ -24,28 +24,16 @@ Example `alerts.yaml`:
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from app.alerts.config import AlertsConfig, parse_alerts_config, read_alerts_file
 from app.alerts.errors import AlertConfigError
+from app.core.config import Settings
 
 DEFAULT_FILE_NAME = "alerts.yaml"
 
 
-class AlertFileSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RLGUARD_ALERTS_", extra="ignore")
-
-    file: Path | None = None
-    external_base_url: str | None = None
-
-
-def load_server_alerts_config(
-    *, data_dir: Path, host: str, port: int, env: AlertFileSettings | None = None
-) -> AlertsConfig:
+def load_server_alerts_config(settings: Settings) -> AlertsConfig:
     """The alerts configuration the server and its workers use (see the module docstring)."""
-    env = env or AlertFileSettings()
+    env, data_dir, host, port = settings.alerts, settings.data_dir, settings.host, settings.port
     if env.file is not None:
         if not env.file.is_file():
             raise AlertConfigError(f"RLGUARD_ALERTS_FILE={str(env.file)!r} does not exist")

@@ -1,7 +1,12 @@
 """Server settings, read from ``RLGUARD_*`` environment variables.
 
-One ``Settings`` object, cached by :func:`get_settings`. Nested groups (``ingest``, ``policy``,
-``series``) are set with a double underscore, e.g. ``RLGUARD_POLICY__TRAINER_IDLE_TIMEOUT=120``.
+One ``Settings`` tree, cached by :func:`get_settings`, for the server, the workers and the CLI.
+Nested groups (``ingest``, ``policy``, ``series``, ...) are set with a double underscore, e.g.
+``RLGUARD_INGEST__MAX_SAMPLES=1000``; two older groups keep their single-underscore names:
+``recovery`` (``RLGUARD_RECOVERY_RUN_ROOT``) and ``alerts`` (``RLGUARD_ALERTS_FILE``).
+
+``RLGUARD_POLICY__*`` override the policy file's thresholds (``PolicySettings``); the merged
+policy is what the engine runs and the dashboard draws (app/runtime.py).
 
 The secret key comes from ``RLGUARD_SECRET_KEY``, else from ``<data_dir>/secret_key`` (written by
 ``rlguard up``), else it stays the public default, which :meth:`Settings.check_secret` refuses
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -27,39 +32,83 @@ class ConfigError(RuntimeError):
     """A setting has a value the server cannot run with; the message names it."""
 
 
-class GoldenThresholds(BaseModel):
-    """Healthy / warning bounds of the three golden metrics (DESIGN.md, from the seeds)."""
+PositiveSeconds = Annotated[float, Field(gt=0)]
 
-    rollout_pending_ratio_healthy: float = 0.1
-    rollout_pending_ratio_warning: float = 0.3
-    actor_shard_rebuild_count_5m_healthy: float = 0
-    actor_shard_rebuild_count_5m_warning: float = 2
-    state_log_write_latency_ms_healthy: float = 50.0
-    state_log_write_latency_ms_warning: float = 200.0
+
+class GoldenThresholds(BaseModel):
+    """Overrides of the golden metrics' healthy / warning bounds
+    (``RLGUARD_POLICY__SEVERITY_THRESHOLDS__<METRIC>_HEALTHY``); unset: the policy file's."""
+
+    rollout_pending_ratio_healthy: float | None = None
+    rollout_pending_ratio_warning: float | None = None
+    actor_shard_rebuild_count_5m_healthy: float | None = None
+    actor_shard_rebuild_count_5m_warning: float | None = None
+    state_log_write_latency_ms_healthy: float | None = None
+    state_log_write_latency_ms_warning: float | None = None
+
+
+# Where each ``RLGUARD_POLICY__<NAME>`` lands in the policy file (app/policy/policy.yaml).
+POLICY_FILE_PATHS: dict[str, tuple[str, ...]] = {
+    "tick_seconds": ("tick_seconds",),
+    "trainer_idle_timeout": ("detection", "trainer", "idle_timeout_seconds"),
+    "rollout_stall_timeout": ("detection", "rollout", "stall_timeout_seconds"),
+    "heartbeat_suspect_after": ("detection", "heartbeat", "suspect_seconds"),
+    "heartbeat_confirm_after": ("detection", "heartbeat", "confirm_seconds"),
+    "rollout_retry_times": ("recovery", "rollout_retry_times"),
+    "rollout_timeout_sec": ("recovery", "rollout_timeout_sec"),
+}
 
 
 class PolicySettings(BaseModel):
-    """Detector and recovery defaults the policy engine reads (all in seconds unless named)."""
+    """Overrides of the policy file's thresholds (``RLGUARD_POLICY__*``, in seconds unless
+    named). Unset values keep the file's; set ones replace it for the engine and the dashboard
+    alike (app/runtime.py loads the one policy both read)."""
 
-    tick_seconds: Annotated[float, Field(gt=0)] = 1.0
-    trainer_idle_timeout: Annotated[float, Field(gt=0)] = 300.0
-    rollout_stall_timeout: Annotated[float, Field(gt=0)] = 60.0
-    heartbeat_suspect_after: Annotated[float, Field(gt=0)] = 15.0
-    heartbeat_confirm_after: Annotated[float, Field(gt=0)] = 60.0
-    rollout_retry_times: Annotated[int, Field(ge=0)] = 3
-    rollout_timeout_sec: Annotated[float, Field(gt=0)] = 120.0
-    snapshot_interval_steps: Annotated[int, Field(gt=0)] = 25
+    tick_seconds: PositiveSeconds | None = None
+    trainer_idle_timeout: PositiveSeconds | None = None
+    rollout_stall_timeout: PositiveSeconds | None = None
+    heartbeat_suspect_after: PositiveSeconds | None = None
+    heartbeat_confirm_after: PositiveSeconds | None = None
+    rollout_retry_times: Annotated[int, Field(ge=0)] | None = None
+    rollout_timeout_sec: PositiveSeconds | None = None
+    # Not a detector threshold: the goodput ledger's assumed checkpoint cadence (app/goodput).
     checkpoint_interval_steps: Annotated[int, Field(gt=0)] = 50
     severity_thresholds: GoldenThresholds = GoldenThresholds()
 
     @model_validator(mode="after")
     def _confirm_after_suspect(self) -> PolicySettings:
-        if self.heartbeat_confirm_after < self.heartbeat_suspect_after:
+        suspect, confirm = self.heartbeat_suspect_after, self.heartbeat_confirm_after
+        if suspect is not None and confirm is not None and confirm < suspect:
             raise ValueError(
-                f"heartbeat_confirm_after ({self.heartbeat_confirm_after}) must not be shorter "
-                f"than heartbeat_suspect_after ({self.heartbeat_suspect_after})"
+                f"heartbeat_confirm_after ({confirm}) must not be shorter "
+                f"than heartbeat_suspect_after ({suspect})"
             )
         return self
+
+    def overridden(self) -> dict[str, float]:
+        """The set overrides, by setting name (``severity_thresholds.<metric>_<bound>``)."""
+        values: dict[str, float] = {
+            name: value for name in POLICY_FILE_PATHS if (value := getattr(self, name)) is not None
+        }
+        for name, value in self.severity_thresholds.model_dump().items():
+            if value is not None:
+                values[f"severity_thresholds.{name}"] = value
+        return values
+
+    def file_overrides(self) -> dict[str, Any]:
+        """The set overrides in the policy file's shape, to merge over the file's data."""
+        tree: dict[str, Any] = {}
+        for name, value in self.overridden().items():
+            if name.startswith("severity_thresholds."):
+                metric, _, bound = name.removeprefix("severity_thresholds.").rpartition("_")
+                path: tuple[str, ...] = ("golden_metrics", metric, bound)
+            else:
+                path = POLICY_FILE_PATHS[name]
+            node = tree
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = value
+        return tree
 
 
 class IngestLimits(BaseModel):
@@ -156,6 +205,52 @@ class ServerLimits(BaseModel):
     keep_alive_seconds: Annotated[int, Field(ge=1, le=300)] = 5
 
 
+class RecoverySettings(BaseSettings):
+    """The recovery workers and the scheduler (``RLGUARD_RECOVERY_<NAME>``, one underscore)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLGUARD_RECOVERY_", extra="ignore")
+
+    # Where a job's run directory is: <run_root>/<job>. Default: <data_dir>/runs.
+    run_root: Path | None = None
+    # Executable called for restart_role / restart_job / reschedule_batches / restores:
+    # ``<launcher> <action> --job J [--node N] [--role R] [--rank K] [--extra JSON]``.
+    launcher: str | None = None
+    launcher_timeout: Annotated[float, Field(gt=0)] = 120.0
+    # Policy file (default: the shipped app/policy/policy.yaml).
+    policy_file: Path | None = None
+    # A worker holds an action this long; the task's hard time limit stays below it.
+    action_lease_seconds: Annotated[float, Field(ge=5)] = 180.0
+    max_attempts: Annotated[int, Field(ge=1)] = 5
+    # The outbox re-sends an action not started this long after it was sent.
+    redispatch_after_seconds: Annotated[float, Field(gt=0)] = 30.0
+    dispatch_interval_seconds: Annotated[float, Field(gt=0)] = 2.0
+    # Redis broker: an unacknowledged task comes back after this (above the longest task).
+    visibility_timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    broker_timeout_seconds: Annotated[float, Field(gt=0)] = 3.0
+    # Scheduler lease (only one server replica runs the policy tick and the dispatcher).
+    lease_seconds: Annotated[float, Field(gt=0)] = 10.0
+    retention_days: Annotated[float, Field(gt=0)] = 90.0
+    # Queues the embedded worker of `rlguard up` consumes besides `cluster` (comma separated
+    # node names; default: this machine's host name).
+    embedded_nodes: str | None = None
+
+    @property
+    def task_time_limit(self) -> float:
+        """Hard limit of one task run: well inside the lease, so a stuck task is killed before
+        another worker may take its action over."""
+        return self.action_lease_seconds * 0.8
+
+
+class AlertFileSettings(BaseSettings):
+    """Where the alert channels are (``RLGUARD_ALERTS_FILE``, ``RLGUARD_ALERTS_EXTERNAL_BASE_URL``;
+    read by app/alerts/settings.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="RLGUARD_ALERTS_", extra="ignore")
+
+    file: Path | None = None
+    external_base_url: str | None = None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="RLGUARD_", env_nested_delimiter="__", extra="ignore"
@@ -184,6 +279,13 @@ class Settings(BaseSettings):
     hardening: HardeningSettings = HardeningSettings()
     server: ServerLimits = ServerLimits()
     goodput: GoodputSettings = GoodputSettings()
+    # Their own prefixes (RLGUARD_RECOVERY_*, RLGUARD_ALERTS_*), kept from before they joined
+    # this tree: each reads its variables itself.
+    recovery: RecoverySettings = Field(default_factory=RecoverySettings)
+    alerts: AlertFileSettings = Field(default_factory=AlertFileSettings)
+    # RLGUARD_POLICY_SCHEDULER=0: the server runs no policy tick, outbox or approvals (tests,
+    # read-only replicas); the dashboard still reads the loaded policy.
+    policy_scheduler: bool = True
 
     @field_validator("data_dir")
     @classmethod

@@ -1,8 +1,7 @@
 """Child processes that ``rlguard up`` runs beside the API server (embedded mode).
 
-``EMBEDDED_CHILDREN`` is a list of factories ``(settings) -> ChildSpec | None``; later features
-(the Celery worker, the scheduler) append theirs. ``ChildSupervisor`` starts them, restarts one
-that dies (with backoff, so a crash loop cannot spin), and stops them all on exit.
+Which children run is listed in ``app.runtime.UP_CHILDREN``. ``ChildSupervisor`` starts them,
+restarts one that dies (with backoff, so a crash loop cannot spin), and stops them all on exit.
 
 Children never outlive the parent, however it ends:
 
@@ -27,11 +26,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
-
-from app.core.config import Settings
 
 log = logging.getLogger("rlguard.supervisor")
 
@@ -46,14 +42,6 @@ class ChildSpec:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-
-
-EMBEDDED_CHILDREN: list[Callable[[Settings], ChildSpec | None]] = []
-
-
-def embedded_children(settings: Settings) -> list[ChildSpec]:
-    specs = [factory(settings) for factory in EMBEDDED_CHILDREN]
-    return [s for s in specs if s is not None]
 
 
 class ChildSupervisor:

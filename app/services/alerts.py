@@ -68,9 +68,7 @@ def current_config() -> AlertsConfig:
         from app.core.config import get_settings
 
         settings = get_settings()
-        _runtime["config"] = load_server_alerts_config(
-            data_dir=settings.data_dir, host=settings.host, port=settings.port
-        )
+        _runtime["config"] = load_server_alerts_config(settings)
     config: AlertsConfig = _runtime["config"]
     return config
 

@@ -47,7 +47,7 @@ from app.models.incident import Incident, IncidentStatus
 from app.policy.clock import Clock, WallClock
 from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_detectors
 from app.policy.engine import PolicyEngine, TickResult
-from app.policy.policy_file import Policy, default_policy, load_policy
+from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantView, World
 from app.services.alerts import run_alert_maintenance
 from app.services.approvals import expire_approvals
@@ -476,21 +476,20 @@ def participants_from_ingest(ingest: Any) -> ParticipantSource:
 
 @asynccontextmanager
 async def policy_lifespan(app: Any) -> AsyncIterator[None]:
-    """Run the policy scheduler inside the server (registered in ``app.main.EXTRA_LIFESPANS``)."""
-    from app.tasks.settings import get_recovery_settings
-
-    rs = get_recovery_settings()
+    """Run the policy scheduler inside the server (listed in ``app.runtime.SERVER_LIFESPANS``),
+    on the policy the app loaded (``app.state.policy``, the one the dashboard draws)."""
     settings = app.state.settings
-    if os.environ.get("RLGUARD_POLICY_SCHEDULER", "1") == "0":
+    rs = settings.recovery
+    if not settings.policy_scheduler:
         log.info("policy scheduler disabled (RLGUARD_POLICY_SCHEDULER=0)")
         yield
         return
     from app.tasks.celery_app import make_celery
 
-    policy = load_policy(rs.policy_file) if rs.policy_file else default_policy()
+    policy = app.state.policy
     dispatcher = OutboxDispatcher(
         engine=app.state.engine,
-        celery_app=make_celery(settings, rs),
+        celery_app=make_celery(settings),
         redispatch_after=rs.redispatch_after_seconds,
     )
     sched = PolicyScheduler(

@@ -17,7 +17,6 @@ from kombu import Queue  # type: ignore[attr-defined]  # kombu has no type hints
 
 from app.core.config import Settings, get_settings
 from app.tasks import sqlite_broker
-from app.tasks.settings import RecoverySettings, get_recovery_settings
 
 CLUSTER_QUEUE = "cluster"
 BROKER_FILE_NAME = "celery-broker.sqlite"
@@ -30,8 +29,9 @@ def broker_url(settings: Settings) -> str:
     return sqlite_broker.broker_file_url(settings.data_dir / BROKER_FILE_NAME)
 
 
-def celery_config(settings: Settings, recovery: RecoverySettings) -> dict[str, object]:
+def celery_config(settings: Settings) -> dict[str, object]:
     """Everything the app is configured with, broker included."""
+    recovery = settings.recovery
     transport_options: dict[str, object] = {}
     transport: str | None = None
     if settings.redis_url:
@@ -67,16 +67,13 @@ def celery_config(settings: Settings, recovery: RecoverySettings) -> dict[str, o
     )
 
 
-def make_celery(
-    settings: Settings | None = None, recovery: RecoverySettings | None = None
-) -> Celery:
+def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
-    recovery = recovery or get_recovery_settings()
     app = Celery("rlguard", include=TASK_MODULES)
-    app.conf.update(celery_config(settings, recovery))
+    app.conf.update(celery_config(settings))
     return app
 
 
 # Configured when first used (a worker starting, a task sent), from the settings of that moment.
 celery_app = Celery("rlguard", include=TASK_MODULES)
-celery_app.add_defaults(lambda: celery_config(get_settings(), get_recovery_settings()))
+celery_app.add_defaults(lambda: celery_config(get_settings()))

@@ -43,7 +43,6 @@ from app.tasks.recovery_adapters import (
     ActionError,
     TransientActionError,
 )
-from app.tasks.settings import get_recovery_settings
 
 log = logging.getLogger("rlguard.tasks")
 
@@ -59,7 +58,7 @@ def _engine() -> Engine:
 
 
 def _context() -> ActionContext:
-    rs = get_recovery_settings()
+    rs = get_settings().recovery
     root = rs.run_root or (get_settings().data_dir / "runs")
     return ActionContext(run_root=root, launcher=rs.launcher, launcher_timeout=rs.launcher_timeout)
 
@@ -73,7 +72,7 @@ def _backoff(retries: int) -> float:
 
 
 def run_action(task: Task, action_id: int, idempotency_key: str) -> dict[str, Any]:
-    rs = get_recovery_settings()
+    rs = get_settings().recovery
     me = worker_id()
     engine = _engine()
     try:

@@ -8,7 +8,6 @@ import sys
 from app.core.config import Settings
 from app.core.supervisor import ChildSpec, exit_with_parent
 from app.tasks.celery_app import CLUSTER_QUEUE
-from app.tasks.settings import RecoverySettings, get_recovery_settings
 
 _NODE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -55,9 +54,9 @@ def run_worker(
     )
 
 
-def embedded_worker_spec(settings: Settings, recovery: RecoverySettings | None = None) -> ChildSpec:
+def embedded_worker_spec(settings: Settings) -> ChildSpec:
     """The worker ``rlguard up`` runs beside the server: the cluster queue plus local nodes."""
-    recovery = recovery or get_recovery_settings()
+    recovery = settings.recovery
     nodes = [
         n.strip() for n in (recovery.embedded_nodes or socket.gethostname()).split(",") if n.strip()
     ]

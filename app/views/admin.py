@@ -11,7 +11,7 @@ from app.alerts.errors import AlertConfigError
 from app.api.deps import SqlInt
 from app.services import alerts as alerts_service
 from app.services.audit import AUDIT_READER_ROLE
-from app.views.context import DbDep, RuntimeDep, SignedInDep, running_policy
+from app.views.context import DbDep, RuntimeDep, SignedInDep
 from app.views.models.admin import BadFilter, audit_page, settings_view
 from app.views.rendering import error_page, is_htmx, render
 
@@ -47,16 +47,13 @@ def audit(
 
 @router.get("/settings", response_class=HTMLResponse)
 def settings_page(request: Request, page: SignedInDep, rt: RuntimeDep) -> HTMLResponse:
-    # The policy the running scheduler loaded (app.services.scheduler); a server started with
-    # RLGUARD_POLICY_SCHEDULER=0 has none, and the page then shows only the settings.
-    policy = running_policy(request)
     channels_error = None
     try:
         # Masked contacts (public()'s default): the page shows no phone numbers to anyone.
         channels = [c.public() for c in alerts_service.current_config().channels]
     except AlertConfigError as exc:
         channels, channels_error = [], str(exc)
-    view = settings_view(rt.settings, policy=policy, channels=channels)
+    view = settings_view(rt.settings, policy=rt.policy, channels=channels)
     return render(
         request,
         page,

@@ -1,7 +1,7 @@
 """Per-request state of a dashboard page: who is signed in, their CSRF token, the runtime.
 
 The server keeps its long-lived objects on ``app.state`` (settings, database engine, series
-store); views reach them only through :func:`runtime` so that this is the single place that knows
+store, loaded policy, the overview's caches); views reach them only through :func:`runtime` so that this is the single place that knows
 where they live.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import Depends, HTTPException, Request
@@ -22,9 +22,11 @@ from app.auth import sessions
 from app.core.config import Settings
 from app.ingest.series_store import SeriesStore
 from app.models import Role
+from app.policy.policy_file import Policy
 from app.services import web_auth
 from app.services.audit import AUDIT_READER_ROLE
 from app.views.models.incidents import pending_approvals_count
+from app.views.models.overview import DashboardCaches
 
 log = logging.getLogger("rlguard.views")
 
@@ -34,16 +36,28 @@ class Runtime:
     settings: Settings
     engine: Engine
     store: SeriesStore
+    # The policy the engine runs (app.runtime.load_running_policy), scheduler or not.
+    policy: Policy
+    caches: DashboardCaches
+
+    @property
+    def suspect_after(self) -> float:
+        return self.policy.detection.heartbeat.suspect_seconds
+
+    @property
+    def confirm_after(self) -> float:
+        return self.policy.detection.heartbeat.confirm_seconds
 
 
 def runtime(request: Request) -> Runtime:
     state = request.app.state
-    return Runtime(settings=state.settings, engine=state.engine, store=state.series_store)
-
-
-def running_policy(request: Request) -> Any | None:
-    """The policy the server's scheduler loaded (app.services.scheduler), if it runs."""
-    return getattr(getattr(request.app.state, "policy_scheduler", None), "policy", None)
+    return Runtime(
+        settings=state.settings,
+        engine=state.engine,
+        store=state.series_store,
+        policy=state.policy,
+        caches=state.dashboard_caches,
+    )
 
 
 RuntimeDep = Annotated[Runtime, Depends(runtime)]

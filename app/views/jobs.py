@@ -13,10 +13,9 @@ from app.goodput.window import parse_instant
 from app.models import utcnow
 from app.services import incidents as incidents_service
 from app.services.errors import NotFound
-from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep, running_policy
+from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep
 from app.views.models.jobs import (
     HISTORY_MINUTES,
-    effective_thresholds,
     job_detail,
     participant_rows,
 )
@@ -47,16 +46,15 @@ def _goodput(rt: Runtime, session: Any, *, job: str, window: str | None) -> dict
 def job_page(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
-    p = rt.settings.policy
     try:
         job = job_detail(
             session=session,
             store=rt.store,
             name=name,
             now=page.now,
-            suspect_after=p.heartbeat_suspect_after,
-            confirm_after=p.heartbeat_confirm_after,
-            thresholds=effective_thresholds(p.severity_thresholds, running_policy(request)),
+            suspect_after=rt.suspect_after,
+            confirm_after=rt.confirm_after,
+            policy=rt.policy,
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)
@@ -93,14 +91,13 @@ def job_goodput_partial(
 def job_participants_partial(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
-    p = rt.settings.policy
     try:
         rows = participant_rows(
             session,
             job=name,
             now=page.now,
-            suspect_after=p.heartbeat_suspect_after,
-            confirm_after=p.heartbeat_confirm_after,
+            suspect_after=rt.suspect_after,
+            confirm_after=rt.confirm_after,
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)

@@ -17,15 +17,14 @@ router = APIRouter(include_in_schema=False)
 def node_page(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
-    p = rt.settings.policy
     try:
         node = node_detail(
             session=session,
             store=rt.store,
             name=name,
             now=page.now,
-            suspect_after=p.heartbeat_suspect_after,
-            confirm_after=p.heartbeat_confirm_after,
+            suspect_after=rt.suspect_after,
+            confirm_after=rt.confirm_after,
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown node", str(exc), status_code=404)

@@ -25,14 +25,14 @@ POLL_SECONDS = 3
 
 
 def _health(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
-    p = rt.settings.policy
     return {
         "health": overview_health(
+            caches=rt.caches,
             session=session,
             store=rt.store,
             now=page.now,
-            suspect_after=p.heartbeat_suspect_after,
-            confirm_after=p.heartbeat_confirm_after,
+            suspect_after=rt.suspect_after,
+            confirm_after=rt.confirm_after,
             incident_tiers_by_node=open_tiers_by_node(session),
         ),
         "incident_counts": open_incident_counts(session),
@@ -42,13 +42,12 @@ def _health(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
 
 
 def _jobs(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
-    p = rt.settings.policy
     return {
         "jobs": job_rows(
             session=session,
             now=page.now,
-            suspect_after=p.heartbeat_suspect_after,
-            confirm_after=p.heartbeat_confirm_after,
+            suspect_after=rt.suspect_after,
+            confirm_after=rt.confirm_after,
             safe_mode_jobs=safe_mode_jobs(session),
         ),
         "poll_seconds": POLL_SECONDS,

@@ -15,9 +15,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlmodel import Session, col, select
 
-from app.core.config import DEFAULT_SECRET_KEY, Settings
+from app.core.config import DEFAULT_SECRET_KEY, POLICY_FILE_PATHS, Settings
 from app.models import AuditEvent
-from app.views.models.jobs import effective_thresholds
+from app.policy.policy_file import Policy
+from app.views.models.jobs import golden_thresholds
 
 AUDIT_PAGE_SIZE = 50
 MAX_FILTER_LENGTH = 160
@@ -89,6 +90,21 @@ def _flatten(prefix: str, value: Any) -> list[tuple[str, str]]:
     return [(prefix, "–" if value is None else str(value))]
 
 
+def _policy_rows(settings: Settings, policy: Policy) -> list[tuple[str, str]]:
+    """The thresholds ``RLGUARD_POLICY__*`` may override, as the engine runs them."""
+    overridden = settings.policy.overridden()
+    dumped = policy.model_dump(mode="json")
+    rows = []
+    for name, path in POLICY_FILE_PATHS.items():
+        value: Any = dumped
+        for part in path:
+            value = value[part]
+        source = f" (RLGUARD_POLICY__{name.upper()})" if name in overridden else ""
+        rows.append((name, f"{value}{source}"))
+    rows.append(("checkpoint_interval_steps", str(settings.policy.checkpoint_interval_steps)))
+    return rows
+
+
 @dataclass(slots=True)
 class SettingsView:
     server: list[tuple[str, str]]
@@ -99,12 +115,9 @@ class SettingsView:
 
 
 def settings_view(
-    settings: Settings,
-    *,
-    policy: BaseModel | None = None,
-    channels: list[dict[str, Any]] | None = None,
+    settings: Settings, *, policy: Policy, channels: list[dict[str, Any]] | None = None
 ) -> SettingsView:
-    g = effective_thresholds(settings.policy.severity_thresholds, policy)
+    """The loaded policy (the engine's), with the ``RLGUARD_POLICY__*`` it took marked."""
     server = [
         ("database_url", mask_dsn(settings.database_url)),
         ("redis_url", mask_dsn(settings.redis_url)),
@@ -117,30 +130,16 @@ def settings_view(
             if settings.secret_key == DEFAULT_SECRET_KEY
             else "set (hidden)",
         ),
-    ]
-    policy_rows = [
-        row for row in _flatten("", settings.policy) if not row[0].startswith("severity_thresholds")
+        ("policy_scheduler", "on" if settings.policy_scheduler else "off"),
     ]
     return SettingsView(
-        server=server + _flatten("series", settings.series) + _flatten("ingest", settings.ingest),
-        golden=[
-            (
-                "rollout_pending_ratio",
-                g.rollout_pending_ratio_healthy,
-                g.rollout_pending_ratio_warning,
-            ),
-            (
-                "actor_shard_rebuild_count_5m",
-                g.actor_shard_rebuild_count_5m_healthy,
-                g.actor_shard_rebuild_count_5m_warning,
-            ),
-            (
-                "state_log_write_latency_ms",
-                g.state_log_write_latency_ms_healthy,
-                g.state_log_write_latency_ms_warning,
-            ),
-        ],
-        policy=policy_rows,
-        policy_file=_flatten("", policy) if policy is not None else [],
+        server=server
+        + _flatten("series", settings.series)
+        + _flatten("ingest", settings.ingest)
+        + _flatten("recovery", settings.recovery)
+        + _flatten("alerts", settings.alerts),
+        golden=golden_thresholds(policy),
+        policy=_policy_rows(settings, policy),
+        policy_file=_flatten("", policy),
         channels=list(channels or []),
     )

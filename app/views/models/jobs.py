@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from sqlmodel import Session, select
 
-from app.core.config import GoldenThresholds
 from app.ingest.series_store import SeriesStore
 from app.models import Job, MetricRollup, from_epoch
+from app.policy.policy_file import Policy
 from app.services import cluster
 from app.views.models.charts import Band, ChartSpec, Threshold, aligned_chart, golden_bands
 from app.views.models.health import liveness_level, liveness_mark
@@ -22,6 +21,12 @@ STEP_SECONDS = 10.0
 ROLLOUT_PENDING_RATIO = "rollout_pending_ratio"
 SHARD_REBUILDS_5M = "actor_shard_rebuild_count_5m"
 STATE_LOG_LATENCY_MS = "state_log_write_latency_ms"
+# The golden metrics' charts, in page order: title and unit.
+GOLDEN_CHART_METRICS = {
+    ROLLOUT_PENDING_RATIO: ("Rollout pending ratio", ""),
+    SHARD_REBUILDS_5M: ("Actor shard rebuilds (5 min)", ""),
+    STATE_LOG_LATENCY_MS: ("State-log write latency", "ms"),
+}
 TRAIN_STEP = "train_step"
 TOKENS_PER_SECOND = "rollout_tokens_per_second"
 JOB_SAFE_MODE = "job_safe_mode"
@@ -56,17 +61,14 @@ class JobDetail:
     last_seen_age: float | None
 
 
-def effective_thresholds(
-    settings_thresholds: GoldenThresholds, policy: Any | None
-) -> GoldenThresholds:
-    """The bands the detectors really use: the running policy file's golden metrics when the
-    scheduler runs, else the settings' defaults (the two start out equal)."""
-    rules = getattr(policy, "golden_metrics", None) or {}
-    values = settings_thresholds.model_dump()
-    for metric, rule in rules.items():
-        values[f"{metric}_healthy"] = rule.healthy
-        values[f"{metric}_warning"] = rule.warning
-    return GoldenThresholds(**values)
+def golden_thresholds(policy: Policy) -> list[tuple[str, float, float]]:
+    """(metric, healthy, warning) of the golden metrics, from the loaded policy: the bands the
+    detectors use are the bands the pages draw."""
+    return [
+        (metric, rule.healthy, rule.warning)
+        for metric in GOLDEN_CHART_METRICS
+        if (rule := policy.golden_metrics.get(metric)) is not None
+    ]
 
 
 def participant_rows(
@@ -218,34 +220,11 @@ def checkpoint_versions(
 
 
 def golden_charts(
-    session: Session, store: SeriesStore, *, job: str, now: float, thresholds: GoldenThresholds
+    session: Session, store: SeriesStore, *, job: str, now: float, policy: Policy
 ) -> list[ChartSpec]:
-    t = thresholds
-    specs: list[tuple[str, str, str, float, float]] = [
-        (
-            ROLLOUT_PENDING_RATIO,
-            "Rollout pending ratio",
-            "",
-            t.rollout_pending_ratio_healthy,
-            t.rollout_pending_ratio_warning,
-        ),
-        (
-            SHARD_REBUILDS_5M,
-            "Actor shard rebuilds (5 min)",
-            "",
-            t.actor_shard_rebuild_count_5m_healthy,
-            t.actor_shard_rebuild_count_5m_warning,
-        ),
-        (
-            STATE_LOG_LATENCY_MS,
-            "State-log write latency",
-            "ms",
-            t.state_log_write_latency_ms_healthy,
-            t.state_log_write_latency_ms_warning,
-        ),
-    ]
     charts = []
-    for metric, title, unit, healthy, warning in specs:
+    for metric, healthy, warning in golden_thresholds(policy):
+        title, unit = GOLDEN_CHART_METRICS[metric]
         spec = aligned_chart(
             title,
             dict(sorted(job_series(session, store, job=job, name=metric, now=now).items())),
@@ -284,7 +263,7 @@ def job_detail(
     now: float,
     suspect_after: float,
     confirm_after: float,
-    thresholds: GoldenThresholds,
+    policy: Policy,
 ) -> JobDetail:
     """Raises ``NotFound`` (from the cluster service) for an unknown job."""
     participants = participant_rows(
@@ -320,7 +299,7 @@ def job_detail(
     return JobDetail(
         name=name,
         participants=participants,
-        golden=golden_charts(session, store, job=name, now=now, thresholds=thresholds),
+        golden=golden_charts(session, store, job=name, now=now, policy=policy),
         progress=progress,
         checkpoints=checkpoint_versions(session, store, job=name, now=now),
         timeline=phase_timeline(session, job=name, now=now),

@@ -112,25 +112,20 @@ class _KeyIndex:
     layout: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)  # node, gpu, names
 
 
-_key_index = _KeyIndex()
-_key_index_lock = threading.Lock()
-
-
 def _gpu_sort(gpu: str) -> tuple[bool, int, str]:
     digits = gpu.isdigit()
     return (not digits, int(gpu) if digits else 0, gpu)
 
 
-def _gpu_keys(store: SeriesStore, now: float) -> _KeyIndex:
+def _gpu_keys(caches: DashboardCaches, store: SeriesStore, now: float) -> _KeyIndex:
     """The overview's GPU series; rebuilt when the store's series count changes or every 10 s.
 
     Listing keys walks every series in the store (tens of thousands at cluster scale, most of
     them not GPU series); reading the latest points of known keys is cheap.
     """
-    global _key_index
     size = len(store)
-    with _key_index_lock:
-        index = _key_index
+    with caches.lock:
+        index = caches.key_index
         fresh = now - index.built_at < KEY_INDEX_MAX_AGE_SECONDS
         if index.store_id == id(store) and index.size == size and fresh:
             return index
@@ -145,14 +140,16 @@ def _gpu_keys(store: SeriesStore, now: float) -> _KeyIndex:
         members = groups[(node, gpu)]
         built.keys.extend(members)
         built.layout.append((node, gpu, tuple(k.name for k in members)))
-    with _key_index_lock:
-        _key_index = built
+    with caches.lock:
+        caches.key_index = built
     return built
 
 
-def live_gpus(store: SeriesStore, *, now: float) -> dict[str, list[GpuNow]]:
+def live_gpus(
+    caches: DashboardCaches, store: SeriesStore, *, now: float
+) -> dict[str, list[GpuNow]]:
     """Every node's GPUs with their latest values, judged and sorted, in one pass."""
-    index = _gpu_keys(store, now)
+    index = _gpu_keys(caches, store, now)
     points = store.latest_many(index.keys)
     result: dict[str, list[GpuNow]] = {}
     i = 0
@@ -210,10 +207,6 @@ class _SparkCache:
     refreshing: bool = False
 
 
-_spark_cache = _SparkCache()
-_spark_lock = threading.Lock()
-
-
 def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
     """Per node and minute: mean GPU utilisation, hottest GPU, memory used / total."""
     r = MetricRollup
@@ -253,7 +246,7 @@ def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
     return SparkColumns(x=[int(ts) for ts in minutes], columns=columns)
 
 
-def rollup_sparks_cached(session: Session, *, now: float) -> SparkColumns:
+def rollup_sparks_cached(caches: DashboardCaches, session: Session, *, now: float) -> SparkColumns:
     """The last 30 minutes of rollups, recomputed once a minute (rollups change once a minute).
 
     When the minute turns, requests keep getting the previous minute's columns while one
@@ -263,38 +256,40 @@ def rollup_sparks_cached(session: Session, *, now: float) -> SparkColumns:
     minute = from_epoch(now).replace(second=0, microsecond=0)
     engine = session.get_bind()
     key = (id(engine), minute)
-    with _spark_lock:
-        cached, cached_key = _spark_cache.value, _spark_cache.key
+    spark = caches.sparks
+    with caches.lock:
+        cached, cached_key = spark.value, spark.key
         if cached is not None and cached_key == key:
             return cached
         if cached is not None and cached_key is not None and cached_key[0] == id(engine):
-            if not _spark_cache.refreshing:
-                _spark_cache.refreshing = True
+            if not spark.refreshing:
+                spark.refreshing = True
                 threading.Thread(
                     target=_refresh_sparks,
-                    args=(engine, key),
+                    args=(caches, engine, key),
                     name="rlguard-sparklines",
                     daemon=True,
                 ).start()
             return cached
     value = _rollup_sparks(session, since=minute - timedelta(minutes=SPARK_MINUTES))
-    with _spark_lock:
-        _spark_cache.key, _spark_cache.value = key, value
+    with caches.lock:
+        spark.key, spark.value = key, value
     return value
 
 
-def _refresh_sparks(engine: Any, key: tuple[int, datetime]) -> None:
+def _refresh_sparks(caches: DashboardCaches, engine: Any, key: tuple[int, datetime]) -> None:
+    spark = caches.sparks
     try:
         with Session(engine) as session:
             value = _rollup_sparks(session, since=key[1] - timedelta(minutes=SPARK_MINUTES))
-        with _spark_lock:
-            _spark_cache.key, _spark_cache.value = key, value
+        with caches.lock:
+            spark.key, spark.value = key, value
     except Exception:
         # The page keeps last minute's sparklines; the next minute tries again.
         log.exception("sparkline rollup query failed")
     finally:
-        with _spark_lock:
-            _spark_cache.refreshing = False
+        with caches.lock:
+            spark.refreshing = False
 
 
 NodeNow = tuple[float | None, float | None, float | None]  # util 0..1, hottest °C, memory 0..1
@@ -315,20 +310,28 @@ class _LiveTail:
     )
 
 
-_tail = _LiveTail()
-_tail_lock = threading.Lock()
+@dataclass(slots=True)
+class DashboardCaches:
+    """What the overview keeps between renders, one per app (``app.state.dashboard_caches``):
+    the index of GPU series, last minute's sparklines and the live tail. ``lock`` guards them."""
+
+    key_index: _KeyIndex = field(default_factory=_KeyIndex)
+    sparks: _SparkCache = field(default_factory=_SparkCache)
+    tail: _LiveTail = field(default_factory=_LiveTail)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def record_tail(
-    store: SeriesStore, now: float, current: dict[str, NodeNow]
+    caches: DashboardCaches, store: SeriesStore, now: float, current: dict[str, NodeNow]
 ) -> list[tuple[int, dict[str, NodeNow]]]:
-    with _tail_lock:
-        if _tail.store_id != id(store):
-            _tail.store_id = id(store)
-            _tail.entries.clear()
-        if not _tail.entries or now - _tail.entries[-1][0] >= TAIL_STEP_SECONDS:
-            _tail.entries.append((int(now), dict(current)))
-        return list(_tail.entries)
+    tail = caches.tail
+    with caches.lock:
+        if tail.store_id != id(store):
+            tail.store_id = id(store)
+            tail.entries.clear()
+        if not tail.entries or now - tail.entries[-1][0] >= TAIL_STEP_SECONDS:
+            tail.entries.append((int(now), dict(current)))
+        return list(tail.entries)
 
 
 def sparkline_blob(
@@ -365,8 +368,19 @@ def sparkline_blob(
 # ---------------------------------------------------------------- the page's parts
 
 
+def _silence_reasons(liveness: str, age: float | None) -> list[str]:
+    if liveness == "warn":
+        return [f"silent {age:.0f}s (suspected)"]
+    if liveness == "bad":
+        return [f"silent {age:.0f}s"]
+    if liveness == "idle":
+        return ["never reported"]
+    return []
+
+
 def overview_health(
     *,
+    caches: DashboardCaches,
     session: Session,
     store: SeriesStore,
     now: float,
@@ -375,8 +389,8 @@ def overview_health(
     incident_tiers_by_node: dict[str, list[str]] | None = None,
 ) -> OverviewHealth:
     """Every node with its GPUs' live state and 30-minute sparklines."""
-    live = live_gpus(store, now=now)
-    sparks = rollup_sparks_cached(session, now=now)
+    live = live_gpus(caches, store, now=now)
+    sparks = rollup_sparks_cached(caches, session, now=now)
     tiers_by_node = incident_tiers_by_node or {}
     # Two columns, not the ORM rows: building a few hundred Node objects (fingerprint JSON and
     # all) per render was a visible share of the page.
@@ -394,13 +408,7 @@ def overview_health(
         seen = last_seen.get(name)
         age = None if seen is None else max(0.0, now - seen.timestamp())
         liveness = liveness_level(age, suspect_after=suspect_after, confirm_after=confirm_after)
-        reasons: list[str] = []
-        if liveness == "warn":
-            reasons.append(f"silent {age:.0f}s (suspected)")
-        elif liveness == "bad":
-            reasons.append(f"silent {age:.0f}s")
-        elif liveness == "idle":
-            reasons.append("never reported")
+        reasons = _silence_reasons(liveness, age)
         gpu_levels = []
         for gpu in gpus:
             level = gpu.level
@@ -445,7 +453,9 @@ def overview_health(
         gpus_total=gpus_total,
         gpus_bad=gpus_bad,
         gpus_warn=gpus_warn,
-        sparklines=sparkline_blob(sparks, record_tail(store, now, current), current, now=now),
+        sparklines=sparkline_blob(
+            sparks, record_tail(caches, store, now, current), current, now=now
+        ),
     )
 
 

@@ -57,7 +57,6 @@ def check_rlguard_command(argv: list[str]) -> None:
     if argv[1] == "agent":
         agent_parser().parse_args(argv[2:])
         return
-    rlguard_cli.register_extensions()
     cmd = typer.main.get_command(rlguard_cli.cli)
     args = list(argv[1:])
     # typer vendors its own click: walk the groups by their command tables, then let the leaf

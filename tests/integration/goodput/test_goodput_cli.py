@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli, register_extensions
+from app.cli import cli
 from app.core import migrate
 from app.models import Role
 from tests.integration.foundation.conftest import Api
@@ -49,7 +49,6 @@ def test_report_table_markdown_and_bad_values(
     monkeypatch.setenv("RLGUARD_DATA_DIR", str(tmp_path / "cli-data"))
     monkeypatch.setenv("RLGUARD_DEV", "1")
     monkeypatch.setenv("COLUMNS", "200")
-    register_extensions()
     md = tmp_path / "weekly.md"
     window = ["--since", _iso(t0 - 60), "--until", _iso(t0 + 900)]
     result = CliRunner().invoke(cli, ["report", "--job", JOB, *window, "--markdown", str(md)])

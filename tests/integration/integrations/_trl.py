@@ -1,5 +1,5 @@
 """A TRL GRPO job (examples/trl_grpo/train.py, tiny size) under the real ``rlguard launch``,
-watched by a real stack (``app.demo.DemoStack``: ``rlguard up`` = server + policy engine +
+watched by a real stack (``app.cli.demo.DemoStack``: ``rlguard up`` = server + policy engine +
 Celery worker on embedded SQLite, and a node agent), and what the tests read from it."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from app.demo import DemoStack
+from app.cli.demo import DemoStack
 from integrations.trl.checkpoints import MARKER_NAME, newest_complete_checkpoint
 from recovery.report import heartbeat_path, read_heartbeat
 

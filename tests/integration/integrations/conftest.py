@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.demo import DemoStack
+from app.cli.demo import DemoStack
 from tests.conftest import free_port
 from tests.integration.integrations._trl import use_launch_hook
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.demo import NODE, DemoStack
+from app.cli.demo import NODE, DemoStack
 from integrations.trl.checkpoints import MARKER_NAME
 from tests.integration.integrations._trl import TRLJob, freeze
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.demo import DemoStack
+from app.cli.demo import DemoStack
 from tests.conftest import free_port
 from tests.unit.integrations._launcher import TEST_INTEGRATION, Launch, wait_for
 

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.demo import NODE, DemoStack
+from app.cli.demo import NODE, DemoStack
 from integrations.ray.hook import write_hook
 from tests.conftest import free_port
 from tests.integration.ray.conftest import LocalRay, actor_pid, wait_for

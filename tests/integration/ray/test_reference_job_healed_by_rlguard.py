@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from app.demo import NODE, DemoStack
+from app.cli.demo import NODE, DemoStack
 from integrations.ray.hook import write_hook
 from recovery.report import heartbeat_path
 from tests.conftest import free_port

@@ -37,7 +37,7 @@ import httpx
 import pytest
 import yaml
 
-from app.demo import DemoStack
+from app.cli.demo import DemoStack
 from recovery.report import heartbeat_path, read_heartbeat
 from recovery.supervision.backends.slurm import node_is_lost
 from recovery.supervision.events import read_events

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from app.demo import DemoStack
+from app.cli.demo import DemoStack
 from recovery.control import ControlMode, read_control
 from tests.conftest import free_port
 from workload.chaos import Fault, inject

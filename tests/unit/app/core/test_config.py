@@ -24,18 +24,44 @@ def test_defaults_follow_the_design(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert s.data_dir == tmp_path / "data"
     assert s.db_url == f"sqlite:///{tmp_path / 'data' / 'rlguard.db'}"
     assert s.redis_url is None
-    p = s.policy
-    assert (p.trainer_idle_timeout, p.rollout_stall_timeout) == (300, 60)
-    assert (p.heartbeat_suspect_after, p.heartbeat_confirm_after) == (15, 60)
-    assert (p.rollout_retry_times, p.rollout_timeout_sec, p.tick_seconds) == (3, 120, 1)
-    assert (p.snapshot_interval_steps, p.checkpoint_interval_steps) == (25, 50)
-    g = p.severity_thresholds
-    assert (g.rollout_pending_ratio_healthy, g.rollout_pending_ratio_warning) == (0.1, 0.3)
-    assert (g.actor_shard_rebuild_count_5m_healthy, g.actor_shard_rebuild_count_5m_warning) == (0, 2)
-    assert (g.state_log_write_latency_ms_healthy, g.state_log_write_latency_ms_warning) == (50, 200)
+    # RLGUARD_POLICY__* override the policy file; unset, the file's values stand.
+    assert s.policy.overridden() == {} and s.policy.file_overrides() == {}
+    assert s.policy.checkpoint_interval_steps == 50
+    assert s.recovery.run_root is None and s.recovery.action_lease_seconds == 180
+    assert s.alerts.file is None and s.policy_scheduler is True
 
 
-def test_environment_with_prefix_and_nesting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_and_alert_variables_keep_their_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLGUARD_RECOVERY_RUN_ROOT", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLGUARD_RECOVERY_ACTION_LEASE_SECONDS", "60")
+    monkeypatch.setenv("RLGUARD_ALERTS_FILE", str(tmp_path / "alerts.yaml"))
+    monkeypatch.setenv("RLGUARD_ALERTS_EXTERNAL_BASE_URL", "https://rlguard.example.com")
+    monkeypatch.setenv("RLGUARD_POLICY_SCHEDULER", "0")
+    s = get_settings()
+    assert s.recovery.run_root == tmp_path / "runs" and s.recovery.task_time_limit == 48
+    assert s.alerts.file == tmp_path / "alerts.yaml"
+    assert s.alerts.external_base_url == "https://rlguard.example.com"
+    assert s.policy_scheduler is False
+
+
+def test_policy_overrides_in_the_policy_files_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "5")
+    monkeypatch.setenv("RLGUARD_POLICY__ROLLOUT_RETRY_TIMES", "1")
+    monkeypatch.setenv(
+        "RLGUARD_POLICY__SEVERITY_THRESHOLDS__ACTOR_SHARD_REBUILD_COUNT_5M_WARNING", "4"
+    )
+    assert Settings().policy.file_overrides() == {
+        "detection": {"heartbeat": {"suspect_seconds": 5}},
+        "recovery": {"rollout_retry_times": 1},
+        "golden_metrics": {"actor_shard_rebuild_count_5m": {"warning": 4}},
+    }
+
+
+def test_environment_with_prefix_and_nesting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RLGUARD_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("RLGUARD_DATABASE_URL", "postgresql+psycopg://u@h/db")
     monkeypatch.setenv("RLGUARD_REDIS_URL", "redis://h:6379/0")
@@ -55,12 +81,15 @@ def test_environment_with_prefix_and_nesting(tmp_path: Path, monkeypatch: pytest
     ("env", "value", "needle"),
     [
         ("RLGUARD_PORT", "70000", "port"),
-        ("RLGUARD_POLICY__HEARTBEAT_CONFIRM_AFTER", "5", "heartbeat_confirm_after"),
+        ("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "-1", "heartbeat_suspect_after"),
+        ("RLGUARD_POLICY__TICK_SECONDS", "0", "tick_seconds"),
         ("RLGUARD_INGEST__MAX_SAMPLES", "0", "max_samples"),
         ("RLGUARD_SQLITE_SYNCHRONOUS", "sometimes", "sqlite_synchronous"),
     ],
 )
-def test_bad_values_are_refused(env: str, value: str, needle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_values_are_refused(
+    env: str, value: str, needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(env, value)
     with pytest.raises(ValidationError, match=needle):
         Settings()

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import Settings
-from app.core.supervisor import EMBEDDED_CHILDREN, ChildSpec, ChildSupervisor, embedded_children
+from app.core.supervisor import ChildSpec, ChildSupervisor
 
 
 @pytest.mark.timeout(60)
@@ -30,22 +29,6 @@ def test_a_dying_child_is_restarted_and_all_are_stopped(tmp_path: Path) -> None:
     procs = sup._procs
     assert all(p.poll() is not None for p in procs.values())
     assert procs["sleeper"].returncode != 0  # terminated by us, not finished by itself
-
-
-def test_embedded_children_come_from_registered_factories(tmp_path: Path) -> None:
-    spec = ChildSpec("demo", ["true"])
-
-    def factory(settings: Settings) -> ChildSpec | None:
-        return spec if settings.redis_url else None
-
-    EMBEDDED_CHILDREN.append(factory)
-    try:
-        with_redis = embedded_children(Settings(data_dir=tmp_path, redis_url="redis://x"))
-        without = embedded_children(Settings(data_dir=tmp_path))
-        assert spec in with_redis
-        assert spec not in without
-    finally:
-        EMBEDDED_CHILDREN.remove(factory)
 
 
 def _running(pid: int) -> bool:

@@ -25,7 +25,9 @@ from app.core.migrate import upgrade
 from app.core.ratelimit import TokenBucketLimiter
 from app.ingest.series_store import SeriesStore
 from app.models import Role, User
+from app.runtime import load_running_policy
 from app.views import mount_dashboard
+from app.views.models.overview import DashboardCaches
 
 PASSWORD = "correct horse battery"
 
@@ -61,6 +63,8 @@ def dash(tmp_path: Path) -> Iterator[DashboardApp]:
     app.state.settings = settings
     app.state.engine = engine
     app.state.series_store = SeriesStore()
+    app.state.policy = load_running_policy(settings)
+    app.state.dashboard_caches = DashboardCaches()
     # The per-name login limit the login form applies (app.main sets all of them up).
     app.state.rate_limiters = {"login_name": TokenBucketLimiter(rate=1.0, burst=1000)}
     mount_dashboard(app)

@@ -117,13 +117,14 @@ def test_overview_tail_fills_the_gap_after_the_last_rollup(dash: DashboardApp) -
     now = time.time()
     key = SeriesKey.of("n1", "gpu_utilization_ratio", {"gpu": "0"})
     store.append(key, now, 0.5)
+    caches = overview.DashboardCaches()
     with dash.session() as s:
         first = overview.overview_health(
-            session=s, store=store, now=now, suspect_after=15, confirm_after=60
+            caches=caches, session=s, store=store, now=now, suspect_after=15, confirm_after=60
         )
         store.append(key, now + 15, 0.7)
         second = overview.overview_health(
-            session=s, store=store, now=now + 15, suspect_after=15, confirm_after=60
+            caches=caches, session=s, store=store, now=now + 15, suspect_after=15, confirm_after=60
         )
     assert json.loads(str(first.sparklines))["util"]["n1"] == [50.0]
     blob = json.loads(str(second.sparklines))

@@ -1,4 +1,4 @@
-"""``rlguard worker`` and ``rlguard replay`` (registered on the main CLI by ``register``)."""
+"""``rlguard worker`` and ``rlguard replay`` (registered on the main CLI in app/cli/__init__.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,13 @@ def _fail(message: str, code: int = 2) -> None:
 def worker(
     node: Annotated[
         list[str] | None,
-        typer.Option("--node", help="Consume queue node.NODE (repeatable); without it: the cluster queue."),
+        typer.Option(
+            "--node", help="Consume queue node.NODE (repeatable); without it: the cluster queue."
+        ),
     ] = None,
-    cluster: Annotated[bool, typer.Option("--cluster", help="Also consume the cluster queue.")] = False,
+    cluster: Annotated[
+        bool, typer.Option("--cluster", help="Also consume the cluster queue.")
+    ] = False,
     concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 1,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
 ) -> None:
@@ -43,8 +47,12 @@ def replay(
         float | None,
         typer.Option(help="Times real time (e.g. 60); default: as fast as possible."),
     ] = None,
-    policy: Annotated[Path | None, typer.Option(help="Policy file (default: the shipped one).")] = None,
-    tail: Annotated[float, typer.Option(help="Seconds to keep ticking after the last batch.")] = 0.0,
+    policy: Annotated[
+        Path | None, typer.Option(help="Policy file (default: the shipped one).")
+    ] = None,
+    tail: Annotated[
+        float, typer.Option(help="Seconds to keep ticking after the last batch.")
+    ] = 0.0,
 ) -> None:
     """Replay a recorded trace through a fresh policy engine; print incidents, tiers, delays."""
     from app.policy.policy_file import PolicyFileError
@@ -60,13 +68,3 @@ def replay(
         _fail(str(exc))
     for line in format_report(result, score):
         typer.echo(line)
-
-
-def register(cli: typer.Typer) -> None:
-    cli.command("worker")(worker)
-    cli.command("replay")(replay)
-    from app.core.supervisor import EMBEDDED_CHILDREN
-    from app.tasks.worker import embedded_worker_spec
-
-    if embedded_worker_spec not in EMBEDDED_CHILDREN:
-        EMBEDDED_CHILDREN.append(embedded_worker_spec)

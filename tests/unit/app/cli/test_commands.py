@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli, register_extensions
+from app.cli import cli
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,6 @@ from app.cli import cli, register_extensions
     ],
 )
 def test_help_on_every_command(args: list[str]) -> None:
-    register_extensions()
     result = CliRunner().invoke(cli, [*args, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output

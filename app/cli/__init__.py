@@ -17,6 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Session
 
+from app.cli import demo, goodput, policy
 from app.core.config import ConfigError, Settings, get_settings
 from app.services.errors import ServiceError
 
@@ -422,7 +423,8 @@ def up(
     from app.core import migrate
     from app.core.db import make_engine
     from app.core.private_files import keep_private
-    from app.core.supervisor import ChildSupervisor, embedded_children, exit_on_sigterm
+    from app.core.supervisor import ChildSupervisor, exit_on_sigterm
+    from app.runtime import up_children
     from app.services import bootstrap
 
     exit_on_sigterm()  # so that the `finally` below stops the embedded worker
@@ -452,7 +454,7 @@ def up(
             f"created the first admin user '{admin.name}'; its password and API token are in "
             f"{admin.credentials_file} (readable only by you)"
         )
-    supervisor = ChildSupervisor(embedded_children(settings))
+    supervisor = ChildSupervisor(up_children(settings))
     supervisor.start()
     try:
         _serve(settings, host, port, access_log)
@@ -483,29 +485,18 @@ def launch(ctx: typer.Context) -> None:
     os.execv(sys.executable, argv)
 
 
-_extensions_registered = False
-
-
-def register_extensions() -> None:
-    """Commands and embedded children that later features add (`rlguard worker`, `replay`)."""
-    global _extensions_registered
-    if _extensions_registered:
-        return
-    from app import cli_goodput, cli_policy, demo
-
-    cli_policy.register(cli)
-    cli_goodput.register(cli)
-    demo.register(cli)
-    _extensions_registered = True
+# Commands of their own modules, listed after the core ones (the order `rlguard --help` shows).
+cli.command("worker")(policy.worker)
+cli.command("replay")(policy.replay)
+cli.command("report")(goodput.report)
+cli.command("demo")(demo.demo)
 
 
 def main() -> None:
     from pydantic import ValidationError
 
     try:
-        # Inside the guard: extensions may read settings at import time (the Celery app does),
-        # and a bad RLGUARD_* value must still end in one line, not a traceback.
-        register_extensions()
+        # A bad RLGUARD_* value must end in one line, not a traceback.
         cli()
     except ValidationError as exc:
         err = exc.errors()[0]

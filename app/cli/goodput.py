@@ -1,5 +1,4 @@
-"""``rlguard report``: a job's goodput ledger as a table (and Markdown for a weekly review).
-Registered on the main CLI by ``register``."""
+"""``rlguard report``: a job's goodput ledger as a table (and Markdown for a weekly review)."""
 
 from __future__ import annotations
 
@@ -62,7 +61,3 @@ def report(
     if markdown is not None:
         markdown.write_text(text.markdown(g), encoding="utf-8")
         typer.echo(f"Markdown written to {markdown}", err=True)
-
-
-def register(cli: typer.Typer) -> None:
-    cli.command("report")(report)

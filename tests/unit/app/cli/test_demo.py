@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from app.demo import DEMO_DIR_MARKER, prepare_demo_dir
+from app.cli.demo import DEMO_DIR_MARKER, prepare_demo_dir
 
 
 def test_new_and_previous_demo_dirs_are_prepared(tmp_path: Path) -> None:

@@ -431,6 +431,37 @@ def prepare_demo_dir(workdir: Path) -> Path:
     return workdir
 
 
+def _bad_option(*, steps: int, duration: float | None, port: int) -> str | None:
+    if steps < 6:
+        return f"--steps {steps} is too short for the chaos schedule (at least 6)"
+    if duration is not None and not duration > 0:
+        return f"--duration {duration} must be > 0"
+    if not 1 <= port <= 65535:
+        return f"--port {port} is not a TCP port"
+    return None
+
+
+def _announce(console: Any, stack: DemoStack, workdir: Path, *, simulated_gpus: int | None) -> None:
+    """Where the dashboard is and how to sign in (also in a file only the user can read)."""
+    console.print(
+        f"[bold]dashboard[/bold] {stack.url}/  login [bold]{stack.user}[/bold] / "
+        f"[bold]{stack.password}[/bold]   (API token in {workdir}/demo-login.txt)"
+    )
+    (workdir / "demo-login.txt").write_text(
+        f"url: {stack.url}\nuser: {stack.user}\npassword: {stack.password}\napi_token: {stack.token}\n"
+    )
+    (workdir / "demo-login.txt").chmod(0o600)
+    console.print(
+        "GPUs: "
+        + (
+            "real (NVML)"
+            if simulated_gpus is None
+            else f'{simulated_gpus} SIMULATED (no GPU on this machine; samples labelled simulated="1")'
+        )
+    )
+    console.print("Ctrl-C stops everything.")
+
+
 def demo(
     port: Annotated[int, typer.Option(help="Port of the dashboard.")] = 8765,
     workdir: Annotated[
@@ -448,16 +479,9 @@ def demo(
     from rich.live import Live
 
     console = Console()
-    if steps < 6:
-        console.print(
-            f"rlguard: error: --steps {steps} is too short for the chaos schedule (at least 6)"
-        )
-        raise typer.Exit(2)
-    if duration is not None and not duration > 0:
-        console.print(f"rlguard: error: --duration {duration} must be > 0")
-        raise typer.Exit(2)
-    if not 1 <= port <= 65535:
-        console.print(f"rlguard: error: --port {port} is not a TCP port")
+    problem = _bad_option(steps=steps, duration=duration, port=port)
+    if problem:
+        console.print(f"rlguard: error: {problem}")
         raise typer.Exit(2)
     try:
         workdir = prepare_demo_dir(workdir)
@@ -483,23 +507,7 @@ def demo(
     try:
         console.print(f"starting RLGuard in embedded mode in {workdir} ...")
         stack.start()
-        console.print(
-            f"[bold]dashboard[/bold] {stack.url}/  login [bold]{stack.user}[/bold] / "
-            f"[bold]{stack.password}[/bold]   (API token in {workdir}/demo-login.txt)"
-        )
-        (workdir / "demo-login.txt").write_text(
-            f"url: {stack.url}\nuser: {stack.user}\npassword: {stack.password}\napi_token: {stack.token}\n"
-        )
-        (workdir / "demo-login.txt").chmod(0o600)
-        console.print(
-            "GPUs: "
-            + (
-                "real (NVML)"
-                if real_gpu
-                else f'{gpus} SIMULATED (no GPU on this machine; samples labelled simulated="1")'
-            )
-        )
-        console.print("Ctrl-C stops everything.")
+        _announce(console, stack, workdir, simulated_gpus=None if real_gpu else gpus)
         with Live(_table(stack, started), console=console, refresh_per_second=1) as live:
             while not stop["now"]:
                 if duration is not None and time.monotonic() - started > duration:
@@ -519,7 +527,3 @@ def demo(
         console.print("stopping ...")
         leftovers = stack.stop()
         console.print("stopped" + (f" (had to kill {', '.join(leftovers)})" if leftovers else ""))
-
-
-def register(cli: typer.Typer) -> None:
-    cli.command("demo")(demo)

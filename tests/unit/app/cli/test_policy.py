@@ -5,11 +5,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import cli, register_extensions
+from app.cli import cli
 
 pytestmark = pytest.mark.timeout(60)
 
-register_extensions()  # `rlguard worker` and `rlguard replay` are added like in main()
 
 CORPUS = Path(__file__).resolve().parents[3] / "policy_traces"
 
@@ -26,9 +25,18 @@ def test_replay_prints_incidents_tiers_and_delays() -> None:
     ("args", "needle"),
     [
         (["replay", "/no/such/trace.jsonl"], "trace file not found: /no/such/trace.jsonl"),
-        (["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "--speed", "0"], "--speed 0.0 must be a positive number"),
-        (["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "--tail", "-1"], "--tail -1.0 must not be negative"),
-        (["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "--policy", "/nope.yaml"], "cannot read policy file /nope.yaml"),
+        (
+            ["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "--speed", "0"],
+            "--speed 0.0 must be a positive number",
+        ),
+        (
+            ["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "--tail", "-1"],
+            "--tail -1.0 must not be negative",
+        ),
+        (
+            ["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "--policy", "/nope.yaml"],
+            "cannot read policy file /nope.yaml",
+        ),
         (["worker", "--node", "bad/name"], "bad node name 'bad/name'"),
         (["worker", "--concurrency", "0"], "--concurrency 0 must be at least 1"),
     ],
