@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 from collections import deque
@@ -40,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recovery._fsio import replace_file
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 log = logging.getLogger("rlguard.recovery.report")
@@ -548,22 +548,12 @@ class HeartbeatReporter:
 
 def _replace_heartbeat_file(path: Path, doc: dict[str, Any]) -> None:
     data = json.dumps(doc, separators=(",", ":")).encode()
-    directory = path.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        # A dot-prefixed temporary name: the agent reads only "*.json" files.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Advisory and rewritten every interval: no fsync. The temporary name does not end in
+        # ".json", the only files the agent reads.
+        replace_file(path, data, sync=False)
     except OSError as exc:
-        raise HeartbeatError(f"cannot create heartbeat file in {directory}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp_name, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise HeartbeatError(f"cannot write heartbeat {path}: {exc}") from exc
 
 

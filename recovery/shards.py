@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from recovery._fsio import TMP_PREFIX
 from recovery.checkpoint._atomic import (
-    TMP_PREFIX,
     commit_dir,
     make_tmp_dir,
     read_marker,

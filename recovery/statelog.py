@@ -21,9 +21,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from recovery._wal_locks import ProcessLock
-from recovery._wal_segments import fsync_directory
+from recovery._fsio import fsync_directory
 from recovery.errors import RecoveryError, RecoveryTimeout
+from recovery.wal._locks import ProcessLock
 
 __all__ = [
     "StateLog",

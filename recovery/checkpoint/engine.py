@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import torch
 
+from recovery._fsio import TMP_PREFIX
 from recovery.checkpoint import _atomic, _serialize
 from recovery.checkpoint.errors import (
     CheckpointBusy,
@@ -270,7 +271,7 @@ class CheckpointEngine:
         for root in (self.root, self.mirror):
             if root is None:
                 continue
-            for stale in root.glob(f"{_atomic.TMP_PREFIX}*"):
+            for stale in root.glob(f"{TMP_PREFIX}*"):
                 log.info("removing %s left by an interrupted save", stale)
                 shutil.rmtree(stale, ignore_errors=True)
         self._next_seq = max((s for s, _ in _list_dirs(self.root)), default=0) + 1

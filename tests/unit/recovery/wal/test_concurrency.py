@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from recovery._wal_format import scan
-from recovery._wal_futex import SharedCounter
-from recovery._wal_locks import ProcessLock, SharedState
 from recovery.errors import RecoveryTimeout
 from recovery.wal import WALError, WALLockTimeout, WriteAheadLog
+
+# The on-disk record format, on purpose: these tests read, cut and forge segment bytes.
+from recovery.wal._format import scan
+
+# White-box: the cross-process lock and the shared state are also tested on their own.
+from recovery.wal._futex import SharedCounter
+from recovery.wal._locks import ProcessLock, SharedState
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from recovery._wal_errors import WALLockTimeout
-from recovery._wal_futex import SharedCounter
+from recovery.wal._errors import WALLockTimeout
+from recovery.wal._futex import SharedCounter
 
 # Back-off while polling a contended flock: short at first because the append lock is held for
 # microseconds, capped so a waiter notices a released sync lock within about a millisecond.

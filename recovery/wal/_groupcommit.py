@@ -26,8 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from recovery._wal_errors import WALLockTimeout
-from recovery._wal_locks import ProcessLock, SharedState
+from recovery.wal._errors import WALLockTimeout
+from recovery.wal._locks import ProcessLock, SharedState
 
 Position = tuple[int, int]
 #: What a leader syncs: the write position, the records written before it, and a duplicated

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from recovery import _wal_groupcommit
-from recovery._wal_locks import ProcessLock
 from recovery.wal import WALForkedError, WALLockTimeout, WriteAheadLog
+
+# White-box: what a forked child may do with the lock under the log.
+from recovery.wal._locks import ProcessLock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,7 +156,7 @@ def slow_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         time.sleep(0.3)
         real(fd)
 
-    monkeypatch.setattr(_wal_groupcommit.os, "fdatasync", slow)
+    monkeypatch.setattr(os, "fdatasync", slow)
     yield
 
 
@@ -191,7 +192,7 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = os.fdatasync
-    monkeypatch.setattr(_wal_groupcommit.os, "fdatasync", lambda fd: (time.sleep(1.0), real(fd)))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (time.sleep(1.0), real(fd)))
     wal = WriteAheadLog(tmp_path, lock_timeout=0.2)
     wal._timeout = 5.0  # the append itself may wait; only close() should give up early
     thread = threading.Thread(target=wal.append, args=("slow", "generate"))
@@ -201,7 +202,7 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
     with pytest.raises(WALLockTimeout, match=r"not closed: 1 call\(s\) of other threads"):
         wal.close()
     thread.join(10)
-    monkeypatch.setattr(_wal_groupcommit.os, "fdatasync", real)
+    monkeypatch.setattr(os, "fdatasync", real)
     wal.append("after", "generate")  # still open
     wal.close()
     with WriteAheadLog(tmp_path) as reopened:
@@ -209,8 +210,8 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
 
 
 def test_a_counter_used_after_its_log_closed_names_the_problem(tmp_path: Path) -> None:
-    from recovery._wal_locks import SharedState
     from recovery.wal import WALClosedError
+    from recovery.wal._locks import SharedState
 
     state = SharedState(tmp_path / "wal.state")
     counter = state.sync_released
