@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from recovery.checkpoint import _atomic
+from recovery.checkpoint import atomic
 from recovery.checkpoint.errors import CheckpointCorrupt
 
 MARKER = "COMMITTED"
@@ -36,10 +36,10 @@ def read_verified(
         raise CheckpointCorrupt(
             f"{directory.name}: file {name} is {size} bytes, marker says {expected['size']}"
         )
-    algorithm, expected_hex = _atomic.expected_checksum(expected)
+    algorithm, expected_hex = atomic.expected_checksum(expected)
     data = torch.empty(size, dtype=torch.uint8)
     view = memoryview(data.numpy().data).cast("B")
-    digest = _atomic.new_hasher(algorithm)
+    digest = atomic.new_hasher(algorithm)
     try:
         fh = open(path, "rb", buffering=0)
     except OSError as exc:  # e.g. removed by retention since the stat above
@@ -86,25 +86,23 @@ def apply_retention(root: Path, keep: int) -> None:
             continue
         if not committed and kept == 0:
             continue  # newer than every committed one: leave it for latest() to report
-        _atomic.remove_dir(path)  # never a half-deleted directory under a checkpoint name
+        atomic.remove_dir(path)  # never a half-deleted directory under a checkpoint name
 
 
 def mirror_committed(local: Path, mirror_root: Path, body: Mapping[str, Any]) -> None:
     """Copy the committed checkpoint ``local`` (its marker ``body``) into ``mirror_root`` and
     commit it there the same way; a file that no longer matches its checksum is not mirrored."""
     target = mirror_root / local.name
-    tmp = _atomic.make_tmp_dir(mirror_root, local.name)
+    tmp = atomic.make_tmp_dir(mirror_root, local.name)
     try:
         digests = []
         for name, expected in sorted(body["files"].items()):
-            algorithm, _ = _atomic.expected_checksum(expected)
-            digest = _atomic.copy_file_durable(local / name, tmp / name, checksum=algorithm)
+            algorithm, _ = atomic.expected_checksum(expected)
+            digest = atomic.copy_file_durable(local / name, tmp / name, checksum=algorithm)
             if not digest.matches(expected):
                 raise CheckpointCorrupt(f"{local.name}/{name} changed after commit; not mirrored")
             digests.append(digest)
-        _atomic.commit_dir(
-            tmp, target, files=digests, marker_name=MARKER, metadata=body["metadata"]
-        )
+        atomic.commit_dir(tmp, target, files=digests, marker_name=MARKER, metadata=body["metadata"])
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 ``save()`` validates the state, copies every tensor into reusable host buffers (one flat buffer per
 layer, grown only when the state grows) and returns a :class:`SaveHandle`. A background thread
-then writes the buffers through :mod:`recovery.checkpoint._atomic` (temporary directory → fsync →
+then writes the buffers through :mod:`recovery.checkpoint.atomic` (temporary directory → fsync →
 SHA-256 → rename → ``COMMITTED`` marker), optionally mirrors the committed directory to a second
 root, and applies retention. Because the buffers are reused, a save never overlaps the previous
 one: it waits for it or is refused (``when_busy``).
@@ -32,7 +32,7 @@ from typing import Any, Literal
 import torch
 
 from recovery._fsio import TMP_PREFIX
-from recovery.checkpoint import _atomic, _serialize
+from recovery.checkpoint import _serialize, atomic
 from recovery.checkpoint._layout import (
     MANIFEST,
     MARKER,
@@ -241,9 +241,9 @@ class CheckpointEngine:
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise CheckpointInputError(f"keep must be an int >= 1, got {keep!r}")
-        if checksum not in _atomic.CHECKSUMS:
+        if checksum not in atomic.CHECKSUMS:
             raise CheckpointInputError(
-                f"checksum must be one of {_atomic.CHECKSUMS}, got {checksum!r}"
+                f"checksum must be one of {atomic.CHECKSUMS}, got {checksum!r}"
             )
         if when_busy not in ("wait", "refuse"):
             raise CheckpointInputError(f"when_busy must be 'wait' or 'refuse', got {when_busy!r}")
@@ -306,9 +306,9 @@ class CheckpointEngine:
             capacity = max(capacity, 1)
             # Start on a device-block boundary so the background write can use O_DIRECT.
             raw = torch.empty(
-                capacity + _atomic.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=self.pin_memory
+                capacity + atomic.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=self.pin_memory
             )
-            offset = (-raw.data_ptr()) % _atomic.DIRECT_ALIGN
+            offset = (-raw.data_ptr()) % atomic.DIRECT_ALIGN
             buf = raw[offset : offset + capacity]
             self._buffers[layer] = buf
         return buf
@@ -432,20 +432,20 @@ class CheckpointEngine:
         final = self.root / f"ckpt-{handle.seq:010d}"
         tmp: Path | None = None
         try:
-            tmp = _atomic.make_tmp_dir(self.root, final.name)
+            tmp = atomic.make_tmp_dir(self.root, final.name)
             digests = []
             for layer, size in sizes.items():
                 data = self._buffers[layer][:size].numpy().data
                 digests.append(
-                    _atomic.write_file_durable(
+                    atomic.write_file_durable(
                         tmp / f"{layer}.bin", data, checksum=self.checksum, direct=self.direct_io
                     )
                 )
             encoded = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
             digests.append(
-                _atomic.write_file_durable(tmp / MANIFEST, encoded, checksum=self.checksum)
+                atomic.write_file_durable(tmp / MANIFEST, encoded, checksum=self.checksum)
             )
-            body = _atomic.commit_dir(
+            body = atomic.commit_dir(
                 tmp, final, files=digests, marker_name=MARKER, metadata=metadata
             )
             handle._info = CheckpointInfo.from_marker(final, body)
@@ -507,7 +507,7 @@ class CheckpointEngine:
         found: CheckpointInfo | None = None
         for _seq, path in sorted(list_dirs(where), reverse=True):
             try:
-                body = _atomic.read_marker(path, MARKER)
+                body = atomic.read_marker(path, MARKER)
                 candidate = CheckpointInfo.from_marker(path, body, tuple(skipped))
                 if not_after is not None and candidate.version.compare(not_after) not in (
                     Ordering.EQUAL,
@@ -519,7 +519,7 @@ class CheckpointEngine:
                     )
                 if valid_only:
                     stats = {name: stat_key(path / name) for name in candidate.files}
-                    _atomic.verify_committed_dir(path, MARKER)
+                    atomic.verify_committed_dir(path, MARKER)
                     candidate = dataclasses.replace(candidate, verified=stats)
                 found = candidate
                 break
@@ -566,7 +566,7 @@ class CheckpointEngine:
                 raise CheckpointInputError(
                     f"cannot load layer {layer!r}: only {list(PERSISTED_LAYERS)} are persisted"
                 )
-        body = _atomic.read_marker(info.path, MARKER)
+        body = atomic.read_marker(info.path, MARKER)
         files: dict[str, Any] = body["files"]
         raw_manifest = read_verified(info.path, MANIFEST, files, must_hash(MANIFEST))
         try:
