@@ -58,10 +58,19 @@ from recovery.wal._errors import (
     WALLockTimeout,
 )
 from recovery.wal._index import NewEntry, StatusChange, StepType, WALEntry, WALStatus
-from recovery.wal._log import WALStats, WriteAheadLog
+from recovery.wal._log import (
+    DEFAULT_SEGMENT_BYTES,
+    MAX_SEGMENT_BYTES,
+    MIN_SEGMENT_BYTES,
+    WALStats,
+    WriteAheadLog,
+)
 from recovery.wal._storage import PREALLOCATE_BYTES
 
 __all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "MAX_SEGMENT_BYTES",
+    "MIN_SEGMENT_BYTES",
     "PREALLOCATE_BYTES",
     "NewEntry",
     "StatusChange",
