@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery._fsio import fsync_directory, write_new_file
+from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
-from recovery.wal._locks import ProcessLock
 
 __all__ = [
     "BatchConflictError",

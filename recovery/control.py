@@ -17,8 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from recovery._fsio import replace_file
+from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
-from recovery.wal._locks import ProcessLock
 
 __all__ = [
     "CONTROL_FILE",

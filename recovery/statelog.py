@@ -22,8 +22,8 @@ from types import TracebackType
 from typing import Any
 
 from recovery._fsio import fsync_directory
+from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
-from recovery.wal._locks import ProcessLock
 
 __all__ = [
     "StateLog",

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from recovery._fsio import fsync_file
+from recovery._process_lock import ProcessLock
 from recovery.wal._args import (
     ChangeChecked,
     NewChecked,
@@ -53,7 +54,7 @@ from recovery.wal._index import (
     WALStatus,
     check_entry_id,
 )
-from recovery.wal._locks import MAX_SEGMENT_OFFSET, ProcessLock, SharedState
+from recovery.wal._locks import MAX_SEGMENT_OFFSET, SharedState
 from recovery.wal._segments import SegmentDirectory
 from recovery.wal._storage import LogFiles
 
@@ -134,8 +135,12 @@ class WriteAheadLog(LogFiles):
         self._timeout = float(lock_timeout)
         self._segments = SegmentDirectory(self.directory, sync=self._sync)
         try:
-            self._append_lock = ProcessLock(self.directory / "append.lock")
-            self._sync_lock = ProcessLock(self.directory / "sync.lock")
+            self._append_lock = ProcessLock(
+                self.directory / "append.lock", timeout_error=WALLockTimeout
+            )
+            self._sync_lock = ProcessLock(
+                self.directory / "sync.lock", timeout_error=WALLockTimeout
+            )
         except OSError as exc:
             raise WALError(f"cannot open the lock files of WAL {self.directory}: {exc}") from exc
         self._closed = False

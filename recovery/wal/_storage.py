@@ -16,12 +16,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from recovery._process_lock import ProcessLock
 from recovery.wal._combine import Call, CallQueue
 from recovery.wal._errors import WALClosedError, WALCorruptionError, WALError
 from recovery.wal._format import END_MARK, DecodedRecord, scan
 from recovery.wal._groupcommit import GroupCommit
 from recovery.wal._index import EntryIndex, WALEntry
-from recovery.wal._locks import ProcessLock, SharedState, read_boot_id
+from recovery.wal._locks import SharedState, read_boot_id
 from recovery.wal._segments import SegmentDirectory, read_range
 
 # Zeros written ahead of the records at a time (one fdatasync with a journal commit per this

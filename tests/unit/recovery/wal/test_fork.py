@@ -7,6 +7,7 @@ nor leave its lock alone. These tests fork real children.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
@@ -18,9 +19,6 @@ from pathlib import Path
 import pytest
 
 from recovery.wal import WALForkedError, WALLockTimeout, WriteAheadLog
-
-# White-box: what a forked child may do with the lock under the log.
-from recovery.wal._locks import ProcessLock
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -86,8 +84,13 @@ def test_every_call_on_an_inherited_handle_is_refused_in_the_child(tmp_path: Pat
 
 
 def _try_lock(path: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    lock = ProcessLock(Path(path))
-    out.put(lock.try_acquire())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as another process's writer would
+    except BlockingIOError:
+        out.put(False)
+    else:
+        out.put(True)
 
 
 def test_closing_an_inherited_handle_leaves_the_parents_lock_held(tmp_path: Path) -> None:
@@ -211,6 +214,8 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
 
 def test_a_counter_used_after_its_log_closed_names_the_problem(tmp_path: Path) -> None:
     from recovery.wal import WALClosedError
+
+    # White-box: the shared state's counters, which a closed log must never touch again.
     from recovery.wal._locks import SharedState
 
     state = SharedState(tmp_path / "wal.state")
