@@ -163,6 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--interval", type=_interval, default=1.0, help="seconds between rounds (default 1)"
     )
+    _add_source_options(p)
+    _add_spool_options(p)
+    p.add_argument(
+        "--status", action="store_true", help="print the running agent's health and exit"
+    )
+    p.add_argument("--json", action="store_true", help="with --status: print JSON")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level (default INFO)",
+    )
+    return p
+
+
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    """Where the samples come from besides the heartbeat files: GPUs, engines, Ray, Slurm."""
     p.add_argument(
         "--simulate-gpus",
         type=_gpu_count,
@@ -220,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="this node's name in Slurm: every 10 s ask scontrol/squeue whether it is DOWN or "
         "DRAIN (a lost node) and how many jobs run on it",
     )
+
+
+def _add_spool_options(p: argparse.ArgumentParser) -> None:
+    """The spool that keeps batches while the server is unreachable, and what goes in them."""
     p.add_argument(
         "--spool-dir",
         type=Path,
@@ -238,17 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PACKAGES,
         help="comma-separated packages whose versions go into the environment fingerprint",
     )
-    p.add_argument(
-        "--status", action="store_true", help="print the running agent's health and exit"
-    )
-    p.add_argument("--json", action="store_true", help="with --status: print JSON")
-    p.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="log level (default INFO)",
-    )
-    return p
 
 
 def _ago(ts: Any, now: float) -> str:

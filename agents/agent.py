@@ -37,6 +37,7 @@ from agents.samples import Sample, make_sample
 from agents.sender import Sender
 from agents.simulate import apply_fault_files
 from agents.spool import Spool, SpoolError
+from recovery._fsio import replace_file
 from recovery.report import safe_job_name
 
 log = logging.getLogger("rlguard.agent")
@@ -394,10 +395,8 @@ class Agent:
     def write_status(self) -> None:
         """Replace ``<spool_dir>/status.json`` (read by ``--status``); no fsync: it is advisory."""
         path = self.config.spool_dir / STATUS_FILENAME
-        tmp = path.with_name(f".{STATUS_FILENAME}.tmp")
         try:
-            tmp.write_bytes(orjson.dumps(self.status(), option=orjson.OPT_INDENT_2))
-            os.replace(tmp, path)
+            replace_file(path, orjson.dumps(self.status(), option=orjson.OPT_INDENT_2), sync=False)
         except OSError as exc:
             # Advisory only: a full disk must not stop the sampling; the spool logs its own errors.
             log.debug("status file %s not written: %s", path, exc)

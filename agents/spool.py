@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from agents.metric_names import is_job_signal
+from recovery._fsio import replace_file
 
 log = logging.getLogger("rlguard.agent.spool")
 
@@ -62,26 +63,6 @@ class SpoolStats:
     dropped: dict[str, int]
     produced_samples: int
     acked_samples: int
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes, *, fsync: bool) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        _fsync_dir(path.parent)
 
 
 def _count(body: dict[str, Any]) -> tuple[int, int, int]:
@@ -170,7 +151,7 @@ class Spool:
     def _save_state_locked(self, *, durable: bool = False) -> None:
         # Counters are replaced atomically but not fsynced (a power loss may lose their last
         # increments); a new seq reservation is fsynced, because reusing a seq loses data.
-        _atomic_write(self._state_path, orjson.dumps(self._state), fsync=self._fsync and durable)
+        replace_file(self._state_path, orjson.dumps(self._state), sync=self._fsync and durable)
 
     def _reserve_seq_block(self) -> None:
         with self._lock:
@@ -218,13 +199,12 @@ class Spool:
             data = orjson.dumps(body)
             self._state["produced_samples"] += samples
             try:
-                _atomic_write(self._path(seq), data, fsync=self._fsync)
+                replace_file(self._path(seq), data, sync=self._fsync)
             except OSError as exc:
                 # Disk full or gone: this round is lost, and counted as such.
                 self._state["dropped"]["spool_write_failed"] = (
                     self._state["dropped"].get("spool_write_failed", 0) + samples
                 )
-                self._path(seq).with_name(f".{self._path(seq).name}.tmp").unlink(missing_ok=True)
                 self._try_save_state_locked()
                 raise SpoolError(f"cannot write batch seq={seq} to {self._batches}: {exc}") from exc
             self._entries.append(_Entry(seq, len(data), samples, low, participants))
@@ -257,7 +237,7 @@ class Spool:
             dropped = len(body["samples"]) - len(kept)
             body["samples"] = kept
             data = orjson.dumps(body)
-            _atomic_write(path, data, fsync=self._fsync)
+            replace_file(path, data, sync=self._fsync)
             total -= entry.size - len(data)
             entry.size, entry.samples, entry.low_priority = len(data), len(kept), 0
             self._state["dropped"]["spool_full"] += dropped

@@ -48,8 +48,10 @@ from dataclasses import dataclass
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from recovery._wal_format import scan
 from recovery.wal import WriteAheadLog
+
+# The record format, on purpose: the raw baseline writes records as long as the WAL's own.
+from recovery.wal._format import scan
 
 _CTX = multiprocessing.get_context("fork")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery._wal_locks import ProcessLock
-from recovery._wal_segments import fsync_directory
+from recovery._fsio import fsync_directory, write_new_file
+from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 __all__ = [
@@ -136,8 +136,8 @@ def _commit_new(
     temp = root / f"{_TMP_PREFIX}{batch_id}.{host}.{os.getpid()}.{secrets.token_hex(4)}"
     try:
         temp.mkdir()
-        _write_durably(temp / SAMPLES_FILE, content)
-        _write_durably(temp / META_FILE, json.dumps(full_meta, sort_keys=True).encode())
+        write_new_file(temp / SAMPLES_FILE, content)
+        write_new_file(temp / META_FILE, json.dumps(full_meta, sort_keys=True).encode())
         fsync_directory(temp)
         lock = ProcessLock(root / _LOCK_FILE, timeout_error=BatchLockTimeout)
         try:
@@ -151,7 +151,7 @@ def _commit_new(
                     shutil.rmtree(final)
                 os.rename(temp, final)
                 fsync_directory(root)
-                _write_durably(final / SUCCESS_FILE, b"")
+                write_new_file(final / SUCCESS_FILE, b"")
                 fsync_directory(final)
             finally:
                 lock.release()
@@ -332,14 +332,3 @@ def _existing_commit(
             f"(samples sha256 {meta.get('samples_sha256')}, new {digest})"
         )
     return final
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)

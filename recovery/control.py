@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from recovery._wal_locks import ProcessLock
-from recovery._wal_segments import fsync_directory
+from recovery._fsio import replace_file
+from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 __all__ = [
@@ -132,16 +131,7 @@ def _replace_atomically(directory: Path, state: ControlState) -> None:
         },
         sort_keys=True,
     ).encode()
-    temp = directory / f".{CONTROL_FILE}.{secrets.token_hex(4)}.tmp"
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, directory / CONTROL_FILE)
-        fsync_directory(directory)
+        replace_file(directory / CONTROL_FILE, body)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
         raise ControlError(f"cannot write {directory / CONTROL_FILE}: {exc}") from exc

@@ -32,14 +32,15 @@ import logging
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recovery._fsio import replace_file
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 log = logging.getLogger("rlguard.recovery.report")
@@ -201,11 +202,16 @@ class HeartbeatReporter:
         """The heartbeat file this reporter writes."""
         return self._path
 
-    def _acquire(self) -> None:
+    @contextmanager
+    def _holding_lock(self) -> Iterator[None]:
         if not self._lock.acquire(timeout=self._lock_timeout):
             raise RecoveryTimeout(
                 f"heartbeat reporter lock for {self._path} not acquired within {self._lock_timeout}s"
             )
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def update(
         self,
@@ -242,26 +248,20 @@ class HeartbeatReporter:
                 changes[key] = _check_count(name, value)
         if state_log_latency_ms is not _UNSET:
             changes["state_log_write_latency_ms"] = _check_latency(state_log_latency_ms)
-        self._acquire()
-        try:
+        with self._holding_lock():
             self._state.update(changes)
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(force)
-        finally:
-            self._lock.release()
 
     def add_tokens(self, count: int) -> bool:
         """Add ``count`` generated tokens to the cumulative total; write if ``interval`` has passed."""
         checked = _check_count("count", count)
-        self._acquire()
-        try:
+        with self._holding_lock():
             self._state["tokens_generated"] = (self._state["tokens_generated"] or 0) + (
                 checked or 0
             )
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(False)
-        finally:
-            self._lock.release()
 
     def record_shard_rebuild(self, ts: float | None = None) -> bool:
         """Record one actor shard rebuild (at ``ts``, default now) and write the heartbeat at once.
@@ -273,14 +273,11 @@ class HeartbeatReporter:
         if ts is not None and checked is None:
             raise HeartbeatError(f"ts must be a finite number of seconds >= 0, got {ts!r}")
         when = self._clock() if checked is None else checked
-        self._acquire()
-        try:
+        with self._holding_lock():
             self._rebuilds.append(when)
             self._state["shard_rebuilds_total"] += 1
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def record_step_failure(self, step: int) -> bool:
         """Count one failed train step (an OOM ...) at ``step`` and write the heartbeat at once."""
@@ -317,8 +314,7 @@ class HeartbeatReporter:
             raise HeartbeatError(f"shard_id must be 1-64 of [A-Za-z0-9_.], got {shard_id!r}")
         if not isinstance(stale, bool):
             raise HeartbeatError(f"stale must be a bool, got {stale!r}")
-        self._acquire()
-        try:
+        with self._holding_lock():
             shards = set(self._state["stale_shards"])
             if (shard_id in shards) == stale:
                 return False
@@ -326,8 +322,6 @@ class HeartbeatReporter:
             self._state["stale_shards"] = sorted(shards)
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def carry_over(self, previous: dict[str, Any] | None) -> bool:
         """Take over what a previous process of this participant published (its heartbeat
@@ -348,8 +342,7 @@ class HeartbeatReporter:
             previous.get("checkpoint_step"),
             previous.get("checkpoint_inference_version"),
         )
-        self._acquire()
-        try:
+        with self._holding_lock():
             before = dict(self._state)
             failures = counts.get("train_step_failures_total", 0)
             if failures > self._state["train_step_failures_total"]:
@@ -370,8 +363,6 @@ class HeartbeatReporter:
                 return False
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def restore_fault_counts(
         self,
@@ -388,8 +379,7 @@ class HeartbeatReporter:
         failures = _check_count("step_failures", step_failures)
         timeouts = _check_count("rollout_timeouts", rollout_timeouts)
         last = _check_count("last_failed_step", last_failed_step)
-        self._acquire()
-        try:
+        with self._holding_lock():
             before = dict(self._state)
             if failures is not None and failures > self._state["train_step_failures_total"]:
                 self._state["train_step_failures_total"] = failures
@@ -399,8 +389,6 @@ class HeartbeatReporter:
             if self._state == before:
                 return False
             return self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def record_checkpoint(self, step: int, inference_version: int) -> bool:
         """Publish the version vector of the checkpoint that just committed; write at once.
@@ -416,8 +404,7 @@ class HeartbeatReporter:
             raise HeartbeatError(
                 f"step and inference_version must be ints >= 0, got {step!r}, {inference_version!r}"
             )
-        self._acquire()
-        try:
+        with self._holding_lock():
             current = self._state["checkpoint_step"]
             if current is not None and (current, self._state["checkpoint_inference_version"]) > (
                 checked_step,
@@ -428,12 +415,9 @@ class HeartbeatReporter:
             self._state["checkpoint_inference_version"] = checked_version
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def _bump_fault(self, **changes: int) -> bool:
-        self._acquire()
-        try:
+        with self._holding_lock():
             for key, value in changes.items():
                 if key.endswith("_total"):
                     self._state[key] += value
@@ -441,8 +425,6 @@ class HeartbeatReporter:
                     self._state[key] = value
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def set_signals(self, values: dict[str, float]) -> bool:
         """Merge ``{name: value}`` into the published training signals; write if ``interval``
@@ -461,16 +443,13 @@ class HeartbeatReporter:
             if not (-float("inf") < float(value) < float("inf")):
                 raise HeartbeatError(f"signal {name} must be finite, got {value!r}")
             checked[name] = float(value)
-        self._acquire()
-        try:
+        with self._holding_lock():
             merged = {**self._state["signals"], **checked}
             if len(merged) > _MAX_SIGNALS:
                 raise HeartbeatError(f"at most {_MAX_SIGNALS} signals, got {len(merged)}")
             self._state["signals"] = merged
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(False)
-        finally:
-            self._lock.release()
 
     def record_state_log_latency(self, latency_ms: float) -> bool:
         """Record the latency of the last state-log append; write if ``interval`` has passed."""
@@ -478,19 +457,13 @@ class HeartbeatReporter:
 
     def flush(self) -> None:
         """Write the heartbeat now, whatever the interval."""
-        self._acquire()
-        try:
+        with self._holding_lock():
             self._write_if_due_locked(True)
-        finally:
-            self._lock.release()
 
     def snapshot(self) -> dict[str, Any]:
         """Return the heartbeat document as it would be written now (a copy)."""
-        self._acquire()
-        try:
+        with self._holding_lock():
             return self._document_locked()
-        finally:
-            self._lock.release()
 
     def start_keepalive(self) -> None:
         """Rewrite the heartbeat every ``interval`` from a daemon thread until :meth:`close`."""
@@ -548,22 +521,12 @@ class HeartbeatReporter:
 
 def _replace_heartbeat_file(path: Path, doc: dict[str, Any]) -> None:
     data = json.dumps(doc, separators=(",", ":")).encode()
-    directory = path.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        # A dot-prefixed temporary name: the agent reads only "*.json" files.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Advisory and rewritten every interval: no fsync. The temporary name does not end in
+        # ".json", the only files the agent reads.
+        replace_file(path, data, sync=False)
     except OSError as exc:
-        raise HeartbeatError(f"cannot create heartbeat file in {directory}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp_name, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise HeartbeatError(f"cannot write heartbeat {path}: {exc}") from exc
 
 

@@ -7,7 +7,7 @@ gives back exactly the lost parameters (floating-point subtraction would not rou
 tensors that did not change since the checkpoint are not stored at all.
 
 Snapshots are committed with the same temp → fsync → checksum → rename → marker recipe as
-checkpoints (:mod:`recovery.checkpoint._atomic`); a reader only trusts snapshots whose marker and
+checkpoints (:mod:`recovery.checkpoint.atomic`); a reader only trusts snapshots whose marker and
 file checksums verify. The base state comes from the caller through ``load_base`` so this module
 does not depend on how the checkpoint engine lays out its files.
 
@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from recovery.checkpoint._atomic import (
-    TMP_PREFIX,
+from recovery._fsio import TMP_PREFIX
+from recovery.checkpoint.atomic import (
     commit_dir,
     make_tmp_dir,
     read_marker,

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from recovery._wal_locks import ProcessLock
-from recovery._wal_segments import fsync_directory
+from recovery._fsio import fsync_directory
+from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 __all__ = [

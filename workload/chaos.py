@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recovery._fsio import replace_file
 from recovery.report import heartbeat_path
 from workload.job import RunDir, read_json
 
@@ -168,9 +169,7 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
             else {"fault": "ecc_uncorrectable", "gpu": fault.gpu}
         )
         name = f"chaos-{fault.fault}-{time.time_ns()}.json"
-        tmp = sim / f".{name}.tmp"
-        tmp.write_text(json.dumps(body))
-        os.replace(tmp, sim / name)
+        replace_file(sim / name, json.dumps(body).encode(), sync=False)
         info.update({k: v for k, v in body.items() if k != "fault"}, nvml_fault=body["fault"])
         run.event("fault", **info, step=current_step(run))
     elif fault.fault == "slow-statelog":

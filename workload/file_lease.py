@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recovery._fsio import replace_file
 from recovery.checkpoint.lease import LeaseGrant
 
 
@@ -40,9 +41,7 @@ class FileLease:
                     data = {}
                 result, new = change(data)
                 if new is not None:
-                    tmp = self.path.with_name(f".{self.path.name}.tmp")
-                    tmp.write_text(json.dumps(new), encoding="utf-8")
-                    os.replace(tmp, self.path)
+                    replace_file(self.path, json.dumps(new).encode(), sync=False)
                 return result
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recovery._fsio import replace_file
 from recovery.supervision.events import EVENTS_FILE, append_event
 from recovery.supervision.events import read_events as _read_events
 from workload.task import TaskSpec
@@ -64,12 +65,7 @@ class JobConfig:
 
 def write_json_atomic(path: Path, body: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(body, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(body, sort_keys=True).encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from workload.job import JobConfig, JobConfigError, RunDir, read_json
 from workload.task import TaskSpec
 
 
-def _supervise(argv: list[str]) -> int:
+def _supervise_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m workload.launch",
         description="Run the reference GRPO job (trainer + rollouts).",
@@ -71,7 +71,14 @@ def _supervise(argv: list[str]) -> int:
         "RLGuard's restart_role through the job's restarter actor (max_restarts=0), or none: "
         "the job fails when one dies, as verl's does (to be resubmitted; max_restarts=0)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def _checked_config(
+    p: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[JobConfig, Path, bool]:
+    """The job's configuration, run directory and standby switch from the parsed options;
+    a bad combination exits through ``p.error``."""
     if args.standby and args.on_failure != "wait":
         p.error(
             "--standby is for --on-failure wait (the whole-job restart starts every process cold)"
@@ -104,6 +111,13 @@ def _supervise(argv: list[str]) -> int:
         )
     except JobConfigError as exc:
         p.error(str(exc))
+    return config, run_dir, standby
+
+
+def _supervise(argv: list[str]) -> int:
+    p = _supervise_parser()
+    args = p.parse_args(argv)
+    config, run_dir, standby = _checked_config(p, args)
     logging.basicConfig(
         level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
         format="%(asctime)s launch %(levelname)s %(name)s: %(message)s",

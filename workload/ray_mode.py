@@ -40,6 +40,7 @@ import tempfile
 import time
 from typing import Any
 
+from recovery._fsio import replace_file
 from workload.job import JobConfig, RunDir
 
 log = logging.getLogger("rlguard.workload.ray")
@@ -53,9 +54,7 @@ def next_incarnation(run: RunDir) -> int:
         current = int(path.read_text(encoding="utf-8").strip() or 0)
     except FileNotFoundError:
         current = 0
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(str(current + 1), encoding="utf-8")
-    os.replace(tmp, path)
+    replace_file(path, str(current + 1).encode(), sync=False)
     return current + 1
 
 

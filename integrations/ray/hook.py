@@ -44,7 +44,7 @@ from integrations.ray.mapping import MappedActor, job_name_of, map_actors
 from integrations.ray.presets import Preset, PresetError, load_preset, with_resume
 from integrations.ray.restarter import restarter_name
 from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
-from recovery.checkpoint._atomic import write_json_atomic
+from recovery._fsio import write_json_atomic
 from recovery.supervision.requests import KEY_PATTERN
 
 PROG = "python -m integrations.ray.hook"

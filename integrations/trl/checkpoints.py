@@ -9,7 +9,7 @@ weights missing it stops with an error. So a kill during a save leaves a directo
 breaks the resume or, worse, quietly changes the run.
 
 After the Trainer has written ``checkpoint-N`` (its ``on_save`` callback), :func:`seal_checkpoint`
-writes the checkpoint engine's completion marker into it (:mod:`recovery.checkpoint._atomic`:
+writes the checkpoint engine's completion marker into it (:mod:`recovery.checkpoint.atomic`:
 every file's size and checksum, the version vector, and a checksum of the marker itself), and
 :func:`newest_complete_checkpoint` resumes only from a directory whose marker verifies. Imports
 nothing heavy: the launcher calls it on every restart.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery.checkpoint._atomic import seal_dir, verify_committed_dir
+from recovery.checkpoint.atomic import seal_dir, verify_committed_dir
 from recovery.checkpoint.errors import CheckpointCorrupt
 
 log = logging.getLogger("rlguard.integrations.trl")

@@ -6,7 +6,8 @@
   (prepare → commit), heartbeats, failure detection (:mod:`~recovery.checkpoint.detector`)
 - :mod:`recovery.checkpoint.lease` — coordinator leadership in Redis or PostgreSQL
 - :mod:`recovery.checkpoint.restore` — the recovery procedure and its consistency rules
-- ``_atomic`` — temp → fsync → checksum → rename → marker, reusable by other artefacts
+- :mod:`recovery.checkpoint.atomic` — temp → fsync → checksum → rename → marker, reusable by
+  other artefacts (the weight-shard snapshots, the TRL integration's checkpoint directories)
 
 Nothing is imported here, so a participant process does not pay for importing torch.
 """

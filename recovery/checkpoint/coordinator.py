@@ -155,21 +155,23 @@ class Coordinator:
         self._retry_after = 0.0
         self._requested: str | None = None
         self._stop = threading.Event()
-        self._server = _http.JsonServer(
-            host,
-            port,
-            {
-                "POST /v1/heartbeat": self._handle_heartbeat,
-                "POST /v1/rounds": self._handle_round_request,
-                "GET /v1/status": lambda _body: (200, self.status()),
-            },
-            name=f"rlguard-coordinator-{coordinator_id}",
-        )
+        self._server = self._protocol_server(host, port)
         self.url = self._server.url
         self._threads = [
             threading.Thread(target=self._lease_loop, name="rlguard-coord-lease", daemon=True),
             threading.Thread(target=self._schedule_loop, name="rlguard-coord-sched", daemon=True),
         ]
+
+    def _protocol_server(self, host: str, port: int) -> _http.JsonServer:
+        """The HTTP server of the protocol (started by :meth:`start`)."""
+        routes: dict[str, _http.Route] = {
+            "POST /v1/heartbeat": self._handle_heartbeat,
+            "POST /v1/rounds": self._handle_round_request,
+            "GET /v1/status": lambda _body: (200, self.status()),
+        }
+        return _http.JsonServer(
+            host, port, routes, name=f"rlguard-coordinator-{self.coordinator_id}"
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

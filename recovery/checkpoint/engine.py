@@ -2,7 +2,7 @@
 
 ``save()`` validates the state, copies every tensor into reusable host buffers (one flat buffer per
 layer, grown only when the state grows) and returns a :class:`SaveHandle`. A background thread
-then writes the buffers through :mod:`recovery.checkpoint._atomic` (temporary directory → fsync →
+then writes the buffers through :mod:`recovery.checkpoint.atomic` (temporary directory → fsync →
 SHA-256 → rename → ``COMMITTED`` marker), optionally mirrors the committed directory to a second
 root, and applies retention. Because the buffers are reused, a save never overlaps the previous
 one: it waits for it or is refused (``when_busy``).
@@ -21,7 +21,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -32,7 +31,17 @@ from typing import Any, Literal
 
 import torch
 
-from recovery.checkpoint import _atomic, _serialize
+from recovery._fsio import TMP_PREFIX
+from recovery.checkpoint import _serialize, atomic
+from recovery.checkpoint._layout import (
+    MANIFEST,
+    MARKER,
+    apply_retention,
+    list_dirs,
+    mirror_committed,
+    read_verified,
+    stat_key,
+)
 from recovery.checkpoint.errors import (
     CheckpointBusy,
     CheckpointCorrupt,
@@ -46,9 +55,6 @@ log = logging.getLogger("rlguard.recovery.checkpoint")
 
 Layer = Literal["core", "aux", "transient"]
 PERSISTED_LAYERS: tuple[Layer, ...] = ("core", "aux")
-MARKER = "COMMITTED"
-MANIFEST = "manifest.json"
-_DIR_RE = re.compile(r"^ckpt-(\d{10})$")
 
 # The default layer of each well-known component (seed 002, §3.3). Callers may pass their own map.
 DEFAULT_LAYERS: dict[str, Layer] = {
@@ -187,6 +193,23 @@ def _check_layers(
     return by_layer
 
 
+def _flatten(
+    state: Mapping[str, Any], by_layer: Mapping[str, list[str]]
+) -> tuple[dict[str, _serialize.Flattener], dict[str, Any]]:
+    """Each persisted layer's flattened tensors, and each component's skeleton (its JSON
+    structure with tensor indices that count within its layer's file)."""
+    flat: dict[str, _serialize.Flattener] = {}
+    skeletons: dict[str, Any] = {}
+    for layer in PERSISTED_LAYERS:
+        if not by_layer[layer]:
+            continue
+        flattener = _serialize.Flattener()
+        for name in by_layer[layer]:
+            skeletons[name] = {"layer": layer, "value": flattener.encode(state[name], name)}
+        flat[layer] = flattener
+    return flat, skeletons
+
+
 class CheckpointEngine:
     """Asynchronous, crash-safe checkpoints under ``root`` with retention and an optional mirror.
 
@@ -218,9 +241,9 @@ class CheckpointEngine:
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise CheckpointInputError(f"keep must be an int >= 1, got {keep!r}")
-        if checksum not in _atomic.CHECKSUMS:
+        if checksum not in atomic.CHECKSUMS:
             raise CheckpointInputError(
-                f"checksum must be one of {_atomic.CHECKSUMS}, got {checksum!r}"
+                f"checksum must be one of {atomic.CHECKSUMS}, got {checksum!r}"
             )
         if when_busy not in ("wait", "refuse"):
             raise CheckpointInputError(f"when_busy must be 'wait' or 'refuse', got {when_busy!r}")
@@ -270,10 +293,10 @@ class CheckpointEngine:
         for root in (self.root, self.mirror):
             if root is None:
                 continue
-            for stale in root.glob(f"{_atomic.TMP_PREFIX}*"):
+            for stale in root.glob(f"{TMP_PREFIX}*"):
                 log.info("removing %s left by an interrupted save", stale)
                 shutil.rmtree(stale, ignore_errors=True)
-        self._next_seq = max((s for s, _ in _list_dirs(self.root)), default=0) + 1
+        self._next_seq = max((s for s, _ in list_dirs(self.root)), default=0) + 1
 
     def _ensure_buffer(self, layer: str, size: int) -> torch.Tensor:
         buf = self._buffers.get(layer)
@@ -283,9 +306,9 @@ class CheckpointEngine:
             capacity = max(capacity, 1)
             # Start on a device-block boundary so the background write can use O_DIRECT.
             raw = torch.empty(
-                capacity + _atomic.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=self.pin_memory
+                capacity + atomic.DIRECT_ALIGN, dtype=torch.uint8, pin_memory=self.pin_memory
             )
-            offset = (-raw.data_ptr()) % _atomic.DIRECT_ALIGN
+            offset = (-raw.data_ptr()) % atomic.DIRECT_ALIGN
             buf = raw[offset : offset + capacity]
             self._buffers[layer] = buf
         return buf
@@ -341,31 +364,12 @@ class CheckpointEngine:
             raise CheckpointInputError(
                 f"weight_versions must be a WeightVersionTable, got {table!r}"
             )
-        layer_map = self.layers if layers is None else dict(layers)
-        by_layer = _check_layers(state, layer_map, self.required_core)
-        flat: dict[str, _serialize.Flattener] = {}
-        skeletons: dict[str, Any] = {}
-        for layer in PERSISTED_LAYERS:
-            if not by_layer[layer]:
-                continue
-            flattener = _serialize.Flattener()
-            for name in by_layer[layer]:
-                skeletons[name] = {"layer": layer, "value": flattener.encode(state[name], name)}
-            flat[layer] = flattener
+        by_layer = _check_layers(
+            state, self.layers if layers is None else dict(layers), self.required_core
+        )
+        flat, skeletons = _flatten(state, by_layer)
         with self._save_lock:
-            previous = self._current
-            if previous is not None and not previous.finished:
-                if self.when_busy == "refuse":
-                    raise CheckpointBusy(
-                        f"checkpoint {previous.seq} is still being written; save refused"
-                    )
-                try:
-                    previous.wait_finished(timeout)
-                except RecoveryTimeout:
-                    raise RecoveryTimeout(
-                        f"previous checkpoint {previous.seq} still writing after {timeout} s; "
-                        "nothing was saved"
-                    ) from None
+            self._wait_for_previous_locked(timeout)
             self._acquire_writer_lock()
             assert self._next_seq is not None
             seq = self._next_seq
@@ -403,6 +407,21 @@ class CheckpointEngine:
             thread.start()
         return handle
 
+    def _wait_for_previous_locked(self, timeout: float) -> None:
+        """Return once the previous save's buffers are free (or refuse, per ``when_busy``)."""
+        previous = self._current
+        if previous is None or previous.finished:
+            return
+        if self.when_busy == "refuse":
+            raise CheckpointBusy(f"checkpoint {previous.seq} is still being written; save refused")
+        try:
+            previous.wait_finished(timeout)
+        except RecoveryTimeout:
+            raise RecoveryTimeout(
+                f"previous checkpoint {previous.seq} still writing after {timeout} s; "
+                "nothing was saved"
+            ) from None
+
     def _background(
         self,
         handle: SaveHandle,
@@ -413,20 +432,20 @@ class CheckpointEngine:
         final = self.root / f"ckpt-{handle.seq:010d}"
         tmp: Path | None = None
         try:
-            tmp = _atomic.make_tmp_dir(self.root, final.name)
+            tmp = atomic.make_tmp_dir(self.root, final.name)
             digests = []
             for layer, size in sizes.items():
                 data = self._buffers[layer][:size].numpy().data
                 digests.append(
-                    _atomic.write_file_durable(
+                    atomic.write_file_durable(
                         tmp / f"{layer}.bin", data, checksum=self.checksum, direct=self.direct_io
                     )
                 )
             encoded = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
             digests.append(
-                _atomic.write_file_durable(tmp / MANIFEST, encoded, checksum=self.checksum)
+                atomic.write_file_durable(tmp / MANIFEST, encoded, checksum=self.checksum)
             )
-            body = _atomic.commit_dir(
+            body = atomic.commit_dir(
                 tmp, final, files=digests, marker_name=MARKER, metadata=metadata
             )
             handle._info = CheckpointInfo.from_marker(final, body)
@@ -442,35 +461,14 @@ class CheckpointEngine:
         handle._committed.set()
         try:
             if self.mirror is not None:
-                self._mirror_one(final, body)
-                _apply_retention(self.mirror, self.keep)
-            _apply_retention(self.root, self.keep)
+                mirror_committed(final, self.mirror, body)
+                apply_retention(self.mirror, self.keep)
+            apply_retention(self.root, self.keep)
         except BaseException as exc:  # the local checkpoint is safe; the mirror is best effort
             handle.mirror_error = exc
             log.error("mirroring/retention after %s failed: %r", final.name, exc)
         finally:
             handle._finished.set()
-
-    def _mirror_one(self, local: Path, body: Mapping[str, Any]) -> None:
-        assert self.mirror is not None
-        target = self.mirror / local.name
-        tmp = _atomic.make_tmp_dir(self.mirror, local.name)
-        try:
-            digests = []
-            for name, expected in sorted(body["files"].items()):
-                algorithm, _ = _atomic.expected_checksum(expected)
-                digest = _atomic.copy_file_durable(local / name, tmp / name, checksum=algorithm)
-                if not digest.matches(expected):
-                    raise CheckpointCorrupt(
-                        f"{local.name}/{name} changed after commit; not mirrored"
-                    )
-                digests.append(digest)
-            _atomic.commit_dir(
-                tmp, target, files=digests, marker_name=MARKER, metadata=body["metadata"]
-            )
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
 
     def close(self, timeout: float = 600.0) -> None:
         """Wait for the background job, release the writer lock and the host buffers."""
@@ -507,9 +505,9 @@ class CheckpointEngine:
         where = self.root if root is None else Path(root)
         skipped: list[SkippedCheckpoint] = []
         found: CheckpointInfo | None = None
-        for _seq, path in sorted(_list_dirs(where), reverse=True):
+        for _seq, path in sorted(list_dirs(where), reverse=True):
             try:
-                body = _atomic.read_marker(path, MARKER)
+                body = atomic.read_marker(path, MARKER)
                 candidate = CheckpointInfo.from_marker(path, body, tuple(skipped))
                 if not_after is not None and candidate.version.compare(not_after) not in (
                     Ordering.EQUAL,
@@ -520,8 +518,8 @@ class CheckpointEngine:
                         f"committed global version {not_after} (its round never committed)"
                     )
                 if valid_only:
-                    stats = {name: _stat_key(path / name) for name in candidate.files}
-                    _atomic.verify_committed_dir(path, MARKER)
+                    stats = {name: stat_key(path / name) for name in candidate.files}
+                    atomic.verify_committed_dir(path, MARKER)
                     candidate = dataclasses.replace(candidate, verified=stats)
                 found = candidate
                 break
@@ -533,7 +531,7 @@ class CheckpointEngine:
 
     def list_committed(self) -> list[Path]:
         """Final checkpoint directories under the root, oldest first (not verified)."""
-        return [p for _, p in sorted(_list_dirs(self.root))]
+        return [p for _, p in sorted(list_dirs(self.root))]
 
     def load(
         self,
@@ -561,16 +559,16 @@ class CheckpointEngine:
             if verify == "none":
                 return False
             known = info.verified.get(name)
-            return verify == "full" or known is None or known != _stat_key(info.path / name)
+            return verify == "full" or known is None or known != stat_key(info.path / name)
 
         for layer in wanted:
             if layer not in PERSISTED_LAYERS:
                 raise CheckpointInputError(
                     f"cannot load layer {layer!r}: only {list(PERSISTED_LAYERS)} are persisted"
                 )
-        body = _atomic.read_marker(info.path, MARKER)
+        body = atomic.read_marker(info.path, MARKER)
         files: dict[str, Any] = body["files"]
-        raw_manifest = _read_verified(info.path, MANIFEST, files, must_hash(MANIFEST))
+        raw_manifest = read_verified(info.path, MANIFEST, files, must_hash(MANIFEST))
         try:
             manifest = json.loads(raw_manifest.numpy().tobytes())
         except ValueError as exc:
@@ -580,7 +578,7 @@ class CheckpointEngine:
             names = info.layers.get(layer, [])
             if not names:
                 continue
-            buffer = _read_verified(info.path, f"{layer}.bin", files, must_hash(f"{layer}.bin"))
+            buffer = read_verified(info.path, f"{layer}.bin", files, must_hash(f"{layer}.bin"))
             try:
                 slots = [_serialize.TensorSlot.from_json(s) for s in manifest["slots"][layer]]
                 tensors = _serialize.views_of(buffer, slots)
@@ -593,72 +591,3 @@ class CheckpointEngine:
                     f"{info.path.name}: manifest is inconsistent: {exc!r}"
                 ) from None
         return out
-
-
-def _read_verified(
-    directory: Path, name: str, files: Mapping[str, Any], verify: bool
-) -> torch.Tensor:
-    """Read a listed file into a fresh uint8 tensor (no zero-fill), checking size and hash."""
-    expected = files.get(name)
-    if expected is None:
-        raise CheckpointCorrupt(f"{directory.name}: marker does not list {name}")
-    path = directory / name
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CheckpointCorrupt(f"{directory.name}: file {name} is missing") from None
-    if size != expected["size"]:
-        raise CheckpointCorrupt(
-            f"{directory.name}: file {name} is {size} bytes, marker says {expected['size']}"
-        )
-    algorithm, expected_hex = _atomic.expected_checksum(expected)
-    data = torch.empty(size, dtype=torch.uint8)
-    view = memoryview(data.numpy().data).cast("B")
-    digest = _atomic.new_hasher(algorithm)
-    try:
-        fh = open(path, "rb", buffering=0)
-    except OSError as exc:  # e.g. removed by retention since the stat above
-        raise CheckpointCorrupt(f"{directory.name}: file {name} unreadable: {exc}") from None
-    with fh:
-        pos = 0
-        while pos < size:
-            n = fh.readinto(view[pos : pos + (8 << 20)])
-            if not n:
-                raise CheckpointCorrupt(f"{directory.name}: file {name} shrank while reading")
-            if verify:
-                digest.update(view[pos : pos + n])
-            pos += n
-    if verify and digest.hexdigest() != expected_hex:
-        raise CheckpointCorrupt(f"{directory.name}: checksum mismatch in {name}")
-    return data
-
-
-def _stat_key(path: Path) -> tuple[int, int, int]:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return (-1, -1, -1)
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _list_dirs(root: Path) -> list[tuple[int, Path]]:
-    out = []
-    for path in root.iterdir():
-        m = _DIR_RE.fullmatch(path.name)
-        if m and path.is_dir():
-            out.append((int(m.group(1)), path))
-    return out
-
-
-def _apply_retention(root: Path, keep: int) -> None:
-    """Keep the newest ``keep`` committed checkpoints; drop older ones and unmarked leftovers."""
-    dirs = sorted(_list_dirs(root), reverse=True)
-    kept = 0
-    for _seq, path in dirs:
-        committed = (path / MARKER).exists()
-        if committed and kept < keep:
-            kept += 1
-            continue
-        if not committed and kept == 0:
-            continue  # newer than every committed one: leave it for latest() to report
-        _atomic.remove_dir(path)  # never a half-deleted directory under a checkpoint name

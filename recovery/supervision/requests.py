@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery.checkpoint._atomic import write_json_atomic
+from recovery._fsio import write_json_atomic
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 HOOK_ACTIONS = (

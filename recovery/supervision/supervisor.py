@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery.checkpoint._atomic import write_json_atomic
+from recovery._fsio import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
 from recovery.errors import RecoveryError
 from recovery.report import (

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+# The coordinator's HTTP protocol on purpose: these tests speak it as a participant would.
 from recovery.checkpoint import _http
 from recovery.checkpoint.coordinator import Coordinator
 from recovery.checkpoint.detector import HealthChange

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.checkpoint import _atomic
+from recovery.checkpoint import atomic
 from recovery.checkpoint.engine import MARKER, CheckpointEngine
 from tests.integration.checkpoint._kill_state import STEPS_PER_WRITER, make_state, table_of
 from tests.unit.recovery.checkpoint.conftest import assert_same
@@ -73,7 +73,7 @@ def test_kill_9_writer_at_random_moments(tmp_path: Path, zygote: subprocess.Pope
             f"writer {pid} was not killed by us (status {status}): it must have crashed"
         )
 
-        leftovers = [p for p in root.iterdir() if p.name.startswith(_atomic.TMP_PREFIX)]
+        leftovers = [p for p in root.iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
         unmarked = [p for p in reader.list_committed() if not (p / MARKER).exists()]
         hit_mid_write += bool(leftovers or unmarked)
 

@@ -219,17 +219,17 @@ def test_a_full_disk_loses_rounds_but_not_the_agent(
     import agents.spool as spool_module
 
     agent, _clock, _fake, _run = setup
-    real = spool_module._atomic_write
+    real = spool_module.replace_file
 
-    def full(path: Path, data: bytes, *, fsync: bool) -> None:
+    def full(path: Path, data: bytes, *, sync: bool = True) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(spool_module, "_atomic_write", full)
+    monkeypatch.setattr(spool_module, "replace_file", full)
     with caplog.at_level(logging.ERROR, logger="rlguard.agent"):
         agent.round()
         agent.round()
     assert len([r for r in caplog.records if "round lost" in r.getMessage()]) == 1
-    monkeypatch.setattr(spool_module, "_atomic_write", real)
+    monkeypatch.setattr(spool_module, "replace_file", real)
     agent.round()
     st = agent.spool.stats()
     assert st.batches == 1 and st.dropped["spool_write_failed"] > 0

@@ -239,17 +239,17 @@ def test_disk_full_loses_the_round_counted_and_the_spool_stays_usable(
 
     sp = Spool(tmp_path, node="n1", max_bytes=10**9)
     sp.append(body(2, 1))
-    real = spool_module._atomic_write
+    real = spool_module.replace_file
 
-    def full(path: Path, data: bytes, *, fsync: bool) -> None:
+    def full(path: Path, data: bytes, *, sync: bool = True) -> None:
         if path.parent.name == "batches":
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, data, fsync=fsync)
+        real(path, data, sync=sync)
 
-    monkeypatch.setattr(spool_module, "_atomic_write", full)
+    monkeypatch.setattr(spool_module, "replace_file", full)
     with pytest.raises(SpoolError, match="No space left"):
         sp.append(body(4, 1))
-    monkeypatch.setattr(spool_module, "_atomic_write", real)
+    monkeypatch.setattr(spool_module, "replace_file", real)
     sp.append(body(1, 1))
     st = sp.stats()
     assert st.dropped["spool_write_failed"] == 5

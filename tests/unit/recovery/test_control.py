@@ -27,7 +27,8 @@ def test_writes_bump_the_revision(tmp_path: Path) -> None:
     second = write_control(tmp_path, "run", "approved by alice")
     assert (first.revision, second.revision) == (1, 2)
     assert read_control(tmp_path) == second
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    # No temporary file is left beside the command (only the file and its writers' lock).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CONTROL_FILE, CONTROL_FILE + ".lock"]
 
 
 @pytest.mark.parametrize(

@@ -5,24 +5,24 @@ from pathlib import Path
 
 import pytest
 
-from recovery.checkpoint import _atomic
+from recovery.checkpoint import atomic
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError
 
 
 def _commit(root: Path, name: str, payload: bytes) -> Path:
-    tmp = _atomic.make_tmp_dir(root, name)
-    digest = _atomic.write_file_durable(tmp / "data.bin", payload)
+    tmp = atomic.make_tmp_dir(root, name)
+    digest = atomic.write_file_durable(tmp / "data.bin", payload)
     final = root / name
-    _atomic.commit_dir(tmp, final, files=[digest], marker_name="DONE", metadata={"k": 1})
+    atomic.commit_dir(tmp, final, files=[digest], marker_name="DONE", metadata={"k": 1})
     return final
 
 
 def test_commit_then_verify_returns_metadata(tmp_path: Path) -> None:
     final = _commit(tmp_path, "a", b"x" * 1000)
-    body = _atomic.verify_committed_dir(final, "DONE")
+    body = atomic.verify_committed_dir(final, "DONE")
     assert body["metadata"] == {"k": 1}
     assert body["files"]["data.bin"]["size"] == 1000
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(_atomic.TMP_PREFIX)]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(atomic.TMP_PREFIX)]
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_damaged_directory_is_rejected_with_reason(tmp_path: Path, damage, reaso
     final = _commit(tmp_path, "a", b"x" * 1000)
     damage(final)
     with pytest.raises(CheckpointCorrupt, match=reason):
-        _atomic.verify_committed_dir(final, "DONE")
+        atomic.verify_committed_dir(final, "DONE")
 
 
 def test_marker_edit_is_caught_by_its_own_checksum(tmp_path: Path) -> None:
@@ -48,31 +48,31 @@ def test_marker_edit_is_caught_by_its_own_checksum(tmp_path: Path) -> None:
     marker["body"]["metadata"]["k"] = 2
     (final / "DONE").write_text(json.dumps(marker))
     with pytest.raises(CheckpointCorrupt, match="its own checksum"):
-        _atomic.verify_committed_dir(final, "DONE")
+        atomic.verify_committed_dir(final, "DONE")
 
 
 def test_commit_refuses_to_overwrite_and_leaves_tmp(tmp_path: Path) -> None:
     _commit(tmp_path, "a", b"1")
-    tmp = _atomic.make_tmp_dir(tmp_path, "a")
-    digest = _atomic.write_file_durable(tmp / "data.bin", b"2")
+    tmp = atomic.make_tmp_dir(tmp_path, "a")
+    digest = atomic.write_file_durable(tmp / "data.bin", b"2")
     with pytest.raises(CheckpointInputError, match="overwrite"):
-        _atomic.commit_dir(tmp, tmp_path / "a", files=[digest], marker_name="DONE", metadata={})
+        atomic.commit_dir(tmp, tmp_path / "a", files=[digest], marker_name="DONE", metadata={})
     assert (tmp_path / "a" / "data.bin").read_bytes() == b"1"
 
 
 def test_commit_refuses_unlisted_files(tmp_path: Path) -> None:
-    tmp = _atomic.make_tmp_dir(tmp_path, "b")
-    digest = _atomic.write_file_durable(tmp / "data.bin", b"2")
+    tmp = atomic.make_tmp_dir(tmp_path, "b")
+    digest = atomic.write_file_durable(tmp / "data.bin", b"2")
     (tmp / "stray").write_bytes(b"")
     with pytest.raises(CheckpointInputError, match="stray"):
-        _atomic.commit_dir(tmp, tmp_path / "b", files=[digest], marker_name="DONE", metadata={})
+        atomic.commit_dir(tmp, tmp_path / "b", files=[digest], marker_name="DONE", metadata={})
     assert not (tmp_path / "b").exists()
 
 
 def _aligned_buffer(size: int, misalign: int = 0) -> memoryview:
     import mmap
 
-    block = mmap.mmap(-1, size + _atomic.DIRECT_ALIGN)  # page aligned
+    block = mmap.mmap(-1, size + atomic.DIRECT_ALIGN)  # page aligned
     view = memoryview(block)[misalign : misalign + size]
     view[:] = bytes((i * 7 + 3) % 251 for i in range(size))
     return view
@@ -91,15 +91,15 @@ def test_direct_write_round_trips(
 ) -> None:
     view = _aligned_buffer(size, misalign)
     caplog.set_level("DEBUG", logger="rlguard.recovery.checkpoint.atomic")
-    digest = _atomic.write_file_durable(tmp_path / "f", view, direct=True, chunk_size=8192)
+    digest = atomic.write_file_durable(tmp_path / "f", view, direct=True, chunk_size=8192)
     assert (tmp_path / "f").read_bytes() == bytes(view)
-    assert digest == _atomic.digest_file(tmp_path / "f")
+    assert digest == atomic.digest_file(tmp_path / "f")
     assert f"bytes {mode}" in caplog.text
-    crc = _atomic.write_file_durable(tmp_path / "g", view, direct=True, checksum="crc32")
-    assert crc.algorithm == "crc32" and crc == _atomic.digest_file(tmp_path / "g", checksum="crc32")
+    crc = atomic.write_file_durable(tmp_path / "g", view, direct=True, checksum="crc32")
+    assert crc.algorithm == "crc32" and crc == atomic.digest_file(tmp_path / "g", checksum="crc32")
 
 
 def test_unknown_checksum_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointInputError, match="checksum must be one of"):
-        _atomic.write_file_durable(tmp_path / "f", b"x", checksum="md5")
+        atomic.write_file_durable(tmp_path / "f", b"x", checksum="md5")
     assert not (tmp_path / "f").exists()

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+# The coordinator's HTTP protocol on purpose: these tests speak it as a participant would.
 from recovery.checkpoint import _http
 from recovery.checkpoint.coordinator import Coordinator, Participant, RoundOutcome
 from recovery.checkpoint.errors import CheckpointInputError, CoordinatorError

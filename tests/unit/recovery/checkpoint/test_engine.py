@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from recovery.checkpoint import _atomic, engine
+from recovery.checkpoint import atomic, engine
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.errors import (
     CheckpointBusy,
@@ -272,13 +272,13 @@ def test_bad_engine_options(tmp_path: Path, kwargs: dict[str, Any], message: str
 def gated_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Hold every background file write until the test opens the gate."""
     gate = threading.Event()
-    real = _atomic.write_file_durable
+    real = atomic.write_file_durable
 
-    def held(path: Path, data: Any, **kw: Any) -> _atomic.FileDigest:
+    def held(path: Path, data: Any, **kw: Any) -> atomic.FileDigest:
         assert gate.wait(30)
         return real(path, data, **kw)
 
-    monkeypatch.setattr(_atomic, "write_file_durable", held)
+    monkeypatch.setattr(atomic, "write_file_durable", held)
     return gate
 
 
@@ -316,10 +316,10 @@ def test_failed_write_is_reported_and_leaves_no_checkpoint(
 ) -> None:
     good = _save(eng, small_training_state(), 1)
 
-    def disk_full(path: Path, data: Any, **kw: Any) -> _atomic.FileDigest:
+    def disk_full(path: Path, data: Any, **kw: Any) -> atomic.FileDigest:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_atomic, "write_file_durable", disk_full)
+    monkeypatch.setattr(atomic, "write_file_durable", disk_full)
     handle = eng.save(small_training_state(), version=V(2, 1))
     with pytest.raises(CheckpointWriteError, match="No space left"):
         handle.wait(30)

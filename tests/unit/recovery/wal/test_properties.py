@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from recovery._wal_format import HEADER, scan
 from recovery.wal import StepType, WALError, WALStatus, WriteAheadLog
+
+# The on-disk record format, on purpose: these tests read, cut and forge segment bytes.
+from recovery.wal._format import HEADER, scan
 
 pytestmark = pytest.mark.timeout(240)
 

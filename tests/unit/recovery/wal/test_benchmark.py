@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
-BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "wal.py"
+BENCHMARK = Path(__file__).resolve().parents[4] / "benchmarks" / "wal.py"
 
 
 def test_benchmark_prints_all_four_figures_with_ratios(

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from recovery._wal_format import HEADER, scan
 from recovery.wal import NewEntry, StatusChange, WALError, WALStatus, WriteAheadLog
+
+# The on-disk record format, on purpose: these tests read, cut and forge segment bytes.
+from recovery.wal._format import HEADER, scan
 
 pytestmark = pytest.mark.timeout(60)
 

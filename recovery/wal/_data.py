@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import time
 from pathlib import Path
 
-from recovery._wal_errors import WALDataError
-from recovery._wal_segments import fsync_directory
+from recovery._fsio import fsync_directory, write_new_file
+from recovery.wal._errors import WALDataError
 
 
 def checksum_bytes(data: bytes) -> str:
@@ -34,30 +33,10 @@ def write_data_file(data_dir: Path, entry_id: str, data: bytes, *, sync: bool) -
     """
     stem = hashlib.sha256(entry_id.encode()).hexdigest()[:24]
     path = data_dir / f"{stem}-{secrets.token_hex(4)}.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if sync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
+    write_new_file(path, data, sync=sync)
     if sync:
         fsync_directory(data_dir)
     return path
-
-
-def fsync_file(path: Path) -> None:
-    """fsync a file the caller wrote, so the record naming it never outlives its content."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_verified(path: Path, checksum: str, entry_id: str) -> bytes:

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recovery._fsio import TMP_PREFIX, fsync_directory, write_json_atomic
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError, CheckpointWriteError
 
 log = logging.getLogger("rlguard.recovery.checkpoint.atomic")
 
 MARKER_FORMAT = 1
-TMP_PREFIX = ".tmp-"
 _CHUNK = 8 << 20
 _PARALLEL_HASH_MIN = 1 << 20
 DIRECT_ALIGN = 4096  # O_DIRECT wants buffer, length and offset aligned to the device block
@@ -97,15 +97,6 @@ def expected_checksum(entry: Mapping[str, Any]) -> tuple[str, str]:
     raise CheckpointCorrupt(f"marker entry {dict(entry)!r} records no known checksum")
 
 
-def fsync_dir(path: Path) -> None:
-    """Make the directory entry changes inside ``path`` (creates, renames, unlinks) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def remove_dir(path: Path) -> None:
     """Delete the directory ``path`` so that a crash at any moment never leaves it half-deleted
     under its own name: it is renamed to a ``.tmp-*`` name first (durably), then removed. A
@@ -113,7 +104,7 @@ def remove_dir(path: Path) -> None:
     with the others, so a failure of the removal itself is not raised."""
     trash = path.parent / f"{TMP_PREFIX}trash-{path.name}-{uuid.uuid4().hex[:12]}"
     os.rename(path, trash)
-    fsync_dir(path.parent)
+    fsync_directory(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -283,15 +274,6 @@ def _marker_body_digest(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``payload`` as JSON via temp → fsync → rename → fsync(parent)."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}")
-    encoded = json.dumps(payload, sort_keys=True, indent=1, allow_nan=False).encode()
-    write_file_durable(tmp, encoded)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def commit_dir(
     tmp_dir: Path,
     final_dir: Path,
@@ -313,9 +295,9 @@ def commit_dir(
         raise CheckpointInputError(
             f"files in {tmp_dir} {names} differ from the digests given {listed}"
         )
-    fsync_dir(tmp_dir)
+    fsync_directory(tmp_dir)
     os.rename(tmp_dir, final_dir)
-    fsync_dir(final_dir.parent)
+    fsync_directory(final_dir.parent)
     return write_marker(final_dir, files=files, marker_name=marker_name, metadata=metadata)
 
 
@@ -364,7 +346,7 @@ def seal_dir(
         digest = digest_file(path, checksum=checksum)
         files.append(FileDigest(relative, digest.size, digest.digest, checksum))
     for directory in directories:
-        fsync_dir(directory)
+        fsync_directory(directory)
     return write_marker(final_dir, files=files, marker_name=marker_name, metadata=metadata)
 
 

@@ -20,7 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from recovery._wal_errors import WALError
+from recovery.wal._errors import WALError
 
 MAX_ENTRY_ID_CHARS = 512
 

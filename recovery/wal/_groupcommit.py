@@ -26,8 +26,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from recovery._wal_errors import WALLockTimeout
-from recovery._wal_locks import ProcessLock, SharedState
+from recovery._process_lock import ProcessLock
+from recovery.wal._errors import WALLockTimeout
+from recovery.wal._locks import SharedState
 
 Position = tuple[int, int]
 #: What a leader syncs: the write position, the records written before it, and a duplicated

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from recovery._wal_format import END_MARK, HEADER, encode_record, scan
 from recovery.wal import WALCorruptionError, WALStatus, WriteAheadLog
+
+# The on-disk record format, on purpose: these tests read, cut and forge segment bytes.
+from recovery.wal._format import END_MARK, HEADER, encode_record, scan
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,6 +7,7 @@ nor leave its lock alone. These tests fork real children.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
@@ -17,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from recovery import _wal_groupcommit
-from recovery._wal_locks import ProcessLock
 from recovery.wal import WALForkedError, WALLockTimeout, WriteAheadLog
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,8 +84,13 @@ def test_every_call_on_an_inherited_handle_is_refused_in_the_child(tmp_path: Pat
 
 
 def _try_lock(path: str, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    lock = ProcessLock(Path(path))
-    out.put(lock.try_acquire())
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as another process's writer would
+    except BlockingIOError:
+        out.put(False)
+    else:
+        out.put(True)
 
 
 def test_closing_an_inherited_handle_leaves_the_parents_lock_held(tmp_path: Path) -> None:
@@ -155,7 +159,7 @@ def slow_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         time.sleep(0.3)
         real(fd)
 
-    monkeypatch.setattr(_wal_groupcommit.os, "fdatasync", slow)
+    monkeypatch.setattr(os, "fdatasync", slow)
     yield
 
 
@@ -191,7 +195,7 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = os.fdatasync
-    monkeypatch.setattr(_wal_groupcommit.os, "fdatasync", lambda fd: (time.sleep(1.0), real(fd)))
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (time.sleep(1.0), real(fd)))
     wal = WriteAheadLog(tmp_path, lock_timeout=0.2)
     wal._timeout = 5.0  # the append itself may wait; only close() should give up early
     thread = threading.Thread(target=wal.append, args=("slow", "generate"))
@@ -201,7 +205,7 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
     with pytest.raises(WALLockTimeout, match=r"not closed: 1 call\(s\) of other threads"):
         wal.close()
     thread.join(10)
-    monkeypatch.setattr(_wal_groupcommit.os, "fdatasync", real)
+    monkeypatch.setattr(os, "fdatasync", real)
     wal.append("after", "generate")  # still open
     wal.close()
     with WriteAheadLog(tmp_path) as reopened:
@@ -209,8 +213,10 @@ def test_close_gives_up_after_lock_timeout_and_leaves_the_handle_usable(
 
 
 def test_a_counter_used_after_its_log_closed_names_the_problem(tmp_path: Path) -> None:
-    from recovery._wal_locks import SharedState
     from recovery.wal import WALClosedError
+
+    # White-box: the shared state's counters, which a closed log must never touch again.
+    from recovery.wal._locks import SharedState
 
     state = SharedState(tmp_path / "wal.state")
     counter = state.sync_released

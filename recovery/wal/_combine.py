@@ -6,7 +6,7 @@ GIL to another thread (a context switch each way). Instead, a call queues its re
 first caller with nobody writing becomes the *combiner*: it takes every queued record, writes
 them all under one hold of the append lock (one ``pwrite`` for those that fit the segment),
 hands the combiner role to the next queued call, and then waits until its batch is durable
-(the group commit of :mod:`recovery._wal_groupcommit`) before waking the batch's callers. A
+(the group commit of :mod:`recovery.wal._groupcommit`) before waking the batch's callers. A
 caller thus sleeps once and is woken once; a single-threaded caller is its own combiner and
 never waits for anybody.
 """
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from recovery._wal_errors import WALLockTimeout
+from recovery.wal._errors import WALLockTimeout
 
 Position = tuple[int, int]
 

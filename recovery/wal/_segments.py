@@ -8,21 +8,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery._wal_errors import WALCorruptionError
-from recovery._wal_format import HEADER, MAX_PAYLOAD_BYTES, DecodedRecord, decode_at, scan
+from recovery._fsio import fsync_directory
+from recovery.wal._errors import WALCorruptionError
+from recovery.wal._format import HEADER, MAX_PAYLOAD_BYTES, DecodedRecord, decode_at, scan
 
 logger = logging.getLogger("rlguard.recovery.wal")
 
 _SEGMENT_NAME = re.compile(r"^wal-(\d{16})\.log$")
-
-
-def fsync_directory(path: Path) -> None:
-    """Make the directory's entries (created, renamed, removed files) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_range(path: Path, offset: int, stop: int | None) -> bytes:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from recovery._wal_errors import WALClosedError
+from recovery.wal._errors import WALClosedError
 
 _FUTEX_NUMBERS = {"x86_64": 202, "aarch64": 98}
 _SYS_FUTEX = _FUTEX_NUMBERS.get(platform.machine(), 0) if sys.platform == "linux" else 0

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from recovery import wal as wal_module
-from recovery._wal_format import END_MARK, scan
-from recovery.wal import PREALLOCATE_BYTES, WriteAheadLog
+# _storage: a fault-injection point (pretend the kernel offers RWF_DSYNC, or has none).
+from recovery.wal import PREALLOCATE_BYTES, WriteAheadLog, _storage
+
+# The on-disk record format, on purpose: these tests read, cut and forge segment bytes.
+from recovery.wal._format import END_MARK, scan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,7 +96,7 @@ def test_a_record_after_records_not_yet_durable_is_synced_with_them(
 def test_a_kernel_without_rwf_dsync_falls_back_to_fdatasync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wal_module, "_RWF_DSYNC", getattr(os, "RWF_DSYNC", 16))
+    monkeypatch.setattr(_storage, "_RWF_DSYNC", getattr(os, "RWF_DSYNC", 16))
     real_pwritev = os.pwritev
     refused: list[int] = []
 
@@ -110,7 +112,7 @@ def test_a_kernel_without_rwf_dsync_falls_back_to_fdatasync(
             wal.append(f"e{i}", "generate")
         assert wal.stats().fsyncs >= 3
     assert len(refused) == 1  # tried once, then never again
-    assert wal_module._RWF_DSYNC is None
+    assert _storage._RWF_DSYNC is None
     content = _segment(tmp_path).read_bytes()
     result = scan(content)
     assert [r.payload["id"] for r in result.records] == ["e0", "e1", "e2"]

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from recovery._wal_errors import WALError
-from recovery._wal_format import MAX_PAYLOAD_BYTES, encode_record
-from recovery._wal_index import (
+from recovery.wal._errors import WALError
+from recovery.wal._format import MAX_PAYLOAD_BYTES, encode_record
+from recovery.wal._index import (
     NewEntry,
     StatusChange,
     StepType,

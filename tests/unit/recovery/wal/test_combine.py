@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from recovery._wal_combine import Call, CallQueue
 from recovery.wal import WALError, WALLockTimeout, WALStatus, WriteAheadLog
+
+# White-box: the queue that combines the calls of threads is also tested on its own.
+from recovery.wal._combine import Call, CallQueue
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,0 +1,108 @@
+"""The layout of a checkpoint root on disk: ``ckpt-<seq>/`` directories holding the layer files,
+``manifest.json`` and the ``COMMITTED`` marker; listing them, applying retention, reading one
+listed file back with its size and checksum checked."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery.checkpoint import atomic
+from recovery.checkpoint.errors import CheckpointCorrupt
+
+MARKER = "COMMITTED"
+MANIFEST = "manifest.json"
+_DIR_RE = re.compile(r"^ckpt-(\d{10})$")
+
+
+def read_verified(
+    directory: Path, name: str, files: Mapping[str, Any], verify: bool
+) -> torch.Tensor:
+    """Read a listed file into a fresh uint8 tensor (no zero-fill), checking size and hash."""
+    expected = files.get(name)
+    if expected is None:
+        raise CheckpointCorrupt(f"{directory.name}: marker does not list {name}")
+    path = directory / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{directory.name}: file {name} is missing") from None
+    if size != expected["size"]:
+        raise CheckpointCorrupt(
+            f"{directory.name}: file {name} is {size} bytes, marker says {expected['size']}"
+        )
+    algorithm, expected_hex = atomic.expected_checksum(expected)
+    data = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(data.numpy().data).cast("B")
+    digest = atomic.new_hasher(algorithm)
+    try:
+        fh = open(path, "rb", buffering=0)
+    except OSError as exc:  # e.g. removed by retention since the stat above
+        raise CheckpointCorrupt(f"{directory.name}: file {name} unreadable: {exc}") from None
+    with fh:
+        pos = 0
+        while pos < size:
+            n = fh.readinto(view[pos : pos + (8 << 20)])
+            if not n:
+                raise CheckpointCorrupt(f"{directory.name}: file {name} shrank while reading")
+            if verify:
+                digest.update(view[pos : pos + n])
+            pos += n
+    if verify and digest.hexdigest() != expected_hex:
+        raise CheckpointCorrupt(f"{directory.name}: checksum mismatch in {name}")
+    return data
+
+
+def stat_key(path: Path) -> tuple[int, int, int]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return (-1, -1, -1)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def list_dirs(root: Path) -> list[tuple[int, Path]]:
+    out = []
+    for path in root.iterdir():
+        m = _DIR_RE.fullmatch(path.name)
+        if m and path.is_dir():
+            out.append((int(m.group(1)), path))
+    return out
+
+
+def apply_retention(root: Path, keep: int) -> None:
+    """Keep the newest ``keep`` committed checkpoints; drop older ones and unmarked leftovers."""
+    dirs = sorted(list_dirs(root), reverse=True)
+    kept = 0
+    for _seq, path in dirs:
+        committed = (path / MARKER).exists()
+        if committed and kept < keep:
+            kept += 1
+            continue
+        if not committed and kept == 0:
+            continue  # newer than every committed one: leave it for latest() to report
+        atomic.remove_dir(path)  # never a half-deleted directory under a checkpoint name
+
+
+def mirror_committed(local: Path, mirror_root: Path, body: Mapping[str, Any]) -> None:
+    """Copy the committed checkpoint ``local`` (its marker ``body``) into ``mirror_root`` and
+    commit it there the same way; a file that no longer matches its checksum is not mirrored."""
+    target = mirror_root / local.name
+    tmp = atomic.make_tmp_dir(mirror_root, local.name)
+    try:
+        digests = []
+        for name, expected in sorted(body["files"].items()):
+            algorithm, _ = atomic.expected_checksum(expected)
+            digest = atomic.copy_file_durable(local / name, tmp / name, checksum=algorithm)
+            if not digest.matches(expected):
+                raise CheckpointCorrupt(f"{local.name}/{name} changed after commit; not mirrored")
+            digests.append(digest)
+        atomic.commit_dir(tmp, target, files=digests, marker_name=MARKER, metadata=body["metadata"])
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
