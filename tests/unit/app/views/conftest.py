@@ -185,11 +185,11 @@ def seed_heavy_incident(dash: DashboardApp, *, job: str = "grpo-a", node: str = 
     """A heavy incident as the policy engine leaves it: SAFE_MODE done, restore waiting."""
     from datetime import timedelta
 
+    from app.incidents.timeline import add_event
     from app.models import utcnow
     from app.models.action import RecoveryAction
     from app.models.approval import Approval
     from app.models.incident import Incident
-    from app.services.incidents import add_event
 
     now = utcnow()
     with dash.session() as s:

@@ -7,10 +7,10 @@ import re
 import time
 from datetime import timedelta
 
+from app.incidents.timeline import add_event
 from app.ingest.series_store import SeriesKey
 from app.models import Job, MetricRollup, Node, Participant, from_epoch, utcnow
 from app.models.incident import Incident
-from app.services.incidents import add_event
 from tests.unit.app.views.conftest import Browser, DashboardApp, login, seed_heavy_incident
 
 HX = {"HX-Request": "true"}
