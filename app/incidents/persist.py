@@ -10,7 +10,7 @@ wait for. Actions are handed to Celery only after that transaction commits
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -74,67 +74,108 @@ def persist_decisions(
     for d in decisions:
         if d.type is DecisionType.OPEN:
             _persist_open(session, d, policy, now, out)
-        elif d.type is DecisionType.UPDATE:
-            inc = _open_incident(session, d.key)
-            if inc is not None and d.signal is not None:
-                inc.evidence, inc.updated_at = d.signal.to_dict(), now
-                _record_signal(session, inc, d, now)
-                add_event(
-                    session,
-                    incident_id=inc.id,
-                    type_=IncidentEventType.UPDATED,
-                    at=now,
-                    detail={"detail": d.signal.evidence.detail},
-                )
-        elif d.type is DecisionType.ESCALATE:
-            inc = _open_incident(session, d.key)
-            if inc is None:
-                continue
-            if d.recovery_did_not_hold:
-                _count_recovery_that_did_not_hold(session, inc, d, now)
-            previous = inc.tier
-            inc.tier, inc.escalated, inc.reasons, inc.updated_at = (
-                d.tier.value,
-                True,
-                list(d.reasons),
-                now,
-            )
-            add_event(
-                session,
-                incident_id=inc.id,
-                type_=IncidentEventType.ESCALATED,
-                at=now,
-                detail={"from": previous, "to": d.tier.value, "reasons": list(d.reasons)},
-            )
-            if d.signal is not None and not d.recovery_did_not_hold:
-                _record_signal(session, inc, d, now)
-            _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
-            _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
-        elif d.type is DecisionType.RETRY:
-            inc = _open_incident(session, d.key)
-            if inc is None:
-                continue
-            if d.recovery_did_not_hold:
-                _count_recovery_that_did_not_hold(session, inc, d, now)
-            inc.updated_at = now
-            add_event(
-                session,
-                incident_id=inc.id,
-                type_=IncidentEventType.RECOVERY_RETRY,
-                at=now,
-                detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
-            )
-            _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
-            _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
-        elif d.type is DecisionType.RESOLVE:
-            inc = _open_incident(session, d.key)
-            if inc is None:
-                continue
-            resolve_incident(
-                session, incident=inc, now=now, why="signal quiet for the quiet period"
-            )
-            out.resolved_keys.append(d.key)
+            continue
+        # A decision about an incident closed meanwhile (by a release, say) has nothing to change.
+        inc = _open_incident(session, d.key)
+        if inc is not None:
+            _PERSIST_CHANGE[d.type](session, inc, d, policy, now, out)
     return out
+
+
+def _persist_update(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    if d.signal is None:
+        return
+    inc.evidence, inc.updated_at = d.signal.to_dict(), now
+    _record_signal(session, inc, d, now)
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.UPDATED,
+        at=now,
+        detail={"detail": d.signal.evidence.detail},
+    )
+
+
+def _persist_escalate(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    if d.recovery_did_not_hold:
+        _count_recovery_that_did_not_hold(session, inc, d, now)
+    previous = inc.tier
+    inc.tier, inc.escalated, inc.reasons, inc.updated_at = (
+        d.tier.value,
+        True,
+        list(d.reasons),
+        now,
+    )
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.ESCALATED,
+        at=now,
+        detail={"from": previous, "to": d.tier.value, "reasons": list(d.reasons)},
+    )
+    if d.signal is not None and not d.recovery_did_not_hold:
+        _record_signal(session, inc, d, now)
+    _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
+    _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
+
+
+def _persist_retry(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    if d.recovery_did_not_hold:
+        _count_recovery_that_did_not_hold(session, inc, d, now)
+    inc.updated_at = now
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.RECOVERY_RETRY,
+        at=now,
+        detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
+    )
+    _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
+    _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
+
+
+def _persist_resolve(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    resolve_incident(session, incident=inc, now=now, why="signal quiet for the quiet period")
+    out.resolved_keys.append(d.key)
+
+
+_PERSIST_CHANGE: dict[
+    DecisionType,
+    Callable[[Session, Incident, IncidentDecision, Policy, datetime, PersistResult], None],
+] = {
+    DecisionType.UPDATE: _persist_update,
+    DecisionType.ESCALATE: _persist_escalate,
+    DecisionType.RETRY: _persist_retry,
+    DecisionType.RESOLVE: _persist_resolve,
+}
 
 
 def _persist_open(
