@@ -107,17 +107,27 @@ def test_release_clears_every_safe_mode_node_then_closes_the_incident(engine: An
     incident_id, _ = _heavy_in_safe_mode(engine)
     ann = _user(engine, Role.approver, "ann")
     with Session(engine) as s:
-        out = safe_mode_release.release_job(s, job="j", user=ann, comment="  disk replaced, checked  ")
+        out = safe_mode_release.release_job(
+            s, job="j", user=ann, comment="  disk replaced, checked  "
+        )
         s.commit()
     assert (out.job, out.released_by, out.incidents) == ("j", "ann", [incident_id])
     [a] = out.actions
-    assert (a.action, a.node, a.queue, a.status) == ("release_safe_mode", "n0", "node.n0", "pending")
+    assert (a.action, a.node, a.queue, a.status) == (
+        "release_safe_mode",
+        "n0",
+        "node.n0",
+        "pending",
+    )
     assert a.params["reason"] == "released from SAFE_MODE by ann: disk replaced, checked"
     with Session(engine) as s:
         detail = incident_detail(s, incident_id=incident_id)
         audit = s.exec(select(AuditEvent).where(AuditEvent.action == "job.release")).one()
     assert detail.status == "open" and detail.safe_mode  # not before the node confirmed it
-    assert (detail.timeline[-1].type, detail.timeline[-1].actor) == ("release_requested", "user:ann")
+    assert (detail.timeline[-1].type, detail.timeline[-1].actor) == (
+        "release_requested",
+        "user:ann",
+    )
     assert (audit.actor, audit.target) == ("user:ann", "job:j")
     assert audit.detail["comment"] == "disk replaced, checked"
     _run(engine, a.id)
@@ -186,8 +196,9 @@ def test_release_waits_for_a_pending_approval(engine: Any) -> None:
     _, approval_id = _heavy_in_safe_mode(engine, decide=False)
     ann = _user(engine, Role.approver, "ann")
     before = _counts(engine)
-    with Session(engine) as s, pytest.raises(
-        Conflict, match=f"approval {approval_id} of incident .* is still pending"
+    with (
+        Session(engine) as s,
+        pytest.raises(Conflict, match=f"approval {approval_id} of incident .* is still pending"),
     ):
         safe_mode_release.release_job(s, job="j", user=ann, comment="now")
     assert _counts(engine) == before
