@@ -58,6 +58,7 @@ from app.core.ratelimit import (
 )
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.goodput.queries import metrics_source as goodput_metrics_source
+from app.incidents.queries import open_incident_counts_source
 from app.ingest.inline import InlineSqliteCommitter
 from app.ingest.pipeline import IngestService
 from app.ingest.redis_dedupe import RedisDedupe
@@ -72,7 +73,6 @@ from app.ingest.series_store import SeriesStore
 from app.metrics import GoodputCollector, IncidentCollector, build_registry
 from app.runtime import SERVER_LIFESPANS, LifespanFactory, load_running_policy
 from app.services.errors import ServiceError, TooManyRequests
-from app.services.incidents import open_incident_counts_source
 from app.services.tokens import NodeTokenCache
 from app.views import mount_dashboard
 from app.views.models.overview import DashboardCaches

@@ -25,8 +25,9 @@ from pydantic import (
 )
 
 from app.alerts.errors import AlertConfigError
-from app.alerts.events import AlertEvent, Tier
+from app.alerts.events import AlertEvent
 from app.models.auth import Role
+from app.policy.signals import Tier
 
 Locale = Literal["en", "zh"]
 
@@ -100,7 +101,7 @@ class _ChannelBase(BaseModel):
 
     def accepts(self, event: AlertEvent) -> bool:
         """Whether this channel wants `event`: not muted, and the event's tier is high enough."""
-        return not self.muted and event.tier.rank >= self.min_tier.rank
+        return not self.muted and event.tier >= self.min_tier
 
     def public(self, *, reveal_contacts: bool = False) -> dict[str, Any]:
         """What the API and the UI may show: everything but secrets, the URL masked.

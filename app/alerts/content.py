@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from app.alerts.config import AlertsConfig, Locale
-from app.alerts.events import Decision, EventKind, Tier
+from app.alerts.events import Decision, EventKind
 from app.alerts.grouping import AlertBatch
+from app.policy.signals import Tier
 
 TIER_EMOJI = {Tier.LIGHT: "🔵", Tier.MEDIUM: "🟠", Tier.HEAVY: "🔴"}
 RESOLVED_EMOJI = "✅"

@@ -12,19 +12,7 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from app.alerts.errors import AlertEventError
-
-
-class Tier(enum.StrEnum):
-    LIGHT = "light"
-    MEDIUM = "medium"
-    HEAVY = "heavy"
-
-    @property
-    def rank(self) -> int:
-        return _TIER_RANK[self]
-
-
-_TIER_RANK = {Tier.LIGHT: 0, Tier.MEDIUM: 1, Tier.HEAVY: 2}
+from app.policy.signals import Tier
 
 
 class EventKind(enum.StrEnum):

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from app.alerts.errors import AlertEventError
-from app.alerts.events import AlertEvent, Decision, EventKind, Tier
+from app.alerts.events import AlertEvent, Decision, EventKind
+from app.policy.signals import Tier
 
 
 def dedupe_key(*, incident_id: int, event_id: str, channel: str) -> str:
@@ -49,7 +50,7 @@ class AlertBatch:
     @property
     def tier(self) -> Tier:
         # Incidents only escalate, so the highest tier seen is the incident's current tier.
-        return max((e.tier for e in self.events), key=lambda t: t.rank)
+        return max(e.tier for e in self.events)
 
     @property
     def kinds(self) -> tuple[EventKind, ...]:

@@ -31,7 +31,6 @@ from app.alerts.errors import AlertConfigError, AlertEventError
 from app.alerts.events import (
     AlertEvent,
     EventKind,
-    Tier,
     event_from_json,
     event_to_json,
     reminder_event,
@@ -41,6 +40,7 @@ from app.alerts.grouping import AlertBatch, dedupe_key, group_events
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.alert import OPEN_STATES, AlertDelivery, DeliveryState
 from app.models.incident import Incident
+from app.policy.signals import Tier
 
 log = logging.getLogger("rlguard.alerts.queue")
 

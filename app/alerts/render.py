@@ -12,12 +12,12 @@ from app.alerts.config import (
     WeComChannel,
 )
 from app.alerts.content import MessageContent, build_content, format_time, text
-from app.alerts.events import Tier
 from app.alerts.grouping import AlertBatch
 from app.alerts.message import RenderedMessage
 from app.alerts.slack import render_slack
 from app.alerts.webhook import render_webhook
 from app.alerts.wecom import render_wecom
+from app.policy.signals import Tier
 
 
 def _dispatch(

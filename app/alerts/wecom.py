@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from app.alerts.config import WeComChannel
 from app.alerts.content import MessageContent, text
-from app.alerts.events import Tier
 from app.alerts.message import RenderedMessage, truncate_utf8
+from app.policy.signals import Tier
 
 MARKDOWN_MAX_BYTES = 4096
 TEXT_MAX_BYTES = 2048

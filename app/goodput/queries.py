@@ -25,7 +25,7 @@ from app.goodput.steps import StepPoint
 from app.models import Job, MetricRollup, Participant, utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
-from app.models.incident import Incident, IncidentEvent
+from app.models.incident import Incident, IncidentEvent, IncidentEventType
 from app.models.progress import StepProgress
 from app.policy.plans import ActionName
 from app.services.errors import InvalidInput, NotFound
@@ -33,8 +33,6 @@ from app.services.errors import InvalidInput, NotFound
 LOOKBACK = timedelta(days=1)
 CHECKPOINT_STEP = "checkpoint_committed_step"
 GPU_METRIC = "gpu_utilization_ratio"
-#: Timeline entry of an approver releasing a job from SAFE_MODE (app.services.jobs).
-RELEASE_REQUESTED = "release_requested"
 #: Actions that are not the recovery itself: they stop the job or only record a decision.
 NOT_RECOVERY = frozenset({ActionName.ENTER_SAFE_MODE.value})
 MAX_WINDOW = timedelta(days=90)
@@ -150,7 +148,8 @@ def _incidents(
     releases: dict[int, list[float]] = defaultdict(list)
     for ev in session.exec(
         select(IncidentEvent).where(
-            col(IncidentEvent.incident_id).in_(ids), IncidentEvent.type == RELEASE_REQUESTED
+            col(IncidentEvent.incident_id).in_(ids),
+            IncidentEvent.type == IncidentEventType.RELEASE_REQUESTED.value,
         )
     ):
         releases[ev.incident_id].append(ev.at.timestamp())

@@ -17,6 +17,33 @@ class IncidentStatus(enum.StrEnum):
     resolved = "resolved"
 
 
+class IncidentEventType(enum.StrEnum):
+    """What one timeline entry (``IncidentEvent.type``) records.
+
+    One vocabulary for the writers (incidents, approvals, actions, the SAFE_MODE release) and
+    the readers (alerts, the dashboard, goodput): a misspelt type fails where it is written
+    instead of being stored and silently matching nothing (no alert, no label).
+    """
+
+    OPENED = "opened"
+    UPDATED = "updated"
+    ESCALATED = "escalated"
+    RECOVERY_RETRY = "recovery_retry"
+    RECOVERY_DID_NOT_HOLD = "recovery_did_not_hold"
+    ACTION_PLANNED = "action_planned"
+    ACTION_STARTED = "action_started"
+    ACTION_SUCCEEDED = "action_succeeded"
+    ACTION_FAILED = "action_failed"
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVAL_GRANTED = "approval_granted"
+    APPROVAL_REJECTED = "approval_rejected"
+    APPROVAL_EXPIRED = "approval_expired"
+    SAFE_MODE = "safe_mode"
+    RELEASE_REQUESTED = "release_requested"
+    SAFE_MODE_RELEASED = "safe_mode_released"
+    RESOLVED = "resolved"
+
+
 class Incident(SQLModel, table=True):
     """One fault (kind + subject) from its first signal until it is resolved.
 
@@ -56,10 +83,7 @@ class IncidentEvent(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     incident_id: int = Field(foreign_key="incident.id", index=True, ondelete="CASCADE")
     at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-    # opened, updated, escalated, action_planned, action_started, action_succeeded,
-    # action_failed, approval_requested, approval_granted, approval_rejected, approval_expired,
-    # safe_mode, resolved
-    type: str = Field(max_length=32)
+    type: str = Field(max_length=32)  # an IncidentEventType
     actor: str = Field(default="system", max_length=160)  # system, user:<name>, worker:<host>
     detail: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
 

@@ -2,7 +2,7 @@
 
 The engine is pure (no database, no clock of its own): given the same worlds in the same order
 it makes the same decisions, which is what makes trace replay and fast tests possible. The
-server persists the decisions (app.services.incidents) and tells the engine about recovery
+server persists the decisions (app.incidents.persist) and tells the engine about recovery
 outcomes (``set_recovery_failures``, ``set_plan_succeeded``) and incidents closed elsewhere
 (``forget``).
 

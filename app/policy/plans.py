@@ -24,7 +24,8 @@ class ActionName(StrEnum):
     # Take a node out of the scheduler's service (Slurm DRAIN) after a GPU fault whose XID says
     # the node needs a person; through the launcher hook, whose backend knows the scheduler.
     DRAIN_NODE = "drain_node"
-    # Not planned by the engine: an approver releases a job from SAFE_MODE (app.services.jobs).
+    # Not planned by the engine: an approver releases a job from SAFE_MODE
+    # (app.incidents.safe_mode_release).
     RELEASE_SAFE_MODE = "release_safe_mode"
 
 

@@ -44,16 +44,41 @@ class FaultKind(StrEnum):
 
 
 class Tier(StrEnum):
+    """How much a fault's recovery may do, in order: light < medium < heavy.
+
+    The one tier of the project (the policy classifies with it, incidents store its value,
+    alerts filter and group by it). Tiers compare by severity, not as strings ("heavy" sorts
+    before "light" alphabetically); comparing a tier with a plain string is a TypeError.
+    """
+
     LIGHT = "light"
     MEDIUM = "medium"
     HEAVY = "heavy"
 
     @property
     def rank(self) -> int:
+        """0 for light, 1 for medium, 2 for heavy."""
         return _TIER_RANK[self]
 
+    def _rank_of(self, other: object) -> int:
+        if not isinstance(other, Tier):
+            raise TypeError(f"a Tier compares only with a Tier, not {type(other).__name__}")
+        return other.rank
 
-_TIER_RANK = {Tier.LIGHT: 1, Tier.MEDIUM: 2, Tier.HEAVY: 3}
+    def __lt__(self, other: str) -> bool:
+        return self.rank < self._rank_of(other)
+
+    def __le__(self, other: str) -> bool:
+        return self.rank <= self._rank_of(other)
+
+    def __gt__(self, other: str) -> bool:
+        return self.rank > self._rank_of(other)
+
+    def __ge__(self, other: str) -> bool:
+        return self.rank >= self._rank_of(other)
+
+
+_TIER_RANK = {Tier.LIGHT: 0, Tier.MEDIUM: 1, Tier.HEAVY: 2}
 
 
 @dataclass(frozen=True, slots=True)

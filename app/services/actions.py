@@ -20,12 +20,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
+from app.incidents.persist import resolve_incident
+from app.incidents.safe_mode_release import RELEASE_ACTION, on_release_succeeded
+from app.incidents.timeline import add_event
 from app.models._types import utcnow
 from app.models.action import FINAL_ACTION_STATUSES, ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
-from app.models.incident import Incident, IncidentStatus
-from app.services.incidents import add_event, resolve_incident
-from app.services.jobs import RELEASE_ACTION, on_release_succeeded
+from app.models.incident import Incident, IncidentEventType, IncidentStatus
 
 log = logging.getLogger("rlguard.actions")
 
@@ -128,7 +129,7 @@ def claim_action(
     add_event(
         session,
         incident_id=row.incident_id,
-        type_="action_started",
+        type_=IncidentEventType.ACTION_STARTED,
         actor=f"worker:{worker}",
         at=now,
         detail={"action_id": row.id, "action": row.action, "attempt": row.attempts},
@@ -174,7 +175,7 @@ def finish_action(
         add_event(
             session,
             incident_id=inc.id,
-            type_="action_succeeded",
+            type_=IncidentEventType.ACTION_SUCCEEDED,
             actor=f"worker:{worker}",
             at=now,
             detail=detail,
@@ -184,7 +185,7 @@ def finish_action(
             add_event(
                 session,
                 incident_id=inc.id,
-                type_="safe_mode",
+                type_=IncidentEventType.SAFE_MODE,
                 actor=f"worker:{worker}",
                 at=now,
                 detail={"job": row.job, "node": row.node},
@@ -199,7 +200,7 @@ def finish_action(
         add_event(
             session,
             incident_id=inc.id,
-            type_="action_failed",
+            type_=IncidentEventType.ACTION_FAILED,
             actor=f"worker:{worker}",
             at=now,
             detail={**detail, "error": error},

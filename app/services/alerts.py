@@ -1,7 +1,7 @@
 """Alerts, as the rest of the server sees them.
 
 The incident service calls `on_incident_event` for every timeline entry it adds (one call
-site, in `app.services.incidents.add_event`); the REST routes call `list_deliveries` and
+site, in `app.incidents.timeline.add_event`); the REST routes call `list_deliveries` and
 `send_test_message`. The queue itself lives in `app.alerts.queue`, the Celery task in
 `app.tasks.alert_tasks`.
 """
@@ -22,7 +22,7 @@ from sqlmodel import Session, select
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import AlertDeliveryClient, DeliveryRecord, RetryPolicy
 from app.alerts.errors import AlertEventError
-from app.alerts.events import AlertEvent, Decision, EventKind, Tier
+from app.alerts.events import AlertEvent, Decision, EventKind
 from app.alerts.queue import (
     actions_taken,
     dispatch,
@@ -34,21 +34,22 @@ from app.alerts.queue import (
 from app.alerts.render import render_test_message
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery, DeliveryState
-from app.models.incident import Incident, IncidentEvent, IncidentStatus
+from app.models.incident import Incident, IncidentEvent, IncidentEventType, IncidentStatus
+from app.policy.signals import Tier
 
 log = logging.getLogger("rlguard.alerts.service")
 
 
 # Timeline entries (IncidentEvent.type) that are worth a message, and what they become.
 _TIMELINE: dict[str, tuple[EventKind, Decision | None]] = {
-    "opened": (EventKind.OPENED, None),
-    "escalated": (EventKind.ESCALATED, None),
-    "approval_requested": (EventKind.APPROVAL_REQUESTED, None),
-    "approval_granted": (EventKind.APPROVAL_DECIDED, Decision.APPROVED),
-    "approval_rejected": (EventKind.APPROVAL_DECIDED, Decision.REJECTED),
-    "approval_expired": (EventKind.APPROVAL_DECIDED, Decision.EXPIRED),
-    "action_failed": (EventKind.ACTION_FAILED, None),
-    "resolved": (EventKind.RESOLVED, None),
+    IncidentEventType.OPENED: (EventKind.OPENED, None),
+    IncidentEventType.ESCALATED: (EventKind.ESCALATED, None),
+    IncidentEventType.APPROVAL_REQUESTED: (EventKind.APPROVAL_REQUESTED, None),
+    IncidentEventType.APPROVAL_GRANTED: (EventKind.APPROVAL_DECIDED, Decision.APPROVED),
+    IncidentEventType.APPROVAL_REJECTED: (EventKind.APPROVAL_DECIDED, Decision.REJECTED),
+    IncidentEventType.APPROVAL_EXPIRED: (EventKind.APPROVAL_DECIDED, Decision.EXPIRED),
+    IncidentEventType.ACTION_FAILED: (EventKind.ACTION_FAILED, None),
+    IncidentEventType.RESOLVED: (EventKind.RESOLVED, None),
 }
 
 _runtime: dict[str, Any] = {"config": None, "enqueue": None}

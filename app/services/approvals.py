@@ -14,15 +14,16 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
+from app.incidents.public import approval_public
+from app.incidents.timeline import add_event
 from app.models import Role, User
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
-from app.models.incident import Incident
+from app.models.incident import Incident, IncidentEventType
 from app.models.incident_public import ApprovalPublic
 from app.services.audit import record_audit
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.services.incidents import add_event, approval_public
 
 log = logging.getLogger("rlguard.approvals")
 
@@ -112,7 +113,9 @@ def decide(
     add_event(
         session,
         incident_id=inc.id,
-        type_=f"approval_{'granted' if approve else 'rejected'}",
+        type_=(
+            IncidentEventType.APPROVAL_GRANTED if approve else IncidentEventType.APPROVAL_REJECTED
+        ),
         actor=f"user:{user.name}",
         at=now,
         detail=detail,
@@ -142,7 +145,7 @@ def _expire(session: Session, appr: Approval, now: datetime) -> None:
         add_event(
             session,
             incident_id=inc.id,
-            type_="approval_expired",
+            type_=IncidentEventType.APPROVAL_EXPIRED,
             at=now,
             detail={
                 "approval_id": appr.id,

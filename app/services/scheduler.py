@@ -38,6 +38,12 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
 
+from app.incidents.persist import persist_decisions
+from app.incidents.queries import (
+    open_incident_failures,
+    open_incidents_for_engine,
+    open_incidents_whose_plan_succeeded,
+)
 from app.ingest.rollups import LeaseLost, RollupWriter
 from app.ingest.series_store import SeriesStore
 from app.models._types import utcnow
@@ -51,12 +57,6 @@ from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantView, World
 from app.services.alerts import run_alert_maintenance
 from app.services.approvals import expire_approvals
-from app.services.incidents import (
-    open_incident_failures,
-    open_incidents_for_engine,
-    open_incidents_whose_plan_succeeded,
-    persist_decisions,
-)
 from app.services.outbox import OutboxDispatcher
 
 log = logging.getLogger("rlguard.scheduler")

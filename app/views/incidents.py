@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.api.deps import RowId
-from app.services import incidents as incidents_service
+from app.incidents import queries as incident_queries
 from app.services.errors import InvalidInput, NotFound
 from app.views.context import DbDep, SignedInDep
 from app.views.models.incidents import incident_page
@@ -40,7 +40,7 @@ def incidents_list(
             status_code=400,
         )
     try:
-        result = incidents_service.list_incidents(
+        result = incident_queries.list_incidents(
             session, status=status, tier=tier or None, job=job or None, limit=200
         )
     except InvalidInput as exc:

@@ -10,8 +10,8 @@ from fastapi.responses import HTMLResponse
 from app.goodput.dashboard import WINDOWS, goodput_panel
 from app.goodput.queries import job_goodput
 from app.goodput.window import parse_instant
+from app.incidents import queries as incident_queries
 from app.models import utcnow
-from app.services import incidents as incidents_service
 from app.services.errors import NotFound
 from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep
 from app.views.models.jobs import (
@@ -58,7 +58,7 @@ def job_page(
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)
-    incidents = incidents_service.list_incidents(
+    incidents = incident_queries.list_incidents(
         session, status="all", job=name, limit=JOB_INCIDENTS
     )
     data: dict[str, Any] = {

@@ -8,8 +8,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.goodput.dashboard import cluster_tiles
+from app.incidents import queries as incident_queries
 from app.models import utcnow
-from app.services import incidents as incidents_service
+from app.models.incident_public import IncidentPublic
+from app.policy.signals import Tier
 from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
 from app.views.models.incidents import (
     open_incident_counts,
@@ -66,12 +68,17 @@ def _goodput(rt: Runtime, session: Any) -> dict[str, Any]:
 
 
 def _incidents(session: Any) -> dict[str, Any]:
-    result = incidents_service.list_incidents(session, status="open", limit=OVERVIEW_INCIDENTS)
-    tier_order = {"heavy": 0, "medium": 1, "light": 2}
-    rows = sorted(
-        result.incidents, key=lambda i: (tier_order.get(i.tier, 3), -i.updated_at.timestamp())
-    )
+    result = incident_queries.list_incidents(session, status="open", limit=OVERVIEW_INCIDENTS)
+    rows = sorted(result.incidents, key=_most_severe_then_newest)
     return {"open_incidents": rows, "open_total": result.count, "poll_seconds": POLL_SECONDS}
+
+
+def _most_severe_then_newest(inc: IncidentPublic) -> tuple[int, float]:
+    try:
+        severity = -Tier(inc.tier).rank
+    except ValueError:
+        severity = 1  # a tier this server does not know sorts after the known ones
+    return severity, -inc.updated_at.timestamp()
 
 
 @router.get("/", response_class=HTMLResponse)

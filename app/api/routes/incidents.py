@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import RowCount, RowId, SessionDep, ViewerUser
+from app.incidents import queries
 from app.models.incident_public import IncidentDetail, IncidentsPublic
-from app.services import incidents
 
 router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
 
@@ -23,7 +23,7 @@ def list_incidents(
     limit: Annotated[RowCount, Query()] = 100,
     offset: Annotated[RowCount, Query()] = 0,
 ) -> IncidentsPublic:
-    return incidents.list_incidents(
+    return queries.list_incidents(
         session, status=status, tier=tier, job=job, limit=limit, offset=offset
     )
 
@@ -32,4 +32,4 @@ def list_incidents(
     "/{incident_id}", response_model=IncidentDetail, summary="One incident with its timeline"
 )
 def get_incident(incident_id: RowId, session: SessionDep, _user: ViewerUser) -> IncidentDetail:
-    return incidents.incident_detail(session, incident_id=incident_id)
+    return queries.incident_detail(session, incident_id=incident_id)

@@ -10,9 +10,10 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
+from app.incidents import safe_mode_release
 from app.models import utcnow
 from app.models.public import JobDetail, JobsPublic
-from app.services import cluster, jobs, phase_history
+from app.services import cluster, phase_history
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -44,7 +45,9 @@ def get_job_phases(
             "last transition before it comes first, so its phase at `since` is known"
         ),
     ] = None,
-    limit: Annotated[int, Query(ge=1, le=phase_history.MAX_TRANSITIONS)] = phase_history.MAX_TRANSITIONS,
+    limit: Annotated[
+        int, Query(ge=1, le=phase_history.MAX_TRANSITIONS)
+    ] = phase_history.MAX_TRANSITIONS,
 ) -> phase_history.PhaseHistoryPublic:
     return phase_history.phase_history(session, job=job, now=utcnow(), since=since, limit=limit)
 
@@ -55,7 +58,7 @@ class JobReleaseIn(BaseModel):
 
 @router.post(
     "/{job}/release",
-    response_model=jobs.JobReleasePublic,
+    response_model=safe_mode_release.JobReleasePublic,
     status_code=202,
     summary="Release a job from SAFE_MODE (approver or admin); its incident closes once done",
     description=(
@@ -70,7 +73,7 @@ class JobReleaseIn(BaseModel):
 )
 def release_job(
     job: str, body: JobReleaseIn, session: SessionDep, user: ApproverUser
-) -> jobs.JobReleasePublic:
-    result = jobs.release_job(session, job=job, user=user, comment=body.comment)
+) -> safe_mode_release.JobReleasePublic:
+    result = safe_mode_release.release_job(session, job=job, user=user, comment=body.comment)
     session.commit()
     return result

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from sqlmodel import Session, col, select
 
+from app.incidents.public import approval_public
 from app.models import User
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
@@ -18,7 +19,6 @@ from app.models.incident import Incident
 from app.models.incident_public import ApprovalPublic
 from app.services import approvals as approvals_service
 from app.services.errors import NotFound
-from app.services.incidents import approval_public
 
 RECENT_DECIDED = 20
 

@@ -1,6 +1,6 @@
 """Incidents and approvals as the dashboard shows them.
 
-Lists and details come from ``app.services.incidents`` (the REST API's service); this module adds
+Lists and details come from ``app.incidents.queries`` (what the REST API serves); this module adds
 what only the pages need: counts for the overview tiles, the evidence of a fault signal as a chart
 that shows the window the detector looked at and the threshold that fired, and the timeline in
 words and colours.
@@ -15,32 +15,32 @@ from typing import Any
 
 from sqlmodel import Session, col, func, select
 
+from app.incidents import queries as incident_queries
 from app.ingest.series_store import SeriesStore
 from app.models.approval import Approval, ApprovalStatus
-from app.models.incident import Incident, IncidentStatus
+from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.incident_public import IncidentDetail
-from app.services import incidents as incidents_service
 from app.views.models.charts import ChartSpec, Threshold, aligned_chart, golden_bands
 from app.views.models.health import TIER_LEVEL
 
 TIERS = ("light", "medium", "heavy")
 
-# Timeline event types (see app.models.incident.IncidentEvent) → colour and words for people.
+# Timeline event types → colour and words for people.
 EVENT_LABELS: dict[str, tuple[str, str]] = {
-    "opened": ("bad", "Incident opened"),
-    "updated": ("idle", "New evidence"),
-    "escalated": ("bad", "Escalated"),
-    "action_planned": ("idle", "Action planned"),
-    "action_started": ("warn", "Action started"),
-    "action_succeeded": ("ok", "Action succeeded"),
-    "action_failed": ("bad", "Action failed"),
-    "recovery_did_not_hold": ("bad", "Fault back after its recovery succeeded"),
-    "approval_requested": ("warn", "Approval requested"),
-    "approval_granted": ("ok", "Approved"),
-    "approval_rejected": ("bad", "Rejected"),
-    "approval_expired": ("bad", "Approval expired"),
-    "safe_mode": ("warn", "Job put in SAFE_MODE"),
-    "resolved": ("ok", "Resolved"),
+    IncidentEventType.OPENED: ("bad", "Incident opened"),
+    IncidentEventType.UPDATED: ("idle", "New evidence"),
+    IncidentEventType.ESCALATED: ("bad", "Escalated"),
+    IncidentEventType.ACTION_PLANNED: ("idle", "Action planned"),
+    IncidentEventType.ACTION_STARTED: ("warn", "Action started"),
+    IncidentEventType.ACTION_SUCCEEDED: ("ok", "Action succeeded"),
+    IncidentEventType.ACTION_FAILED: ("bad", "Action failed"),
+    IncidentEventType.RECOVERY_DID_NOT_HOLD: ("bad", "Fault back after its recovery succeeded"),
+    IncidentEventType.APPROVAL_REQUESTED: ("warn", "Approval requested"),
+    IncidentEventType.APPROVAL_GRANTED: ("ok", "Approved"),
+    IncidentEventType.APPROVAL_REJECTED: ("bad", "Rejected"),
+    IncidentEventType.APPROVAL_EXPIRED: ("bad", "Approval expired"),
+    IncidentEventType.SAFE_MODE: ("warn", "Job put in SAFE_MODE"),
+    IncidentEventType.RESOLVED: ("ok", "Resolved"),
 }
 
 ACTION_LEVELS = {
@@ -255,7 +255,7 @@ def incident_page(
     session: Session, *, incident_id: int, store: SeriesStore | None = None
 ) -> IncidentPage:
     """Raises ``NotFound`` (from the incidents service) for an unknown id."""
-    detail = incidents_service.incident_detail(session, incident_id=incident_id)
+    detail = incident_queries.incident_detail(session, incident_id=incident_id)
     data = evidence_of(detail.evidence)
     metric = data.get("metric") or detail.kind
     evidence = evidence_chart(data, title=f"Evidence: {metric}")

@@ -13,12 +13,12 @@ from sqlmodel import Session, select
 from app.alerts.events import event_from_json
 from app.alerts.grouping import AlertBatch
 from app.alerts.queue import SendPlan, claim, current_view
+from app.incidents.timeline import add_event
 from app.models._types import utcnow
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
-from app.models.incident import Incident, IncidentEvent
+from app.models.incident import Incident, IncidentEvent, IncidentEventType
 from app.services import alerts as alert_service
-from app.services.incidents import add_event
 from tests.unit.app.alerts._factories import config
 
 pytestmark = pytest.mark.integration
@@ -69,18 +69,18 @@ def test_opened_and_approval_requested_are_queued_and_sent_after_commit(
 ) -> None:
     with Session(engine) as session:
         inc = new_incident(session)
-        add_event(session, incident_id=inc.id, type_="opened", at=AT, detail={"tier": "heavy"})
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT, detail={"tier": "heavy"})
         add_event(
             session,
             incident_id=inc.id,
-            type_="approval_requested",
+            type_=IncidentEventType.APPROVAL_REQUESTED,
             at=AT,
             detail={"approval_id": 7},
         )
         add_event(
             session,
             incident_id=inc.id,
-            type_="action_planned",
+            type_=IncidentEventType.ACTION_PLANNED,
             at=AT,
             detail={"action": "enter_safe_mode"},
         )
@@ -100,16 +100,25 @@ def test_opened_and_approval_requested_are_queued_and_sent_after_commit(
 def test_a_rolled_back_incident_queues_nothing(engine: Engine, enqueued: Enqueued) -> None:
     with Session(engine) as session:
         inc = new_incident(session)
-        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
         session.rollback()
     assert alert_service.wait_published(10)
     assert rows(engine) == [] and enqueued == []
 
 
 @pytest.mark.parametrize(
-    "type_", ["updated", "action_planned", "action_started", "action_succeeded", "safe_mode"]
+    "type_",
+    [
+        IncidentEventType.UPDATED,
+        IncidentEventType.ACTION_PLANNED,
+        IncidentEventType.ACTION_STARTED,
+        IncidentEventType.ACTION_SUCCEEDED,
+        IncidentEventType.SAFE_MODE,
+    ],
 )
-def test_entries_not_worth_a_message(engine: Engine, enqueued: Enqueued, type_: str) -> None:
+def test_entries_not_worth_a_message(
+    engine: Engine, enqueued: Enqueued, type_: IncidentEventType
+) -> None:
     with Session(engine) as session:
         inc = new_incident(session)
         add_event(session, incident_id=inc.id, type_=type_, at=AT)
@@ -120,12 +129,12 @@ def test_entries_not_worth_a_message(engine: Engine, enqueued: Enqueued, type_: 
 def test_decisions_and_failures_carry_who_and_why(engine: Engine, enqueued: Enqueued) -> None:
     with Session(engine) as session:
         inc = new_incident(session)
-        add_event(session, incident_id=inc.id, type_="approval_granted", actor="user:alice", at=AT,
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.APPROVAL_GRANTED, actor="user:alice", at=AT,
                   detail={"approval_id": 7, "comment": "go"})  # fmt: skip
         add_event(
-            session, incident_id=inc.id, type_="approval_expired", at=AT, detail={"approval_id": 8}
+            session, incident_id=inc.id, type_=IncidentEventType.APPROVAL_EXPIRED, at=AT, detail={"approval_id": 8}
         )
-        add_event(session, incident_id=inc.id, type_="action_failed", actor="worker:vm:1", at=AT,
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.ACTION_FAILED, actor="worker:vm:1", at=AT,
                   detail={"action": "restore_checkpoint", "error": "no valid checkpoint"})  # fmt: skip
         session.commit()
     events = [event_from_json(r.event) for r in rows(engine) if r.channel == "pager"]
@@ -157,7 +166,7 @@ def test_medium_incidents_skip_heavy_only_channels(engine: Engine, enqueued: Enq
     alert_service.configure(config=heavy_only, enqueue=enqueued)
     with Session(engine) as session:
         inc = new_incident(session, tier="medium")
-        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
         session.commit()
     assert rows(engine) == []
 
@@ -174,7 +183,7 @@ def test_an_alerting_failure_never_blocks_the_incident(
     monkeypatch.setattr(alert_service, "queue_events", broken)
     with Session(engine) as session:
         inc = new_incident(session)
-        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
         session.commit()
         incident_id = inc.id
     with Session(engine) as session:
@@ -197,7 +206,7 @@ def test_a_slow_or_dead_broker_never_stalls_the_incident_transaction(
     try:
         with Session(engine) as session:
             inc = new_incident(session)
-            add_event(session, incident_id=inc.id, type_="opened", at=AT)
+            add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
             started = time.monotonic()
             session.commit()
             assert time.monotonic() - started < 1.0  # publishing happens off this thread
@@ -213,7 +222,7 @@ def test_no_channels_means_no_work(engine: Engine) -> None:
     try:
         with Session(engine) as session:
             inc = new_incident(session)
-            add_event(session, incident_id=inc.id, type_="opened", at=AT)
+            add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
             session.commit()
     finally:
         alert_service.configure(config=None, enqueue=None)
@@ -225,7 +234,7 @@ def test_the_message_shows_the_actions_as_they_are_at_send_time(
 ) -> None:
     with Session(engine) as session:
         inc = new_incident(session)
-        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
         for n, (action, status) in enumerate(
             [
                 ("enter_safe_mode", "succeeded"),
@@ -263,7 +272,7 @@ def test_maintenance_reminds_open_heavy_incidents_and_purges_old_rows(
     opened = utcnow() - timedelta(minutes=35)
     with Session(engine) as session:
         inc = new_incident(session, opened_at=opened)
-        add_event(session, incident_id=inc.id, type_="opened", at=opened)
+        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=opened)
         session.commit()
         incident_id = inc.id
     assert alert_service.wait_published(10)

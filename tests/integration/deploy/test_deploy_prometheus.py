@@ -16,10 +16,10 @@ import yaml
 from sqlmodel import Session
 
 from app.core.db import make_engine
+from app.incidents.persist import persist_decisions
 from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services.incidents import persist_decisions
 from tests.integration.foundation.conftest import Api, auth
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -26,6 +26,8 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.incidents.persist import persist_decisions
+from app.incidents.safe_mode_release import release_job
 from app.models import User
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
@@ -33,9 +35,8 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import approvals, jobs
+from app.services import approvals
 from app.services.actions import claim_action, finish_action
-from app.services.incidents import persist_decisions
 from tests.integration.foundation.conftest import Api, auth, batch
 
 JOB, CALM = "grpo-ledger", "grpo-calm"
@@ -165,7 +166,7 @@ def build_incidents(
             comment="not a restore", now=at(t0, 560),
         )
         s.commit()
-        released = jobs.release_job(s, job=JOB, user=user, comment="disk fixed", now=at(t0, 700))
+        released = release_job(s, job=JOB, user=user, comment="disk fixed", now=at(t0, 700))
         s.commit()
         [release] = released.actions
         _run(s, t0, release.id, claimed=702, done=705)

@@ -23,6 +23,7 @@ import pytest
 from sqlmodel import Session, func, select
 
 from app.core import migrate
+from app.incidents.persist import persist_decisions
 from app.main import create_app
 from app.models import AuditEvent, Role
 from app.models.action import RecoveryAction
@@ -31,7 +32,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, incidents
+from app.services import actions
 from app.tasks.recovery_adapters import read_mode
 from recovery.control import ControlMode, write_control
 from recovery.phases import Phase, PhaseMachine
@@ -300,7 +301,7 @@ def test_an_incident_still_entering_safe_mode_is_decided_first(rest: Rest) -> No
         DecisionType.OPEN, sig.incident_key, sig.kind, subject, Tier.HEAVY, 1.0, sig, plan
     )
     with Session(rest.engine) as s:
-        out = incidents.persist_decisions(s, decisions=[d], policy=default_policy())
+        out = persist_decisions(s, decisions=[d], policy=default_policy())
         s.commit()
     [entering] = out.new_actions
     before = rest.counts()

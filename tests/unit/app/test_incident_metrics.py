@@ -8,9 +8,9 @@ from sqlmodel import Session
 
 from app.core import migrate
 from app.core.db import make_engine
+from app.incidents.queries import open_incident_counts, open_incident_counts_source
 from app.metrics import IncidentCollector
 from app.models.incident import Incident, IncidentStatus
-from app.services.incidents import open_incident_counts, open_incident_counts_source
 
 
 def _incident(n: int, kind: str, tier: str, *, open_: bool = True) -> Incident:

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.alerts.config import AlertsConfig, parse_alerts_config
-from app.alerts.events import AlertEvent, Decision, EventKind, Tier
+from app.alerts.events import AlertEvent, Decision, EventKind
+from app.policy.signals import Tier
 
 T0 = datetime(2026, 11, 29, 3, 0, 0, tzinfo=UTC)
 SLACK_SECRET_PATH = "/services/T0SECRET1/B0SECRET2/slacksecrettoken123"

@@ -6,7 +6,7 @@ import pytest
 
 from app.alerts.config import WebhookChannel, load_alerts_config, parse_alerts_config
 from app.alerts.errors import AlertConfigError
-from app.alerts.events import Tier
+from app.policy.signals import Tier
 from tests.unit.app.alerts._factories import (
     SLACK_SECRET_PATH,
     WEBHOOK_SIGNING,

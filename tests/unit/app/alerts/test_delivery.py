@@ -13,11 +13,11 @@ import pytest
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import AlertDeliveryClient, DeliveryStatus, RetryPolicy, parse_retry_after
 from app.alerts.errors import AlertConfigError, HostNotAllowedError
-from app.alerts.events import Tier
 from app.alerts.grouping import AlertBatch, AlertGrouper
 from app.alerts.ratelimit import RateLimitWaitTooLong, SlidingWindowRateLimiter
 from app.alerts.render import render_batch, render_test_message
 from app.alerts.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
+from app.policy.signals import Tier
 from tests.conftest import free_port
 from tests.unit.app.alerts._factories import (
     SLACK_SECRET_PATH,

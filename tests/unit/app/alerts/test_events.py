@@ -5,7 +5,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.alerts.errors import AlertEventError
-from app.alerts.events import EventKind, Tier, reminder_event, reminders_due
+from app.alerts.events import EventKind, reminder_event, reminders_due
+from app.policy.signals import Tier
 from tests.unit.app.alerts._factories import T0, event
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from app.alerts.events import Tier
 from app.alerts.grouping import AlertBatch
 from app.alerts.message import RenderedMessage
 from app.alerts.render import render_batch
 from app.alerts.webhook import signature_headers
+from app.policy.signals import Tier
 from tests.unit.app.alerts._factories import WEBHOOK_SIGNING, config, decided, event, tier_scenario
 
 GOLDEN = Path(__file__).resolve().parents[4] / "tests" / "alerts_golden"

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from app.alerts.config import SlackChannel, WebhookChannel, WeComChannel
-from app.alerts.events import Tier
 from app.alerts.grouping import AlertBatch
 from app.alerts.message import encode_body, truncate_utf8
 from app.alerts.render import render_batch, render_test_message
@@ -19,6 +18,7 @@ from app.alerts.webhook import (
     verify_signature,
 )
 from app.alerts.wecom import MARKDOWN_MAX_BYTES, TEXT_MAX_BYTES
+from app.policy.signals import Tier
 from tests.unit.app.alerts._factories import (
     T0,
     WEBHOOK_SIGNING,

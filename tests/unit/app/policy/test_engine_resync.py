@@ -17,13 +17,14 @@ from sqlmodel import Session, select
 
 from app.core import migrate
 from app.core.db import make_engine
+from app.incidents.persist import resolve_incident
+from app.incidents.queries import open_incidents_for_engine
 from app.models._types import utcnow
 from app.models.incident import Incident
 from app.policy import metric_names as m
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, Occurrence, PolicyEngine
 from app.policy.signals import FaultKind, Tier
-from app.services.incidents import open_incidents_for_engine, resolve_incident
 from app.services.scheduler import PolicyScheduler
 
 from ._helpers import JOB, Cluster

@@ -10,6 +10,8 @@ from sqlmodel import Session, select
 
 from app.core import migrate
 from app.core.db import make_engine
+from app.incidents.persist import PersistResult, persist_decisions
+from app.incidents.queries import incident_detail, list_incidents, open_incident_failures
 from app.models import AuditEvent, Role
 from app.models._types import utcnow
 from app.models.action import RecoveryAction
@@ -19,7 +21,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, approvals, incidents
+from app.services import actions, approvals
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.services.scheduler import release_lease, try_lease
 from app.services.users import create_user
@@ -50,9 +52,9 @@ def heavy_plan() -> tuple[PlannedAction, PlannedAction]:
     )
 
 
-def persist(engine, *ds: IncidentDecision) -> incidents.PersistResult:
+def persist(engine, *ds: IncidentDecision) -> PersistResult:
     with Session(engine) as s:
-        out = incidents.persist_decisions(s, decisions=list(ds), policy=default_policy())
+        out = persist_decisions(s, decisions=list(ds), policy=default_policy())
         s.commit()
     return out
 
@@ -65,7 +67,7 @@ def test_open_plans_actions_and_update_does_not_duplicate(engine) -> None:
     assert again.opened == [] and again.new_actions == []  # one open incident per key
     persist(engine, decision(DecisionType.UPDATE, FaultKind.STEP_FAILED, Tier.LIGHT))
     with Session(engine) as s:
-        detail = incidents.incident_detail(s, incident_id=out.opened[0])
+        detail = incident_detail(s, incident_id=out.opened[0])
     assert [e.type for e in detail.timeline] == ["opened", "action_planned", "updated"]
     assert len(detail.signals) == 2 and detail.detection_delay_seconds == pytest.approx(10.0)
     [a] = detail.actions
@@ -141,8 +143,8 @@ def test_failed_recovery_counts_on_the_incident(engine) -> None:
         actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w", lease_seconds=30)
         actions.finish_action(s, action_id=aid, worker="w", ok=False, error="launcher exited 3")
         s.commit()
-        assert incidents.open_incident_failures(s) == {decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM).key: 1}
-        detail = incidents.incident_detail(s, incident_id=out.opened[0])
+        assert open_incident_failures(s) == {decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM).key: 1}
+        detail = incident_detail(s, incident_id=out.opened[0])
     assert detail.timeline[-1].type == "action_failed" and detail.timeline[-1].actor == "worker:w"
 
 
@@ -189,7 +191,7 @@ def test_approval_expires_and_the_job_stays_in_safe_mode(engine) -> None:
         assert approvals.expire_approvals(s, now=late - timedelta(seconds=2)) == 0
         with pytest.raises(Conflict, match="expired .* stays in SAFE_MODE"):
             approvals.decide(s, approval_id=appr_id, user=ann, approve=True, now=late)
-        detail = incidents.incident_detail(s, incident_id=out.opened[0])
+        detail = incident_detail(s, incident_id=out.opened[0])
     assert detail.approvals[0].status == "expired"
     assert [a.status for a in detail.actions if a.action == "restore_checkpoint"] == ["cancelled"]
     assert "SAFE_MODE" in detail.timeline[-1].detail["note"]
@@ -218,14 +220,14 @@ def test_resolve_frees_the_key_for_a_new_incident(engine) -> None:
     second = persist(engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip))
     assert second.opened and second.opened != first.opened
     with Session(engine) as s:
-        listed = incidents.list_incidents(s, status="open")
+        listed = list_incidents(s, status="open")
         assert listed.count == 1 and listed.incidents[0].id == second.opened[0]
         for bad, needle in ((dict(status="closed"), "status must be"), (dict(tier="huge"), "tier must be"),
                             (dict(limit=0), "limit must be")):
             with pytest.raises(InvalidInput, match=needle):
-                incidents.list_incidents(s, **bad)
+                list_incidents(s, **bad)
         with pytest.raises(NotFound, match="no incident with id 12345"):
-            incidents.incident_detail(s, incident_id=12345)
+            incident_detail(s, incident_id=12345)
 
 
 def test_scheduler_lease_has_one_holder_until_it_expires(engine) -> None:

@@ -189,11 +189,11 @@ def seed_heavy_incident(dash: DashboardApp, *, job: str = "grpo-a", node: str = 
     """A heavy incident as the policy engine leaves it: SAFE_MODE done, restore waiting."""
     from datetime import timedelta
 
+    from app.incidents.timeline import add_event
     from app.models import utcnow
     from app.models.action import RecoveryAction
     from app.models.approval import Approval
-    from app.models.incident import Incident
-    from app.services.incidents import add_event
+    from app.models.incident import Incident, IncidentEventType
 
     now = utcnow()
     with dash.session() as s:
@@ -229,8 +229,8 @@ def seed_heavy_incident(dash: DashboardApp, *, job: str = "grpo-a", node: str = 
         s.add(inc)
         s.flush()
         assert inc.id is not None
-        add_event(s, incident_id=inc.id, type_="opened", detail={"tier": "heavy"})
-        add_event(s, incident_id=inc.id, type_="safe_mode", detail={"job": job})
+        add_event(s, incident_id=inc.id, type_=IncidentEventType.OPENED, detail={"tier": "heavy"})
+        add_event(s, incident_id=inc.id, type_=IncidentEventType.SAFE_MODE, detail={"job": job})
         appr = Approval(
             incident_id=inc.id,
             summary="Restore grpo-a from its latest consistent checkpoint",
@@ -265,7 +265,7 @@ def seed_heavy_incident(dash: DashboardApp, *, job: str = "grpo-a", node: str = 
         for a in actions:
             s.add(a)
         add_event(
-            s, incident_id=inc.id, type_="approval_requested", detail={"approval_id": appr.id}
+            s, incident_id=inc.id, type_=IncidentEventType.APPROVAL_REQUESTED, detail={"approval_id": appr.id}
         )
         s.commit()
         return Seeded(

@@ -7,10 +7,10 @@ import re
 import time
 from datetime import timedelta
 
+from app.incidents.timeline import add_event
 from app.ingest.series_store import SeriesKey
 from app.models import Job, MetricRollup, Node, Participant, from_epoch, utcnow
-from app.models.incident import Incident
-from app.services.incidents import add_event
+from app.models.incident import Incident, IncidentEventType
 from tests.unit.app.views.conftest import Browser, DashboardApp, login, seed_heavy_incident
 
 HX = {"HX-Request": "true"}
@@ -190,7 +190,7 @@ def test_incident_detail_evidence_and_polling_stops_when_final(
         for a in s.exec(__import__("sqlmodel").select(RecoveryAction)).all():
             if a.status == "pending_approval":
                 a.status = "cancelled"
-        add_event(s, incident_id=inc.id, type_="resolved")
+        add_event(s, incident_id=inc.id, type_=IncidentEventType.RESOLVED)
         s.commit()
     final = client.get(f"/ui/incidents/{seeded.incident_id}/timeline", headers=HX).text
     assert 'data-final="true"' in final and "hx-trigger=" not in final

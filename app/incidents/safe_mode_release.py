@@ -7,7 +7,7 @@ approver (or admin) who has looked at the job releases it here: one ``release_sa
 action per node that was put in SAFE_MODE is written to the outbox (the node's worker writes
 ``run`` into the control file, which the phase machine obeys), and the incident is closed,
 with a timeline entry naming who released it, once every one of those actions succeeded
-(``app.services.actions.finish_action``).
+(``app.services.actions.finish_action`` calls ``on_release_succeeded``).
 
 A job can also be held with no incident at all: its control file says SAFE_MODE because an
 operator wrote it, or an earlier run (or an incident closed since) left it. The server knows
@@ -28,29 +28,28 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from app.incidents.persist import insert_open_incident, resolve_incident
+from app.incidents.planning import batch_of, plan_actions
+from app.incidents.public import action_public
+from app.incidents.timeline import add_event
 from app.models import Role, User
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
 from app.models.cluster import Job, Participant
-from app.models.incident import Incident, IncidentStatus
+from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.incident_public import ActionPublic
-from app.policy.plans import ActionName, queue_for
+from app.policy.plans import ActionName, PlannedAction
 from app.policy.signals import Tier
 from app.services.audit import record_audit
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.services.incidents import action_public, add_event, resolve_incident
 
 log = logging.getLogger("rlguard.jobs")
 
 MAX_COMMENT = 2000
 RELEASE_ACTION = ActionName.RELEASE_SAFE_MODE.value
-#: Timeline entry written when the release is asked for, and when it is done.
-RELEASE_REQUESTED = "release_requested"
-RELEASED = "safe_mode_released"
 #: The incident a release opens for a job held in SAFE_MODE by its control file alone.
 HOLD_KIND = "safe_mode_hold"
 SAFE_MODE_PHASE = "SAFE_MODE"
@@ -102,12 +101,8 @@ def release_job(
     already on its way). Nothing is written when it raises.
     """
     now = now or utcnow()
-    if not Role(user.role).allows(Role.approver):
-        raise Forbidden(f"releasing a job needs the approver role; {user.name} is {user.role}")
-    if not isinstance(comment, str) or not comment.strip():
-        raise InvalidInput("comment must say why the job is released (got an empty comment)")
-    if len(comment) > MAX_COMMENT:
-        raise InvalidInput(f"comment is {len(comment)} characters; at most {MAX_COMMENT}")
+    _check_request(user, comment)
+    comment = comment.strip()
     if session.exec(select(Job).where(Job.name == job)).first() is None:
         raise NotFound(f"no job named {job!r}")
     incidents = safe_mode_incidents(session, job=job)
@@ -115,77 +110,18 @@ def release_job(
         # Held by its control file alone (or not held at all: Conflict, nothing written).
         incidents = [_open_hold_incident(session, job=job, now=now)]
     ids = [inc.id for inc in incidents]
-    pending = session.exec(
-        select(Approval).where(
-            col(Approval.incident_id).in_(ids), Approval.status == ApprovalStatus.pending.value
-        )
-    ).first()
-    if pending is not None:
-        raise Conflict(
-            f"approval {pending.id} of incident {pending.incident_id} is still pending: "
-            "approve or reject it before releasing the job"
-        )
-    rows = session.exec(
-        select(RecoveryAction).where(col(RecoveryAction.incident_id).in_(ids))
-    ).all()
-    running = [r for r in rows if r.action == RELEASE_ACTION and r.status in _LIVE]
-    if running:
-        raise Conflict(
-            f"a release of job {job!r} is already on its way (action {running[0].id}, "
-            f"{running[0].status})"
-        )
-    actor = f"user:{user.name}"
-    reason = f"released from SAFE_MODE by {user.name}: {comment.strip()}"
+    rows = _refuse_if_busy(session, job=job, incident_ids=ids)
     planned: list[RecoveryAction] = []
     for inc in incidents:
-        nodes = _held_nodes(inc, rows)
-        # One attempt is one batch ("inc<id>/release<n>/<node>" per node), not one row.
-        attempt = 1 + len(
-            {
-                r.idempotency_key.rsplit("/", 1)[0]
-                for r in rows
-                if r.incident_id == inc.id and r.action == RELEASE_ACTION
-            }
-        )
-        for node in nodes:
-            row = RecoveryAction(
-                incident_id=inc.id,  # type: ignore[arg-type]
-                idempotency_key=f"inc{inc.id}/release{attempt}/{node}",
-                action=RELEASE_ACTION,
-                job=job,
-                node=node,
-                queue=queue_for(ActionName.RELEASE_SAFE_MODE, node),
-                params={"reason": reason, "released_by": user.name, "comment": comment.strip()},
-                status=ActionStatus.pending.value,
-                created_at=now,
-            )
-            session.add(row)
-            planned.append(row)
-        session.flush()
-        add_event(
-            session,
-            incident_id=inc.id,
-            type_=RELEASE_REQUESTED,
-            actor=actor,
-            at=now,
-            detail={
-                "comment": comment.strip(),
-                "nodes": nodes,
-                "action_ids": [r.id for r in planned if r.incident_id == inc.id],
-            },
-        )
-        inc.updated_at = now
-        if not nodes:
-            # SAFE_MODE was recorded without a node (an older incident): nothing to clear.
-            _close_released(session, inc, user_name=user.name, comment=comment.strip(), now=now)
+        planned += _plan_release(session, inc, rows, user=user, comment=comment, now=now)
     record_audit(
         session,
-        actor=actor,
+        actor=f"user:{user.name}",
         action="job.release",
         target=f"job:{job}",
         detail={
             "incidents": ids,
-            "comment": comment.strip(),
+            "comment": comment,
             "actions": [r.id for r in planned],
             # held by its control file alone: the incident was opened by this release
             "control_file_hold": any(inc.kind == HOLD_KIND for inc in incidents),
@@ -195,10 +131,109 @@ def release_job(
     return JobReleasePublic(
         job=job,
         released_by=user.name,
-        comment=comment.strip(),
+        comment=comment,
         incidents=ids,  # type: ignore[arg-type]
         actions=[action_public(r) for r in planned],
     )
+
+
+def _check_request(user: User, comment: str) -> None:
+    if not Role(user.role).allows(Role.approver):
+        raise Forbidden(f"releasing a job needs the approver role; {user.name} is {user.role}")
+    if not isinstance(comment, str) or not comment.strip():
+        raise InvalidInput("comment must say why the job is released (got an empty comment)")
+    if len(comment) > MAX_COMMENT:
+        raise InvalidInput(f"comment is {len(comment)} characters; at most {MAX_COMMENT}")
+
+
+def _refuse_if_busy(
+    session: Session, *, job: str, incident_ids: Sequence[int | None]
+) -> Sequence[RecoveryAction]:
+    """The actions of the incidents to release; Conflict while one of them waits for an
+    approver or a release of theirs is still on its way."""
+    pending = session.exec(
+        select(Approval).where(
+            col(Approval.incident_id).in_(incident_ids),
+            Approval.status == ApprovalStatus.pending.value,
+        )
+    ).first()
+    if pending is not None:
+        raise Conflict(
+            f"approval {pending.id} of incident {pending.incident_id} is still pending: "
+            "approve or reject it before releasing the job"
+        )
+    rows = session.exec(
+        select(RecoveryAction).where(col(RecoveryAction.incident_id).in_(incident_ids))
+    ).all()
+    running = [r for r in rows if r.action == RELEASE_ACTION and r.status in _LIVE]
+    if running:
+        raise Conflict(
+            f"a release of job {job!r} is already on its way (action {running[0].id}, "
+            f"{running[0].status})"
+        )
+    return rows
+
+
+def _plan_release(
+    session: Session,
+    inc: Incident,
+    rows: Sequence[RecoveryAction],
+    *,
+    user: User,
+    comment: str,
+    now: datetime,
+) -> list[RecoveryAction]:
+    """One ``release_safe_mode`` action per node ``inc`` holds, as the incident's next release
+    attempt, and the timeline entry that asks for it."""
+    nodes = _held_nodes(inc, rows)
+    # One attempt is one batch ("inc<id>/release<n>/<node>" per node), not one row.
+    attempt = 1 + len(
+        {
+            batch_of(r.idempotency_key)
+            for r in rows
+            if r.incident_id == inc.id and r.action == RELEASE_ACTION
+        }
+    )
+    params = {
+        "reason": f"released from SAFE_MODE by {user.name}: {comment}",
+        "released_by": user.name,
+        "comment": comment,
+    }
+    planned = plan_actions(
+        session,
+        incident=inc,
+        actions=[
+            PlannedAction(
+                action=ActionName.RELEASE_SAFE_MODE,
+                job=inc.job,
+                node=node,
+                needs_approval=False,
+                params=params,
+            )
+            for node in nodes
+        ],
+        batch=f"release{attempt}",
+        now=now,
+        name_of=_node_of,
+    )
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.RELEASE_REQUESTED,
+        actor=f"user:{user.name}",
+        at=now,
+        detail={"comment": comment, "nodes": nodes, "action_ids": [r.id for r in planned]},
+    )
+    inc.updated_at = now
+    if not nodes:
+        # SAFE_MODE was recorded without a node (an older incident): nothing to clear.
+        _close_released(session, inc, user_name=user.name, comment=comment, now=now)
+    return planned
+
+
+def _node_of(action: PlannedAction) -> str:
+    """A release action is named by its node inside its attempt (one per node)."""
+    return str(action.node)
 
 
 def _held_nodes(inc: Incident, rows: Sequence[RecoveryAction]) -> list[str]:
@@ -223,6 +258,24 @@ def _open_hold_incident(session: Session, *, job: str, now: datetime) -> Inciden
     held participant names its node, or when an open incident is still putting the job in
     SAFE_MODE (its approver decides first). Nothing is written when it raises.
     """
+    held = _participants_in_safe_mode(session, job=job)
+    _refuse_if_entering_safe_mode(session, job=job)
+    nodes = sorted({p.node_name for p in held if p.node_name})
+    if not nodes:
+        raise Conflict(
+            f"job {job!r} reports SAFE_MODE but none of those participants names its node, so "
+            "no node worker can clear its control file"
+        )
+    inc = _hold_incident(job=job, held=held, nodes=nodes, now=now)
+    if not insert_open_incident(session, inc):
+        # Another release of the same job opened it a moment ago.
+        raise Conflict(f"a release of job {job!r} is already on its way")
+    return inc
+
+
+def _participants_in_safe_mode(session: Session, *, job: str) -> list[Participant]:
+    """The job's participants that report SAFE_MODE since its last completed release;
+    Conflict (saying what they report instead) when there is none."""
     participants = session.exec(
         select(Participant)
         .where(Participant.job_name == job)
@@ -242,22 +295,25 @@ def _open_hold_incident(session: Session, *, job: str, now: datetime) -> Inciden
         for p in participants
         if p.phase == SAFE_MODE_PHASE and (released_at is None or p.updated_at > released_at)
     ]
-    if not held:
-        phases = Counter(p.phase for p in participants)
-        seen = (
-            "its participants report " + ", ".join(f"{n}× {ph}" for ph, n in sorted(phases.items()))
-            if phases
-            else "it has no participants"
+    if held:
+        return held
+    phases = Counter(p.phase for p in participants)
+    seen = (
+        "its participants report " + ", ".join(f"{n}× {ph}" for ph, n in sorted(phases.items()))
+        if phases
+        else "it has no participants"
+    )
+    if phases.get(SAFE_MODE_PHASE) and released_at is not None:
+        seen += (
+            f"; its last release finished at {released_at.isoformat()} and none has reported since"
         )
-        if phases.get(SAFE_MODE_PHASE) and released_at is not None:
-            seen += (
-                f"; its last release finished at {released_at.isoformat()} and none has "
-                "reported since"
-            )
-        raise Conflict(
-            f"job {job!r} is not in SAFE_MODE: no open incident holds it there and none of its "
-            f"participants reports phase SAFE_MODE ({seen})"
-        )
+    raise Conflict(
+        f"job {job!r} is not in SAFE_MODE: no open incident holds it there and none of its "
+        f"participants reports phase SAFE_MODE ({seen})"
+    )
+
+
+def _refuse_if_entering_safe_mode(session: Session, *, job: str) -> None:
     entering = session.exec(
         select(RecoveryAction)
         .join(Incident, col(Incident.id) == col(RecoveryAction.incident_id))
@@ -273,14 +329,13 @@ def _open_hold_incident(session: Session, *, job: str, now: datetime) -> Inciden
             f"incident {entering.incident_id} is putting job {job!r} in SAFE_MODE (action "
             f"{entering.id}, {entering.status}): decide that incident before releasing the job"
         )
-    nodes = sorted({p.node_name for p in held if p.node_name})
-    if not nodes:
-        raise Conflict(
-            f"job {job!r} reports SAFE_MODE but none of those participants names its node, so "
-            "no node worker can clear its control file"
-        )
+
+
+def _hold_incident(
+    *, job: str, held: Sequence[Participant], nodes: list[str], now: datetime
+) -> Incident:
     key = f"{HOLD_KIND}/job={job}"
-    inc = Incident(
+    return Incident(
         key=key,
         open_key=key,
         kind=HOLD_KIND,
@@ -312,14 +367,6 @@ def _open_hold_incident(session: Session, *, job: str, now: datetime) -> Inciden
         opened_at=now,
         updated_at=now,
     )
-    try:
-        with session.begin_nested():
-            session.add(inc)
-            session.flush()
-    except IntegrityError as exc:
-        # Another release of the same job opened it a moment ago.
-        raise Conflict(f"a release of job {job!r} is already on its way") from exc
-    return inc
 
 
 def on_release_succeeded(session: Session, *, action: RecoveryAction, now: datetime) -> None:
@@ -327,7 +374,7 @@ def on_release_succeeded(session: Session, *, action: RecoveryAction, now: datet
     inc = session.get(Incident, action.incident_id)
     if inc is None or inc.status != IncidentStatus.open.value:
         return
-    key = action.idempotency_key.rsplit("/", 1)[0] + "/"
+    key = batch_of(action.idempotency_key) + "/"
     batch = [
         r
         for r in session.exec(
@@ -355,7 +402,7 @@ def _close_released(
     add_event(
         session,
         incident_id=inc.id,
-        type_=RELEASED,
+        type_=IncidentEventType.SAFE_MODE_RELEASED,
         actor=f"user:{user_name}",
         at=now,
         detail={"job": inc.job, "released_by": user_name, "comment": comment},

@@ -11,6 +11,9 @@ from sqlmodel import Session, func, select
 
 from app.core import migrate
 from app.core.db import make_engine
+from app.incidents import safe_mode_release
+from app.incidents.persist import persist_decisions
+from app.incidents.queries import incident_detail
 from app.models import AuditEvent, Role, User
 from app.models.action import RecoveryAction
 from app.models.cluster import Job
@@ -19,7 +22,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, approvals, incidents, jobs
+from app.services import actions, approvals
 from app.services.actions import ActionSnapshot
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.services.users import create_user
@@ -78,7 +81,7 @@ def _heavy_in_safe_mode(engine: Any, *, decide: bool = True) -> tuple[int, int]:
         DecisionType.OPEN, sig.incident_key, sig.kind, SUBJ, Tier.HEAVY, 100.0, sig, plan
     )
     with Session(engine) as s:
-        out = incidents.persist_decisions(s, decisions=[d], policy=default_policy())
+        out = persist_decisions(s, decisions=[d], policy=default_policy())
         s.commit()
     [safe_id] = out.new_actions
     _run(engine, safe_id)
@@ -104,22 +107,32 @@ def test_release_clears_every_safe_mode_node_then_closes_the_incident(engine: An
     incident_id, _ = _heavy_in_safe_mode(engine)
     ann = _user(engine, Role.approver, "ann")
     with Session(engine) as s:
-        out = jobs.release_job(s, job="j", user=ann, comment="  disk replaced, checked  ")
+        out = safe_mode_release.release_job(
+            s, job="j", user=ann, comment="  disk replaced, checked  "
+        )
         s.commit()
     assert (out.job, out.released_by, out.incidents) == ("j", "ann", [incident_id])
     [a] = out.actions
-    assert (a.action, a.node, a.queue, a.status) == ("release_safe_mode", "n0", "node.n0", "pending")
+    assert (a.action, a.node, a.queue, a.status) == (
+        "release_safe_mode",
+        "n0",
+        "node.n0",
+        "pending",
+    )
     assert a.params["reason"] == "released from SAFE_MODE by ann: disk replaced, checked"
     with Session(engine) as s:
-        detail = incidents.incident_detail(s, incident_id=incident_id)
+        detail = incident_detail(s, incident_id=incident_id)
         audit = s.exec(select(AuditEvent).where(AuditEvent.action == "job.release")).one()
     assert detail.status == "open" and detail.safe_mode  # not before the node confirmed it
-    assert (detail.timeline[-1].type, detail.timeline[-1].actor) == ("release_requested", "user:ann")
+    assert (detail.timeline[-1].type, detail.timeline[-1].actor) == (
+        "release_requested",
+        "user:ann",
+    )
     assert (audit.actor, audit.target) == ("user:ann", "job:j")
     assert audit.detail["comment"] == "disk replaced, checked"
     _run(engine, a.id)
     with Session(engine) as s:
-        detail = incidents.incident_detail(s, incident_id=incident_id)
+        detail = incident_detail(s, incident_id=incident_id)
     assert detail.status == "resolved" and not detail.safe_mode
     released, resolved = detail.timeline[-2], detail.timeline[-1]
     assert (released.type, released.actor) == ("safe_mode_released", "user:ann")
@@ -128,7 +141,7 @@ def test_release_clears_every_safe_mode_node_then_closes_the_incident(engine: An
     assert "released from SAFE_MODE by ann" in resolved.detail["why"]
     # Released: a second release is refused, the job is no longer in SAFE_MODE.
     with Session(engine) as s, pytest.raises(Conflict, match="'j' is not in SAFE_MODE"):
-        jobs.release_job(s, job="j", user=ann, comment="again")
+        safe_mode_release.release_job(s, job="j", user=ann, comment="again")
 
 
 def test_a_failed_release_keeps_the_job_held_is_not_a_failed_recovery_and_can_be_retried(
@@ -137,16 +150,16 @@ def test_a_failed_release_keeps_the_job_held_is_not_a_failed_recovery_and_can_be
     incident_id, _ = _heavy_in_safe_mode(engine)
     admin = _user(engine, Role.admin, "root")
     with Session(engine) as s:
-        first = jobs.release_job(s, job="j", user=admin, comment="try")
+        first = safe_mode_release.release_job(s, job="j", user=admin, comment="try")
         s.commit()
     with Session(engine) as s, pytest.raises(Conflict, match="already on its way"):
-        jobs.release_job(s, job="j", user=admin, comment="twice")
+        safe_mode_release.release_job(s, job="j", user=admin, comment="twice")
     _run(engine, first.actions[0].id, ok=False, error="run directory gone")
     with Session(engine) as s:
         inc = s.get(Incident, incident_id)
         assert inc is not None and inc.status == "open" and inc.safe_mode
         assert inc.recovery_failures == 0
-        second = jobs.release_job(s, job="j", user=admin, comment="retry")
+        second = safe_mode_release.release_job(s, job="j", user=admin, comment="retry")
         s.commit()
     assert second.actions[0].idempotency_key == f"inc{incident_id}/release2/n0"
     _run(engine, second.actions[0].id)
@@ -174,7 +187,7 @@ def test_bad_release_requests_are_refused_and_change_nothing(
     before = _counts(engine)
     with Session(engine) as s:
         with pytest.raises(error, match=message):
-            jobs.release_job(s, job=job, user=user, comment=comment)
+            safe_mode_release.release_job(s, job=job, user=user, comment=comment)
         s.commit()
     assert _counts(engine) == before
 
@@ -183,10 +196,11 @@ def test_release_waits_for_a_pending_approval(engine: Any) -> None:
     _, approval_id = _heavy_in_safe_mode(engine, decide=False)
     ann = _user(engine, Role.approver, "ann")
     before = _counts(engine)
-    with Session(engine) as s, pytest.raises(
-        Conflict, match=f"approval {approval_id} of incident .* is still pending"
+    with (
+        Session(engine) as s,
+        pytest.raises(Conflict, match=f"approval {approval_id} of incident .* is still pending"),
     ):
-        jobs.release_job(s, job="j", user=ann, comment="now")
+        safe_mode_release.release_job(s, job="j", user=ann, comment="now")
     assert _counts(engine) == before
 
 

@@ -1,0 +1,371 @@
+"""Persisting the policy engine's decisions: the write side of incidents.
+
+``persist_decisions`` writes, in the caller's transaction, everything one tick decided: the
+incident rows, their timeline, the signal that caused each decision, the recovery actions (the
+outbox, through ``app.incidents.planning.plan_actions``) and, for heavy plans, the approval they
+wait for. Actions are handed to Celery only after that transaction commits
+(``app.services.outbox``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, func, select
+
+from app.incidents.planning import plan_actions
+from app.incidents.timeline import add_event
+from app.models._types import utcnow
+from app.models.action import ActionStatus, RecoveryAction
+from app.models.approval import Approval, ApprovalStatus
+from app.models.incident import (
+    FaultSignalRecord,
+    Incident,
+    IncidentEvent,
+    IncidentEventType,
+    IncidentStatus,
+)
+from app.policy.engine import DecisionType, IncidentDecision
+from app.policy.plans import PlannedAction
+from app.policy.policy_file import Policy
+from app.policy.signals import Subject
+
+log = logging.getLogger("rlguard.incidents")
+
+
+@dataclass(slots=True)
+class PersistResult:
+    opened: list[int] = field(default_factory=list)
+    resolved_keys: list[str] = field(default_factory=list)
+    new_actions: list[int] = field(default_factory=list)
+    approvals: list[int] = field(default_factory=list)
+
+
+def insert_open_incident(session: Session, inc: Incident) -> bool:
+    """Insert ``inc`` (open, with ``open_key`` set) and flush it; False, with nothing written,
+    when an incident with the same ``open_key`` is already open (another writer was first)."""
+    try:
+        with session.begin_nested():
+            session.add(inc)
+            session.flush()
+    except IntegrityError:
+        return False
+    return True
+
+
+def _open_incident(session: Session, key: str) -> Incident | None:
+    return session.exec(select(Incident).where(Incident.open_key == key)).first()
+
+
+def persist_decisions(
+    session: Session,
+    *,
+    decisions: Sequence[IncidentDecision],
+    policy: Policy,
+    now: datetime | None = None,
+) -> PersistResult:
+    """Write one tick's decisions; the caller commits (and then dispatches ``new_actions``)."""
+    now = now or utcnow()
+    out = PersistResult()
+    for d in decisions:
+        if d.type is DecisionType.OPEN:
+            _persist_open(session, d, policy, now, out)
+            continue
+        # A decision about an incident closed meanwhile (by a release, say) has nothing to change.
+        inc = _open_incident(session, d.key)
+        if inc is not None:
+            _PERSIST_CHANGE[d.type](session, inc, d, policy, now, out)
+    return out
+
+
+def _persist_update(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    if d.signal is None:
+        return
+    inc.evidence, inc.updated_at = d.signal.to_dict(), now
+    _record_signal(session, inc, d, now)
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.UPDATED,
+        at=now,
+        detail={"detail": d.signal.evidence.detail},
+    )
+
+
+def _persist_escalate(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    if d.recovery_did_not_hold:
+        _count_recovery_that_did_not_hold(session, inc, d, now)
+    previous = inc.tier
+    inc.tier, inc.escalated, inc.reasons, inc.updated_at = (
+        d.tier.value,
+        True,
+        list(d.reasons),
+        now,
+    )
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.ESCALATED,
+        at=now,
+        detail={"from": previous, "to": d.tier.value, "reasons": list(d.reasons)},
+    )
+    if d.signal is not None and not d.recovery_did_not_hold:
+        _record_signal(session, inc, d, now)
+    _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
+    _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
+
+
+def _persist_retry(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    if d.recovery_did_not_hold:
+        _count_recovery_that_did_not_hold(session, inc, d, now)
+    inc.updated_at = now
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.RECOVERY_RETRY,
+        at=now,
+        detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
+    )
+    _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
+    _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
+
+
+def _persist_resolve(
+    session: Session,
+    inc: Incident,
+    d: IncidentDecision,
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+) -> None:
+    resolve_incident(session, incident=inc, now=now, why="signal quiet for the quiet period")
+    out.resolved_keys.append(d.key)
+
+
+_PERSIST_CHANGE: dict[
+    DecisionType,
+    Callable[[Session, Incident, IncidentDecision, Policy, datetime, PersistResult], None],
+] = {
+    DecisionType.UPDATE: _persist_update,
+    DecisionType.ESCALATE: _persist_escalate,
+    DecisionType.RETRY: _persist_retry,
+    DecisionType.RESOLVE: _persist_resolve,
+}
+
+
+def _persist_open(
+    session: Session, d: IncidentDecision, policy: Policy, now: datetime, out: PersistResult
+) -> None:
+    existing = _open_incident(session, d.key)
+    if existing is not None:
+        # The engine restarted without knowing it: treat as an update, never a duplicate.
+        return
+    sig = d.signal
+    inc = Incident(
+        key=d.key,
+        open_key=d.key,
+        kind=d.kind.value,
+        tier=d.tier.value,
+        subject=d.subject.to_dict(),
+        job=d.subject.job,
+        node=d.subject.node,
+        summary=(sig.evidence.detail if sig else "")[:500],
+        evidence=sig.to_dict() if sig else {},
+        reasons=list(d.reasons),
+        escalated=bool(d.reasons),
+        opened_at=now,
+        updated_at=now,
+        detection_delay_seconds=d.detection_delay,
+    )
+    if not insert_open_incident(session, inc):
+        log.warning("incident %s already open (concurrent writer)", d.key)
+        return
+    assert inc.id is not None
+    out.opened.append(inc.id)
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.OPENED,
+        at=now,
+        detail={
+            "tier": d.tier.value,
+            "reasons": list(d.reasons),
+            "detection_delay_seconds": d.detection_delay,
+        },
+    )
+    _record_signal(session, inc, d, now)
+    _plan(session, inc, d.actions, policy, now, out, stage=0)
+
+
+def _count_recovery_that_did_not_hold(
+    session: Session, inc: Incident, d: IncidentDecision, now: datetime
+) -> None:
+    """The fault came back after its plan succeeded: one more failed local recovery, with the
+    occurrence that showed it (the engine restored after a restart reads ``since`` from the
+    evidence, and must not count this occurrence twice)."""
+    inc.recovery_failures += 1
+    if d.signal is not None:
+        inc.evidence = d.signal.to_dict()
+        _record_signal(session, inc, d, now)
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=IncidentEventType.RECOVERY_DID_NOT_HOLD,
+        at=now,
+        detail={
+            "detail": d.signal.evidence.detail if d.signal is not None else "",
+            "failures": inc.recovery_failures,
+        },
+    )
+
+
+def _record_signal(session: Session, inc: Incident, d: IncidentDecision, now: datetime) -> None:
+    sig = d.signal
+    if sig is None:
+        return
+    session.add(
+        FaultSignalRecord(
+            incident_id=inc.id,  # type: ignore[arg-type]
+            at=now,
+            kind=sig.kind.value,
+            tier=d.tier.value,
+            subject=sig.subject.to_dict(),
+            evidence=sig.evidence.to_dict(),
+            since=sig.since,
+        )
+    )
+
+
+def _next_plan_stage(session: Session, inc: Incident) -> int:
+    """Plans of one incident are numbered: the opening plan is stage 0 and each escalation or
+    retry (counted from the timeline) starts the next one, so a replanned action gets an
+    idempotency key distinct from the earlier plan's."""
+    replans = session.exec(
+        select(func.count())
+        .select_from(IncidentEvent)
+        .where(
+            IncidentEvent.incident_id == inc.id,
+            col(IncidentEvent.type).in_(
+                [IncidentEventType.ESCALATED.value, IncidentEventType.RECOVERY_RETRY.value]
+            ),
+        )
+    ).one()
+    return 1 + replans
+
+
+def _plan(
+    session: Session,
+    inc: Incident,
+    actions: Sequence[PlannedAction],
+    policy: Policy,
+    now: datetime,
+    out: PersistResult,
+    *,
+    stage: int,
+) -> None:
+    assert inc.id is not None
+    approval: Approval | None = None
+    if any(a.needs_approval for a in actions):
+        names = ", ".join(a.action.value for a in actions if a.needs_approval)
+        approval = Approval(
+            incident_id=inc.id,
+            summary=f"{inc.kind} on {Subject.from_dict(inc.subject).key()}: {names}"[:500],
+            requested_at=now,
+            expires_at=now + timedelta(seconds=policy.approval.expire_seconds),
+        )
+        session.add(approval)
+        session.flush()
+        out.approvals.append(approval.id)  # type: ignore[arg-type]
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_=IncidentEventType.APPROVAL_REQUESTED,
+            at=now,
+            detail={
+                "approval_id": approval.id,
+                "actions": names,
+                "expires_at": approval.expires_at.isoformat(),
+            },
+        )
+    rows = plan_actions(
+        session,
+        incident=inc,
+        actions=actions,
+        batch=f"s{stage}",
+        now=now,
+        approval_id=approval.id if approval is not None else None,
+    )
+    for row in rows:
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_=IncidentEventType.ACTION_PLANNED,
+            at=now,
+            detail={
+                "action_id": row.id,
+                "action": row.action,
+                "node": row.node,
+                "status": row.status,
+            },
+        )
+        if row.status == ActionStatus.pending.value:
+            out.new_actions.append(row.id)  # type: ignore[arg-type]
+
+
+def _cancel_unstarted(session: Session, inc: Incident, now: datetime, *, why: str) -> None:
+    rows = session.exec(
+        select(RecoveryAction).where(
+            RecoveryAction.incident_id == inc.id,
+            col(RecoveryAction.status).in_(
+                [ActionStatus.pending.value, ActionStatus.pending_approval.value]
+            ),
+        )
+    ).all()
+    for row in rows:
+        row.status, row.finished_at, row.error = ActionStatus.cancelled.value, now, why
+    for appr in session.exec(
+        select(Approval).where(
+            Approval.incident_id == inc.id, Approval.status == ApprovalStatus.pending.value
+        )
+    ).all():
+        appr.status, appr.decided_at, appr.comment = ApprovalStatus.expired.value, now, why
+
+
+def resolve_incident(
+    session: Session, *, incident: Incident, now: datetime, why: str, actor: str = "system"
+) -> None:
+    incident.status, incident.open_key = IncidentStatus.resolved.value, None
+    incident.resolved_at = incident.updated_at = now
+    add_event(
+        session,
+        incident_id=incident.id,
+        type_=IncidentEventType.RESOLVED,
+        actor=actor,
+        at=now,
+        detail={"why": why},
+    )
