@@ -35,6 +35,7 @@ from app.policy.engine import DecisionType, IncidentDecision, OpenIncident
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.signals import FaultKind, Subject, Tier
+from app.services.alerts import on_incident_event
 from app.services.errors import InvalidInput, NotFound
 
 log = logging.getLogger("rlguard.incidents")
@@ -66,11 +67,7 @@ def add_event(
     )
     session.add(row)
     # Alerts (Slack/WeCom/webhook) hang off the timeline: one call site for every entry.
-    from app.services import alerts
-
-    hook = getattr(alerts, "on_incident_event", None)
-    if hook is not None:
-        hook(session, row)
+    on_incident_event(session, row)
 
 
 def _open_incident(session: Session, key: str) -> Incident | None:

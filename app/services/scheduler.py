@@ -38,6 +38,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
 
+from app.actions.outbox import OutboxDispatcher
+from app.alerts.queue import took_queued_rows
 from app.ingest.rollups import LeaseLost, RollupWriter
 from app.ingest.series_store import SeriesStore
 from app.models._types import utcnow
@@ -58,7 +60,6 @@ from app.services.incidents import (
     open_incidents_whose_plan_succeeded,
     persist_decisions,
 )
-from app.services.outbox import OutboxDispatcher
 
 log = logging.getLogger("rlguard.scheduler")
 
@@ -246,17 +247,17 @@ class PolicyScheduler:
                         self._needs_restore = False
                     self._sync_engine(session)
                 result = self.policy_engine.tick(self.world(self.clock.now()))
-                new_actions = False
+                new_rows = False
                 if result.decisions:
                     with Session(self.engine, expire_on_commit=False) as session:
                         persisted = persist_decisions(
                             session, decisions=result.decisions, policy=self.policy
                         )
                         session.commit()
-                    new_actions = bool(persisted.new_actions)
+                        new_rows = bool(persisted.new_actions) or took_queued_rows(session)
                     for key in persisted.resolved_keys:
                         self.policy_engine.forget(key)
-                if new_actions:
+                if new_rows:  # actions or alert deliveries wait in the outbox
                     self.wake_dispatcher()
             except SQLAlchemyError:
                 log.exception("policy tick could not use the database; will resync from it")
@@ -315,6 +316,10 @@ class PolicyScheduler:
                 job.modify(next_run_time=datetime.now(UTC))
                 return
         self.dispatch()
+
+    def alert_maintenance(self) -> None:
+        if self.is_leader() and run_alert_maintenance(self.engine):
+            self.wake_dispatcher()
 
     def expire(self) -> None:
         if not self.is_leader():
@@ -407,13 +412,8 @@ class PolicyScheduler:
                 id="rollups",
             )
             self.rollups.scheduled_by = self.holder
-        # Alerts: re-enqueue lost or due deliveries, queue repeat reminders (app.services.alerts).
-        sched.add_job(
-            self._safe(lambda: self.is_leader() and run_alert_maintenance(self.engine)),
-            "interval",
-            seconds=5,
-            id="alerts",
-        )
+        # Alerts: purge old deliveries, queue repeat reminders (the dispatcher sends them).
+        sched.add_job(self._safe(self.alert_maintenance), "interval", seconds=5, id="alerts")
         sched.start()
         self._scheduler = sched
         log.info("policy scheduler started", extra={"holder": self.holder})

@@ -1,6 +1,7 @@
 """Celery task `alerts.deliver`: send one alert delivery row (and the events grouped with it).
 
-A task gets only the row id. It claims the row (re-reading the database: a row already sent,
+The outbox dispatcher (`app.actions.outbox`) sends the task once the row committed, and again
+when it was lost. A task gets only the row id. It claims the row (re-reading the database: a row already sent,
 grouped into another message or claimed by a live worker is a no-op), renders the message from
 the stored events, posts it, and records the outcome. Alerts ride the `cluster` queue beside
 recovery actions, so a task never holds its worker for long: a couple of quick tries within
@@ -21,19 +22,26 @@ from sqlmodel import Session
 
 from app.alerts.delivery import AlertDeliveryClient, RetryPolicy
 from app.alerts.errors import AlertError
-from app.alerts.queue import SendPlan, TaskRetryPolicy, Wait, claim, record_result
+from app.alerts.queue import (
+    DELIVER_TASK,
+    SendPlan,
+    TaskRetryPolicy,
+    Wait,
+    claim,
+    record_result,
+)
 from app.alerts.ratelimit import RateLimiter, RedisRateLimiter, SlidingWindowRateLimiter
 from app.alerts.render import render_batch
 from app.core.config import get_settings
 from app.core.db import make_engine
 from app.models._types import utcnow
 from app.models.alert import DeliveryState
+from app.policy.plans import CLUSTER_QUEUE
 from app.services.alerts import current_config
-from app.tasks.celery_app import CLUSTER_QUEUE, celery_app
+from app.tasks.celery_app import celery_app
 
 log = logging.getLogger("rlguard.tasks.alerts")
 
-TASK_NAME = "alerts.deliver"
 MAX_DB_RETRIES = 5
 # Quick in-task tries only; see the module docstring.
 IN_TASK_POLICY = RetryPolicy(
@@ -67,7 +75,7 @@ def shared_rate_limiter() -> RateLimiter:
 
 
 def enqueue_delivery(delivery_id: int, eta: datetime) -> None:
-    """Send the task for one row, to run at `eta` (the end of its group window)."""
+    """Run the task for one row again at `eta` (a group window still open, a retry later)."""
     deliver.apply_async(args=[delivery_id], eta=eta, queue=CLUSTER_QUEUE, retry=False)
 
 
@@ -124,7 +132,7 @@ def _send(plan: SendPlan) -> str:
 
 @celery_app.task(  # type: ignore[untyped-decorator]
     bind=True,
-    name=TASK_NAME,
+    name=DELIVER_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     max_retries=MAX_DB_RETRIES,

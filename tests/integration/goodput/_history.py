@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.actions.machine import claim_action, finish_action
 from app.models import User
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
@@ -34,7 +35,6 @@ from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.services import approvals, jobs
-from app.services.actions import claim_action, finish_action
 from app.services.incidents import persist_decisions
 from tests.integration.foundation.conftest import Api, auth, batch
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlmodel import Session, func, select
 
+from app.actions import machine as actions
 from app.core import migrate
 from app.main import create_app
 from app.models import AuditEvent, Role
@@ -31,7 +32,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, incidents
+from app.services import incidents
 from app.tasks.recovery_adapters import read_mode
 from recovery.control import ControlMode, write_control
 from recovery.phases import Phase, PhaseMachine

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from app.actions.machine import ActionSnapshot
 from app.ingest.series_store import SeriesStore
 from app.policy.external import (
     AlertmanagerPayload,
@@ -21,7 +22,6 @@ from app.policy.external import (
 from app.policy.policy_file import default_policy
 from app.policy.signals import FaultKind
 from app.policy.world import World
-from app.services.actions import ActionSnapshot
 from app.tasks import recovery_adapters as ra
 from recovery.control import ControlMode, read_control
 from recovery.wal import WALStatus, WriteAheadLog

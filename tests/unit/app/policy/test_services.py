@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
+from app.actions import machine as actions
+from app.actions import outbox
 from app.core import migrate
 from app.core.db import make_engine
 from app.models import AuditEvent, Role
@@ -19,7 +21,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, approvals, incidents
+from app.services import approvals, incidents
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.services.scheduler import release_lease, try_lease
 from app.services.users import create_user
@@ -98,12 +100,12 @@ def test_expired_lease_is_taken_over_and_redispatched(engine) -> None:
     t0 = utcnow()
     with Session(engine) as s:
         key = s.get(RecoveryAction, aid).idempotency_key
-        assert [d.id for d in actions.due_for_dispatch(s, now=t0)] == [aid]
-        actions.mark_dispatched(s, action_id=aid, now=t0)
+        assert [d.id for d in outbox.due_for_dispatch(s, now=t0)] == [aid]
+        outbox.mark_dispatched(s, action_id=aid, now=t0)
         actions.claim_action(s, action_id=aid, idempotency_key=key, worker="dead", lease_seconds=5, now=t0)
         s.commit()
-        assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=4), redispatch_after=3) == []
-        assert [d.id for d in actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3)] == [aid]
+        assert outbox.due_for_dispatch(s, now=t0 + timedelta(seconds=4), redispatch_after=3) == []
+        assert [d.id for d in outbox.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3)] == [aid]
         c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="new", lease_seconds=5, now=t0 + timedelta(seconds=6))
         s.commit()
     assert c.outcome is actions.ClaimOutcome.claimed and c.action.attempts == 2
@@ -120,7 +122,7 @@ def test_renewed_lease_keeps_a_slow_action_from_being_taken_over(engine) -> None
         # The holder renews at t0+4 s: at t0+6 s the action is still its own.
         assert actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5, now=t0 + timedelta(seconds=4))
         s.commit()
-        assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3) == []
+        assert outbox.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3) == []
         c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=6))
         s.commit()
         assert c.outcome is actions.ClaimOutcome.busy

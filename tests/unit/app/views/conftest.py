@@ -169,9 +169,9 @@ def _no_alert_channels() -> Iterator[None]:
     from app.alerts.config import AlertsConfig
     from app.services import alerts
 
-    alerts.configure(config=AlertsConfig(channels=()), enqueue=None)
+    alerts.configure(config=AlertsConfig(channels=()))
     yield
-    alerts.configure(config=None, enqueue=None)
+    alerts.configure(config=None)
 
 
 @dataclass
