@@ -182,7 +182,8 @@ def dispatch(
 
     A broker that is down must not block the caller: the first failure is logged, the rest is
     left for the next sweep (`due_for_dispatch`). With `now`, each row sent is stamped so the
-    sweeper does not send it again for a while; the caller commits.
+    sweeper does not send it again for a while, and `undispatched` no longer lists it; the
+    caller commits.
     """
     sent = 0
     table = AlertDelivery.__table__  # type: ignore[attr-defined]
@@ -204,8 +205,10 @@ def dispatch(
             break
         sent += 1
         if now is not None:
+            # Never the row's own creation time, which would make it look never sent.
+            stamp = max(now, row.created_at + timedelta(microseconds=1))
             session.execute(
-                sa.update(table).where(table.c.id == delivery_id).values(updated_at=now)
+                sa.update(table).where(table.c.id == delivery_id).values(updated_at=stamp)
             )
     return sent
 
