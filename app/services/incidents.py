@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from app.alerts.service import on_incident_event
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
@@ -35,7 +36,6 @@ from app.policy.engine import DecisionType, IncidentDecision, OpenIncident
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.signals import FaultKind, Subject, Tier
-from app.services.alerts import on_incident_event
 from app.services.errors import InvalidInput, NotFound
 
 log = logging.getLogger("rlguard.incidents")

@@ -40,6 +40,7 @@ from sqlmodel import Session, col, select
 
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
+from app.alerts.service import run_alert_maintenance
 from app.ingest.rollups import LeaseLost, RollupWriter
 from app.ingest.series_store import SeriesStore
 from app.models._types import utcnow
@@ -52,7 +53,6 @@ from app.policy.engine import PolicyEngine, TickResult
 from app.policy.external import ExternalAlertDetector, ExternalAlerts
 from app.policy.policy_file import Policy, default_policy, load_policy
 from app.policy.world import ParticipantView, World
-from app.services.alerts import run_alert_maintenance
 from app.services.approvals import expire_approvals
 from app.services.incidents import (
     open_incident_failures,

@@ -32,12 +32,12 @@ from app.alerts.queue import (
 )
 from app.alerts.ratelimit import RateLimiter, RedisRateLimiter, SlidingWindowRateLimiter
 from app.alerts.render import render_batch
+from app.alerts.service import current_config
 from app.core.config import get_settings
 from app.core.db import make_engine
 from app.models._types import utcnow
 from app.models.alert import DeliveryState
 from app.policy.plans import CLUSTER_QUEUE
-from app.services.alerts import current_config
 from app.tasks.celery_app import celery_app
 
 log = logging.getLogger("rlguard.tasks.alerts")

@@ -186,7 +186,7 @@ def skip_failed_step(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
         run_dir,
         f"skip_step-{int(step)}",
         {
-            "action": "skip_failed_step",
+            "action": ActionName.SKIP_FAILED_STEP.value,
             "step": int(step),
             "role": a.params.get("role"),
             "rank": a.params.get("rank"),
@@ -219,7 +219,7 @@ def rebuild_shard(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
             run_dir,
             f"rebuild-{shard}",
             {
-                "action": "rebuild_shard",
+                "action": ActionName.REBUILD_SHARD.value,
                 "shard": shard,
                 "snapshot": str(info.path),
                 "step": info.step,

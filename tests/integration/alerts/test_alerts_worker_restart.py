@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.actions.outbox import OutboxDispatcher
+from app.alerts import service as alert_service
 from app.alerts.config import load_alerts_config
 from app.alerts.queue import due_for_dispatch, queue_events
 from app.core import migrate
@@ -32,7 +33,6 @@ from app.core.config import Settings
 from app.core.db import make_engine
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery
-from app.services import alerts as alert_service
 from app.tasks.celery_app import make_celery
 from tests.integration.alerts.test_alerts_e2e import alerts_file
 from tests.integration.policy.conftest import RLGUARD, ROOT, RedisServer

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.actions.outbox import OutboxDispatcher
+from app.alerts import service as alert_service
 from app.alerts.events import event_from_json
 from app.alerts.grouping import AlertBatch
 from app.alerts.queue import SendPlan, claim, current_view, took_queued_rows
@@ -18,7 +19,6 @@ from app.models._types import utcnow
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
 from app.models.incident import Incident, IncidentEvent
-from app.services import alerts as alert_service
 from app.services.incidents import add_event
 from tests.unit.app.alerts._factories import config
 

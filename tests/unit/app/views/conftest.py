@@ -166,8 +166,8 @@ def other_client(dash: DashboardApp, portal: BlockingPortal) -> Iterator[Browser
 @pytest.fixture(autouse=True)
 def _no_alert_channels() -> Iterator[None]:
     """Incident timelines feed the alerts service; here it has no channel, so nothing is sent."""
+    from app.alerts import service as alerts
     from app.alerts.config import AlertsConfig
-    from app.services import alerts
 
     alerts.configure(config=AlertsConfig(channels=()))
     yield
