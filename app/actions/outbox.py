@@ -121,18 +121,19 @@ class OutboxDispatcher:
 
     def dispatch_due(self, now: datetime | None = None) -> DispatchReport:
         """One pass: the actions due, then (the broker still up) the alert deliveries due."""
+        now = now or utcnow()
         report = DispatchReport()
-        self._dispatch_actions(report)
+        self._dispatch_actions(report, now)
         if report.error is None:
-            self._dispatch_alerts(report, now or utcnow())
+            self._dispatch_alerts(report, now)
         if report.error is None and self._broker_down:
             log.info("broker reachable again; outbox drained")
             self._broker_down = False
         return report
 
-    def _dispatch_actions(self, report: DispatchReport) -> None:
+    def _dispatch_actions(self, report: DispatchReport, now: datetime) -> None:
         with Session(self.engine) as session:
-            due = due_for_dispatch(session, redispatch_after=self.redispatch_after)
+            due = due_for_dispatch(session, now=now, redispatch_after=self.redispatch_after)
         report.pending = len(due)
         for row in due:
             try:
@@ -146,7 +147,7 @@ class OutboxDispatcher:
                 self._refused(report, exc, f"{len(due)} action(s)")
                 return
             with Session(self.engine) as session:
-                mark_dispatched(session, action_id=row.id)
+                mark_dispatched(session, action_id=row.id, now=now)
                 session.commit()
             report.sent += 1
 

@@ -1,5 +1,5 @@
 """The server's scheduled work: the policy tick, outbox dispatch, approval expiry, rollups,
-retention.
+alert reminders, retention.
 
 Only one server replica runs it: each tick renews a lease row in the database (the
 ``scheduler_lease`` table; a conditional UPDATE is atomic on SQLite and PostgreSQL). A replica
@@ -7,8 +7,8 @@ that is not the holder skips every job until the lease expires.
 
 The tick builds the engine's :class:`World` from the in-process series store, the ingest
 service's participant table and the node table, runs :class:`PolicyEngine`, writes its
-decisions in one transaction and then wakes the dispatcher, so that an action reaches the
-broker right after its outbox row committed.
+decisions in one transaction and then wakes the dispatcher, so that an action or an alert
+delivery reaches the broker right after its outbox row committed.
 
 The per-minute rollups (``app.ingest.rollups``) are one of these jobs: only the holder writes
 them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
