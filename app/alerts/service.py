@@ -4,7 +4,7 @@ The incident service calls `on_incident_event` for every timeline entry it adds 
 site, in `app.services.incidents.add_event`); the REST routes call `list_deliveries` and
 `send_test_message`. The queue itself lives in `app.alerts.queue`; its rows reach Celery
 through the outbox dispatcher (`app.actions.outbox`), as recovery actions do, and are sent by
-the task in `app.tasks.alert_tasks`.
+the task in `app.tasks.alert_tasks` (`app.alerts.sender` on the worker).
 """
 
 from __future__ import annotations
