@@ -231,11 +231,12 @@ class Stack:
         """Baseline: an outbox row sent to the broker by this process, to worker start."""
         from sqlmodel import Session
 
+        from app.actions.kinds import task_name
+        from app.actions.outbox import mark_dispatched
         from app.incidents.persist import persist_decisions
         from app.policy.engine import DecisionType, IncidentDecision
         from app.policy.plans import ActionName, PlannedAction
         from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-        from app.services.actions import mark_dispatched, task_name
         from app.tasks.celery_app import make_celery
 
         job = f"direct{i:04d}"

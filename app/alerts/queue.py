@@ -2,7 +2,8 @@
 record the outcome.
 
 `queue_events` runs inside the caller's transaction (an incident event and its deliveries
-commit together); after the commit the new rows go to Celery, one task per row
+commit together); after the commit the outbox dispatcher (`app.actions.outbox`, the same one
+that sends recovery actions) hands the new rows to Celery, one task per row
 (`app.tasks.alert_tasks`), which calls `claim` → sends → `record_result`.
 
 Every state change is a compare-and-set UPDATE on the row's current state, so two workers (or
@@ -45,6 +46,9 @@ from app.policy.signals import Tier
 log = logging.getLogger("rlguard.alerts.queue")
 
 MAX_ATTEMPT_LOG = 50
+DELIVER_TASK = "alerts.deliver"
+# Session.info key: rows this session queued, so its owner knows to wake the dispatcher.
+_QUEUED_KEY = "rlguard.alert_rows_queued"
 _REMINDER_ID = re.compile(r"^reminder-(\d+)$")
 
 
@@ -103,7 +107,7 @@ def queue_events(
 
     An event already queued for a channel (same dedupe key) is skipped: the unique constraint
     decides, so a repeat after a restart or a race between two callers queues nothing twice.
-    The caller commits, then passes the ids to `dispatch`.
+    The caller commits, then wakes the outbox dispatcher, which passes them to `dispatch`.
     """
     ids: list[int] = []
     for event in events:
@@ -144,7 +148,27 @@ def queue_events(
                 log.info("alert event already queued: %s", values["dedupe_key"])
             else:
                 ids.append(int(new_id))
+    if ids:
+        session.info[_QUEUED_KEY] = True
     return ids
+
+
+def took_queued_rows(session: Session) -> bool:
+    """Whether `queue_events` added rows in this session since the last call (then: wake the
+    dispatcher after the commit)."""
+    return bool(session.info.pop(_QUEUED_KEY, False))
+
+
+def undispatched(session: Session) -> list[int]:
+    """Pending rows never handed to the broker: `dispatch` stamps `updated_at`, and nothing
+    else touches a pending row, so theirs is still their `created_at`."""
+    d = AlertDelivery
+    rows = session.exec(
+        select(d.id).where(
+            col(d.state) == DeliveryState.PENDING.value, col(d.updated_at) == col(d.created_at)
+        )
+    ).all()
+    return sorted(int(i) for i in rows if i is not None)
 
 
 def dispatch(
@@ -158,7 +182,8 @@ def dispatch(
 
     A broker that is down must not block the caller: the first failure is logged, the rest is
     left for the next sweep (`due_for_dispatch`). With `now`, each row sent is stamped so the
-    sweeper does not send it again for a while; the caller commits.
+    sweeper does not send it again for a while, and `undispatched` no longer lists it; the
+    caller commits.
     """
     sent = 0
     table = AlertDelivery.__table__  # type: ignore[attr-defined]
@@ -180,8 +205,10 @@ def dispatch(
             break
         sent += 1
         if now is not None:
+            # Never the row's own creation time, which would make it look never sent.
+            stamp = max(now, row.created_at + timedelta(microseconds=1))
             session.execute(
-                sa.update(table).where(table.c.id == delivery_id).values(updated_at=now)
+                sa.update(table).where(table.c.id == delivery_id).values(updated_at=stamp)
             )
     return sent
 
@@ -252,31 +279,45 @@ def claim(
         return None
     lease_until = now + retry.lease
     if state in (DeliveryState.RETRYING, DeliveryState.SENDING):
-        if row.next_attempt_at is not None and row.next_attempt_at > now:
-            # Retry not due yet, or another worker holds a live claim on it.
-            return Wait(row.next_attempt_at) if state is DeliveryState.RETRYING else None
-        if not _cas(
-            session,
-            delivery_id,
-            [state.value],
-            now,
-            state=DeliveryState.SENDING.value,
-            next_attempt_at=lease_until,
-            task_runs=row.task_runs + 1,
-        ):
-            session.rollback()
-            return None
-        grouped = session.exec(
-            select(AlertDelivery)
-            .where(AlertDelivery.batch_id == delivery_id)
-            .order_by(AlertDelivery.id)  # type: ignore[arg-type]
-        ).all()
-        session.commit()
-        batch = AlertBatch(tuple([_event(row), *(_event(g) for g in grouped)]))
-        return SendPlan(
-            delivery_id, row.channel, current_view(session, batch), start_part=row.parts_sent
-        )
+        return _claim_resend(session, row, state, now, lease_until)
+    return _claim_pending(session, row, config, now, lease_until)
 
+
+def _claim_resend(
+    session: Session, row: AlertDelivery, state: DeliveryState, now: datetime, until: datetime
+) -> SendPlan | Wait | None:
+    """A retry that is due, or a claim whose worker vanished: send the same batch again."""
+    delivery_id = row.id or 0
+    if row.next_attempt_at is not None and row.next_attempt_at > now:
+        # Retry not due yet, or another worker holds a live claim on it.
+        return Wait(row.next_attempt_at) if state is DeliveryState.RETRYING else None
+    if not _cas(
+        session,
+        delivery_id,
+        [state.value],
+        now,
+        state=DeliveryState.SENDING.value,
+        next_attempt_at=until,
+        task_runs=row.task_runs + 1,
+    ):
+        session.rollback()
+        return None
+    grouped = session.exec(
+        select(AlertDelivery)
+        .where(AlertDelivery.batch_id == delivery_id)
+        .order_by(AlertDelivery.id)  # type: ignore[arg-type]
+    ).all()
+    session.commit()
+    batch = AlertBatch(tuple([_event(row), *(_event(g) for g in grouped)]))
+    return SendPlan(
+        delivery_id, row.channel, current_view(session, batch), start_part=row.parts_sent
+    )
+
+
+def _claim_pending(
+    session: Session, row: AlertDelivery, config: AlertsConfig, now: datetime, until: datetime
+) -> SendPlan | Wait | None:
+    """A pending row: send its group once the group window closed, grouping the rest in."""
     pending = session.exec(
         select(AlertDelivery).where(
             AlertDelivery.incident_id == row.incident_id,
@@ -286,39 +327,38 @@ def claim(
     ).all()
     rows_by_event = {p.event_id: p for p in pending}
     result = group_events([_event(p) for p in pending], now=now, group_wait=config.group_wait)
-    for batch in result.ready:
-        if row.event_id not in {e.event_id for e in batch.events}:
-            continue
-        lead = rows_by_event[batch.lead.event_id]
-        if not _cas(
+    batch = next((b for b in result.ready if row.event_id in {e.event_id for e in b.events}), None)
+    if batch is None:
+        if row.event_id not in {e.event_id for e in result.waiting}:
+            return None  # claimed or grouped by another worker since we read it
+        return Wait(result.next_due or row.due_at)
+    lead = rows_by_event[batch.lead.event_id]
+    if not _cas(
+        session,
+        lead.id or 0,
+        [DeliveryState.PENDING.value],
+        now,
+        state=DeliveryState.SENDING.value,
+        next_attempt_at=until,
+        task_runs=lead.task_runs + 1,
+    ):
+        session.rollback()  # another worker claimed this batch first
+        return None
+    carried = [
+        _event(member)
+        for member in (rows_by_event[e.event_id] for e in batch.events[1:])
+        if _cas(
             session,
-            lead.id or 0,
+            member.id or 0,
             [DeliveryState.PENDING.value],
             now,
-            state=DeliveryState.SENDING.value,
-            next_attempt_at=lease_until,
-            task_runs=lead.task_runs + 1,
-        ):
-            session.rollback()  # another worker claimed this batch first
-            return None
-        members = [rows_by_event[e.event_id] for e in batch.events[1:]]
-        carried = []
-        for member in members:
-            if _cas(
-                session,
-                member.id or 0,
-                [DeliveryState.PENDING.value],
-                now,
-                state=DeliveryState.GROUPED.value,
-                batch_id=lead.id,
-            ):
-                carried.append(_event(member))
-        session.commit()
-        fresh = current_view(session, AlertBatch((batch.lead, *carried)))
-        return SendPlan(lead.id or 0, lead.channel, fresh, start_part=0)
-    if row.event_id not in {e.event_id for e in result.waiting}:
-        return None  # claimed or grouped by another worker since we read it
-    return Wait(result.next_due or row.due_at)
+            state=DeliveryState.GROUPED.value,
+            batch_id=lead.id,
+        )
+    ]
+    session.commit()
+    fresh = current_view(session, AlertBatch((batch.lead, *carried)))
+    return SendPlan(lead.id or 0, lead.channel, fresh, start_part=0)
 
 
 def record_result(

@@ -4,7 +4,7 @@
 incident rows, their timeline, the signal that caused each decision, the recovery actions (the
 outbox, through ``app.incidents.planning.plan_actions``) and, for heavy plans, the approval they
 wait for. Actions are handed to Celery only after that transaction commits
-(``app.services.outbox``).
+(``app.actions.outbox``).
 """
 
 from __future__ import annotations

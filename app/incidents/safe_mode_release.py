@@ -7,7 +7,7 @@ approver (or admin) who has looked at the job releases it here: one ``release_sa
 action per node that was put in SAFE_MODE is written to the outbox (the node's worker writes
 ``run`` into the control file, which the phase machine obeys), and the incident is closed,
 with a timeline entry naming who released it, once every one of those actions succeeded
-(``app.services.actions.finish_action`` calls ``on_release_succeeded``).
+(``app.actions.machine.finish_action``).
 
 A job can also be held with no incident at all: its control file says SAFE_MODE because an
 operator wrote it, or an earlier run (or an incident closed since) left it. The server knows

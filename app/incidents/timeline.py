@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlmodel import Session
 
+from app.alerts.service import on_incident_event
 from app.models._types import utcnow
 from app.models.incident import IncidentEvent, IncidentEventType
 
@@ -36,8 +37,4 @@ def add_event(
     )
     session.add(row)
     # Alerts (Slack/WeCom/webhook) hang off the timeline: one call site for every entry.
-    from app.services import alerts
-
-    hook = getattr(alerts, "on_incident_event", None)
-    if hook is not None:
-        hook(session, row)
+    on_incident_event(session, row)

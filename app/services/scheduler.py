@@ -1,5 +1,5 @@
 """The server's scheduled work: the policy tick, outbox dispatch, approval expiry, rollups,
-retention.
+alert reminders, retention.
 
 Only one server replica runs it: each tick renews a lease row in the database (the
 ``scheduler_lease`` table; a conditional UPDATE is atomic on SQLite and PostgreSQL). A replica
@@ -7,8 +7,8 @@ that is not the holder skips every job until the lease expires.
 
 The tick builds the engine's :class:`World` from the in-process series store, the ingest
 service's participant table and the node table, runs :class:`PolicyEngine`, writes its
-decisions in one transaction and then wakes the dispatcher, so that an action reaches the
-broker right after its outbox row committed.
+decisions in one transaction and then wakes the dispatcher, so that an action or an alert
+delivery reaches the broker right after its outbox row committed.
 
 The per-minute rollups (``app.ingest.rollups``) are one of these jobs: only the holder writes
 them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
@@ -38,6 +38,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import Session, col, select
 
+from app.actions.outbox import OutboxDispatcher
+from app.alerts.queue import took_queued_rows
+from app.alerts.service import run_alert_maintenance
 from app.incidents.persist import persist_decisions
 from app.incidents.queries import (
     open_incident_failures,
@@ -55,9 +58,7 @@ from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_
 from app.policy.engine import PolicyEngine, TickResult
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantView, World
-from app.services.alerts import run_alert_maintenance
 from app.services.approvals import expire_approvals
-from app.services.outbox import OutboxDispatcher
 
 log = logging.getLogger("rlguard.scheduler")
 
@@ -245,17 +246,17 @@ class PolicyScheduler:
                         self._needs_restore = False
                     self._sync_engine(session)
                 result = self.policy_engine.tick(self.world(self.clock.now()))
-                new_actions = False
+                new_rows = False
                 if result.decisions:
                     with Session(self.engine, expire_on_commit=False) as session:
                         persisted = persist_decisions(
                             session, decisions=result.decisions, policy=self.policy
                         )
                         session.commit()
-                    new_actions = bool(persisted.new_actions)
+                        new_rows = bool(persisted.new_actions) or took_queued_rows(session)
                     for key in persisted.resolved_keys:
                         self.policy_engine.forget(key)
-                if new_actions:
+                if new_rows:  # actions or alert deliveries wait in the outbox
                     self.wake_dispatcher()
             except SQLAlchemyError:
                 log.exception("policy tick could not use the database; will resync from it")
@@ -314,6 +315,10 @@ class PolicyScheduler:
                 job.modify(next_run_time=datetime.now(UTC))
                 return
         self.dispatch()
+
+    def alert_maintenance(self) -> None:
+        if self.is_leader() and run_alert_maintenance(self.engine):
+            self.wake_dispatcher()
 
     def expire(self) -> None:
         if not self.is_leader():
@@ -406,13 +411,8 @@ class PolicyScheduler:
                 id="rollups",
             )
             self.rollups.scheduled_by = self.holder
-        # Alerts: re-enqueue lost or due deliveries, queue repeat reminders (app.services.alerts).
-        sched.add_job(
-            self._safe(lambda: self.is_leader() and run_alert_maintenance(self.engine)),
-            "interval",
-            seconds=5,
-            id="alerts",
-        )
+        # Alerts: purge old deliveries, queue repeat reminders (the dispatcher sends them).
+        sched.add_job(self._safe(self.alert_maintenance), "interval", seconds=5, id="alerts")
         sched.start()
         self._scheduler = sched
         log.info("policy scheduler started", extra={"holder": self.holder})

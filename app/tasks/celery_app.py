@@ -16,9 +16,9 @@ from celery import Celery
 from kombu import Queue  # type: ignore[attr-defined]  # kombu has no type hints
 
 from app.core.config import Settings, get_settings
+from app.policy.plans import CLUSTER_QUEUE
 from app.tasks import sqlite_broker
 
-CLUSTER_QUEUE = "cluster"
 BROKER_FILE_NAME = "celery-broker.sqlite"
 TASK_MODULES = ["app.tasks.recovery_tasks", "app.tasks.alert_tasks"]
 

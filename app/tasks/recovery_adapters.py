@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.services.actions import ActionSnapshot
+from app.actions.errors import ActionError, TransientActionError
+from app.actions.machine import ActionSnapshot
+from app.policy.plans import ActionName
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.control import (
     ControlError,
@@ -39,14 +41,6 @@ from recovery.wal import WALStatus, WriteAheadLog
 log = logging.getLogger("rlguard.recovery_adapters")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class ActionError(Exception):
-    """The action cannot succeed as things are (counts as a failed local recovery)."""
-
-
-class TransientActionError(Exception):
-    """Worth retrying with backoff (a lock held, a hook that timed out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +186,7 @@ def skip_failed_step(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
         run_dir,
         f"skip_step-{int(step)}",
         {
-            "action": "skip_failed_step",
+            "action": ActionName.SKIP_FAILED_STEP.value,
             "step": int(step),
             "role": a.params.get("role"),
             "rank": a.params.get("rank"),
@@ -225,7 +219,7 @@ def rebuild_shard(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
             run_dir,
             f"rebuild-{shard}",
             {
-                "action": "rebuild_shard",
+                "action": ActionName.REBUILD_SHARD.value,
                 "shard": shard,
                 "snapshot": str(info.path),
                 "step": info.step,
@@ -245,7 +239,7 @@ def restore_checkpoint(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     if info is None:
         raise ActionError(f"no valid checkpoint under {root}")
     body = {
-        "action": "restore_checkpoint",
+        "action": ActionName.RESTORE_CHECKPOINT.value,
         "checkpoint": str(info.path),
         "seq": info.seq,
         "incident": a.incident_id,
@@ -315,15 +309,15 @@ def drain_node(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     return _launch(ctx, a, extra={"reason": f"{reason} [incident {a.incident_id}]", "xid": xid})
 
 
-ADAPTERS: dict[str, Callable[[ActionContext, ActionSnapshot], dict[str, Any]]] = {
-    "enter_safe_mode": enter_safe_mode,
-    "release_safe_mode": release_safe_mode,
-    "retry_rollout_batch": retry_rollout_batch,
-    "skip_failed_step": skip_failed_step,
-    "rebuild_shard": rebuild_shard,
-    "restore_checkpoint": restore_checkpoint,
-    "restart_role": restart_role,
-    "restart_job": restart_job,
-    "reschedule_batches": reschedule_batches,
-    "drain_node": drain_node,
+ADAPTERS: dict[ActionName, Callable[[ActionContext, ActionSnapshot], dict[str, Any]]] = {
+    ActionName.ENTER_SAFE_MODE: enter_safe_mode,
+    ActionName.RELEASE_SAFE_MODE: release_safe_mode,
+    ActionName.RETRY_ROLLOUT_BATCH: retry_rollout_batch,
+    ActionName.SKIP_FAILED_STEP: skip_failed_step,
+    ActionName.REBUILD_SHARD: rebuild_shard,
+    ActionName.RESTORE_CHECKPOINT: restore_checkpoint,
+    ActionName.RESTART_ROLE: restart_role,
+    ActionName.RESTART_JOB: restart_job,
+    ActionName.RESCHEDULE_BATCHES: reschedule_batches,
+    ActionName.DRAIN_NODE: drain_node,
 }

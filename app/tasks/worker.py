@@ -7,7 +7,7 @@ import sys
 
 from app.core.config import Settings
 from app.core.supervisor import ChildSpec, exit_with_parent
-from app.tasks.celery_app import CLUSTER_QUEUE
+from app.policy.plans import CLUSTER_QUEUE
 
 _NODE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 

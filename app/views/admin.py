@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
+from app.alerts import service as alerts_service
 from app.alerts.errors import AlertConfigError
 from app.api.deps import SqlInt
-from app.services import alerts as alerts_service
 from app.services.audit import AUDIT_READER_ROLE
 from app.views.context import DbDep, RuntimeDep, SignedInDep
 from app.views.models.admin import BadFilter, audit_page, settings_view

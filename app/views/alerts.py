@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
+from app.alerts import service as alerts_service
 from app.alerts.errors import AlertEventError
 from app.api.deps import RowId
 from app.models.alert import DeliveryState
-from app.services import alerts as alerts_service
 from app.views.context import DbDep, SignedInDep
 from app.views.rendering import error_page, is_htmx, render
 

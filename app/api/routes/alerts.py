@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 
+from app.alerts import service as alert_service
 from app.alerts.config import CONTACTS_READER_ROLE, AlertsConfig
 from app.alerts.delivery import RetryPolicy
 from app.alerts.errors import AlertConfigError, AlertEventError
@@ -15,7 +16,6 @@ from app.api.deps import AdminUser, RowId, SessionDep, ViewerUser
 from app.models import Role
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery
-from app.services import alerts as alert_service
 from app.services.audit import record_audit
 from app.services.errors import InvalidInput, NotFound
 

@@ -14,8 +14,8 @@ from app.alerts import queue as service
 from app.alerts.delivery import AlertDeliveryClient, DeliveryRecord, DeliveryStatus, RetryPolicy
 from app.alerts.errors import AlertEventError
 from app.alerts.render import render_batch
+from app.alerts.service import list_deliveries
 from app.models.alert import AlertDelivery, DeliveryState
-from app.services.alerts import list_deliveries
 from tests.unit.app.alerts._factories import T0, config, event, tier_scenario
 from tests.unit.app.alerts._recording_server import RecordingServer, wecom
 

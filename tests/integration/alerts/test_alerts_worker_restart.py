@@ -24,6 +24,8 @@ import redis
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.actions.outbox import OutboxDispatcher
+from app.alerts import service as alert_service
 from app.alerts.config import load_alerts_config
 from app.alerts.queue import due_for_dispatch, queue_events
 from app.core import migrate
@@ -31,7 +33,6 @@ from app.core.config import Settings
 from app.core.db import make_engine
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery
-from app.services import alerts as alert_service
 from app.tasks.celery_app import make_celery
 from tests.integration.alerts.test_alerts_e2e import alerts_file
 from tests.integration.policy.conftest import RLGUARD, ROOT, RedisServer
@@ -202,14 +203,16 @@ def test_a_worker_killed_mid_send_is_replaced_and_the_message_goes_out(
     assert ids[-1] not in due()  # the dead worker's claim is still live
     time.sleep(rig.config.claim_lease_s + 1.5)
     assert ids[-1] in due()
-    alert_service.configure(config=rig.config, enqueue=rig.enqueue)
+    alert_service.configure(config=rig.config)
     try:  # what the server's scheduler runs every few seconds
-        sent, reminders = alert_service.run_alert_maintenance(
-            rig.engine, grace=timedelta(seconds=1)
-        )
+        reminders = alert_service.run_alert_maintenance(rig.engine)
+        report = OutboxDispatcher(
+            engine=rig.engine, celery_app=rig.celery, alert_grace=timedelta(seconds=1)
+        ).dispatch_due()
     finally:
-        alert_service.configure(config=None, enqueue=None)
-    assert sent == 3 and reminders == 0  # the killed row, and the two rows never enqueued
+        alert_service.configure(config=None)
+    # the killed row, and the two rows never enqueued
+    assert report.alerts_sent == 3 and reminders == 0 and report.error is None
     wait(
         lambda: next(r for r in rig.rows() if r.id == ids[-1]).state == "sent",
         60,

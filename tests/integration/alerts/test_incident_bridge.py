@@ -1,8 +1,8 @@
-"""The incident service's timeline → alert rows, through its real call site (`add_event`)."""
+"""The incident service's timeline → alert rows, through its real call site (`add_event`), and
+on to the broker through the outbox dispatcher."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -10,15 +10,16 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.actions.outbox import OutboxDispatcher
+from app.alerts import service as alert_service
 from app.alerts.events import event_from_json
 from app.alerts.grouping import AlertBatch
-from app.alerts.queue import SendPlan, claim, current_view
+from app.alerts.queue import SendPlan, claim, current_view, took_queued_rows
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
 from app.models.incident import Incident, IncidentEvent, IncidentEventType
-from app.services import alerts as alert_service
 from tests.unit.app.alerts._factories import config
 
 pytestmark = pytest.mark.integration
@@ -27,18 +28,26 @@ CFG = config()
 
 
 class Enqueued(list[tuple[int, datetime]]):
-    def __call__(self, delivery_id: int, eta: datetime) -> None:
-        self.append((delivery_id, eta))
+    """A Celery app as the dispatcher sees it: records the alert tasks it is sent."""
+
+    def send_task(self, name: str, *, args: list[int], eta: datetime, **_: object) -> None:
+        assert name == "alerts.deliver"
+        self.append((args[0], eta))
 
 
 @pytest.fixture
 def enqueued() -> Iterator[Enqueued]:
-    calls = Enqueued()
-    alert_service.configure(config=CFG, enqueue=calls)
+    alert_service.configure(config=CFG)
     try:
-        yield calls
+        yield Enqueued()
     finally:
-        alert_service.configure(config=None, enqueue=None)
+        alert_service.configure(config=None)
+
+
+def dispatcher(
+    engine: Engine, broker: object, grace: timedelta = timedelta(seconds=60)
+) -> OutboxDispatcher:
+    return OutboxDispatcher(engine=engine, celery_app=broker, alert_grace=grace)  # type: ignore[arg-type]
 
 
 def new_incident(session: Session, tier: str = "heavy", opened_at: datetime = AT) -> Incident:
@@ -86,7 +95,9 @@ def test_opened_and_approval_requested_are_queued_and_sent_after_commit(
         )
         assert enqueued == []  # nothing leaves before the commit
         session.commit()
-    assert alert_service.wait_published(10)
+        assert took_queued_rows(session)  # what tells the policy tick to wake the dispatcher
+    assert dispatcher(engine, enqueued).dispatch_due().alerts_sent == 6
+    assert dispatcher(engine, enqueued).dispatch_due().alerts_sent == 0  # sent once
     queued = rows(engine)
     assert len(queued) == 6 and sorted(i for i, _ in enqueued) == sorted(r.id for r in queued)
     assert {eta for _, eta in enqueued} == {AT + CFG.group_wait}
@@ -102,7 +113,7 @@ def test_a_rolled_back_incident_queues_nothing(engine: Engine, enqueued: Enqueue
         inc = new_incident(session)
         add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
         session.rollback()
-    assert alert_service.wait_published(10)
+    dispatcher(engine, enqueued).dispatch_due()
     assert rows(engine) == [] and enqueued == []
 
 
@@ -123,6 +134,8 @@ def test_entries_not_worth_a_message(
         inc = new_incident(session)
         add_event(session, incident_id=inc.id, type_=type_, at=AT)
         session.commit()
+        assert not took_queued_rows(session)
+    dispatcher(engine, enqueued).dispatch_due()
     assert rows(engine) == [] and enqueued == []
 
 
@@ -163,7 +176,7 @@ def test_medium_incidents_skip_heavy_only_channels(engine: Engine, enqueued: Enq
             }
         ]
     )
-    alert_service.configure(config=heavy_only, enqueue=enqueued)
+    alert_service.configure(config=heavy_only)
     with Session(engine) as session:
         inc = new_incident(session, tier="medium")
         add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
@@ -192,40 +205,38 @@ def test_an_alerting_failure_never_blocks_the_incident(
     assert rows(engine) == [] and "not queued; the incident goes on" in caplog.text
 
 
-def test_a_slow_or_dead_broker_never_stalls_the_incident_transaction(
-    engine: Engine, caplog: pytest.LogCaptureFixture
+def test_a_dead_broker_never_stalls_the_incident_and_the_rows_wait_in_the_outbox(
+    engine: Engine, enqueued: Enqueued, caplog: pytest.LogCaptureFixture
 ) -> None:
     calls: list[int] = []
 
-    def down(delivery_id: int, eta: datetime) -> None:
-        calls.append(delivery_id)
-        time.sleep(2)  # a broker connect timeout
-        raise ConnectionError("redis down")
+    class Down:
+        def send_task(self, name: str, *, args: list[int], **_: object) -> None:
+            calls.append(args[0])
+            raise ConnectionError("redis down")
 
-    alert_service.configure(config=CFG, enqueue=down)
-    try:
-        with Session(engine) as session:
-            inc = new_incident(session)
-            add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
-            started = time.monotonic()
-            session.commit()
-            assert time.monotonic() - started < 1.0  # publishing happens off this thread
-        assert alert_service.wait_published(10)
-    finally:
-        alert_service.configure(config=None, enqueue=None)
-    assert len(rows(engine)) == 3 and len(calls) == 1  # the first refusal ends the batch
-    assert "3 row(s) wait for the sweeper" in caplog.text
+    with Session(engine) as session:
+        inc = new_incident(session)
+        add_event(session, incident_id=inc.id, type_="opened", at=AT)
+        session.commit()  # no broker is involved in the incident's transaction at all
+    report = dispatcher(engine, Down()).dispatch_due()
+    assert report.alerts_sent == 0 and report.error == "ConnectionError: redis down"
+    assert len(rows(engine)) == 3 and len(calls) == 1  # the first refusal ends the pass
+    assert "3 row(s) wait for the next sweep" in caplog.text
+    # The broker back, the next pass sends every row.
+    assert dispatcher(engine, enqueued).dispatch_due().alerts_sent == 3
+    assert sorted(i for i, _ in enqueued) == sorted(r.id for r in rows(engine))
 
 
 def test_no_channels_means_no_work(engine: Engine) -> None:
-    alert_service.configure(config=config(channels=[]), enqueue=lambda i, e: None)
+    alert_service.configure(config=config(channels=[]))
     try:
         with Session(engine) as session:
             inc = new_incident(session)
             add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
             session.commit()
     finally:
-        alert_service.configure(config=None, enqueue=None)
+        alert_service.configure(config=None)
     assert rows(engine) == []
 
 
@@ -275,29 +286,25 @@ def test_maintenance_reminds_open_heavy_incidents_and_purges_old_rows(
         add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=opened)
         session.commit()
         incident_id = inc.id
-    assert alert_service.wait_published(10)
+    assert dispatcher(engine, enqueued).dispatch_due().alerts_sent == 3
     enqueued.clear()  # as if the broker had lost those three tasks
     soon = utcnow() + timedelta(minutes=2)
-    sent, reminders = alert_service.run_alert_maintenance(
-        engine, now=soon, grace=timedelta(seconds=60)
-    )
-    assert reminders == 3 and sent == 6  # the 3 lost "opened" rows + 3 reminders
+    assert alert_service.run_alert_maintenance(engine, now=soon) == 3  # reminders queued
+    # The dispatcher sends the 3 lost "opened" rows and the 3 new reminders.
+    assert dispatcher(engine, enqueued).dispatch_due(now=soon).alerts_sent == 6
     assert sorted(enqueued) == sorted((r.id, r.due_at) for r in rows(engine))
     assert {r.event_id for r in rows(engine)} == {"t1", "reminder-1"}
-    assert alert_service.run_alert_maintenance(engine, now=soon, grace=timedelta(seconds=60)) == (
-        0,
-        0,
-    )
+    assert alert_service.run_alert_maintenance(engine, now=soon) == 0
+    assert dispatcher(engine, enqueued).dispatch_due(now=soon).alerts_sent == 0
     with Session(engine) as session:
         session.get(Incident, incident_id).status = "resolved"  # type: ignore[union-attr]
         session.commit()
-    assert alert_service.run_alert_maintenance(engine, now=soon + timedelta(minutes=60))[1] == 0
+    assert alert_service.run_alert_maintenance(engine, now=soon + timedelta(minutes=60)) == 0
     # Finished rows older than the retention go; open ones stay, however old.
     with Session(engine) as session:
         for row in session.exec(select(AlertDelivery).where(AlertDelivery.event_id == "t1")).all():
             row.state = "sent"
         session.commit()
-    # (the last pass stamped the rows it re-enqueued at soon + 60 min)
     alert_service.run_alert_maintenance(
         engine, now=soon + timedelta(days=CFG.retention_days, hours=2)
     )

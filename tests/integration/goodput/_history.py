@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.actions.machine import claim_action, finish_action
 from app.incidents.persist import persist_decisions
 from app.incidents.safe_mode_release import release_job
 from app.models import User
@@ -36,7 +37,6 @@ from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.services import approvals
-from app.services.actions import claim_action, finish_action
 from tests.integration.foundation.conftest import Api, auth, batch
 
 JOB, CALM = "grpo-ledger", "grpo-calm"

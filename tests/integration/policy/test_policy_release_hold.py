@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlmodel import Session, func, select
 
+from app.actions import machine as actions
 from app.core import migrate
 from app.incidents.persist import persist_decisions
 from app.main import create_app
@@ -32,7 +33,6 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions
 from app.tasks.recovery_adapters import read_mode
 from recovery.control import ControlMode, write_control
 from recovery.phases import Phase, PhaseMachine

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agents.collectors.slurm import SlurmNodeCollector
-from app.services.actions import ActionSnapshot
+from app.actions.machine import ActionSnapshot
 from app.tasks.recovery_adapters import ADAPTERS, ActionContext
 from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.backends.slurm import (

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from sqlmodel import Session, func, select
 
+from app.actions import machine as actions
+from app.actions.machine import ActionSnapshot
 from app.core import migrate
 from app.core.db import make_engine
 from app.incidents import safe_mode_release
@@ -22,8 +24,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, approvals
-from app.services.actions import ActionSnapshot
+from app.services import approvals
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.services.users import create_user
 from app.tasks.recovery_adapters import ActionContext, ActionError, release_safe_mode

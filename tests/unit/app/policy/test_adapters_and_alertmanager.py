@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.services.actions import ActionSnapshot
+from app.actions.machine import ActionSnapshot
 from app.tasks import recovery_adapters as ra
 from recovery.control import ControlMode, read_control
 from recovery.wal import WALStatus, WriteAheadLog

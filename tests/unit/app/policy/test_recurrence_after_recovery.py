@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from app.actions import machine as actions
 from app.core import migrate
 from app.core.db import make_engine
 from app.models.action import RecoveryAction
@@ -32,7 +33,6 @@ from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.signals import Tier
-from app.services import actions
 from app.services.scheduler import PolicyScheduler
 
 from ._helpers import Cluster

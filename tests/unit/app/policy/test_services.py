@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
+from app.actions import machine as actions
 from app.core import migrate
 from app.core.db import make_engine
 from app.incidents.persist import PersistResult, persist_decisions
 from app.incidents.queries import incident_detail, list_incidents, open_incident_failures
 from app.models import AuditEvent, Role
-from app.models._types import utcnow
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
 from app.models.incident import Incident
@@ -21,7 +21,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import actions, approvals
+from app.services import approvals
 from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.services.scheduler import release_lease, try_lease
 from app.services.users import create_user
@@ -72,66 +72,6 @@ def test_open_plans_actions_and_update_does_not_duplicate(engine) -> None:
     assert len(detail.signals) == 2 and detail.detection_delay_seconds == pytest.approx(10.0)
     [a] = detail.actions
     assert a.queue == "node.n0" and a.status == "pending" and a.idempotency_key.endswith("skip_failed_step:j:n0:3")
-
-
-def test_claim_is_exclusive_and_redelivery_is_a_noop(engine) -> None:
-    skip = PlannedAction(ActionName.SKIP_FAILED_STEP, "j", "n0", False, {"step": 3})
-    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)).new_actions
-    with Session(engine) as s:
-        key = s.get(RecoveryAction, aid).idempotency_key
-        assert actions.claim_action(s, action_id=aid, idempotency_key="wrong", worker="w1", lease_seconds=30).outcome is actions.ClaimOutcome.unknown
-        c1 = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w1", lease_seconds=30)
-        s.commit()
-        c2 = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w2", lease_seconds=30)
-        s.commit()
-    assert c1.outcome is actions.ClaimOutcome.claimed and c1.action.attempts == 1
-    assert c2.outcome is actions.ClaimOutcome.busy and c2.retry_in > 20
-    with Session(engine) as s:
-        assert not actions.finish_action(s, action_id=aid, worker="w2", ok=True)  # not the holder
-        assert actions.finish_action(s, action_id=aid, worker="w1", ok=True, result={"x": 1})
-        s.commit()
-        c3 = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w3", lease_seconds=30)
-    assert c3.outcome is actions.ClaimOutcome.done
-
-
-def test_expired_lease_is_taken_over_and_redispatched(engine) -> None:
-    act = PlannedAction(ActionName.RESTART_ROLE, "j", "n0", False, {"role": "trainer", "rank": 0})
-    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM, act)).new_actions
-    t0 = utcnow()
-    with Session(engine) as s:
-        key = s.get(RecoveryAction, aid).idempotency_key
-        assert [d.id for d in actions.due_for_dispatch(s, now=t0)] == [aid]
-        actions.mark_dispatched(s, action_id=aid, now=t0)
-        actions.claim_action(s, action_id=aid, idempotency_key=key, worker="dead", lease_seconds=5, now=t0)
-        s.commit()
-        assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=4), redispatch_after=3) == []
-        assert [d.id for d in actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3)] == [aid]
-        c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="new", lease_seconds=5, now=t0 + timedelta(seconds=6))
-        s.commit()
-    assert c.outcome is actions.ClaimOutcome.claimed and c.action.attempts == 2
-
-
-def test_renewed_lease_keeps_a_slow_action_from_being_taken_over(engine) -> None:
-    skip = PlannedAction(ActionName.SKIP_FAILED_STEP, "j", "n0", False, {"step": 5})
-    [aid] = persist(engine, decision(DecisionType.OPEN, FaultKind.STEP_FAILED, Tier.LIGHT, skip)).new_actions
-    t0 = utcnow()
-    with Session(engine) as s:
-        key = s.get(RecoveryAction, aid).idempotency_key
-        actions.claim_action(s, action_id=aid, idempotency_key=key, worker="slow", lease_seconds=5, now=t0)
-        s.commit()
-        # The holder renews at t0+4 s: at t0+6 s the action is still its own.
-        assert actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5, now=t0 + timedelta(seconds=4))
-        s.commit()
-        assert actions.due_for_dispatch(s, now=t0 + timedelta(seconds=6), redispatch_after=3) == []
-        c = actions.claim_action(s, action_id=aid, idempotency_key=key, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=6))
-        s.commit()
-        assert c.outcome is actions.ClaimOutcome.busy
-        # Another worker cannot renew a lease it does not hold.
-        assert not actions.renew_action_lease(s, action_id=aid, worker="other", lease_seconds=5, now=t0 + timedelta(seconds=7))
-        assert actions.finish_action(s, action_id=aid, worker="slow", ok=True, result={}, now=t0 + timedelta(seconds=8))
-        s.commit()
-        # Once finished there is nothing left to renew.
-        assert not actions.renew_action_lease(s, action_id=aid, worker="slow", lease_seconds=5)
 
 
 def test_failed_recovery_counts_on_the_incident(engine) -> None:

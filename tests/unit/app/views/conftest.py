@@ -170,12 +170,12 @@ def other_client(dash: DashboardApp, portal: BlockingPortal) -> Iterator[Browser
 @pytest.fixture(autouse=True)
 def _no_alert_channels() -> Iterator[None]:
     """Incident timelines feed the alerts service; here it has no channel, so nothing is sent."""
+    from app.alerts import service as alerts
     from app.alerts.config import AlertsConfig
-    from app.services import alerts
 
-    alerts.configure(config=AlertsConfig(channels=()), enqueue=None)
+    alerts.configure(config=AlertsConfig(channels=()))
     yield
-    alerts.configure(config=None, enqueue=None)
+    alerts.configure(config=None)
 
 
 @dataclass

@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
+from app.actions.kinds import kind_of
 from app.incidents.persist import resolve_incident
-from app.incidents.safe_mode_release import RELEASE_ACTION, on_release_succeeded
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
 from app.models.action import FINAL_ACTION_STATUSES, ActionStatus, RecoveryAction
@@ -29,12 +29,6 @@ from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
 
 log = logging.getLogger("rlguard.actions")
-
-TASK_PREFIX = "recovery."
-
-
-def task_name(action: str) -> str:
-    return TASK_PREFIX + action
 
 
 class ClaimOutcome(enum.StrEnum):
@@ -171,6 +165,7 @@ def finish_action(
     inc = session.get(Incident, row.incident_id)
     assert inc is not None
     detail = {"action_id": row.id, "action": row.action, "node": row.node, "result": result or {}}
+    kind = kind_of(row.action)
     if ok:
         add_event(
             session,
@@ -180,22 +175,11 @@ def finish_action(
             at=now,
             detail=detail,
         )
-        if row.action == "enter_safe_mode" and not inc.safe_mode:
-            inc.safe_mode = True
-            add_event(
-                session,
-                incident_id=inc.id,
-                type_=IncidentEventType.SAFE_MODE,
-                actor=f"worker:{worker}",
-                at=now,
-                detail={"job": row.job, "node": row.node},
-            )
-        if row.action == RELEASE_ACTION:
-            on_release_succeeded(session, action=row, now=now)
+        if kind.on_succeeded is not None:
+            kind.on_succeeded(session, row, inc, worker, now)
         _maybe_resolve_after_approved_plan(session, inc, now)
     else:
-        if row.action != RELEASE_ACTION:
-            # A release that failed is not a failed recovery: it must not re-plan or escalate.
+        if kind.failure_counts:
             inc.recovery_failures += 1
         add_event(
             session,
@@ -267,69 +251,3 @@ def _maybe_resolve_after_approved_plan(session: Session, inc: Incident, now: dat
     live = [r for r in rows if r.status != ActionStatus.cancelled.value]
     if live and all(r.status == ActionStatus.succeeded.value for r in live):
         resolve_incident(session, incident=inc, now=now, why="the approved recovery plan completed")
-
-
-@dataclass(frozen=True, slots=True)
-class DueAction:
-    id: int
-    idempotency_key: str
-    action: str
-    queue: str
-
-
-def due_for_dispatch(
-    session: Session,
-    *,
-    now: datetime | None = None,
-    redispatch_after: float = 30.0,
-    limit: int = 200,
-) -> list[DueAction]:
-    """Actions to (re)send: never sent, sent but not started in time, or whose worker's lease ran out."""
-    now = now or utcnow()
-    stale = now - timedelta(seconds=redispatch_after)
-    rows = session.exec(
-        select(RecoveryAction)
-        .where(
-            sa.or_(
-                col(RecoveryAction.status) == ActionStatus.pending.value,
-                sa.and_(
-                    col(RecoveryAction.status) == ActionStatus.dispatched.value,
-                    col(RecoveryAction.dispatched_at) < stale,
-                ),
-                sa.and_(
-                    col(RecoveryAction.status) == ActionStatus.running.value,
-                    col(RecoveryAction.lease_until) < now,
-                    sa.or_(
-                        col(RecoveryAction.dispatched_at).is_(None),
-                        col(RecoveryAction.dispatched_at) < stale,
-                    ),
-                ),
-            )
-        )
-        .order_by(col(RecoveryAction.id))
-        .limit(limit)
-    ).all()
-    return [DueAction(r.id, r.idempotency_key, r.action, r.queue) for r in rows]  # type: ignore[arg-type]
-
-
-def mark_dispatched(session: Session, *, action_id: int, now: datetime | None = None) -> None:
-    now = now or utcnow()
-    t = RecoveryAction.__table__  # type: ignore[attr-defined]
-    session.execute(
-        sa.update(t)
-        .where(
-            t.c.id == action_id,
-            t.c.status.in_([ActionStatus.pending.value, ActionStatus.dispatched.value]),
-        )
-        .values(
-            status=ActionStatus.dispatched.value,
-            dispatched_at=now,
-            dispatch_count=t.c.dispatch_count + 1,
-        )
-    )
-    # A running action with an expired lease stays "running" until a worker claims it again.
-    session.execute(
-        sa.update(t)
-        .where(t.c.id == action_id, t.c.status == ActionStatus.running.value)
-        .values(dispatched_at=now, dispatch_count=t.c.dispatch_count + 1)
-    )
