@@ -3,7 +3,7 @@ one "opened / approval needed" message, then one "approved", then one "resolved"
 
 Real server process (app + policy scheduler), real Celery worker process, PostgreSQL, a Redis of
 our own, and a real HTTP server on 127.0.0.1 standing in for Slack, WeCom and the webhook
-receiver. Reuses the policy integration harness (tests/integration/policy/conftest.py).
+receiver. Reuses the policy integration harness (tests/harness/stack.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from sqlmodel import Session, select
 
 from app.alerts.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from app.models.alert import AlertDelivery
-from tests.integration.policy.conftest import RedisServer, Stack, fast_policy
+from tests.harness import RedisServer
+from tests.harness.stack import Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _checkpoint
 from tests.unit.app.alerts._factories import SLACK_SECRET_PATH, WEBHOOK_SIGNING, WECOM_KEY
 from tests.unit.app.alerts._recording_server import RecordingServer, wecom

@@ -20,9 +20,8 @@ from app.core import migrate
 from app.main import create_app
 from app.models import Role
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import Api, AppClient, auth, batch, make_settings
-from tests.unit.app.views.conftest import PASSWORD, DashboardApp, csrf_from, seed_heavy_incident
+from tests.harness import Api, AppClient, auth, batch, free_port, make_settings
+from tests.harness.dashboard import PASSWORD, DashboardApp, csrf_from, seed_heavy_incident
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

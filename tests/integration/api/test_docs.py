@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.integration.foundation.conftest import Api
+from tests.harness import Api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -11,7 +11,7 @@ from sqlmodel import Session
 from app.core.config import HardeningSettings
 from app.models import Role
 from app.services.users import create_user
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

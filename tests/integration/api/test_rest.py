@@ -8,7 +8,7 @@ import pytest
 from sqlmodel import Session, select
 
 from app.models import AuditEvent, Role
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

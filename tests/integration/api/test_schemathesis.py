@@ -21,8 +21,7 @@ from app.core.db import make_engine
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, rlguard_env
+from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env
 
 ST = str(Path(sys.executable).parent / "st")
 CHECKS = "not_a_server_error,response_schema_conformance"

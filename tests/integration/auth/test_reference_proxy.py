@@ -28,9 +28,8 @@ from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, rlguard_env
-from tests.unit.app.views.conftest import PASSWORD
+from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env
+from tests.harness.dashboard import PASSWORD
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

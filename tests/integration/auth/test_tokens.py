@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from app.models import Role
-from tests.integration.foundation.conftest import Api, auth, batch, rlguard_env, run_cli
+from tests.harness import Api, auth, batch, rlguard_env, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

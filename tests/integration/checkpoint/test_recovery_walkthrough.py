@@ -19,9 +19,9 @@ from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.lease import RedisLease
 from recovery.checkpoint.restore import restore
 from recovery.checkpoint.version import VersionVector
+from tests.integration.checkpoint._lease import drop_redis_lease_keys
 from tests.integration.checkpoint._torch_job import build
 
-from .conftest import drop_redis_lease_keys
 from .procs import Procs, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from app.core import migrate
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, auth, rlguard_env, run_cli
+from tests.harness import RLGUARD, ServerProcess, auth, rlguard_env, run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -45,12 +45,12 @@ def test_tokens_and_users_against_the_configured_database(database_url: str, tmp
     assert token not in hashes and user_token not in hashes
     assert pw_hash.startswith("$argon2") and "long-password" not in pw_hash
     assert actions == ["node.register", "token.create", "user.create", "token.create"]
-    # token list / revoke: tests/integration/foundation/test_foundation_cli_errors.py
+    # token list / revoke: tests/integration/cli/test_cli_errors.py
 
 
 def test_the_script_itself_reports_bad_values_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
     """Through the installed script (main()'s guard included): a bad setting that the worker
-    extension reads at import time, and a bad argument. (All cases: test_foundation_cli_errors.)"""
+    extension reads at import time, and a bad argument. (All cases: test_cli_errors.)"""
     bad_env = rlguard_env(sqlite_url, tmp_path / "data", RLGUARD_PORT="http")
     r = run_cli("token", "list", env=bad_env)
     assert (r.returncode, r.stdout) == (2, "")
@@ -74,7 +74,7 @@ def test_server_refuses_the_default_secret_and_an_unmigrated_database(
     server = server_factory("server", env_secret).start(wait_ready=False)
     assert server.proc is not None and server.proc.wait(30) == 1
     assert "rlguard db upgrade" in server.output()
-    # a migrated database with a real secret serves: test_foundation_ingest_restart.py
+    # a migrated database with a real secret serves: tests/integration/crash/test_ingest_restart.py
 
 
 def test_up_on_a_fresh_data_dir(tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-from tests.integration.foundation.conftest import Api
+from tests.harness import Api
 
 
 def test_startup_heap_is_frozen_while_serving_and_thawed_at_stop(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -33,8 +32,8 @@ from app.models._types import utcnow
 from app.models.alert import AlertDelivery
 from app.services import alerts as alert_service
 from app.tasks.celery_app import make_celery
+from tests.harness import REPO, RedisServer, kill_group, start_worker, wait_for
 from tests.integration.alerts.test_alerts_e2e import alerts_file
-from tests.integration.policy.conftest import RLGUARD, ROOT, RedisServer
 from tests.unit.app.alerts._factories import T0, event
 from tests.unit.app.alerts._recording_server import RecordingServer, Reply, wecom
 
@@ -50,7 +49,7 @@ class Rig:
         self.config = load_alerts_config(self.alerts_path)
         self.env = {
             **os.environ,
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(REPO),
             "RLGUARD_DEV": "1",
             "RLGUARD_DATA_DIR": str(tmp / "data"),
             "RLGUARD_DATABASE_URL": database_url,
@@ -67,26 +66,15 @@ class Rig:
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def start_worker(self) -> subprocess.Popen[bytes]:
-        log = (self.tmp / f"worker{len(self.workers)}.log").open("ab")
         # The production entry point; it consumes the cluster queue, where alerts go.
-        argv = [RLGUARD, "worker", "--concurrency", "1", "--loglevel", "WARNING"]
-        proc = subprocess.Popen(
-            argv,
-            env=self.env,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        proc = start_worker(
+            "--concurrency", "1", env=self.env, log=self.tmp / f"worker{len(self.workers)}.log"
         )
         self.workers.append(proc)
         return proc
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
+        kill_group(proc)
 
     def enqueue(self, delivery_id: int, eta: object = None) -> None:
         self.celery.send_task("alerts.deliver", args=[delivery_id], queue="cluster", retry=False)
@@ -97,8 +85,7 @@ class Rig:
 
     def close(self) -> None:
         for proc in self.workers:
-            if proc.poll() is None:
-                self.kill(proc)
+            self.kill(proc)
         self.engine.dispose()
 
 
@@ -114,14 +101,21 @@ def rig(tmp_path: Path, postgres_url: str, server: RecordingServer) -> Iterator[
         redis.stop()
 
 
+@pytest.fixture
+def server() -> Iterator[RecordingServer]:
+    """The webhook receiver the alerts are delivered to."""
+    srv = RecordingServer()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 def wait(pred: Callable[[], object], timeout: float, what: str, rig: Rig) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    logs = "\n".join(p.read_text()[-2000:] for p in rig.tmp.glob("worker*.log"))
-    pytest.fail(f"timed out waiting for {what}\n{logs}")
+    def worker_logs() -> str:
+        return "\n".join(p.read_text()[-2000:] for p in rig.tmp.glob("worker*.log"))
+
+    wait_for(pred, timeout, what, context=worker_logs)
 
 
 def broker_drained(rig: Rig) -> bool:
@@ -200,8 +194,7 @@ def test_a_worker_killed_mid_send_is_replaced_and_the_message_goes_out(
             ]
 
     assert ids[-1] not in due()  # the dead worker's claim is still live
-    time.sleep(rig.config.claim_lease_s + 1.5)
-    assert ids[-1] in due()
+    wait_for(lambda: ids[-1] in due(), rig.config.claim_lease_s + 5, "the dead worker's claim to lapse")
     alert_service.configure(config=rig.config, enqueue=rig.enqueue)
     try:  # what the server's scheduler runs every few seconds
         sent, reminders = alert_service.run_alert_maintenance(

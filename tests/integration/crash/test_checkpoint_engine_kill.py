@@ -15,8 +15,8 @@ import pytest
 
 from recovery.checkpoint import _atomic
 from recovery.checkpoint.engine import MARKER, CheckpointEngine
+from tests.harness.training_state import assert_same
 from tests.integration.checkpoint._kill_state import STEPS_PER_WRITER, make_state, table_of
-from tests.unit.recovery.checkpoint.conftest import assert_same
 
 REPO = Path(__file__).resolve().parents[3]
 KILLS = 105

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.integration.foundation.conftest import (
+from tests.harness import (
     ServerProcess,
     auth,
     batch,

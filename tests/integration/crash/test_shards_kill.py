@@ -19,7 +19,7 @@ WRITER = r"""
 import sys, torch
 from pathlib import Path
 from recovery.shards import ShardSnapshotter
-from tests.unit.recovery.test_shards_kill import base, params_at
+from tests.integration.crash.test_shards_kill import base, params_at
 snapshots = ShardSnapshotter(Path(sys.argv[1]), snapshot_interval_steps=1, keep=3)
 step = int(sys.argv[2])
 while True:

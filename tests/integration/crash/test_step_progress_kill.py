@@ -19,15 +19,7 @@ from app.core import migrate
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.integration.foundation.conftest import (
-    ServerProcess,
-    auth,
-    batch,
-    rlguard_env,
-    server_factory,
-)
-
-__all__ = ["server_factory"]
+from tests.harness import ServerProcess, auth, batch, rlguard_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from app.models import Role
-from tests.integration.foundation.conftest import (
+from tests.harness import (
     Api,
     ServerProcess,
     auth,

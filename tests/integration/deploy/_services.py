@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests.harness import free_port
 
 
 def _wait_port(port: int, timeout: float, up: bool = True) -> None:

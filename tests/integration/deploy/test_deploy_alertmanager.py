@@ -27,8 +27,7 @@ from app.core.db import make_engine
 from app.models import Role
 from app.models.incident import FaultSignalRecord
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, rlguard_env
+from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 

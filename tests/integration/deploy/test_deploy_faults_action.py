@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.policy.conftest import JOB, RedisServer, Stack, fast_policy
+from tests.harness import RedisServer
+from tests.harness.stack import JOB, Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _action, _base_cluster, _succeeded
 
 from ._services import PostgresInstance

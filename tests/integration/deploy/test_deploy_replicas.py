@@ -24,8 +24,7 @@ from app.ingest.series_backend import forget_shared_window, key_prefix
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, batch, rlguard_env
+from tests.harness import RLGUARD, ServerProcess, batch, free_port, rlguard_env
 
 LEASE_S = 3.0
 

@@ -36,7 +36,7 @@ from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.services import approvals, jobs
 from app.services.actions import claim_action, finish_action
 from app.services.incidents import persist_decisions
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch
 
 JOB, CALM = "grpo-ledger", "grpo-calm"
 

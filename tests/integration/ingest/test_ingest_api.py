@@ -13,7 +13,7 @@ from sqlmodel import Session, select
 
 from app.ingest.series_store import SeriesKey
 from app.models import IngestCursor, Job, Node, Participant
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

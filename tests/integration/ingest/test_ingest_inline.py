@@ -18,7 +18,7 @@ from app.ingest.inline import InlineSqliteCommitter
 from app.ingest.persist import IngestGroup
 from app.main import _inline_committer
 from app.models import IngestCursor
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -98,7 +98,7 @@ def test_failed_write_is_retried_and_old_rows_pruned(migrated_url: str) -> None:
 def test_the_running_server_writes_rollups_in_the_background(migrated_url: str, make_api) -> None:  # type: ignore[no-untyped-def]
     import time
 
-    from tests.integration.foundation.conftest import auth, batch
+    from tests.harness import auth, batch
 
     api = make_api(migrated_url, series={"rollup_interval_seconds": 0.2, "rollup_grace_seconds": 0})
     token = api.node_token("node-a")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from app.demo import DemoStack
-from tests.conftest import free_port
+from tests.harness import free_port
 from tests.integration.integrations._trl import use_launch_hook
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.demo import DemoStack
-from tests.conftest import free_port
+from tests.harness import free_port
 from tests.unit.integrations._launcher import TEST_INTEGRATION, Launch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

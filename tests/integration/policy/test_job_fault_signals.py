@@ -11,8 +11,7 @@ import pytest
 from recovery.phases import Event, Phase, PhaseMachine
 from recovery.report import HeartbeatReporter
 from recovery.statelog import StateLog
-from tests.integration.gaps.conftest import AgentProcess
-from tests.integration.policy.conftest import JOB, Stack
+from tests.harness.stack import JOB, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -52,7 +51,7 @@ def _run_steps(machine: PhaseMachine, reporter: HeartbeatReporter, steps: int) -
 
 
 def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
-    embedded_stack: Stack, agents: list[AgentProcess]
+    embedded_stack: Stack
 ) -> None:
     stack = embedded_stack
     stack.start_server()
@@ -65,7 +64,7 @@ def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
         machine.fire(Event.START)
         machine.fire(Event.PREPARED)
         _run_steps(machine, reporter, 3)  # past the first-step window (a fault there is heavy)
-        agents.append(AgentProcess(stack, "n1", run_dir))
+        stack.start_agent("n1", run_dir)
         # The counters arrive at 0 first, so the failure below is an increase.
         stack.wait(lambda: _held(stack, "train_step_failures_total", 0), 40, "baseline")
         assert _latest(stack, "train_step") == 3
@@ -109,7 +108,7 @@ def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
 
 
 def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_incidents(
-    embedded_stack: Stack, agents: list[AgentProcess]
+    embedded_stack: Stack
 ) -> None:
     stack = embedded_stack
     stack.start_server()
@@ -120,7 +119,7 @@ def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_inciden
         rep.update(phase="ROLLOUT", step=5, force=True)
         rep.start_keepalive()
     try:
-        agents.append(AgentProcess(stack, "n1", run_dir))
+        stack.start_agent("n1", run_dir)
         for name in ("rollout_batch_timeouts_total", "actor_shard_stale", "state_log_write_errors_total"):
             stack.wait(lambda n=name: _held(stack, n, 0, count=2), 40, f"baseline of {name}")
         rollout.record_rollout_timeout()

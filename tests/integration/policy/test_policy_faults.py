@@ -10,8 +10,8 @@ import time
 import pytest
 
 from recovery.wal import WALStatus, WriteAheadLog
+from tests.harness.stack import JOB, Stack
 
-from .conftest import JOB, Stack
 from .test_policy_scenarios import _action, _base_cluster, _succeeded
 
 pytestmark = [pytest.mark.integration]

@@ -31,7 +31,7 @@ from app.main import create_app
 from app.metrics import ServerMetrics
 from app.models import MetricRollup
 from app.services.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
-from tests.integration.foundation.conftest import AppClient, auth, make_settings
+from tests.harness import AppClient, auth, make_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -384,7 +384,7 @@ def test_two_server_replicas_with_a_shared_window_write_each_sample_once(
         holders = {app.state.policy_scheduler.holder for app in apps}
         assert {app.state.rollups.scheduled_by for app in apps} == holders  # leased jobs
 
-        from tests.integration.foundation.conftest import Api, batch
+        from tests.harness import Api, batch
 
         api = Api(clients[1])
         token = api.node_token("node-a")

@@ -15,8 +15,7 @@ import torch
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.version import VersionVector
 from recovery.wal import WALStatus, WriteAheadLog
-
-from .conftest import JOB, Stack
+from tests.harness.stack import JOB, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -16,7 +16,7 @@ import pytest
 from app.tasks.recovery_adapters import read_mode
 from recovery.phases import Event, Phase, PhaseMachine
 from recovery.statelog import StateLog
-from tests.integration.policy.conftest import Stack
+from tests.harness.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

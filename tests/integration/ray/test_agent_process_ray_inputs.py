@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.ray.conftest import env_for_subprocess, wait_for
+from tests.harness import free_port
+from tests.integration.ray._ray import env_for_subprocess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

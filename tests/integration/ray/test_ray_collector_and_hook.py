@@ -24,8 +24,8 @@ import pytest
 from integrations.ray.collector import PHASE_DEAD, PHASE_RUNNING, RayCollector
 from integrations.ray.presets import load_preset
 from integrations.ray.state import RayStateReader
-from tests.conftest import free_port
-from tests.integration.ray.conftest import LocalRay, actor_pid, env_for_subprocess, wait_for
+from tests.harness import free_port
+from tests.integration.ray._ray import LocalRay, actor_pid, env_for_subprocess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 JOB = "verl-job"

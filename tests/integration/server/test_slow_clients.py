@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from app.core import migrate
-from tests.conftest import free_port
+from tests.harness import free_port
 
 from ._procs import clean_env, healthy, rlguard, wait_for
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.harness import free_port
 from tests.unit.app.alerts._recording_server import RecordingServer
 
 from ._procs import clean_env, healthy, rlguard, wait_for

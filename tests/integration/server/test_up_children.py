@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.harness import free_port
 
 from ._procs import alive, clean_env, descendants, healthy, rlguard, wait_for
 

@@ -41,10 +41,9 @@ from app.demo import DemoStack
 from recovery.report import heartbeat_path, read_heartbeat
 from recovery.supervision.backends.slurm import node_is_lost
 from recovery.supervision.events import read_events
-from tests.conftest import free_port
+from tests.harness import free_port
+from tests.integration.slurm._slurm import NODE, Slurm
 from tests.unit.integrations._launcher import wait_for
-
-from .conftest import NODE, Slurm
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN = Path(__file__).resolve().parent / "_train.py"

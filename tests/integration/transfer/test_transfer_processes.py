@@ -23,7 +23,7 @@ from recovery.transfer import (
 from recovery.transfer.registry import ABORTED, COMMITTED
 from recovery.transfer.shm import ShmTransport
 from recovery.transfer.transport import Transport
-from tests.integration.transfer.conftest import Cluster
+from tests.integration.transfer._cluster import Cluster
 from tests.integration.transfer.weights import NAME, make_weights, same_bits, specs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -16,7 +16,7 @@ import pytest
 
 from app.demo import DemoStack
 from recovery.control import ControlMode, read_control
-from tests.conftest import free_port
+from tests.harness import free_port
 from workload.chaos import Fault, inject
 from workload.job import RunDir, read_events, read_json
 

@@ -11,7 +11,7 @@ from app.ingest.series_store import SeriesKey
 from app.models import Job, MetricRollup, Node, Participant, from_epoch, utcnow
 from app.models.incident import Incident
 from app.services.incidents import add_event
-from tests.unit.app.views.conftest import Browser, DashboardApp, login, seed_heavy_incident
+from tests.harness.dashboard import Browser, DashboardApp, login, seed_heavy_incident
 
 HX = {"HX-Request": "true"}
 

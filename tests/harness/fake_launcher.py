@@ -22,8 +22,14 @@ def main() -> int:
     if done_marker.exists():
         return 0  # a real launcher also refuses to restart the same thing twice
     with log.open("a") as fh:
-        fh.write(json.dumps({"event": "start", "action": action, "opts": opts, "pid": os.getpid()}) + "\n")
-    sleep = dict(s.split("=") for s in filter(None, os.environ.get("RLGUARD_TEST_LAUNCHER_SLEEP", "").split(",")))
+        fh.write(
+            json.dumps({"event": "start", "action": action, "opts": opts, "pid": os.getpid()})
+            + "\n"
+        )
+    sleep = dict(
+        s.split("=")
+        for s in filter(None, os.environ.get("RLGUARD_TEST_LAUNCHER_SLEEP", "").split(","))
+    )
     if action in sleep:
         time.sleep(float(sleep[action]))
     if action in os.environ.get("RLGUARD_TEST_LAUNCHER_FAIL", "").split(","):
