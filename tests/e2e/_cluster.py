@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pytest
+
+from tests.harness import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-RLGUARD = str(Path(sys.executable).with_name("rlguard"))
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -88,35 +85,9 @@ class Cluster:
 
 
 def _cli(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        [RLGUARD, *args],
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli(*args, env=env, stdin=stdin)
     assert done.returncode == 0, f"rlguard {' '.join(args)} failed: {done.stderr}"
     return done.stdout.strip()
-
-
-def _wait_ready(
-    base_url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(
-                f"rlguard server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}"
-            )
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"rlguard server not ready after {timeout}s:\n{log_path.read_text()[-4000:]}")
 
 
 def sign_in(page: object, base_url: str, name: str) -> None:

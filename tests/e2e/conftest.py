@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -21,12 +19,10 @@ from tests.e2e._cluster import (
     CHROMIUM_ARGS,
     NODES,
     PASSWORDS,
-    RLGUARD,
     Cluster,
     _cli,
-    _wait_ready,
 )
-from tests.harness import free_port
+from tests.harness import RLGUARD, ServerProcess, free_port
 
 
 @pytest.fixture(scope="module")
@@ -58,26 +54,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     }
     tokens = {node: _cli(env, "token", "create", "--node", node) for node in NODES}
     log_path = data_dir / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: teardown reaches every child
-        )
-    base_url = f"http://127.0.0.1:{port}"
+    argv = [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)]
+    server = ServerProcess(argv, env, port, log_path, ready_path="/healthz")
     try:
-        _wait_ready(base_url, process, log_path)
-        yield Cluster(base_url, data_dir, env, tokens, user_tokens, process, log_path)
+        process = server.start().proc
+        assert process is not None
+        yield Cluster(server.url, data_dir, env, tokens, user_tokens, process, log_path)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        server.stop(timeout=20)
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,7 @@ def spawn(
     ``stdout``. ``PR_SET_PDEATHSIG`` fires when the *thread* that forked exits, so it is only
     set when spawning from the main thread; the guardian covers the rest.
     """
+    popen.pop("start_new_session", None)  # the preexec function starts the session
     main_thread = threading.current_thread() is threading.main_thread()
     preexec = _die_with_parent if main_thread else os.setsid
     with _lock:

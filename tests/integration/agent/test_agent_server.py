@@ -84,7 +84,7 @@ def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
     held: set[tuple[str, str, float]] = set()
     for _cycle in range(2):
         wait_for(lambda: any(s["points"] for s in server.series()), 60, "deliveries to this server")
-        time.sleep(1.5)
+        time.sleep(1.5)  # the scenario: deliveries keep flowing, so the freeze may land mid-way
         # Freeze the agent (possibly in the middle of a delivery), let the server finish its
         # group commit, read what it holds, then kill it.
         agent.signal(signal.SIGSTOP)
@@ -136,7 +136,7 @@ def test_spool_limit_drop_count_equals_what_is_missing(
         60,
         "the spool limit to be hit",
     )
-    time.sleep(1.0)
+    time.sleep(1.0)  # the scenario: the agent keeps dropping at its limit while the server is down
     server.start()
     wait_for(lambda: agent.status()["spool_batches"] <= 1, 60, "the spool to drain")
     agent.terminate()

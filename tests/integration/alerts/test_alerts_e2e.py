@@ -129,7 +129,7 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
     )  # storage: heavy
 
     stack.wait(lambda: counts(server)["webhook"] >= 1, 60, "the first alert")
-    time.sleep(GROUP_WAIT_S + 3)  # anything else of this window would have gone out by now
+    time.sleep(GROUP_WAIT_S + 3)  # the scenario (absence): anything else of this window would have gone out by now
     hooks = [
         (b["incident_id"], b["kinds"], [e["event_id"] for e in b["events"]], b["fault_kind"])
         for b in by_channel(server)["webhook"]
@@ -167,7 +167,7 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
         lambda: stack.incident("storage_unwritable", JOB)["status"] == "resolved", 60, "resolution"
     )
     stack.wait(lambda: counts(server)["webhook"] >= 3, 60, "the resolution alert")
-    time.sleep(GROUP_WAIT_S + 3)
+    time.sleep(GROUP_WAIT_S + 3)  # the scenario (absence): past the group window
     hooks = [
         (b["incident_id"], b["kinds"], [e["event_id"] for e in b["events"]], b["fault_kind"])
         for b in by_channel(server)["webhook"]

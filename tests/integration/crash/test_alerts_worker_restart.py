@@ -126,7 +126,7 @@ def broker_drained(rig: Rig) -> bool:
     try:
         for attempt in range(2):
             if attempt:
-                time.sleep(0.3)
+                time.sleep(0.3)  # the scenario: two readings a moment apart
             queued = sum(
                 client.llen(k) for k in client.scan_iter("cluster*") if client.type(k) == b"list"
             )

@@ -15,6 +15,7 @@ import pytest
 
 from recovery.checkpoint import _atomic
 from recovery.checkpoint.engine import MARKER, CheckpointEngine
+from tests.harness import spawn
 from tests.harness.training_state import assert_same
 from tests.integration.checkpoint._kill_state import STEPS_PER_WRITER, make_state, table_of
 
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture
 def zygote() -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "tests.integration.checkpoint._writer_zygote"],
         cwd=REPO,
         stdin=subprocess.PIPE,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,13 +10,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.harness import (
-    ServerProcess,
-    auth,
-    batch,
-    rlguard_env,
-    run_cli,
-)
+from tests.harness import ServerProcess, auth, batch, rlguard_env, run_cli, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -110,10 +103,8 @@ def test_unacknowledged_batch_is_applied_once_after_kill9(
         sender = threading.Thread(target=send)
         sender.start()
         # the batch is in the store (visible through the API) but its commit is blocked
-        deadline = time.monotonic() + 30
-        while _points(server, user_token) != [0.0, 1.0, 2.0]:
-            assert time.monotonic() < deadline, "batch never reached the series store"
-            time.sleep(0.05)
+        wait_for(lambda: _points(server, user_token) == [0.0, 1.0, 2.0], 30,
+                 "the batch in the series store", interval=0.05)
         assert answer == []  # not acknowledged
         server.kill9()
         sender.join(30)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from recovery.shards import MARKER, BaseShard, ShardSnapshotter
+from tests.harness import spawn
 
 WRITER = r"""
 import sys, torch
@@ -45,7 +46,7 @@ def test_killed_writer_leaves_only_verifiable_snapshots_that_rebuild_exactly(tmp
     root = Path(__file__).resolve().parents[3]
     first_step = 1
     for _ in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(first_step)],
+        proc = spawn([sys.executable, "-c", WRITER, str(tmp_path), str(first_step)],
                                 cwd=root, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None

@@ -19,7 +19,7 @@ from app.core import migrate
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.harness import ServerProcess, auth, batch, rlguard_env
+from tests.harness import ServerProcess, auth, batch, rlguard_env, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -103,19 +103,17 @@ def test_step_changes_survive_kill9_and_a_cut_off_commit_is_written_once_on_retr
         sender.start()
         # The batch's samples reach the in-memory window before its commit is awaited.
         newest = max(s["ts"] for s in body["samples"])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def in_window() -> bool:
             r = httpx.get(
                 server.url + "/api/v1/series",
                 params={"node": "gpu-07", "name": "gpu_util", "since": -600},
                 headers=auth(viewer),
                 timeout=5,
             )
-            if any(ts == newest for s in r.json()["data"] for ts, _v in s["points"]):
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the batch never reached the series window")
+            return any(ts == newest for s in r.json()["data"] for ts, _v in s["points"])
+
+        wait_for(in_window, 20, "the batch in the series window", interval=0.05)
         assert answer == []  # applied, waiting for its commit: not acknowledged
         server.kill9()
         sender.join(30)

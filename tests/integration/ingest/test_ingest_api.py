@@ -13,7 +13,7 @@ from sqlmodel import Session, select
 
 from app.ingest.series_store import SeriesKey
 from app.models import IngestCursor, Job, Node, Participant
-from tests.harness import Api, auth, batch
+from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -258,7 +258,7 @@ def test_revocation_from_another_process_applies_within_cache_ttl(
     assert post(api, token, batch("node-a", 0)).status_code == 200
     with api.engine.begin() as conn:  # what `rlguard token revoke` does, outside this process
         conn.execute(sa.text("UPDATE api_token SET revoked_at = CURRENT_TIMESTAMP"))
-    time.sleep(0.4)
+    time.sleep(0.4)  # the scenario: the token cache's 0.3 s entry expires
     assert post(api, token, batch("node-a", 1)).status_code == 401
 
 
@@ -282,12 +282,8 @@ def test_commit_failure_answers_503_and_the_retry_is_acked_once_durable(
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
-    deadline = time.monotonic() + 30
-    while True:
-        r = post(api, token, batch("node-a", 9, n=2))
-        if r.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    r = wait_for(lambda: (got := post(api, token, batch("node-a", 9, n=2))).status_code == 200 and got,
+                 30, "the retried batch to be acknowledged", interval=0.2)
     assert r.json() == {"accepted": 0, "duplicate": True}
     assert db_state(api)["cursors"] == [("node-a", "agent-1", 9, 1)]
     assert [len(pts) for _k, pts in store_state(api)] == [1, 1]

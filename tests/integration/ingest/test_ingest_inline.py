@@ -69,7 +69,7 @@ def test_locked_database_falls_back_to_the_thread_and_the_loop_keeps_answering(
         assert time.monotonic() - started < 1.0  # the event loop is not stuck on the lock
         assert "response" not in result  # not acknowledged while not durable
     finally:
-        time.sleep(1.5)
+        time.sleep(1.5)  # the scenario: the lock is held well past the commit's first attempt
         blocker.execute("ROLLBACK")
         blocker.close()
     sender.join(30)

@@ -14,6 +14,7 @@ from app.ingest.rollups import RollupWriter, series_id
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.metrics import ServerMetrics
 from app.models import MetricRollup, from_epoch, utcnow
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -107,8 +108,5 @@ def test_the_running_server_writes_rollups_in_the_background(migrated_url: str, 
     for i, s in enumerate(body["samples"]):
         s["ts"] = minute_ago + i
     assert api.client.post("/api/v1/ingest", json=body, headers=auth(token)).status_code == 200
-    deadline = time.monotonic() + 20
-    while not rows(api.engine):
-        assert time.monotonic() < deadline, "no rollup row was written"
-        time.sleep(0.1)
+    wait_for(lambda: rows(api.engine), 20, "a rollup row")
     assert sorted((r[2]["gpu"], r[4], r[8]) for r in rows(api.engine)) == [("0", 1, 0.0), ("1", 1, 1.0)]

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from app.demo import DemoStack
 from integrations.trl.checkpoints import MARKER_NAME, newest_complete_checkpoint
 from recovery.report import heartbeat_path, read_heartbeat
+from tests.harness import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trl_grpo" / "train.py"
@@ -115,14 +115,7 @@ class TRLJob:
     # ---- waiting ------------------------------------------------------------------------------
 
     def wait(self, pred: Callable[[], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = pred()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
-            time.sleep(0.05)
+        return wait_for(pred, timeout, what, interval=0.05, context=self.logs)
 
     def wait_exit(self, timeout: float) -> int:
         assert self.proc is not None

@@ -179,7 +179,7 @@ def test_heavy_waits_for_approval_approve_runs_reject_does_not(stack: Stack) -> 
     assert stack.get("/api/v1/approvals?status=pending", stack.viewer) == []
     # the counter episode that opened the restored job's incident is still being reported (its
     # error window has not passed): it must not open a second incident, in any of a few ticks
-    time.sleep(1.5)
+    time.sleep(1.5)  # the scenario: absence over three policy ticks
     restored = [i for i in stack.incidents()
                 if i["kind"] == "storage_unwritable" and i["job"] == jobs["approve"]]
     assert [i["status"] for i in restored] == ["resolved"], restored

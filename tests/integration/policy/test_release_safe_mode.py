@@ -115,7 +115,7 @@ def test_an_approver_releases_a_rejected_job_from_safe_mode(any_stack: Stack) ->
         # signal (the counter still reads 2) does not open the incident again.
         r = _release(stack, JOB, comment="again")
         assert r.status_code == 409
-        time.sleep(2)
+        time.sleep(2)  # the scenario: absence over a few policy ticks (0.5 s each)
         assert _open(stack, "storage_unwritable", JOB) == []
     finally:
         log.close()

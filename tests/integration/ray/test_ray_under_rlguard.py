@@ -26,8 +26,8 @@ import pytest
 
 from app.demo import NODE, DemoStack
 from integrations.ray.hook import write_hook
-from tests.harness import free_port
-from tests.integration.ray._ray import LocalRay, actor_pid, wait_for
+from tests.harness import free_port, wait_for
+from tests.integration.ray._ray import LocalRay, actor_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 JOB = "verl-grpo"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from recovery.supervision.backends.slurm import parse_record
+from tests.harness import spawn, wait_for
 
 NODE = "rlgnode"
 
@@ -85,7 +85,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 def _start(argv: list[str], root: Path, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = open(root / f"{name}.out", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = spawn(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return proc
 
@@ -97,18 +97,17 @@ def _answers(env: dict[str, str]) -> bool:
 
 def _wait(predicate: object, timeout: float, what: str, cluster: Slurm) -> None:
     assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def holds() -> bool:
         for proc in cluster.procs:
             if proc.poll() is not None:
                 pytest.fail(f"{proc.args[0]} exited with {proc.returncode}:\n{cluster.logs()}")
         try:
-            if predicate():
-                return
+            return bool(predicate())
         except AssertionError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}:\n{cluster.logs()}")
+            return False  # a test's condition that does not hold yet
+
+    wait_for(holds, timeout, what, interval=0.2, context=cluster.logs)
 
 
 def wait_until(predicate: object, timeout: float, what: str, cluster: Slurm) -> None:

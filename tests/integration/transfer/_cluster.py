@@ -17,6 +17,7 @@ import pytest
 
 from recovery.transfer import InMemoryRegistry, RegistryServer, make_transport
 from recovery.transfer.transport import Transport
+from tests.harness import spawn
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -25,7 +26,7 @@ class Peer:
     """A ``_peer`` process: send it commands, wait for its JSON events."""
 
     def __init__(self, role: str, registry: str, transport: str, *extra: str) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "tests.integration.transfer._peer", "--role", role,
              "--registry", registry, "--transport", transport, *extra],
             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
