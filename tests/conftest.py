@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.reaper import reap_all
+from tests.harness.reaper import reap_all, start_run
 from tests.harness.services import REDIS_URL, create_database, drop_database, free_port, require_tcp
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test starts a process: every descendant of this run carries its token, so a
+    guardian can kill them all if this pytest dies (see tests/harness/reaper.py)."""
+    start_run()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,5 +1,7 @@
 """A pytest killed with ``kill -9`` leaves no server, agent or worker process running: the
-harness starts each in a process group of its own that dies with the run (tests/harness/reaper.py)."""
+harness starts each in a process group of its own that dies with the run, and what product code
+starts for a test in a session of its own (as ``app.demo.DemoStack`` does) carries the run's
+token and dies with it too (tests/harness/reaper.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from tests.harness import REPO, spawn, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-# The test the killed pytest runs: a real server and a real Celery worker from the harness,
-# their pids written out, then it waits to be killed.
+# The test the killed pytest runs: a process started the way product code starts one (a plain
+# Popen in a session of its own), a real server and a real Celery worker from the harness; their
+# pids written out, it waits to be killed.
 INNER = """
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +30,9 @@ from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env, run_cl
 
 
 def test_start_a_server_and_a_worker_then_hang(tmp_path: Path) -> None:
+    stray = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
     env = rlguard_env(f"sqlite:///{tmp_path / 'rlguard.db'}", tmp_path / "data", RLGUARD_DEV="1")
     assert run_cli("db", "upgrade", env=env).returncode == 0
     port = free_port()
@@ -33,7 +41,7 @@ def test_start_a_server_and_a_worker_then_hang(tmp_path: Path) -> None:
     worker = start_worker("--concurrency", "1", env=env, log=tmp_path / "worker.log")
     assert server.proc is not None
     pids = Path(os.environ["REAPER_TEST_PIDS"])
-    pids.with_suffix(".tmp").write_text(f"{server.proc.pid} {worker.pid}")
+    pids.with_suffix(".tmp").write_text(f"{server.proc.pid} {worker.pid} {stray.pid}")
     pids.with_suffix(".tmp").rename(pids)  # never read half-written
     time.sleep(600)  # the scenario: this pytest is killed with -9 while its children run
 """
@@ -76,6 +84,8 @@ def test_kill_9_of_pytest_leaves_no_server_or_worker_running(tmp_path: Path) -> 
             "-p",
             "no:cacheprovider",
             "-s",
+            "-p",
+            "tests.conftest",
             "--rootdir",
             str(tmp_path),
             str(tmp_path / "test_inner.py"),
@@ -96,9 +106,9 @@ def test_kill_9_of_pytest_leaves_no_server_or_worker_running(tmp_path: Path) -> 
         # The worker's pool child too: a grandchild of pytest, in the worker's group.
         def all_started() -> set[tuple[int, int]] | None:
             members = _members(groups)
-            return members if len(members) >= 3 else None
+            return members if len(members) >= 4 else None
 
-        children = wait_for(all_started, 60, "the server, the worker and its pool child")
+        children = wait_for(all_started, 60, "the stray, the server, the worker and its pool child")
 
         os.kill(inner.pid, signal.SIGKILL)
         inner.wait(10)
