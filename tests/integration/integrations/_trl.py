@@ -10,9 +10,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from app.demo import DemoStack
 from integrations.trl.checkpoints import MARKER_NAME, newest_complete_checkpoint
@@ -156,3 +159,22 @@ def opened_at(inc: dict[str, Any]) -> float:
 def freeze(pid: int) -> None:
     """SIGSTOP ``pid`` so the test reads a state that cannot move under it before a kill."""
     os.kill(pid, signal.SIGSTOP)
+
+
+@dataclass
+class TRLStack(DemoStack):
+    """The demo's stack with detection tuned to the tiny job (0.2-2 s per step, idle to busy
+    machine): a hang is judged after max(6 s, 10 x the median step) once two step times are
+    seen, and a silent heartbeat only after 15 + 15 s, so that a SIGSTOPped trainer is seen
+    hung (train_hang) before it is seen lost. An exit is seen at once either way (EXITED)."""
+
+    def _env(self) -> dict[str, str]:
+        env = super()._env()
+        path = Path(env["RLGUARD_RECOVERY_POLICY_FILE"])
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data["detection"]["trainer"].update(
+            hang_min_seconds=6, hang_step_factor=10, hang_min_steps=2
+        )
+        data["detection"]["heartbeat"].update(suspect_seconds=15, confirm_seconds=15)
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return env
