@@ -71,7 +71,7 @@ def test_sigterm_spools_the_current_round_and_exits_within_5s_on_a_hung_server(
     port = hung.getsockname()[1]
     try:
 
-        class _Fake:  # just what AgentProcess reads from a server
+        class _Fake:  # just what agent_for reads from a server
             url = f"http://127.0.0.1:{port}"
             node_token = "irrelevant-token"
             node = "n-hung"
