@@ -63,7 +63,10 @@ def test_read_endpoints(api: Api) -> None:
     series = api.client.get("/api/v1/series", params={"node": "node-a", "name": "gpu_util", "since": 0}, headers=h).json()
     assert series["count"] == 2 and not series["truncated"]
     assert sorted(v for s in series["data"] for _, v in s["points"]) == [0.0, 1.0, 2.0, 3.0]
-    recent = api.client.get("/api/v1/series", params={"node": "node-a", "since": -2.5}, headers=h).json()
+    # Relative since: the samples are 4..1 s older than the batch; "the last 2.5 s" of the batch
+    # is 2.5 s plus however long the machine took to get here.
+    back = 2.5 + (time.time() - body["sent_at"])
+    recent = api.client.get("/api/v1/series", params={"node": "node-a", "since": -back}, headers=h).json()
     assert sorted(v for s in recent["data"] for _, v in s["points"]) == [2.0, 3.0]
     limited = api.client.get("/api/v1/series", params={"node": "node-a", "since": 0, "limit": 1}, headers=h).json()
     assert limited["count"] == 1 and limited["truncated"]
