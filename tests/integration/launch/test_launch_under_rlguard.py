@@ -53,7 +53,7 @@ def test_a_killed_script_is_restarted_by_rlguard_with_its_resume_arguments(stack
         dead = launch.kill_child()
 
         inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "a heartbeat_lost incident",
-                       logs=logs)
+                       context=logs)
         assert inc["tier"] == "medium"
         assert inc["subject"]["role"] == "trainer" and str(inc["subject"]["rank"]) == "0"
 
