@@ -2,30 +2,30 @@
 
 Real services only: PostgreSQL and Redis must be reachable (CI starts or checks them); a missing
 service fails the test loudly instead of skipping it. Each PostgreSQL test gets a database of its
-own, so test runs (and developers) never see each other's rows.
+own, so test runs (and developers) never see each other's rows. The helpers behind these
+fixtures live in ``tests/harness``.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-POSTGRES_ADMIN_URL = os.environ.get(
-    "RLGUARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
-REDIS_URL = os.environ.get("RLGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.harness.reaper import reap_all, start_run
+from tests.harness.services import REDIS_URL, create_database, drop_database, free_port, require_tcp
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test starts a process: every descendant of this run carries its token, so a
+    guardian can kill them all if this pytest dies (see tests/harness/reaper.py)."""
+    start_run()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """No server, agent or worker a test started outlives the run (see tests/harness/reaper.py)."""
+    reap_all()
 
 
 @pytest.fixture
@@ -33,31 +33,14 @@ def unused_port() -> int:
     return free_port()
 
 
-def _require_tcp(host: str, port: int, what: str) -> None:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return
-    except OSError as exc:
-        pytest.fail(f"{what} is required at {host}:{port} but is not reachable: {exc}")
-
-
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """URL of a fresh, empty PostgreSQL database, dropped after the test."""
-    import sqlalchemy as sa
-
-    _require_tcp("127.0.0.1", 5432, "PostgreSQL")
-    name = f"rlg_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    base, _, _ = POSTGRES_ADMIN_URL.rpartition("/")
+    url = create_database()
     try:
-        yield f"{base}/{name}"
+        yield url
     finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(url)
 
 
 @pytest.fixture
@@ -77,5 +60,5 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture
 def redis_url() -> str:
     """The machine's Redis. Tests that stop Redis must start their own on a free port instead."""
-    _require_tcp("127.0.0.1", 6379, "Redis")
+    require_tcp("127.0.0.1", 6379, "Redis")
     return REDIS_URL

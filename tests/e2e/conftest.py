@@ -10,113 +10,19 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-RLGUARD = str(Path(sys.executable).with_name("rlguard"))
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-PASSWORDS = {"alice": "alice-approves-42", "vera": "vera-only-looks-42"}
-NODES = ("gpu-node-a", "gpu-node-b")
-
-
-@dataclass
-class Cluster:
-    """The running server and what the tests need to talk to it."""
-
-    base_url: str
-    data_dir: Path
-    env: dict[str, str]
-    node_tokens: dict[str, str]
-    user_tokens: dict[str, str]
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    seq: dict[str, int] = field(default_factory=dict)
-
-    def ingest(
-        self,
-        node: str,
-        samples: list[dict[str, object]],
-        participants: list[dict[str, object]] | None = None,
-    ) -> None:
-        """One agent batch, exactly as the node agent posts it; fails the test unless accepted."""
-        self.seq[node] = self.seq.get(node, 0) + 1
-        body = {
-            "agent_id": f"agent-{node}",
-            "node": node,
-            "seq": self.seq[node],
-            "sent_at": time.time(),
-            "samples": samples,
-            "participants": participants or [],
-            "fingerprint": {
-                "python": "3.11",
-                "torch": "2.13.0",
-                "driver": "570.124",
-                "cuda": "12.8",
-            },
-        }
-        r = httpx.post(
-            f"{self.base_url}/api/v1/ingest",
-            json=body,
-            headers={"Authorization": f"Bearer {self.node_tokens[node]}"},
-            timeout=10,
-        )
-        assert r.status_code == 200, r.text
-        assert r.json()["duplicate"] is False
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-
-def _cli(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run(
-        [RLGUARD, *args],
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"rlguard {' '.join(args)} failed: {done.stderr}"
-    return done.stdout.strip()
-
-
-def _wait_ready(
-    base_url: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(
-                f"rlguard server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}"
-            )
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"rlguard server not ready after {timeout}s:\n{log_path.read_text()[-4000:]}")
+from tests.e2e._cluster import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    NODES,
+    PASSWORDS,
+    Cluster,
+    _cli,
+)
+from tests.harness import RLGUARD, ServerProcess, free_port
 
 
 @pytest.fixture(scope="module")
@@ -148,26 +54,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     }
     tokens = {node: _cli(env, "token", "create", "--node", node) for node in NODES}
     log_path = data_dir / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: teardown reaches every child
-        )
-    base_url = f"http://127.0.0.1:{port}"
+    argv = [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)]
+    server = ServerProcess(argv, env, port, log_path, ready_path="/healthz")
     try:
-        _wait_ready(base_url, process, log_path)
-        yield Cluster(base_url, data_dir, env, tokens, user_tokens, process, log_path)
+        process = server.start().proc
+        assert process is not None
+        yield Cluster(server.url, data_dir, env, tokens, user_tokens, process, log_path)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        server.stop(timeout=20)
 
 
 @pytest.fixture(scope="module")
@@ -180,19 +74,3 @@ def browser() -> Iterator[object]:
             yield b
         finally:
             b.close()
-
-
-def sign_in(page: object, base_url: str, name: str) -> None:
-    """Log in through the form, as a person would."""
-    page.goto(f"{base_url}/login")  # type: ignore[attr-defined]
-    page.fill("#username", name)  # type: ignore[attr-defined]
-    page.fill("#password", PASSWORDS[name])  # type: ignore[attr-defined]
-    with page.expect_navigation():  # type: ignore[attr-defined]
-        page.click("button[type=submit]")  # type: ignore[attr-defined]
-
-
-def screenshot(page: object, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
-    return path

@@ -11,7 +11,7 @@ import math
 import random
 import time
 
-from tests.e2e.conftest import NODES, Cluster
+from tests.e2e._cluster import NODES, Cluster
 
 GIB = 2**30
 JOB = "grpo-qwen-7b"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e import fleet
-from tests.e2e.conftest import NODES, Cluster, screenshot, sign_in
+from tests.e2e._cluster import NODES, Cluster, screenshot, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

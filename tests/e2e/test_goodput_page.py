@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from tests.e2e.conftest import NODES, Cluster, screenshot, sign_in
+from tests.e2e._cluster import NODES, Cluster, screenshot, sign_in
 from tests.integration.goodput._history import (
     JOB,
     build_incidents,

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from recovery.report import HeartbeatReporter
+from tests.harness import AgentProcess, wait_for
+from tests.integration.agent._server import OperatedServer, agent_for
 from tests.unit.agents.collectors.expositions import DCGM, SGLANG, VLLM, without_gpu
-
-from .conftest import AgentProcess, ServerProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -64,7 +64,7 @@ def page_servers() -> Iterator[list[PageServer]]:
         s.stop()
 
 
-def latest(server: ServerProcess, name: str, **labels: str) -> tuple[float, float] | None:
+def latest(server: OperatedServer, name: str, **labels: str) -> tuple[float, float] | None:
     """(ts, value) of the newest point of ``name`` whose labels include ``labels``."""
     best: tuple[float, float] | None = None
     for s in server.series(name):
@@ -75,14 +75,14 @@ def latest(server: ServerProcess, name: str, **labels: str) -> tuple[float, floa
     return best
 
 
-def value_is(server: ServerProcess, name: str, value: float, **labels: str) -> bool:
+def value_is(server: OperatedServer, name: str, value: float, **labels: str) -> bool:
     got = latest(server, name, **labels)
     return got is not None and got[1] == pytest.approx(value)
 
 
 def test_agent_on_dcgm_exporter_and_two_engines(
     tmp_path: Path,
-    server: ServerProcess,
+    server: OperatedServer,
     agents_started: list[AgentProcess],
     page_servers: list[PageServer],
 ) -> None:
@@ -94,7 +94,7 @@ def test_agent_on_dcgm_exporter_and_two_engines(
     vllm = PageServer({"/health": "", "/metrics": VLLM})
     sglang = PageServer({"/health": "", "/metrics": SGLANG})
     page_servers.extend([exporter, vllm, sglang])
-    agent = AgentProcess(
+    agent = agent_for(
         server,
         run,
         tmp_path / "spool",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import socket
 from pathlib import Path
 
@@ -11,8 +10,8 @@ import orjson
 import pytest
 
 from recovery.report import HeartbeatReporter
-
-from .conftest import AgentProcess, ServerProcess, committed_points, wait_for
+from tests.harness import AgentProcess, wait_for
+from tests.integration.agent._server import OperatedServer, agent_for, committed_points
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -26,27 +25,25 @@ def spooled_points(spool: Path) -> set[tuple[str, str, float]]:
 
 
 def test_agent_kill_9_keeps_its_spool_and_the_next_start_delivers_it(
-    tmp_path: Path, server: ServerProcess, agents_started: list[AgentProcess]
+    tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = tmp_path / "run"
     run.mkdir()
     HeartbeatReporter(run, "trainer", 0, job="j1").update(phase="TRAIN", step=3, force=True)
     spool = tmp_path / "spool"
     server.kill9()
-    first = AgentProcess(server, run, spool, "--simulate-gpus", "2", "--interval", "0.2")
+    first = agent_for(server, run, spool, "--simulate-gpus", "2", "--interval", "0.2")
     agents_started.append(first)
     first.start()
     wait_for(
         lambda: len(list((spool / "batches").glob("*.json"))) >= 10, 60, "batches in the spool"
     )
-    first.signal(signal.SIGKILL)
-    first.proc.wait(10)  # type: ignore[union-attr]
-    first.proc = None
+    first.kill()
     on_disk = spooled_points(spool)
     assert on_disk
 
     server.start()
-    second = AgentProcess(server, run, spool, "--simulate-gpus", "2", "--interval", "0.2")
+    second = agent_for(server, run, spool, "--simulate-gpus", "2", "--interval", "0.2")
     agents_started.append(second)
     second.start()
     wait_for(
@@ -74,7 +71,7 @@ def test_sigterm_spools_the_current_round_and_exits_within_5s_on_a_hung_server(
     port = hung.getsockname()[1]
     try:
 
-        class _Fake:  # just what AgentProcess reads from a server
+        class _Fake:  # just what agent_for reads from a server
             url = f"http://127.0.0.1:{port}"
             node_token = "irrelevant-token"
             node = "n-hung"
@@ -82,7 +79,7 @@ def test_sigterm_spools_the_current_round_and_exits_within_5s_on_a_hung_server(
         run = tmp_path / "run"
         run.mkdir()
         spool = tmp_path / "spool"
-        agent = AgentProcess(_Fake(), run, spool, "--simulate-gpus", "1", "--interval", "0.5")  # type: ignore[arg-type]
+        agent = agent_for(_Fake(), run, spool, "--simulate-gpus", "1", "--interval", "0.5")  # type: ignore[arg-type]
         agents_started.append(agent)
         agent.start()
         wait_for(

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from recovery.report import HeartbeatReporter
-
-from .conftest import RLGUARD, AgentProcess, ServerProcess, committed_points, wait_for
+from tests.harness import RLGUARD, AgentProcess, wait_for
+from tests.integration.agent._server import OperatedServer, agent_for, committed_points
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -28,10 +28,10 @@ def make_run_dir(tmp_path: Path) -> Path:
 
 
 def test_samples_show_in_series_api_and_metrics(
-    tmp_path: Path, server: ServerProcess, agents_started: list[AgentProcess]
+    tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = make_run_dir(tmp_path)
-    agent = AgentProcess(
+    agent = agent_for(
         server, run, tmp_path / "spool", "--simulate-gpus", "2", "--interval", "0.5"
     )
     agents_started.append(agent)
@@ -61,7 +61,7 @@ def test_samples_show_in_series_api_and_metrics(
 
     # the operator's view: `rlguard agent --status` goes through the server CLI's pass-through
     out = subprocess.run(
-        [RLGUARD, "agent", "--node", server.node, "--spool-dir", str(agent.spool_dir), "--status"],
+        [*RLGUARD, "agent", "--node", server.node, "--spool-dir", str(agent.spool_dir), "--status"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -73,10 +73,10 @@ def test_samples_show_in_series_api_and_metrics(
 
 
 def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
-    tmp_path: Path, server: ServerProcess, agents_started: list[AgentProcess]
+    tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = make_run_dir(tmp_path)
-    agent = AgentProcess(
+    agent = agent_for(
         server, run, tmp_path / "spool", "--simulate-gpus", "2", "--interval", "0.2"
     )
     agents_started.append(agent)
@@ -84,7 +84,7 @@ def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
     held: set[tuple[str, str, float]] = set()
     for _cycle in range(2):
         wait_for(lambda: any(s["points"] for s in server.series()), 60, "deliveries to this server")
-        time.sleep(1.5)
+        time.sleep(1.5)  # the scenario: deliveries keep flowing, so the freeze may land mid-way
         # Freeze the agent (possibly in the middle of a delivery), let the server finish its
         # group commit, read what it holds, then kill it.
         agent.signal(signal.SIGSTOP)
@@ -109,13 +109,13 @@ def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
 
 
 def test_spool_limit_drop_count_equals_what_is_missing(
-    tmp_path: Path, server: ServerProcess, agents_started: list[AgentProcess]
+    tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = make_run_dir(tmp_path)
     server.kill9()  # down from the start: everything goes to the spool
     # 8 GPUs make ~25 KB per round, the job signals ~2 KB: the limit is hit within seconds
     # while every round's job signals still fit.
-    agent = AgentProcess(
+    agent = agent_for(
         server,
         run,
         tmp_path / "spool",
@@ -136,7 +136,7 @@ def test_spool_limit_drop_count_equals_what_is_missing(
         60,
         "the spool limit to be hit",
     )
-    time.sleep(1.0)
+    time.sleep(1.0)  # the scenario: the agent keeps dropping at its limit while the server is down
     server.start()
     wait_for(lambda: agent.status()["spool_batches"] <= 1, 60, "the spool to drain")
     agent.terminate()
@@ -155,12 +155,12 @@ def test_spool_limit_drop_count_equals_what_is_missing(
 
 
 def test_large_batches_travel_gzipped_and_are_accepted(
-    tmp_path: Path, server: ServerProcess, agents_started: list[AgentProcess]
+    tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = make_run_dir(tmp_path)
     # 48 GPUs make a body of ~150 KB, above the 64 KiB gzip threshold
     record = tmp_path / "trace.jsonl"
-    agent = AgentProcess(
+    agent = agent_for(
         server,
         run,
         tmp_path / "spool",

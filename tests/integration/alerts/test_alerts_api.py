@@ -12,7 +12,7 @@ from app.alerts import queue
 from app.core import migrate
 from app.main import create_app
 from app.models import AuditEvent, Role
-from tests.integration.foundation.conftest import Api, AppClient, auth, make_settings
+from tests.harness import Api, AppClient, auth, make_settings
 from tests.unit.app.alerts._factories import (
     SLACK_SECRET_PATH,
     T0,

@@ -3,7 +3,7 @@ one "opened / approval needed" message, then one "approved", then one "resolved"
 
 Real server process (app + policy scheduler), real Celery worker process, PostgreSQL, a Redis of
 our own, and a real HTTP server on 127.0.0.1 standing in for Slack, WeCom and the webhook
-receiver. Reuses the policy integration harness (tests/integration/policy/conftest.py).
+receiver. Reuses the policy integration harness (tests/harness/stack.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from sqlmodel import Session, select
 
 from app.alerts.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from app.models.alert import AlertDelivery
-from tests.integration.policy.conftest import RedisServer, Stack, fast_policy
+from tests.harness import RedisServer
+from tests.harness.stack import Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _checkpoint
 from tests.unit.app.alerts._factories import SLACK_SECRET_PATH, WEBHOOK_SIGNING, WECOM_KEY
 from tests.unit.app.alerts._recording_server import RecordingServer, wecom
@@ -128,7 +129,7 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
     )  # storage: heavy
 
     stack.wait(lambda: counts(server)["webhook"] >= 1, 60, "the first alert")
-    time.sleep(GROUP_WAIT_S + 3)  # anything else of this window would have gone out by now
+    time.sleep(GROUP_WAIT_S + 3)  # the scenario (absence): anything else of this window would have gone out by now
     hooks = [
         (b["incident_id"], b["kinds"], [e["event_id"] for e in b["events"]], b["fault_kind"])
         for b in by_channel(server)["webhook"]
@@ -166,7 +167,7 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
         lambda: stack.incident("storage_unwritable", JOB)["status"] == "resolved", 60, "resolution"
     )
     stack.wait(lambda: counts(server)["webhook"] >= 3, 60, "the resolution alert")
-    time.sleep(GROUP_WAIT_S + 3)
+    time.sleep(GROUP_WAIT_S + 3)  # the scenario (absence): past the group window
     hooks = [
         (b["incident_id"], b["kinds"], [e["event_id"] for e in b["events"]], b["fault_kind"])
         for b in by_channel(server)["webhook"]

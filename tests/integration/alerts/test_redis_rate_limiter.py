@@ -69,7 +69,7 @@ def test_concurrent_workers_never_exceed_the_limit(client) -> None:  # noqa: ANN
 
 def test_an_unreachable_redis_refuses_instead_of_crashing_the_send() -> None:
     from app.alerts.ratelimit import RateLimitUnavailable
-    from tests.conftest import free_port
+    from tests.harness import free_port
 
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
     with pytest.raises(

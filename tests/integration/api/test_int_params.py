@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from app.models import Role
-from tests.integration.foundation.conftest import Api, auth
+from tests.harness import Api, auth
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

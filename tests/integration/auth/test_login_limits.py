@@ -14,12 +14,12 @@ import pytest
 
 from app.core.config import HardeningSettings
 from app.models import Role
-from tests.integration.auth.conftest import Browser, add_user
-from tests.integration.foundation.conftest import (
+from tests.harness import (
     Api,
     auth,
 )
-from tests.unit.app.views.conftest import PASSWORD
+from tests.harness.dashboard import PASSWORD
+from tests.integration.auth._browser import Browser, add_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +27,8 @@ from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, rlguard_env
-from tests.unit.app.views.conftest import PASSWORD
+from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env, spawn, wait_for
+from tests.harness.dashboard import PASSWORD
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -86,22 +84,21 @@ def proxied(tmp_path: Path) -> Iterator[tuple[str, str]]:
     nginx_dir = tmp_path / "nginx"
     nginx_dir.mkdir()
     conf = _nginx_conf(nginx_dir, nginx_port, port)
-    proc = subprocess.Popen(
+    proc = spawn(
         [NGINX, "-p", str(nginx_dir), "-c", str(conf), "-e", str(nginx_dir / "error.log")],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{nginx_port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
+
+        def answers() -> bool:
             assert proc.poll() is None, (nginx_dir / "error.log").read_text(errors="replace")
             try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
+                return httpx.get(url + "/healthz", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass  # nginx not listening yet
-            assert time.monotonic() < deadline, "nginx did not answer within 20 s"
-            time.sleep(0.05)
+                return False  # nginx not listening yet
+
+        wait_for(answers, 20, "nginx /healthz", interval=0.05)
         yield url, server.url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -9,8 +9,8 @@ import pytest
 
 from app.alerts.config import parse_alerts_config
 from app.models import Role
-from tests.integration.auth.conftest import Browser, add_user
-from tests.integration.foundation.conftest import Api, auth
+from tests.harness import Api, auth
+from tests.integration.auth._browser import Browser, add_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

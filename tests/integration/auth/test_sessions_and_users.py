@@ -14,9 +14,9 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from app.models import Role
-from tests.integration.auth.conftest import Browser, add_user
-from tests.integration.foundation.conftest import Api, auth
-from tests.unit.app.views.conftest import PASSWORD
+from tests.harness import Api, auth
+from tests.harness.dashboard import PASSWORD
+from tests.integration.auth._browser import Browser, add_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

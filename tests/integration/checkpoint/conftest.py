@@ -1,26 +1,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from recovery.checkpoint.lease import Lease, PostgresLease, RedisLease
-
-LeaseFactory = Callable[..., Lease]
-
-
-def drop_redis_lease_keys(url: str, name: str) -> None:
-    """Remove the keys a RedisLease named ``name`` left behind (lease, epoch, state)."""
-    import redis
-
-    client = redis.Redis.from_url(url, socket_timeout=2)
-    try:
-        keys = list(client.scan_iter(match=f"rlguard:lease:{name}*"))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+from tests.integration.checkpoint._lease import LeaseFactory, drop_redis_lease_keys
 
 
 @pytest.fixture(params=["redis", "postgres"])

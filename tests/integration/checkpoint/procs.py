@@ -8,10 +8,10 @@ import select
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.harness import spawn
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -25,7 +25,7 @@ class Procs:
         self, module: str, *args: str, timeout: float = 30.0
     ) -> tuple[subprocess.Popen[str], str]:
         """Start ``python -m module args``; returns the process and the URL it printed."""
-        proc = subprocess.Popen(
+        proc = spawn(
             [sys.executable, "-m", module, *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -73,13 +73,3 @@ def rounds(log: Path) -> list[dict[str, Any]]:
 def steps(log: Path) -> int:
     path = log.with_suffix(".steps")
     return int(path.read_text()) if path.exists() else 0
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout} s")

@@ -20,10 +20,10 @@ from recovery.checkpoint.detector import HealthChange
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.lease import RedisLease
 from recovery.checkpoint.version import VersionVector
-from tests.conftest import free_port
+from tests.harness import free_port, wait_for
+from tests.integration.checkpoint._lease import drop_redis_lease_keys
 
-from .conftest import drop_redis_lease_keys
-from .procs import Procs, rounds, steps, wait_for
+from .procs import Procs, rounds, steps
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

@@ -6,9 +6,8 @@ import pytest
 
 from recovery.checkpoint.errors import CheckpointInputError, LeaseError
 from recovery.checkpoint.lease import PostgresLease, RedisLease
-from tests.conftest import free_port
-
-from .conftest import LeaseFactory
+from tests.harness import free_port
+from tests.integration.checkpoint._lease import LeaseFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

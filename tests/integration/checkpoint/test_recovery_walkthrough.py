@@ -5,7 +5,6 @@ round, plans rollback/restore per participant, and the state loads into a fresh 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +18,11 @@ from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.lease import RedisLease
 from recovery.checkpoint.restore import restore
 from recovery.checkpoint.version import VersionVector
+from tests.harness import wait_for
+from tests.integration.checkpoint._lease import drop_redis_lease_keys
 from tests.integration.checkpoint._torch_job import build
 
-from .conftest import drop_redis_lease_keys
-from .procs import Procs, wait_for
+from .procs import Procs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -104,4 +104,3 @@ def test_rounds_crash_confirm_restore(redis_url: str, procs: Procs, tmp_path: Pa
     opt.load_state_dict(result.state["optimizer"])
     assert int(opt.state_dict()["state"][0]["step"].item()) == global_version.training_step
     assert torch.isfinite(next(model.parameters())).all()
-    time.sleep(0)  # nothing else to wait for: processes are reaped by the fixture

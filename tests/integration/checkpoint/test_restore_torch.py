@@ -16,8 +16,8 @@ import torch
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.restore import restore
 from recovery.checkpoint.version import VersionVector
+from tests.harness.training_state import assert_same
 from tests.integration.checkpoint._torch_job import build, train_step
-from tests.unit.recovery.checkpoint.conftest import assert_same
 
 from .procs import REPO
 

@@ -13,13 +13,14 @@ import pytest
 import sqlalchemy as sa
 
 from app.models import Role
-from tests.integration.foundation.conftest import (
+from tests.harness import (
     Api,
     ServerProcess,
     auth,
     batch,
     rlguard_env,
     run_cli,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -163,7 +164,19 @@ def test_a_change_survives_kill9_after_its_ack_and_is_noticed_again_if_never_ack
 
         sender = threading.Thread(target=send)
         sender.start()
-        time.sleep(1.5)  # the request is waiting for its commit
+        # The batch's sample reaches the in-memory window before its commit is awaited.
+        newest = max(smp["ts"] for smp in body["samples"])
+
+        def in_window() -> bool:
+            r = httpx.get(
+                server.url + "/api/v1/series",
+                params={"node": "gpu-07", "name": "gpu_util", "since": -600},
+                headers=auth(user_token),
+                timeout=5,
+            )
+            return any(ts == newest for sr in r.json()["data"] for ts, _v in sr["points"])
+
+        wait_for(in_window, 20, "the batch in the series window", interval=0.05)
         assert answer == []
         server.kill9()
         sender.join(30)

@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.harness import free_port, spawn, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[3]
@@ -53,7 +52,7 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
     out = (tmp_path / "demo.out").open("ab")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
     env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-c", "from app.cli import main; main()", "demo", "--dir", str(workdir),
          "--port", str(port), "--steps", "10", "--duration", "280"],
         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -66,14 +65,11 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
         return "\n".join(parts)
 
     def wait(pred: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
+        def checked() -> Any:
             assert proc.poll() is None, f"demo exited {proc.returncode}: {log()}"
-            value = pred()
-            if value:
-                return value
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: {log()}"
-            time.sleep(0.5)
+            return pred()
+
+        return wait_for(checked, timeout, what, interval=0.5, context=log)
 
     try:
         login = wait(lambda: (workdir / "demo-login.txt").exists() and
@@ -128,7 +124,5 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
         finally:
             out.close()
     assert len(tree) >= 5, f"expected server, worker, agent, launcher and job processes, got {tree}"
-    deadline = time.monotonic() + 10
-    while [p for p in tree if _alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert [p for p in tree if _alive(p)] == [], "processes left behind after Ctrl-C"
+    wait_for(lambda: not [p for p in tree if _alive(p)], 10, "every demo process to exit after Ctrl-C",
+             context=lambda: f"left behind: {[p for p in tree if _alive(p)]}")

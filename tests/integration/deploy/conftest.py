@@ -9,7 +9,7 @@ import pytest
 
 from app.core import migrate
 from app.main import create_app
-from tests.integration.foundation.conftest import Api, AppClient, make_settings
+from tests.harness import Api, AppClient, make_settings
 
 
 @pytest.fixture

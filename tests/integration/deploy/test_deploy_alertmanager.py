@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,8 +26,7 @@ from app.core.db import make_engine
 from app.models import Role
 from app.models.incident import FaultSignalRecord
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, rlguard_env
+from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env, spawn, wait_for
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
@@ -42,7 +40,7 @@ class Alertmanager:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = spawn(
                 [
                     ALERTMANAGER,
                     f"--config.file={config}",
@@ -55,16 +53,14 @@ class Alertmanager:
             )
 
     def wait_ready(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             assert self.proc.poll() is None, self.log.read_text()
             try:
-                if httpx.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return
+                return httpx.get(self.url + "/-/ready", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("Alertmanager not ready:\n" + self.log.read_text())
+                return False
+
+        wait_for(ready, timeout, "Alertmanager /-/ready", context=self.log.read_text)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -143,20 +139,16 @@ def test_alert_fired_in_alertmanager_becomes_a_fault_signal_and_incident(
         assert [a["labels"]["alertname"] for a in active] == ["GPUXidError"]
 
         auth = {"Authorization": f"Bearer {operator}"}
-        deadline = time.monotonic() + 60
-        found = None
-        while found is None:
+
+        def xid_incident() -> dict | None:
             rows = httpx.get(f"{server.url}/api/v1/incidents", headers=auth, timeout=5).json()
-            found = next(
+            return next(
                 (i for i in rows["incidents"] if i["kind"] == "gpu_xid" and i["node"] == "gpu-node-7"),
                 None,
             )
-            if found is None:
-                assert time.monotonic() < deadline, (
-                    "no incident from the Alertmanager alert\n"
-                    + am.log.read_text()[-3000:] + server.output()[-3000:]
-                )
-                time.sleep(0.5)
+
+        found = wait_for(xid_incident, 60, "an incident from the Alertmanager alert", interval=0.5,
+                         context=lambda: am.log.read_text()[-3000:] + server.output()[-3000:])
         assert found["status"] in ("open", "recovering", "pending_approval", "escalated"), found
         assert "XID 79" in found["summary"]
         engine = make_engine(db_url)
@@ -195,10 +187,8 @@ def test_alertmanager_with_a_wrong_token_is_refused(
             timeout=5,
         )
         assert r.status_code == 200
-        deadline = time.monotonic() + 30
-        while "401" not in am.log.read_text():
-            assert time.monotonic() < deadline, am.log.read_text()[-3000:]
-            time.sleep(0.5)
+        wait_for(lambda: "401" in am.log.read_text(), 30, "Alertmanager to log the 401",
+                 interval=0.5, context=lambda: am.log.read_text()[-3000:])
         rows = httpx.get(
             f"{server.url}/api/v1/incidents", headers={"Authorization": f"Bearer {operator}"},
             timeout=5,

@@ -7,9 +7,6 @@ the policy tests' stack plays the agents and logs every launcher call.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,16 +15,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import free_port
-from tests.integration.policy.conftest import (
-    JOB,
-    RLGUARD,
-    ROOT,
-    Feeder,
-    RedisServer,
-    Stack,
-    fast_policy,
-)
+from tests.harness import RLGUARD, RedisServer, ServerProcess, free_port, kill_group
+from tests.harness.stack import JOB, Feeder, Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _action, _base_cluster, _succeeded
 
 LEASE_S = 3.0
@@ -70,14 +59,14 @@ def test_lease_holder_killed_mid_action_the_action_runs_once(two_replica_stack: 
     stack.wait(lambda: _lease_holder(stack), 20, "replica A to take the scheduler lease")
     assert f":{first.pid}:" in (_lease_holder(stack) or "")
     port_b = free_port()
-    log_b = (stack.tmp / "server-b.log").open("ab")
-    second = subprocess.Popen(
-        [RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port_b)],
-        env=stack.env, cwd=ROOT, stdout=log_b, stderr=subprocess.STDOUT, start_new_session=True,
+    replica_b = ServerProcess(
+        [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port_b)],
+        stack.env, port_b, stack.tmp / "server-b.log",
     )
     try:
-        url_b = f"http://127.0.0.1:{port_b}"
-        stack.wait(lambda: _ready(url_b), 60, "replica B")
+        second = replica_b.start().proc
+        assert second is not None
+        url_b = replica_b.url
         stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
         _base_cluster(stack)
         stack.feeder.start()
@@ -96,8 +85,7 @@ def test_lease_holder_killed_mid_action_the_action_runs_once(two_replica_stack: 
         stack.feeder = feeder
         feeder.start()
         assert not any(c["event"] == "done" for c in stack.launcher_calls())  # still running
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(10)
+        kill_group(first)
         killed_at = time.monotonic()
         stack.wait(lambda: f":{second.pid}:" in (_lease_holder(stack) or ""), LEASE_S + 5,
                    "replica B to take the scheduler lease over")
@@ -112,10 +100,7 @@ def test_lease_holder_killed_mid_action_the_action_runs_once(two_replica_stack: 
         assert [c["event"] for c in calls] == ["start", "done"]  # once, never re-run
         assert second.poll() is None
     finally:
-        if second.poll() is None:
-            os.killpg(second.pid, signal.SIGKILL)
-            second.wait(10)
-        log_b.close()
+        replica_b.kill9()
 
 
 def _ready(url: str) -> bool:

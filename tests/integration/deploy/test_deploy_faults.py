@@ -25,10 +25,8 @@ from app.core.db import make_engine
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, batch, rlguard_env
-
-from ._services import PostgresInstance, RedisInstance
+from tests.harness import RLGUARD, ServerProcess, batch, free_port, rlguard_env, wait_for
+from tests.harness.services import PostgresInstance, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -66,12 +64,12 @@ def deliver(url: str, token: str, seq: int, deadline: float) -> bool:
             r = httpx.post(f"{url}/api/v1/ingest", json=batch("n1", seq, n=N),
                            headers={"Authorization": f"Bearer {token}"}, timeout=10)
         except httpx.TransportError:
-            time.sleep(0.2)
+            time.sleep(0.2)  # a retrying client's back-off: the replica is restarting
             continue
         if r.status_code == 200:
             return bool(r.json()["duplicate"])
         assert r.status_code == 503, r.text  # only "not durable yet / unavailable" is allowed
-        time.sleep(0.2)
+        time.sleep(0.2)  # a retrying client's back-off, as the agent's
 
 
 def points(url: str, viewer: str) -> int:
@@ -147,7 +145,7 @@ def test_redis_restart_under_two_replicas_with_a_shared_window(
 ) -> None:
     migrate.upgrade(postgres_url)
     viewer, node = _tokens(postgres_url)
-    redis = RedisInstance(tmp_path / "redis").start()
+    redis = RedisServer(tmp_path / "redis").start()
     servers = [
         _server(postgres_url, tmp_path / f"data{i}", tmp_path / f"server{i}.log",
                 RLGUARD_REDIS_URL=redis.url, RLGUARD_SERIES__SHARED_WINDOW="true",
@@ -164,11 +162,10 @@ def test_redis_restart_under_two_replicas_with_a_shared_window(
         # Both replicas followed each other before Redis goes: what a replica had not followed
         # yet when Redis loses its data is missing from its window (a cache the agents refill)
         # until new samples arrive; the database keeps every acknowledged batch either way.
-        until = time.monotonic() + 15
-        while (points(a.url, viewer), points(b.url, viewer)) != (10 * N, 10 * N):
-            assert time.monotonic() < until, (points(a.url, viewer), points(b.url, viewer))
-            time.sleep(0.1)
-        redis.kill()
+        wait_for(lambda: (points(a.url, viewer), points(b.url, viewer)) == (10 * N, 10 * N), 15,
+                 "both windows to hold the 10 batches",
+                 context=lambda: str((points(a.url, viewer), points(b.url, viewer))))
+        redis.stop()
         r = httpx.post(f"{a.url}/api/v1/ingest", json=batch("n1", 10, n=N),
                        headers={"Authorization": f"Bearer {node}"}, timeout=10)
         assert r.status_code == 503 and "Redis" in r.json()["detail"], r.text
@@ -180,12 +177,11 @@ def test_redis_restart_under_two_replicas_with_a_shared_window(
             assert deliver((b if seq % 2 else a).url, node, seq, deadline) is True
         assert cursor(postgres_url) == (19, (1 << 20) - 1)
         # Both windows: the 10 batches before the restart and the 10 after, exactly once.
-        until = time.monotonic() + 15
-        while (points(a.url, viewer), points(b.url, viewer)) != (20 * N, 20 * N):
-            assert time.monotonic() < until, (points(a.url, viewer), points(b.url, viewer))
-            time.sleep(0.2)
+        wait_for(lambda: (points(a.url, viewer), points(b.url, viewer)) == (20 * N, 20 * N), 15,
+                 "both windows to hold the 20 batches",
+                 context=lambda: str((points(a.url, viewer), points(b.url, viewer))))
         assert all(s.proc is not None and s.proc.poll() is None for s in servers)
     finally:
         for s in servers:
             s.kill9()
-        redis.kill()
+        redis.stop()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.policy.conftest import JOB, RedisServer, Stack, fast_policy
+from tests.harness import RedisServer
+from tests.harness.services import PostgresInstance
+from tests.harness.stack import JOB, Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _action, _base_cluster, _succeeded
-
-from ._services import PostgresInstance
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -55,7 +55,7 @@ def test_postgres_crash_during_an_action_it_completes_once(
     stack.wait(lambda: any(c["event"] == "start" and c["action"] == "restart_role"
                            for c in stack.launcher_calls()), 60, "the restart to begin")
     pg.stop_immediate()  # the worker is inside the launcher; the server's tick loses its DB
-    time.sleep(4)
+    time.sleep(4)  # the scenario: a database outage that lasts past a few policy ticks
     pg.start()
     done = stack.wait(lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 90,
                       "the restart to be recorded as succeeded")

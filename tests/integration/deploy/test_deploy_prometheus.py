@@ -20,7 +20,7 @@ from app.incidents.persist import persist_decisions
 from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from tests.integration.foundation.conftest import Api, auth
+from tests.harness import Api, auth
 
 ROOT = Path(__file__).resolve().parents[3]
 PROM = ROOT / "deploy" / "prometheus"

@@ -24,8 +24,7 @@ from app.ingest.series_backend import forget_shared_window, key_prefix
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, batch, rlguard_env
+from tests.harness import RLGUARD, ServerProcess, batch, free_port, rlguard_env, wait_for
 
 LEASE_S = 3.0
 
@@ -105,10 +104,9 @@ def test_any_replica_takes_ingest_and_a_retry_elsewhere_is_a_duplicate(replicas)
         assert retry.status_code == 200 and retry.json() == {"accepted": 0, "duplicate": True}, (
             seq, retry.text)
     # Every replica's window has every replica's samples, each exactly once.
-    deadline = time.monotonic() + 10
-    while (_points(a, viewer), _points(b, viewer)) != (10 * n, 10 * n):
-        assert time.monotonic() < deadline, (_points(a, viewer), _points(b, viewer))
-        time.sleep(0.2)
+    wait_for(lambda: (_points(a, viewer), _points(b, viewer)) == (10 * n, 10 * n), 10,
+             "every replica's window to hold every sample",
+             context=lambda: str((_points(a, viewer), _points(b, viewer))))
     engine = make_engine(db)
     try:
         with engine.connect() as c:
@@ -122,23 +120,15 @@ def test_any_replica_takes_ingest_and_a_retry_elsewhere_is_a_duplicate(replicas)
 
 def test_lease_holder_killed_the_other_replica_takes_over_within_the_lease(replicas) -> None:  # type: ignore[no-untyped-def]
     servers, _viewer, _node, db = replicas
-    deadline = time.monotonic() + 20
-    while (lease := _lease(db)) is None:
-        assert time.monotonic() < deadline, "no replica took the scheduler lease"
-        time.sleep(0.1)
-    holder, fencing = lease
+    holder, fencing = wait_for(lambda: _lease(db), 20, "a replica to take the scheduler lease")
     pids = [s.proc.pid for s in servers if s.proc is not None]
     victim = next(s for s in servers if s.proc is not None and f":{s.proc.pid}:" in holder)
     survivor = next(s for s in servers if s is not victim)
     assert len(pids) == 2
     victim.kill9()
     killed_at = time.monotonic()
-    while True:
-        lease = _lease(db)
-        if lease is not None and lease[0] != holder:
-            break
-        assert time.monotonic() - killed_at < LEASE_S + 5, "no takeover"
-        time.sleep(0.05)
+    lease = wait_for(lambda: (got := _lease(db)) is not None and got[0] != holder and got,
+                     LEASE_S + 5, "the other replica to take the lease over", interval=0.05)
     failover = time.monotonic() - killed_at
     print(f"scheduler failover after kill -9: {failover:.2f} s (lease {LEASE_S} s)")  # noqa: T201
     assert survivor.proc is not None and f":{survivor.proc.pid}:" in lease[0]

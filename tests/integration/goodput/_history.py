@@ -37,7 +37,7 @@ from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.services import approvals
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch
 
 JOB, CALM = "grpo-ledger", "grpo-calm"
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.models import Role
-from tests.integration.foundation.conftest import Api, auth
+from tests.harness import Api, auth
 from tests.integration.goodput._history import (
     CALM,
     JOB,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from app.cli import cli
 from app.core import migrate
 from app.models import Role
-from tests.integration.foundation.conftest import Api
+from tests.harness import Api
 from tests.integration.goodput._history import (
     JOB,
     build_incidents,

@@ -12,10 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.gaps.conftest import embedded_stack
-from tests.integration.policy.conftest import Stack
-
-__all__ = ["embedded_stack"]
+from tests.harness.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -36,8 +36,7 @@ from sqlmodel import Session
 from app.core import migrate
 from app.core.db import make_engine
 from app.services.tokens import create_node_token
-from tests.conftest import free_port
-from tests.integration.foundation.conftest import RLGUARD, ServerProcess, auth, batch, rlguard_env
+from tests.harness import RLGUARD, ServerProcess, auth, batch, free_port, rlguard_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -16,8 +16,7 @@ import sqlalchemy as sa
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.pipeline import IngestResult
 from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
-from tests.integration.checkpoint.procs import wait_for
-from tests.integration.foundation.conftest import Api, auth, batch
+from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

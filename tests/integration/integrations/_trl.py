@@ -9,15 +9,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from app.cli.demo import DemoStack
 from integrations.trl.checkpoints import MARKER_NAME, newest_complete_checkpoint
 from recovery.report import heartbeat_path, read_heartbeat
+from tests.harness import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trl_grpo" / "train.py"
@@ -115,14 +118,7 @@ class TRLJob:
     # ---- waiting ------------------------------------------------------------------------------
 
     def wait(self, pred: Callable[[], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = pred()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
-            time.sleep(0.05)
+        return wait_for(pred, timeout, what, interval=0.05, context=self.logs)
 
     def wait_exit(self, timeout: float) -> int:
         assert self.proc is not None
@@ -163,3 +159,22 @@ def opened_at(inc: dict[str, Any]) -> float:
 def freeze(pid: int) -> None:
     """SIGSTOP ``pid`` so the test reads a state that cannot move under it before a kill."""
     os.kill(pid, signal.SIGSTOP)
+
+
+@dataclass
+class TRLStack(DemoStack):
+    """The demo's stack with detection tuned to the tiny job (0.2-2 s per step, idle to busy
+    machine): a hang is judged after max(6 s, 10 x the median step) once two step times are
+    seen, and a silent heartbeat only after 15 + 15 s, so that a SIGSTOPped trainer is seen
+    hung (train_hang) before it is seen lost. An exit is seen at once either way (EXITED)."""
+
+    def _env(self) -> dict[str, str]:
+        env = super()._env()
+        path = Path(env["RLGUARD_RECOVERY_POLICY_FILE"])
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data["detection"]["trainer"].update(
+            hang_min_seconds=6, hang_step_factor=10, hang_min_steps=2
+        )
+        data["detection"]["heartbeat"].update(suspect_seconds=15, confirm_seconds=15)
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return env

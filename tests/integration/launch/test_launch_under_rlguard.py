@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from app.cli.demo import DemoStack
-from tests.conftest import free_port
-from tests.unit.integrations._launcher import TEST_INTEGRATION, Launch, wait_for
+from tests.harness import free_port, wait_for
+from tests.unit.integrations._launcher import TEST_INTEGRATION, Launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = "generic-job"
@@ -49,11 +49,11 @@ def test_a_killed_script_is_restarted_by_rlguard_with_its_resume_arguments(stack
             jobs = stack.api("GET", "/api/v1/jobs").json()["data"]
             return any(j["name"] == JOB and j["phases"].get("TRAIN") == 1 for j in jobs)
 
-        wait_for(training_seen, 60, "the server to see the job train", logs=logs)
+        wait_for(training_seen, 60, "the server to see the job train", context=logs)
         dead = launch.kill_child()
 
         inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "a heartbeat_lost incident",
-                       logs=logs)
+                       context=logs)
         assert inc["tier"] == "medium"
         assert inc["subject"]["role"] == "trainer" and str(inc["subject"]["rank"]) == "0"
 
@@ -61,7 +61,7 @@ def test_a_killed_script_is_restarted_by_rlguard_with_its_resume_arguments(stack
             acts = [a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"]
             return acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
 
-        assert wait_for(restarted, 90, "restart_role to finish", logs=logs) == "succeeded"
+        assert wait_for(restarted, 90, "restart_role to finish", context=logs) == "succeeded"
         starts = launch.wait(lambda: launch.starts()[1:] and launch.starts(), "the second start")
         assert starts[0]["argv"] == ["--lr", "0.1"]
         assert starts[1]["argv"] == ["--lr", "0.1", "--resumed-from", "1"]

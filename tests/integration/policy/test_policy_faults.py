@@ -10,8 +10,8 @@ import time
 import pytest
 
 from recovery.wal import WALStatus, WriteAheadLog
+from tests.harness.stack import JOB, Stack
 
-from .conftest import JOB, Stack
 from .test_policy_scenarios import _action, _base_cluster, _succeeded
 
 pytestmark = [pytest.mark.integration]
@@ -36,7 +36,7 @@ def test_worker_killed_mid_action_completes_once_after_restart(redis_stack: Stac
     action = _action(inc, "restart_role")
     assert action["status"] == "running" and action["attempts"] == 1
     dead_worker = action["worker"]
-    time.sleep(1)
+    time.sleep(1)  # the scenario: a live launcher would have finished by now (absence)
     assert not any(c["event"] == "done" for c in stack.launcher_calls())  # it really died mid-way
     stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
     done = stack.wait(lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 60, "the restart to complete")
@@ -70,7 +70,7 @@ def test_redis_down_30s_actions_wait_in_outbox_and_run_after(redis_stack: Stack)
     stack.feeder.set("n1", "rollout_batch_timeouts_total", 1, job=JOB, role="rollout", rank="0")
     stack.wait(lambda: stack.incident("step_failed") and stack.incident("rollout_batch_timeout"), 20, "incidents")
     while time.monotonic() - down_at < OUTAGE_SECONDS:
-        time.sleep(1)
+        time.sleep(1)  # the scenario: the broker stays down for OUTAGE_SECONDS
     for kind in ("step_failed", "rollout_batch_timeout"):
         inc = stack.incident(kind)
         assert all(a["status"] == "pending" for a in inc["actions"]), inc["actions"]  # nothing lost, nothing sent

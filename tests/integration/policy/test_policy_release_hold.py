@@ -37,8 +37,8 @@ from app.tasks.recovery_adapters import read_mode
 from recovery.control import ControlMode, write_control
 from recovery.phases import Phase, PhaseMachine
 from recovery.statelog import StateLog
-from tests.integration.foundation.conftest import Api, AppClient, auth, make_settings
-from tests.integration.policy.conftest import Stack
+from tests.harness import Api, AppClient, auth, make_settings
+from tests.harness.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -31,7 +31,7 @@ from app.ingest.series_store import SeriesKey, SeriesStore
 from app.main import create_app
 from app.models import MetricRollup
 from app.services.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
-from tests.integration.foundation.conftest import AppClient, auth, make_settings
+from tests.harness import AppClient, auth, make_settings, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -177,13 +177,11 @@ def replicas_factory() -> Iterator[Any]:
 
 
 def wait_followed(replicas: list[Replica], counts: dict[SeriesKey, int]) -> None:
-    deadline = time.monotonic() + 15
-    while True:
-        have = [{k: len(r.store.since(k, 0)) for k in counts} for r in replicas]
-        if all(h == counts for h in have):
-            return
-        assert time.monotonic() < deadline, f"windows never held every sample: {have}"
-        time.sleep(0.05)
+    def have() -> list[dict[SeriesKey, int]]:
+        return [{k: len(r.store.since(k, 0)) for k in counts} for r in replicas]
+
+    wait_for(lambda: all(h == counts for h in have()), 15, "every window to hold every sample",
+             interval=0.05, context=lambda: str(have()))
 
 
 @pytest.mark.parametrize("handover", ["released", "expired"])
@@ -225,10 +223,7 @@ def test_shared_window_only_the_holder_rolls_up_and_the_next_holder_continues_ex
         else:
             # A dies before rolling minute 2 (it just stops renewing): B takes over once the
             # lease has run out, and minute 2 is B's to write.
-            deadline = time.monotonic() + 10
-            while b.sched.tick() is None:
-                assert time.monotonic() < deadline, "B never took the expired lease"
-                time.sleep(0.1)
+            wait_for(lambda: b.sched.tick() is not None, 10, "B to take the expired lease")
             assert rollup_rows(a.engine) == expected(base, range(2))
         assert b.sched.is_leader()
 
@@ -262,10 +257,8 @@ def test_a_holder_that_lost_the_lease_mid_pass_writes_nothing(
     assert a.sched.tick() is not None
     token = lease_token(a.engine, holder="replica-a")
     assert token is not None
-    deadline = time.monotonic() + 10
-    while b.sched.tick() is None:  # A stalls past its lease; B takes over
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    # A stalls past its lease; B takes over
+    wait_for(lambda: b.sched.tick() is not None, 10, "B to take the lease over")
     assert lease_token(b.engine, holder="replica-b") == token + 1
     assert lease_token(a.engine, holder="replica-a") is None
 
@@ -345,10 +338,7 @@ def test_the_scheduler_runs_rollups_as_a_leased_job(database_url: str) -> None:
     sched.start()
     try:
         assert writer.scheduled_by == "only"
-        deadline = time.monotonic() + 20
-        while not rollup_rows(engine):
-            assert time.monotonic() < deadline, "the scheduled job wrote no rollup"
-            time.sleep(0.05)
+        wait_for(lambda: rollup_rows(engine), 20, "the scheduled job's rollup", interval=0.05)
         assert [(r[1], r[2]) for r in rollup_rows(engine)] == [(base, 1)]
         clock[0] += 60  # minute 1 complete; stop() must not lose it
     finally:
@@ -384,7 +374,7 @@ def test_two_server_replicas_with_a_shared_window_write_each_sample_once(
         holders = {app.state.policy_scheduler.holder for app in apps}
         assert {app.state.rollups.scheduled_by for app in apps} == holders  # leased jobs
 
-        from tests.integration.foundation.conftest import Api, batch
+        from tests.harness import Api, batch
 
         api = Api(clients[1])
         token = api.node_token("node-a")
@@ -396,11 +386,8 @@ def test_two_server_replicas_with_a_shared_window_write_each_sample_once(
         assert r.status_code == 200, r.text
 
         engine = api.engine
-        deadline = time.monotonic() + 30
-        while len(rollup_rows(engine)) < 2:
-            assert time.monotonic() < deadline, "no rollup rows written"
-            time.sleep(0.1)
-        time.sleep(1.5)  # several more passes of both replicas: still one count per sample
+        wait_for(lambda: len(rollup_rows(engine)) >= 2, 30, "two rollup rows")
+        time.sleep(1.5)  # the scenario: several more passes of both replicas: still one count per sample
         counts = sorted(row[2] for row in rollup_rows(engine))
         assert counts == [2, 2]  # gpu 0 and gpu 1, two samples each
         written = [app.state.metrics.rollup_rows._value.get() for app in apps]

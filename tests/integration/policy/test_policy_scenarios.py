@@ -15,8 +15,7 @@ import torch
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.version import VersionVector
 from recovery.wal import WALStatus, WriteAheadLog
-
-from .conftest import JOB, Stack
+from tests.harness.stack import JOB, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -180,7 +179,7 @@ def test_heavy_waits_for_approval_approve_runs_reject_does_not(stack: Stack) -> 
     assert stack.get("/api/v1/approvals?status=pending", stack.viewer) == []
     # the counter episode that opened the restored job's incident is still being reported (its
     # error window has not passed): it must not open a second incident, in any of a few ticks
-    time.sleep(1.5)
+    time.sleep(1.5)  # the scenario: absence over three policy ticks
     restored = [i for i in stack.incidents()
                 if i["kind"] == "storage_unwritable" and i["job"] == jobs["approve"]]
     assert [i["status"] for i in restored] == ["resolved"], restored

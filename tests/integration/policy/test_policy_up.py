@@ -4,8 +4,6 @@ and faults sent to it are repaired; Prometheus Alertmanager alerts become incide
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,9 +15,8 @@ from app.core.db import make_engine
 from app.models import Role
 from app.services.tokens import create_node_token
 from app.services.users import create_user
-from tests.conftest import free_port
-
-from .conftest import JOB, RLGUARD, ROOT, fast_policy
+from tests.harness import REPO, RLGUARD, ServerProcess, free_port, wait_for
+from tests.harness.stack import JOB, fast_policy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -30,25 +27,15 @@ def test_up_runs_the_embedded_worker_and_takes_alertmanager_alerts(tmp_path: Pat
     (tmp_path / "runs" / JOB).mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
     env.update(
-        PYTHONPATH=str(ROOT), RLGUARD_DATA_DIR=str(data), RLGUARD_RECOVERY_EMBEDDED_NODES="n0",
+        PYTHONPATH=str(REPO), RLGUARD_DATA_DIR=str(data), RLGUARD_RECOVERY_EMBEDDED_NODES="n0",
         RLGUARD_RECOVERY_RUN_ROOT=str(tmp_path / "runs"),
         RLGUARD_RECOVERY_POLICY_FILE=str(fast_policy(tmp_path / "policy.yaml")),
     )
-    log = (tmp_path / "up.log").open("ab")
-    up = subprocess.Popen([RLGUARD, "up", "--host", "127.0.0.1", "--port", str(port)], env=env, cwd=ROOT,
-                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    up = ServerProcess([*RLGUARD, "up", "--host", "127.0.0.1", "--port", str(port)], env, port,
+                       tmp_path / "up.log", ready_path="/healthz")
+    http = httpx.Client(base_url=up.url, timeout=10)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert up.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
-            try:
-                if http.get("/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "rlguard up did not come up"
-            time.sleep(0.3)
+        up.start()
         engine = make_engine(f"sqlite:///{data / 'rlguard.db'}")
         with Session(engine) as s:
             node_token = create_node_token(s, node="n0", actor="test")[1]
@@ -69,13 +56,10 @@ def test_up_runs_the_embedded_worker_and_takes_alertmanager_alerts(tmp_path: Pat
 
         for seq in range(1, 4):
             send(seq, 0)
-            time.sleep(0.5)
+            time.sleep(0.5)  # the scenario: a counter steady over a few policy ticks (0.5 s)
         send(4, 1)
         request = tmp_path / "runs" / JOB / "recovery" / "requests" / "skip_step-31.json"
-        deadline = time.monotonic() + 45
-        while not request.exists():
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
-            time.sleep(0.3)
+        wait_for(request.exists, 45, f"{request.name}", context=up.output)
 
         alert = {"version": "4", "status": "firing", "receiver": "rlguard", "groupKey": "{}:{alertname=\"NodeDown\"}",
                  "alerts": [{"status": "firing", "labels": {"alertname": "NodeDown", "node": "n7"},
@@ -96,18 +80,11 @@ def test_up_runs_the_embedded_worker_and_takes_alertmanager_alerts(tmp_path: Pat
             rows = http.get("/api/v1/incidents", headers=auth).json()["incidents"]
             return next((i for i in rows if i["kind"] == kind and i["node"] == node), None)
 
-        deadline = time.monotonic() + 20
-        while incident("node_silent", "n7") is None:
-            assert time.monotonic() < deadline, "the Alertmanager alert made no incident"
-            time.sleep(0.3)
-        assert "node-exporter down" in incident("node_silent", "n7")["summary"]
+        silent = wait_for(lambda: incident("node_silent", "n7"), 20,
+                          "an incident from the Alertmanager alert")
+        assert "node-exporter down" in silent["summary"]
         r = http.get("/api/v1/incidents?status=bogus", headers=auth)
         assert r.status_code == 422 and "status must be one of" in r.text
     finally:
         http.close()
-        os.killpg(up.pid, signal.SIGTERM)
-        try:
-            up.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait(5)
+        up.stop(timeout=20)

@@ -11,56 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import free_port
-
-
-@dataclass(frozen=True)
-class LocalRay:
-    gcs_address: str
-    dashboard: str  # http://127.0.0.1:PORT
-    temp_dir: str
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``pred`` every 0.1 s until it returns something true; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def _wait_for_job_agent(dashboard: str) -> None:
-    """Until the head's job agent has registered, the Jobs API answers every submission with
-    "No available agent" (seen on a loaded machine): submit a no-op job until one is taken."""
-    from ray.job_submission import JobSubmissionClient
-
-    from integrations.ray.hook import NO_JOB_AGENT
-
-    client = JobSubmissionClient(dashboard)
-
-    def submitted() -> str | None:
-        try:
-            # Named, so that no hook ever takes it for "the one unnamed job of the cluster".
-            return str(client.submit_job(entrypoint="true", metadata={"rlguard_job": "probe"}))
-        except RuntimeError as exc:
-            if NO_JOB_AGENT not in str(exc):
-                raise
-            return None
-
-    probe = wait_for(submitted, 120, "the Ray Jobs API to take a submission")
-    wait_for(lambda: client.get_job_status(probe).value in ("SUCCEEDED", "FAILED", "STOPPED"),
-             60, "the probe job to end")
+from tests.harness import free_port
+from tests.integration.ray._ray import LocalRay, env_for_subprocess, wait_for_job_agent
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +46,7 @@ def local_ray() -> Iterator[LocalRay]:
     )
     try:
         dashboard = f"http://127.0.0.1:{port}"
-        _wait_for_job_agent(dashboard)
+        wait_for_job_agent(dashboard)
         yield LocalRay(
             gcs_address=ctx.address_info["gcs_address"], dashboard=dashboard, temp_dir=temp_dir
         )
@@ -101,16 +57,3 @@ def local_ray() -> Iterator[LocalRay]:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = saved
-
-
-def actor_pid(handle: Any) -> int:
-    import ray
-
-    return int(ray.get(handle.pid.remote(), timeout=30))
-
-
-def env_for_subprocess() -> dict[str, str]:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return env

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.ray.conftest import env_for_subprocess, wait_for
+from tests.harness import free_port, spawn, wait_for
+from tests.integration.ray._ray import env_for_subprocess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -22,7 +22,7 @@ def _agent(tmp_path: Path, *ray_args: str) -> tuple[subprocess.Popen[bytes], Pat
     run, record, log = tmp_path / "run", tmp_path / "batches.jsonl", tmp_path / "agent.log"
     run.mkdir()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(
+        proc = spawn(
             [sys.executable, "-m", "agents", "--server", f"http://127.0.0.1:{free_port()}",
              "--token", "t", "--node", "n1", "--run-dir", str(run), "--interval", "0.2",
              "--simulate-gpus", "1", "--spool-dir", str(tmp_path / "spool"),

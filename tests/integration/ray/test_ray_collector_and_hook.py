@@ -24,8 +24,8 @@ import pytest
 from integrations.ray.collector import PHASE_DEAD, PHASE_RUNNING, RayCollector
 from integrations.ray.presets import load_preset
 from integrations.ray.state import RayStateReader
-from tests.conftest import free_port
-from tests.integration.ray.conftest import LocalRay, actor_pid, env_for_subprocess, wait_for
+from tests.harness import free_port, spawn, wait_for
+from tests.integration.ray._ray import LocalRay, actor_pid, env_for_subprocess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 JOB = "verl-job"
@@ -226,7 +226,7 @@ def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray
     from tests.integration.ray.actors import vLLMHttpServer
 
     # A second node of the same cluster on this machine, in its own process group (ours to kill).
-    node = subprocess.Popen(
+    node = spawn(
         ["ray", "start", "--address", local_ray.gcs_address, "--num-cpus", "1",
          "--resources", '{"second_node": 1}', "--object-store-memory", str(80 * 1024 * 1024),
          "--block"],

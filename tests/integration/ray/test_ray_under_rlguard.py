@@ -26,8 +26,8 @@ import pytest
 
 from app.cli.demo import NODE, DemoStack
 from integrations.ray.hook import write_hook
-from tests.conftest import free_port
-from tests.integration.ray.conftest import LocalRay, actor_pid, wait_for
+from tests.harness import free_port, wait_for
+from tests.integration.ray._ray import LocalRay, actor_pid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 JOB = "verl-grpo"
@@ -154,7 +154,7 @@ def test_driver_crash_is_escalated_approved_and_resubmitted_with_resume(
 ) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    from tests.integration.ray.conftest import env_for_subprocess
+    from tests.integration.ray._ray import env_for_subprocess
 
     client = JobSubmissionClient(local_ray.dashboard)
     starts, stop = tmp_path / "starts.jsonl", tmp_path / "stop"

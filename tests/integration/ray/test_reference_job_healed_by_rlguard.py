@@ -29,8 +29,8 @@ import pytest
 from app.cli.demo import NODE, DemoStack
 from integrations.ray.hook import write_hook
 from recovery.report import heartbeat_path
-from tests.conftest import free_port
-from tests.integration.ray.conftest import LocalRay, wait_for
+from tests.harness import free_port, wait_for
+from tests.integration.ray._ray import LocalRay
 from tests.integration.workload._jobs import Job, consumed
 from workload.job import read_json
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.checkpoint.procs import wait_for
+from tests.harness import spawn, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 RLGUARD = str(Path(sys.executable).with_name("rlguard"))
 
-__all__ = ["ROOT", "RLGUARD", "rlguard", "descendants", "alive", "wait_for", "healthy"]
+__all__ = ["ROOT", "RLGUARD", "rlguard", "descendants", "alive", "healthy"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -31,7 +31,7 @@ def rlguard(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
     """Run `rlguard ARGS` in a session of its own; whatever is left of it is killed at the end
     (its children have sessions of their own: they are killed by pid)."""
     with log.open("ab") as out:
-        proc = subprocess.Popen([RLGUARD, *args], env=env, cwd=ROOT, stdout=out,
+        proc = spawn([RLGUARD, *args], env=env, cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     tree: set[Proc] = set()
     try:

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from app.core import migrate
-from tests.conftest import free_port
+from tests.harness import free_port, wait_for
 
-from ._procs import clean_env, healthy, rlguard, wait_for
+from ._procs import clean_env, healthy, rlguard
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

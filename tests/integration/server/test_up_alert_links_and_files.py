@@ -15,10 +15,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.harness import free_port, wait_for
 from tests.unit.app.alerts._recording_server import RecordingServer
 
-from ._procs import clean_env, healthy, rlguard, wait_for
+from ._procs import clean_env, healthy, rlguard
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

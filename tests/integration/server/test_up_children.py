@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.harness import free_port, wait_for
 
-from ._procs import alive, clean_env, descendants, healthy, rlguard, wait_for
+from ._procs import alive, clean_env, descendants, healthy, rlguard
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

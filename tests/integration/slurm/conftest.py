@@ -9,92 +9,21 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from recovery.supervision.backends.slurm import parse_record
-from tests.conftest import free_port
-
-NODE = "rlgnode"
-_DAEMONS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch")
-
-
-@dataclass
-class Slurm:
-    """The running cluster: its config file and the environment its commands need."""
-
-    root: Path
-    conf: Path
-    env: dict[str, str]
-    procs: list[subprocess.Popen[bytes]]
-
-    def scontrol(self, *args: str) -> str:
-        out = subprocess.run(
-            ["scontrol", *args], env=self.env, capture_output=True, text=True, timeout=30
-        )
-        assert out.returncode == 0, f"scontrol {' '.join(args)}: {out.stderr.strip()}"
-        return out.stdout
-
-    def node(self) -> dict[str, str]:
-        return parse_record(self.scontrol("show", "node", "-o", NODE))
-
-    def job(self, job_id: str) -> dict[str, str]:
-        return parse_record(self.scontrol("show", "job", "-o", job_id))
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-            for p in sorted(self.root.glob("*.log"))
-        )
-
-
-def _conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
-    host = socket.gethostname()
-    return f"""\
-ClusterName=rlguardtest
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-AuthType=auth/munge
-AuthInfo=socket={root}/munge.socket
-CredType=cred/munge
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SwitchType=switch/none
-MpiDefault=none
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-JobRequeue=1
-KillWait=10
-NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-def _start(argv: list[str], root: Path, name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = open(root / f"{name}.out", "ab")  # noqa: SIM115 - owned by the process
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return proc
+from tests.harness import free_port
+from tests.integration.slurm._slurm import (
+    _DAEMONS,
+    NODE,
+    Slurm,
+    _answers,
+    _conf,
+    _start,
+    _wait,
+)
 
 
 @pytest.fixture(scope="session")
@@ -149,29 +78,3 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(10)
-
-
-def _answers(env: dict[str, str]) -> bool:
-    out = subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True, timeout=10)
-    return "UP" in out.stdout
-
-
-def _wait(predicate: object, timeout: float, what: str, cluster: Slurm) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc in cluster.procs:
-            if proc.poll() is not None:
-                pytest.fail(f"{proc.args[0]} exited with {proc.returncode}:\n{cluster.logs()}")
-        try:
-            if predicate():
-                return
-        except AssertionError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}:\n{cluster.logs()}")
-
-
-def wait_until(predicate: object, timeout: float, what: str, cluster: Slurm) -> None:
-    """Wait for ``predicate()`` (a test's condition), failing with the daemons' logs."""
-    _wait(predicate, timeout, what, cluster)

@@ -29,8 +29,7 @@ from recovery.supervision.backends.slurm import (
     drain_reason_for_xid,
     node_is_lost,
 )
-
-from .conftest import NODE, Slurm, wait_until
+from tests.integration.slurm._slurm import NODE, Slurm, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -41,10 +41,8 @@ from app.cli.demo import DemoStack
 from recovery.report import heartbeat_path, read_heartbeat
 from recovery.supervision.backends.slurm import node_is_lost
 from recovery.supervision.events import read_events
-from tests.conftest import free_port
-from tests.unit.integrations._launcher import wait_for
-
-from .conftest import NODE, Slurm
+from tests.harness import free_port, wait_for
+from tests.integration.slurm._slurm import NODE, Slurm
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN = Path(__file__).resolve().parent / "_train.py"
@@ -172,47 +170,47 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         return [json.loads(line) for line in lines]
 
     try:
-        first = wait_for(started, 60, "the script to start in the batch job", logs=logs)[0]
+        first = wait_for(started, 60, "the script to start in the batch job", context=logs)[0]
         assert first["restarts"] == 0
-        wait_for(lambda: _server_step(stack) == 1, 60, "the server to see step 1", logs=logs)
+        wait_for(lambda: _server_step(stack) == 1, 60, "the server to see step 1", context=logs)
         os.kill(first["pid"], signal.SIGKILL)
 
         # 1. heavy: SAFE_MODE at once; the requeue waits for an approver.
-        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", logs=logs)
+        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", context=logs)
         assert inc["tier"] == "heavy" and inc["subject"]["job"] == JOB, inc
         pending = wait_for(lambda: _pending_for(stack, inc), 60, "the restart_job approval",
-                           logs=logs)
+                           context=logs)
         assert [a["action"] for a in pending[0]["actions"]] == ["restart_job"], pending
         assert wait_for(lambda: _finished(stack, inc, "enter_safe_mode"), 30,
-                        "SAFE_MODE", logs=logs) == "succeeded"
+                        "SAFE_MODE", context=logs) == "succeeded"
         assert json.loads((run_dir / "control.json").read_text())["mode"] == "safe_mode"
         assert read_heartbeat(heartbeat_path(run_dir, "trainer", 0))["phase"] == "EXITED"
         assert slurm.job(job)["Restarts"] == "0" and len(started()) == 1  # nothing before approval
 
         _approve(stack, approver, pending[0])
         assert wait_for(lambda: _finished(stack, inc, "restart_job"), 60, "restart_job",
-                        logs=logs) == "succeeded", _action(stack, inc, "restart_job")
-        second = wait_for(lambda: started()[1:], 60, "the requeued batch script", logs=logs)[0]
+                        context=logs) == "succeeded", _action(stack, inc, "restart_job")
+        second = wait_for(lambda: started()[1:], 60, "the requeued batch script", context=logs)[0]
         assert second["restarts"] == 1 and second["from_step"] == 1, second
         assert slurm.job(job)["Restarts"] == "1"
 
         # 2. XID 79 once the job is past its first steps (a fault there would be heavy).
-        wait_for(lambda: _server_step(stack) >= 3, 60, "the resumed job to train", logs=logs)
+        wait_for(lambda: _server_step(stack) >= 3, 60, "the resumed job to train", context=logs)
         assert not node_is_lost(slurm.node()["State"])
         subprocess.run(
             [sys.executable, "-m", "workload.chaos", "--run-dir", str(run_dir), "xid", "--gpu",
              "1", "--xid", "79"],
             cwd=REPO, check=True, timeout=60, capture_output=True,
         )
-        xid = wait_for(lambda: _incident(stack, "gpu_xid"), 60, "gpu_xid", logs=logs)
+        xid = wait_for(lambda: _incident(stack, "gpu_xid"), 60, "gpu_xid", context=logs)
         assert xid["tier"] == "medium" and xid["subject"]["node"] == NODE, xid
-        drain = wait_for(lambda: _pending_for(stack, xid), 60, "the drain_node approval", logs=logs)
+        drain = wait_for(lambda: _pending_for(stack, xid), 60, "the drain_node approval", context=logs)
         assert [a["action"] for a in drain[0]["actions"]] == ["drain_node"], drain
         assert not node_is_lost(slurm.node()["State"])  # nothing drained before approval
 
         _approve(stack, approver, drain[0])
         assert wait_for(lambda: _finished(stack, xid, "drain_node"), 60, "drain_node",
-                        logs=logs) == "succeeded", _action(stack, xid, "drain_node")
+                        context=logs) == "succeeded", _action(stack, xid, "drain_node")
         node = slurm.node()
         assert "DRAIN" in node["State"], node
         assert node["Reason"].startswith(
@@ -224,14 +222,14 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         # requeue: the same batch run, restart count 1).
         assert _incident(stack, "gpu_lost") is None
         assert wait_for(lambda: _finished(stack, xid, "restart_role"), 60, "restart_role",
-                        logs=logs) == "succeeded", _action(stack, xid, "restart_role")
-        third = wait_for(lambda: started()[2:], 30, "the role restarted in place", logs=logs)[0]
+                        context=logs) == "succeeded", _action(stack, xid, "restart_role")
+        third = wait_for(lambda: started()[2:], 30, "the role restarted in place", context=logs)[0]
         assert third["restarts"] == 1 and third["from_step"] >= 3, third
 
         # 3. Running work finishes on a draining node: the job completes, requeued once.
         (run_dir / "stop").touch()
         wait_for(lambda: slurm.job(job)["JobState"] == "COMPLETED", 60, "the job to complete",
-                 logs=logs)
+                 context=logs)
         assert slurm.job(job)["Restarts"] == "1" and len(started()) == 3, logs()
         assert "DRAIN" in slurm.node()["State"]  # still out of service once the job left
     finally:

@@ -23,7 +23,8 @@ from recovery.transfer import (
 from recovery.transfer.registry import ABORTED, COMMITTED
 from recovery.transfer.shm import ShmTransport
 from recovery.transfer.transport import Transport
-from tests.integration.transfer.conftest import Cluster
+from tests.harness import wait_for
+from tests.integration.transfer._cluster import Cluster
 from tests.integration.transfer.weights import NAME, make_weights, same_bits, specs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -40,14 +41,6 @@ def assert_exact(recv: WeightReceiver, version: int) -> None:
     expected = make_weights(0, version)
     for name, tensor in expected.items():
         assert same_bits(recv.live_tensors[name], tensor), f"{name} differs after pulling v{version}"
-
-
-def wait_until(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def test_every_dtype_arrives_bit_exact_direct_and_through_a_relay(cluster: Cluster, transport: Transport) -> None:
@@ -90,7 +83,7 @@ def test_source_killed_mid_transfer_resumes_from_another_relay_with_only_missing
     thread = threading.Thread(target=lambda: result.update(report=recv.pull(1, timeout=60)))
     try:
         thread.start()
-        wait_until(lambda: recv.verified_chunks >= 3 and recv.current_source is not None, 30, "3 chunks")
+        wait_for(lambda: recv.verified_chunks >= 3 and recv.current_source is not None, 30, "3 chunks")
         victim = relay_a if recv.current_source == relay_a.address else relay_b
         survivor = relay_b if victim is relay_a else relay_a
         os.kill(victim.proc.pid, signal.SIGKILL)
@@ -142,7 +135,7 @@ def test_trainer_killed_while_publishing_discards_the_version_everywhere(
 
         thread = threading.Thread(target=pull2)
         thread.start()
-        wait_until(lambda: recv.verified_chunks >= 2, 30, "v2 under way")
+        wait_for(lambda: recv.verified_chunks >= 2, 30, "v2 under way")
         os.kill(publisher.proc.pid, signal.SIGKILL)
         thread.join(30)
         assert len(errors) == 1, "the receiver should have been told v2 was discarded"
@@ -196,7 +189,7 @@ def test_hung_relay_times_out_and_the_pull_completes_elsewhere(cluster: Cluster,
     thread = threading.Thread(target=lambda: result.update(report=recv.pull(1, timeout=30)))
     try:
         thread.start()
-        wait_until(lambda: recv.verified_chunks >= 2, 30, "2 chunks from the relay")
+        wait_for(lambda: recv.verified_chunks >= 2, 30, "2 chunks from the relay")
         os.kill(relay.proc.pid, signal.SIGSTOP)  # alive but silent: only a timeout can tell
         stopped = time.monotonic()
         thread.join(30)

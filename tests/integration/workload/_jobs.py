@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.harness import spawn, wait_for
 from workload.job import RunDir, read_events, read_json
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,7 +22,7 @@ class Job:
         self.run = RunDir(run_dir)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log = open(run_dir.parent / f"{run_dir.name}-launch.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "workload.launch", "--run-dir", str(run_dir), "--steps", str(steps),
              "--decode-ms", str(decode_ms), "--timeout", "200", *extra],
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -32,17 +32,14 @@ class Job:
         return [e for e in read_events(self.run) if kind is None or e["kind"] == kind]
 
     def wait(self, pred: Callable[[], Any], timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
+        def checked() -> Any:
             value = pred()
-            if value:
-                return value
-            if self.proc.poll() is not None and not value:
+            if not value and self.proc.poll() is not None:
                 raise AssertionError(f"launcher exited {self.proc.returncode} while waiting for {what}: "
                                      f"{self.logs()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}: {self.logs()}")
-            time.sleep(0.1)
+            return value
+
+        return wait_for(checked, timeout, what, context=self.logs)
 
     def wait_step(self, step: int, timeout: float = 120.0) -> None:
         self.wait(lambda: any(e.get("step", -1) >= step for e in self.events("step")), timeout, f"step {step}")

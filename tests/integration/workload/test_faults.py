@@ -16,7 +16,7 @@ import pytest
 
 from app.cli.demo import DemoStack
 from recovery.control import ControlMode, read_control
-from tests.conftest import free_port
+from tests.harness import free_port, wait_for
 from workload.chaos import Fault, inject
 from workload.job import RunDir, read_events, read_json
 
@@ -36,16 +36,11 @@ def stack(tmp_path: Path) -> Iterator[DemoStack]:
 
 
 def _wait(pred: Callable[[], Any], timeout: float, what: str, stack: DemoStack) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                             for f in sorted((stack.run_dir / "logs").glob("*.log")))
-            raise AssertionError(f"timed out waiting for {what}\n{logs}")
-        time.sleep(0.3)
+    def logs() -> str:
+        return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+                         for f in sorted((stack.run_dir / "logs").glob("*.log")))
+
+    return wait_for(pred, timeout, what, interval=0.3, context=logs)
 
 
 def _step(run: RunDir) -> int:

@@ -8,31 +8,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from recovery.report import heartbeat_path, read_heartbeat
 from recovery.supervision.events import read_events
+from tests.harness import spawn, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 # A training script that uses nothing but the heartbeat API (see _script.py).
 SCRIPT = HERE / "_script.py"
 TEST_INTEGRATION = "tests.unit.integrations._resume_integration"
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, *, logs: Callable[[], str] = str) -> Any:
-    """Poll ``pred`` until it is truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{logs()}")
-        time.sleep(0.05)
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -50,7 +38,7 @@ class Launch:
         self.run_dir = run_dir
         self.stderr_path = run_dir.parent / f"{run_dir.name}-launch.err"
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self.proc = spawn(
             [sys.executable, "-m", "integrations.launch", "--run-dir", str(run_dir), *args,
              "--", sys.executable, str(SCRIPT), *script_args],
             cwd=ROOT, env=environ or env(), stdout=subprocess.DEVNULL, stderr=self._err,
@@ -84,7 +72,7 @@ class Launch:
                 raise AssertionError(f"launcher exited {self.proc.returncode} waiting for {what}\n"
                                      f"{self.logs()}")
             return value
-        return wait_for(checked, timeout, what, logs=self.logs)
+        return wait_for(checked, timeout, what, context=self.logs)
 
     def hook(self, action: str, *args: str, key: str, wait: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

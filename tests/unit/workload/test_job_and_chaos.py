@@ -79,7 +79,7 @@ def test_file_lease_excludes_a_second_holder_until_expiry(tmp_path: Path) -> Non
     assert a.try_acquire("b") is None and a.current_holder() == "a"
     assert a.publish("a", {"v": 1}) and not a.publish("b", {"v": 2})
     assert a.read_state() == {"v": 1}
-    time.sleep(0.6)
+    time.sleep(0.6)  # the scenario: the 0.5 s lease runs out
     assert not a.renew("a")
     second = a.try_acquire("b")
     assert second is not None and second.epoch == 2

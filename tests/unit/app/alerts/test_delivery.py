@@ -18,7 +18,7 @@ from app.alerts.ratelimit import RateLimitWaitTooLong, SlidingWindowRateLimiter
 from app.alerts.render import render_batch, render_test_message
 from app.alerts.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify_signature
 from app.policy.signals import Tier
-from tests.conftest import free_port
+from tests.harness import free_port
 from tests.unit.app.alerts._factories import (
     SLACK_SECRET_PATH,
     T0,

@@ -176,7 +176,7 @@ def test_scheduler_lease_has_one_holder_until_it_expires(engine) -> None:
     assert try_lease(engine, holder="a", ttl=0.5)  # renewal
     import time
 
-    time.sleep(0.6)
+    time.sleep(0.6)  # the scenario: a's 0.5 s lease runs out
     assert try_lease(engine, holder="b", ttl=5)  # a stopped renewing: b takes over
     assert not try_lease(engine, holder="a", ttl=5)
     release_lease(engine, holder="b")

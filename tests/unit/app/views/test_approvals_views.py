@@ -8,7 +8,7 @@ from app.models import AuditEvent
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
 from app.models.incident import IncidentEvent
-from tests.unit.app.views.conftest import Browser, DashboardApp, login, seed_heavy_incident
+from tests.harness.dashboard import Browser, DashboardApp, login, seed_heavy_incident
 
 HX = {"HX-Request": "true"}
 

@@ -7,7 +7,7 @@ from sqlmodel import select
 from app.models import AuditEvent, User
 from app.services import web_auth
 from app.services.users import disable_user, set_password
-from tests.unit.app.views.conftest import PASSWORD, Browser, DashboardApp, csrf_from, login
+from tests.harness.dashboard import PASSWORD, Browser, DashboardApp, csrf_from, login
 
 
 def test_pages_redirect_to_login_when_signed_out(client: Browser) -> None:

@@ -12,7 +12,7 @@ from app.views.models import overview
 from app.views.models.charts import Band, ChartSpec, aligned_chart, safe_json
 from app.views.models.health import GpuNow, gpu_level, liveness_level
 from app.views.models.incidents import _detail_text, evidence_chart, evidence_from_store
-from tests.unit.app.views.conftest import DashboardApp
+from tests.harness.dashboard import DashboardApp
 
 
 def test_safe_json_cannot_break_out_of_an_attribute_or_element() -> None:

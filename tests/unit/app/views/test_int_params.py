@@ -4,7 +4,7 @@ the largest 64-bit id is an unknown one (the 404 page)."""
 
 from __future__ import annotations
 
-from tests.unit.app.views.conftest import Browser, login
+from tests.harness.dashboard import Browser, login
 
 BIG = 2**63
 PAGES = [

@@ -14,7 +14,7 @@ from app.models.phase import PhaseTransition
 from app.services.errors import InvalidInput, NotFound
 from app.services.phase_history import phase_history
 from app.views.models.phases import phase_timeline
-from tests.unit.app.views.conftest import Browser, DashboardApp, login
+from tests.harness.dashboard import Browser, DashboardApp, login
 
 LABELS = {"job": "grpo-a", "role": "trainer", "rank": "0"}
 

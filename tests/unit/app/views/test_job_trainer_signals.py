@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.ingest.series_store import SeriesKey
-from tests.unit.app.views.conftest import Browser, DashboardApp, login
+from tests.harness.dashboard import Browser, DashboardApp, login
 from tests.unit.app.views.test_pages import _chart_specs, _fleet
 
 

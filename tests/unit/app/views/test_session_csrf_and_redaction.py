@@ -10,7 +10,7 @@ from sqlmodel import select
 
 from app.models import AuditEvent
 from app.services import web_auth
-from tests.unit.app.views.conftest import Browser, DashboardApp, csrf_from, login
+from tests.harness.dashboard import Browser, DashboardApp, csrf_from, login
 
 
 def test_a_csrf_token_from_another_session_is_refused(

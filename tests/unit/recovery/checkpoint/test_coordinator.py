@@ -19,21 +19,12 @@ from recovery.checkpoint.errors import CheckpointInputError, CoordinatorError
 from recovery.checkpoint.participant import RoundResult
 from recovery.checkpoint.version import VersionVector
 from recovery.errors import RecoveryTimeout
+from tests.harness import wait_for
 
 from .memory_lease import MemoryLease
 
 pytestmark = pytest.mark.timeout(60)
 V = VersionVector
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 class Loop:

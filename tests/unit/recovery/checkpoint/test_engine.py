@@ -19,8 +19,7 @@ from recovery.checkpoint.errors import (
 )
 from recovery.checkpoint.version import VersionVector, WeightVersionTable
 from recovery.errors import RecoveryTimeout
-
-from .conftest import assert_same, small_training_state
+from tests.harness.training_state import assert_same, small_training_state
 
 pytestmark = pytest.mark.timeout(60)
 V = VersionVector

@@ -14,8 +14,7 @@ from recovery.checkpoint.restore import (
 )
 from recovery.checkpoint.version import Ordering, VersionVector
 from recovery.errors import RecoveryTimeout
-
-from .conftest import assert_same, small_training_state
+from tests.harness.training_state import assert_same, small_training_state
 
 pytestmark = pytest.mark.timeout(60)
 V = VersionVector

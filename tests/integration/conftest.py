@@ -1,0 +1,92 @@
+"""Fixtures shared by the integration tests: migrated databases, in-process apps, real servers.
+
+The helpers behind them live in ``tests/harness``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.core import migrate
+from app.main import create_app
+from tests.harness import RLGUARD, Api, AppClient, ServerProcess, free_port, make_settings
+from tests.harness.stack import Stack, fast_policy
+
+
+@pytest.fixture
+def migrated_url(database_url: str) -> str:
+    """A database (SQLite and PostgreSQL, by parametrization) at the latest revision."""
+    migrate.upgrade(database_url)
+    return database_url
+
+
+@pytest.fixture
+def migrated_pg(postgres_url: str) -> str:
+    """A PostgreSQL database at the latest revision."""
+    migrate.upgrade(postgres_url)
+    return postgres_url
+
+
+@pytest.fixture
+def make_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
+    """Apps on a given database URL, shut down at teardown."""
+    clients: list[AppClient] = []
+
+    def factory(url: str, **overrides: object) -> Api:
+        # The foundation alone: later features' lifespans (the policy tick) are left out here;
+        # the real `rlguard server` subprocesses in these tests run with them.
+        settings = make_settings(url, tmp_path / f"data{len(clients)}", **overrides)
+        app = create_app(settings, extra_lifespans=[])
+        client = AppClient(app)
+        clients.append(client)
+        return Api(client)
+
+    yield factory
+    for c in reversed(clients):
+        c.close()
+
+
+@pytest.fixture
+def api(migrated_url: str, make_api: Callable[..., Api]) -> Api:
+    return make_api(migrated_url)
+
+
+@pytest.fixture
+def hardened_api(migrated_pg: str, make_api: Callable[..., Api]) -> Callable[..., Api]:
+    """Apps on one migrated PostgreSQL database, with settings overridden per call."""
+    return lambda **overrides: make_api(migrated_pg, **overrides)
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Real ``rlguard COMMAND`` server processes on free ports, killed at teardown."""
+    servers: list[ServerProcess] = []
+
+    def factory(command: str, env: dict[str, str], port: int | None = None) -> ServerProcess:
+        port = port or free_port()
+        argv = [*RLGUARD, command, "--host", "127.0.0.1", "--port", str(port)]
+        s = ServerProcess(argv, env, port, tmp_path / f"server-{len(servers)}.log")
+        servers.append(s)
+        return s
+
+    yield factory
+    for s in servers:
+        s.kill9()
+
+
+@pytest.fixture
+def embedded_stack(tmp_path: Path) -> Iterator[Stack]:
+    """Server with the policy scheduler on, embedded SQLite database and broker."""
+    stack = Stack(
+        tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'rlguard.db'}",
+        redis=None,
+        policy=fast_policy(tmp_path / "policy.yaml"),
+    )
+    try:
+        yield stack
+    finally:
+        stack.close()

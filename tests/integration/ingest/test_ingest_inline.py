@@ -1,0 +1,143 @@
+"""SQLite group commits on the event loop (app.ingest.inline): used when the database is
+free, never waiting on a lock on the loop, paused after a slow commit, never for PostgreSQL."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+from pydantic import ValidationError
+
+from app.core import migrate
+from app.core.config import Settings
+from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.persist import IngestGroup
+from app.main import _inline_committer
+from app.models import IngestCursor
+from tests.harness import Api, auth, batch
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _cursors(api: Api) -> list[tuple[str, int]]:
+    t = IngestCursor.__table__  # type: ignore[attr-defined]
+    with api.engine.connect() as conn:
+        return sorted((r[0], r[1]) for r in conn.execute(sa.select(t.c.node_name, t.c.high_seq)))
+
+
+def _post(api: Api, token: str, node: str, seq: int):  # type: ignore[no-untyped-def]
+    return api.client.post("/api/v1/ingest", json=batch(node, seq, n=4), headers=auth(token))
+
+
+@pytest.fixture
+def sqlite_api(sqlite_url: str, make_api: Callable[..., Api]) -> Api:
+    migrate.upgrade(sqlite_url)
+    return make_api(sqlite_url, ingest={"commit_timeout_seconds": 20})
+
+
+def test_free_database_commits_inline_and_durably(sqlite_api: Api) -> None:
+    token = sqlite_api.node_token("node-a")
+    for seq in range(3):
+        assert _post(sqlite_api, token, "node-a", seq).json() == {"accepted": 4, "duplicate": False}
+    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    assert inline is not None
+    assert inline.inline_commits >= 1 and inline.fallbacks == 0
+    assert _cursors(sqlite_api) == [("node-a", 2)]
+
+
+def test_locked_database_falls_back_to_the_thread_and_the_loop_keeps_answering(
+    sqlite_api: Api, sqlite_url: str
+) -> None:
+    token = sqlite_api.node_token("node-a")
+    blocker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the lock for 2 s
+    result: dict[str, object] = {}
+
+    def send() -> None:
+        result["response"] = _post(sqlite_api, token, "node-a", 7)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        time.sleep(0.5)  # the batch is queued and its commit is waiting for the lock
+        started = time.monotonic()
+        assert sqlite_api.client.get("/healthz").status_code == 200
+        assert time.monotonic() - started < 1.0  # the event loop is not stuck on the lock
+        assert "response" not in result  # not acknowledged while not durable
+    finally:
+        time.sleep(1.5)  # the scenario: the lock is held well past the commit's first attempt
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    sender.join(30)
+    assert result["response"].json() == {"accepted": 4, "duplicate": False}  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    assert inline.fallbacks >= 1
+    assert _cursors(sqlite_api) == [("node-a", 7)]
+
+
+def test_a_slow_inline_commit_sends_commits_to_the_thread_for_the_cooldown(
+    sqlite_url: str,
+) -> None:
+    migrate.upgrade(sqlite_url)
+    now = [1000.0]
+    committer = InlineSqliteCommitter(
+        sqlite_url, sqlite_synchronous="FULL", max_ms=1e-6, cooldown_s=5.0, clock=lambda: now[0]
+    )
+    try:
+        group = IngestGroup()
+        group.cursors[("node-a", "agent-1")] = (1, 1)
+        assert committer.try_commit(group, None) is True  # the first compiles: not judged
+        group.cursors[("node-a", "agent-1")] = (2, 3)
+        assert committer.try_commit(group, None) is True  # committed, but far slower than 1 ns
+        group.cursors[("node-a", "agent-1")] = (3, 7)
+        assert committer.try_commit(group, None) is False  # paused: nothing written
+        with committer.engine.connect() as conn:
+            t = IngestCursor.__table__  # type: ignore[attr-defined]
+            assert conn.execute(sa.select(t.c.high_seq)).scalar_one() == 2
+        now[0] += 5.1
+        assert committer.try_commit(group, None) is True  # tried again after the cooldown
+    finally:
+        committer.close()
+
+
+def test_never_for_postgresql_or_when_turned_off(postgres_url: str, sqlite_url: str) -> None:
+    with pytest.raises(ValueError, match="SQLite only"):
+        InlineSqliteCommitter(postgres_url, sqlite_synchronous="FULL", max_ms=3)
+    assert _inline_committer(Settings(dev=True, database_url=postgres_url)) is None
+    off = Settings(dev=True, database_url=sqlite_url, ingest={"inline_commit_max_ms": 0})  # type: ignore[arg-type]
+    assert _inline_committer(off) is None
+
+
+@pytest.mark.parametrize("bad", [-1, 201, "fast"])
+def test_bad_inline_setting_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(ValidationError, match="inline_commit_max_ms"):
+        Settings(dev=True, ingest={"inline_commit_max_ms": bad})  # type: ignore[arg-type]
+
+
+def test_one_slow_commit_among_fast_ones_does_not_pause_inline(sqlite_url: str) -> None:
+    """Being descheduled for a moment (a loaded machine) must not send commits to the thread;
+    only a sustained slowdown does."""
+    migrate.upgrade(sqlite_url)
+    durations = [0.001] * 5 + [0.09] + [0.001] * 3 + [0.06] * 20
+    stamps = [t for k, d in enumerate(durations) for t in (10.0 * k, 10.0 * k + d)]
+    committer = InlineSqliteCommitter(
+        sqlite_url, sqlite_synchronous="FULL", max_ms=50, timer=iter(stamps).__next__
+    )
+    try:
+        group = IngestGroup()
+        results = []
+        for seq in range(20):
+            group.cursors[("node-a", "agent-1")] = (seq, 1)
+            results.append(committer.try_commit(group, None))
+        # 5 fast commits, a 90 ms blip, 3 fast: all inline. Then 60 ms commits (1.2 x the
+        # limit): the average crosses 50 ms only after several, and the next one is refused.
+        first_refused = results.index(False)
+        assert first_refused > 10
+        assert results[:first_refused] == [True] * first_refused
+        assert committer.inline_commits == first_refused
+    finally:
+        committer.close()
