@@ -45,8 +45,10 @@ from app.api.routes import (
     tokens,
     users,
 )
+from app.auth.tokens import NodeTokenCache
 from app.core.config import Settings, get_settings
 from app.core.db import is_sqlite, make_engine
+from app.core.errors import ServiceError, TooManyRequests
 from app.core.forwarded import TrustedProxyMiddleware, parse_trusted_proxies
 from app.core.gc_tuning import freeze_startup_heap, thaw_heap
 from app.core.ratelimit import (
@@ -72,8 +74,6 @@ from app.ingest.series_backend import (
 from app.ingest.series_store import SeriesStore
 from app.metrics import GoodputCollector, IncidentCollector, build_registry
 from app.runtime import SERVER_LIFESPANS, LifespanFactory, load_running_policy
-from app.services.errors import ServiceError, TooManyRequests
-from app.services.tokens import NodeTokenCache
 from app.views import mount_dashboard
 from app.views.models.overview import DashboardCaches
 

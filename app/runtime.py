@@ -30,14 +30,14 @@ from app.policy.policy_file import (
     load_policy,
     parse_policy,
 )
-from app.services.scheduler import policy_lifespan
+from app.scheduler import policy_lifespan
 from app.tasks.worker import embedded_worker_spec
 
 LifespanFactory = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 ChildFactory = Callable[[Settings], ChildSpec | None]
 
 # Inside `rlguard server` (and `up`): the policy tick, the action outbox, approvals' expiry and
-# the rollups' lease (app.services.scheduler); off with RLGUARD_POLICY_SCHEDULER=0.
+# the rollups' lease (app.scheduler); off with RLGUARD_POLICY_SCHEDULER=0.
 SERVER_LIFESPANS: tuple[LifespanFactory, ...] = (policy_lifespan,)
 
 # Beside the server of `rlguard up`: a recovery worker for the cluster queue and this node's.

@@ -314,10 +314,10 @@ def main() -> None:
     if args.incidents < 0 or args.warmup < 0:
         parser.error("--incidents and --warmup must not be negative")
 
+    from app.auth.users import create_user
     from app.core.config import Settings
     from app.core.migrate import upgrade
     from app.main import create_app
-    from app.services.users import create_user
 
     if not args.with_scheduler:
         # The page alone by default; --with-scheduler measures it next to the policy tick.

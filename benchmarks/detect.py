@@ -165,8 +165,8 @@ class Stack:
         migrate.upgrade(self.url)
         from sqlmodel import Session
 
+        from app.auth.tokens import create_node_token
         from app.core.db import make_engine
-        from app.services.tokens import create_node_token
 
         self.engine = make_engine(self.url)
         with Session(self.engine) as s:

@@ -220,9 +220,9 @@ def main() -> None:
 
     from sqlmodel import Session
 
+    from app.auth.tokens import create_node_token
     from app.core import migrate
     from app.core.db import make_engine
-    from app.services.tokens import create_node_token
 
     tmp = Path(tempfile.mkdtemp(prefix="rlguard-bench-"))
     url = args.database_url or f"sqlite:///{tmp / 'bench.db'}"

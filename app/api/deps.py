@@ -16,15 +16,15 @@ from pydantic import Field
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
+from app.auth.audit import AUDIT_READER_ROLE
+from app.auth.tokens import NodeIdentity, NodeTokenCache
+from app.auth.users import user_for_token
 from app.core.config import Settings
+from app.core.errors import Forbidden, NotAuthenticated
 from app.core.ratelimit import TokenBucketLimiter
 from app.ingest.pipeline import IngestService
 from app.ingest.series_store import SeriesStore
 from app.models import Role, User
-from app.services.audit import AUDIT_READER_ROLE
-from app.services.errors import Forbidden, NotAuthenticated
-from app.services.tokens import NodeIdentity, NodeTokenCache
-from app.services.users import user_for_token
 
 
 def get_db(request: Request) -> Iterator[Session]:

@@ -19,7 +19,7 @@ from sqlmodel import Session
 
 from app.cli import demo, goodput, policy
 from app.core.config import ConfigError, Settings, get_settings
-from app.services.errors import ServiceError
+from app.core.errors import ServiceError
 
 T = TypeVar("T")
 
@@ -147,7 +147,7 @@ def token_create(
     description: Annotated[str, typer.Option(help="Free text shown in token lists.")] = "",
 ) -> None:
     """Issue a node token; prints only the token (it is shown once, only a hash is kept)."""
-    from app.services.tokens import create_node_token
+    from app.auth.tokens import create_node_token
 
     settings = load_settings()
     _token, plaintext = run_db(
@@ -171,7 +171,7 @@ def check_token_id(token_id: int) -> None:
 @token_cli.command("revoke")
 def token_revoke(token_id: TokenId) -> None:
     """Revoke a token (ingest with it stops within the server's token cache time, 5 s)."""
-    from app.services.tokens import revoke_token
+    from app.auth.tokens import revoke_token
 
     check_token_id(token_id)
     run_db(load_settings(), lambda s: revoke_token(s, token_id=token_id, actor="cli"))
@@ -181,7 +181,7 @@ def token_revoke(token_id: TokenId) -> None:
 @token_cli.command("rotate")
 def token_rotate(token_id: TokenId) -> None:
     """Replace a token: prints only the new one; the old one is revoked in the same commit."""
-    from app.services.tokens import rotate_token
+    from app.auth.tokens import rotate_token
 
     check_token_id(token_id)
     _token, plaintext = run_db(
@@ -214,7 +214,7 @@ def user_create(
     ] = False,
 ) -> None:
     """Create a user; prints only an API bearer token for that user."""
-    from app.services.users import create_user, parse_role
+    from app.auth.users import create_user, parse_role
 
     try:
         parsed = parse_role(role)
@@ -245,7 +245,7 @@ def user_set_password(
     ] = False,
 ) -> None:
     """Set a user's login password; every dashboard session of theirs ends."""
-    from app.services.users import set_password
+    from app.auth.users import set_password
 
     given = _read_password_stdin(password_stdin)
     if given is None:
@@ -258,7 +258,7 @@ def user_set_password(
 @user_cli.command("disable")
 def user_disable(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
     """Disable a user: their API tokens and dashboard sessions stop working at once."""
-    from app.services.users import disable_user
+    from app.auth.users import disable_user
 
     run_db(load_settings(), lambda s: disable_user(s, name=name, actor="cli"))
     info(f"user {name!r} disabled")
@@ -267,7 +267,7 @@ def user_disable(name: Annotated[str, typer.Argument(help="User name.")]) -> Non
 @user_cli.command("enable")
 def user_enable(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
     """Enable a disabled user again (their API tokens work again)."""
-    from app.services.users import enable_user
+    from app.auth.users import enable_user
 
     run_db(load_settings(), lambda s: enable_user(s, name=name, actor="cli"))
     info(f"user {name!r} enabled")
@@ -276,7 +276,7 @@ def user_enable(name: Annotated[str, typer.Argument(help="User name.")]) -> None
 @user_cli.command("delete")
 def user_delete(name: Annotated[str, typer.Argument(help="User name.")]) -> None:
     """Delete a user with their API tokens and sessions (never the last enabled admin)."""
-    from app.services.users import delete_user
+    from app.auth.users import delete_user
 
     run_db(load_settings(), lambda s: delete_user(s, name=name, actor="cli"))
     info(f"user {name!r} deleted")
@@ -420,12 +420,12 @@ def up(
     """Everything on one machine: data dir, secret, migrations, first admin, server, workers."""
     _apply_trusted_proxies(trusted_proxy)
     _apply_serving_options(host, port, header_timeout, limit_concurrency)
+    from app.cli import bootstrap
     from app.core import migrate
     from app.core.db import make_engine
     from app.core.private_files import keep_private
     from app.core.supervisor import ChildSupervisor, exit_on_sigterm
     from app.runtime import up_children
-    from app.services import bootstrap
 
     exit_on_sigterm()  # so that the `finally` below stops the embedded worker
     settings = load_settings()

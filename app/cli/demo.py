@@ -188,10 +188,10 @@ class DemoStack:
     def _credentials(self) -> None:
         from sqlmodel import Session, select
 
+        from app.auth.tokens import create_node_token
+        from app.auth.users import create_user
         from app.core.db import make_engine
         from app.models import Role, User
-        from app.services.tokens import create_node_token
-        from app.services.users import create_user
 
         engine = make_engine(f"sqlite:///{self.workdir / 'data' / 'rlguard.db'}")
         self.password = secrets.token_urlsafe(12)

@@ -25,11 +25,11 @@ def report(
     from rich.table import Table
 
     from app.cli import fail, load_settings, run_db
+    from app.core.errors import InvalidInput
     from app.goodput import report as text
     from app.goodput.queries import job_goodput
     from app.goodput.window import parse_window
     from app.models import utcnow
-    from app.services.errors import InvalidInput
 
     now = utcnow()
     try:

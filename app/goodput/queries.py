@@ -16,19 +16,19 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from app.core.config import Settings
+from app.core.errors import InvalidInput, NotFound
 from app.goodput.breakdown import IncidentFacts
 from app.goodput.intervals import Interval
 from app.goodput.ledger import LedgerInput, build_ledger
-from app.goodput.progress import RECORDED_RANK
 from app.goodput.public import JobGoodput
 from app.goodput.steps import StepPoint
+from app.ingest.step_progress import RECORDED_RANK
 from app.models import Job, MetricRollup, Participant, utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEvent, IncidentEventType
 from app.models.progress import StepProgress
 from app.policy.plans import ActionName
-from app.services.errors import InvalidInput, NotFound
 
 LOOKBACK = timedelta(days=1)
 CHECKPOINT_STEP = "checkpoint_committed_step"

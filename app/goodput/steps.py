@@ -1,7 +1,7 @@
 """A job's step history read as progress: which reports were new work, and how long a step takes.
 
 The input is the trainer's recorded step changes ``(at, step)`` in time order
-(``app.goodput.progress``). The job's *high-water mark* is the highest step ever reported; a
+(``app.ingest.step_progress``). The job's *high-water mark* is the highest step ever reported; a
 report above it completed ``step - mark`` new steps at ``at``. A report at or below the mark is
 not progress: after a restore from an older checkpoint, the steps up to the mark are trained
 again (redone work), and only the first step above it is new.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from app.services.errors import InvalidInput
+from app.core.errors import InvalidInput
 
 _RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
+from app.core.errors import InvalidInput, NotFound
 from app.incidents.public import action_public, approval_public, incident_public
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval
@@ -20,7 +21,6 @@ from app.models.incident_public import (
 )
 from app.policy.engine import OpenIncident
 from app.policy.signals import FaultKind, Subject, Tier
-from app.services.errors import InvalidInput, NotFound
 
 INCIDENT_STATUSES = ("open", "resolved", "all")
 

@@ -30,6 +30,8 @@ from datetime import datetime
 from pydantic import BaseModel
 from sqlmodel import Session, col, func, select
 
+from app.auth.audit import record_audit
+from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.incidents.persist import insert_open_incident, resolve_incident
 from app.incidents.planning import batch_of, plan_actions
 from app.incidents.public import action_public
@@ -43,8 +45,6 @@ from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.incident_public import ActionPublic
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.signals import Tier
-from app.services.audit import record_audit
-from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 log = logging.getLogger("rlguard.jobs")
 

@@ -26,11 +26,11 @@ from datetime import datetime
 import sqlalchemy.exc as sa_exc
 from redis.exceptions import RedisError
 
-from app.goodput.progress import StepChange
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.persist import IngestGroup, NodeSeen, ParticipantSeen, part_of
 from app.ingest.phases import PhaseChange
 from app.ingest.series_backend import Sample, SharedParticipant
+from app.ingest.step_progress import StepChange
 from app.ingest.validation import ParticipantReport
 
 log = logging.getLogger("rlguard.ingest")
@@ -60,7 +60,7 @@ class QueuedBatch:
     fingerprint: dict[str, str] | None
     participants: list[ParticipantReport]
     phases: list[PhaseChange]  # the changes the phase tracker noticed in this batch, in order
-    steps: list[StepChange]  # the progress the step tracker noticed (app.goodput.progress)
+    steps: list[StepChange]  # the progress the step tracker noticed (app.ingest.step_progress)
     samples: list[Sample] = field(default_factory=list)  # only with a shared series backend
     shared: list[SharedParticipant] = field(default_factory=list)
 

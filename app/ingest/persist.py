@@ -21,9 +21,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from app.core.db import dialect_insert
-from app.goodput.progress import StepChange, prune_step_progress, write_step_changes
 from app.ingest.dedupe import WINDOW, DedupeWindow
 from app.ingest.phases import PhaseChange, PhaseRetention, write_phase_changes
+from app.ingest.step_progress import StepChange, prune_step_progress, write_step_changes
 from app.models import IngestCursor, Job, Node, Participant, from_epoch, utcnow
 
 
@@ -51,7 +51,7 @@ class IngestGroup:
     jobs: dict[str, datetime] = field(default_factory=dict)
     participants: dict[tuple[str, str, int], ParticipantSeen] = field(default_factory=dict)
     phases: list[PhaseChange] = field(default_factory=list)  # in the order they were noticed
-    steps: list[StepChange] = field(default_factory=list)  # app.goodput.progress
+    steps: list[StepChange] = field(default_factory=list)  # app.ingest.step_progress
 
     def __bool__(self) -> bool:
         return bool(

@@ -55,8 +55,8 @@ from redis.exceptions import RedisError
 from sqlalchemy.engine import Engine
 
 from app.core.config import IngestLimits
+from app.core.errors import Unavailable
 from app.core.server_metrics import ServerMetrics
-from app.goodput.progress import StepTracker, load_step_tracker
 from app.ingest.committer import (
     QueuedBatch,
     Rejection,
@@ -77,9 +77,9 @@ from app.ingest.series_backend import (
     participants_of,
 )
 from app.ingest.series_store import SeriesStore
+from app.ingest.step_progress import StepTracker, load_step_tracker
 from app.ingest.validation import BatchValidator, IngestRejected, ValidBatch
 from app.models import utcnow
-from app.services.errors import Unavailable
 
 log = logging.getLogger("rlguard.ingest")
 
@@ -152,7 +152,7 @@ class IngestService:
         self._participants: dict[tuple[str, str, int], ParticipantState] = {}
         # Phase changes go into the group commit (app.ingest.phases); seeded at start.
         self._phases = PhaseTracker()
-        self._steps = StepTracker()  # the goodput ledger's progress (app.goodput.progress)
+        self._steps = StepTracker()  # the goodput ledger's progress (app.ingest.step_progress)
         self._phase_retention = PhaseRetention(retention_days=phase_retention_days)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

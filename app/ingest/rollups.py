@@ -8,7 +8,7 @@ restart the store starts empty, and a minute that straddles the restart keeps wh
 processes saw. Rows older than ``rollup_retention_days`` are deleted, as are series gone silent
 for longer than the in-memory window.
 
-Who writes them. In a server with the policy scheduler (``app.services.scheduler``) the rollup
+Who writes them. In a server with the policy scheduler (``app.scheduler``) the rollup
 pass is one of its leased jobs: only the replica holding the scheduler lease writes rollups,
 and each write is fenced (its transaction checks, under a row lock, that the lease still has
 the holder and fencing token the pass started with; otherwise nothing is written and the

@@ -30,8 +30,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from app.core.config import IngestLimits
+from app.core.errors import InvalidInput, PayloadTooLarge, ServiceError
 from app.ingest.series_store import SeriesKey
-from app.services.errors import InvalidInput, PayloadTooLarge, ServiceError
 
 METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"

@@ -4,7 +4,7 @@
 job can finish several steps without its sampled phase changing), so the goodput ledger could
 not tell when a job made progress again after a fault. One row per change of step of a role's
 rank 0 (the rank that speaks for its role: data-parallel ranks move in lock-step), written by
-the ingest group commit (``app.goodput.progress``) and deleted with the phase transitions.
+the ingest group commit (``app.ingest.step_progress``) and deleted with the phase transitions.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse
 from app.alerts import service as alerts_service
 from app.alerts.errors import AlertConfigError
 from app.api.deps import SqlInt
-from app.services.audit import AUDIT_READER_ROLE
+from app.auth.audit import AUDIT_READER_ROLE
 from app.views.context import DbDep, RuntimeDep, SignedInDep
 from app.views.models.admin import BadFilter, audit_page, settings_view
 from app.views.rendering import error_page, is_htmx, render

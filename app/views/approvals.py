@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.deps import RowId
-from app.services.errors import NotFound, ServiceError
+from app.core.errors import NotFound, ServiceError
 from app.views.context import CsrfDep, DbDep, PageContext, SignedInDep
 from app.views.models.approvals import approval_card, approval_queue, decide
 from app.views.rendering import error_page, is_htmx, render

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from app.api.deps import LoginThrottleDep
-from app.services import web_auth
-from app.services.errors import TooManyRequests
+from app.auth import web as web_auth
+from app.core.errors import TooManyRequests
 from app.views.context import CsrfDep, DbDep, PageDep
 from app.views.models.accounts import LoginRefused, sign_in, sign_out
 from app.views.rendering import SECURITY_HEADERS, render, set_csrf_cookie

@@ -19,12 +19,12 @@ from sqlmodel import Session
 
 from app.api.deps import SessionDep
 from app.auth import sessions
+from app.auth import web as web_auth
+from app.auth.audit import AUDIT_READER_ROLE
 from app.core.config import Settings
 from app.ingest.series_store import SeriesStore
 from app.models import Role
 from app.policy.policy_file import Policy
-from app.services import web_auth
-from app.services.audit import AUDIT_READER_ROLE
 from app.views.models.incidents import pending_approvals_count
 from app.views.models.overview import DashboardCaches
 

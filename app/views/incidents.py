@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.api.deps import RowId
+from app.core.errors import InvalidInput, NotFound
 from app.incidents import queries as incident_queries
-from app.services.errors import InvalidInput, NotFound
 from app.views.context import DbDep, SignedInDep
 from app.views.models.incidents import incident_page
 from app.views.rendering import error_page, is_htmx, render

@@ -7,12 +7,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from app.core.errors import NotFound
 from app.goodput.dashboard import WINDOWS, goodput_panel
 from app.goodput.queries import job_goodput
 from app.goodput.window import parse_instant
 from app.incidents import queries as incident_queries
 from app.models import utcnow
-from app.services.errors import NotFound
 from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep
 from app.views.models.jobs import (
     HISTORY_MINUTES,

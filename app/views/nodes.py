@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from app.services.errors import NotFound
+from app.core.errors import NotFound
 from app.views.context import DbDep, RuntimeDep, SignedInDep
 from app.views.models.nodes import HISTORY_MINUTES, node_detail
 from app.views.rendering import error_page, render

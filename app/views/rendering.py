@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import StrictUndefined
 
-from app.services import web_auth
+from app.auth import web as web_auth
 from app.views.context import PageContext
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"

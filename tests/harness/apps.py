@@ -12,10 +12,10 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from fastapi import FastAPI
 from sqlmodel import Session
 
+from app.auth.tokens import create_node_token
+from app.auth.users import create_user
 from app.core.config import Settings
 from app.models import Role
-from app.services.tokens import create_node_token
-from app.services.users import create_user
 
 
 def make_settings(url: str, data_dir: Path, **overrides: object) -> Settings:

@@ -20,12 +20,12 @@ import httpx
 import yaml
 from sqlmodel import Session
 
+from app.auth.tokens import create_node_token
+from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
 from app.policy.policy_file import DEFAULT_POLICY_PATH
-from app.services.tokens import create_node_token
-from app.services.users import create_user
 from tests.harness.processes import REPO, RLGUARD, AgentProcess, ServerProcess, start_worker
 from tests.harness.reaper import kill_group
 from tests.harness.services import RedisServer, free_port

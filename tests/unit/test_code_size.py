@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("app", "agents", "recovery", "integrations", "workload", "migrations")
+# migrations/ is left out: a shipped migration is history and is never edited to fit a limit
+PACKAGES = ("app", "agents", "recovery", "integrations", "workload")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 

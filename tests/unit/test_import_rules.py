@@ -1,9 +1,10 @@
 """The import rules of the layout (docs/architecture.md), enforced with import-linter.
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``): ``recovery`` imports none of
-app, agents, integrations, workload, FastAPI, SQLModel or Celery; ``app.policy`` never imports
-``app.services``; ``app`` never imports ``agents``; ``integrations`` imports neither; no import
-cycles inside ``app``. Imports inside functions count too.
+app, agents, integrations, workload, FastAPI, SQLModel or Celery; ``app.policy`` (it decides)
+imports none of the packages that act on its decisions (incidents, actions, alerts, tasks, the web
+layer); ``app`` never imports ``agents``; ``integrations`` imports neither; no import cycles
+between the packages and modules of ``app``. Imports inside functions count too.
 """
 
 from __future__ import annotations

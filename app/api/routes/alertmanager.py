@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel
 
 from app.api.deps import OperatorUser, SessionDep
+from app.auth.audit import record_audit
+from app.core.errors import InvalidInput, Unavailable
 from app.policy.detectors.external import AlertmanagerPayload, AlertMappingError, map_alert
-from app.services.audit import record_audit
-from app.services.errors import InvalidInput, Unavailable
 
 router = APIRouter(prefix="/api/v1/alertmanager", tags=["alertmanager"])
 

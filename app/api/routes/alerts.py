@@ -13,11 +13,11 @@ from app.alerts.config import CONTACTS_READER_ROLE, AlertsConfig
 from app.alerts.delivery import RetryPolicy
 from app.alerts.errors import AlertConfigError, AlertEventError
 from app.api.deps import AdminUser, RowId, SessionDep, ViewerUser
+from app.auth.audit import record_audit
+from app.core.errors import InvalidInput, NotFound
 from app.models import Role
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery
-from app.services.audit import record_audit
-from app.services.errors import InvalidInput, NotFound
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import ApproverUser, RowCount, RowId, SessionDep, ViewerUser
+from app.incidents import approvals
 from app.models.incident_public import ApprovalDecisionIn, ApprovalPublic
-from app.services import approvals
 
 router = APIRouter(prefix="/api/v1/approvals", tags=["approvals"])
 

@@ -10,10 +10,11 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
+from app.cluster import phase_history
+from app.cluster import queries as cluster
 from app.incidents import safe_mode_release
 from app.models import utcnow
 from app.models.public import JobDetail, JobsPublic
-from app.services import cluster, phase_history
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.api.deps import SeriesStoreDep, SessionDep, ViewerUser
+from app.cluster import queries as cluster
 from app.models.public import NodeDetail, NodesPublic
-from app.services import cluster
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
 

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import SeriesStoreDep, ViewerUser
+from app.cluster import queries as cluster
 from app.models.public import SeriesList
-from app.services import cluster
 
 router = APIRouter(prefix="/api/v1/series", tags=["series"])
 

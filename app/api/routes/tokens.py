@@ -6,9 +6,10 @@ from fastapi import APIRouter, Request
 from sqlmodel import select
 
 from app.api.deps import AdminUser, RowId, SessionDep
+from app.auth import tokens
+from app.cluster import queries as cluster
 from app.models import ApiToken
 from app.models.public import NodeTokenCreate, TokenCreated, TokenPublic
-from app.services import cluster, tokens
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 

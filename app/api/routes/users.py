@@ -9,6 +9,10 @@ from fastapi import APIRouter, Path, Query
 from sqlmodel import select
 
 from app.api.deps import AdminUser, AuditReader, CurrentUser, LoginThrottleDep, SessionDep
+from app.auth import tokens, users
+from app.auth.audit import record_audit
+from app.cluster import queries as cluster
+from app.core.errors import NotAuthenticated
 from app.models import User
 from app.models.public import (
     AuditEventPublic,
@@ -19,9 +23,6 @@ from app.models.public import (
     UserCreated,
     UserPublic,
 )
-from app.services import cluster, tokens, users
-from app.services.audit import record_audit
-from app.services.errors import NotAuthenticated
 
 router = APIRouter(prefix="/api/v1", tags=["users"])
 

@@ -8,14 +8,14 @@ import logging
 from sqlmodel import Session
 
 from app.auth import sessions
-from app.core.ratelimit import TokenBucketLimiter
-from app.services.audit import record_audit
-from app.services.users import (
+from app.auth.audit import record_audit
+from app.auth.users import (
     MAX_PASSWORD_LENGTH,
     authenticate_password,
     name_for_log,
     throttle_login_name,
 )
+from app.core.ratelimit import TokenBucketLimiter
 
 log = logging.getLogger("rlguard.views.auth")
 

@@ -1,6 +1,6 @@
 """The Approvals page: the queue of heavy-tier plans, each with its incident, and decisions.
 
-Deciding goes through ``app.services.approvals.decide`` (the same call the REST API makes: role
+Deciding goes through ``app.incidents.approvals.decide`` (the same call the REST API makes: role
 check, final decisions, audit, timeline); this module only gathers what a person needs to see
 before pressing a button.
 """
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from sqlmodel import Session, col, select
 
+from app.core.errors import NotFound
+from app.incidents import approvals as approvals_service
 from app.incidents.public import approval_public
 from app.models import User
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
 from app.models.incident import Incident
 from app.models.incident_public import ApprovalPublic
-from app.services import approvals as approvals_service
-from app.services.errors import NotFound
 
 RECENT_DECIDED = 20
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlmodel import Session, select
 
+from app.cluster import queries as cluster
 from app.ingest.series_store import SeriesStore
 from app.models import MetricRollup, from_epoch
 from app.models.public import ParticipantPublic
-from app.services import cluster
 from app.views.models.charts import ChartSpec, Threshold, aligned_chart
 from app.views.models.health import (
     GPU_ECC_CORRECTED,

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session
 
+from app.cluster.phase_history import phase_history
 from app.models import from_epoch
-from app.services.phase_history import phase_history
 
 TIMELINE_MINUTES = 60
 MIN_SPAN_SECONDS = 60.0

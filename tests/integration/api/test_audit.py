@@ -16,10 +16,10 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from app.alerts.config import parse_alerts_config
+from app.auth.users import create_user
 from app.core import migrate
 from app.main import create_app
 from app.models import Role
-from app.services.users import create_user
 from tests.harness import Api, AppClient, auth, batch, free_port, make_settings
 from tests.harness.dashboard import PASSWORD, DashboardApp, csrf_from, seed_heavy_incident
 

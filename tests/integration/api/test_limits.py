@@ -8,9 +8,9 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from app.auth.users import create_user
 from app.core.config import HardeningSettings
 from app.models import Role
-from app.services.users import create_user
 from tests.harness import Api, auth, batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
+from app.auth.tokens import create_node_token
+from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
-from app.services.tokens import create_node_token
-from app.services.users import create_user
 from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env
 
 ST = str(Path(sys.executable).parent / "st")

@@ -10,8 +10,8 @@ import httpx
 from argon2 import PasswordHasher
 from sqlmodel import Session
 
+from app.auth.users import create_user
 from app.models import Role
-from app.services.users import create_user
 from tests.harness.apps import Api
 from tests.harness.dashboard import PASSWORD, csrf_from, password_hash
 
@@ -20,7 +20,7 @@ def add_user(api: Api, name: str, role: Role, password: str = PASSWORD) -> str:
     """A user with a login password; returns their first API token."""
     with Session(api.engine) as s:
         user, token = create_user(s, name=name, role=role, actor="test")
-        # One argon2 hash of PASSWORD for every test user (app.services.users hashes the same
+        # One argon2 hash of PASSWORD for every test user (app.auth.users hashes the same
         # way): hashing is the slow part of these tests.
         user.password_hash = (
             password_hash() if password == PASSWORD else PasswordHasher().hash(password)

@@ -23,10 +23,10 @@ import httpx
 import pytest
 from sqlmodel import Session
 
+from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
-from app.services.users import create_user
 from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env, spawn, wait_for
 from tests.harness.dashboard import PASSWORD
 

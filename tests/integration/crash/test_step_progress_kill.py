@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session
 
+from app.auth.tokens import create_node_token
+from app.auth.users import create_user
 from app.core import migrate
 from app.models import Role
-from app.services.tokens import create_node_token
-from app.services.users import create_user
 from tests.harness import ServerProcess, auth, batch, rlguard_env, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

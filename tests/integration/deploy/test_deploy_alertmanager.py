@@ -21,11 +21,11 @@ import sqlalchemy as sa
 import yaml
 from sqlmodel import Session
 
+from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
 from app.models import Role
 from app.models.incident import FaultSignalRecord
-from app.services.users import create_user
 from tests.harness import RLGUARD, ServerProcess, free_port, rlguard_env, spawn, wait_for
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

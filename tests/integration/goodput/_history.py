@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.actions.machine import claim_action, finish_action
+from app.incidents import approvals
 from app.incidents.persist import persist_decisions
 from app.incidents.safe_mode_release import release_job
 from app.models import User
@@ -36,7 +37,6 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import approvals
 from tests.harness import Api, auth, batch
 
 JOB, CALM = "grpo-ledger", "grpo-calm"

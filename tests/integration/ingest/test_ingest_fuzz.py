@@ -33,9 +33,9 @@ from hypothesis.database import (
 )
 from sqlmodel import Session
 
+from app.auth.tokens import create_node_token
 from app.core import migrate
 from app.core.db import make_engine
-from app.services.tokens import create_node_token
 from tests.harness import RLGUARD, ServerProcess, auth, batch, free_port, rlguard_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]

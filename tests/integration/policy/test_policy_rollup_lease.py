@@ -30,7 +30,7 @@ from app.ingest.series_backend import RedisSeriesBackend, forget_shared_window
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.main import create_app
 from app.models import MetricRollup
-from app.services.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
+from app.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
 from tests.harness import AppClient, auth, make_settings, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

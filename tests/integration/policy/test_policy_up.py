@@ -11,10 +11,10 @@ import httpx
 import pytest
 from sqlmodel import Session
 
+from app.auth.tokens import create_node_token
+from app.auth.users import create_user
 from app.core.db import make_engine
 from app.models import Role
-from app.services.tokens import create_node_token
-from app.services.users import create_user
 from tests.harness import REPO, RLGUARD, ServerProcess, free_port, wait_for
 from tests.harness.stack import JOB, fast_policy
 

@@ -80,9 +80,9 @@ def stack(tmp_path: Path) -> Iterator[SlurmStack]:
 def _approver_token(stack: DemoStack) -> str:
     from sqlmodel import Session
 
+    from app.auth.users import create_user
     from app.core.db import make_engine
     from app.models import Role
-    from app.services.users import create_user
 
     engine = make_engine(f"sqlite:///{stack.workdir / 'data' / 'rlguard.db'}")
     try:

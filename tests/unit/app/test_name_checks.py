@@ -16,15 +16,15 @@ from typer.testing import CliRunner
 
 from agents.__main__ import _node, _packages, _size
 from agents.collectors.job import JOB_PATTERN, PHASE_PATTERN
+from app.auth.tokens import create_node_token, validate_node_name
+from app.auth.users import create_user
 from app.cli import cli
 from app.core import migrate
 from app.core.config import IngestLimits
 from app.core.db import make_engine
+from app.core.errors import InvalidInput
 from app.ingest.validation import BatchValidator, IngestRejected
 from app.models import Role
-from app.services.errors import InvalidInput
-from app.services.tokens import create_node_token, validate_node_name
-from app.services.users import create_user
 from recovery.batch import _BATCH_ID
 from recovery.report import safe_job_name
 

@@ -15,7 +15,7 @@ from app.core.supervisor import ChildSpec
 from app.main import create_app
 from app.policy.policy_file import PolicyFileError, default_policy
 from app.runtime import SERVER_LIFESPANS, UP_CHILDREN, load_running_policy, up_children
-from app.services.scheduler import PolicyScheduler, policy_lifespan
+from app.scheduler import PolicyScheduler, policy_lifespan
 from app.tasks.worker import embedded_worker_spec
 from app.views.models.admin import settings_view
 from app.views.models.jobs import golden_thresholds

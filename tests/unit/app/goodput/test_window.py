@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from app.core.errors import InvalidInput
 from app.goodput.window import parse_instant, parse_window
-from app.services.errors import InvalidInput
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -11,9 +11,11 @@ from sqlmodel import Session, func, select
 
 from app.actions import machine as actions
 from app.actions.machine import ActionSnapshot
+from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
-from app.incidents import safe_mode_release
+from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from app.incidents import approvals, safe_mode_release
 from app.incidents.persist import persist_decisions
 from app.incidents.queries import incident_detail
 from app.models import AuditEvent, Role, User
@@ -24,9 +26,6 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.services import approvals
-from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.services.users import create_user
 from app.tasks.recovery_adapters import ActionContext, ActionError, release_safe_mode
 from recovery.control import ControlMode, read_control, write_control
 from recovery.phases import Event, Phase, PhaseMachine

@@ -25,7 +25,7 @@ from app.policy import metric_names as m
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, Occurrence, PolicyEngine
 from app.policy.signals import FaultKind, Tier
-from app.services.scheduler import PolicyScheduler
+from app.scheduler import PolicyScheduler
 
 from ._helpers import JOB, Cluster
 
@@ -200,7 +200,7 @@ def test_an_open_the_database_never_got_is_made_again_after_the_resync(
 ) -> None:
     from sqlalchemy.exc import OperationalError
 
-    import app.services.scheduler as scheduler_module
+    import app.scheduler as scheduler_module
 
     c = Cluster()
     sched = _scheduler(db, c)

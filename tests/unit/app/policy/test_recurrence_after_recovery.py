@@ -33,7 +33,7 @@ from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.signals import Tier
-from app.services.scheduler import PolicyScheduler
+from app.scheduler import PolicyScheduler
 
 from ._helpers import Cluster
 

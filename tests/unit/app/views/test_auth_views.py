@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlmodel import select
 
+from app.auth import web as web_auth
+from app.auth.users import disable_user, set_password
 from app.models import AuditEvent, User
-from app.services import web_auth
-from app.services.users import disable_user, set_password
 from tests.harness.dashboard import PASSWORD, Browser, DashboardApp, csrf_from, login
 
 

@@ -8,8 +8,8 @@ import logging
 import pytest
 from sqlmodel import select
 
+from app.auth import web as web_auth
 from app.models import AuditEvent
-from app.services import web_auth
 from tests.harness.dashboard import Browser, DashboardApp, csrf_from, login
 
 

@@ -1,8 +1,8 @@
-"""CSRF tokens bound to a session or a pre-login nonce, and cookie names (app.services.web_auth)."""
+"""CSRF tokens bound to a session or a pre-login nonce, and cookie names (app.auth.web)."""
 
 from __future__ import annotations
 
-from app.services import web_auth
+from app.auth import web as web_auth
 
 SECRET = "unit-test-secret-key-0123456789"
 

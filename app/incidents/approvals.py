@@ -14,6 +14,8 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
+from app.auth.audit import record_audit
+from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.incidents.public import approval_public
 from app.incidents.timeline import add_event
 from app.models import Role, User
@@ -22,8 +24,6 @@ from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType
 from app.models.incident_public import ApprovalPublic
-from app.services.audit import record_audit
-from app.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 log = logging.getLogger("rlguard.approvals")
 

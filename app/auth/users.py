@@ -13,12 +13,12 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from sqlmodel import Session, col, select
 
+from app.auth.audit import record_audit
 from app.auth.sessions import delete_user_sessions, end_user_sessions
+from app.auth.tokens import create_user_token, find_active_token
+from app.core.errors import Conflict, InvalidInput, NotFound, TooManyRequests
 from app.core.ratelimit import TokenBucketLimiter
 from app.models import ApiToken, Role, TokenKind, User
-from app.services.audit import record_audit
-from app.services.errors import Conflict, InvalidInput, NotFound, TooManyRequests
-from app.services.tokens import create_user_token, find_active_token
 
 _USER_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
 _hasher = PasswordHasher()

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from app.auth.audit import record_audit
+from app.core.errors import InvalidInput, NotFound
 from app.ingest.validation import ID_PATTERN
 from app.models import ApiToken, Node, TokenKind, User, utcnow
-from app.services.audit import record_audit
-from app.services.errors import InvalidInput, NotFound
 
 _NODE_NAME_RE = re.compile(ID_PATTERN)
 _PREFIX = {TokenKind.node: "rlgn_", TokenKind.user: "rlgu_"}

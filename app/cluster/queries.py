@@ -8,6 +8,7 @@ from datetime import datetime
 
 from sqlmodel import Session, select
 
+from app.core.errors import InvalidInput, NotFound
 from app.ingest.series_store import SeriesStore
 from app.models import ApiToken, AuditEvent, Job, Node, Participant, User
 from app.models.public import (
@@ -22,7 +23,6 @@ from app.models.public import (
     TokenPublic,
     UserPublic,
 )
-from app.services.errors import InvalidInput, NotFound
 
 
 def _age(at: datetime | None, now: float) -> float | None:

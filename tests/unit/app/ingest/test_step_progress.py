@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from app.goodput.progress import StepChange, StepTracker
+from app.ingest.step_progress import StepChange, StepTracker
 
 
 def test_only_rank_0_changes_are_recorded_and_late_replays_are_ignored() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from app.auth.users import any_admin, create_user
 from app.core.config import DEFAULT_SECRET_KEY, Settings
 from app.models import Role
-from app.services.users import any_admin, create_user
 
 ADMIN_CREDENTIALS_FILE = "initial-admin-credentials.txt"
 

@@ -21,7 +21,7 @@ from app.core.db import make_engine
 from app.ingest.series_store import SeriesStore
 from app.main import create_app
 from app.models._types import utcnow
-from app.services.scheduler import LEASE_NAME, PolicyScheduler
+from app.scheduler import LEASE_NAME, PolicyScheduler
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,9 +8,9 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
+from app.core.errors import InvalidInput, NotFound
 from app.models import Job
 from app.models.phase import PhaseTransition
-from app.services.errors import InvalidInput, NotFound
 
 DEFAULT_WINDOW = timedelta(hours=1)
 MAX_TRANSITIONS = 10_000

@@ -41,6 +41,7 @@ from sqlmodel import Session, col, select
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
+from app.incidents.approvals import expire_approvals
 from app.incidents.persist import persist_decisions
 from app.incidents.queries import (
     open_incident_failures,
@@ -58,7 +59,6 @@ from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_
 from app.policy.engine import PolicyEngine, TickResult
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantView, World
-from app.services.approvals import expire_approvals
 
 log = logging.getLogger("rlguard.scheduler")
 
