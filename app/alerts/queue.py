@@ -22,7 +22,6 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlmodel import Session, col, select
 
@@ -38,6 +37,7 @@ from app.alerts.events import (
     reminders_due,
 )
 from app.alerts.grouping import AlertBatch, dedupe_key, group_events
+from app.core.db import dialect_insert
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.alert import OPEN_STATES, AlertDelivery, DeliveryState
 from app.models.incident import Incident
@@ -91,13 +91,7 @@ class Wait:
 
 
 def _insert(session: Session) -> Any:
-    dialect = session.get_bind().dialect.name
-    table = AlertDelivery.__table__  # type: ignore[attr-defined]
-    if dialect == "postgresql":
-        return postgresql.insert(table)
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    raise AlertConfigError(f"alert deliveries need SQLite or PostgreSQL, not {dialect}")
+    return dialect_insert(session.get_bind().dialect.name, AlertDelivery.__table__)  # type: ignore[attr-defined]
 
 
 def queue_events(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import subprocess
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from app.actions.errors import ActionError, TransientActionError
 from app.actions.machine import ActionSnapshot
 from app.policy.plans import ActionName
+from recovery._fsio import write_json_atomic
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.control import (
     ControlError,
@@ -60,17 +60,7 @@ class ActionContext:
 
 def _write_json_atomic(path: Path, body: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(body, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_json_atomic(path, body)  # fsync the file, rename, fsync the directory
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from app.policy.signals import Tier
+
 # NVML metric names, as the agent sends them (docs/metrics.md).
 GPU_UTIL = "gpu_utilization_ratio"
 GPU_TEMP = "gpu_temperature_celsius"
@@ -48,7 +50,8 @@ GPU_TEMP_WARN_C = 83.0
 GPU_TEMP_BAD_C = 90.0
 
 LEVEL_RANK = {"idle": 0, "ok": 1, "warn": 2, "bad": 3}
-TIER_LEVEL = {"light": "warn", "medium": "bad", "heavy": "bad"}
+# keyed by the tier value as incidents store it (Tier is a StrEnum: its members are those strings)
+TIER_LEVEL: dict[str, str] = {Tier.LIGHT: "warn", Tier.MEDIUM: "bad", Tier.HEAVY: "bad"}
 
 
 def worst(levels: Iterable[str]) -> str:

@@ -20,10 +20,11 @@ from app.ingest.series_store import SeriesStore
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.incident_public import IncidentDetail
+from app.policy.signals import Tier
 from app.views.models.charts import ChartSpec, Threshold, aligned_chart, golden_bands
 from app.views.models.health import TIER_LEVEL
 
-TIERS = ("light", "medium", "heavy")
+TIERS = tuple(Tier)
 
 # Timeline event types → colour and words for people.
 EVENT_LABELS: dict[str, tuple[str, str]] = {
