@@ -47,35 +47,39 @@ def create_node_token(
         session.add(Node(name=node))
         session.flush()
         record_audit(session, actor=actor, action="node.register", target=node)
-    plaintext = _new_token(TokenKind.node)
-    token = ApiToken(
-        kind=TokenKind.node,
-        token_hash=hash_token(plaintext),
-        prefix=plaintext[:10],
+    return _issue(
+        session, TokenKind.node, target=f"node:{node}", actor=actor, description=description,
         node_name=node,
-        description=description,
-    )
-    session.add(token)
-    session.flush()
-    record_audit(
-        session,
-        actor=actor,
-        action="token.create",
-        target=f"node:{node}",
-        detail={"token_id": token.id, "prefix": token.prefix, "kind": "node"},
-    )
-    return token, plaintext
+    )  # fmt: skip
 
 
 def create_user_token(
     session: Session, *, user: User, actor: str, description: str = ""
 ) -> tuple[ApiToken, str]:
-    plaintext = _new_token(TokenKind.user)
+    return _issue(
+        session, TokenKind.user, target=f"user:{user.name}", actor=actor, description=description,
+        user_id=user.id,
+    )  # fmt: skip
+
+
+def _issue(
+    session: Session,
+    kind: TokenKind,
+    *,
+    target: str,
+    actor: str,
+    description: str,
+    node_name: str | None = None,
+    user_id: int | None = None,
+) -> tuple[ApiToken, str]:
+    """Store a new token of ``kind`` (only its hash and prefix) and audit it; (row, plaintext)."""
+    plaintext = _new_token(kind)
     token = ApiToken(
-        kind=TokenKind.user,
+        kind=kind,
         token_hash=hash_token(plaintext),
         prefix=plaintext[:10],
-        user_id=user.id,
+        node_name=node_name,
+        user_id=user_id,
         description=description,
     )
     session.add(token)
@@ -84,8 +88,8 @@ def create_user_token(
         session,
         actor=actor,
         action="token.create",
-        target=f"user:{user.name}",
-        detail={"token_id": token.id, "prefix": token.prefix, "kind": "user"},
+        target=target,
+        detail={"token_id": token.id, "prefix": token.prefix, "kind": kind.value},
     )
     return token, plaintext
 
