@@ -17,5 +17,9 @@ bash scripts/system-deps.sh
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then exec .venv/bin/python -m pytest "$@"; fi
 done
-.venv/bin/python -m pytest --ignore=tests/integration/ray "$@"
-exec .venv/bin/python -m pytest tests/integration/ray "$@"
+# Both parts always run (a failure in the first must not hide the state of the second); the
+# command fails if either did.
+status=0
+.venv/bin/python -m pytest --ignore=tests/integration/ray "$@" || status=$?
+.venv/bin/python -m pytest tests/integration/ray "$@" || status=$?
+exit "$status"

@@ -114,8 +114,11 @@ def test_a_sigstopped_trainer_is_hung_restarted_and_completes(
         return len(seen - {-1, 0}) >= 4 and job.newest_complete() is not None
 
     job.wait(paced, 150, "the server to see the step advance four times")
-    pid = job.wait(job.trainer_pid, 30, "the trainer's pid")
-    freeze(pid)  # a hang: alive, heartbeat silent, the step does not move
+    # A hang: alive, heartbeat silent, the step does not move. Only time in hang_phases (ROLLOUT,
+    # TRAIN) counts towards train_hang (a long SAVE is not a hang), so the trainer is stopped at
+    # a moment its last heartbeat, the last thing the server will see of it, says one of those;
+    # stopped in SAVE it would rightly be judged by its silent heartbeat (heartbeat_lost) instead.
+    pid = job.wait(lambda: _frozen_in(job, ("ROLLOUT", "TRAIN")), 60, "the trainer frozen in a step")
     complete = job.newest_complete()
     stopped_at = max(s["step"] for s in job.steps())
     assert complete is not None and stopped_at < job.max_steps
@@ -127,6 +130,20 @@ def test_a_sigstopped_trainer_is_hung_restarted_and_completes(
     _resumed_cleanly(job, pid, complete, stopped_at)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the hung process was killed, not left stopped
+
+
+def _frozen_in(job: TRLJob, phases: tuple[str, ...]) -> int | None:
+    """SIGSTOP the trainer; keep it stopped only if its heartbeat, which cannot change while it is
+    stopped, says one of ``phases`` (else SIGCONT, and None: the caller looks again)."""
+    pid = job.trainer_pid()
+    if pid is None or job.heartbeat().get("phase") not in phases:
+        return None
+    freeze(pid)
+    beat = job.heartbeat()
+    if beat.get("pid") == pid and beat.get("phase") in phases:
+        return pid
+    os.kill(pid, signal.SIGCONT)
+    return None
 
 
 def test_safe_mode_saves_pauses_alive_and_goes_on_in_the_same_process_after_release(
