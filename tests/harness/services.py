@@ -13,10 +13,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from tests.harness.reaper import kill_group, spawn
 from tests.harness.waiting import wait_for
@@ -124,6 +126,25 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             kill_group(self.proc)
         self.proc = None
+
+
+def hold_write_lock(url: str, held: threading.Event, release: threading.Event) -> None:
+    """Hold the database's write lock (SQLite: a write transaction; PostgreSQL: the ingest cursor
+    table) until ``release`` is set; ``held`` is set once it is taken. Run it in a thread to make
+    the server's next commit wait: the "bad moment" of the kill -9 tests."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            else:
+                conn.begin()
+                conn.execute(sa.text("LOCK TABLE ingest_cursor IN ACCESS EXCLUSIVE MODE"))
+            held.set()
+            release.wait(60)
+            conn.rollback()
+    finally:
+        engine.dispose()
 
 
 def _pg_bin(name: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.harness import ServerProcess, auth, batch, rlguard_env, run_cli, wait_for
+from tests.harness.services import hold_write_lock
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -61,21 +62,6 @@ def test_acknowledged_batch_is_a_duplicate_after_kill9_and_restart(
     server.stop()
 
 
-def _hold_write_lock(url: str, held: threading.Event, release: threading.Event) -> None:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            else:
-                conn.begin()
-                conn.execute(sa.text("LOCK TABLE ingest_cursor IN ACCESS EXCLUSIVE MODE"))
-            held.set()
-            release.wait(60)
-            conn.rollback()
-    finally:
-        engine.dispose()
-
 
 def test_unacknowledged_batch_is_applied_once_after_kill9(
     database_url: str, tmp_path: Path, server_factory: Callable[..., ServerProcess]
@@ -85,7 +71,7 @@ def test_unacknowledged_batch_is_applied_once_after_kill9(
     env, node_token, user_token = _prepare(database_url, tmp_path)
     server = server_factory("server", env).start()
     held, release = threading.Event(), threading.Event()
-    locker = threading.Thread(target=_hold_write_lock, args=(database_url, held, release))
+    locker = threading.Thread(target=hold_write_lock, args=(database_url, held, release))
     locker.start()
     try:
         assert held.wait(10)

@@ -20,6 +20,7 @@ from app.auth.users import create_user
 from app.core import migrate
 from app.models import Role
 from tests.harness import ServerProcess, auth, batch, rlguard_env, wait_for
+from tests.harness.services import hold_write_lock
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -48,17 +49,6 @@ def _steps(url: str) -> list[tuple[str, int, int]]:
         engine.dispose()
 
 
-def _hold_write_lock(url: str, held: threading.Event, release: threading.Event) -> None:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-            held.set()
-            release.wait(60)
-            conn.rollback()
-    finally:
-        engine.dispose()
-
 
 def test_step_changes_survive_kill9_and_a_cut_off_commit_is_written_once_on_retry(
     sqlite_url: str, tmp_path: Path, server_factory: Callable[..., ServerProcess]
@@ -86,7 +76,7 @@ def test_step_changes_survive_kill9_and_a_cut_off_commit_is_written_once_on_retr
 
     # The bad moment: step 6 is in memory but its commit waits on a lock; kill -9 then.
     held, release = threading.Event(), threading.Event()
-    locker = threading.Thread(target=_hold_write_lock, args=(sqlite_url, held, release))
+    locker = threading.Thread(target=hold_write_lock, args=(sqlite_url, held, release))
     locker.start()
     body = _report(5, 6, t0 + 5)
     answer: list[object] = []

@@ -22,6 +22,7 @@ from tests.harness import (
     run_cli,
     wait_for,
 )
+from tests.harness.services import hold_write_lock
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -109,21 +110,6 @@ def _phases(server: ServerProcess, user_token: str, **params: object) -> httpx.R
     )
 
 
-def _hold_write_lock(url: str, held: threading.Event, release: threading.Event) -> None:
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
-            else:
-                conn.begin()
-                conn.execute(sa.text("LOCK TABLE ingest_cursor IN ACCESS EXCLUSIVE MODE"))
-            held.set()
-            release.wait(60)
-            conn.rollback()
-    finally:
-        engine.dispose()
-
 
 @pytest.mark.slow
 def test_a_change_survives_kill9_after_its_ack_and_is_noticed_again_if_never_acked(
@@ -149,7 +135,7 @@ def test_a_change_survives_kill9_after_its_ack_and_is_noticed_again_if_never_ack
 
     # Now the bad moment: the change is in memory (tracker, store) but its commit is blocked.
     held, release = threading.Event(), threading.Event()
-    locker = threading.Thread(target=_hold_write_lock, args=(database_url, held, release))
+    locker = threading.Thread(target=hold_write_lock, args=(database_url, held, release))
     locker.start()
     body = _with_phase("gpu-07", 3, "EVAL", ts=t0 + 3)
     answer: list[object] = []
