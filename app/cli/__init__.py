@@ -285,6 +285,10 @@ def user_delete(name: Annotated[str, typer.Argument(help="User name.")]) -> None
 # -- serving ----------------------------------------------------------------------------------
 
 
+# The serving options `rlguard server` and `rlguard up` share.
+HostOption = Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")]
+PortOption = Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")]
+AccessLogOption = Annotated[bool, typer.Option(help="Log every request.")]
 TrustedProxyOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -391,9 +395,9 @@ def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
 
 @cli.command("server")
 def server(
-    host: Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
-    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    host: HostOption = None,
+    port: PortOption = None,
+    access_log: AccessLogOption = False,
     trusted_proxy: TrustedProxyOption = None,
     header_timeout: HeaderTimeoutOption = None,
     limit_concurrency: LimitConcurrencyOption = None,
@@ -410,9 +414,9 @@ def server(
 
 @cli.command("up")
 def up(
-    host: Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default RLGUARD_PORT).")] = None,
-    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    host: HostOption = None,
+    port: PortOption = None,
+    access_log: AccessLogOption = False,
     trusted_proxy: TrustedProxyOption = None,
     header_timeout: HeaderTimeoutOption = None,
     limit_concurrency: LimitConcurrencyOption = None,
