@@ -19,8 +19,43 @@ from tests.harness.services import REDIS_URL, create_database, drop_database, fr
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before any test starts a process: every descendant of this run carries its token, so a
-    guardian can kill them all if this pytest dies (see tests/harness/reaper.py)."""
+    guardian can kill them all if this pytest dies (see tests/harness/reaper.py).
+
+    Under pytest-xdist each worker is a run of its own; the controller runs no test and starts
+    nothing, and must not start a run: its token would be in every worker's environment, and
+    reaping it at the end would kill the workers while xdist shuts them down."""
+    if _is_xdist_controller(config):
+        return
     start_run()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook registered earlier)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How a pytest-xdist run (``--dist loadgroup``) shares the tests out.
+
+    A test module is the unit of work: its tests run in one worker, in file order, as they do
+    in a plain run, so module-scoped fixtures (a server, a browser) start once and tests that
+    build on the one before still see it. A module already in a group of its own
+    (``xdist_group``, e.g. every Slurm test) keeps it. Modules with a test marked ``slow`` are
+    handed out first, so the run does not end with one worker busy on a minute-long module while
+    the others idle. Every worker sorts the same way: xdist requires all of them to collect the
+    same list in the same order. A plain run keeps the order of the files.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_module_of(item)))
+    slow = {_module_of(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _module_of(item) not in slow)
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

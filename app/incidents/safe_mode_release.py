@@ -49,7 +49,6 @@ from app.policy.signals import Tier
 log = logging.getLogger("rlguard.jobs")
 
 MAX_COMMENT = 2000
-RELEASE_ACTION = ActionName.RELEASE_SAFE_MODE.value
 #: The incident a release opens for a job held in SAFE_MODE by its control file alone.
 HOLD_KIND = "safe_mode_hold"
 SAFE_MODE_PHASE = "SAFE_MODE"
@@ -165,7 +164,7 @@ def _refuse_if_busy(
     rows = session.exec(
         select(RecoveryAction).where(col(RecoveryAction.incident_id).in_(incident_ids))
     ).all()
-    running = [r for r in rows if r.action == RELEASE_ACTION and r.status in _LIVE]
+    running = [r for r in rows if r.action == ActionName.RELEASE_SAFE_MODE and r.status in _LIVE]
     if running:
         raise Conflict(
             f"a release of job {job!r} is already on its way (action {running[0].id}, "
@@ -191,7 +190,7 @@ def _plan_release(
         {
             batch_of(r.idempotency_key)
             for r in rows
-            if r.incident_id == inc.id and r.action == RELEASE_ACTION
+            if r.incident_id == inc.id and r.action == ActionName.RELEASE_SAFE_MODE
         }
     )
     params = {
@@ -286,7 +285,7 @@ def _participants_in_safe_mode(session: Session, *, job: str) -> list[Participan
     released_at = session.exec(
         select(func.max(RecoveryAction.finished_at)).where(
             RecoveryAction.job == job,
-            RecoveryAction.action == RELEASE_ACTION,
+            RecoveryAction.action == ActionName.RELEASE_SAFE_MODE,
             RecoveryAction.status == ActionStatus.succeeded.value,
         )
     ).one()
@@ -379,7 +378,7 @@ def on_release_succeeded(session: Session, *, action: RecoveryAction, now: datet
         r
         for r in session.exec(
             select(RecoveryAction).where(
-                RecoveryAction.incident_id == inc.id, RecoveryAction.action == RELEASE_ACTION
+                RecoveryAction.incident_id == inc.id, RecoveryAction.action == ActionName.RELEASE_SAFE_MODE
             )
         ).all()
         if r.idempotency_key.startswith(key)

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.persist import IngestGroup, NodeSeen, ParticipantSeen, part_of
 from app.ingest.phases import PhaseChange
-from app.ingest.series_backend import Sample, SharedParticipant
+from app.ingest.series_backend import ParticipantHeartbeat, Sample
 from app.ingest.step_progress import StepChange
 from app.ingest.validation import ParticipantReport
 
@@ -62,7 +62,7 @@ class QueuedBatch:
     phases: list[PhaseChange]  # the changes the phase tracker noticed in this batch, in order
     steps: list[StepChange]  # the progress the step tracker noticed (app.ingest.step_progress)
     samples: list[Sample] = field(default_factory=list)  # only with a shared series backend
-    shared: list[SharedParticipant] = field(default_factory=list)
+    shared: list[ParticipantHeartbeat] = field(default_factory=list)
 
 
 @dataclass(slots=True)

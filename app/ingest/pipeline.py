@@ -71,9 +71,9 @@ from app.ingest.phases import PhaseRetention, PhaseTracker, load_tracker
 from app.ingest.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
 from app.ingest.series_backend import (
     LocalSeriesBackend,
+    ParticipantHeartbeat,
     Sample,
     SeriesBackend,
-    SharedParticipant,
     participants_of,
 )
 from app.ingest.series_store import SeriesStore
@@ -107,17 +107,6 @@ class _AgentState:
     rejected: dict[int, str] = field(default_factory=dict)  # seq -> why the database refused it
 
 
-@dataclass(slots=True)
-class ParticipantState:
-    job: str
-    role: str
-    rank: int
-    node: str
-    phase: str
-    step: int
-    ts: float
-
-
 class IngestService:
     """Owns the dedupe windows and the group committer; one per server process."""
 
@@ -149,7 +138,7 @@ class IngestService:
         self._queued: list[QueuedBatch] = []  # accepted, not yet committed, in arrival order
         self._done: dict[int, asyncio.Future[None]] = {}  # id(queued batch) -> its request's
         self._failing_since: float | None = None  # monotonic time of the first failed retry
-        self._participants: dict[tuple[str, str, int], ParticipantState] = {}
+        self._participants: dict[tuple[str, str, int], ParticipantHeartbeat] = {}
         # Phase changes go into the group commit (app.ingest.phases); seeded at start.
         self._phases = PhaseTracker()
         self._steps = StepTracker()  # the goodput ledger's progress (app.ingest.step_progress)
@@ -314,7 +303,7 @@ class IngestService:
             pkey = (p.job, p.role, p.rank)
             mem = self._participants.get(pkey)
             if mem is None or mem.ts <= p.ts:
-                self._participants[pkey] = ParticipantState(
+                self._participants[pkey] = ParticipantHeartbeat(
                     p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts
                 )
         queued = QueuedBatch(
@@ -436,7 +425,7 @@ class IngestService:
         # After the database: a retry after a failed publish rewrites the same (idempotent)
         # upserts, and never appends the samples to the shared stream twice.
         samples: list[Sample] = []
-        shared: list[SharedParticipant] = []
+        shared: list[ParticipantHeartbeat] = []
         if self.backend.shared:
             for b in batches:
                 samples.extend(b.samples)
@@ -481,14 +470,14 @@ class IngestService:
 
     # -- read side ----------------------------------------------------------------------------
 
-    def participants(self) -> list[ParticipantState]:
+    def participants(self) -> list[ParticipantHeartbeat]:
         """Latest reported state of every participant (of every replica with a shared window)."""
         merged = dict(self._participants)
         for p in self.backend.participants():
             key = (p.job, p.role, p.rank)
             mine = merged.get(key)
             if mine is None or mine.ts < p.ts:
-                merged[key] = ParticipantState(p.job, p.role, p.rank, p.node, p.phase, p.step, p.ts)
+                merged[key] = p
         return list(merged.values())
 
     def agents(self) -> int:

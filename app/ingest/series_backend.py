@@ -43,8 +43,9 @@ Sample = tuple[SeriesKey, float, float]
 
 
 @dataclass(frozen=True, slots=True)
-class SharedParticipant:
-    """A participant's latest heartbeat as any replica saw it."""
+class ParticipantHeartbeat:
+    """A participant's latest heartbeat, as this replica or (through a shared window) any
+    replica saw it."""
 
     job: str
     role: str
@@ -60,7 +61,7 @@ class SeriesBackend(Protocol):
 
     shared: bool
 
-    def publish(self, samples: list[Sample], participants: list[SharedParticipant]) -> None:
+    def publish(self, samples: list[Sample], participants: list[ParticipantHeartbeat]) -> None:
         """Make one commit group's samples visible to every replica (blocking; may raise)."""
 
     def start(self, store: SeriesStore) -> None:
@@ -68,7 +69,7 @@ class SeriesBackend(Protocol):
 
     def stop(self) -> None: ...
 
-    def participants(self) -> list[SharedParticipant]:
+    def participants(self) -> list[ParticipantHeartbeat]:
         """Every participant's latest heartbeat known to the deployment."""
 
 
@@ -77,7 +78,7 @@ class LocalSeriesBackend:
 
     shared = False
 
-    def publish(self, samples: list[Sample], participants: list[SharedParticipant]) -> None:
+    def publish(self, samples: list[Sample], participants: list[ParticipantHeartbeat]) -> None:
         return None
 
     def start(self, store: SeriesStore) -> None:
@@ -86,7 +87,7 @@ class LocalSeriesBackend:
     def stop(self) -> None:
         return None
 
-    def participants(self) -> list[SharedParticipant]:
+    def participants(self) -> list[ParticipantHeartbeat]:
         return []
 
 
@@ -146,7 +147,7 @@ class RedisSeriesBackend:
             redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
         self._last_id = b"0-0"
-        self._participants: dict[tuple[str, str, int], SharedParticipant] = {}
+        self._participants: dict[tuple[str, str, int], ParticipantHeartbeat] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,7 +155,7 @@ class RedisSeriesBackend:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def publish(self, samples: list[Sample], participants: list[SharedParticipant]) -> None:
+    def publish(self, samples: list[Sample], participants: list[ParticipantHeartbeat]) -> None:
         pipe = self._redis.pipeline(transaction=False)
         if samples:
             pipe.xadd(self.stream, {"r": self.replica_id, "d": _encode(samples)})
@@ -192,11 +193,11 @@ class RedisSeriesBackend:
             if len(entries) < 1000:
                 break
         raw = self._redis.hgetall(self.heartbeats)
-        fresh: dict[tuple[str, str, int], SharedParticipant] = {}
+        fresh: dict[tuple[str, str, int], ParticipantHeartbeat] = {}
         for k, v in raw.items():
             job, role, rank = k.decode().split("\x1f")
             node, phase, step, ts = orjson.loads(v)
-            fresh[(job, role, int(rank))] = SharedParticipant(
+            fresh[(job, role, int(rank))] = ParticipantHeartbeat(
                 job, role, int(rank), node, phase, int(step), float(ts)
             )
         with self._lock:
@@ -235,13 +236,13 @@ class RedisSeriesBackend:
             self._thread = None
         self._redis.close()
 
-    def participants(self) -> list[SharedParticipant]:
+    def participants(self) -> list[ParticipantHeartbeat]:
         with self._lock:
             return list(self._participants.values())
 
 
-def participants_of(batch_participants: Iterable[Any], node: str) -> list[SharedParticipant]:
+def participants_of(batch_participants: Iterable[Any], node: str) -> list[ParticipantHeartbeat]:
     return [
-        SharedParticipant(p.job, p.role, p.rank, node, p.phase, p.step, p.ts)
+        ParticipantHeartbeat(p.job, p.role, p.rank, node, p.phase, p.step, p.ts)
         for p in batch_participants
     ]

@@ -26,7 +26,20 @@ from tests.harness.waiting import wait_for
 POSTGRES_ADMIN_URL = os.environ.get(
     "RLGUARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-REDIS_URL = os.environ.get("RLGUARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _machine_redis_url() -> str:
+    """The machine's Redis, one database per pytest-xdist worker (``gw0`` → 1, ``gw1`` → 2, …):
+    tests running side by side in two workers must never read each other's keys or Celery
+    queues. A run without xdist uses database 0."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    db = int(worker.removeprefix("gw")) + 1 if worker.startswith("gw") else 0
+    if db > 15:
+        raise RuntimeError(f"{worker}: Redis has 16 databases; run at most 15 xdist workers")
+    return f"redis://127.0.0.1:6379/{db}"
+
+
+REDIS_URL = os.environ.get("RLGUARD_TEST_REDIS_URL") or _machine_redis_url()
 
 
 def free_port() -> int:
