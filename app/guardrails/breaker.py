@@ -27,9 +27,10 @@ from app.policy.policy_file import BreakerLimits, Guardrails
 
 CLUSTER_SCOPE = "cluster"
 _JOB_PREFIX = "job:"
-# A job name as the job table holds it (up to 128 characters); no whitespace, and no slash, which
-# would not survive as one segment of /api/v1/breakers/{scope}/reset.
-_JOB_NAME = re.compile(r"^[^\s/]{1,128}$")
+# A job name as the job table holds it (up to 128 characters); no whitespace or control
+# character, and no slash, which would not survive as one segment of
+# /api/v1/breakers/{scope}/reset.
+_JOB_NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,128}$")
 
 
 def job_scope(job: str) -> str:
