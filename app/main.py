@@ -33,7 +33,9 @@ from app.api.routes import (
     alertmanager,
     alerts,
     approvals,
+    automation,
     bench,
+    breakers,
     docs,
     goodput,
     health,
@@ -92,6 +94,8 @@ API_ROUTERS = (
     alertmanager,
     alerts,
     goodput,
+    breakers,
+    automation,
     docs,
 )
 

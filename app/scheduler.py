@@ -153,6 +153,7 @@ class PolicyScheduler:
         retention_days: float = 90.0,
         holder: str | None = None,
         rollups: RollupWriter | None = None,
+        dry_run: bool = False,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -164,6 +165,7 @@ class PolicyScheduler:
         self.dispatch_interval = dispatch_interval
         self.retention_days = retention_days
         self.rollups = rollups
+        self.dry_run = dry_run  # Settings.automation.dry_run: plans are shown, never run
         self._rollup_token: int | None = None  # the lease's token when the writer took over
         self._warned_unrolled = False
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -250,7 +252,10 @@ class PolicyScheduler:
                 if result.decisions:
                     with Session(self.engine, expire_on_commit=False) as session:
                         persisted = persist_decisions(
-                            session, decisions=result.decisions, policy=self.policy
+                            session,
+                            decisions=result.decisions,
+                            policy=self.policy,
+                            dry_run=self.dry_run,
                         )
                         session.commit()
                         new_rows = bool(persisted.new_actions) or took_queued_rows(session)
@@ -502,6 +507,7 @@ async def policy_lifespan(app: Any) -> AsyncIterator[None]:
         dispatch_interval=rs.dispatch_interval_seconds,
         retention_days=rs.retention_days,
         rollups=getattr(app.state, "rollups", None),
+        dry_run=settings.automation.dry_run,
     )
     app.state.policy_scheduler = sched
     # The first tick is slow (the lease row written and fsync'd, the open incidents read, every

@@ -52,7 +52,15 @@ def due_for_dispatch(
         select(RecoveryAction)
         .where(
             sa.or_(
-                col(RecoveryAction.status) == ActionStatus.pending.value,
+                # A row under a guard-rail's backoff waits for its ``not_before``; ``dry_run``
+                # rows match nothing here, so they are never sent (app/guardrails/gate.py).
+                sa.and_(
+                    col(RecoveryAction.status) == ActionStatus.pending.value,
+                    sa.or_(
+                        col(RecoveryAction.not_before).is_(None),
+                        col(RecoveryAction.not_before) <= now,
+                    ),
+                ),
                 sa.and_(
                     col(RecoveryAction.status) == ActionStatus.dispatched.value,
                     col(RecoveryAction.dispatched_at) < stale,

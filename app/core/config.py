@@ -192,6 +192,14 @@ class HardeningSettings(BaseModel):
     ingest_burst: Annotated[int, Field(ge=1)] = 200
 
 
+class AutomationSettings(BaseModel):
+    """Guard-rails that are the deployment's call rather than the policy's
+    (``RLGUARD_AUTOMATION__DRY_RUN=1``): under dry run incidents and plans are made and shown
+    but no action runs (app/guardrails/gate.py), e.g. for a first week beside a live cluster."""
+
+    dry_run: bool = False
+
+
 class ServerLimits(BaseModel):
     """How the HTTP server treats slow and numerous clients (``RLGUARD_SERVER__*``; see
     app/core/http_server.py and docs/deploy.md)."""
@@ -279,6 +287,7 @@ class Settings(BaseSettings):
     hardening: HardeningSettings = HardeningSettings()
     server: ServerLimits = ServerLimits()
     goodput: GoodputSettings = GoodputSettings()
+    automation: AutomationSettings = AutomationSettings()
     # Their own prefixes (RLGUARD_RECOVERY_*, RLGUARD_ALERTS_*), kept from before they joined
     # this tree: each reads its variables itself.
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)

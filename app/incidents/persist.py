@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from app.guardrails.gate import GateDecision, Verdict, gate
 from app.incidents.planning import plan_actions
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
@@ -32,9 +33,18 @@ from app.models.incident import (
 from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
-from app.policy.signals import Subject
+from app.policy.signals import Subject, Tier
 
 log = logging.getLogger("rlguard.incidents")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What planning needs besides the decision: the policy (approvals, guard-rails) and the
+    global dry-run setting (``Settings.automation.dry_run``)."""
+
+    policy: Policy
+    dry_run: bool = False
 
 
 @dataclass(slots=True)
@@ -67,18 +77,21 @@ def persist_decisions(
     decisions: Sequence[IncidentDecision],
     policy: Policy,
     now: datetime | None = None,
+    dry_run: bool = False,
 ) -> PersistResult:
-    """Write one tick's decisions; the caller commits (and then dispatches ``new_actions``)."""
+    """Write one tick's decisions; the caller commits (and then dispatches ``new_actions``).
+    ``dry_run``: plan and show, run nothing (the global setting)."""
     now = now or utcnow()
     out = PersistResult()
+    ctx = PlanContext(policy=policy, dry_run=dry_run)
     for d in decisions:
         if d.type is DecisionType.OPEN:
-            _persist_open(session, d, policy, now, out)
+            _persist_open(session, d, ctx, now, out)
             continue
         # A decision about an incident closed meanwhile (by a release, say) has nothing to change.
         inc = _open_incident(session, d.key)
         if inc is not None:
-            _PERSIST_CHANGE[d.type](session, inc, d, policy, now, out)
+            _PERSIST_CHANGE[d.type](session, inc, d, ctx, now, out)
     return out
 
 
@@ -86,7 +99,7 @@ def _persist_update(
     session: Session,
     inc: Incident,
     d: IncidentDecision,
-    policy: Policy,
+    ctx: PlanContext,
     now: datetime,
     out: PersistResult,
 ) -> None:
@@ -107,7 +120,7 @@ def _persist_escalate(
     session: Session,
     inc: Incident,
     d: IncidentDecision,
-    policy: Policy,
+    ctx: PlanContext,
     now: datetime,
     out: PersistResult,
 ) -> None:
@@ -130,14 +143,14 @@ def _persist_escalate(
     if d.signal is not None and not d.recovery_did_not_hold:
         _record_signal(session, inc, d, now)
     _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
-    _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
+    _plan(session, inc, d.actions, ctx, now, out, stage=_next_plan_stage(session, inc))
 
 
 def _persist_retry(
     session: Session,
     inc: Incident,
     d: IncidentDecision,
-    policy: Policy,
+    ctx: PlanContext,
     now: datetime,
     out: PersistResult,
 ) -> None:
@@ -152,14 +165,14 @@ def _persist_retry(
         detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
     )
     _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
-    _plan(session, inc, d.actions, policy, now, out, stage=_next_plan_stage(session, inc))
+    _plan(session, inc, d.actions, ctx, now, out, stage=_next_plan_stage(session, inc))
 
 
 def _persist_resolve(
     session: Session,
     inc: Incident,
     d: IncidentDecision,
-    policy: Policy,
+    ctx: PlanContext,
     now: datetime,
     out: PersistResult,
 ) -> None:
@@ -169,7 +182,7 @@ def _persist_resolve(
 
 _PERSIST_CHANGE: dict[
     DecisionType,
-    Callable[[Session, Incident, IncidentDecision, Policy, datetime, PersistResult], None],
+    Callable[[Session, Incident, IncidentDecision, PlanContext, datetime, PersistResult], None],
 ] = {
     DecisionType.UPDATE: _persist_update,
     DecisionType.ESCALATE: _persist_escalate,
@@ -179,7 +192,7 @@ _PERSIST_CHANGE: dict[
 
 
 def _persist_open(
-    session: Session, d: IncidentDecision, policy: Policy, now: datetime, out: PersistResult
+    session: Session, d: IncidentDecision, ctx: PlanContext, now: datetime, out: PersistResult
 ) -> None:
     existing = _open_incident(session, d.key)
     if existing is not None:
@@ -219,7 +232,7 @@ def _persist_open(
         },
     )
     _record_signal(session, inc, d, now)
-    _plan(session, inc, d.actions, policy, now, out, stage=0)
+    _plan(session, inc, d.actions, ctx, now, out, stage=0)
 
 
 def _count_recovery_that_did_not_hold(
@@ -282,21 +295,39 @@ def _plan(
     session: Session,
     inc: Incident,
     actions: Sequence[PlannedAction],
-    policy: Policy,
+    ctx: PlanContext,
     now: datetime,
     out: PersistResult,
     *,
     stage: int,
 ) -> None:
     assert inc.id is not None
+    # The guard-rails decide what of the plan may run (app/guardrails/gate.py); a plan with no
+    # action has nothing to gate.
+    verdicts = (
+        gate(
+            session,
+            actions=actions,
+            rails=ctx.policy.guardrails,
+            now=now,
+            incident_id=inc.id,
+            dry_run=ctx.dry_run,
+        )
+        if actions
+        else []
+    )
+    _record_verdicts(session, inc, verdicts, now)
+    written = [v for v in verdicts if v.written]
+    actions = [v.action for v in written]
     approval: Approval | None = None
-    if any(a.needs_approval for a in actions):
-        names = ", ".join(a.action.value for a in actions if a.needs_approval)
+    asking = [v.action for v in written if v.action.needs_approval and v.verdict != Verdict.DRY_RUN]
+    if asking:
+        names = ", ".join(a.action.value for a in asking)
         approval = Approval(
             incident_id=inc.id,
             summary=f"{inc.kind} on {Subject.from_dict(inc.subject).key()}: {names}"[:500],
             requested_at=now,
-            expires_at=now + timedelta(seconds=policy.approval.expire_seconds),
+            expires_at=now + timedelta(seconds=ctx.policy.approval.expire_seconds),
         )
         session.add(approval)
         session.flush()
@@ -319,6 +350,8 @@ def _plan(
         batch=f"s{stage}",
         now=now,
         approval_id=approval.id if approval is not None else None,
+        dry_run=[v.verdict == Verdict.DRY_RUN for v in written],
+        not_before=[v.not_before for v in written],
     )
     for row in rows:
         add_event(
@@ -333,8 +366,56 @@ def _plan(
                 "status": row.status,
             },
         )
-        if row.status == ActionStatus.pending.value:
+        if row.status == ActionStatus.pending.value and row.not_before is None:
             out.new_actions.append(row.id)  # type: ignore[arg-type]
+
+
+# The timeline entry of each guard-rail verdict that is not a plain "run".
+_VERDICT_EVENT = {
+    Verdict.DRY_RUN: IncidentEventType.ACTION_DRY_RUN,
+    Verdict.DEFER: IncidentEventType.ACTION_DEFERRED,
+    Verdict.BLOCKED: IncidentEventType.ACTION_NOT_RUN,
+    Verdict.PAUSED: IncidentEventType.ACTION_NOT_RUN,
+    Verdict.ESCALATE: IncidentEventType.GUARDRAIL_ESCALATED,
+}
+
+
+def _record_verdicts(
+    session: Session, inc: Incident, verdicts: Sequence[GateDecision], now: datetime
+) -> None:
+    """Put each guard-rail decision on the timeline; a spent budget or a tripped breaker makes
+    the incident heavy (its actions now wait for an approver), said once as an escalation."""
+    for v in verdicts:
+        if v.verdict == Verdict.RUN:
+            continue
+        type_ = (
+            IncidentEventType.BREAKER_TRIPPED if v.tripped else _VERDICT_EVENT[v.verdict]
+        )
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_=type_,
+            at=now,
+            detail={
+                "verdict": v.verdict.value,
+                "action": v.action.action.value,
+                "node": v.action.node,
+                "reason": v.reason,
+                "breaker": v.tripped,
+            },
+        )
+    escalations = [v.reason for v in verdicts if v.verdict == Verdict.ESCALATE]
+    if escalations and inc.tier != Tier.HEAVY.value:
+        previous = inc.tier
+        inc.tier, inc.escalated, inc.updated_at = Tier.HEAVY.value, True, now
+        inc.reasons = [*inc.reasons, *escalations]
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_=IncidentEventType.ESCALATED,
+            at=now,
+            detail={"from": previous, "to": Tier.HEAVY.value, "reasons": escalations},
+        )
 
 
 def _cancel_unstarted(session: Session, inc: Incident, now: datetime, *, why: str) -> None:

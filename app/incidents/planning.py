@@ -37,6 +37,8 @@ def plan_actions(
     now: datetime,
     approval_id: int | None = None,
     name_of: Callable[[PlannedAction], str] = PlannedAction.identity,
+    dry_run: Sequence[bool] = (),
+    not_before: Sequence[datetime | None] = (),
 ) -> list[RecoveryAction]:
     """Write ``actions`` as the batch ``batch`` of ``incident``; the caller commits, then
     dispatches the rows that are ``pending``.
@@ -44,26 +46,36 @@ def plan_actions(
     An action that needs approval waits for ``approval_id`` (``pending_approval``); the others
     are ``pending``. ``name_of`` names an action inside its batch (the planner names it by
     ``PlannedAction.identity``, the release by its node). The rows are flushed (they have ids).
+
+    ``dry_run[i]`` and ``not_before[i]`` carry the guard-rails' verdict on ``actions[i]``
+    (``app.guardrails.gate``): a dry-run row is written as ``dry_run``, which the outbox never
+    sends, and needs no approval; a row with ``not_before`` is not sent before then.
     """
     if incident.id is None:
         raise ValueError("actions planned for an incident that was never flushed (no id)")
     rows = []
-    for a in actions:
-        if a.needs_approval and approval_id is None:
+    for i, a in enumerate(actions):
+        dry = i < len(dry_run) and dry_run[i]
+        if dry:
+            status = ActionStatus.dry_run
+        elif a.needs_approval:
+            status = ActionStatus.pending_approval
+        else:
+            status = ActionStatus.pending
+        if status is ActionStatus.pending_approval and approval_id is None:
             raise ValueError(f"{a.action.value} needs approval but no approval was requested")
         row = RecoveryAction(
             incident_id=incident.id,
-            approval_id=approval_id if a.needs_approval else None,
+            approval_id=approval_id if status is ActionStatus.pending_approval else None,
             idempotency_key=action_key(incident.id, batch, name_of(a)),
             action=a.action.value,
             job=a.job,
             node=a.node,
             queue=a.queue,
             params=dict(a.params),
-            status=(
-                ActionStatus.pending_approval if a.needs_approval else ActionStatus.pending
-            ).value,
+            status=status.value,
             created_at=now,
+            not_before=not_before[i] if i < len(not_before) else None,
         )
         session.add(row)
         session.flush()

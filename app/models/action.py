@@ -20,10 +20,12 @@ class ActionStatus(enum.StrEnum):
     succeeded = "succeeded"
     failed = "failed"
     cancelled = "cancelled"  # rejected or expired approval
+    # Planned under dry run (app/guardrails): shown, never sent to Celery and never claimed.
+    dry_run = "dry_run"
 
 
 FINAL_ACTION_STATUSES = frozenset(
-    {ActionStatus.succeeded, ActionStatus.failed, ActionStatus.cancelled}
+    {ActionStatus.succeeded, ActionStatus.failed, ActionStatus.cancelled, ActionStatus.dry_run}
 )
 
 
@@ -49,6 +51,8 @@ class RecoveryAction(SQLModel, table=True):
     attempts: int = 0
     dispatch_count: int = 0
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Not sent before this (a guard-rail's backoff between restarts of one participant).
+    not_before: datetime | None = Field(default=None, sa_type=UTCDateTime)
     dispatched_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     lease_until: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -42,6 +42,12 @@ class IncidentEventType(enum.StrEnum):
     RELEASE_REQUESTED = "release_requested"
     SAFE_MODE_RELEASED = "safe_mode_released"
     RESOLVED = "resolved"
+    # Guard-rails (app/guardrails/gate.py): what became of a planned action that did not simply run.
+    ACTION_DRY_RUN = "action_dry_run"  # written as dry_run: shown, never sent
+    ACTION_DEFERRED = "action_deferred"  # waits for the backoff on its participant
+    ACTION_NOT_RUN = "action_not_run"  # not written: hands off, or the scope's breaker is open
+    GUARDRAIL_ESCALATED = "guardrail_escalated"  # a budget spent: waits for an approver
+    BREAKER_TRIPPED = "breaker_tripped"  # this plan tripped a breaker: waits for an approver
 
 
 class Incident(SQLModel, table=True):

@@ -147,6 +147,54 @@ class RecoveryLimits(_Strict):
     rollout_timeout_sec: float = Field(default=120, gt=0)
 
 
+class ActionBudget(_Strict):
+    """At most ``per_rank`` automatic actions of one kind on one participant (job, role, rank)
+    and ``per_role`` on one role of a job within ``window_seconds``; one more escalates the
+    incident to heavy. ``backoff_seconds`` (0: none) spaces automatic actions on one
+    participant: the n-th within the window waits ``backoff_seconds * 2**(n-1)`` after the
+    previous one, so a flapping process is not restarted in a tight loop."""
+
+    per_rank: int = Field(default=3, ge=1)
+    per_role: int = Field(default=10, ge=1)
+    window_seconds: float = Field(default=1800, gt=0)
+    backoff_seconds: float = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _role_holds_a_rank(self) -> ActionBudget:
+        if self.per_role < self.per_rank:
+            raise ValueError(
+                f"per_role ({self.per_role}) must not be below per_rank ({self.per_rank})"
+            )
+        return self
+
+
+class BreakerLimits(_Strict):
+    """More than ``max_actions`` automatic actions, or actions on more than ``max_nodes``
+    distinct nodes, within ``window_seconds`` trip the breaker of the scope."""
+
+    max_actions: int = Field(ge=1)
+    max_nodes: int = Field(ge=1)
+    window_seconds: float = Field(gt=0)
+
+
+class Guardrails(_Strict):
+    budgets: dict[ActionName, ActionBudget] = Field(
+        default_factory=lambda: {ActionName.RESTART_ROLE: ActionBudget()}
+    )
+    job_breaker: BreakerLimits = BreakerLimits(max_actions=20, max_nodes=8, window_seconds=600)
+    cluster_breaker: BreakerLimits = BreakerLimits(
+        max_actions=60, max_nodes=16, window_seconds=600
+    )
+
+    @model_validator(mode="after")
+    def _automatic_kinds_only(self) -> Guardrails:
+        # A release runs only when an approver asked for it: a budget on it would refuse a
+        # person, not automation.
+        if ActionName.RELEASE_SAFE_MODE in self.budgets:
+            raise ValueError("budgets.release_safe_mode: a release is never automatic")
+        return self
+
+
 class Incidents(_Strict):
     quiet_period_seconds: float = Field(default=30, ge=0)
 
@@ -172,6 +220,7 @@ class Policy(_Strict):
     approval: Approval = Approval()
     recovery: RecoveryLimits = RecoveryLimits()
     alertmanager: AlertmanagerMapping = AlertmanagerMapping()
+    guardrails: Guardrails = Guardrails()
 
     @model_validator(mode="after")
     def _complete(self) -> Policy:

@@ -86,6 +86,11 @@ class Feeder(threading.Thread):
         with self.lock:
             self.nodes[node]["participants"][(job, role, rank)]["frozen_ts"] = time.time() - 0.5
 
+    def thaw_heartbeat(self, node: str, job: str, role: str, rank: int) -> None:
+        """The participant reports again (its restart brought it back)."""
+        with self.lock:
+            self.nodes[node]["participants"][(job, role, rank)]["frozen_ts"] = None
+
     def set(self, node: str, name: str, value: float, **labels: str) -> None:
         with self.lock:
             n = self.nodes.setdefault(node, {"participants": {}, "samples": {}})

@@ -42,6 +42,11 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.APPROVAL_EXPIRED: ("bad", "Approval expired"),
     IncidentEventType.SAFE_MODE: ("warn", "Job put in SAFE_MODE"),
     IncidentEventType.RESOLVED: ("ok", "Resolved"),
+    IncidentEventType.ACTION_DRY_RUN: ("idle", "Dry run: not run"),
+    IncidentEventType.ACTION_DEFERRED: ("warn", "Action deferred (backoff)"),
+    IncidentEventType.ACTION_NOT_RUN: ("warn", "Action not run (guard-rail)"),
+    IncidentEventType.GUARDRAIL_ESCALATED: ("bad", "Budget spent: needs approval"),
+    IncidentEventType.BREAKER_TRIPPED: ("bad", "Circuit breaker tripped"),
 }
 
 ACTION_LEVELS = {
@@ -52,6 +57,7 @@ ACTION_LEVELS = {
     "succeeded": "ok",
     "failed": "bad",
     "cancelled": "idle",
+    "dry_run": "idle",
 }
 
 

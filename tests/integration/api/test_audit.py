@@ -20,6 +20,7 @@ from app.auth.users import create_user
 from app.core import migrate
 from app.main import create_app
 from app.models import Role
+from app.models.guardrails import CircuitBreaker
 from tests.harness import Api, AppClient, auth, batch, free_port, make_settings
 from tests.harness.dashboard import PASSWORD, DashboardApp, csrf_from, seed_heavy_incident
 
@@ -115,7 +116,24 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
         return c.post("/api/v1/jobs/j5/release", json={"comment": "checked by hand"},
                       headers=auth(admin))
 
+    def set_automation() -> Any:
+        part = {"job": "j6", "role": "rollout", "rank": 0, "phase": "ROLLOUT", "step": 1,
+                "ts": time.time()}
+        known = c.post("/api/v1/ingest", json=batch("n1", 0, agent="agent-j6", participants=[part]),
+                       headers=auth(node_tok))
+        assert known.status_code == 200, known.text
+        return c.request("PUT", "/api/v1/jobs/j6/automation", json={"hands_off": True},
+                         headers=auth(admin))
+
+    def reset_breaker() -> Any:
+        with Session(api.engine) as s:
+            s.add(CircuitBreaker(scope="job:j6", open=True, reason="test", trips=1))
+            s.commit()
+        return c.post("/api/v1/breakers/job:j6/reset", headers=auth(admin))
+
     cases: dict[tuple[str, str], tuple[Callable[[], Any], str]] = {
+        ("PUT", "/api/v1/jobs/{job}/automation"): (set_automation, "job.automation"),
+        ("POST", "/api/v1/breakers/{scope}/reset"): (reset_breaker, "breaker.reset"),
         ("POST", "/api/v1/tokens"): (create_token, "token.create"),
         ("POST", "/api/v1/tokens/{token_id}/rotate"): (
             lambda: c.post(f"/api/v1/tokens/{token_ids[0]}/rotate", headers=auth(admin)),

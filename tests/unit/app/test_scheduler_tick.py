@@ -84,3 +84,18 @@ def test_the_first_tick_has_run_when_the_server_starts_serving(tmp_path: Path) -
             return sched.last_tick is not None
 
     assert asyncio.run(ticked_before_serving())  # the cold tick ran during start-up
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_the_server_tick_plans_under_the_global_dry_run_setting(tmp_path: Path, dry_run: bool) -> None:
+    url = f"sqlite:///{tmp_path / 'rlguard.db'}"
+    migrate.upgrade(url)
+    app = create_app(Settings(dev=True, database_url=url, data_dir=tmp_path / "data",  # type: ignore[call-arg]
+                              automation={"dry_run": dry_run}))
+
+    async def scheduler_dry_run() -> bool:
+        async with app.router.lifespan_context(app):
+            sched: PolicyScheduler = app.state.policy_scheduler
+            return sched.dry_run
+
+    assert asyncio.run(scheduler_dry_run()) is dry_run

@@ -26,6 +26,9 @@ from app.cli import cli
         ["user", "enable"],
         ["user", "set-password"],
         ["user", "delete"],
+        ["breaker"],
+        ["breaker", "list"],
+        ["breaker", "reset"],
     ],
 )
 def test_help_on_every_command(args: list[str]) -> None:

@@ -112,3 +112,12 @@ def test_secret_is_read_from_the_data_dir(tmp_path: Path, monkeypatch: pytest.Mo
     s.check_secret()
     monkeypatch.setenv("RLGUARD_SECRET_KEY", "e" * 32)
     assert Settings(data_dir=tmp_path).secret_key == "e" * 32  # the environment wins
+
+
+def test_global_dry_run_is_off_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().automation.dry_run is False
+    monkeypatch.setenv("RLGUARD_AUTOMATION__DRY_RUN", "1")
+    assert Settings().automation.dry_run is True
+    monkeypatch.setenv("RLGUARD_AUTOMATION__DRY_RUN", "maybe")
+    with pytest.raises(ValidationError, match="automation.dry_run"):
+        Settings()

@@ -39,6 +39,10 @@ def test_shipped_policy_has_design_defaults() -> None:
     assert p.tiers[FaultKind.NODES_LOST].tier is Tier.HEAVY
     assert p.tiers[FaultKind.STORAGE_UNWRITABLE].tier is Tier.HEAVY
     assert p.escalation.plan == (ActionName.ENTER_SAFE_MODE, ActionName.RESTART_JOB)
+    # issue 20: three automatic role restarts per rank per 30 min, then a person decides
+    budget = p.guardrails.budgets[ActionName.RESTART_ROLE]
+    assert (budget.per_rank, budget.window_seconds) == (3, 1800)
+    assert (p.guardrails.job_breaker.max_actions, p.guardrails.cluster_breaker.max_actions) == (20, 60)
 
 
 @pytest.mark.parametrize(
@@ -78,6 +82,34 @@ def test_shipped_policy_has_design_defaults() -> None:
         (
             lambda d: d["alertmanager"]["subject_labels"].__setitem__("pod", "pod"),
             "alertmanager.subject_labels.pod",
+        ),
+        (
+            lambda d: d["guardrails"]["budgets"]["restart_role"].__setitem__("per_rank", 0),
+            "guardrails.budgets.restart_role.per_rank",
+        ),
+        (
+            lambda d: d["guardrails"]["budgets"]["restart_role"].__setitem__("per_role", 2),
+            "per_role (2) must not be below per_rank (3)",
+        ),
+        (
+            lambda d: d["guardrails"]["budgets"].__setitem__("reboot", {"per_rank": 1}),
+            "guardrails.budgets.reboot",
+        ),
+        (
+            lambda d: d["guardrails"]["budgets"].__setitem__("release_safe_mode", {}),
+            "budgets.release_safe_mode: a release is never automatic",
+        ),
+        (
+            lambda d: d["guardrails"]["job_breaker"].__setitem__("window_seconds", 0),
+            "guardrails.job_breaker.window_seconds",
+        ),
+        (
+            lambda d: d["guardrails"]["cluster_breaker"].__setitem__("max_action", 3),
+            "guardrails.cluster_breaker.max_action: unknown key",
+        ),
+        (
+            lambda d: d["guardrails"]["budgets"]["restart_role"].__setitem__("backoff_seconds", -1),
+            "guardrails.budgets.restart_role.backoff_seconds",
         ),
     ],
 )
