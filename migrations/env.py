@@ -20,6 +20,7 @@ MODEL_MODULES = [
     "app.models.alert",
     "app.models.phase",
     "app.models.progress",
+    "app.models.silence",
 ]
 for _module in MODEL_MODULES:
     importlib.import_module(_module)

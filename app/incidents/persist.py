@@ -33,6 +33,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.signals import Subject
+from app.silences.muting import action_hold
 
 log = logging.getLogger("rlguard.incidents")
 
@@ -289,6 +290,8 @@ def _plan(
     stage: int,
 ) -> None:
     assert inc.id is not None
+    if actions and _actions_held(session, inc, now):
+        return
     approval: Approval | None = None
     if any(a.needs_approval for a in actions):
         names = ", ".join(a.action.value for a in actions if a.needs_approval)
@@ -335,6 +338,23 @@ def _plan(
         )
         if row.status == ActionStatus.pending.value:
             out.new_actions.append(row.id)  # type: ignore[arg-type]
+
+
+def _actions_held(session: Session, inc: Incident, now: datetime) -> bool:
+    """Guard-rail, apart from the planning itself: a silence that stops actions, or a
+    maintenance window of the incident's node or job, holds the plan. Nothing is written but
+    the timeline entry saying by what; a later escalation or retry asks again."""
+    hold = action_hold(session, inc, now)
+    if hold is None:
+        return False
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=hold.type,
+        at=now,
+        detail={"text": hold.text, **hold.detail},
+    )
+    return True
 
 
 def _cancel_unstarted(session: Session, inc: Incident, now: datetime, *, why: str) -> None:

@@ -42,6 +42,12 @@ class IncidentEventType(enum.StrEnum):
     RELEASE_REQUESTED = "release_requested"
     SAFE_MODE_RELEASED = "safe_mode_released"
     RESOLVED = "resolved"
+    # Guard-rails (app.silences): why an alert was not sent or an action not planned.
+    SILENCED = "silenced"  # a silence matched: no alert
+    MAINTENANCE = "maintenance"  # a maintenance window of its node or job: no alert
+    INHIBITED = "inhibited"  # a node-level incident on its node speaks for it: no alert
+    INHIBITS = "inhibits"  # on the node-level incident: names the incident it took over
+    ACTIONS_HELD = "actions_held"  # a silence or maintenance window holds its recovery plan
 
 
 class Incident(SQLModel, table=True):

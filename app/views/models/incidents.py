@@ -42,6 +42,11 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.APPROVAL_EXPIRED: ("bad", "Approval expired"),
     IncidentEventType.SAFE_MODE: ("warn", "Job put in SAFE_MODE"),
     IncidentEventType.RESOLVED: ("ok", "Resolved"),
+    IncidentEventType.SILENCED: ("idle", "Alert silenced"),
+    IncidentEventType.MAINTENANCE: ("idle", "Alert muted by a maintenance window"),
+    IncidentEventType.INHIBITED: ("idle", "Alert inhibited by a node incident"),
+    IncidentEventType.INHIBITS: ("idle", "Took over an incident on this node"),
+    IncidentEventType.ACTIONS_HELD: ("warn", "Actions held"),
 }
 
 ACTION_LEVELS = {
