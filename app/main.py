@@ -40,8 +40,10 @@ from app.api.routes import (
     incidents,
     ingest,
     jobs,
+    maintenance_windows,
     nodes,
     series,
+    silences,
     tokens,
     users,
 )
@@ -92,6 +94,8 @@ API_ROUTERS = (
     alertmanager,
     alerts,
     goodput,
+    silences,
+    maintenance_windows,
     docs,
 )
 

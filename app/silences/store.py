@@ -61,6 +61,8 @@ def create_silence(
         assert body.duration_minutes is not None
         if body.duration_minutes <= 0:
             raise InvalidInput(f"duration_minutes={body.duration_minutes:g} must be above 0")
+        # Checked before the addition, which overflows for absurd values.
+        _check_span("the silence", timedelta(minutes=min(body.duration_minutes, 1e9)), max_hours)
         ends = starts + timedelta(minutes=body.duration_minutes)
     if ends <= starts:
         raise InvalidInput(
@@ -171,8 +173,8 @@ def _window_row(
         raise InvalidInput(f"weekday={body.weekday!r} must be 0 (Monday) to 6 (Sunday)")
     if body.duration_minutes is None or body.duration_minutes <= 0:
         raise InvalidInput(f"duration_minutes={body.duration_minutes!r} must be above 0")
+    _check_span("each occurrence", timedelta(minutes=min(body.duration_minutes, 1e9)), max_hours)
     # An occurrence of a week or more would never close.
-    _check_span("each occurrence", timedelta(minutes=body.duration_minutes), max_hours)
     if body.duration_minutes >= 7 * 24 * 60:
         raise InvalidInput(f"duration_minutes={body.duration_minutes} must be under a week")
     row.weekday, row.duration_minutes = body.weekday, body.duration_minutes
