@@ -174,6 +174,32 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             "alerts.test",
         ),
         ("POST", "/api/v1/jobs/{job}/release"): (release_job, "job.release"),
+        ("POST", "/api/v1/silences"): (
+            lambda: c.post("/api/v1/silences", headers=auth(admin), json={
+                "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5}),
+            "silence.create",
+        ),
+        ("POST", "/api/v1/silences/{silence_id}/expire"): (
+            lambda: c.post("/api/v1/silences/{}/expire".format(c.post(
+                "/api/v1/silences", headers=auth(admin), json={
+                    "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5},
+            ).json()["id"]), headers=auth(admin)),
+            "silence.expire",
+        ),
+        ("POST", "/api/v1/maintenance-windows"): (
+            lambda: c.post("/api/v1/maintenance-windows", headers=auth(admin), json={
+                "node": "n9", "recurrence": "weekly", "weekday": 0, "start_time": "02:00",
+                "duration_minutes": 60}),
+            "maintenance_window.create",
+        ),
+        ("POST", "/api/v1/maintenance-windows/{window_id}/expire"): (
+            lambda: c.post("/api/v1/maintenance-windows/{}/expire".format(c.post(
+                "/api/v1/maintenance-windows", headers=auth(admin), json={
+                    "node": "n9", "recurrence": "weekly", "weekday": 0, "start_time": "02:00",
+                    "duration_minutes": 60},
+            ).json()["id"]), headers=auth(admin)),
+            "maintenance_window.expire",
+        ),
         ("POST", "/login"): (web_login_response, "web.login"),
         ("POST", "/approvals/{approval_id}/approve"): (
             lambda: c.post(
