@@ -7,7 +7,6 @@ naming the bad value. Changes are audited with the actor ``cli``.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -17,19 +16,6 @@ silence_cli = typer.Typer(
     help="Silences: mute the alerts (and optionally the actions) of matching incidents.",
     no_args_is_help=True,
 )
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([mhdw])")
-_MINUTES = {"m": 1, "h": 60, "d": 24 * 60, "w": 7 * 24 * 60}
-
-
-def _duration_minutes(text: str) -> float:
-    from app.cli import fail
-
-    m = _DURATION.fullmatch(text.strip())
-    if m is None:
-        fail(f"--duration {text!r}: expected a number and a unit m, h, d or w (e.g. 90m, 2h)")
-    return float(m.group(1)) * _MINUTES[m.group(2)]
-
 
 def _instant(option: str, text: str | None) -> datetime | None:
     from app.cli import fail
@@ -66,19 +52,20 @@ def silence_add(
     from app.cli import fail, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.models import utcnow
-    from app.models.silence import MatcherIn, SilenceCreate
-    from app.silences.matchers import Matcher
+    from app.models.silence import SilenceCreate
     from app.silences.store import create_silence
+    from app.silences.text import matchers_from_text, parse_duration_minutes
 
     try:
-        parsed = [Matcher.parse_text(m) for m in matchers]
+        parsed = matchers_from_text(matchers)
+        minutes = None if duration is None else parse_duration_minutes(duration, name="--duration")
     except InvalidInput as exc:
         fail(str(exc))
     body = SilenceCreate(
-        matchers=[MatcherIn(label=m.label, op=m.op, value=m.value) for m in parsed],
+        matchers=parsed,
         starts_at=_instant("--starts", starts),
         ends_at=_instant("--ends", ends),
-        duration_minutes=None if duration is None else _duration_minutes(duration),
+        duration_minutes=minutes,
         comment=comment,
         stops_actions=stop_actions,
     )

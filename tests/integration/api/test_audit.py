@@ -213,6 +213,18 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
                 data={"csrf_token": web_login(), "comment": "no"}),
             "approval.reject",
         ),
+        ("POST", "/silences"): (
+            lambda: c.post("/silences", data={"csrf_token": web_login(), "matchers": "node=n8",
+                                              "duration": "1h", "comment": "web"}),
+            "silence.create",
+        ),
+        ("POST", "/silences/{silence_id}/expire"): (
+            lambda: c.post("/silences/{}/expire".format(c.post(
+                "/api/v1/silences", headers=auth(admin), json={
+                    "matchers": [{"label": "node", "value": "n8"}], "duration_minutes": 5},
+            ).json()["id"]), data={"csrf_token": web_login()}),
+            "silence.expire",
+        ),
         ("POST", "/logout"): (lambda: c.post("/logout", data={"csrf_token": web_login()}),
                               "web.logout"),
     }
