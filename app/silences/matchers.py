@@ -17,6 +17,10 @@ from typing import Any
 from app.core.errors import InvalidInput
 from app.models.incident import Incident
 
+# Every alert checks every active silence: keep each one small.
+MAX_MATCHERS = 20
+MAX_VALUE_CHARS = 300
+
 
 class Label(StrEnum):
     """The labels a silence may match on; anything else is refused, not silently unmatched."""
@@ -54,11 +58,15 @@ class Matcher:
             raise InvalidInput(f"unknown operator {op!r} for label {label!r}: one of {allowed}")
         if not isinstance(value, str):
             raise InvalidInput(f"matcher {label}{op}: the value must be a string, got {value!r}")
+        if len(value) > MAX_VALUE_CHARS:
+            raise InvalidInput(
+                f"matcher {label}{op}: the value is over {MAX_VALUE_CHARS} characters"
+            )
         matcher = cls(Label(label), MatchOp(op), value)
         if matcher.op in (MatchOp.REGEX, MatchOp.NOT_REGEX):
             try:
                 re.compile(value)
-            except re.error as err:
+            except (re.error, OverflowError, RecursionError) as err:
                 raise InvalidInput(f"matcher {label}{op}{value!r}: bad regex ({err})") from None
         return matcher
 
@@ -87,6 +95,8 @@ class Matcher:
 
 
 def parse_matchers(raw: Sequence[Mapping[str, Any]]) -> list[Matcher]:
+    if len(raw) > MAX_MATCHERS:
+        raise InvalidInput(f"{len(raw)} matchers: at most {MAX_MATCHERS}")
     matchers = [Matcher.parse(m) for m in raw]
     if not matchers:
         raise InvalidInput("a silence needs at least one matcher (none would silence everything)")

@@ -8,8 +8,9 @@ rather than deleting: timelines name silences by id, and the row must still say 
 
 from __future__ import annotations
 
+import math
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlmodel import Session, col, select
 
@@ -29,9 +30,25 @@ from app.silences.windows import Recurrence, window_state
 
 def _aware(name: str, value: datetime | None) -> datetime | None:
     # A naive time is almost always local time typed by a person: refuse it rather than guess.
-    if value is not None and value.tzinfo is None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
         raise InvalidInput(f"{name}={value.isoformat()} has no time zone (add Z or +00:00)")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(
+            f"{name}={value.isoformat()} is outside the years 1..9999 in UTC"
+        ) from None
+
+
+def _plus(name: str, start: datetime, minutes: float) -> datetime:
+    try:
+        return start + timedelta(minutes=minutes)
+    except OverflowError:
+        raise InvalidInput(
+            f"{name}: {start.isoformat()} plus {minutes:g} min is past the year 9999"
+        ) from None
 
 
 def _check_span(what: str, length: timedelta, max_hours: float) -> None:
@@ -59,11 +76,11 @@ def create_silence(
         raise InvalidInput("give either ends_at or duration_minutes (exactly one)")
     if ends is None:
         assert body.duration_minutes is not None
-        if body.duration_minutes <= 0:
+        if not math.isfinite(body.duration_minutes) or body.duration_minutes <= 0:
             raise InvalidInput(f"duration_minutes={body.duration_minutes:g} must be above 0")
         # Checked before the addition, which overflows for absurd values.
         _check_span("the silence", timedelta(minutes=min(body.duration_minutes, 1e9)), max_hours)
-        ends = starts + timedelta(minutes=body.duration_minutes)
+        ends = _plus("duration_minutes", starts, body.duration_minutes)
     if ends <= starts:
         raise InvalidInput(
             f"ends_at={ends.isoformat()} is not after starts_at={starts.isoformat()}"

@@ -82,6 +82,10 @@ BAD_SILENCES: list[tuple[dict[str, Any], str]] = [
     ({**GOOD, "duration_minutes": None, "ends_at": "2026-12-31T10:00:00"}, "no time zone"),
     ({**GOOD, "ends_at": iso(30)}, "exactly one"),
     ({**GOOD, "duration_minutes": 0}, "must be above 0"),
+    ({**GOOD, "duration_minutes": "NaN"}, "must be above 0"),
+    ({**GOOD, "starts_at": "9999-12-31T23:30:00Z"}, "past the year 9999"),
+    ({**GOOD, "matchers": [{"label": "job", "op": "=~", "value": "a{4294967296}"}]}, "bad regex"),
+    ({**GOOD, "matchers": [{"label": "node", "value": f"n{i}"} for i in range(21)]}, "at most 20"),
 ]
 
 
