@@ -78,6 +78,9 @@ def matching_silences(session: Session, incident: Incident, now: datetime) -> li
 
 
 def open_window(session: Session, incident: Incident, now: datetime) -> MaintenanceWindow | None:
+    """An open maintenance window covering the incident: one of its job, or windows of all
+    its nodes (a ``nodes_lost`` of three nodes is not covered by one node's window: the two
+    others are lost for real)."""
     rows = session.exec(
         select(MaintenanceWindow)
         .where(
@@ -87,13 +90,19 @@ def open_window(session: Session, incident: Incident, now: datetime) -> Maintena
         .order_by(col(MaintenanceWindow.id))
     ).all()
     nodes = incident_nodes(incident)
+    covering: dict[str, MaintenanceWindow] = {}
     for row in rows:
-        if row.node is not None and row.node not in nodes:
-            continue
         if row.job is not None and row.job != incident.job:
             continue
-        if window_is_open(row, now):
-            return row
+        if row.node is not None and row.node not in nodes:
+            continue
+        if not window_is_open(row, now):
+            continue
+        if row.node is None:
+            return row  # the job's window covers every node of the job
+        covering.setdefault(row.node, row)
+    if nodes and nodes <= covering.keys():
+        return covering[min(nodes)]
     return None
 
 

@@ -155,3 +155,27 @@ def test_a_maintenance_window_mutes_silence_faults_and_holds_actions_on_its_node
     assert deliveries(engine, gpu2) > 0 and actions(engine, gpu2) == 0
     after = open_(engine, FaultKind.NODE_SILENT, Subject(node="n1"), AT + timedelta(hours=2))
     assert deliveries(engine, after) > 0 and actions(engine, after) == 1
+
+
+def test_one_nodes_window_does_not_cover_a_loss_of_several_nodes(engine: Engine) -> None:
+    with Session(engine) as s:
+        for node in ("n1", "n2"):
+            body = MaintenanceWindowCreate(node=node, starts_at=AT,
+                                           ends_at=AT + timedelta(hours=1))  # fmt: skip
+            store.create_window(s, body, author="user:olga", max_hours=24, now=AT)
+        s.commit()
+
+    def nodes_lost(nodes: list[str]) -> int:
+        sig = FaultSignal(FaultKind.NODES_LOST, Subject(job=f"j-{len(nodes)}"),
+                          Evidence(metric=None, detail="lost"), Tier.HEAVY, 0.0,
+                          extra={"nodes": nodes})  # fmt: skip
+        d = IncidentDecision(DecisionType.OPEN, sig.incident_key, sig.kind, sig.subject,
+                             Tier.HEAVY, 0.0, sig, ())  # fmt: skip
+        with Session(engine) as s:
+            out = persist_decisions(s, decisions=[d], policy=default_policy(),
+                                    now=AT + timedelta(minutes=5))  # fmt: skip
+            s.commit()
+        return out.opened[0]
+
+    assert deliveries(engine, nodes_lost(["n1", "n2"])) == 0
+    assert deliveries(engine, nodes_lost(["n1", "n2", "n3"])) > 0
