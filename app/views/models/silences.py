@@ -26,7 +26,7 @@ class SilenceRow:
 
 
 def silence_rows(session: Session, *, now: datetime, limit: int = 200) -> list[SilenceRow]:
-    """Newest first, active and pending before nothing else: the state column says which."""
+    """Newest first, expired ones included (the state column says which)."""
     rows = []
     for row in list_silences(session, now=now)[:limit]:
         public = silence_public(row, now)
