@@ -42,8 +42,10 @@ from app.api.routes import (
     incidents,
     ingest,
     jobs,
+    maintenance_windows,
     nodes,
     series,
+    silences,
     tokens,
     users,
 )
@@ -96,6 +98,8 @@ API_ROUTERS = (
     goodput,
     breakers,
     automation,
+    silences,
+    maintenance_windows,
     docs,
 )
 

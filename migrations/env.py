@@ -21,6 +21,7 @@ MODEL_MODULES = [
     "app.models.phase",
     "app.models.progress",
     "app.models.guardrails",
+    "app.models.silence",
 ]
 for _module in MODEL_MODULES:
     importlib.import_module(_module)

@@ -43,6 +43,10 @@ _TIMELINE: dict[str, tuple[EventKind, Decision | None]] = {
     IncidentEventType.RESOLVED: (EventKind.RESOLVED, None),
 }
 
+# The timeline entries that may raise an alert: the incident writer asks the silences only
+# about these (app.incidents.timeline).
+ALERTED_EVENT_TYPES = frozenset(IncidentEventType(t) for t in _TIMELINE)
+
 _runtime: dict[str, Any] = {"config": None}
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Session
 
-from app.cli import demo, goodput, policy
+from app.cli import demo, goodput, policy, silences
 from app.cli.breaker import breaker_cli
 from app.core.config import ConfigError, Settings, get_settings
 from app.core.errors import ServiceError
@@ -38,6 +38,7 @@ cli.add_typer(db_cli, name="db")
 cli.add_typer(token_cli, name="token")
 cli.add_typer(user_cli, name="user")
 cli.add_typer(breaker_cli, name="breaker")
+cli.add_typer(silences.silence_cli, name="silence")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -173,6 +173,14 @@ class GoodputSettings(BaseModel):
     trainer_roles: list[str] = ["trainer"]
 
 
+class SilenceSettings(BaseModel):
+    """Silences and maintenance windows (``RLGUARD_SILENCES__*``)."""
+
+    # The longest silence, one-off maintenance window or weekly occurrence one may create: a
+    # mute nobody remembers should end by itself rather than hide faults for months.
+    max_duration_hours: Annotated[float, Field(gt=0)] = 14 * 24.0
+
+
 class HardeningSettings(BaseModel):
     """Request limits (``RLGUARD_HARDENING__*``): body size, login and ingest rate limits."""
 
@@ -288,6 +296,7 @@ class Settings(BaseSettings):
     server: ServerLimits = ServerLimits()
     goodput: GoodputSettings = GoodputSettings()
     automation: AutomationSettings = AutomationSettings()
+    silences: SilenceSettings = SilenceSettings()
     # Their own prefixes (RLGUARD_RECOVERY_*, RLGUARD_ALERTS_*), kept from before they joined
     # this tree: each reads its variables itself.
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)

@@ -34,6 +34,7 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.signals import Subject, Tier
+from app.silences.muting import action_hold
 
 log = logging.getLogger("rlguard.incidents")
 
@@ -302,6 +303,8 @@ def _plan(
     stage: int,
 ) -> None:
     assert inc.id is not None
+    if actions and _actions_held(session, inc, now):
+        return
     # The guard-rails decide what of the plan may run (app/guardrails/gate.py); a plan with no
     # action has nothing to gate.
     verdicts = (
@@ -416,6 +419,23 @@ def _record_verdicts(
             at=now,
             detail={"from": previous, "to": Tier.HEAVY.value, "reasons": escalations},
         )
+
+
+def _actions_held(session: Session, inc: Incident, now: datetime) -> bool:
+    """Guard-rail, apart from the planning itself: a silence that stops actions, or a
+    maintenance window of the incident's node or job, holds the plan. Nothing is written but
+    the timeline entry saying by what; a later escalation or retry asks again."""
+    hold = action_hold(session, inc, now)
+    if hold is None:
+        return False
+    add_event(
+        session,
+        incident_id=inc.id,
+        type_=hold.type,
+        at=now,
+        detail={"text": hold.text, **hold.detail},
+    )
+    return True
 
 
 def _cancel_unstarted(session: Session, inc: Incident, now: datetime, *, why: str) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
-from app.alerts.service import on_incident_event
+from app.alerts.service import ALERTED_EVENT_TYPES, on_incident_event
 from app.models._types import utcnow
-from app.models.incident import IncidentEvent, IncidentEventType
+from app.models.incident import Incident, IncidentEvent, IncidentEventType
+from app.silences.muting import Mute, alert_mute
 
 
 def add_event(
@@ -36,5 +37,51 @@ def add_event(
         at=at or utcnow(),
     )
     session.add(row)
+    # A silence, a maintenance window or a node-level incident may mute the alert: the
+    # timeline says so (once per cause) and no delivery is queued.
+    if type_ in ALERTED_EVENT_TYPES and _alert_muted(session, row):
+        return
     # Alerts (Slack/WeCom/webhook) hang off the timeline: one call site for every entry.
     on_incident_event(session, row)
+
+
+def _alert_muted(session: Session, row: IncidentEvent) -> bool:
+    incident = session.get(Incident, row.incident_id)
+    if incident is None:
+        return False
+    mute = alert_mute(session, incident, row.at)
+    if mute is None:
+        return False
+    _record_once(session, incident, mute, row.at)
+    if mute.inhibitor is not None:
+        # The inhibited incident becomes evidence of the node incident: its timeline names it.
+        _record_once(
+            session,
+            mute.inhibitor,
+            Mute(
+                IncidentEventType.INHIBITS,
+                f"took over incident #{incident.id} ({incident.kind} on {incident.key})",
+                {"incident_id": incident.id, "kind": incident.kind, "key": incident.key},
+            ),
+            row.at,
+        )
+    return True
+
+
+def _record_once(session: Session, incident: Incident, mute: Mute, at: datetime) -> None:
+    """One timeline entry per incident and cause (its opening, escalation and resolution are
+    muted alike; the timeline need not say so three times)."""
+    earlier = session.exec(
+        select(IncidentEvent.detail).where(
+            IncidentEvent.incident_id == incident.id, IncidentEvent.type == mute.type.value
+        )
+    ).all()
+    if any(all(d.get(k) == v for k, v in mute.detail.items()) for d in earlier):
+        return
+    add_event(
+        session,
+        incident_id=incident.id,
+        type_=mute.type,
+        at=at,
+        detail={"text": mute.text, **mute.detail},
+    )

@@ -48,6 +48,12 @@ class IncidentEventType(enum.StrEnum):
     ACTION_NOT_RUN = "action_not_run"  # not written: hands off, or the scope's breaker is open
     GUARDRAIL_ESCALATED = "guardrail_escalated"  # a budget spent: waits for an approver
     BREAKER_TRIPPED = "breaker_tripped"  # this plan tripped a breaker: waits for an approver
+    # Silences, maintenance windows, inhibition (app/silences/): why an alert was not sent or an action not planned.
+    SILENCED = "silenced"  # a silence matched: no alert
+    MAINTENANCE = "maintenance"  # a maintenance window of its node or job: no alert
+    INHIBITED = "inhibited"  # a node-level incident on its node speaks for it: no alert
+    INHIBITS = "inhibits"  # on the node-level incident: names the incident it took over
+    ACTIONS_HELD = "actions_held"  # a silence or maintenance window holds its recovery plan
 
 
 class Incident(SQLModel, table=True):

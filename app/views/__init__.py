@@ -10,11 +10,21 @@ from fastapi.staticfiles import StaticFiles
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.views import admin, alerts, approvals, auth, incidents, jobs, nodes, overview
+from app.views import (
+    admin,
+    alerts,
+    approvals,
+    auth,
+    incidents,
+    jobs,
+    nodes,
+    overview,
+    silences,
+)
 from app.views.context import PageContext, page_context, runtime
 from app.views.rendering import STATIC_DIR, error_page
 
-_MODULES = (auth, overview, nodes, jobs, incidents, approvals, alerts, admin)
+_MODULES = (auth, overview, nodes, jobs, incidents, approvals, alerts, silences, admin)
 router = APIRouter(include_in_schema=False)
 for _module in _MODULES:
     router.include_router(_module.router)

@@ -78,6 +78,11 @@ class SignedInUser:
     def can_read_audit(self) -> bool:
         return self.role.allows(AUDIT_READER_ROLE)
 
+    @property
+    def can_silence(self) -> bool:
+        # As the REST API: operators and above create and expire silences, viewers list them.
+        return self.role.allows(Role.operator)
+
 
 @dataclass(slots=True)
 class PageContext:

@@ -192,6 +192,32 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             "alerts.test",
         ),
         ("POST", "/api/v1/jobs/{job}/release"): (release_job, "job.release"),
+        ("POST", "/api/v1/silences"): (
+            lambda: c.post("/api/v1/silences", headers=auth(admin), json={
+                "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5}),
+            "silence.create",
+        ),
+        ("POST", "/api/v1/silences/{silence_id}/expire"): (
+            lambda: c.post("/api/v1/silences/{}/expire".format(c.post(
+                "/api/v1/silences", headers=auth(admin), json={
+                    "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5},
+            ).json()["id"]), headers=auth(admin)),
+            "silence.expire",
+        ),
+        ("POST", "/api/v1/maintenance-windows"): (
+            lambda: c.post("/api/v1/maintenance-windows", headers=auth(admin), json={
+                "node": "n9", "recurrence": "weekly", "weekday": 0, "start_time": "02:00",
+                "duration_minutes": 60}),
+            "maintenance_window.create",
+        ),
+        ("POST", "/api/v1/maintenance-windows/{window_id}/expire"): (
+            lambda: c.post("/api/v1/maintenance-windows/{}/expire".format(c.post(
+                "/api/v1/maintenance-windows", headers=auth(admin), json={
+                    "node": "n9", "recurrence": "weekly", "weekday": 0, "start_time": "02:00",
+                    "duration_minutes": 60},
+            ).json()["id"]), headers=auth(admin)),
+            "maintenance_window.expire",
+        ),
         ("POST", "/login"): (web_login_response, "web.login"),
         ("POST", "/approvals/{approval_id}/approve"): (
             lambda: c.post(
@@ -204,6 +230,18 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
                 f"/approvals/{seed_heavy_incident(dash, job='j4').approval_id}/reject",
                 data={"csrf_token": web_login(), "comment": "no"}),
             "approval.reject",
+        ),
+        ("POST", "/silences"): (
+            lambda: c.post("/silences", data={"csrf_token": web_login(), "matchers": "node=n8",
+                                              "duration": "1h", "comment": "web"}),
+            "silence.create",
+        ),
+        ("POST", "/silences/{silence_id}/expire"): (
+            lambda: c.post("/silences/{}/expire".format(c.post(
+                "/api/v1/silences", headers=auth(admin), json={
+                    "matchers": [{"label": "node", "value": "n8"}], "duration_minutes": 5},
+            ).json()["id"]), data={"csrf_token": web_login()}),
+            "silence.expire",
         ),
         ("POST", "/logout"): (lambda: c.post("/logout", data={"csrf_token": web_login()}),
                               "web.logout"),
