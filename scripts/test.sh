@@ -18,8 +18,11 @@ for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then exec .venv/bin/python -m pytest "$@"; fi
 done
 # Both parts always run (a failure in the first must not hide the state of the second); the
-# command fails if either did.
+# command fails if either did. The first runs in RLGUARD_TEST_WORKERS pytest-xdist workers (4 by
+# default: most of a test's time is spent waiting on the servers, workers and jobs it starts),
+# a test file to a worker, files with slow tests first (see tests/conftest.py).
 status=0
-.venv/bin/python -m pytest --ignore=tests/integration/ray "$@" || status=$?
+.venv/bin/python -m pytest -n "${RLGUARD_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder \
+    --ignore=tests/integration/ray "$@" || status=$?
 .venv/bin/python -m pytest tests/integration/ray "$@" || status=$?
 exit "$status"

@@ -33,28 +33,22 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
     return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook registered earlier)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """How a pytest-xdist run (``--dist loadgroup``) shares the tests out.
-
-    A test module is the unit of work: its tests run in one worker, in file order, as they do
-    in a plain run, so module-scoped fixtures (a server, a browser) start once and tests that
-    build on the one before still see it. A module already in a group of its own
-    (``xdist_group``, e.g. every Slurm test) keeps it. Modules with a test marked ``slow`` are
-    handed out first, so the run does not end with one worker busy on a minute-long module while
-    the others idle. Every worker sorts the same way: xdist requires all of them to collect the
-    same list in the same order. A plain run keeps the order of the files.
-    """
+    """How a pytest-xdist run shares the tests out (``scripts/test.sh``: ``--dist loadfile
+    --no-loadscope-reorder``). A test file is the unit of work: its tests run in one worker, in
+    file order, as in a plain run, so module-scoped fixtures (a server, a browser) start once and
+    a test that builds on the one before still sees it. Files are handed out in collection
+    order, and here the files with a test marked ``slow`` move to the front, so the run does not
+    end with one worker busy on a minute-long file while the others idle. Every worker sorts the
+    same way (xdist requires all of them to collect the same list in the same order); a plain
+    run keeps the order of the files."""
     if not hasattr(config, "workerinput"):
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_module_of(item)))
-    slow = {_module_of(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: _module_of(item) not in slow)
+    slow = {_file_of(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _file_of(item) not in slow)
 
 
-def _module_of(item: pytest.Item) -> str:
+def _file_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.e2e import fleet
 from tests.e2e._cluster import NODES, Cluster, screenshot, sign_in
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(240)]
 
 DESKTOP = {"width": 1440, "height": 900}
 PHONE = {"width": 390, "height": 844}

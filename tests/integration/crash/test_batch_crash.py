@@ -14,7 +14,7 @@ from recovery.batch import cleanup_uncommitted, commit_batch, committed_batches
 
 from ._harness import Reporter, assert_killed, run_and_kill
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 
 def _samples_for(batch_id: str) -> list[dict[str, object]]:

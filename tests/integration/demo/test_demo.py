@@ -17,7 +17,7 @@ import pytest
 
 from tests.harness import free_port, spawn, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -28,7 +28,7 @@ from tests.harness import RLGUARD, ServerProcess, batch, free_port, rlguard_env,
 
 LEASE_S = 3.0
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from app.cli.demo import NODE, DemoStack
 from integrations.trl.checkpoints import MARKER_NAME
 from tests.integration.integrations._trl import TRLJob, freeze
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
 
 @pytest.fixture

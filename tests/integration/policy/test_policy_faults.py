@@ -14,7 +14,7 @@ from tests.harness.stack import JOB, Stack
 
 from .test_policy_scenarios import _action, _base_cluster, _succeeded
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 OUTAGE_SECONDS = 30
 

@@ -1,7 +1,9 @@
 """A real Slurm on this machine for the Slurm backend's tests: munged, one slurmctld and one
 slurmd (CPU only, node ``rlgnode``), with a minimal slurm.conf, state and logs in a temporary
 directory and ports of their own. Installed by ``scripts/system-deps.sh``; run as root. If a
-daemon is missing or the node does not come up, the tests fail (never skip).
+daemon is missing or the node does not come up, the tests fail (never skip). Under
+pytest-xdist each worker that runs a Slurm test file starts a cluster of its own: nothing but
+the binaries is shared.
 """
 
 from __future__ import annotations

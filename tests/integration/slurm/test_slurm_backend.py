@@ -33,9 +33,7 @@ from tests.integration.slurm._slurm import NODE, Slurm, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
-# One pytest-xdist worker runs every Slurm test: the cluster is a session fixture, and two slurmd
-# for node ``rlgnode`` must not run side by side.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm"), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 WORKER = """\
 import os, pathlib, time

@@ -49,9 +49,7 @@ TRAIN = Path(__file__).resolve().parent / "_train.py"
 RLGUARD = Path(sys.executable).parent / "rlguard"
 JOB = "grpo-slurm-e2e"
 
-# One pytest-xdist worker runs every Slurm test: the cluster is a session fixture, and two slurmd
-# for node ``rlgnode`` must not run side by side.
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 class SlurmStack(DemoStack):

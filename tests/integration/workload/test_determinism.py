@@ -14,7 +14,7 @@ from workload.job import read_json
 
 from ._jobs import Job, consumed
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 STEPS = 6
 
 

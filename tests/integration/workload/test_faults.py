@@ -20,7 +20,7 @@ from tests.harness import free_port, wait_for
 from workload.chaos import Fault, inject
 from workload.job import RunDir, read_events, read_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
 
 
 @pytest.fixture
