@@ -27,7 +27,7 @@ from tests.integration.goodput._history import (
     trainer_steps,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(180)]
 
 DESKTOP = {"width": 1440, "height": 900}
 PHONE = {"width": 390, "height": 844}

@@ -22,7 +22,7 @@ from tests.harness import AgentProcess, wait_for
 from tests.integration.agent._server import OperatedServer, agent_for
 from tests.unit.agents.collectors.expositions import DCGM, SGLANG, VLLM, without_gpu
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 class PageServer:

@@ -14,7 +14,7 @@ from recovery.report import HeartbeatReporter
 from tests.harness import RLGUARD, AgentProcess, wait_for
 from tests.integration.agent._server import OperatedServer, agent_for, committed_points
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def make_run_dir(tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from app.core import migrate
 from tests.harness import rlguard_env, run_cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def test_add_list_expire_and_bad_values_named(database_url: str, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from recovery.wal import WALStatus, WriteAheadLog
 
 from ._harness import ChildRun, Reporter, assert_killed, run_and_kill, run_many_and_kill
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 SEGMENT_BYTES = 4096
 

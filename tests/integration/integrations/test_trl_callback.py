@@ -16,7 +16,7 @@ from integrations.trl.callback import RLGuardCallback
 from integrations.trl.checkpoints import newest_complete_checkpoint
 from recovery.report import heartbeat_path, read_heartbeat
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trl_grpo" / "train.py"

@@ -40,7 +40,7 @@ from recovery.statelog import StateLog
 from tests.harness import Api, AppClient, auth, make_settings
 from tests.harness.stack import Stack
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(150)]
 
 HELD, CALM = "grpo-held", "grpo-calm"
 

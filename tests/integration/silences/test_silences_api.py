@@ -15,7 +15,7 @@ from app.models import Role
 from app.models._types import utcnow
 from tests.harness import Api, auth
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def count(api: Api, table: str) -> int:

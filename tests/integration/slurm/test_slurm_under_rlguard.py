@@ -49,7 +49,7 @@ TRAIN = Path(__file__).resolve().parent / "_train.py"
 RLGUARD = Path(sys.executable).parent / "rlguard"
 JOB = "grpo-slurm-e2e"
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 class SlurmStack(DemoStack):

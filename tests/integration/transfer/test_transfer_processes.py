@@ -27,7 +27,7 @@ from tests.harness import wait_for
 from tests.integration.transfer._cluster import Cluster
 from tests.integration.transfer.weights import NAME, make_weights, same_bits, specs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(90)]
 
 SLOW = str(120_000)  # bytes/s: the ~200 KB set takes ~1.7 s per copy, long enough to kill mid-way
 
