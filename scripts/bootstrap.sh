@@ -14,6 +14,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
+# setuptools tells every editable install of a multi-package tree like ours to "be careful with
+# folders in your working directory with the same name as your package" (an InformationOnly
+# warning, nothing to act on); only that message is silenced, so a newcomer's first screen is
+# clean and any other warning still shows.
+export PYTHONWARNINGS="ignore:Editable installation"
 if [ "$extra" = "dev" ]; then
     # the ucx and trl extras too, so that the ucx transport and TRL integration tests run
     # rather than skip; the constraint keeps the torch installed above
@@ -21,3 +26,4 @@ if [ "$extra" = "dev" ]; then
 else
     .venv/bin/python -m pip install -q -e .
 fi
+unset PYTHONWARNINGS
