@@ -15,7 +15,7 @@ from tests.harness.processes import (
     start_worker,
 )
 from tests.harness.reaper import kill_group, spawn
-from tests.harness.services import RedisServer, free_port
+from tests.harness.services import RedisServer, free_port, refusing_port
 from tests.harness.waiting import wait_for
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "auth",
     "batch",
     "free_port",
+    "refusing_port",
     "kill_group",
     "make_settings",
     "rlguard_env",

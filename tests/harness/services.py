@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,16 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections while the block runs: bound here and never
+    listened on, so no other process (another xdist worker's server) can take it meanwhile, as
+    it could take a port ``free_port`` said was free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield int(s.getsockname()[1])
 
 
 def require_tcp(host: str, port: int, what: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.harness import free_port, spawn, wait_for
+from tests.harness import free_port, refusing_port, spawn, wait_for
 from tests.integration.ray._ray import env_for_subprocess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -46,7 +46,11 @@ def _batches(record: Path) -> list[dict]:
     ],
 )
 def test_the_agent_says_it_once_and_keeps_running(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
-    args = tuple(a.format(port=free_port()) for a in args)
+    with refusing_port() as port:  # "did not answer" must stay true for the whole test
+        _says_it_once_and_keeps_running(tmp_path, tuple(a.format(port=port) for a in args), said)
+
+
+def _says_it_once_and_keeps_running(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
     proc, record, log = _agent(tmp_path, *args)
     try:
         batches = wait_for(lambda: len(b := _batches(record)) >= 10 and b, 40, "ten rounds recorded")
