@@ -31,6 +31,13 @@ def switches_of(session: Session, job: str | None) -> Switches:
     return Switches(row.dry_run, row.hands_off) if row is not None else Switches()
 
 
+def switches_by_job(session: Session) -> dict[str, Switches]:
+    """Every job's stored switches; a job missing here has both off."""
+    return {
+        r.job_name: Switches(r.dry_run, r.hands_off) for r in session.exec(select(JobAutomation))
+    }
+
+
 def get_job_automation(session: Session, *, job: str) -> JobAutomation:
     """The job's switches (both off for a job that has none stored); 404 for an unknown job."""
     if not _job_exists(session, job):

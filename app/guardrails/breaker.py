@@ -17,9 +17,10 @@ from datetime import datetime
 from sqlmodel import Session, col, select
 
 from app.auth.audit import record_audit
-from app.core.errors import Conflict, InvalidInput, NotFound
+from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.guardrails.history import PastAction, automatic_since
 from app.guardrails.window import describe_seconds, window_start
+from app.models import Role, User
 from app.models._types import utcnow
 from app.models.guardrails import CircuitBreaker
 from app.policy.plans import PlannedAction
@@ -31,10 +32,17 @@ _JOB_PREFIX = "job:"
 # character, and no slash, which would not survive as one segment of
 # /api/v1/breakers/{scope}/reset.
 _JOB_NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,128}$")
+# Resetting a breaker resumes automation that stopped itself: an approver's call.
+RESET_ROLE = Role.approver
 
 
 def job_scope(job: str) -> str:
     return f"{_JOB_PREFIX}{job}"
+
+
+def job_of(scope: str) -> str | None:
+    """The job of a ``job:<name>`` scope; None for the cluster's."""
+    return scope.removeprefix(_JOB_PREFIX) if scope.startswith(_JOB_PREFIX) else None
 
 
 def check_scope(scope: str) -> str:
@@ -86,7 +94,7 @@ def would_trip(
     since = window_start(
         now, limits.window_seconds, not_before=row.reset_at if row is not None else None
     )
-    job = scope.removeprefix(_JOB_PREFIX) if scope != CLUSTER_SCOPE else None
+    job = job_of(scope)
     acts = [
         *automatic_since(session, since=since, job=job),
         *(p for p in planned if job is None or p.job == job),
@@ -141,3 +149,15 @@ def reset_breaker(
     )
     session.flush()
     return row
+
+
+def reset_breaker_as(
+    session: Session, *, scope: str, user: User, comment: str = "", now: datetime | None = None
+) -> CircuitBreaker:
+    """:func:`reset_breaker` for a signed-in user: refused (nothing changed) below the
+    approver role; the audit row names the user as the REST API's does."""
+    if not Role(user.role).allows(RESET_ROLE):
+        raise Forbidden(
+            f"resetting a breaker needs the {RESET_ROLE.value} role; {user.name} is {user.role}"
+        )
+    return reset_breaker(session, scope=scope, actor=f"user:{user.name}", comment=comment, now=now)

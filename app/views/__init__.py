@@ -15,6 +15,7 @@ from app.views import (
     alerts,
     approvals,
     auth,
+    guardrails,
     incidents,
     jobs,
     nodes,
@@ -24,7 +25,9 @@ from app.views import (
 from app.views.context import PageContext, page_context, runtime
 from app.views.rendering import STATIC_DIR, error_page
 
-_MODULES = (auth, overview, nodes, jobs, incidents, approvals, alerts, silences, admin)
+_MODULES = (
+    auth, overview, nodes, jobs, incidents, approvals, alerts, silences, guardrails, admin
+)
 router = APIRouter(include_in_schema=False)
 for _module in _MODULES:
     router.include_router(_module.router)

@@ -14,6 +14,7 @@ from app.goodput.window import parse_instant
 from app.incidents import queries as incident_queries
 from app.models import utcnow
 from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep
+from app.views.guardrails import switches_data
 from app.views.models.jobs import (
     HISTORY_MINUTES,
     job_detail,
@@ -72,6 +73,7 @@ def job_page(
         "active_nav": "overview",
     }
     data.update(_goodput(rt, session, job=name, window=request.query_params.get("goodput")))
+    data.update(switches_data(session, page, name))
     return render(request, page, "pages/job.html", data)
 
 

@@ -8,11 +8,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.goodput.dashboard import cluster_tiles
+from app.guardrails.automation import switches_by_job
 from app.incidents import queries as incident_queries
 from app.models import utcnow
 from app.models.incident_public import IncidentPublic
 from app.policy.signals import Tier
 from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
+from app.views.guardrails import breakers_data
 from app.views.models.incidents import (
     open_incident_counts,
     open_tiers_by_node,
@@ -51,6 +53,7 @@ def _jobs(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
             suspect_after=rt.suspect_after,
             confirm_after=rt.confirm_after,
             safe_mode_jobs=safe_mode_jobs(session),
+            switches=switches_by_job(session),
         ),
         "poll_seconds": POLL_SECONDS,
     }
@@ -90,6 +93,7 @@ def overview_page(
     data.update(_jobs(rt, session, page))
     data.update(_incidents(session))
     data.update(_goodput(rt, session))
+    data.update(breakers_data(session, page))
     return render(request, page, "pages/overview.html", data)
 
 

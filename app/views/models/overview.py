@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from markupsafe import Markup
 from sqlmodel import Session, select
 
+from app.guardrails.automation import Switches
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.models import Job, MetricRollup, Node, Participant, from_epoch
 from app.views.models.charts import safe_json
@@ -65,6 +66,8 @@ class JobRow:
     confirmed: int
     last_seen_age: float | None
     safe_mode: bool = False
+    dry_run: bool = False
+    hands_off: bool = False
 
 
 @dataclass(slots=True)
@@ -466,6 +469,7 @@ def job_rows(
     suspect_after: float,
     confirm_after: float,
     safe_mode_jobs: set[str] | None = None,
+    switches: dict[str, Switches] | None = None,
 ) -> list[JobRow]:
     """Every job with its phases, step and how many participants are suspected or lost."""
     jobs = session.exec(select(Job).order_by(Job.name)).all()
@@ -488,6 +492,7 @@ def job_rows(
             suspected += lv == "warn"
             confirmed += lv == "bad"
         safe = job.name in (safe_mode_jobs or set())
+        sw = (switches or {}).get(job.name, Switches())
         level = worst(levels) if levels else "idle"
         if safe:
             level = "bad"
@@ -504,6 +509,8 @@ def job_rows(
                 if job.last_seen_at is None
                 else max(0.0, now - job.last_seen_at.timestamp()),
                 safe_mode=safe,
+                dry_run=sw.dry_run,
+                hands_off=sw.hands_off,
             )
         )
     return rows
