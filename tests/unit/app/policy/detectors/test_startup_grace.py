@@ -14,7 +14,9 @@ from app.policy.detectors import (
     TrainerIdleDetector,
 )
 from app.policy.policy_file import DEFAULT_POLICY_PATH, Policy, parse_policy
+from app.policy.replay import replay
 from app.policy.signals import FaultKind
+from tests.policy_traces import make_traces
 
 from .._helpers import JOB, Cluster, first_firing
 
@@ -170,3 +172,25 @@ def test_engine_health_probe_not_judged_within_its_grace() -> None:
 
     res = c.run(40, up_then_down, detector=det)
     assert first_firing(res) is not None and res[-1][0].kind is FaultKind.ROLLOUT_ENGINE_DOWN
+
+
+# -- the corpus cases, replayed ---------------------------------------------------------------
+
+
+def test_slow_start_trace_is_quiet_only_thanks_to_the_grace() -> None:
+    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    data["detection"]["startup"]["phases"] = []  # no start-up phase: no grace at all
+    without = parse_policy(data)
+    sim, expect, _ = make_traces.slow_start(0)
+    batches = make_traces.simulate(sim)
+    assert expect == [] and replay(batches).opened == []
+    assert [d.kind for d in replay(batches, policy=without).opened] == [FaultKind.HEARTBEAT_LOST]
+
+
+def test_flapping_rollout_is_one_heartbeat_lost_incident() -> None:
+    sim, expect, _ = make_traces.flapping(0)
+    opened = replay(make_traces.simulate(sim)).opened
+    assert [(d.kind, d.subject.role, d.subject.rank) for d in opened] == [
+        (FaultKind.HEARTBEAT_LOST, "rollout", 0)
+    ]
+    assert opened[0].at - expect[0]["start"] <= 2
