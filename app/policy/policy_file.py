@@ -8,7 +8,7 @@ as a wrong decision at three in the morning.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -92,6 +92,26 @@ class HeartbeatDetection(_Strict):
         return self
 
 
+GraceSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class StartupDetection(_Strict):
+    """Start-up grace (issue 20): a participant in one of ``phases`` (its launcher started it
+    and it has not reported for itself yet), or within ``startup_grace_seconds[role]`` of the
+    moment it was first seen in one, is not judged for silence or idleness. One still in such
+    a phase after its grace never sent its first heartbeat: heartbeat_lost. A role without an
+    entry gets ``default_grace_seconds``."""
+
+    phases: tuple[str, ...] = ("STARTING",)
+    startup_grace_seconds: dict[str, GraceSeconds] = Field(
+        default_factory=lambda: {"trainer": 120.0, "rollout": 600.0}
+    )
+    default_grace_seconds: GraceSeconds = 120.0
+
+    def grace_seconds(self, role: str) -> float:
+        return self.startup_grace_seconds.get(role, self.default_grace_seconds)
+
+
 class NodeDetection(_Strict):
     several_lost_min: int = Field(default=2, ge=2)
 
@@ -119,10 +139,21 @@ class Detection(_Strict):
     rollout: RolloutDetection = RolloutDetection()
     engine: EngineDetection = EngineDetection()
     heartbeat: HeartbeatDetection = HeartbeatDetection()
+    startup: StartupDetection = StartupDetection()
     nodes: NodeDetection = NodeDetection()
     gpu: GpuDetection = GpuDetection()
     storage: StorageDetection = StorageDetection()
     env_drift: EnvDriftDetection = EnvDriftDetection()
+
+    @model_validator(mode="after")
+    def _starting_is_not_gone(self) -> Detection:
+        hb = self.heartbeat
+        both = sorted(set(self.startup.phases) & set(hb.finished_phases + hb.exited_phases))
+        if both:
+            raise ValueError(
+                f"startup.phases: phase(s) {both} cannot be start-up and finished or exited"
+            )
+        return self
 
 
 class TierRule(_Strict):

@@ -591,6 +591,57 @@ NEGATIVE["engine_tool_wait"] = (engine_tool_wait, 2)
 NEGATIVE["engine_blip"] = (engine_blip, 1)
 
 
+# -- start-up grace (detection.startup) ----------------------------------------------------------
+
+
+def slow_start(v: int):
+    """A rollout engine that takes minutes to start: STARTING for 180 s (the launcher wrote the
+    phase once), then loading and compiling with no heartbeat of its own until 240 s: all well
+    within the rollout's start-up grace (600 s)."""
+    role, rank = "rollout", v % 2
+    sim = Sim(seed=5600 + v, duration=320)
+    sim.phase[(role, rank)] = "STARTING"
+    sim.hb_frozen[(role, rank)] = (T0, T0 + 240)
+    sim.hooks.append(at(180, 10_000, lambda s: s.phase.__setitem__((role, rank), "ROLLOUT")))
+    return sim, [], f"{role}-{rank} starts slowly (STARTING 180 s, silent until 240 s) within its grace"
+
+
+def flapping(v: int):
+    """A rollout that keeps crashing and being restarted by its launcher: every 25 s it exits
+    (EXITED, stale heartbeat, 5 s), is STARTING again (10 s, the launcher keeps its heartbeat),
+    and runs 10 s. The first exit is the fault; each restart's grace must not hide the next."""
+    role, rank = "rollout", v % 2
+    node = ("n1", "n2")[rank]
+    start = 40 + 6 * v
+
+    def cycle(t: float, sim: Sim) -> None:
+        rel = t - T0 - start
+        if rel < 0:
+            return
+        k, pos = divmod(rel, 25)
+        exit_at = T0 + start + 25 * k
+        if pos < 5:
+            sim.phase[(role, rank)] = "EXITED"
+            sim.hb_frozen[(role, rank)] = (exit_at, exit_at + 5)
+            return
+        sim.hb_frozen.pop((role, rank), None)
+        if pos < 15:
+            sim.phase[(role, rank)] = "STARTING"
+            sim.part_override[(rank, role, "rollout_tokens_per_second")] = 0
+        else:
+            sim.phase[(role, rank)] = "ROLLOUT"
+            sim.part_override.pop((rank, role, "rollout_tokens_per_second"), None)
+
+    sim = Sim(seed=5700 + v, duration=start + 160)
+    sim.hooks.append(cycle)
+    return sim, [exp("heartbeat_lost", start, 0, role=role, rank=rank, node=node)], (
+        f"{role}-{rank} crashes and is restarted every 25 s")
+
+
+POSITIVE["flapping"] = (flapping, 2)
+NEGATIVE["slow_start"] = (slow_start, 2)
+
+
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:

@@ -6,7 +6,13 @@ from collections import defaultdict
 
 from app.ingest.series_store import Point, SeriesKey
 from app.policy import metric_names as m
-from app.policy.detectors.base import Detector, breach_run, participant_subject, subject_of
+from app.policy.detectors.base import (
+    Detector,
+    StartupGrace,
+    breach_run,
+    participant_subject,
+    subject_of,
+)
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, cap_points
 from app.policy.world import ParticipantView, Threshold, World
@@ -30,7 +36,8 @@ class TrainerIdleDetector(Detector):
     """A trainer in its TRAIN phase whose node's GPUs did nothing for ``idle_timeout_seconds``.
 
     Idle time outside the active phases (weight sync, context switch) never counts: the idle
-    clock starts no earlier than the moment the participant entered the active phase.
+    clock starts no earlier than the moment the participant entered the active phase. A trainer
+    in its start-up grace (loading, compiling: :class:`StartupGrace`) is not judged.
     """
 
     metrics = (m.GPU_UTILIZATION_RATIO,)
@@ -38,6 +45,7 @@ class TrainerIdleDetector(Detector):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self._phases = _PhaseTracker()
+        self.startup = StartupGrace(policy)
         idle = policy.detection.trainer.idle_utilization_ratio
         self.filters = {m.GPU_UTILIZATION_RATIO: Threshold("le", idle)}  # only idle GPUs come
 
@@ -53,6 +61,8 @@ class TrainerIdleDetector(Detector):
             if p.role not in cfg.roles:
                 continue
             phase_since = self._phases.since(p, world.now)
+            if self.startup.check(p, world.now) is not None:
+                continue  # still starting
             if p.phase not in cfg.active_phases:
                 continue
             if world.now - phase_since < cfg.idle_timeout_seconds:
@@ -120,13 +130,15 @@ class RolloutStallDetector(Detector):
     """Zero token throughput for ``stall_timeout_seconds``, then a heartbeat check.
 
     A rollout that generates nothing but keeps its heartbeat is waiting (on a tool, a sandbox,
-    a request): normal. Only a missing heartbeat after the stall makes it a fault.
+    a request): normal. Only a missing heartbeat after the stall makes it a fault. A rollout in
+    its start-up grace (an engine loading and compiling: :class:`StartupGrace`) is not judged.
     """
 
     lookups = (m.ROLLOUT_TOKENS_PER_SECOND,)
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
+        self.startup = StartupGrace(policy)
         # (number of series in the store, throughput key per participant) of the last build
         self._tp_cache: tuple[int, dict[tuple[str, str, int], SeriesKey]] | None = None
 
@@ -141,6 +153,8 @@ class RolloutStallDetector(Detector):
                 or p.phase in self.policy.detection.heartbeat.finished_phases
             ):
                 continue
+            if self.startup.check(p, world.now) is not None:
+                continue  # still starting (one overdue is the heartbeat detector's)
             hb_age = world.now - p.last_heartbeat_ts
             if hb_age < suspect:
                 continue  # alive: zero throughput alone is not a fault

@@ -115,3 +115,53 @@ def breach_run(points: list[Point], breaches: Callable[[float], bool]) -> list[P
         run.append(p)
     run.reverse()
     return run
+
+
+class StartupGrace:
+    """Start-up grace (``detection.startup``): which participants are still starting.
+
+    A participant is starting while its phase is a start-up phase (``STARTING``: its launcher
+    started it and keeps its heartbeat, the process has not reported for itself yet) and for
+    the rest of its role's ``startup_grace_seconds`` after it was first seen in one (an engine
+    that reports but still loads and compiles). Each sighting of a start-up phase after some
+    other phase is a new start (a restart). One still in a start-up phase when its grace is
+    over never sent its first heartbeat: ``overdue``. Exited and finished phases end a start.
+
+    Participants never seen in a start-up phase are never starting: with none in start-up,
+    the detectors behave as without this class. Memory is per detector instance (kept across
+    an engine resync, lost with the process: a participant starting across a server restart
+    gets its grace again from the moment the new process sees it).
+    """
+
+    GRACE = "grace"
+    OVERDUE = "overdue"
+
+    def __init__(self, policy: Policy) -> None:
+        self.cfg = policy.detection.startup
+        hb = policy.detection.heartbeat
+        self._gone = frozenset(hb.exited_phases + hb.finished_phases)
+        # participant → (start of its current start-up, still in a start-up phase last seen)
+        self._starts: dict[tuple[str, str, int], tuple[float, bool]] = {}
+
+    def started_at(self, p: ParticipantView) -> float | None:
+        entry = self._starts.get(p.key)
+        return entry[0] if entry is not None else None
+
+    def check(self, p: ParticipantView, now: float) -> str | None:
+        """``GRACE``, ``OVERDUE`` or None (not starting); call it for each participant on
+        every tick, before any early ``continue``, so that a start is seen when it begins."""
+        if not self._starts and p.phase not in self.cfg.phases:
+            return None  # the common case: nobody starting
+        prev = self._starts.get(p.key)
+        grace = self.cfg.grace_seconds(p.role)
+        if p.phase in self.cfg.phases:
+            start = now if prev is None or not prev[1] else prev[0]
+            self._starts[p.key] = (start, True)
+            return self.OVERDUE if now - start >= grace else self.GRACE
+        if prev is None:
+            return None
+        if p.phase in self._gone or now - prev[0] >= grace:
+            del self._starts[p.key]
+            return None
+        self._starts[p.key] = (prev[0], False)
+        return self.GRACE

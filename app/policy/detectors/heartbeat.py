@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from app.policy import metric_names as m
-from app.policy.detectors.base import Detector, participant_subject
+from app.policy.detectors.base import Detector, StartupGrace, participant_subject
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import ParticipantView, World
@@ -23,6 +23,9 @@ class HeartbeatDetector(Detector):
     A Ray actor (agent ``--ray``) that Ray reports dead or restarting comes in phase
     ``RAY_DEAD`` / ``RAY_RESTARTING`` (exited phases too); Ray's death cause, sent as
     ``ray_actor_dead{reason}``, goes into the evidence.
+
+    A participant in its start-up grace (:class:`StartupGrace`) is not judged for silence; one
+    still in a start-up phase after its grace never sent its first heartbeat: lost.
     """
 
     lookups = (m.RAY_ACTOR_DEAD,)
@@ -30,6 +33,7 @@ class HeartbeatDetector(Detector):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.suspected: list[ParticipantView] = []
+        self.startup = StartupGrace(policy)
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.heartbeat
@@ -38,12 +42,18 @@ class HeartbeatDetector(Detector):
         for p in world.participants:
             if p.phase in cfg.finished_phases:
                 continue
+            starting = self.startup.check(p, world.now)
+            if starting is StartupGrace.GRACE:
+                continue
             age = world.now - p.last_heartbeat_ts
             exited = p.phase in cfg.exited_phases
-            if age < cfg.suspect_seconds and not exited:
+            if age < cfg.suspect_seconds and not exited and starting is None:
                 continue
             node_seen = world.node_last_seen.get(p.node)
             if node_seen is not None and world.now - node_seen >= cfg.suspect_seconds:
+                continue
+            if starting is StartupGrace.OVERDUE:
+                out.append(self._never_reported(world, p))
                 continue
             if exited:
                 out.append(self._exited(world, p))
@@ -100,6 +110,28 @@ class HeartbeatDetector(Detector):
             since=p.last_heartbeat_ts,
             step=p.step,
             exited=True,
+        )
+
+    def _never_reported(self, world: World, p: ParticipantView) -> FaultSignal:
+        grace = self.policy.detection.startup.grace_seconds(p.role)
+        started = self.startup.started_at(p)
+        start = started if started is not None else world.now - grace
+        evidence = Evidence(
+            metric=None,
+            values=((p.last_heartbeat_ts, 0.0),),
+            window_seconds=grace,
+            threshold=grace,
+            detail=f"{p.role}-{p.rank} still in {p.phase} {world.now - start:.0f}s after it "
+            f"started (start-up grace {grace:.0f}s): its first heartbeat never came",
+        )
+        return self.signal(
+            world,
+            FaultKind.HEARTBEAT_LOST,
+            participant_subject(p),
+            evidence,
+            since=start + grace,
+            step=p.step,
+            never_reported=True,
         )
 
     @staticmethod

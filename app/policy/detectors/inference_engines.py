@@ -8,13 +8,15 @@ stays allocated): the plan restarts that role through the launcher (``restart_ro
 
 An engine that answers but generates nothing is not a fault: a rollout waiting on a tool call or
 a sandbox keeps its engine idle and healthy. Only the probe decides. A probe failing for a
-shorter time (a long weight load, a restart the launcher already did) clears by itself.
+shorter time (a long weight load, a restart the launcher already did) clears by itself. The
+engine of a participant in its start-up grace (:class:`StartupGrace`: loading and compiling
+for minutes) is not judged.
 """
 
 from __future__ import annotations
 
 from app.policy import metric_names as m
-from app.policy.detectors.base import Detector, breach_run, subject_of
+from app.policy.detectors.base import Detector, StartupGrace, breach_run, subject_of
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
 from app.policy.world import Threshold, World
@@ -28,10 +30,14 @@ class InferenceEngineDownDetector(Detector):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.filters = {m.ROLLOUT_ENGINE_UP: Threshold("le", 0.0)}  # only failing probes come
+        self.startup = StartupGrace(policy)
 
     def detect(self, world: World) -> list[FaultSignal]:
         down_for = self.policy.detection.engine.down_seconds
         stale = self.policy.detection.stale_sample_seconds
+        starting = {
+            p.key for p in world.participants if self.startup.check(p, world.now) is not None
+        }
         out: list[FaultSignal] = []
         for key, latest in world.series(m.ROLLOUT_ENGINE_UP):
             if latest.value > 0 or not self.fresh(world, latest):
@@ -45,6 +51,8 @@ class InferenceEngineDownDetector(Detector):
                 continue
             engine = key.label(m.LABEL_ENGINE) or "engine"
             subject = subject_of(key)
+            if (subject.job, subject.role, subject.rank) in starting:
+                continue  # loading, compiling: its start-up grace
             evidence = Evidence(
                 metric=m.ROLLOUT_ENGINE_UP,
                 values=cap_points([(p.ts, p.value) for p in run]),

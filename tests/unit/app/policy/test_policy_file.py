@@ -31,6 +31,9 @@ def test_shipped_policy_has_design_defaults() -> None:
     d = p.detection
     assert d.trainer.idle_timeout_seconds == 300 and d.rollout.stall_timeout_seconds == 60
     assert (d.heartbeat.suspect_seconds, d.heartbeat.confirm_seconds) == (15, 60)
+    assert d.startup.phases == ("STARTING",)
+    assert d.startup.grace_seconds("rollout") == 600 and d.startup.grace_seconds("trainer") == 120
+    assert d.startup.grace_seconds("critic") == d.startup.default_grace_seconds == 120
     assert p.recovery.rollout_retry_times == 3 and p.recovery.rollout_timeout_sec == 120
     assert p.tick_seconds == 1.0
     assert set(p.tiers) == set(FaultKind)
@@ -110,6 +113,37 @@ def test_shipped_policy_has_design_defaults() -> None:
         (
             lambda d: d["guardrails"]["budgets"]["restart_role"].__setitem__("backoff_seconds", -1),
             "guardrails.budgets.restart_role.backoff_seconds",
+        ),
+        (
+            lambda d: d["detection"]["startup"]["startup_grace_seconds"].__setitem__(
+                "rollout", -5
+            ),
+            "detection.startup.startup_grace_seconds.rollout: Input should be greater than or "
+            "equal to 0 (got -5)",
+        ),
+        (
+            lambda d: d["detection"]["startup"]["startup_grace_seconds"].__setitem__(
+                "trainer", "a while"
+            ),
+            "detection.startup.startup_grace_seconds.trainer",
+        ),
+        (
+            lambda d: d["detection"]["startup"]["startup_grace_seconds"].__setitem__(
+                "rollout", float("inf")
+            ),
+            "detection.startup.startup_grace_seconds.rollout",
+        ),
+        (
+            lambda d: d["detection"]["startup"].__setitem__("default_grace_seconds", -1),
+            "detection.startup.default_grace_seconds",
+        ),
+        (
+            lambda d: d["detection"]["startup"].__setitem__("grace_seconds", 10),
+            "detection.startup.grace_seconds: unknown key",
+        ),
+        (
+            lambda d: d["detection"]["startup"].__setitem__("phases", ["STARTING", "EXITED"]),
+            "startup.phases: phase(s) ['EXITED'] cannot be start-up and finished or exited",
         ),
     ],
 )
