@@ -142,3 +142,44 @@ def test_a_storm_on_five_nodes_trips_the_job_breaker_until_an_approver_resets_it
     stack.wait(lambda: incident_on(stack, "n4") is None, 60, "the blocked incident resolved")
     restart_and_recover(stack, RANKS[4], 4)
     assert [b["open"] for b in stack.get("/api/v1/breakers", stack.viewer)] == [False]
+
+
+@pytest.mark.timeout(240)
+def test_five_nodes_failing_at_once_trip_the_breaker_after_three_restarts(
+    storm_stack: Stack,
+) -> None:
+    """The same storm at once: the incidents may open in one policy tick, so the gate must see
+    the restarts of the incidents written before in that tick (same transaction)."""
+    stack = storm_stack
+    add_nodes(stack, *NODES)
+    stack.start_server()
+    stack.start_worker(*[a for node in NODES for a in ("--node", node)], "--cluster")
+    _base_cluster(stack)
+    for node, job, role, rank in RANKS:
+        stack.feeder.participant(node, role, rank, job=job, phase="ROLLOUT")
+    stack.feeder.start()
+    stack.wait_baselines()
+    for rank in RANKS:
+        stack.feeder.freeze_heartbeat(*rank)
+
+    def judged() -> list[dict[str, Any]] | None:
+        incs = [incident_on(stack, node) for node in NODES]
+        if any(i is None for i in incs):
+            return None
+        ok = all(i["actions"] or events(i, "action_not_run") for i in incs if i is not None)
+        return [i for i in incs if i is not None] if ok else None
+
+    incs = stack.wait(judged, 90, "every node's incident to be judged")
+    automatic = [
+        a for i in incs for a in i["actions"]
+        if a["action"] == "restart_role" and a["status"] != "pending_approval"
+    ]  # fmt: skip
+    assert len(automatic) == 3, [(i["node"], i["actions"], i["timeline"]) for i in incs]
+    tripped = [i for i in incs if events(i, "breaker_tripped")]
+    assert len(tripped) == 1 and tripped[0]["tier"] == "heavy"
+    assert [i["id"] for i in stack.incidents() if i["tier"] == "heavy"] == [tripped[0]["id"]]
+    blocked = [i for i in incs if events(i, "action_not_run")]
+    assert len(blocked) == 1 and blocked[0]["actions"] == []
+    # Every row is written: the three automatic restarts run, and nothing after them.
+    stack.wait(lambda: restarts_done(stack) == 3, 60, "the three automatic restarts")
+    assert restart_calls(stack) == 6
