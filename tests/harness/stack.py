@@ -107,8 +107,10 @@ class Feeder(threading.Thread):
                 ]
             for node, body in batches:
                 try:
+                    # The stack's current URL, read per post: a test may point the stack at
+                    # another replica (``Stack.point_at``) while the feeder runs.
                     r = client.post(
-                        "/api/v1/ingest",
+                        f"{self.stack.base_url}/api/v1/ingest",
                         json=body,
                         headers=self.stack.auth(self.stack.node_tokens[node]),
                     )
@@ -205,6 +207,13 @@ class Stack:
         self.agents: list[AgentProcess] = []
         self.feeder = Feeder(self)
         self.http = httpx.Client(base_url=self.base_url, timeout=10)
+
+    def point_at(self, url: str) -> None:
+        """Send the feeder's batches and the test's API calls to ``url`` from now on (another
+        replica on the same database)."""
+        self.base_url = url
+        self.http.close()
+        self.http = httpx.Client(base_url=url, timeout=10)
 
     @staticmethod
     def auth(token: str) -> dict[str, str]:
