@@ -18,7 +18,7 @@ from app.models import AuditEvent
 from app.models.guardrails import CircuitBreaker
 from tests.e2e._cluster import Cluster, sign_in
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
 WAIT_MS = 15_000
 REASON = "5 automatic actions in 1h (limit 4)"

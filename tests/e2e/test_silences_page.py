@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e._cluster import Cluster, sign_in
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 
 WAIT_MS = 15_000
 

@@ -19,7 +19,7 @@ from tests.harness import RedisServer
 from tests.harness.stack import JOB, Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _base_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
 NODES = ("n0", "n1", "n2", "n3", "n4")
 # One rollout rank per node (rank 10 on n0, whose trainers _base_cluster already feeds).

@@ -27,7 +27,7 @@ from tests.integration.guardrails.test_breaker_storm_worker import (
 )
 from tests.integration.policy.test_policy_scenarios import _base_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
 NODES = ("n0", "n1", "n2", "n3")
 RANKS = [(node, JOB, "rollout", 10 if node == "n0" else i) for i, node in enumerate(NODES)]

@@ -11,7 +11,7 @@ import pytest
 from tests.harness.stack import JOB, Stack
 from tests.integration.policy.test_policy_scenarios import _base_cluster
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 RANK = ("n1", JOB, "rollout", 1)
 
