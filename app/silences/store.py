@@ -125,13 +125,29 @@ def expire_silence(session: Session, silence_id: int, *, actor: str, now: dateti
     row = session.get(Silence, silence_id)
     if row is None:
         raise NotFound(f"silence {silence_id} does not exist")
-    if silence_state(row, now) == "expired":
-        raise Conflict(f"silence {silence_id} already expired at {row.ends_at.isoformat()}")
-    row.ends_at, row.expired_by = now, actor
-    # A pending silence expired before it began: keep starts_at <= ends_at.
-    row.starts_at = min(row.starts_at, now)
-    record_audit(session, actor=actor, action="silence.expire", target=f"silence:{silence_id}")
+    _end_now(session, row, "silence", silence_state(row, now) == "expired", actor=actor, now=now)
     return row
+
+
+def _end_now(
+    session: Session,
+    row: Silence | MaintenanceWindow,
+    kind: str,
+    expired: bool,
+    *,
+    actor: str,
+    now: datetime,
+) -> None:
+    """End a silence or a maintenance window now (the row stays: timelines name it), audited as
+    ``<kind>.expire``; one that already ended is a conflict, and nothing changes."""
+    name = f"{kind.replace('_', ' ')} {row.id}"
+    if expired:
+        ended = row.ends_at.isoformat() if row.ends_at else "?"
+        raise Conflict(f"{name} already expired at {ended}")
+    row.ends_at, row.expired_by = now, actor
+    # One expired before it began: keep starts_at <= ends_at.
+    row.starts_at = min(row.starts_at, now)
+    record_audit(session, actor=actor, action=f"{kind}.expire", target=f"{kind}:{row.id}")
 
 
 def silence_public(row: Silence, now: datetime) -> SilencePublic:
@@ -231,16 +247,8 @@ def expire_window(
     row = session.get(MaintenanceWindow, window_id)
     if row is None:
         raise NotFound(f"maintenance window {window_id} does not exist")
-    if window_state(row, now) == "expired":
-        raise Conflict(f"maintenance window {window_id} already expired")
-    row.ends_at, row.expired_by = now, actor
-    row.starts_at = min(row.starts_at, now)
-    record_audit(
-        session,
-        actor=actor,
-        action="maintenance_window.expire",
-        target=f"maintenance_window:{window_id}",
-    )
+    expired = window_state(row, now) == "expired"
+    _end_now(session, row, "maintenance_window", expired, actor=actor, now=now)
     return row
 
 

@@ -123,7 +123,9 @@ class StartupGrace:
     A participant is starting while its phase is a start-up phase (``STARTING``: its launcher
     started it and keeps its heartbeat, the process has not reported for itself yet) and for
     the rest of its role's ``startup_grace_seconds`` after it was first seen in one (an engine
-    that reports but still loads and compiles). Each sighting of a start-up phase after some
+    that reports but still loads and compiles), until its step moves past the step it first
+    reported for itself: a process that has finished a step has started, and a hang after that
+    is judged at once, not when the grace ends. Each sighting of a start-up phase after some
     other phase is a new start (a restart). One still in a start-up phase when its grace is
     over never sent its first heartbeat: ``overdue``. Exited and finished phases end a start.
 
@@ -140,8 +142,9 @@ class StartupGrace:
         self.cfg = policy.detection.startup
         hb = policy.detection.heartbeat
         self._gone = frozenset(hb.exited_phases + hb.finished_phases)
-        # participant → (start of its current start-up, still in a start-up phase last seen)
-        self._starts: dict[tuple[str, str, int], tuple[float, bool]] = {}
+        # participant → (start of its current start-up, still in a start-up phase last seen,
+        # the step it first reported for itself: None while its launcher still speaks for it)
+        self._starts: dict[tuple[str, str, int], tuple[float, bool, int | None]] = {}
 
     def started_at(self, p: ParticipantView) -> float | None:
         entry = self._starts.get(p.key)
@@ -156,12 +159,13 @@ class StartupGrace:
         grace = self.cfg.grace_seconds(p.role)
         if p.phase in self.cfg.phases:
             start = now if prev is None or not prev[1] else prev[0]
-            self._starts[p.key] = (start, True)
+            self._starts[p.key] = (start, True, None)
             return self.OVERDUE if now - start >= grace else self.GRACE
         if prev is None:
             return None
-        if p.phase in self._gone or now - prev[0] >= grace:
+        first_step = p.step if prev[2] is None else prev[2]
+        if p.phase in self._gone or now - prev[0] >= grace or p.step > first_step:
             del self._starts[p.key]
             return None
-        self._starts[p.key] = (prev[0], False)
+        self._starts[p.key] = (prev[0], False, first_step)
         return self.GRACE

@@ -131,6 +131,12 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             s.commit()
         return c.post("/api/v1/breakers/job:j6/reset", headers=auth(admin))
 
+    def reset_breaker_on_the_page() -> Any:
+        with Session(api.engine) as s:
+            s.add(CircuitBreaker(scope="job:j7", open=True, reason="test", trips=1))
+            s.commit()
+        return c.post("/breakers/job:j7/reset", data={"csrf_token": web_login()})
+
     cases: dict[tuple[str, str], tuple[Callable[[], Any], str]] = {
         ("PUT", "/api/v1/jobs/{job}/automation"): (set_automation, "job.automation"),
         ("POST", "/api/v1/breakers/{scope}/reset"): (reset_breaker, "breaker.reset"),
@@ -242,6 +248,12 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
                     "matchers": [{"label": "node", "value": "n8"}], "duration_minutes": 5},
             ).json()["id"]), data={"csrf_token": web_login()}),
             "silence.expire",
+        ),
+        ("POST", "/breakers/{scope}/reset"): (reset_breaker_on_the_page, "breaker.reset"),
+        ("POST", "/jobs/{name}/automation"): (  # j6 is known: the API's automation case ran first
+            lambda: c.post("/jobs/j6/automation",
+                           data={"csrf_token": web_login(), "dry_run": "true"}),
+            "job.automation",
         ),
         ("POST", "/logout"): (lambda: c.post("/logout", data={"csrf_token": web_login()}),
                               "web.logout"),

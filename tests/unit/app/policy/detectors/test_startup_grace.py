@@ -81,6 +81,25 @@ def test_grace_goes_on_after_start_then_silence_is_judged_again() -> None:
     assert res[fired - 1][0].kind is FaultKind.HEARTBEAT_LOST
 
 
+def test_a_step_done_ends_the_grace_and_a_hang_after_it_is_judged_at_once() -> None:
+    c = Cluster(_policy(trainer=200))
+    det = HeartbeatDetector(c.policy)
+    c.run(5, lambda c: c.participant("trainer", 0, "n1", phase="STARTING", step=0), detector=det)
+    c.run(5, lambda c: c.participant("trainer", 0, "n1", phase="TRAIN", step=3), detector=det)
+    c.run(5, lambda c: c.participant("trainer", 0, "n1", phase="TRAIN", step=4), detector=det)
+    hung = c.now
+
+    def stopped(c: Cluster) -> None:  # its last heartbeat, 15 s into a 200 s grace
+        c.put("n1", m.GPU_UTILIZATION_RATIO, 0.9, gpu="0")
+        c.participant("trainer", 0, "n1", phase="TRAIN", step=4, heartbeat=hung)
+
+    res = c.run(120, stopped, detector=det)
+    fired = first_firing(res)
+    # the heartbeat's own windows (suspect 15 s + confirm 60 s), not the grace's 185 s left
+    assert fired is not None and fired <= 80
+    assert res[fired - 1][0].kind is FaultKind.HEARTBEAT_LOST
+
+
 def test_exit_while_starting_is_lost_at_once() -> None:
     c = Cluster()
     det = HeartbeatDetector(c.policy)
