@@ -163,10 +163,13 @@ def freeze(pid: int) -> None:
 
 @dataclass
 class TRLStack(DemoStack):
-    """The demo's stack with detection tuned to the tiny job (0.2-2 s per step, idle to busy
-    machine): a hang is judged after max(6 s, 10 x the median step) once two step times are
-    seen, and a silent heartbeat only after 15 + 15 s, so that a SIGSTOPped trainer is seen
-    hung (train_hang) before it is seen lost. An exit is seen at once either way (EXITED)."""
+    """The demo's stack with detection tuned to the tiny job: a hang is judged after
+    max(6 s, 10 x the median step) once two step times are seen, and a silent heartbeat only
+    after 15 + 105 s, so that a SIGSTOPped trainer is seen hung (train_hang) before it is seen
+    lost. The steps take 0.2 s on an idle machine and 3.5 s were seen on a loaded CI machine
+    (four test workers): a 35 s hang limit, more than the 30 s silence limit first chosen, and
+    the trainer was seen lost first. 120 s leaves room for steps up to 12 s. An exit is seen at
+    once either way (EXITED), so the kill tests do not wait on the silence limit."""
 
     def _env(self) -> dict[str, str]:
         env = super()._env()
@@ -175,6 +178,6 @@ class TRLStack(DemoStack):
         data["detection"]["trainer"].update(
             hang_min_seconds=6, hang_step_factor=10, hang_min_steps=2
         )
-        data["detection"]["heartbeat"].update(suspect_seconds=15, confirm_seconds=15)
+        data["detection"]["heartbeat"].update(suspect_seconds=15, confirm_seconds=105)
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
         return env

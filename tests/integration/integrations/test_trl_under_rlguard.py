@@ -123,7 +123,8 @@ def test_a_sigstopped_trainer_is_hung_restarted_and_completes(
     stopped_at = max(s["step"] for s in job.steps())
     assert complete is not None and stopped_at < job.max_steps
 
-    inc = job.wait(lambda: job.action_done("train_hang", "restart_role"), 90,
+    # Within the silence limit (120 s, see TRLStack) plus the time the action takes.
+    inc = job.wait(lambda: job.action_done("train_hang", "restart_role"), 150,
                    "train_hang -> restart_role")  # fmt: skip
     assert inc["tier"] == "medium" and job.incident("heartbeat_lost") is None
     assert job.wait_exit(150) == 0, job.logs()
