@@ -42,6 +42,7 @@ from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
 from app.incidents.approvals import expire_approvals
+from app.incidents.mute_ended import resume_unmuted
 from app.incidents.persist import persist_decisions
 from app.incidents.queries import (
     open_incident_failures,
@@ -59,6 +60,7 @@ from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_
 from app.policy.engine import PolicyEngine, TickResult
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantView, World
+from app.silences.windows import maintenance_at
 
 log = logging.getLogger("rlguard.scheduler")
 
@@ -221,6 +223,7 @@ class PolicyScheduler:
     def world(self, now: float) -> World:
         with Session(self.engine) as session:
             nodes = session.exec(select(Node.name, Node.last_seen_at, Node.fingerprint)).all()
+            maintenance = maintenance_at(session, datetime.fromtimestamp(now, UTC))
         seen = {n: at.timestamp() for n, at, _ in nodes if at is not None}
         prints = {n: {str(k): str(v) for k, v in fp.items()} for n, _, fp in nodes if fp}
         return World(
@@ -229,6 +232,7 @@ class PolicyScheduler:
             participants=self.participants(),
             node_last_seen=seen,
             fingerprints=prints,
+            maintenance=maintenance,
         )
 
     def tick(self) -> TickResult | None:
@@ -334,6 +338,19 @@ class PolicyScheduler:
         if n:
             log.info("%d approval(s) expired", n)
 
+    def resume_unmuted(self) -> None:
+        """Alert and plan what an ended silence, window or node incident held back
+        (``app.incidents.mute_ended``). Under the tick's lock: a tick planning the same
+        incident's escalation at the same moment would otherwise race it."""
+        if not self.is_leader():
+            return
+        with self._lock, Session(self.engine, expire_on_commit=False) as session:
+            out = resume_unmuted(session, policy=self.policy, dry_run=self.dry_run, now=utcnow())
+            session.commit()
+            new_rows = bool(out.new_actions) or took_queued_rows(session)
+        if new_rows:
+            self.wake_dispatcher()
+
     def retention(self) -> None:
         if not self.is_leader():
             return
@@ -407,6 +424,7 @@ class PolicyScheduler:
             self._safe(self.dispatch), "interval", seconds=self.dispatch_interval, id="dispatch"
         )
         sched.add_job(self._safe(self.expire), "interval", seconds=10, id="expire")
+        sched.add_job(self._safe(self.resume_unmuted), "interval", seconds=5, id="unmuted")
         sched.add_job(self._safe(self.retention), "interval", hours=6, id="retention")
         if self.rollups is not None:
             sched.add_job(

@@ -34,6 +34,8 @@ log = logging.getLogger("rlguard.alerts.service")
 # Timeline entries (IncidentEvent.type) that are worth a message, and what they become.
 _TIMELINE: dict[str, tuple[EventKind, Decision | None]] = {
     IncidentEventType.OPENED: (EventKind.OPENED, None),
+    # Alertmanager's rule: an alert still firing when its silence ends is sent then.
+    IncidentEventType.UNMUTED: (EventKind.OPENED, None),
     IncidentEventType.ESCALATED: (EventKind.ESCALATED, None),
     IncidentEventType.APPROVAL_REQUESTED: (EventKind.APPROVAL_REQUESTED, None),
     IncidentEventType.APPROVAL_GRANTED: (EventKind.APPROVAL_DECIDED, Decision.APPROVED),

@@ -144,7 +144,7 @@ def _persist_escalate(
     if d.signal is not None and not d.recovery_did_not_hold:
         _record_signal(session, inc, d, now)
     _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
-    _plan(session, inc, d.actions, ctx, now, out, stage=_next_plan_stage(session, inc))
+    plan_incident(session, inc, d.actions, ctx, now, out, stage=next_plan_stage(session, inc))
 
 
 def _persist_retry(
@@ -166,7 +166,7 @@ def _persist_retry(
         detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
     )
     _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
-    _plan(session, inc, d.actions, ctx, now, out, stage=_next_plan_stage(session, inc))
+    plan_incident(session, inc, d.actions, ctx, now, out, stage=next_plan_stage(session, inc))
 
 
 def _persist_resolve(
@@ -233,7 +233,7 @@ def _persist_open(
         },
     )
     _record_signal(session, inc, d, now)
-    _plan(session, inc, d.actions, ctx, now, out, stage=0)
+    plan_incident(session, inc, d.actions, ctx, now, out, stage=0)
 
 
 def _count_recovery_that_did_not_hold(
@@ -275,9 +275,9 @@ def _record_signal(session: Session, inc: Incident, d: IncidentDecision, now: da
     )
 
 
-def _next_plan_stage(session: Session, inc: Incident) -> int:
-    """Plans of one incident are numbered: the opening plan is stage 0 and each escalation or
-    retry (counted from the timeline) starts the next one, so a replanned action gets an
+def next_plan_stage(session: Session, inc: Incident) -> int:
+    """Plans of one incident are numbered: the opening plan is stage 0 and each escalation,
+    retry or release of a held plan (counted from the timeline) starts the next one, so a replanned action gets an
     idempotency key distinct from the earlier plan's."""
     replans = session.exec(
         select(func.count())
@@ -285,14 +285,18 @@ def _next_plan_stage(session: Session, inc: Incident) -> int:
         .where(
             IncidentEvent.incident_id == inc.id,
             col(IncidentEvent.type).in_(
-                [IncidentEventType.ESCALATED.value, IncidentEventType.RECOVERY_RETRY.value]
+                [
+                    IncidentEventType.ESCALATED.value,
+                    IncidentEventType.RECOVERY_RETRY.value,
+                    IncidentEventType.ACTIONS_RELEASED.value,
+                ]
             ),
         )
     ).one()
     return 1 + replans
 
 
-def _plan(
+def plan_incident(
     session: Session,
     inc: Incident,
     actions: Sequence[PlannedAction],
@@ -303,7 +307,7 @@ def _plan(
     stage: int,
 ) -> None:
     assert inc.id is not None
-    if actions and _actions_held(session, inc, now):
+    if actions and _actions_held(session, inc, actions, now):
         return
     # The guard-rails decide what of the plan may run (app/guardrails/gate.py); a plan with no
     # action has nothing to gate.
@@ -421,10 +425,13 @@ def _record_verdicts(
         )
 
 
-def _actions_held(session: Session, inc: Incident, now: datetime) -> bool:
+def _actions_held(
+    session: Session, inc: Incident, actions: Sequence[PlannedAction], now: datetime
+) -> bool:
     """Guard-rail, apart from the planning itself: a silence that stops actions, or a
     maintenance window of the incident's node or job, holds the plan. Nothing is written but
-    the timeline entry saying by what; a later escalation or retry asks again."""
+    the timeline entry saying by what, which keeps the plan: it is planned when the hold ends
+    (``app.incidents.mute_ended``), unless an escalation or a retry has replaced it."""
     hold = action_hold(session, inc, now)
     if hold is None:
         return False
@@ -433,7 +440,7 @@ def _actions_held(session: Session, inc: Incident, now: datetime) -> bool:
         incident_id=inc.id,
         type_=hold.type,
         at=now,
-        detail={"text": hold.text, **hold.detail},
+        detail={"text": hold.text, **hold.detail, "plan": [a.to_dict() for a in actions]},
     )
     return True
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.alerts.service import ALERTED_EVENT_TYPES, on_incident_event
 from app.models._types import utcnow
@@ -70,13 +71,18 @@ def _alert_muted(session: Session, row: IncidentEvent) -> bool:
 
 def _record_once(session: Session, incident: Incident, mute: Mute, at: datetime) -> None:
     """One timeline entry per incident and cause (its opening, escalation and resolution are
-    muted alike; the timeline need not say so three times)."""
+    muted alike; the timeline need not say so three times), counted since the incident was
+    last unmuted (a weekly window that mutes it again is said again: its end alerts again)."""
+    types = (mute.type.value, IncidentEventType.UNMUTED.value)
     earlier = session.exec(
-        select(IncidentEvent.detail).where(
-            IncidentEvent.incident_id == incident.id, IncidentEvent.type == mute.type.value
-        )
+        select(IncidentEvent.type, IncidentEvent.detail)
+        .where(IncidentEvent.incident_id == incident.id, col(IncidentEvent.type).in_(types))
+        .order_by(col(IncidentEvent.id))
     ).all()
-    if any(all(d.get(k) == v for k, v in mute.detail.items()) for d in earlier):
+    since_unmuted: list[Mapping[str, Any]] = []
+    for type_, detail in earlier:
+        since_unmuted = [] if type_ == IncidentEventType.UNMUTED.value else [*since_unmuted, detail]
+    if any(all(d.get(k) == v for k, v in mute.detail.items()) for d in since_unmuted):
         return
     add_event(
         session,

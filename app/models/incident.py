@@ -54,6 +54,9 @@ class IncidentEventType(enum.StrEnum):
     INHIBITED = "inhibited"  # a node-level incident on its node speaks for it: no alert
     INHIBITS = "inhibits"  # on the node-level incident: names the incident it took over
     ACTIONS_HELD = "actions_held"  # a silence or maintenance window holds its recovery plan
+    # When what muted it ends (app/incidents/mute_ended.py), the incident still open:
+    UNMUTED = "unmuted"  # its alert goes out now (alerted like an opening)
+    ACTIONS_RELEASED = "actions_released"  # its held plan is planned now
 
 
 class Incident(SQLModel, table=True):

@@ -190,6 +190,7 @@ class PolicyEngine:
                 result.suspected_participants = det.suspected
             elif isinstance(det, NodeSilenceDetector):
                 result.suspected_nodes = det.suspected
+        signals = [s for s in signals if not world.maintenance.covers(s)]
         signals = fold_same_root_cause(drop_superseded(signals), self._tracked_occurrences())
         result.signals = signals
         active: dict[str, FaultSignal] = {}

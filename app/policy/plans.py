@@ -80,6 +80,17 @@ class PlannedAction:
             if p is not None
         )
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlannedAction:
+        """The inverse of ``to_dict`` (``queue`` is derived, not read)."""
+        return cls(
+            action=ActionName(data["action"]),
+            job=data.get("job"),
+            node=data.get("node"),
+            needs_approval=bool(data["needs_approval"]),
+            params=dict(data.get("params") or {}),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "action": self.action.value,

@@ -13,6 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.ingest.series_store import Point, SeriesKey, SeriesStore
+from app.policy.signals import FaultKind, FaultSignal
+
+# The silence kinds: what a node or job being worked on looks like from here (the heartbeat and
+# node-silence detectors, and a scheduler taking a node out).
+SILENCE_KINDS = frozenset(
+    {
+        FaultKind.NODE_SILENT,
+        FaultKind.NODES_LOST,
+        FaultKind.HEARTBEAT_LOST,
+        FaultKind.NODE_UNAVAILABLE,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +44,37 @@ class ParticipantView:
         return (self.job, self.role, self.rank)
 
 
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    """The maintenance windows open now (``app.silences.windows``), as (node, job) scopes where
+    None is "any": a node's window, a job's window, or a job's window on one node.
+
+    A node being drained or having its driver updated stops reporting: that is the point of the
+    window, not a fault, so the silence kinds are not raised for what it covers. A signal about
+    several nodes (``nodes_lost``) is covered only if every node it names is: the others are
+    lost for real.
+    """
+
+    windows: frozenset[tuple[str | None, str | None]] = frozenset()
+
+    def holds(self, node: str, job: str | None) -> bool:
+        """Whether ``node`` (for ``job``, if given) is under an open window."""
+        w = self.windows
+        return (node, None) in w or (job is not None and ((None, job) in w or (node, job) in w))
+
+    def covers(self, sig: FaultSignal) -> bool:
+        if sig.kind not in SILENCE_KINDS or not self.windows:
+            return False
+        job = sig.subject.job
+        if job is not None and (None, job) in self.windows:
+            return True  # the job's window covers every node of the job
+        listed = sig.extra.get("nodes")
+        nodes = set(listed) if isinstance(listed, list) else set()
+        if sig.subject.node is not None:
+            nodes.add(sig.subject.node)
+        return bool(nodes) and all(self.holds(node, job) for node in nodes)
+
+
 @dataclass(slots=True)
 class World:
     now: float
@@ -39,6 +82,7 @@ class World:
     participants: Sequence[ParticipantView] = ()
     node_last_seen: Mapping[str, float] = field(default_factory=dict)
     fingerprints: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    maintenance: Maintenance = field(default_factory=Maintenance)
     # Latest point of every series the detectors read, grouped by metric name: built once per
     # tick (one pass over the store) instead of once per detector.
     latest: dict[str, list[tuple[SeriesKey, Point]]] = field(default_factory=dict)

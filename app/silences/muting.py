@@ -23,24 +23,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session, col, or_, select
+from sqlmodel import Session, col, select
 
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.silence import MaintenanceWindow, Silence
 from app.policy.signals import FaultKind
+from app.policy.world import SILENCE_KINDS
 from app.silences.matchers import Matcher, all_match, incident_labels
-from app.silences.windows import window_is_open
+from app.silences.windows import open_windows
 
-# The heartbeat-silence detectors (app/policy/detectors/heartbeat.py, and the schedulers
-# taking a node out): what maintenance on a node or job looks like from here.
-SILENCE_KINDS = frozenset(
-    {
-        FaultKind.NODE_SILENT,
-        FaultKind.NODES_LOST,
-        FaultKind.HEARTBEAT_LOST,
-        FaultKind.NODE_UNAVAILABLE,
-    }
-)
 # Incidents about a whole node: while one is open, the node's per-GPU and per-participant
 # incidents are inhibited.
 NODE_KINDS = frozenset({FaultKind.NODE_SILENT, FaultKind.NODES_LOST, FaultKind.NODE_UNAVAILABLE})
@@ -81,22 +72,13 @@ def open_window(session: Session, incident: Incident, now: datetime) -> Maintena
     """An open maintenance window covering the incident: one of its job, or windows of all
     its nodes (a ``nodes_lost`` of three nodes is not covered by one node's window: the two
     others are lost for real)."""
-    rows = session.exec(
-        select(MaintenanceWindow)
-        .where(
-            MaintenanceWindow.starts_at <= now,
-            or_(col(MaintenanceWindow.ends_at).is_(None), col(MaintenanceWindow.ends_at) > now),
-        )
-        .order_by(col(MaintenanceWindow.id))
-    ).all()
+    rows = open_windows(session, now)
     nodes = incident_nodes(incident)
     covering: dict[str, MaintenanceWindow] = {}
     for row in rows:
         if row.job is not None and row.job != incident.job:
             continue
         if row.node is not None and row.node not in nodes:
-            continue
-        if not window_is_open(row, now):
             continue
         if row.node is None:
             return row  # the job's window covers every node of the job

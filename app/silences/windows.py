@@ -14,7 +14,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from sqlmodel import Session, col, or_, select
+
 from app.models.silence import MaintenanceWindow
+from app.policy.world import Maintenance
 
 WEEK = timedelta(days=7)
 
@@ -53,3 +56,21 @@ def window_state(window: MaintenanceWindow, now: datetime) -> str:
     if window.ends_at is not None and now >= window.ends_at:
         return "expired"
     return "open" if window_is_open(window, now) else "scheduled"
+
+
+def open_windows(session: Session, now: datetime) -> list[MaintenanceWindow]:
+    """The windows open at ``now``, oldest first."""
+    rows = session.exec(
+        select(MaintenanceWindow)
+        .where(
+            MaintenanceWindow.starts_at <= now,
+            or_(col(MaintenanceWindow.ends_at).is_(None), col(MaintenanceWindow.ends_at) > now),
+        )
+        .order_by(col(MaintenanceWindow.id))
+    ).all()
+    return [row for row in rows if window_is_open(row, now)]
+
+
+def maintenance_at(session: Session, now: datetime) -> Maintenance:
+    """What the policy engine must not judge for silence at ``now`` (its ``World.maintenance``)."""
+    return Maintenance(windows=frozenset((r.node, r.job) for r in open_windows(session, now)))

@@ -91,6 +91,11 @@ class Feeder(threading.Thread):
         with self.lock:
             self.nodes[node]["participants"][(job, role, rank)]["frozen_ts"] = None
 
+    def rounds(self, node: str) -> int:
+        """How many batches were built for ``node`` so far (its ``seq``)."""
+        with self.lock:
+            return self._seq.get(node, 0)
+
     def set(self, node: str, name: str, value: float, **labels: str) -> None:
         with self.lock:
             n = self.nodes.setdefault(node, {"participants": {}, "samples": {}})

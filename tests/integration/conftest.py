@@ -12,8 +12,17 @@ import pytest
 
 from app.core import migrate
 from app.main import create_app
-from tests.harness import RLGUARD, Api, AppClient, ServerProcess, free_port, make_settings
+from tests.harness import (
+    RLGUARD,
+    Api,
+    AppClient,
+    RedisServer,
+    ServerProcess,
+    free_port,
+    make_settings,
+)
 from tests.harness.stack import Stack, fast_policy
+from tests.unit.app.alerts._recording_server import RecordingServer
 
 
 @pytest.fixture
@@ -90,3 +99,24 @@ def embedded_stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own, on a free port, so stopping it never touches the machine's."""
+    r = RedisServer(tmp_path)
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+@pytest.fixture
+def server() -> Iterator[RecordingServer]:
+    """The local HTTP receiver the alerts are delivered to (Slack, WeCom and webhook paths)."""
+    srv = RecordingServer()
+    try:
+        yield srv
+    finally:
+        srv.stop()

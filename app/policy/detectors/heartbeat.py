@@ -179,7 +179,10 @@ class NodeSilenceDetector(Detector):
         for node, seen in confirmed:
             jobs: list[str | None] = list(world.jobs_on_node(node)) or [None]
             for job in jobs:
-                lost_by_job[job].append((node, seen))
+                # A node under a maintenance window is silent on purpose: it is not one of the
+                # nodes lost together (the engine drops its own node_silent; see World).
+                if not world.maintenance.holds(node, job):
+                    lost_by_job[job].append((node, seen))
         several = self.policy.detection.nodes.several_lost_min
         grouped_nodes: set[str] = set()
         for job, lost in sorted(lost_by_job.items(), key=lambda kv: kv[0] or ""):

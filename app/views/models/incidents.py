@@ -52,6 +52,8 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.INHIBITED: ("idle", "Alert inhibited by a node incident"),
     IncidentEventType.INHIBITS: ("idle", "Took over an incident on this node"),
     IncidentEventType.ACTIONS_HELD: ("warn", "Actions held"),
+    IncidentEventType.UNMUTED: ("bad", "No longer muted: alerted"),
+    IncidentEventType.ACTIONS_RELEASED: ("warn", "Hold ended: plan released"),
 }
 
 ACTION_LEVELS = {

@@ -9,7 +9,6 @@ import app.models  # noqa: F401  (registers the tables the alert rows refer to)
 import app.models.alert  # noqa: F401
 from app.core.db import make_engine
 from app.core.migrate import upgrade
-from tests.unit.app.alerts._recording_server import RecordingServer
 
 
 @pytest.fixture
@@ -21,12 +20,3 @@ def engine(database_url: str) -> Iterator[Engine]:
         yield eng
     finally:
         eng.dispose()
-
-
-@pytest.fixture
-def server() -> Iterator[RecordingServer]:
-    srv = RecordingServer()
-    try:
-        yield srv
-    finally:
-        srv.stop()

@@ -62,16 +62,6 @@ def alerts_file(path: Path, server: RecordingServer, **extra: object) -> Path:
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    r = RedisServer(tmp_path)
-    r.start()
-    try:
-        yield r
-    finally:
-        r.stop()
-
-
-@pytest.fixture
 def alert_stack(
     tmp_path: Path, postgres_url: str, own_redis: RedisServer, server: RecordingServer
 ) -> Iterator[Stack]:

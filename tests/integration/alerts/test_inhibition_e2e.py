@@ -7,19 +7,17 @@ timeline names each of them (``inhibits``) as its evidence."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from sqlmodel import Session, select
 
 from app.models.alert import AlertDelivery
 from tests.harness import RedisServer
+from tests.harness.alerting import hooks, webhook_alerts_file
 from tests.harness.stack import Stack, fast_policy
-from tests.unit.app.alerts._factories import WEBHOOK_SIGNING
 from tests.unit.app.alerts._recording_server import RecordingServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -28,52 +26,17 @@ XID = "gpu_xid_critical_events_total"
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    r = RedisServer(tmp_path)
-    r.start()
-    try:
-        yield r
-    finally:
-        r.stop()
-
-
-@pytest.fixture
 def inhibit_stack(
     tmp_path: Path, postgres_url: str, own_redis: RedisServer, server: RecordingServer
 ) -> Iterator[Stack]:
     # No quiet period resolves anything while the test looks (a resolution is an alert too).
     policy = fast_policy(tmp_path / "policy.yaml", **{"incidents.quiet_period_seconds": 120})
-    alerts = tmp_path / "alerts.yaml"
-    alerts.write_text(
-        yaml.safe_dump(
-            {
-                "alerts": {
-                    "external_base_url": "https://rlguard.example.com",
-                    "group_wait_s": 1,
-                    "claim_lease_s": 5,
-                    "retry_base_delay_s": 1,
-                    "channels": [
-                        {
-                            "type": "webhook",
-                            "name": "pager",
-                            "url": server.url("/hook"),
-                            "signing_secret": WEBHOOK_SIGNING,
-                        }
-                    ],
-                }
-            }
-        )
-    )
     s = Stack(tmp_path, database_url=postgres_url, redis=own_redis, policy=policy)
-    s.env["RLGUARD_ALERTS_FILE"] = str(alerts)
+    s.env["RLGUARD_ALERTS_FILE"] = str(webhook_alerts_file(tmp_path / "alerts.yaml", server))
     try:
         yield s
     finally:
         s.close()
-
-
-def hooks(server: RecordingServer) -> list[dict[str, Any]]:
-    return [json.loads(r.body) for r in server.requests if r.path == "/hook"]
 
 
 def deliveries(stack: Stack) -> list[AlertDelivery]:

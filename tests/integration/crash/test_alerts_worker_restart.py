@@ -102,16 +102,6 @@ def rig(tmp_path: Path, postgres_url: str, server: RecordingServer) -> Iterator[
         redis.stop()
 
 
-@pytest.fixture
-def server() -> Iterator[RecordingServer]:
-    """The webhook receiver the alerts are delivered to."""
-    srv = RecordingServer()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 def wait(pred: Callable[[], object], timeout: float, what: str, rig: Rig) -> None:
     def worker_logs() -> str:
         return "\n".join(p.read_text()[-2000:] for p in rig.tmp.glob("worker*.log"))

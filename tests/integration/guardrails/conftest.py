@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.integration.policy.conftest import own_redis, redis_stack
+from tests.integration.policy.conftest import redis_stack
 
-__all__ = ["own_redis", "redis_stack"]
+__all__ = ["redis_stack"]

@@ -12,15 +12,6 @@ from tests.harness import RedisServer
 from tests.harness.stack import Stack, fast_policy
 
 
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A Redis of this test's own, on a free port, so stopping it never touches the machine's."""
-    r = RedisServer(tmp_path)
-    r.start()
-    yield r
-    r.stop()
-
-
 @pytest.fixture(params=["postgres+redis", "embedded"])
 def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     """The stack in both modes: PostgreSQL + Redis, and embedded (SQLite, SQLAlchemy broker)."""

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from app.incidents.persist import persist_decisions
+from app.incidents.mute_ended import resume_unmuted
+from app.incidents.persist import persist_decisions, resolve_incident
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
 from app.models.incident import Incident, IncidentEvent
@@ -179,3 +180,55 @@ def test_one_nodes_window_does_not_cover_a_loss_of_several_nodes(engine: Engine)
 
     assert deliveries(engine, nodes_lost(["n1", "n2"])) == 0
     assert deliveries(engine, nodes_lost(["n1", "n2", "n3"])) > 0
+
+
+def resume(engine: Engine, now: datetime) -> list[int]:
+    """The scheduler's sweep at ``now``; the ids of the actions it planned."""
+    with Session(engine) as s:
+        out = resume_unmuted(s, policy=default_policy(), dry_run=False, now=now)
+        s.commit()
+    return out.new_actions
+
+
+def test_when_the_silence_ends_the_open_incident_is_alerted_and_its_held_plan_planned(
+    engine: Engine,
+) -> None:
+    silence(engine, AT, "node=n1", stops_actions=True)  # for an hour
+    subject = Subject(node="n1", job="grpo-a", role="rollout", rank=0)
+    held = open_(engine, FaultKind.HEARTBEAT_LOST, subject, AT + timedelta(minutes=1))
+    assert (deliveries(engine, held), actions(engine, held)) == (0, 0)
+    assert resume(engine, AT + timedelta(minutes=30)) == []  # still silenced: nothing
+    assert (deliveries(engine, held), actions(engine, held)) == (0, 0)
+
+    [action_id] = resume(engine, AT + timedelta(hours=1))
+    assert deliveries(engine, held) > 0 and actions(engine, held) == 1
+    types = [t for t, _ in timeline(engine, held)]
+    assert types[:3] == ["opened", "silenced", "actions_held"]
+    assert types[3:] == ["unmuted", "actions_released", "action_planned"]
+    with Session(engine) as s:
+        row = s.get(RecoveryAction, action_id)
+        assert row is not None and row.action == "restart_role" and row.status == "pending"
+        assert row.params == {"role": "trainer", "rank": 0}
+    # Once: a later sweep finds nothing left to do.
+    assert resume(engine, AT + timedelta(hours=2)) == []
+    assert [t for t, _ in timeline(engine, held)][3:] == types[3:]
+
+
+def test_a_gpu_incident_inhibited_by_its_node_is_alerted_once_the_node_incident_resolves(
+    engine: Engine,
+) -> None:
+    node = open_(engine, FaultKind.NODE_SILENT, Subject(node="n1"), AT, act=False)
+    gpu = open_(engine, FaultKind.GPU_XID, Subject(node="n1", gpu="2"), AT + timedelta(seconds=5))
+    assert deliveries(engine, gpu) == 0
+    resume(engine, AT + timedelta(seconds=10))
+    assert deliveries(engine, gpu) == 0  # the node incident is still open
+    with Session(engine) as s:
+        inc = s.get(Incident, node)
+        assert inc is not None
+        resolve_incident(s, incident=inc, now=AT + timedelta(seconds=20), why="node back")
+        s.commit()
+    resume(engine, AT + timedelta(seconds=25))
+    assert deliveries(engine, gpu) > 0
+    assert [t for t, _ in timeline(engine, gpu)].count("unmuted") == 1
+    # Inhibition never held its plan: nothing is planned twice.
+    assert actions(engine, gpu) == 1

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.policy.engine import PolicyEngine, _build_index
 from app.policy.policy_file import Policy, default_policy
-from app.policy.world import ParticipantView, World
+from app.policy.world import Maintenance, ParticipantView, World
 
 T0 = 1_000_000.0
 JOB = "job-x"
@@ -22,6 +22,7 @@ class Cluster:
         self.participants: dict[tuple[str, str, int], ParticipantView] = {}
         self.node_seen: dict[str, float] = {}
         self.fingerprints: dict[str, dict[str, str]] = {}
+        self.maintenance = Maintenance()
         self.now = T0
 
     def put(
@@ -55,6 +56,7 @@ class Cluster:
             participants=list(self.participants.values()),
             node_last_seen=dict(self.node_seen),
             fingerprints=self.fingerprints,
+            maintenance=self.maintenance,
         )
 
     def run(
