@@ -20,9 +20,11 @@ from app.auth.audit import record_audit
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.guardrails.history import PastAction, automatic_since
 from app.guardrails.window import describe_seconds, window_start
+from app.incidents.timeline import add_event
 from app.models import Role, User
 from app.models._types import utcnow
 from app.models.guardrails import CircuitBreaker
+from app.models.incident import Incident, IncidentEventType
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import BreakerLimits, Guardrails
 
@@ -147,6 +149,16 @@ def reset_breaker(
         target=scope,
         detail={"reason": row.reason, "incident_id": row.incident_id, "comment": comment},
     )
+    if row.incident_id is not None and session.get(Incident, row.incident_id) is not None:
+        # The incident that says why it tripped also says who closed it, and when.
+        add_event(
+            session,
+            incident_id=row.incident_id,
+            type_=IncidentEventType.BREAKER_RESET,
+            actor=actor,
+            at=now,
+            detail={"text": f"breaker {scope} reset by {actor}", "comment": comment},
+        )
     session.flush()
     return row
 

@@ -48,6 +48,7 @@ class IncidentEventType(enum.StrEnum):
     ACTION_NOT_RUN = "action_not_run"  # not written: hands off, or the scope's breaker is open
     GUARDRAIL_ESCALATED = "guardrail_escalated"  # a budget spent: waits for an approver
     BREAKER_TRIPPED = "breaker_tripped"  # this plan tripped a breaker: waits for an approver
+    BREAKER_RESET = "breaker_reset"  # on the incident that tripped it: an approver closed it
     # Silences, maintenance windows, inhibition (app/silences/): why an alert was not sent or an action not planned.
     SILENCED = "silenced"  # a silence matched: no alert
     MAINTENANCE = "maintenance"  # a maintenance window of its node or job: no alert

@@ -47,6 +47,7 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.ACTION_NOT_RUN: ("warn", "Action not run (guard-rail)"),
     IncidentEventType.GUARDRAIL_ESCALATED: ("bad", "Budget spent: needs approval"),
     IncidentEventType.BREAKER_TRIPPED: ("bad", "Circuit breaker tripped"),
+    IncidentEventType.BREAKER_RESET: ("ok", "Circuit breaker reset"),
     IncidentEventType.SILENCED: ("idle", "Alert silenced"),
     IncidentEventType.MAINTENANCE: ("idle", "Alert muted by a maintenance window"),
     IncidentEventType.INHIBITED: ("idle", "Alert inhibited by a node incident"),

@@ -109,3 +109,10 @@ def test_breakers_list_reset_by_an_approver_and_survive_a_restart(
     assert audit_count(api, "breaker.reset") == 1
     listed = api.client.get("/api/v1/breakers", headers=auth(viewer)).json()
     assert [b["open"] for b in listed] == [False, False]
+    # The incident that says why it tripped says who closed it.
+    [inc_id] = [b["incident_id"] for b in listed if b["scope"] == "job:grpo-1"]
+    got = api.client.get(f"/api/v1/incidents/{inc_id}", headers=auth(viewer))
+    assert got.status_code == 200, got.text
+    timeline = got.json()["timeline"]
+    [entry] = [e for e in timeline if e["type"] == "breaker_reset"]
+    assert entry["actor"] == "user:a" and entry["detail"]["comment"] == "image fixed"
