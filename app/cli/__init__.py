@@ -19,6 +19,7 @@ from sqlmodel import Session
 
 from app.cli import demo, goodput, policy, silences
 from app.cli.breaker import breaker_cli
+from app.cli.maintenance import maintenance_cli
 from app.core.config import ConfigError, Settings, get_settings
 from app.core.errors import ServiceError
 
@@ -39,6 +40,7 @@ cli.add_typer(token_cli, name="token")
 cli.add_typer(user_cli, name="user")
 cli.add_typer(breaker_cli, name="breaker")
 cli.add_typer(silences.silence_cli, name="silence")
+cli.add_typer(maintenance_cli, name="maintenance")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -17,7 +17,7 @@ silence_cli = typer.Typer(
     no_args_is_help=True,
 )
 
-def _instant(option: str, text: str | None) -> datetime | None:
+def parse_instant(option: str, text: str | None) -> datetime | None:
     from app.cli import fail
 
     if text is None:
@@ -63,8 +63,8 @@ def silence_add(
         fail(str(exc))
     body = SilenceCreate(
         matchers=parsed,
-        starts_at=_instant("--starts", starts),
-        ends_at=_instant("--ends", ends),
+        starts_at=parse_instant("--starts", starts),
+        ends_at=parse_instant("--ends", ends),
         duration_minutes=minutes,
         comment=comment,
         stops_actions=stop_actions,
