@@ -16,7 +16,7 @@ from app.models.silence import SilenceCreate
 from app.silences import store
 from app.silences.text import matchers_from_text, parse_duration_minutes
 from app.views.context import CsrfDep, DbDep, PageContext, RuntimeDep, SignedInDep
-from app.views.models.silences import silence_rows
+from app.views.models.silences import silence_rows, window_rows
 from app.views.rendering import error_page, is_htmx, render
 
 router = APIRouter(include_in_schema=False)
@@ -47,7 +47,8 @@ def _refused(request: Request, page: PageContext) -> Response | None:
 
 @router.get("/silences", response_class=HTMLResponse)
 def silences_page(request: Request, page: SignedInDep, session: DbDep) -> HTMLResponse:
-    return render(request, page, "pages/silences.html", _list(session, page))
+    windows = {"windows": window_rows(session, now=_now(page))}
+    return render(request, page, "pages/silences.html", _list(session, page) | windows)
 
 
 @router.get("/ui/silences/list", response_class=HTMLResponse)
