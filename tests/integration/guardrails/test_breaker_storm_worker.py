@@ -59,8 +59,19 @@ def events(inc: dict[str, Any], type_: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def storm_stack(tmp_path: Path, postgres_url: str, own_redis: RedisServer) -> Iterator[Stack]:
-    policy = fast_policy(tmp_path / "policy.yaml", **{"guardrails.job_breaker": JOB_BREAKER})
+def storm_stack(
+    request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str, own_redis: RedisServer
+) -> Iterator[Stack]:
+    """The limit on the job's breaker, or (``indirect`` param "cluster") on the cluster's with
+    the job's out of reach."""
+    scope = getattr(request, "param", "job")
+    limits = (
+        {"guardrails.job_breaker": JOB_BREAKER}
+        if scope == "job"
+        else {"guardrails.job_breaker": {**JOB_BREAKER, "max_nodes": 50, "max_actions": 50},
+              "guardrails.cluster_breaker": JOB_BREAKER}
+    )  # fmt: skip
+    policy = fast_policy(tmp_path / "policy.yaml", **limits)
     s = Stack(tmp_path, database_url=postgres_url, redis=own_redis, policy=policy)
     try:
         yield s
@@ -145,11 +156,13 @@ def test_a_storm_on_five_nodes_trips_the_job_breaker_until_an_approver_resets_it
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("storm_stack", ["job", "cluster"], indirect=True)
 def test_five_nodes_failing_at_once_trip_the_breaker_after_three_restarts(
-    storm_stack: Stack,
+    storm_stack: Stack, request: pytest.FixtureRequest
 ) -> None:
     """The same storm at once: the incidents may open in one policy tick, so the gate must see
-    the restarts of the incidents written before in that tick (same transaction)."""
+    the restarts of the incidents written before in that tick (same transaction). Once with the
+    job's breaker, once with the cluster's (the job's limits out of reach)."""
     stack = storm_stack
     add_nodes(stack, *NODES)
     stack.start_server()
@@ -183,3 +196,10 @@ def test_five_nodes_failing_at_once_trip_the_breaker_after_three_restarts(
     # Every row is written: the three automatic restarts run, and nothing after them.
     stack.wait(lambda: restarts_done(stack) == 3, 60, "the three automatic restarts")
     assert restart_calls(stack) == 6
+    tripped_scope = (
+        f"job:{JOB}" if request.node.callspec.params["storm_stack"] == "job" else "cluster"
+    )
+    breakers = stack.get("/api/v1/breakers", stack.viewer)
+    assert [(b["scope"], b["open"], b["incident_id"]) for b in breakers] == [
+        (tripped_scope, True, tripped[0]["id"])
+    ]
