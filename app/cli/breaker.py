@@ -41,7 +41,8 @@ def breaker_reset(
     """Reset an open breaker: automation resumes for the scope, counting afresh from now."""
     from app.cli import fail, info, load_settings, run_db
     from app.core.errors import InvalidInput
-    from app.guardrails.breaker import check_scope, reset_breaker
+    from app.guardrails.breaker import check_scope
+    from app.incidents.breaker_reset import reset_breaker
 
     try:
         check_scope(scope)

@@ -128,6 +128,9 @@ class IngestLimits(BaseModel):
     # Samples stamped further ahead of the server clock than this are refused: a wrong agent
     # clock would otherwise pin "latest" values and rollup minutes in the future.
     max_future_skew_seconds: Annotated[float, Field(gt=0)] = 600.0
+    # A node whose clock is off by at least this much has its stamps moved onto the server's
+    # clock (app/ingest/clock_skew.py); NTP keeps healthy clocks within milliseconds.
+    clock_correct_above_seconds: Annotated[float, Field(gt=0)] = 2.0
     # Dedupe state of agents silent this long is forgotten at server start (agents that restart
     # their sequence use a new agent_id, so old ones would otherwise pile up forever).
     cursor_retention_days: Annotated[float, Field(gt=0)] = 30.0

@@ -16,15 +16,11 @@ from datetime import datetime
 
 from sqlmodel import Session, col, select
 
-from app.auth.audit import record_audit
-from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from app.core.errors import InvalidInput
 from app.guardrails.history import PastAction, automatic_since
 from app.guardrails.window import describe_seconds, window_start
-from app.incidents.timeline import add_event
-from app.models import Role, User
-from app.models._types import utcnow
+from app.models import Role
 from app.models.guardrails import CircuitBreaker
-from app.models.incident import Incident, IncidentEventType
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import BreakerLimits, Guardrails
 
@@ -126,50 +122,3 @@ def list_breakers(session: Session) -> list[CircuitBreaker]:
     """Every breaker that ever tripped, open ones first."""
     rows = session.exec(select(CircuitBreaker).order_by(col(CircuitBreaker.scope))).all()
     return sorted(rows, key=lambda r: not r.open)
-
-
-def reset_breaker(
-    session: Session, *, scope: str, actor: str, comment: str = "", now: datetime | None = None
-) -> CircuitBreaker:
-    """Close an open breaker (an approver's call; audited). Automation resumes for the scope and
-    counts afresh from now."""
-    check_scope(scope)
-    row = get_breaker(session, scope)
-    if row is None:
-        raise NotFound(f"breaker {scope!r} never tripped")
-    if not row.open:
-        raise Conflict(f"breaker {scope!r} is not open")
-    now = now or utcnow()
-    row.open, row.reset_at, row.reset_by = False, now, actor
-    session.add(row)
-    record_audit(
-        session,
-        actor=actor,
-        action="breaker.reset",
-        target=scope,
-        detail={"reason": row.reason, "incident_id": row.incident_id, "comment": comment},
-    )
-    if row.incident_id is not None and session.get(Incident, row.incident_id) is not None:
-        # The incident that says why it tripped also says who closed it, and when.
-        add_event(
-            session,
-            incident_id=row.incident_id,
-            type_=IncidentEventType.BREAKER_RESET,
-            actor=actor,
-            at=now,
-            detail={"text": f"breaker {scope} reset by {actor}", "comment": comment},
-        )
-    session.flush()
-    return row
-
-
-def reset_breaker_as(
-    session: Session, *, scope: str, user: User, comment: str = "", now: datetime | None = None
-) -> CircuitBreaker:
-    """:func:`reset_breaker` for a signed-in user: refused (nothing changed) below the
-    approver role; the audit row names the user as the REST API's does."""
-    if not Role(user.role).allows(RESET_ROLE):
-        raise Forbidden(
-            f"resetting a breaker needs the {RESET_ROLE.value} role; {user.name} is {user.role}"
-        )
-    return reset_breaker(session, scope=scope, actor=f"user:{user.name}", comment=comment, now=now)

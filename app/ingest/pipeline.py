@@ -57,6 +57,7 @@ from sqlalchemy.engine import Engine
 from app.core.config import IngestLimits
 from app.core.errors import Unavailable
 from app.core.server_metrics import ServerMetrics
+from app.ingest.clock_skew import ClockOffsets, offset_sample
 from app.ingest.committer import (
     QueuedBatch,
     Rejection,
@@ -134,6 +135,8 @@ class IngestService:
         self.limits = limits
         self.metrics = metrics
         self.validator = BatchValidator(limits, clock=clock)
+        self._clock = clock
+        self._clock_offsets = ClockOffsets(limits.clock_correct_above_seconds)
         self._agents: dict[tuple[str, str], _AgentState] = {}
         self._queued: list[QueuedBatch] = []  # accepted, not yet committed, in arrival order
         self._done: dict[int, asyncio.Future[None]] = {}  # id(queued batch) -> its request's
@@ -243,7 +246,13 @@ class IngestService:
                 raise IngestRejected(refused, kind="uncommittable")
             return IngestResult(accepted=0, duplicate=True)
         # From here to the end of _queue there is no await: store, window and queue move together.
+        received = self._clock()
+        batch, offset = self._clock_offsets.correct(batch, received)
         stored = self.store.extend(batch.samples)
+        if offset is not None:  # not counted as accepted: the agent did not send it
+            skew = offset_sample(batch.node, offset, received)
+            self.store.extend([skew])
+            batch.samples.append(skew)  # published with the batch's samples (shared window)
         state.version += 1
         done = self._queue(batch, state)
         m.ingest_batches.labels(result="accepted").inc()

@@ -6,6 +6,8 @@ DESIGN.md). When the agent renames a metric, this module is the only thing to ch
 
 from __future__ import annotations
 
+from app.ingest.clock_skew import CLOCK_OFFSET_METRIC
+
 # --- golden metrics (per job/role/rank, from the heartbeat files and the state log) ---
 ROLLOUT_PENDING_RATIO = "rollout_pending_ratio"
 ACTOR_SHARD_REBUILD_COUNT_5M = "actor_shard_rebuild_count_5m"
@@ -49,6 +51,9 @@ ROLLOUT_ENGINE_UP = "rollout_engine_up"  # gauge 0/1: the engine's /health answe
 
 # --- the scheduler's view of a node (agent --slurm-node; no labels) ---
 SLURM_NODE_UNAVAILABLE = "slurm_node_unavailable"  # gauge 0/1: DOWN, DRAIN, FAIL
+
+# --- measured by the server, not sent by agents (app/ingest/clock_skew.py; no labels) ---
+AGENT_CLOCK_OFFSET = CLOCK_OFFSET_METRIC  # server minus node clock, while corrected
 
 # Label names the detectors rely on.
 LABEL_JOB = "job"

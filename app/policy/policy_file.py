@@ -133,6 +133,13 @@ class EnvDriftDetection(_Strict):
     ignore_keys: tuple[str, ...] = ()
 
 
+class ClockDetection(_Strict):
+    # clock_skew (app/policy/detectors/clock.py): a node's clock off by at least skew_seconds
+    # for sustain_seconds.
+    skew_seconds: float = Field(default=10, gt=0)
+    sustain_seconds: float = Field(default=60, ge=0)
+
+
 class Detection(_Strict):
     stale_sample_seconds: float = Field(default=15, gt=0)
     trainer: TrainerDetection = TrainerDetection()
@@ -144,6 +151,7 @@ class Detection(_Strict):
     gpu: GpuDetection = GpuDetection()
     storage: StorageDetection = StorageDetection()
     env_drift: EnvDriftDetection = EnvDriftDetection()
+    clock: ClockDetection = ClockDetection()
 
     @model_validator(mode="after")
     def _starting_is_not_gone(self) -> Detection:

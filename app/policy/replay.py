@@ -4,8 +4,12 @@ A trace is JSON lines, one ingest batch per line, exactly the body of ``POST /ap
 (``agent_id``, ``node``, ``seq``, ``sent_at``, ``samples``, ``participants``, ``fingerprint``);
 the agent writes one with ``--record FILE``. Files ending in ``.gz`` are read compressed.
 
-Time is the replay clock: it starts at the first batch's ``sent_at`` and the engine ticks every
-``tick_seconds`` of trace time, as fast as the machine allows (or ``speed`` times real time).
+Time is the replay clock: it starts at the first batch's receive time and the engine ticks
+every ``tick_seconds`` of trace time, as fast as the machine allows (or ``speed`` times real
+time). A batch's receive time is its ``received_at`` when the trace has one (the server's clock,
+which an agent with a wrong clock does not share), else its ``sent_at``; as on the live server,
+a node's clock offset is estimated from the two and its stamps corrected
+(``app.ingest.clock_skew``), and a node was last seen when its batch was received.
 A labels file beside the trace (``<trace>.labels.json``) makes replay also score the result.
 """
 
@@ -20,7 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core.config import IngestLimits
+from app.ingest.clock_skew import ClockOffsets, offset_sample
 from app.ingest.series_store import SeriesKey, SeriesStore
+from app.ingest.validation import ParticipantReport, ValidBatch
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, IncidentDecision, PolicyEngine
 from app.policy.policy_file import Policy, default_policy
@@ -53,8 +60,15 @@ def _check_batch(batch: Any, where: str) -> None:
     for name, types in (("node", str), ("sent_at", (int, float)), ("samples", list)):
         if not isinstance(batch.get(name), types):
             raise TraceError(f"{where}: field {name!r} missing or of the wrong type")
-    if not math.isfinite(batch["sent_at"]):
-        raise TraceError(f"{where}: sent_at must be finite")
+    for name in ("sent_at", "received_at"):
+        value = batch.get(name, 0.0)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TraceError(f"{where}: {name} must be a finite number")
+
+
+def received_at(batch: dict[str, Any]) -> float:
+    """When the server received ``batch`` (the trace's ``received_at``, else ``sent_at``)."""
+    return float(batch.get("received_at", batch["sent_at"]))
 
 
 class ReplayIngest:
@@ -65,29 +79,27 @@ class ReplayIngest:
         self.participants: dict[tuple[str, str, int], ParticipantView] = {}
         self.node_last_seen: dict[str, float] = {}
         self.fingerprints: dict[str, dict[str, str]] = {}
+        self.clock_offsets = ClockOffsets(IngestLimits().clock_correct_above_seconds)
 
     def apply(self, batch: dict[str, Any]) -> None:
         node = batch["node"]
-        self.store.extend(
-            (
-                SeriesKey.of(node, s["name"], s.get("labels") or {}),
-                float(s["ts"]),
-                float(s["value"]),
-            )
-            for s in batch["samples"]
-        )
-        for p in batch.get("participants") or []:
+        received = received_at(batch)
+        valid, offset = self.clock_offsets.correct(_as_valid(batch), received)
+        self.store.extend(valid.samples)
+        if offset is not None:
+            self.store.extend([offset_sample(node, offset, received)])
+        for p in valid.participants:
             view = ParticipantView(
-                job=p["job"],
-                role=p["role"],
-                rank=int(p["rank"]),
+                job=p.job,
+                role=p.role,
+                rank=p.rank,
                 node=node,
-                phase=p["phase"],
-                step=int(p["step"]),
-                last_heartbeat_ts=float(p["ts"]),
+                phase=p.phase,
+                step=p.step,
+                last_heartbeat_ts=p.ts,
             )
             self.participants[view.key] = view
-        self.node_last_seen[node] = max(self.node_last_seen.get(node, 0.0), float(batch["sent_at"]))
+        self.node_last_seen[node] = max(self.node_last_seen.get(node, 0.0), received)
         if batch.get("fingerprint"):
             self.fingerprints[node] = dict(batch["fingerprint"])
 
@@ -99,6 +111,27 @@ class ReplayIngest:
             node_last_seen=dict(self.node_last_seen),
             fingerprints=self.fingerprints,
         )
+
+
+def _as_valid(batch: dict[str, Any]) -> ValidBatch:
+    """A trace line as the server's validation hands it on (the trace was checked on reading)."""
+    node = batch["node"]
+    return ValidBatch(
+        agent_id=str(batch.get("agent_id", "")),
+        node=node,
+        seq=int(batch.get("seq", 0)),
+        sent_at=float(batch["sent_at"]),
+        samples=[
+            (SeriesKey.of(node, s["name"], s.get("labels") or {}), float(s["ts"]), float(s["value"]))
+            for s in batch["samples"]
+        ],
+        participants=[
+            ParticipantReport(p["job"], p["role"], int(p["rank"]), p["phase"], int(p["step"]),
+                              float(p["ts"]))
+            for p in batch.get("participants") or []
+        ],  # fmt: skip
+        fingerprint=batch.get("fingerprint"),
+    )
 
 
 @dataclass(slots=True)
@@ -147,7 +180,7 @@ def replay(
     first = None
     last = None
     for batch in batches:
-        sent = float(batch["sent_at"])
+        sent = received_at(batch)
         if clock is None:
             clock = ManualClock(sent)
             first = sent

@@ -39,6 +39,7 @@ class FaultKind(StrEnum):
     GPU_LOST = "gpu_lost"
     # environment
     ENV_DRIFT = "env_drift"
+    CLOCK_SKEW = "clock_skew"  # a node's clock is off (its NTP is broken); stamps corrected
     # anything Alertmanager sends that the label mapping does not place elsewhere
     EXTERNAL_ALERT = "external_alert"
 

@@ -12,7 +12,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlmodel import Session
 
 from app.core.errors import NotFound, ServiceError
-from app.guardrails import automation, breaker
+from app.guardrails import automation
+from app.incidents import breaker_reset
 from app.models import User
 from app.views.context import CsrfDep, DbDep, PageContext, SignedInDep
 from app.views.models.guardrails import breaker_panel, job_switches
@@ -56,7 +57,7 @@ def reset_breaker(
     comment: Annotated[str, Form(max_length=500)] = "",
 ) -> Response:
     try:
-        breaker.reset_breaker_as(session, scope=scope, user=_user(session, page), comment=comment)
+        breaker_reset.reset_breaker_as(session, scope=scope, user=_user(session, page), comment=comment)
         session.commit()
     except ServiceError as exc:
         session.rollback()

@@ -64,6 +64,8 @@ class Feeder(threading.Thread):
         # node → {"participants": {(job, role, rank): {"phase", "step", "frozen_ts"}}, "samples": {(name, labels-json): value}}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.silent: set[str] = set()
+        # node → seconds its clock is behind (negative: ahead): every stamp it sends is off.
+        self.clock_behind: dict[str, float] = {}
         self.errors: list[str] = []
         self._halt = threading.Event()
         self._seq: dict[str, int] = {}
@@ -126,7 +128,7 @@ class Feeder(threading.Thread):
         client.close()
 
     def _batch(self, node: str, n: dict[str, Any]) -> dict[str, Any]:
-        now = time.time()
+        now = time.time() - self.clock_behind.get(node, 0.0)
         self._seq[node] = self._seq.get(node, 0) + 1
         samples = [
             {"name": name, "value": value, "ts": now, "labels": json.loads(labels)}

@@ -61,6 +61,9 @@ class Sim:
     # The agent's --slurm-node: what Slurm says of each node (no samples unless slurm is set).
     slurm: bool = False
     slurm_unavailable: dict[str, tuple[float, float]] = field(default_factory=dict)  # DOWN/DRAIN
+    # Nodes whose clock is off: node → seconds behind the server (negative: ahead). Their
+    # batches carry the server's receive time (received_at) beside their own stamps.
+    clock_behind: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -187,8 +190,24 @@ def simulate(sim: Sim) -> list[dict[str, Any]]:
             if _silent(sim, node, t):
                 continue
             seqs[node] += 1
-            out.append(_batch(sim, node, t, seqs[node]))
+            batch = _batch(sim, node, t, seqs[node])
+            behind = sim.clock_behind.get(node)
+            out.append(batch if behind is None else _on_a_wrong_clock(batch, behind))
     return out
+
+
+def _on_a_wrong_clock(batch: dict[str, Any], behind: float) -> dict[str, Any]:
+    """``batch`` as an agent whose clock is ``behind`` seconds late stamps it, with the time
+    the server received it (its true send time)."""
+    def moved(ts: float) -> float:
+        return round(ts - behind, 3)
+    return {
+        **batch,
+        "sent_at": moved(batch["sent_at"]),
+        "samples": [{**x, "ts": moved(x["ts"])} for x in batch["samples"]],
+        "participants": [{**x, "ts": moved(x["ts"])} for x in batch["participants"]],
+        "received_at": batch["sent_at"],
+    }
 
 
 # -- scenarios --------------------------------------------------------------------------------
@@ -640,6 +659,47 @@ def flapping(v: int):
 
 POSITIVE["flapping"] = (flapping, 2)
 NEGATIVE["slow_start"] = (slow_start, 2)
+
+
+# -- clock skew: nodes whose clock is off (stamps corrected by the server, clock_skew said) ----
+
+SKEWS = (25.0, 30.0, -20.0)  # seconds behind the server (negative: ahead)
+
+
+def clock_off_healthy(v: int):
+    """A healthy node whose clock is off: without the correction its samples look too old to
+    judge and its heartbeats silent (false rollout_down / heartbeat_lost); with it, only the
+    light clock_skew, once the offset has lasted sustain_seconds (60 s)."""
+    behind = SKEWS[v]
+    sim = Sim(seed=5800 + v, duration=240)
+    sim.clock_behind["n1"] = behind
+    return sim, [exp("clock_skew", 0.25, 60, tier="light", job=None, node="n1")], (
+        f"n1's clock {abs(behind):.0f} s {'behind' if behind > 0 else 'ahead'}, healthy")
+
+
+def clock_off_rollout_dies(v: int):
+    """A node whose clock is off and whose rollout dies: the death is still seen in time."""
+    behind = SKEWS[v]
+    start = 120 + 5 * v
+    sim = Sim(seed=5900 + v, duration=start + 60 + 40)
+    sim.clock_behind["n1"] = behind
+    sim.dead[("rollout", 0)] = T0 + start
+    return sim, [
+        exp("clock_skew", 0.25, 60, tier="light", job=None, node="n1"),
+        exp("rollout_down", start, 60, role="rollout", rank=0, node="n1"),
+    ], f"n1's clock {behind:.0f} s off; its rollout dies"
+
+
+def clock_ntp_jitter(v: int):
+    """A clock a second off (NTP catching up): nothing to correct, nothing to say."""
+    sim = Sim(seed=6000 + v, duration=240)
+    sim.clock_behind["n2"] = (1.0, -1.5)[v]
+    return sim, [], "n2's clock a second off"
+
+
+POSITIVE["clock_off_healthy"] = (clock_off_healthy, 3)
+POSITIVE["clock_off_rollout_dies"] = (clock_off_rollout_dies, 3)
+NEGATIVE["clock_ntp_jitter"] = (clock_ntp_jitter, 2)
 
 
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:

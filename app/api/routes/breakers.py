@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
 from app.guardrails import breaker
+from app.incidents import breaker_reset
 from app.models.guardrails import BreakerPublic, BreakerResetIn, CircuitBreaker
 
 router = APIRouter(prefix="/api/v1/breakers", tags=["guard-rails"])
@@ -28,7 +29,7 @@ def list_breakers(session: SessionDep, _user: ViewerUser) -> list[BreakerPublic]
 def reset_breaker(
     scope: str, session: SessionDep, user: ApproverUser, body: BreakerResetIn | None = None
 ) -> BreakerPublic:
-    row = breaker.reset_breaker(
+    row = breaker_reset.reset_breaker(
         session, scope=scope, actor=f"user:{user.name}", comment=body.comment if body else ""
     )
     session.commit()

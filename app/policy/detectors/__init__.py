@@ -15,6 +15,7 @@ from app.policy.detectors.base import (
     participant_subject,
     subject_of,
 )
+from app.policy.detectors.clock import ClockSkewDetector
 from app.policy.detectors.drift import EnvDriftDetector
 from app.policy.detectors.external import ExternalAlertDetector, ExternalAlerts
 from app.policy.detectors.golden_metrics import GoldenMetricDetector
@@ -30,6 +31,7 @@ from app.policy.policy_file import Policy
 
 __all__ = [
     "AT_LEAST_ONE",
+    "ClockSkewDetector",
     "Detector",
     "EnvDriftDetector",
     "ExternalAlertDetector",
@@ -70,4 +72,5 @@ def default_detectors(policy: Policy) -> list[Detector]:
         InferenceEngineDownDetector(policy),
         SchedulerNodeDetector(policy),
         RayNodeDeadDetector(policy),
+        ClockSkewDetector(policy),
     ]

@@ -18,8 +18,9 @@ from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.guardrails import automation, breaker
+from app.guardrails import automation
 from app.guardrails.gate import Verdict, gate
+from app.incidents import breaker_reset
 from app.incidents.persist import PersistResult, persist_decisions
 from app.models import AuditEvent, Job, Role
 from app.models.action import RecoveryAction
@@ -144,14 +145,14 @@ def test_the_breaker_trips_once_blocks_its_scope_and_an_approver_resets_it(engin
     with Session(engine) as s:
         appr = create_user(s, name="ann", role=Role.approver, actor="test")[0]
         with pytest.raises(InvalidInput, match="'job j'"):
-            breaker.reset_breaker(s, scope="job j", actor="user:ann")
+            breaker_reset.reset_breaker(s, scope="job j", actor="user:ann")
         with pytest.raises(NotFound):
-            breaker.reset_breaker(s, scope="cluster", actor="user:ann")
-        row = breaker.reset_breaker(s, scope="job:j", actor=f"user:{appr.name}", now=T0 + timedelta(seconds=7))
+            breaker_reset.reset_breaker(s, scope="cluster", actor="user:ann")
+        row = breaker_reset.reset_breaker(s, scope="job:j", actor=f"user:{appr.name}", now=T0 + timedelta(seconds=7))
         s.commit()
         assert (row.open, row.reset_by, row.trips, row.incident_id) == (False, "user:ann", 1, tripping.id)
         with pytest.raises(Conflict):
-            breaker.reset_breaker(s, scope="job:j", actor="user:ann")
+            breaker_reset.reset_breaker(s, scope="job:j", actor="user:ann")
         assert s.exec(select(AuditEvent).where(AuditEvent.action == "breaker.reset")).one().target == "job:j"
     # after the reset the count starts afresh: the actions before it are not counted again
     again = flap(engine, fault(rank=4), now=T0 + timedelta(seconds=8), policy=policy)

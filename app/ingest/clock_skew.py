@@ -1,0 +1,74 @@
+"""Agent clocks that are off: each node's offset, estimated from its batches, and its stamps
+moved onto the server's clock.
+
+The agent stamps a batch's ``sent_at`` when it sends it (its spool keeps batches without it, so
+a batch sent again after an outage is stamped again), and the server knows when it received
+it: ``received - sent_at`` is the node clock's offset plus the network delay, and the delay is
+never negative. The smallest of the node's last ``KEPT`` differences is the estimate: a slow
+request or a queued one cannot make it worse, and a clock stepped forward by NTP shows at once.
+
+A node whose offset is at least ``correct_above_seconds`` has every sample and heartbeat stamp
+of its batches moved by the offset before anything reads them: a node 30 s behind would
+otherwise look 30 s stale (its samples too old to be judged, a stalled rollout's last
+throughput counted as a stall, its heartbeats silent). Below that, nothing is touched (NTP
+keeps clocks within milliseconds; the stamps stay exactly as the agent sent them). While a node
+is corrected its offset is kept as the series ``agent_clock_offset_seconds`` (stamped with the
+server's time), which the policy's ``clock_skew`` detector reads: a node whose NTP is broken.
+
+The live server (``app.ingest.pipeline``) and ``rlguard replay`` (``app.policy.replay``, with a
+trace's ``received_at``) correct the same way, so the corpus replays what the server sees.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from app.ingest.series_store import SeriesKey
+from app.ingest.validation import ParticipantReport, ValidBatch
+
+# Measured by the server, never sent by an agent (the policy's metric_names re-exports it).
+CLOCK_OFFSET_METRIC = "agent_clock_offset_seconds"
+# How many of a node's recent batches the estimate looks at (about a minute of batches).
+KEPT = 16
+
+
+@dataclass(slots=True)
+class ClockOffsets:
+    """Per node: the recent ``received - sent_at`` differences and the estimate they give."""
+
+    correct_above_seconds: float = 2.0
+    _recent: dict[str, deque[float]] = field(default_factory=dict)
+
+    def observe(self, node: str, sent_at: float, received_at: float) -> float:
+        """Record one batch of ``node``; its offset estimate now (server minus node clock)."""
+        recent = self._recent.get(node)
+        if recent is None:
+            recent = self._recent[node] = deque(maxlen=KEPT)
+        recent.append(received_at - sent_at)
+        return min(recent)
+
+    def correct(self, batch: ValidBatch, received_at: float) -> tuple[ValidBatch, float | None]:
+        """``batch`` on the server's clock, and the offset applied (None: none needed)."""
+        offset = self.observe(batch.node, batch.sent_at, received_at)
+        if abs(offset) < self.correct_above_seconds:
+            return batch, None
+        return shifted(batch, offset), offset
+
+
+def shifted(batch: ValidBatch, offset: float) -> ValidBatch:
+    """Every stamp of ``batch`` moved by ``offset`` seconds."""
+    return replace(
+        batch,
+        sent_at=batch.sent_at + offset,
+        samples=[(key, ts + offset, value) for key, ts, value in batch.samples],
+        participants=[
+            ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts + offset)
+            for p in batch.participants
+        ],
+    )
+
+
+def offset_sample(node: str, offset: float, received_at: float) -> tuple[SeriesKey, float, float]:
+    """The node's offset as a sample of ``agent_clock_offset_seconds``."""
+    return (SeriesKey.of(node, CLOCK_OFFSET_METRIC, {}), received_at, offset)

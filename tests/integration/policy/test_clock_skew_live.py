@@ -1,0 +1,38 @@
+"""A node whose clock is 40 s behind, on the real stack (server with the policy tick, embedded
+SQLite and broker, a worker): the server moves its stamps onto its own clock, so its rollout
+is not judged silent or stalled (with the stamps as sent, its heartbeat would look 40 s old
+within one tick, past the 3.5 s the test policy allows), and the skew itself is one light
+``clock_skew`` incident on the node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.harness.stack import Stack
+from tests.integration.policy.test_policy_scenarios import _base_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def test_a_node_40_s_behind_is_not_silent_and_its_skew_is_one_light_incident(
+    embedded_stack: Stack,
+) -> None:
+    stack = embedded_stack
+    stack.feeder.clock_behind["n1"] = 40.0  # n1 runs the rollout
+    stack.start_server()
+    stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
+    _base_cluster(stack)
+    stack.feeder.start()
+    stack.wait_baselines()
+
+    def skew() -> dict[str, Any] | None:
+        return stack.incident("clock_skew", job=None)
+
+    inc = stack.wait(skew, 120, "the clock_skew incident (sustained 60 s by default)")
+    assert inc["node"] == "n1" and inc["tier"] == "light"
+    assert "40." in inc["summary"] and "behind" in inc["summary"], inc["summary"]
+    # n1's rollout reported all along on a clock 40 s late: nothing else was opened.
+    assert [(i["kind"], i["node"]) for i in stack.incidents()] == [("clock_skew", "n1")]
+    assert stack.feeder.errors == []
