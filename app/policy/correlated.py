@@ -11,7 +11,10 @@ its XIDs). The node-level incident then also inhibits the node's per-participant
 The rule (``detection.gpu.correlated``): at least ``min_gpus`` distinct GPUs of the node (None:
 every GPU the node reports; never fewer than 2) whose faults began within ``window_seconds`` of
 each other. A fault counts when the GPU is lost or has an XID of one of ``xid_buckets``. Single
-faults far apart in time stay per-GPU incidents. Once the node's incident exists, the node's
+faults far apart in time stay per-GPU incidents. A burst of two or more GPUs still below
+``min_gpus`` waits ``settle_seconds`` for the rest of the node before its GPUs open incidents of
+their own: a baseboard's GPUs report over one or two agent rounds, and the first of them must
+not open per-GPU incidents (and alerts) a second before the node-level one. Once the node's incident exists, the node's
 GPU faults stay in it (as ``fold_same_root_cause`` keeps a group in its incident): its GPUs'
 XIDs end after their hold while the GPUs stay lost, and that must not reopen them one by one.
 """
@@ -44,6 +47,7 @@ def fold_node_gpu_failures(
         if s.subject.node is not None and s.subject.gpu is not None and _gpu_failed(s, cfg):
             per_node.setdefault(s.subject.node, []).append(s)
     folded: dict[str, FaultSignal] = {}
+    held: set[int] = set()
     for node, candidates in per_node.items():
         key = f"{NODE_KIND.value}:{Subject(node=node).key()}"
         if key in tracked:
@@ -54,16 +58,21 @@ def fold_node_gpu_failures(
             need = max(2, cfg.min_gpus if cfg.min_gpus is not None else reported)
             if cfg.min_gpus is None and reported == 0:
                 continue  # "every GPU of the node" with no GPU count known: not judged
-            if len({s.subject.gpu for s in group}) < need:
+            gpus = len({s.subject.gpu for s in group})
+            if gpus < need:
+                if gpus >= 2:
+                    held.update(_settling(group, tracked, cfg.settle_seconds))
                 continue
             since = min(_start(s) for s in group)
         folded[node] = _node_signal(node, group, since, policy, gpus_of_node(node))
-    if not folded:
+    if not folded and not held:
         return signals
     members = {id(m) for sig in folded.values() for m in sig.related}
     out: list[FaultSignal] = []
     placed: set[str] = set()
     for s in signals:
+        if id(s) in held:
+            continue
         if id(s) not in members:
             out.append(s)
             continue
@@ -73,6 +82,19 @@ def fold_node_gpu_failures(
             placed.add(node)
             out.append(folded[node])
     return out
+
+
+def _settling(
+    group: list[FaultSignal], tracked: dict[str, float | None], settle: float
+) -> list[int]:
+    """A burst of two or more GPUs, still below min_gpus, waits ``settle`` seconds from its
+    first fault for the rest of the node before its GPUs open incidents of their own (a
+    baseboard's GPUs report over one or two agent rounds). A lone GPU never waits, nor a GPU
+    whose incident is already open."""
+    now = max(s.detected_at for s in group)
+    if now - min(_start(s) for s in group) >= settle:
+        return []
+    return [id(s) for s in group if s.incident_key not in tracked]
 
 
 def _gpu_failed(sig: FaultSignal, cfg: CorrelatedGpuFaults) -> bool:

@@ -133,10 +133,14 @@ class CorrelatedGpuFaults(_Strict):
     (``node_gpus_failed``, app/policy/correlated.py): at least ``min_gpus`` GPUs (None: every
     GPU the node reports; never fewer than 2) whose faults began within ``window_seconds`` of
     each other. A GPU counts when it is lost or has an XID of one of ``xid_buckets`` (the
-    GPU or the node needs service: an application error on every GPU is the job's own bug)."""
+    GPU or the node needs service: an application error on every GPU is the job's own bug).
+    A burst of two or more GPUs still below ``min_gpus`` waits ``settle_seconds`` for the rest
+    of the node before its GPUs open incidents of their own."""
 
     window_seconds: float = Field(default=60, gt=0)
     min_gpus: int | None = Field(default=None, ge=2)
+    # a burst of two or more GPUs below min_gpus waits this long for the rest of the node
+    settle_seconds: float = Field(default=5, ge=0)
     xid_buckets: tuple[XidBucket, ...] = _HARDWARE_BUCKETS
 
 

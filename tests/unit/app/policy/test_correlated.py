@@ -104,13 +104,25 @@ def test_a_staggered_failure_within_the_window_is_still_one_node_incident() -> N
     assert opened.signal is not None and opened.signal.extra["xids"]["0"] == [48]
 
 
-def test_a_partial_failure_below_min_gpus_stays_per_gpu() -> None:
+def test_a_node_whose_gpus_report_over_two_rounds_opens_no_per_gpu_incident_first() -> None:
+    node = _warm(Node())
+    node.fail(GPUS[:3])
+    assert node.opened(1) == []  # a burst below min_gpus waits settle_seconds for the rest
+    node.fail(GPUS[3:])
+    [opened] = node.opened(3)
+    assert opened.kind is FaultKind.NODE_GPUS_FAILED
+    assert opened.signal is not None and opened.signal.extra["gpus"] == GPUS
+
+
+def test_a_partial_failure_below_min_gpus_stays_per_gpu_after_the_settle_time() -> None:
     node = _warm(Node())  # min_gpus: null = all eight
     node.fail(GPUS[:4])
+    assert node.opened(4) == []  # waiting for the rest of the node (settle_seconds: 5)
     opened = node.opened(3)
     assert sorted((d.kind.value, d.subject.gpu) for d in opened) == [
         ("gpu_xid", g) for g in GPUS[:4]
     ]
+    assert node.opened(60) == []
 
 
 def test_min_gpus_folds_a_partial_failure() -> None:
@@ -148,7 +160,10 @@ def test_a_window_too_short_for_the_burst_keeps_it_per_gpu() -> None:
     assert all(d.kind is FaultKind.GPU_XID for d in opened) and len(opened) == 8
 
 
-@pytest.mark.parametrize("bad", [{"min_gpus": 1}, {"window_seconds": 0}, {"xid_buckets": ["X"]}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"min_gpus": 1}, {"window_seconds": 0}, {"xid_buckets": ["X"]}, {"settle_seconds": -1}],
+)
 def test_bad_correlated_keys_do_not_load(bad: dict[str, object]) -> None:
     with pytest.raises(PolicyFileError, match="detection.gpu.correlated"):
         _policy(**bad)
