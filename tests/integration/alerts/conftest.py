@@ -9,6 +9,7 @@ import app.models  # noqa: F401  (registers the tables the alert rows refer to)
 import app.models.alert  # noqa: F401
 from app.core.db import make_engine
 from app.core.migrate import upgrade
+from tests.integration.alerts._webhook_stack import own_redis, webhook_stack  # noqa: F401
 from tests.unit.app.alerts._recording_server import RecordingServer
 
 
