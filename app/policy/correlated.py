@@ -76,11 +76,11 @@ def fold_node_gpu_failures(
         if id(s) not in members:
             out.append(s)
             continue
-        node = s.subject.node
-        assert node is not None  # members are per-GPU signals of a node
-        if node not in placed:
-            placed.add(node)
-            out.append(folded[node])
+        at = s.subject.node
+        assert at is not None  # members are per-GPU signals of a node
+        if at not in placed:
+            placed.add(at)
+            out.append(folded[at])
     return out
 
 

@@ -19,7 +19,6 @@ from ._helpers import JOB, Cluster
 pytestmark = pytest.mark.timeout(60)
 
 GPUS = [str(g) for g in range(8)]
-R = {"job": JOB, "role": "rollout", "rank": "0"}
 
 
 def _policy(**correlated: object) -> Policy:
@@ -40,7 +39,7 @@ class Node:
 
     def feed(self, c: Cluster) -> None:
         c.participant("rollout", 0, "n1", phase="ROLLOUT", step=20)
-        c.put("n1", m.ROLLOUT_TOKENS_PER_SECOND, 1000, **R)
+        c.put("n1", m.ROLLOUT_TOKENS_PER_SECOND, 1000, job=JOB, role="rollout", rank="0")
         for g in GPUS:
             c.put("n1", m.GPU_LOST, 1 if c.now >= self.lost.get(g, float("inf")) else 0, gpu=g)
             c.put("n1", m.GPU_XID_CRITICAL_EVENTS_TOTAL, 0, gpu=g)

@@ -11,7 +11,12 @@ from app.policy import metric_names as m
 from app.policy.detectors import GpuHealthDetector
 from app.policy.engine import PolicyEngine
 from app.policy.plans import ActionName
-from app.policy.policy_file import DEFAULT_POLICY_PATH, PolicyFileError, default_policy, parse_policy
+from app.policy.policy_file import (
+    DEFAULT_POLICY_PATH,
+    PolicyFileError,
+    default_policy,
+    parse_policy,
+)
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.policy.xid_catalog import XID_CATALOG, XidBucket, bucket_of, entry_of
 
