@@ -14,7 +14,9 @@ each other. A fault counts when the GPU is lost or has an XID of one of ``xid_bu
 faults far apart in time stay per-GPU incidents. A burst of two or more GPUs still below
 ``min_gpus`` waits ``settle_seconds`` for the rest of the node before its GPUs open incidents of
 their own: a baseboard's GPUs report over one or two agent rounds, and the first of them must
-not open per-GPU incidents (and alerts) a second before the node-level one. Once the node's incident exists, the node's
+not open per-GPU incidents (and alerts) a second before the node-level one. A GPU whose own
+incident opened before the burst reached ``min_gpus`` (it failed alone, up to ``window_seconds``
+earlier) moves into the node incident; its own resolves after the quiet period. Once the node's incident exists, the node's
 GPU faults stay in it (as ``fold_same_root_cause`` keeps a group in its incident): its GPUs'
 XIDs end after their hold while the GPUs stay lost, and that must not reopen them one by one.
 """

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.metric_names import CRITICAL_XIDS
+
 HERE = Path(__file__).parent
 T0 = 1_700_000_000.0
 JOB = "grpo-a"
@@ -651,7 +653,6 @@ NEGATIVE["slow_start"] = (slow_start, 2)
 # -- correlated GPU faults (issue 21): a node's GPUs failing together are one node incident --
 
 EIGHT = tuple(str(g) for g in range(8))
-AGENT_CRITICAL_XIDS = {48, 63, 64, 74, 79, 94, 95}  # agents/metric_names.py CRITICAL_XIDS
 
 
 def xid_on(node: str, gpu: str, code: int) -> Callable[[Sim], None]:
@@ -662,7 +663,7 @@ def xid_on(node: str, gpu: str, code: int) -> Callable[[Sim], None]:
     def fire(sim: Sim) -> None:
         counts = sim.xid_events.setdefault((node, gpu), {})
         counts[code] = counts.get(code, 0) + 1
-        if code in AGENT_CRITICAL_XIDS:
+        if code in CRITICAL_XIDS:
             key = (node, gpu, "gpu_xid_critical_events_total")
             sim.gpu_override[key] = sim.gpu_override.get(key, 0) + 1
             sim.gpu_override[(node, gpu, "gpu_xid_last_code")] = code
