@@ -9,16 +9,21 @@ its XIDs). The node-level incident then also inhibits the node's per-participant
 (app/silences/muting.py ``NODE_KINDS``).
 
 The rule (``detection.gpu.correlated``): at least ``min_gpus`` distinct GPUs of the node (None:
-every GPU the node reports; never fewer than 2) whose faults began within ``window_seconds`` of
-each other. A fault counts when the GPU is lost or has an XID of one of ``xid_buckets``. Single
-faults far apart in time stay per-GPU incidents. A burst of two or more GPUs still below
-``min_gpus`` waits ``settle_seconds`` for the rest of the node before its GPUs open incidents of
-their own: a baseboard's GPUs report over one or two agent rounds, and the first of them must
-not open per-GPU incidents (and alerts) a second before the node-level one. A GPU whose own
-incident opened before the burst reached ``min_gpus`` (it failed alone, up to ``window_seconds``
-earlier) moves into the node incident; its own resolves after the quiet period. Once the node's incident exists, the node's
-GPU faults stay in it (as ``fold_same_root_cause`` keeps a group in its incident): its GPUs'
-XIDs end after their hold while the GPUs stay lost, and that must not reopen them one by one.
+every GPU the node reports; never fewer than 2) with the same failure, begun within
+``window_seconds`` of each other. A fault counts when the GPU is lost or has an XID of one of
+``xid_buckets``; the same failure is off the bus (lost, or XID 79), or XIDs of one bucket (74,
+NVLink, on every GPU: the fabric). Different failures that happen to meet (one GPU off the
+bus, another's double-bit ECC error a few seconds later) are not one cause, and single faults
+far apart in time stay per-GPU incidents.
+
+A burst of two or more GPUs still below ``min_gpus`` waits ``settle_seconds`` for the rest of
+the node before its GPUs open incidents of their own: a baseboard's GPUs report over one or two
+agent rounds, and the first of them must not open per-GPU incidents (and alerts) a second
+before the node-level one. A GPU whose own incident opened before the burst reached
+``min_gpus`` (it failed alone, up to ``window_seconds`` earlier) moves into the node incident;
+its own resolves after the quiet period. Once the node's incident exists, the node's GPU
+faults stay in it (as ``fold_same_root_cause`` keeps a group in its incident): its GPUs' XIDs
+end after their hold while the GPUs stay lost, and that must not reopen them one by one.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from dataclasses import replace
 
 from app.policy.policy_file import CorrelatedGpuFaults, Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
-from app.policy.xid_catalog import bucket_of
+from app.policy.xid_catalog import XidBucket, bucket_of
 
 NODE_KIND = FaultKind.NODE_GPUS_FAILED
 
@@ -116,19 +121,37 @@ def _start(sig: FaultSignal) -> float:
     return sig.since if sig.since is not None else sig.detected_at
 
 
+def _failure(sig: FaultSignal) -> str:
+    """What failed, so that only the same failure on several GPUs is one cause: ``lost`` (off
+    the bus: gpu_lost, or an XID whose bucket is a node reboot, as 79), else the XID's bucket
+    (74 on every GPU: the NVLink fabric), ``xid`` for an XID whose code is not known."""
+    if _lost(sig):
+        return "lost"
+    xid = sig.extra.get("xid")
+    if not isinstance(xid, int):
+        return "xid"
+    bucket = bucket_of(xid)
+    return "lost" if bucket is XidBucket.RESTART_BM else bucket.value
+
+
 def _burst(signals: list[FaultSignal], window: float) -> list[FaultSignal]:
-    """The largest set of signals (by distinct GPUs) whose starts lie within ``window``."""
-    ordered = sorted(signals, key=_start)
+    """The largest set of signals of one failure (by distinct GPUs) whose starts lie within
+    ``window``."""
+    by_failure: dict[str, list[FaultSignal]] = {}
+    for s in signals:
+        by_failure.setdefault(_failure(s), []).append(s)
     best: list[FaultSignal] = []
     best_gpus = 0
-    lo = 0
-    for hi, s in enumerate(ordered):
-        while _start(s) - _start(ordered[lo]) > window:
-            lo += 1
-        group = ordered[lo : hi + 1]
-        gpus = len({g.subject.gpu for g in group})
-        if gpus > best_gpus:
-            best, best_gpus = group, gpus
+    for same in by_failure.values():
+        ordered = sorted(same, key=_start)
+        lo = 0
+        for hi, s in enumerate(ordered):
+            while _start(s) - _start(ordered[lo]) > window:
+                lo += 1
+            group = ordered[lo : hi + 1]
+            gpus = len({g.subject.gpu for g in group})
+            if gpus > best_gpus:
+                best, best_gpus = group, gpus
     return best
 
 

@@ -131,9 +131,10 @@ _HARDWARE_BUCKETS = (
 class CorrelatedGpuFaults(_Strict):
     """Several GPUs of one node failing together are one node-level incident
     (``node_gpus_failed``, app/policy/correlated.py): at least ``min_gpus`` GPUs (None: every
-    GPU the node reports; never fewer than 2) whose faults began within ``window_seconds`` of
-    each other. A GPU counts when it is lost or has an XID of one of ``xid_buckets`` (the
-    GPU or the node needs service: an application error on every GPU is the job's own bug).
+    GPU the node reports; never fewer than 2) with the same failure begun within
+    ``window_seconds`` of each other. A GPU counts when it is lost or has an XID of one of
+    ``xid_buckets`` (the GPU or the node needs service: an application error on every GPU is
+    the job's own bug).
     A burst of two or more GPUs still below ``min_gpus`` waits ``settle_seconds`` for the rest
     of the node before its GPUs open incidents of their own."""
 

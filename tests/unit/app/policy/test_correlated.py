@@ -93,14 +93,32 @@ def test_xid_79_on_all_eight_gpus_is_one_heavy_node_incident_with_the_gpus_as_ev
 
 def test_a_staggered_failure_within_the_window_is_still_one_node_incident() -> None:
     node = _warm(Node())
-    node.fail(GPUS[:1], code=48)  # one GPU alone first: a per-GPU incident, as it should be
+    node.fail(GPUS[:1])  # one GPU alone first: a per-GPU incident, as it should be
     [first] = node.opened(1)
     assert first.kind is FaultKind.GPU_XID
     node.run(20)
     node.fail(GPUS[1:])
     [opened] = node.opened(3)
     assert opened.kind is FaultKind.NODE_GPUS_FAILED
-    assert opened.signal is not None and opened.signal.extra["xids"]["0"] == [48]
+    assert opened.signal is not None and opened.signal.extra["gpus"] == GPUS
+
+
+def test_different_failures_meeting_on_every_gpu_are_not_one_cause() -> None:
+    node = _warm(Node())
+    node.fail(GPUS[:4])  # off the bus
+    node.run(2)
+    node.fail(GPUS[4:], code=48)  # a double-bit ECC error on each of the others
+    opened = node.opened(10)
+    assert sorted((d.kind.value, d.subject.gpu) for d in opened) == [("gpu_xid", g) for g in GPUS]
+
+
+def test_the_same_xid_bucket_on_every_gpu_is_one_cause() -> None:
+    node = _warm(Node())
+    node.fail(GPUS, code=74)  # NVLink errors on every GPU: the node's fabric
+    [opened] = node.opened(3)
+    assert opened.kind is FaultKind.NODE_GPUS_FAILED
+    assert opened.signal is not None and opened.signal.extra["lost"] == []
+    assert opened.signal.extra["xid"] == 74
 
 
 def test_a_node_whose_gpus_report_over_two_rounds_opens_no_per_gpu_incident_first() -> None:
