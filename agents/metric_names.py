@@ -8,7 +8,10 @@ from __future__ import annotations
 
 # XID codes that point at failing hardware or a dead GPU context (NVIDIA's XID catalogue):
 # 48 double-bit ECC, 63/64 ECC page retirement / row remap, 74 NVLink error, 79 fallen off the
-# bus, 94/95 contained / uncontained ECC error.
+# bus, 94/95 contained / uncontained ECC error. Only gpu_xid_critical_events_total counts by it;
+# the server judges every XID by its code (gpu_xid_events_total{xid} and NVIDIA's resolution
+# bucket per code, app/policy/xid_catalog.py) and uses this counter only for agents without the
+# per-code one.
 CRITICAL_XIDS: frozenset[int] = frozenset({48, 63, 64, 74, 79, 94, 95})
 
 GPU_METRICS: frozenset[str] = frozenset(

@@ -49,11 +49,15 @@ class Classifier:
 
     def _tier_and_plan(self, signal: FaultSignal) -> tuple[Tier, tuple[ActionName, ...]]:
         """The signal's tier rule; signals folded into it (same root cause) add their plans
-        and can raise the tier, so one incident recovers from everything its cause did."""
-        rule = self.policy.tier_rule(signal.kind)
+        and can raise the tier, so one incident recovers from everything its cause did.
+        Signals about another subject (the GPUs of a ``node_gpus_failed``) are its evidence
+        only: the node's plan speaks for its GPUs."""
+        rule = self.policy.rule_for(signal)
         tier, plan = rule.tier, rule.plan
         for other in signal.related:
-            extra = self.policy.tier_rule(other.kind)
+            if other.subject != signal.subject:
+                continue
+            extra = self.policy.rule_for(other)
             if extra.tier.rank > tier.rank:
                 tier = extra.tier
             plan += tuple(a for a in extra.plan if a not in plan)

@@ -16,10 +16,13 @@ recorded: a plan still pending or running is not planned twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from app.policy import metric_names as m
 from app.policy.classifier import Classification, Classifier, plan_actions
+from app.policy.correlated import fold_node_gpu_failures
 from app.policy.detectors import (
     Detector,
     HeartbeatDetector,
@@ -191,7 +194,9 @@ class PolicyEngine:
             elif isinstance(det, NodeSilenceDetector):
                 result.suspected_nodes = det.suspected
         signals = [s for s in signals if not world.maintenance.covers(s)]
-        signals = fold_same_root_cause(drop_superseded(signals), self._tracked_occurrences())
+        tracked = self._tracked_occurrences()
+        signals = fold_same_root_cause(drop_superseded(signals), tracked)
+        signals = fold_node_gpu_failures(signals, tracked, self.policy, _gpu_count(world))
         result.signals = signals
         active: dict[str, FaultSignal] = {}
         for sig in signals:
@@ -372,6 +377,18 @@ class PolicyEngine:
             ]
             return min(steps) if steps else None
         return None
+
+
+def _gpu_count(world: World) -> Callable[[str], int]:
+    """How many GPUs a node reports: the agent sends ``gpu_lost`` (0 or 1) for each of them,
+    lost ones included (0: unknown)."""
+
+    def count(node: str) -> int:
+        return max(
+            world.series_count(m.GPU_LOST, node), world.series_count(m.GPU_UTILIZATION_RATIO, node)
+        )
+
+    return count
 
 
 def _build_index(detectors: list[Detector]) -> LatestIndex:

@@ -39,6 +39,7 @@ CHECKPOINT_WRITE_ERRORS_TOTAL = "checkpoint_write_errors_total"  # counter: fail
 # --- GPU health (labels gpu; from NVML, docs/metrics.md) ---
 GPU_UTILIZATION_RATIO = "gpu_utilization_ratio"  # 0..1
 GPU_XID_CRITICAL_EVENTS_TOTAL = "gpu_xid_critical_events_total"
+GPU_XID_EVENTS_TOTAL = "gpu_xid_events_total"  # labels gpu, xid: one counter per XID code
 GPU_XID_LAST_CODE = "gpu_xid_last_code"
 GPU_ECC_UNCORRECTED_TOTAL = "gpu_ecc_uncorrected_errors_total"
 GPU_REMAPPED_ROWS_FAILURE = "gpu_remapped_rows_failure"

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.policy import metric_names as m
 from app.policy.plans import ActionName
-from app.policy.signals import FaultKind, Tier
+from app.policy.signals import FaultKind, FaultSignal, Tier
+from app.policy.xid_catalog import XidBucket, bucket_of
 
 DEFAULT_POLICY_PATH = Path(__file__).with_name("policy.yaml")
 
@@ -116,13 +117,43 @@ class NodeDetection(_Strict):
     several_lost_min: int = Field(default=2, ge=2)
 
 
+_HARDWARE_BUCKETS = (
+    XidBucket.RESET_GPU,
+    XidBucket.RESTART_BM,
+    XidBucket.RESTART_VM,
+    XidBucket.CONTACT_SUPPORT,
+    XidBucket.WORKFLOW_XID_48,
+    XidBucket.WORKFLOW_NVLINK_ERR,
+    XidBucket.WORKFLOW_NVLINK5_ERR,
+)
+
+
+class CorrelatedGpuFaults(_Strict):
+    """Several GPUs of one node failing together are one node-level incident
+    (``node_gpus_failed``, app/policy/correlated.py): at least ``min_gpus`` GPUs (None: every
+    GPU the node reports; never fewer than 2) with the same failure begun within
+    ``window_seconds`` of each other. A GPU counts when it is lost or has an XID of one of
+    ``xid_buckets`` (the GPU or the node needs service: an application error on every GPU is
+    the job's own bug).
+    A burst of two or more GPUs still below ``min_gpus`` waits ``settle_seconds`` for the rest
+    of the node before its GPUs open incidents of their own."""
+
+    window_seconds: float = Field(default=60, gt=0)
+    min_gpus: int | None = Field(default=None, ge=2)
+    # a burst of two or more GPUs below min_gpus waits this long for the rest of the node
+    settle_seconds: float = Field(default=5, ge=0)
+    xid_buckets: tuple[XidBucket, ...] = _HARDWARE_BUCKETS
+
+
 class GpuDetection(_Strict):
-    critical_xids: tuple[int, ...] = (48, 63, 64, 74, 79, 94, 95)
     # XIDs whose gpu_xid plan may drain the node (drain_node, always approved first); none by
     # default: a drain takes the machine from every job of the cluster.
     drain_xids: tuple[int, ...] = ()
+    # XIDs of these buckets (app/policy/xid_catalog.py) open no incident.
+    ignore_xid_buckets: tuple[XidBucket, ...] = (XidBucket.IGNORE, XidBucket.WORKFLOW_XID_45)
     event_hold_seconds: float = Field(default=120, gt=0)
     throttle_sustain_seconds: float = Field(default=60, gt=0)
+    correlated: CorrelatedGpuFaults = CorrelatedGpuFaults()
 
 
 class StorageDetection(_Strict):
@@ -255,6 +286,9 @@ class Policy(_Strict):
     golden_metrics: dict[str, GoldenMetricRule]
     detection: Detection = Detection()
     tiers: dict[FaultKind, TierRule]
+    # Tier and plan of a gpu_xid by the NVIDIA resolution bucket of its XID (the tiers rule of
+    # gpu_xid is for an XID whose code is not known, e.g. from Alertmanager).
+    xid_buckets: dict[XidBucket, TierRule]
     escalation: Escalation = Escalation()
     approval: Approval = Approval()
     recovery: RecoveryLimits = RecoveryLimits()
@@ -272,10 +306,21 @@ class Policy(_Strict):
         missing = sorted(k.value for k in FaultKind if k not in self.tiers)
         if missing:
             raise ValueError(f"tiers: no rule for fault kind(s) {', '.join(missing)}")
+        no_rule = sorted(b.value for b in XidBucket if b not in self.xid_buckets)
+        if no_rule:
+            raise ValueError(f"xid_buckets: no rule for bucket(s) {', '.join(no_rule)}")
         return self
 
     def tier_rule(self, kind: FaultKind) -> TierRule:
         return self.tiers[kind]
+
+    def rule_for(self, signal: FaultSignal) -> TierRule:
+        """The signal's rule: a gpu_xid whose code is known by its XID's bucket, the rest by
+        kind."""
+        xid = signal.extra.get("xid")
+        if signal.kind is FaultKind.GPU_XID and isinstance(xid, int):
+            return self.xid_buckets[bucket_of(xid)]
+        return self.tiers[signal.kind]
 
 
 def _format_error(source: str, exc: ValidationError) -> str:

@@ -37,6 +37,9 @@ class FaultKind(StrEnum):
     GPU_ROW_REMAP_FAILURE = "gpu_row_remap_failure"
     GPU_THROTTLED = "gpu_throttled"
     GPU_LOST = "gpu_lost"
+    # several GPUs of one node failing together (a baseboard, a PCIe switch, the node's power):
+    # one node-level incident with the GPUs as its evidence (app/policy/correlated.py)
+    NODE_GPUS_FAILED = "node_gpus_failed"
     # environment
     ENV_DRIFT = "env_drift"
     CLOCK_SKEW = "clock_skew"  # a node's clock is off (its NTP is broken); stamps corrected

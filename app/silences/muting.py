@@ -7,8 +7,8 @@ Three things mute an alert, checked in this order (the first one found is record
 - a maintenance window of the incident's node or job, for the heartbeat-silence kinds (a node
   being worked on stops reporting: that is the point of the window, not a fault);
 - inhibition: a per-GPU or per-participant incident on a node that has an open node-level
-  incident (the node is lost or silent: its GPUs' and processes' faults are symptoms, and the
-  node incident's alert already speaks for them).
+  incident (the node is lost or silent, or its GPUs failed together: its GPUs' and processes'
+  faults are symptoms, and the node incident's alert already speaks for them).
 
 Actions are held by a silence that says so (``stops_actions``) and by any open maintenance
 window of the incident's node or job (nothing is restarted on a node being worked on).
@@ -33,8 +33,16 @@ from app.silences.matchers import Matcher, all_match, incident_labels
 from app.silences.windows import open_windows
 
 # Incidents about a whole node: while one is open, the node's per-GPU and per-participant
-# incidents are inhibited.
-NODE_KINDS = frozenset({FaultKind.NODE_SILENT, FaultKind.NODES_LOST, FaultKind.NODE_UNAVAILABLE})
+# incidents are inhibited (node_gpus_failed: the processes on a node whose GPUs are gone die
+# with them; their heartbeat_lost is a symptom).
+NODE_KINDS = frozenset(
+    {
+        FaultKind.NODE_SILENT,
+        FaultKind.NODES_LOST,
+        FaultKind.NODE_UNAVAILABLE,
+        FaultKind.NODE_GPUS_FAILED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

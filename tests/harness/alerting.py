@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from sqlmodel import Session, select
 
+from app.models.alert import AlertDelivery
+from tests.harness.stack import Stack
 from tests.unit.app.alerts._factories import WEBHOOK_SIGNING
 from tests.unit.app.alerts._recording_server import RecordingServer
 
@@ -41,3 +44,16 @@ def webhook_alerts_file(path: Path, server: RecordingServer, *, group_wait_s: fl
 def hooks(server: RecordingServer) -> list[dict[str, Any]]:
     """The webhook documents received so far, oldest first."""
     return [json.loads(r.body) for r in server.requests if r.path == HOOK]
+
+
+def deliveries(stack: Stack) -> list[AlertDelivery]:
+    """Every alert delivery row the stack's database holds."""
+    with Session(stack.engine) as s:
+        return list(s.exec(select(AlertDelivery)).all())
+
+
+def delivered(stack: Stack, server: RecordingServer) -> list[dict[str, Any]] | None:
+    """The webhook bodies received, once every queued delivery is sent (or grouped)."""
+    rows = deliveries(stack)
+    done = rows and all(r.state in ("sent", "grouped") for r in rows)
+    return hooks(server) if done and hooks(server) else None

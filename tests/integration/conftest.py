@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.harness import (
     free_port,
     make_settings,
 )
+from tests.harness.alerting import webhook_alerts_file
 from tests.harness.stack import Stack, fast_policy
 from tests.unit.app.alerts._recording_server import RecordingServer
 
@@ -120,3 +122,28 @@ def server() -> Iterator[RecordingServer]:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture
+def webhook_stack(
+    tmp_path: Path, postgres_url: str, own_redis: RedisServer, server: RecordingServer
+) -> Iterator[Callable[..., Stack]]:
+    """A stack factory (PostgreSQL, a Redis of the test's own, one webhook channel to the
+    ``server`` receiver): call it with ``fast_policy``'s dotted policy overrides."""
+    made: list[Stack] = []
+
+    def make(**overrides: Any) -> Stack:
+        # No quiet period resolves anything while the test looks (a resolution is an alert too).
+        policy = fast_policy(
+            tmp_path / "policy.yaml", **{"incidents.quiet_period_seconds": 120, **overrides}
+        )
+        s = Stack(tmp_path, database_url=postgres_url, redis=own_redis, policy=policy)
+        s.env["RLGUARD_ALERTS_FILE"] = str(webhook_alerts_file(tmp_path / "alerts.yaml", server))
+        made.append(s)
+        return s
+
+    try:
+        yield make
+    finally:
+        for s in made:
+            s.close()

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.metric_names import CRITICAL_XIDS
+
 HERE = Path(__file__).parent
 T0 = 1_700_000_000.0
 JOB = "grpo-a"
@@ -65,6 +67,12 @@ class Sim:
     # batches carry the server's receive time (received_at) beside their own stamps.
     clock_behind: dict[str, float] = field(default_factory=dict)
 
+
+    # GPUs per node where not GPUS (an eight-GPU node), and the agent's per-code XID counters
+    # (gpu_xid_events_total{gpu, xid}); empty in the older traces, which stay byte-identical.
+    node_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    xid_events: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         for parts in PARTICIPANTS.values():
@@ -85,7 +93,9 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
     def add(name: str, value: float, **labels: str) -> None:
         samples.append({"name": name, "value": round(value, 3), "ts": ts, "labels": labels})
 
-    for gpu in GPUS:
+    for gpu in sim.node_gpus.get(node, GPUS):
+        for code, count in sim.xid_events.get((node, gpu), {}).items():
+            add("gpu_xid_events_total", count, gpu=gpu, xid=str(code))  # sent for lost GPUs too
         if (node, gpu) in sim.gpu_missing:
             add("gpu_lost", 1, gpu=gpu)
             continue
@@ -700,6 +710,102 @@ def clock_ntp_jitter(v: int):
 POSITIVE["clock_off_healthy"] = (clock_off_healthy, 3)
 POSITIVE["clock_off_rollout_dies"] = (clock_off_rollout_dies, 3)
 NEGATIVE["clock_ntp_jitter"] = (clock_ntp_jitter, 2)
+
+
+# -- correlated GPU faults (issue 21): a node's GPUs failing together are one node incident --
+
+EIGHT = tuple(str(g) for g in range(8))
+
+
+def xid_on(node: str, gpu: str, code: int) -> Callable[[Sim], None]:
+    """What the agent reports for one XID event: its per-code counter, the critical counter and
+    newest code when the code is in the agent's critical set, and for 79 the GPU lost in the
+    same round (the agent drains a GPU's events before it finds the GPU gone)."""
+
+    def fire(sim: Sim) -> None:
+        counts = sim.xid_events.setdefault((node, gpu), {})
+        counts[code] = counts.get(code, 0) + 1
+        if code in CRITICAL_XIDS:
+            key = (node, gpu, "gpu_xid_critical_events_total")
+            sim.gpu_override[key] = sim.gpu_override.get(key, 0) + 1
+            sim.gpu_override[(node, gpu, "gpu_xid_last_code")] = code
+        if code == 79:
+            sim.hooks.append(at(0, 10_000, lambda s: s.gpu_missing.add((node, gpu))))
+
+    return fire
+
+
+def once(start: float, fn: Callable[[Sim], None]) -> Callable[[float, Sim], None]:
+    def hook(t: float, sim: Sim) -> None:
+        if T0 + start <= t < T0 + start + 1:
+            fn(sim)
+
+    return hook
+
+
+def baseboard(v: int):
+    """XID 79 on all eight GPUs of a node at once (its baseboard): one node_gpus_failed."""
+    node = ("n1", "n0")[v % 2]
+    start = 50 + 5 * v
+    sim = Sim(seed=5800 + v, duration=start + 60)
+    sim.node_gpus[node] = EIGHT
+    for g in EIGHT:
+        sim.hooks.append(once(start, xid_on(node, g, 79)))
+    return sim, [exp("node_gpus_failed", start, 0, tier="heavy", job=None, node=node)], (
+        f"XID 79 on all 8 GPUs of {node} (a baseboard)")
+
+
+def node_of_four(v: int):
+    """A node that reports four GPUs loses all four (XID 95, uncontained ECC: RESET_GPU) within
+    a few seconds: "every GPU the node reports", one node_gpus_failed."""
+    start = 45 + 6 * v
+    sim = Sim(seed=5900 + v, duration=start + 60)
+    sim.node_gpus["n2"] = EIGHT[:4]
+    for i, g in enumerate(EIGHT[:4]):
+        sim.hooks.append(once(start + i % 2, xid_on("n2", g, 95)))
+    return sim, [exp("node_gpus_failed", start, 1, tier="heavy", job=None, node="n2")], (
+        "XID 95 on all 4 GPUs of n2 within 2 s")
+
+
+def gpus_partial(v: int):
+    """Half of an eight-GPU node fails together (XID 79 on four GPUs): below min_gpus (every
+    GPU the node reports), so four per-GPU incidents, not a node-level one, once the burst has
+    waited settle_seconds for the rest of the node."""
+    start = 55 + 4 * v
+    gpus = EIGHT[v % 2 :: 2]
+    sim = Sim(seed=6000 + v, duration=start + 60)
+    sim.node_gpus["n1"] = EIGHT
+    for g in gpus:
+        sim.hooks.append(once(start, xid_on("n1", g, 79)))
+    # window 5: a burst below min_gpus waits detection.gpu.correlated.settle_seconds (5 s) for
+    # the rest of the node before its GPUs open incidents of their own
+    expect = [exp("gpu_xid", start, 5, job=None, node="n1", gpu=g) for g in gpus]
+    return sim, expect, f"XID 79 on GPUs {', '.join(gpus)} of n1 (4 of 8)"
+
+
+def gpus_unrelated(v: int):
+    """The must-not-fold twin: every GPU of an eight-GPU node has one fault of its own, 90 s
+    apart (1.5 windows; hours apart on a real cluster, compressed to keep the corpus small, and
+    closer than the XIDs' 120 s hold, so that several GPUs' signals are up at once and only the
+    window keeps them apart): eight per-GPU incidents (light or medium by the XID's bucket), no
+    node-level one, although every GPU fails once and one of them (the 79) stays lost."""
+    codes = [13, 31, 48, 79, 94, 64, 119, 74]
+    if v % 2:
+        codes.reverse()
+    sim = Sim(seed=6100 + v, duration=40 + 90 * 7 + 60)
+    sim.node_gpus["n1"] = EIGHT
+    expect = []
+    for i, (g, code) in enumerate(zip(EIGHT, codes, strict=True)):
+        start = 40 + 90 * i
+        sim.hooks.append(once(start, xid_on("n1", g, code)))
+        expect.append(exp("gpu_xid", start, 0, job=None, node="n1", gpu=g))
+    return sim, expect, "one XID of its own on each of the 8 GPUs of n1, 90 s apart"
+
+
+POSITIVE["baseboard"] = (baseboard, 2)
+POSITIVE["node_of_four"] = (node_of_four, 2)
+POSITIVE["gpus_partial"] = (gpus_partial, 2)
+POSITIVE["gpus_unrelated"] = (gpus_unrelated, 2)
 
 
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ the signal has been absent for the quiet period). Time always comes from ``world
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from app.ingest.series_store import Point, SeriesKey
 from app.policy import metric_names as m
@@ -81,7 +82,7 @@ class Detector:
         step: int | None = None,
         **extra: object,
     ) -> FaultSignal:
-        return FaultSignal(
+        sig = FaultSignal(
             kind=kind,
             subject=subject,
             evidence=evidence,
@@ -91,6 +92,8 @@ class Detector:
             step=step,
             extra=dict(extra),
         )
+        tier = self.policy.rule_for(sig).tier  # a gpu_xid's tier is its XID's bucket's
+        return sig if tier is sig.suggested_tier else replace(sig, suggested_tier=tier)
 
     def detect(self, world: World) -> list[FaultSignal]:  # pragma: no cover - interface
         raise NotImplementedError

@@ -7,17 +7,13 @@ timeline names each of them (``inhibits``) as its evidence."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlmodel import Session, select
 
-from app.models.alert import AlertDelivery
-from tests.harness import RedisServer
-from tests.harness.alerting import hooks, webhook_alerts_file
-from tests.harness.stack import Stack, fast_policy
+from tests.harness.alerting import delivered, deliveries
+from tests.harness.stack import Stack
 from tests.unit.app.alerts._recording_server import RecordingServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -26,22 +22,16 @@ XID = "gpu_xid_critical_events_total"
 
 
 @pytest.fixture
-def inhibit_stack(
-    tmp_path: Path, postgres_url: str, own_redis: RedisServer, server: RecordingServer
-) -> Iterator[Stack]:
-    # No quiet period resolves anything while the test looks (a resolution is an alert too).
-    policy = fast_policy(tmp_path / "policy.yaml", **{"incidents.quiet_period_seconds": 120})
-    s = Stack(tmp_path, database_url=postgres_url, redis=own_redis, policy=policy)
-    s.env["RLGUARD_ALERTS_FILE"] = str(webhook_alerts_file(tmp_path / "alerts.yaml", server))
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-def deliveries(stack: Stack) -> list[AlertDelivery]:
-    with Session(stack.engine) as s:
-        return list(s.exec(select(AlertDelivery)).all())
+def inhibit_stack(webhook_stack: Callable[..., Stack]) -> Stack:
+    # Eight GPUs of one node failing together are one node_gpus_failed incident
+    # (test_node_gpus_failed_e2e.py); this test is about the per-GPU incidents a node-level
+    # incident inhibits, so that folding is off here (min_gpus above the node's eight GPUs).
+    return webhook_stack(
+        **{
+            "detection.gpu.correlated.min_gpus": 9,
+            "detection.gpu.correlated.settle_seconds": 0,
+        }
+    )
 
 
 def test_a_lost_node_with_eight_gpu_faults_sends_one_alert_with_the_gpus_as_evidence(
@@ -86,11 +76,8 @@ def test_a_lost_node_with_eight_gpu_faults_sends_one_alert_with_the_gpus_as_evid
 
     # One alert: the node incident's. The per-GPU incidents queued no delivery at all (muted in
     # the incident writer's transaction), so none can go out later; the node's is delivered.
-    def sent() -> list[dict[str, Any]] | None:
-        rows = deliveries(stack)
-        done = rows and all(r.state in ("sent", "grouped") for r in rows)
-        return hooks(server) if done and hooks(server) else None
-
-    [alert] = stack.wait(sent, 60, "the node incident's alert at the receiver")
+    [alert] = stack.wait(
+        lambda: delivered(stack, server), 60, "the node incident's alert at the receiver"
+    )
     assert alert["incident_id"] == node["id"] and alert["fault_kind"] == "node_unavailable"
     assert {r.incident_id for r in deliveries(stack)} == {node["id"]}

@@ -132,6 +132,28 @@ def test_a_node_incident_inhibits_the_alerts_of_its_gpus_and_participants(engine
     assert actions(engine, part) == 1
 
 
+def test_a_node_whose_gpus_failed_inhibits_the_heartbeat_lost_of_its_processes(
+    engine: Engine,
+) -> None:
+    """Issue 21: the processes of a node whose GPUs all failed die with them; their
+    heartbeat_lost is a symptom of the node_gpus_failed incident, not an alert of its own."""
+    node = open_(engine, FaultKind.NODE_GPUS_FAILED, Subject(node="n1"), AT, act=False)
+    part = open_(
+        engine, FaultKind.HEARTBEAT_LOST, Subject(node="n1", job="j", role="trainer", rank=0),
+        AT + timedelta(seconds=5),
+    )  # fmt: skip
+    elsewhere = open_(
+        engine, FaultKind.HEARTBEAT_LOST, Subject(node="n2", job="j", role="trainer", rank=1),
+        AT + timedelta(seconds=5),
+    )  # fmt: skip
+    assert deliveries(engine, node) > 0 and deliveries(engine, elsewhere) > 0
+    assert deliveries(engine, part) == 0
+    assert ("inhibited", f"inhibited by incident #{node} (node_gpus_failed on n1)") in timeline(
+        engine, part
+    )
+    assert [t for t, _ in timeline(engine, node)].count("inhibits") == 1
+
+
 def test_a_maintenance_window_mutes_silence_faults_and_holds_actions_on_its_node(
     engine: Engine,
 ) -> None:

@@ -12,18 +12,16 @@ HTTP receiver as the alerts' webhook.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlmodel import Session, select
 
 from app.models.alert import AlertDelivery
-from tests.harness import RedisServer
-from tests.harness.alerting import hooks, webhook_alerts_file
-from tests.harness.stack import JOB, Stack, fast_policy
+from tests.harness.alerting import hooks
+from tests.harness.stack import JOB, Stack
 from tests.integration.policy.test_policy_scenarios import _base_cluster
 from tests.unit.app.alerts._recording_server import RecordingServer
 
@@ -33,17 +31,8 @@ SILENCE_SECONDS = 20
 
 
 @pytest.fixture
-def alerting_stack(
-    tmp_path: Path, postgres_url: str, own_redis: RedisServer, server: RecordingServer
-) -> Iterator[Stack]:
-    # No quiet period resolves an incident while the test looks at it.
-    policy = fast_policy(tmp_path / "policy.yaml", **{"incidents.quiet_period_seconds": 120})
-    s = Stack(tmp_path, database_url=postgres_url, redis=own_redis, policy=policy)
-    s.env["RLGUARD_ALERTS_FILE"] = str(webhook_alerts_file(tmp_path / "alerts.yaml", server))
-    try:
-        yield s
-    finally:
-        s.close()
+def alerting_stack(webhook_stack: Callable[..., Stack]) -> Stack:
+    return webhook_stack()
 
 
 def restarted(stack: Stack, role: str) -> bool:

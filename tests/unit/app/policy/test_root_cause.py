@@ -94,8 +94,16 @@ def test_the_second_signal_a_tick_later_joins_the_first_ones_incident(first: Fau
 
 def test_an_xid_on_one_gpu_and_another_gpu_lost_stay_two_incidents() -> None:
     c, e = _engine()
-    ds = c.run(1, lambda c: (_base(c), _xid("0")(c), _lost("0", 0)(c), _lost("1")(c)), engine=e)
-    assert sorted((d.kind.value, d.subject.gpu) for d in ds) == [
+    # A third, healthy GPU: two GPUs of a two-GPU node failing together would be the whole
+    # node (node_gpus_failed, tests/unit/app/policy/test_correlated.py); two of three wait
+    # detection.gpu.correlated.settle_seconds for the rest of the node, then open their own.
+    ds = c.run(
+        7,
+        lambda c: (_base(c), _xid("0")(c), _lost("0", 0)(c), _lost("1")(c), _lost("2", 0)(c)),
+        engine=e,
+    )
+    opened = [d for d in ds if d.type is DecisionType.OPEN]
+    assert sorted((d.kind.value, d.subject.gpu) for d in opened) == [
         ("gpu_lost", "1"),
         ("gpu_xid", "0"),
     ]
