@@ -45,6 +45,10 @@ class GoldenMetricRule(_Strict):
     def breaches(self, value: float) -> bool:
         return value >= self.warning if self.inclusive else value > self.warning
 
+    def unhealthy(self, value: float) -> bool:
+        """Above healthy (or breaching): inside a breach, such a sample does not end it."""
+        return value > self.healthy or self.breaches(value)
+
     @model_validator(mode="after")
     def _healthy_below_warning(self) -> GoldenMetricRule:
         if self.healthy > self.warning:

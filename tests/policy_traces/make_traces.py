@@ -808,6 +808,70 @@ POSITIVE["gpus_partial"] = (gpus_partial, 2)
 POSITIVE["gpus_unrelated"] = (gpus_unrelated, 2)
 
 
+# -- flapping and noise: a signal around its threshold opens one incident, short gaps none ----
+
+def _cycle(start: float, on: float, off: float, fn: Callable[[Sim, bool], None]):
+    """From ``start`` (s into the trace): ``on`` s of fn(sim, True), ``off`` s of fn(sim, False)."""
+    def hook(t: float, sim: Sim) -> None:
+        rel = t - T0 - start
+        if rel >= 0:
+            fn(sim, rel % (on + off) < on)
+    return hook
+
+
+def _pending(rank: int, high: float, low: float) -> Callable[[Sim, bool], None]:
+    def set_(s: Sim, up: bool) -> None:
+        s.part_override[(rank, "rollout", "rollout_pending_ratio")] = high if up else low
+    return set_
+
+
+def pending_around_warning(v: int):
+    """The pending ratio swings across its warning (0.3) every 10 s, never down to healthy
+    (0.1): one breach, one incident, held open while it swings (the band between healthy and
+    warning is the hysteresis)."""
+    start = 40 + 5 * v
+    sim = Sim(seed=6100 + v, duration=start + 300)
+    sim.hooks.append(_cycle(start, 10, 10, _pending(0, 0.36, 0.24)))
+    return sim, [exp("rollout_pending_high", start, 30, role="rollout", rank=0, node="n1")], (
+        "rollout-0's pending ratio swings between 0.24 and 0.36 every 10 s")
+
+
+def pending_on_and_off(v: int):
+    """The pending ratio breaches 40 s, is healthy 20 s, breaches again, four times: the quiet
+    period (30 s) holds the one incident open across the healthy spells."""
+    start = 40 + 5 * v
+    sim = Sim(seed=6200 + v, duration=start + 260)
+    sim.hooks.append(_cycle(start, 40, 20, _pending(1, 0.6, 0.02)))
+    return sim, [exp("rollout_pending_high", start, 30, role="rollout", rank=1, node="n2")], (
+        "rollout-1's pending ratio high 40 s, healthy 20 s, four times")
+
+
+def heartbeat_gaps_repeated(v: int):
+    """A trainer whose heartbeat stalls 10 s every 25 s (a slow filesystem), always under the
+    15 s suspicion threshold: nothing opens, however often."""
+    rank = v % 2
+
+    def stall(t: float, sim: Sim) -> None:
+        rel = t - T0 - 40
+        if rel < 0:
+            return
+        k, pos = divmod(rel, 25)
+        began = T0 + 40 + 25 * k
+        if pos < 10:
+            sim.hb_frozen[("trainer", rank)] = (began, began + 10)
+        else:
+            sim.hb_frozen.pop(("trainer", rank), None)
+
+    sim = Sim(seed=6300 + v, duration=340)
+    sim.hooks.append(stall)
+    return sim, [], f"trainer-{rank}'s heartbeat stalls 10 s every 25 s"
+
+
+POSITIVE["pending_around_warning"] = (pending_around_warning, 2)
+POSITIVE["pending_on_and_off"] = (pending_on_and_off, 2)
+NEGATIVE["heartbeat_gaps_repeated"] = (heartbeat_gaps_repeated, 2)
+
+
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
@@ -838,3 +902,4 @@ def main(out_dir: Path = HERE) -> int:
 
 if __name__ == "__main__":
     main()
+

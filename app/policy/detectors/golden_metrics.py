@@ -1,4 +1,15 @@
-"""Golden metrics: a metric above its warning threshold for its breach duration."""
+"""Golden metrics: a metric above its warning threshold for its breach duration.
+
+Two rules keep a metric that hovers around its threshold from opening and resolving incidents
+over and over (``golden_metrics`` in policy.yaml):
+
+- Hysteresis: a breach starts at a sample above ``warning`` and lasts until a *healthy* sample
+  (at or under ``healthy``); samples between the two do not end it. A ratio swinging between
+  0.24 and 0.36 around a 0.3 warning is one breach, not a series of short ones that never last.
+- Minimum hold: once a metric's signal has fired, a new breach within the incidents' quiet
+  period continues it at once (same ``since``) instead of waiting ``breach_seconds`` again, so
+  the incident stays open across short healthy spells rather than resolving and reopening.
+"""
 
 from __future__ import annotations
 
@@ -21,16 +32,20 @@ class GoldenMetricDetector(Detector):
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
+        # The snapshot keeps every series not healthy now: inside a breach, not only above it.
         self.filters = {
-            name: Threshold("ge" if rule.inclusive else "gt", rule.warning)
-            for name, rule in policy.golden_metrics.items()
+            name: Threshold("gt", rule.healthy) for name, rule in policy.golden_metrics.items()
         }
+        # key → (since, last fired): the minimum hold's memory, kept across ticks.
+        self._fired: dict[SeriesKey, tuple[float, float]] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
+        hold = self.policy.incidents.quiet_period_seconds
+        self._fired = {k: v for k, v in self._fired.items() if world.now - v[1] <= hold}
         out: list[FaultSignal] = []
         for name, rule in self.policy.golden_metrics.items():
             for key, latest in world.series(name):
-                if not self.fresh(world, latest) or not rule.breaches(latest.value):
+                if not self.fresh(world, latest) or not rule.unhealthy(latest.value):
                     continue
                 sig = self._judge(world, key, rule)
                 if sig is not None:
@@ -40,13 +55,21 @@ class GoldenMetricDetector(Detector):
     def _judge(self, world: World, key: SeriesKey, rule: GoldenMetricRule) -> FaultSignal | None:
         lookback = rule.breach_seconds + self.policy.detection.stale_sample_seconds
         points = world.store.since(key, world.now - lookback)
-        run = breach_run(points, rule.breaches)
+        unhealthy = breach_run(points, rule.unhealthy)
+        run = unhealthy[
+            next((i for i, p in enumerate(unhealthy) if rule.breaches(p.value)), len(unhealthy)) :
+        ]
         if not run:
             return None
-        start = self.sticky_since(key, run[0].ts, open_ended=len(run) == len(points))
-        covered = len(run) < len(points) or start <= world.now - rule.breach_seconds
-        if not covered or world.now - start < rule.breach_seconds:
-            return None
+        held = self._fired.get(key)
+        if held is not None:  # the minimum hold: the same occurrence goes on
+            start = held[0]
+        else:
+            start = self.sticky_since(key, run[0].ts, open_ended=len(run) == len(points))
+            covered = len(run) < len(points) or start <= world.now - rule.breach_seconds
+            if not covered or world.now - start < rule.breach_seconds:
+                return None
+        self._fired[key] = (start, world.now)
         evidence = Evidence(
             metric=key.name,
             values=cap_points([(p.ts, p.value) for p in run]),

@@ -42,16 +42,48 @@ def test_pending_ratio_spike_shorter_than_breach_does_not_fire() -> None:
     assert first_firing(res) is None
 
 
-def test_breach_interrupted_by_one_healthy_sample_restarts_the_clock() -> None:
+def test_a_healthy_sample_restarts_the_clock_of_a_breach_that_has_not_fired() -> None:
+    c = Cluster()
+    det = GoldenMetricDetector(c.policy)
+    res = c.run(8, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
+    res += c.run(1, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 20, **P), detector=det)
+    res += c.run(9, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
+    assert first_firing(res) is None  # 8 s, then 9 s: neither lasted the 10 s
+    res = c.run(2, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
+    assert first_firing(res) is not None
+
+
+def test_samples_between_healthy_and_warning_do_not_end_a_breach() -> None:
+    """Hysteresis: latency swinging 150/250 ms around its 200 ms warning, never down to the
+    50 ms healthy level, is one breach."""
+    c = Cluster()
+    det = GoldenMetricDetector(c.policy)
+    swing = iter([250, 150] * 20)
+    res = c.run(20, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, next(swing), **P),
+                detector=det)  # fmt: skip
+    fired = first_firing(res)
+    assert fired is not None and 11 <= fired <= 12, res
+    assert all(r for r in res[fired:]), "it keeps firing while the breach lasts"
+    since = {r[0].since for r in res[fired - 1 :]}
+    assert len(since) == 1  # one occurrence
+
+
+def test_after_firing_a_new_breach_within_the_quiet_period_continues_it_at_once() -> None:
+    """Minimum hold: high, healthy for 20 s (under the 30 s quiet period), high again: the
+    signal comes back on the first breaching sample with the first breach's since, so its
+    incident is not resolved and reopened; after a healthy spell longer than the quiet period
+    a breach waits its full duration again."""
     c = Cluster()
     det = GoldenMetricDetector(c.policy)
     res = c.run(20, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
-    assert first_firing(res) == 11  # first breaching sample at second 1, +10 s
-    res = c.run(1, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 20, **P), detector=det)
-    res += c.run(9, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
-    assert first_firing(res) is None
-    res = c.run(2, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
-    assert first_firing(res) is not None
+    first = res[-1][0].since
+    c.run(20, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 20, **P), detector=det)
+    res = c.run(1, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
+    assert res[0] and res[0][0].since == first
+    c.run(40, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 20, **P), detector=det)
+    res = c.run(12, lambda c: c.put("n1", m.STATE_LOG_WRITE_LATENCY_MS, 300, **P), detector=det)
+    fired = first_firing(res)
+    assert fired is not None and fired >= 10 and res[fired - 1][0].since != first
 
 
 def test_shard_rebuild_count_is_inclusive_and_immediate() -> None:
