@@ -129,8 +129,10 @@ class IngestLimits(BaseModel):
     # clock would otherwise pin "latest" values and rollup minutes in the future.
     max_future_skew_seconds: Annotated[float, Field(gt=0)] = 600.0
     # A node whose clock is off by at least this much has its stamps moved onto the server's
-    # clock (app/ingest/clock_skew.py); NTP keeps healthy clocks within milliseconds.
-    clock_correct_above_seconds: Annotated[float, Field(gt=0)] = 2.0
+    # clock (app/ingest/clock_skew.py). NTP keeps healthy clocks within milliseconds; a few
+    # seconds of staleness do not matter to detection (samples are judged up to 15 s old),
+    # and a request queued on a loaded server must not pass for a wrong clock.
+    clock_correct_above_seconds: Annotated[float, Field(gt=0)] = 5.0
     # Dedupe state of agents silent this long is forgotten at server start (agents that restart
     # their sequence use a new agent_id, so old ones would otherwise pile up forever).
     cursor_retention_days: Annotated[float, Field(gt=0)] = 30.0

@@ -8,10 +8,14 @@ never negative. The smallest of the node's last ``KEPT`` differences is the esti
 request or a queued one cannot make it worse, and a clock stepped forward by NTP shows at once.
 
 A node whose offset is at least ``correct_above_seconds`` has every sample and heartbeat stamp
-of its batches moved by the offset before anything reads them: a node 30 s behind would
+of its batches moved by the offset before anything reads them, from its first batch on (a
+node far off would otherwise be judged silent before a second batch came): a node 30 s behind would
 otherwise look 30 s stale (its samples too old to be judged, a stalled rollout's last
 throughput counted as a stall, its heartbeats silent). Below that, nothing is touched (NTP
-keeps clocks within milliseconds; the stamps stay exactly as the agent sent them). While a node
+keeps clocks within milliseconds; the stamps stay exactly as the agent sent them). The receive
+time is taken when the request arrives, before its body is parsed; a request that waited
+longer than the threshold on a loaded server is taken for a clock that far behind until a
+faster one comes, which moves its stamps no later than its arrival. While a node
 is corrected its offset is kept as the series ``agent_clock_offset_seconds`` (stamped with the
 server's time), which the policy's ``clock_skew`` detector reads: a node whose NTP is broken.
 
@@ -37,7 +41,7 @@ KEPT = 16
 class ClockOffsets:
     """Per node: the recent ``received - sent_at`` differences and the estimate they give."""
 
-    correct_above_seconds: float = 2.0
+    correct_above_seconds: float = 5.0
     _recent: dict[str, deque[float]] = field(default_factory=dict)
 
     def observe(self, node: str, sent_at: float, received_at: float) -> float:

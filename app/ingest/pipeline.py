@@ -204,6 +204,7 @@ class IngestService:
 
     async def ingest(self, body: bytes, *, token_node: str) -> IngestResult:
         m = self.metrics
+        received = self._clock()  # before the parse: its time is not the agent clock's fault
         try:
             batch = self.validator.validate(body)
             if batch.node != token_node:
@@ -216,11 +217,12 @@ class IngestService:
         except IngestRejected as exc:
             m.ingest_rejections.labels(reason=exc.kind).inc()
             raise
-        return await self.apply(batch)
+        return await self.apply(batch, received_at=received)
 
-    async def apply(self, batch: ValidBatch) -> IngestResult:
+    async def apply(self, batch: ValidBatch, *, received_at: float | None = None) -> IngestResult:
         """Apply a validated batch once and answer when it is durable (``ingest`` after its
-        checks; tests drive the committer with batches validation would refuse)."""
+        checks; tests drive the committer with batches validation would refuse).
+        ``received_at``: when its request arrived (default now), for the clock offset."""
         m = self.metrics
         key = (batch.node, batch.agent_id)
         state = self._agents.get(key)
@@ -246,7 +248,7 @@ class IngestService:
                 raise IngestRejected(refused, kind="uncommittable")
             return IngestResult(accepted=0, duplicate=True)
         # From here to the end of _queue there is no await: store, window and queue move together.
-        received = self._clock()
+        received = self._clock() if received_at is None else received_at
         batch, offset = self._clock_offsets.correct(batch, received)
         stored = self.store.extend(batch.samples)
         if offset is not None:  # not counted as accepted: the agent did not send it
