@@ -54,6 +54,8 @@ class IncidentEventType(enum.StrEnum):
     INHIBITED = "inhibited"  # a node-level incident on its node speaks for it: no alert
     INHIBITS = "inhibits"  # on the node-level incident: names the incident it took over
     ACTIONS_HELD = "actions_held"  # a silence or maintenance window holds its recovery plan
+    # Hang forensics (app/incidents/stacks.py): a process's Python stacks, or why there are none.
+    STACKS_CAPTURED = "stacks_captured"
 
 
 class Incident(SQLModel, table=True):
