@@ -116,27 +116,30 @@ def _stacks_of(stack: DemoStack, pid: int) -> tuple[dict[str, Any], dict[str, An
 
 def _trains_past_first_steps(stack: DemoStack, launch: _Launch, logs: Any) -> int:
     """The pid of the trainer once the server saw it train past the job's first steps (a
-    fault there is a first-step anomaly: heavy, waiting for an approver). A restarted process
-    counts from step 0 again, and the server keeps the step it saw last until the new process
-    reports: only a heartbeat written after this process passed step 10 proves it."""
+    fault there is a first-step anomaly: heavy, waiting for an approver) and saw its pace (the
+    hang detector judges only a trainer whose step it saw advance ``hang_min_steps`` + 1
+    times). A restarted process counts from step 0 again and the server keeps the step it saw
+    last until the new one reports: only heartbeats written by this process count."""
     def local() -> tuple[int, float] | None:
         beat = read_heartbeat(heartbeat_path(launch.run_dir, "trainer", 0)) or {}
         pid = launch.pid()
-        if pid is None or beat.get("pid") != pid or (beat.get("step") or 0) < 10:
+        if pid is None or beat.get("pid") != pid:
             return None
         return pid, float(beat["ts"])
 
-    pid, since = wait_for(local, 90, "the trainer to pass step 10", context=logs)
+    pid, since = wait_for(local, 90, "the trainer to report", context=logs)
+    steps: set[int] = set()
 
-    def seen() -> bool:
+    def paced() -> bool:
         r = stack.api("GET", f"/api/v1/jobs/{JOB}")
-        if r.status_code != 200:
-            return False
-        return any(p["phase"] == "TRAIN" and p["step"] >= 10
-                   and datetime.fromisoformat(p["last_heartbeat_at"]).timestamp() >= since
-                   for p in r.json()["participant_list"])
+        if r.status_code == 200:
+            steps.update(p["step"] for p in r.json()["participant_list"]
+                         if p["phase"] == "TRAIN"
+                         and datetime.fromisoformat(p["last_heartbeat_at"]).timestamp() >= since)
+        return len({s for s in steps if s >= 5}) >= 8
 
-    wait_for(seen, 60, "the server to see the trainer past step 10", context=logs)
+    wait_for(paced, 90, "the server to see the trainer's step advance past 5, eight times",
+             context=logs)
     return pid
 
 
