@@ -4,13 +4,14 @@
 
     rlguard launch --job J --role R [--rank K | --nproc N] --run-dir D [--integration none|trl]
         [--standby] [--preload MOD,...] [--max-restarts N] [--backoff S] [--backoff-max S]
-        [--backend local] [--timeout S] -- CMD ARGS...
+        [--backend local] [--timeout S] [--py-spy PATH] -- CMD ARGS...
 
 runs ``CMD ARGS`` once per rank under :class:`recovery.supervision.Supervisor`: each process
 gets ``RLGUARD_JOB``, ``RLGUARD_ROLE``, ``RLGUARD_RUN_DIR``, ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE`` (and ``MASTER_ADDR``/``MASTER_PORT`` with ``--nproc`` > 1); its exit is written
 into its heartbeat at once; RLGuard's restart requests (the launcher hook) restart it with the
-integration's resume arguments. Without ``--rank`` or ``--nproc`` it wraps one process, rank
+integration's resume arguments; its ``capture_stacks`` requests dump a hung process's Python
+stacks with py-spy (``--py-spy``; default the one installed with RLGuard). Without ``--rank`` or ``--nproc`` it wraps one process, rank
 ``$RANK`` (what torchrun or accelerate set) or 0.
 
 ``python -m integrations.launch hook ...`` is the launcher hook (:mod:`recovery.supervision.hook`)
@@ -41,6 +42,7 @@ from recovery.supervision.backends import Backend, BackendError, known_backends,
 from recovery.supervision.events import EVENTS_FILE, append_event
 from recovery.supervision.requests import JOB_DIR_PATTERN
 from recovery.supervision.restarts import RestartBudget, RestartBudgetError
+from recovery.supervision.stacks import find_py_spy
 from recovery.supervision.standby import Order, OrderError, StandbyPool, python_target
 from recovery.supervision.supervisor import Child, Supervisor
 
@@ -76,6 +78,11 @@ def _parser() -> _Parser:
     p.add_argument("--backoff-max", default="30", help="longest backoff, seconds")
     p.add_argument("--backend", default="local", help=f"one of {', '.join(known_backends())}")
     p.add_argument("--timeout", default=None, help="give up after this many seconds")
+    p.add_argument(
+        "--py-spy",
+        help="py-spy executable for a hung process's stacks (default: the one installed with "
+        "RLGuard, else on PATH); needs ptrace rights (CAP_SYS_PTRACE, see docs/deploy.md)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -95,6 +102,7 @@ class LaunchPlan:
     budget: RestartBudget
     standby_preload: list[str] | None  # None: no standby
     timeout: float | None
+    py_spy: str | None = None  # None: not installed, no stacks (the incident says so)
 
 
 def _number(p: _Parser, flag: str, text: str, *, integer: bool = False) -> float:
@@ -179,6 +187,11 @@ def plan(argv: list[str]) -> LaunchPlan:
         preload = default if args.preload is None else [m for m in args.preload.split(",") if m]
     elif args.preload is not None:
         p.error("--preload is for --standby")
+    py_spy: str | None = args.py_spy
+    if py_spy is None:
+        py_spy = find_py_spy()
+    elif not (os.path.isfile(py_spy) and os.access(py_spy, os.X_OK)):
+        p.error(f"--py-spy {py_spy!r} is not an executable file")
     _check_run_dir(p, run_dir)  # last: the only check that may create something
     return LaunchPlan(
         job,
@@ -192,6 +205,7 @@ def plan(argv: list[str]) -> LaunchPlan:
         budget,
         preload,
         timeout,
+        py_spy,
     )
 
 
@@ -258,6 +272,7 @@ def build_supervisor(launch: LaunchPlan) -> Supervisor:
         ).to_line(),
         cwd=cwd,
         timeout=launch.timeout,
+        py_spy=launch.py_spy,
     )
     return sup
 
@@ -268,6 +283,10 @@ def launch(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s rlguard-launch %(levelname)s: %(message)s"
     )
+    if checked.py_spy is None:
+        logging.getLogger("rlguard.launch").warning(
+            "py-spy not found: a hung process's stacks will not be captured (pip install py-spy)"
+        )
     sup = build_supervisor(checked)
 
     def on_signal(signum: int, _frame: object) -> None:

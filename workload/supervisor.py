@@ -32,6 +32,7 @@ from recovery.checkpoint.coordinator import Coordinator
 from recovery.report import EXITED_PHASE, heartbeat_path, read_heartbeat
 from recovery.supervision import Child, RestartBudget, StandbyPool
 from recovery.supervision import Supervisor as _Supervisor
+from recovery.supervision.stacks import find_py_spy
 from recovery.transfer import InMemoryRegistry, RegistryServer
 from workload.file_lease import FileLease
 from workload.job import JobConfig, RunDir, write_json_atomic
@@ -109,6 +110,7 @@ class Supervisor(_Supervisor):
             order=self._standby_order,
             clean_exit_phase=EXITED_PHASE,  # its processes never end on their own before DONE
             timeout=timeout,
+            py_spy=find_py_spy(),  # hang forensics (capture_stacks) for the reference job too
         )
         self.registry, self.coordinator = start_job_services(run, config)
 

@@ -58,6 +58,8 @@ class IncidentEventType(enum.StrEnum):
     # When what muted it ends (app/incidents/mute_ended.py), the incident still open:
     UNMUTED = "unmuted"  # its alert goes out now (alerted like an opening)
     ACTIONS_RELEASED = "actions_released"  # its held plan is planned now
+    # Hang forensics (app/incidents/stacks.py): a process's Python stacks, or why there are none.
+    STACKS_CAPTURED = "stacks_captured"
 
 
 class Incident(SQLModel, table=True):

@@ -72,6 +72,16 @@ def _jobs(signal: FaultSignal, world: World) -> list[str]:
     return []
 
 
+def _stacks_wanted(policy: Policy, signal: FaultSignal) -> dict[str, float | int] | None:
+    """What a ``restart_role`` of this signal asks its launcher to capture first (hang
+    forensics), or None: only where a hung or stalled process may still be there to read."""
+    f = policy.forensics
+    kinds = {signal.kind, *(other.kind for other in signal.related)}
+    if not kinds & set(f.stacks_kinds):
+        return None
+    return {"timeout_seconds": f.stacks_timeout_seconds, "max_bytes": f.stacks_max_bytes}
+
+
 def plan_actions(
     *, policy: Policy, classification: Classification, signal: FaultSignal, world: World
 ) -> list[PlannedAction]:
@@ -115,12 +125,15 @@ def plan_actions(
             elif action is ActionName.RESCHEDULE_BATCHES:
                 add(action, job, None, away_from=subj.node)
             elif action is ActionName.RESTART_ROLE:
+                stacks = _stacks_wanted(policy, signal)
                 if subj.role is not None:
-                    add(action, job, subj.node, role=subj.role, rank=subj.rank)
+                    add(action, job, subj.node, role=subj.role, rank=subj.rank,
+                        capture_stacks=stacks)
                 else:
                     on_node = [p for p in members if subj.node is None or p.node == subj.node]
                     for p in sorted(on_node, key=lambda p: (p.role, p.rank)):
-                        add(action, job, p.node, role=p.role, rank=p.rank)
+                        add(action, job, p.node, role=p.role, rank=p.rank,
+                            capture_stacks=stacks)
             elif action is ActionName.DRAIN_NODE:
                 xid = signal.extra.get("xid")
                 if subj.node and isinstance(xid, int) and xid in policy.detection.gpu.drain_xids:

@@ -221,6 +221,21 @@ class RecoveryLimits(_Strict):
     rollout_timeout_sec: float = Field(default=120, gt=0)
 
 
+class Forensics(_Strict):
+    """Hang forensics: the Python stacks of a hung or stalled process, taken on its node
+    (``py-spy dump`` by its launcher) as the first step of its ``restart_role``."""
+
+    stacks_kinds: tuple[FaultKind, ...] = (
+        FaultKind.TRAIN_HANG,
+        FaultKind.TRAINER_IDLE,
+        FaultKind.ROLLOUT_DOWN,
+        FaultKind.ROLLOUT_ENGINE_DOWN,
+        FaultKind.HEARTBEAT_LOST,
+    )
+    stacks_timeout_seconds: float = Field(default=10, gt=0, le=60)
+    stacks_max_bytes: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+
+
 class ActionBudget(_Strict):
     """At most ``per_rank`` automatic actions of one kind on one participant (job, role, rank)
     and ``per_role`` on one role of a job within ``window_seconds``; one more escalates the
@@ -298,6 +313,7 @@ class Policy(_Strict):
     recovery: RecoveryLimits = RecoveryLimits()
     alertmanager: AlertmanagerMapping = AlertmanagerMapping()
     guardrails: Guardrails = Guardrails()
+    forensics: Forensics = Forensics()
 
     @model_validator(mode="after")
     def _complete(self) -> Policy:

@@ -43,11 +43,17 @@ log = logging.getLogger("rlguard.recovery_adapters")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+#: Records a restart's captured stacks on its incident now (``app.actions.stacks``); True when
+#: recorded.
+StacksSink = Callable[[ActionSnapshot, list[dict[str, Any]]], bool]
+
+
 @dataclass(frozen=True, slots=True)
 class ActionContext:
     run_root: Path
     launcher: str | None
     launcher_timeout: float
+    attach_stacks: StacksSink | None = None
 
     def run_dir(self, job: str | None) -> Path:
         if job is None or not _SAFE_NAME.fullmatch(job):
@@ -247,37 +253,95 @@ def restore_checkpoint(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
 # -- launcher hook: restart a role or the job, move batches ----------------------------------------
 
 
-def _launch(
-    ctx: ActionContext, a: ActionSnapshot, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _hook_argv(
+    ctx: ActionContext, a: ActionSnapshot, action: str, key: str, extra: dict[str, Any] | None
+) -> list[str]:
     if not ctx.launcher:
         raise ActionError(
             f"{a.action} needs a launcher hook (RLGUARD_RECOVERY_LAUNCHER is not set)"
         )
-    argv = [ctx.launcher, a.action, "--job", a.job or ""]
+    argv = [ctx.launcher, action, "--job", a.job or ""]
     if a.node:
         argv += ["--node", a.node]
-    for key in ("role", "rank", "away_from"):
-        if a.params.get(key) is not None:
-            argv += [f"--{key.replace('_', '-')}", str(a.params[key])]
-    argv += ["--idempotency-key", a.idempotency_key]
+    for name in ("role", "rank", "away_from"):
+        if a.params.get(name) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(a.params[name])]
+    argv += ["--idempotency-key", key]
     if extra:
         argv += ["--extra", json.dumps(extra, sort_keys=True)]
+    return argv
+
+
+def _run_hook(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=ctx.launcher_timeout, check=False
-        )
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise TransientActionError(f"launcher timed out after {ctx.launcher_timeout:g}s") from exc
+        raise TransientActionError(f"launcher timed out after {timeout:g}s") from exc
     except OSError as exc:
-        raise ActionError(f"cannot run launcher {ctx.launcher}: {exc}") from exc
+        raise ActionError(f"cannot run launcher {argv[0]}: {exc}") from exc
+
+
+def _launch(
+    ctx: ActionContext, a: ActionSnapshot, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    argv = _hook_argv(ctx, a, a.action, a.idempotency_key, extra)
+    proc = _run_hook(argv, ctx.launcher_timeout)
     if proc.returncode != 0:
         raise ActionError(f"launcher exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return {"exit": 0, "stdout": proc.stdout.strip()[-500:]}
 
 
+# -- hang forensics: the stacks of a hung process, before its restart --------------------------
+
+
+def _captures(ctx: ActionContext, a: ActionSnapshot, opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ask the process's launcher for its stacks (``capture_stacks``: answered at once, never
+    held); whatever goes wrong becomes a capture that says why."""
+    timeout = float(opts.get("timeout_seconds", 10))
+    # Its own key: the restart's answer is another request; a retried task gets the same one.
+    argv = _hook_argv(ctx, a, "capture_stacks", f"{a.idempotency_key}/stacks", opts)
+    argv += ["--wait", f"{timeout + 5:g}"]
+    try:
+        proc = _run_hook(argv, timeout + 15)
+        answer = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+        if not isinstance(answer, dict):
+            answer = {}
+        stacks = answer.get("stacks")
+        if answer.get("ok") and isinstance(stacks, list) and stacks:
+            return [c for c in stacks if isinstance(c, dict)]
+        why = answer.get("error") or proc.stderr.strip()[-500:] or f"hook exited {proc.returncode}"
+    except (ActionError, TransientActionError, json.JSONDecodeError) as exc:
+        why = str(exc)
+    return [
+        {"role": a.params.get("role"), "rank": a.params.get("rank"), "ok": False,
+         "reason": f"the launcher gave no stacks: {why}"}
+    ]
+
+
+def _capture_first(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
+    """Capture and record the stacks; what the action's result says of them (no text)."""
+    opts = a.params["capture_stacks"]
+    captures = _captures(ctx, a, opts if isinstance(opts, dict) else {})
+    attached = ctx.attach_stacks(a, captures) if ctx.attach_stacks is not None else False
+    return {
+        "attached": attached,
+        "processes": [
+            {"pid": c.get("pid"), "ok": bool(c.get("ok")), "reason": c.get("reason") or "",
+             "bytes": len(str(c.get("text") or "").encode("utf-8"))}
+            for c in captures
+        ],
+    }
+
+
 def restart_role(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
-    return _launch(ctx, a)
+    """Restart the role (or one rank); for a hung or stalled process (the plan asks for
+    ``capture_stacks``) its Python stacks are captured and recorded first. A capture never
+    blocks the restart: it ends in stacks or in a reason, then the restart is asked for."""
+    stacks = _capture_first(ctx, a) if a.params.get("capture_stacks") else None
+    result = _launch(ctx, a)
+    if stacks is not None:
+        result["stacks"] = stacks
+    return result
 
 
 def restart_job(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:

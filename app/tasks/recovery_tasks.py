@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 from app.actions.kinds import task_name
 from app.actions.runner import RetryLater, RunLimits, run_action
+from app.actions.stacks import attach_stacks
 from app.core.config import get_settings
 from app.core.db import make_engine
 from app.tasks.celery_app import celery_app
@@ -35,7 +36,12 @@ def _engine() -> Engine:
 def _context() -> ActionContext:
     rs = get_settings().recovery
     root = rs.run_root or (get_settings().data_dir / "runs")
-    return ActionContext(run_root=root, launcher=rs.launcher, launcher_timeout=rs.launcher_timeout)
+    return ActionContext(
+        run_root=root,
+        launcher=rs.launcher,
+        launcher_timeout=rs.launcher_timeout,
+        attach_stacks=partial(attach_stacks, _engine(), worker_id()),
+    )
 
 
 def worker_id() -> str:

@@ -29,6 +29,7 @@ from recovery._fsio import write_json_atomic
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 HOOK_ACTIONS = (
+    "capture_stacks",  # hang forensics, asked for before restart_role (read-only)
     "restart_role",
     "restart_job",
     "reschedule_batches",

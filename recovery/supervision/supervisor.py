@@ -19,7 +19,11 @@ the reference job). What it does:
   (``restart_job``, ``restore_checkpoint``) is that release;
 * keeps the heartbeat of a process that is still starting fresh (phase ``STARTING``), and
   optionally a warm standby per role (:mod:`recovery.supervision.standby`) once the job is
-  steady.
+  steady;
+* answers ``capture_stacks`` at once, before the restart RLGuard asks for next: the Python
+  stacks of the processes of a role (:mod:`recovery.supervision.stacks`, ``py-spy dump``), so
+  the incident of a hung or stalled process shows where it hung. It reads, never changes,
+  anything: no budget, and not held by SAFE_MODE.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ from recovery.supervision.backends import Backend
 from recovery.supervision.backends.local import LocalBackend
 from recovery.supervision.events import EVENTS_FILE, append_event
 from recovery.supervision.restarts import RestartBudget
+from recovery.supervision.stacks import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_TIMEOUT,
+    StackCapture,
+    capture_stacks,
+)
 from recovery.supervision.standby import StandbyPool
 
 log = logging.getLogger("rlguard.recovery.supervision")
@@ -58,6 +68,10 @@ log = logging.getLogger("rlguard.recovery.supervision")
 # Heavy-tier actions reach the launcher only after an approver said so.
 APPROVED_HEAVY_ACTIONS = ("restart_job", "restore_checkpoint")
 _KILL_TIMEOUT = 10.0
+# What a capture_stacks request may ask for: the supervisor's loop waits for the dumps, so
+# the time is bounded here whatever the request says; so is the text it keeps per process.
+_MAX_CAPTURE_SECONDS = 60.0
+_MAX_CAPTURE_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -95,7 +109,9 @@ class _Restart:
 class Supervisor:
     """See the module docstring. ``command(child)`` is the argv of the child's next start
     (``child.starts`` is 0 before the first), ``env(child)`` its environment; ``order(child,
-    argv, env, log)`` the line that makes a standby that process (needed with ``standby``)."""
+    argv, env, log)`` the line that makes a standby that process (needed with ``standby``);
+    ``py_spy`` the py-spy executable for ``capture_stacks`` (``stacks.find_py_spy``), None
+    where none is installed."""
 
     def __init__(
         self,
@@ -113,6 +129,7 @@ class Supervisor:
         cwd: Path | None = None,
         timeout: float | None = None,
         poll: float = 0.1,
+        py_spy: str | None = None,
     ) -> None:
         if standby is not None and order is None:
             raise ValueError("a standby pool needs an order function")
@@ -129,6 +146,8 @@ class Supervisor:
         self.cwd = cwd
         self.timeout = timeout
         self.poll = poll
+        # The py-spy executable for capture_stacks (None: not installed; captures say so).
+        self.py_spy = py_spy
         self.log_dir = run_dir / "logs"
         self._restarts: list[_Restart] = []
         self._deferred_keys: set[str] = set()
@@ -322,6 +341,8 @@ class Supervisor:
         key = str(body.get("key"))
         if key not in self._deferred_keys:
             self.event("hook_request", action=action, role=role, rank=rank)
+        if action == "capture_stacks":
+            return self._capture_stacks(role, rank, body.get("extra"))
         if action in APPROVED_HEAVY_ACTIONS:
             released = self._release_safe_mode(f"{action} approved ({key})")
             if self.backend.requeue_job(f"{action} requested"):
@@ -338,11 +359,7 @@ class Supervisor:
                     # lost work redo it themselves, so nothing is left to move.
                     return {"ok": True, "restarted": [], "note": "single node: nothing to move"}
                 return {"ok": False, "error": "restart_role needs --role"}
-            targets = [
-                c
-                for c in self.children
-                if c.role == role and (rank is None or str(c.rank) == str(rank))
-            ]
+            targets = self._targets(role, rank)
             if not targets:
                 return {"ok": False, "error": f"no process with role {role!r} rank {rank!r}"}
             held = self._safe_mode_reason()
@@ -355,6 +372,56 @@ class Supervisor:
             self._deferred_keys.discard(key)
             return self._schedule(req, targets, f"{action} requested", {})
         return {"ok": False, "error": f"unknown launcher action {action!r}"}
+
+    def _targets(self, role: Any, rank: Any) -> list[Child]:
+        return [
+            c
+            for c in self.children
+            if c.role == role and (rank is None or str(c.rank) == str(rank))
+        ]
+
+    def _capture_stacks(self, role: Any, rank: Any, extra: Any) -> dict[str, Any]:
+        """The stacks of ``role`` (``rank``: one process), each dump within what is left of
+        the request's timeout. A process that already exited has none, which the answer says:
+        the restart that follows must not wait for forensics."""
+        targets = self._targets(role, rank)
+        if not targets:
+            return {"ok": False, "error": f"no process with role {role!r} rank {rank!r}"}
+        opts = extra if isinstance(extra, dict) else {}
+        try:
+            timeout = float(opts.get("timeout_seconds", DEFAULT_TIMEOUT))
+            max_bytes = int(opts.get("max_bytes", DEFAULT_MAX_BYTES))
+        except (TypeError, ValueError):
+            return {"ok": False, "error": f"capture_stacks: bad timeout or size in {opts!r}"}
+        timeout = min(max(timeout, 0.1), _MAX_CAPTURE_SECONDS)
+        max_bytes = min(max(max_bytes, 1024), _MAX_CAPTURE_BYTES)
+        deadline = time.monotonic() + timeout
+        stacks = []
+        for c in targets:
+            code = c.returncode
+            if c.proc is None or code is not None:
+                capture = StackCapture(
+                    c.last_pid or 0,
+                    False,
+                    reason=f"process gone: it exited ({code}) before the capture",
+                    captured_at=time.time(),
+                )
+            else:
+                left = max(0.1, deadline - time.monotonic())
+                capture = capture_stacks(
+                    c.proc.pid, py_spy=self.py_spy, timeout=left, max_bytes=max_bytes
+                )
+            self.event(
+                "stacks_captured",
+                role=c.role,
+                rank=c.rank,
+                child_pid=capture.pid,
+                ok=capture.ok,
+                reason=capture.reason,
+                bytes=len(capture.text.encode("utf-8")),
+            )
+            stacks.append({"role": c.role, "rank": c.rank, **capture.to_dict()})
+        return {"ok": True, "stacks": stacks}
 
     def _drain_node(self, body: dict[str, Any]) -> dict[str, Any]:
         """An approved drain: the backend takes the node out of its scheduler's service."""

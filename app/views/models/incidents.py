@@ -55,7 +55,11 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.ACTIONS_HELD: ("warn", "Actions held"),
     IncidentEventType.UNMUTED: ("bad", "No longer muted: alerted"),
     IncidentEventType.ACTIONS_RELEASED: ("warn", "Hold ended: plan released"),
+    IncidentEventType.STACKS_CAPTURED: ("idle", "Python stacks captured"),
 }
+
+# A stacks block longer than this many lines starts collapsed (the timeline stays readable).
+STACKS_OPEN_MAX_LINES = 40
 
 ACTION_LEVELS = {
     "pending_approval": "warn",
@@ -168,6 +172,12 @@ class TimelineEntry:
     title: str
     actor: str
     detail: dict[str, Any] = field(default_factory=dict)
+    # Hang forensics: a process's py-spy dump, shown in a <pre> (escaped by the template).
+    stacks: str | None = None
+
+    @property
+    def stacks_collapsed(self) -> bool:
+        return self.stacks is not None and self.stacks.count("\n") > STACKS_OPEN_MAX_LINES
 
 
 def _detail_text(value: Any) -> str:
@@ -188,12 +198,22 @@ def timeline_entries(events: list[Any]) -> list[TimelineEntry]:
     out = []
     for e in events:
         level, title = EVENT_LABELS.get(e.type, ("idle", e.type.replace("_", " ").capitalize()))
+        raw = dict(e.detail or {})
+        stacks = None
+        if e.type == IncidentEventType.STACKS_CAPTURED:
+            stacks = str(raw.pop("text", "") or "") or None
+            if not raw.get("ok"):
+                level, title = "warn", "No Python stacks"
         detail = {
             k.replace("_", " "): _detail_text(v)
-            for k, v in (e.detail or {}).items()
+            for k, v in raw.items()
             if v not in (None, "", [], {})
         }
-        out.append(TimelineEntry(at=e.at, level=level, title=title, actor=e.actor, detail=detail))
+        out.append(
+            TimelineEntry(
+                at=e.at, level=level, title=title, actor=e.actor, detail=detail, stacks=stacks
+            )
+        )
     return out
 
 

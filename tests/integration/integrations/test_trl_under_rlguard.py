@@ -127,6 +127,11 @@ def test_a_sigstopped_trainer_is_hung_restarted_and_completes(
     inc = job.wait(lambda: job.action_done("train_hang", "restart_role"), 150,
                    "train_hang -> restart_role")  # fmt: skip
     assert inc["tier"] == "medium" and job.incident("heartbeat_lost") is None
+    # Hang forensics: the stopped trainer's Python stacks, read (py-spy, without pausing it
+    # again) before the restart killed it, are on the incident: inside Trainer's training loop.
+    [stacks] = [e["detail"] for e in inc["timeline"] if e["type"] == "stacks_captured"]
+    assert stacks["pid"] == pid and stacks["ok"] is True and stacks["nonblocking"] is True
+    assert "_inner_training_loop" in stacks["text"], stacks["text"][-2000:]
     assert job.wait_exit(150) == 0, job.logs()
     _resumed_cleanly(job, pid, complete, stopped_at)
     with pytest.raises(ProcessLookupError):

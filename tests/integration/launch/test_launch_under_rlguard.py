@@ -68,11 +68,21 @@ def test_a_killed_script_is_restarted_by_rlguard_with_its_resume_arguments(stack
         assert starts[1]["pid"] != dead
         launch.wait(lambda: launch.beat().get("pid") == starts[1]["pid"]
                     and launch.beat().get("phase") == "TRAIN", "the restarted script to train")
-        # The hook request came from the worker (its key), and the launcher's timeline says so.
+        # The hook requests came from the worker (its keys), and the launcher's timeline says so:
+        # first the stacks of the lost process (hang forensics: it was gone, which the incident
+        # records), then the restart.
         hook = launch.events("hook_request")
-        assert [(h["action"], h["role"], str(h["rank"])) for h in hook] == [("restart_role", "trainer", "0")]
-        answers = list((stack.run_dir / "recovery" / "launcher").glob("*.done"))
-        assert len(answers) == 1 and json.loads(answers[0].read_text())["ok"] is True
+        assert [(h["action"], h["role"], str(h["rank"])) for h in hook] == [
+            ("capture_stacks", "trainer", "0"), ("restart_role", "trainer", "0")]
+        answers = {a["action"]: a for a in (json.loads(p.read_text()) for p in
+                   (stack.run_dir / "recovery" / "launcher").glob("*.done"))}
+        assert sorted(answers) == ["capture_stacks", "restart_role"]
+        assert answers["restart_role"]["ok"] is True
+        [gone] = answers["capture_stacks"]["stacks"]
+        assert gone["pid"] == dead and gone["ok"] is False
+        assert gone["reason"].startswith("process gone: it exited")
+        [entry] = [e for e in stack.incident(inc["id"])["timeline"] if e["type"] == "stacks_captured"]
+        assert entry["detail"]["reason"] == gone["reason"]
 
         (stack.run_dir / "stop").touch()
         assert launch.proc.wait(30) == 0, launch.logs()

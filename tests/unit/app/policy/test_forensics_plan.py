@@ -1,0 +1,76 @@
+"""Hang forensics in the plan: a restart_role of a hung or stalled participant asks its launcher
+for the process's stacks first (bounds from the policy); other restarts do not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from app.policy.classifier import Classifier, plan_actions
+from app.policy.plans import ActionName, PlannedAction
+from app.policy.policy_file import DEFAULT_POLICY_PATH, Policy, PolicyFileError, load_policy
+from app.policy.signals import FaultKind, FaultSignal, Subject
+from tests.unit.app.policy.test_classifier import cluster, sig  # noqa: F401  (fixture)
+
+from ._helpers import JOB, Cluster
+
+TRAINER = Subject(node="n0", job=JOB, role="trainer", rank=1)
+
+
+def _restarts(c: Cluster, s: FaultSignal, policy: Policy | None = None) -> list[PlannedAction]:
+    p = policy or c.policy
+    acts = plan_actions(policy=p, classification=Classifier(p).classify(s, job_step=20), signal=s,
+                        world=c.world())
+    return [a for a in acts if a.action is ActionName.RESTART_ROLE]
+
+
+@pytest.mark.parametrize("kind", [FaultKind.TRAIN_HANG, FaultKind.TRAINER_IDLE,
+                                  FaultKind.HEARTBEAT_LOST, FaultKind.ROLLOUT_DOWN,
+                                  FaultKind.ROLLOUT_ENGINE_DOWN])
+def test_a_hung_or_stalled_participant_is_dumped_before_its_restart(
+    cluster: Cluster, kind: FaultKind  # noqa: F811
+) -> None:
+    [a] = _restarts(cluster, sig(kind, TRAINER))
+    assert a.params == {"role": "trainer", "rank": 1,
+                        "capture_stacks": {"timeout_seconds": 10, "max_bytes": 65536}}
+    # The identity (hence the idempotency key) is the restart's, forensics or not.
+    assert a.identity() == f"restart_role:{JOB}:n0:trainer:1"
+
+
+def test_a_node_level_restart_asks_for_no_stacks(cluster: Cluster) -> None:  # noqa: F811
+    restarts = _restarts(cluster, sig(FaultKind.GPU_LOST, Subject(node="n0", gpu="1")))
+    assert restarts and all("capture_stacks" not in a.params for a in restarts)
+
+
+def test_a_fault_folded_into_one_that_wants_stacks_gets_them(cluster: Cluster) -> None:  # noqa: F811
+    lost = replace(sig(FaultKind.GPU_LOST, TRAINER), related=(sig(FaultKind.TRAIN_HANG, TRAINER),))
+    [a] = _restarts(cluster, lost)
+    assert "capture_stacks" in a.params
+
+
+def _policy(tmp_path, **forensics) -> Policy:
+    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    data["forensics"].update(forensics)
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_policy(path)
+
+
+def test_the_policy_sets_the_kinds_and_bounds(cluster: Cluster, tmp_path) -> None:  # noqa: F811
+    p = _policy(tmp_path, stacks_kinds=["heartbeat_lost"], stacks_timeout_seconds=3,
+                stacks_max_bytes=4096)
+    [hang] = _restarts(cluster, sig(FaultKind.TRAIN_HANG, TRAINER), p)
+    [lost] = _restarts(cluster, sig(FaultKind.HEARTBEAT_LOST, TRAINER), p)
+    assert "capture_stacks" not in hang.params
+    assert lost.params["capture_stacks"] == {"timeout_seconds": 3, "max_bytes": 4096}
+
+
+@pytest.mark.parametrize(("key", "value"), [("stacks_timeout_seconds", 0),
+                                            ("stacks_timeout_seconds", 600),
+                                            ("stacks_max_bytes", 10),
+                                            ("stacks_kinds", ["no_such_kind"])])
+def test_bad_forensics_keys_are_refused_by_name(tmp_path, key: str, value: object) -> None:
+    with pytest.raises(PolicyFileError, match=key):
+        _policy(tmp_path, **{key: value})
