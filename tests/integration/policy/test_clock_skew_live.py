@@ -6,20 +6,34 @@ within one tick, past the 3.5 s the test policy allows), and the skew itself is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness.stack import Stack
+from tests.harness.stack import Stack, fast_policy
 from tests.integration.policy.test_policy_scenarios import _base_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
+@pytest.fixture
+def skew_stack(tmp_path: Path) -> Iterator[Stack]:
+    """The embedded stack, with the skew said after 5 s instead of 60 (the test's length)."""
+    policy = fast_policy(tmp_path / "policy.yaml", **{"detection.clock.sustain_seconds": 5})
+    stack = Stack(tmp_path, database_url=f"sqlite:///{tmp_path / 'rlguard.db'}", redis=None,
+                  policy=policy)  # fmt: skip
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
 def test_a_node_40_s_behind_is_not_silent_and_its_skew_is_one_light_incident(
-    embedded_stack: Stack,
+    skew_stack: Stack,
 ) -> None:
-    stack = embedded_stack
+    stack = skew_stack
     stack.feeder.clock_behind["n1"] = 40.0  # n1 runs the rollout
     stack.start_server()
     stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
@@ -30,7 +44,7 @@ def test_a_node_40_s_behind_is_not_silent_and_its_skew_is_one_light_incident(
     def skew() -> dict[str, Any] | None:
         return stack.incident("clock_skew", job=None)
 
-    inc = stack.wait(skew, 120, "the clock_skew incident (sustained 60 s by default)")
+    inc = stack.wait(skew, 60, "the clock_skew incident (sustained 5 s here)")
     assert inc["node"] == "n1" and inc["tier"] == "light"
     assert "40." in inc["summary"] and "behind" in inc["summary"], inc["summary"]
     # n1's rollout reported all along on a clock 40 s late: nothing else was opened.
