@@ -23,6 +23,7 @@ from app.alerts.errors import AlertEventError
 from app.alerts.events import AlertEvent, Decision, EventKind
 from app.alerts.queue import actions_taken, purge_old_deliveries, queue_events, queue_reminders
 from app.alerts.render import render_test_message
+from app.core.db import begin_savepoint
 from app.models._types import utcnow
 from app.models.alert import AlertDelivery, DeliveryState
 from app.models.incident import Incident, IncidentEvent, IncidentEventType, IncidentStatus
@@ -126,7 +127,7 @@ def on_incident_event(session: Session, row: IncidentEvent) -> None:
     # savepoint back could never take their rows with it.
     session.flush()
     try:
-        with session.begin_nested():
+        with begin_savepoint(session):
             event = alert_event_for(session, row)
             if event is None:
                 return

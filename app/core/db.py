@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import SessionTransaction
 from sqlmodel import Session
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
@@ -83,6 +84,22 @@ def make_engine(
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     return sa.create_engine(url, **kwargs)
+
+
+def begin_savepoint(session: Session) -> SessionTransaction:
+    """``session.begin_nested()``, a real savepoint inside the caller's transaction on SQLite too.
+
+    pysqlite (legacy transaction control) sends BEGIN only before an INSERT, UPDATE or DELETE.
+    A SAVEPOINT that comes first in a transaction therefore runs in autocommit mode: it starts
+    a transaction of its own, and its RELEASE commits what it covered at once, ahead of and
+    apart from the rest of the caller's transaction (seen: an incident row visible, and kept by
+    a crash, without the timeline and actions written with it). Begin the real one first.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        conn = session.connection()
+        if not conn.connection.dbapi_connection.in_transaction:  # type: ignore[union-attr]
+            conn.exec_driver_sql("BEGIN")
+    return session.begin_nested()
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from app.core.db import begin_savepoint
 from app.guardrails.gate import GateDecision, Verdict, gate
 from app.incidents.planning import plan_actions
 from app.incidents.timeline import add_event
@@ -60,7 +61,7 @@ def insert_open_incident(session: Session, inc: Incident) -> bool:
     """Insert ``inc`` (open, with ``open_key`` set) and flush it; False, with nothing written,
     when an incident with the same ``open_key`` is already open (another writer was first)."""
     try:
-        with session.begin_nested():
+        with begin_savepoint(session):
             session.add(inc)
             session.flush()
     except IntegrityError:
