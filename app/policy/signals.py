@@ -39,6 +39,8 @@ class FaultKind(StrEnum):
     GPU_LOST = "gpu_lost"
     # environment
     ENV_DRIFT = "env_drift"
+    # performance: a participant far slower than its peers (app/policy/detectors/straggler.py)
+    STRAGGLER = "straggler"
     # anything Alertmanager sends that the label mapping does not place elsewhere
     EXTERNAL_ALERT = "external_alert"
 

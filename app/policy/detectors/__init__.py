@@ -21,16 +21,21 @@ from app.policy.detectors.golden_metrics import GoldenMetricDetector
 from app.policy.detectors.gpu_health import GpuHealthDetector
 from app.policy.detectors.hang import TrainHangDetector
 from app.policy.detectors.heartbeat import HeartbeatDetector, NodeSilenceDetector
-from app.policy.detectors.inference_engines import InferenceEngineDownDetector
+from app.policy.detectors.inference_engines import (
+    EngineStalledDetector,
+    InferenceEngineDownDetector,
+)
 from app.policy.detectors.job_failures import JobFailureDetector
 from app.policy.detectors.ray_nodes import RayNodeDeadDetector
 from app.policy.detectors.scheduler_nodes import SchedulerNodeDetector
 from app.policy.detectors.storage import StorageDetector
+from app.policy.detectors.straggler import StragglerDetector
 from app.policy.policy_file import Policy
 
 __all__ = [
     "AT_LEAST_ONE",
     "Detector",
+    "EngineStalledDetector",
     "EnvDriftDetector",
     "ExternalAlertDetector",
     "ExternalAlerts",
@@ -44,6 +49,7 @@ __all__ = [
     "RolloutStallDetector",
     "SchedulerNodeDetector",
     "StorageDetector",
+    "StragglerDetector",
     "TrainHangDetector",
     "TrainerIdleDetector",
     "at_least_one",
@@ -68,6 +74,8 @@ def default_detectors(policy: Policy) -> list[Detector]:
         EnvDriftDetector(policy),
         TrainHangDetector(policy),
         InferenceEngineDownDetector(policy),
+        EngineStalledDetector(policy),
         SchedulerNodeDetector(policy),
         RayNodeDeadDetector(policy),
+        StragglerDetector(policy),
     ]

@@ -169,3 +169,45 @@ class StartupGrace:
             return None
         self._starts[p.key] = (prev[0], False, first_step)
         return self.GRACE
+
+
+ParticipantKey = tuple[str, str, int]  # (job, role, rank), as ParticipantView.key
+
+
+class ParticipantSeries:
+    """Which series of one metric belongs to which participant (job, role, rank).
+
+    Parsing every key's labels on every tick would cost more than the rest of the tick at
+    cluster scale, so the map is kept while the number of series in the store is unchanged
+    (a new participant adds series; the store drops a dead one's after its window). A
+    participant may own several series of one name (its heartbeat's and its engine's).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._size = -1
+        self._by_participant: dict[ParticipantKey, list[SeriesKey]] = {}
+        self._owner: dict[SeriesKey, ParticipantKey] = {}
+
+    def _refresh(self, world: World) -> None:
+        size = len(world.store)
+        if size == self._size:
+            return
+        by_participant: dict[ParticipantKey, list[SeriesKey]] = {}
+        owner: dict[SeriesKey, ParticipantKey] = {}
+        for k, _ in world.all_series(self.name):
+            sub = subject_of(k)
+            if sub.job is not None and sub.role is not None and sub.rank is not None:
+                pkey = (sub.job, sub.role, sub.rank)
+                by_participant.setdefault(pkey, []).append(k)
+                owner[k] = pkey
+        self._size, self._by_participant, self._owner = size, by_participant, owner
+
+    def of(self, world: World, participant: ParticipantKey) -> list[SeriesKey]:
+        self._refresh(world)
+        return self._by_participant.get(participant, [])
+
+    def owners(self, world: World) -> dict[SeriesKey, ParticipantKey]:
+        """Every series of the name → its participant (series without one are absent)."""
+        self._refresh(world)
+        return self._owner
