@@ -138,7 +138,7 @@ class StragglerDetection(_Strict):
     ``ratio`` x its peers' median (same job, same role) for ``sustain_seconds`` while at least
     ``min_peers`` peers report one. Rollouts: token throughput below ``throughput_ratio`` x
     the median; trainers: step time above ``step_time_ratio`` x the median, the rank's own
-    ``train_step_seconds`` or, without one, its pace over its last ``pace_steps`` steps."""
+    ``train_step_seconds`` or, without one, the median of its last ``pace_steps`` step times."""
 
     min_peers: int = Field(default=3, ge=1)
     sustain_seconds: float = Field(default=120, gt=0)

@@ -121,34 +121,41 @@ class EngineStalledDetector(Detector):
         self._steps: dict[ParticipantKey, tuple[int, float]] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
-        owners = self._throughput.owners(world)
         zero: dict[ParticipantKey, SeriesKey] = {}
+        owners: dict[SeriesKey, ParticipantKey] | None = None
         for key, point in world.series(m.ROLLOUT_TOKENS_PER_SECOND):
-            pkey = owners.get(key)
-            if pkey is not None and point.value <= 0 and self.fresh(world, point):
-                zero.setdefault(pkey, key)
+            if point.value <= 0 and self.fresh(world, point):
+                owners = owners if owners is not None else self._throughput.owners(world)
+                pkey = owners.get(key)
+                if pkey is not None:
+                    zero.setdefault(pkey, key)
         probe_down = set()
         for key, point in world.series(m.ROLLOUT_ENGINE_UP):
             if point.value <= 0:
                 sub = subject_of(key)
                 probe_down.add((sub.job, sub.role, sub.rank))
         cfg = self.policy.detection
+        roles, now, check = cfg.rollout.roles, world.now, self.startup.check
         steps: dict[ParticipantKey, tuple[int, float]] = {}
         out: list[FaultSignal] = []
         for p in world.participants:
-            if p.role not in cfg.rollout.roles:
+            # Every rollout goes through the start-up check on every tick (it must see a start
+            # when it begins); the rest only for the few generating nothing.
+            if p.role not in roles or check(p, now) is not None or not zero:
                 continue
-            if self.startup.check(p, world.now) is not None or p.key not in zero:
-                continue  # loading and compiling (its start-up grace), or generating
-            prev = self._steps.get(p.key)
-            steps[p.key] = prev if prev is not None and prev[0] == p.step else (p.step, world.now)
+            pkey = (p.job, p.role, p.rank)
+            stalled = zero.get(pkey)
+            if stalled is None:
+                continue  # generating
+            prev = self._steps.get(pkey)
+            steps[pkey] = prev if prev is not None and prev[0] == p.step else (p.step, now)
             if (
                 p.phase in cfg.heartbeat.finished_phases
-                or world.now - p.last_heartbeat_ts >= cfg.heartbeat.suspect_seconds
-                or p.key in probe_down
+                or now - p.last_heartbeat_ts >= cfg.heartbeat.suspect_seconds
+                or pkey in probe_down
             ):
                 continue  # gone on purpose; heartbeat late (the stall detector's); the probe's
-            sig = self._judge(world, p, zero[p.key], steps[p.key][1])
+            sig = self._judge(world, p, stalled, steps[pkey][1])
             if sig is not None:
                 out.append(sig)
         self._steps = steps
