@@ -28,8 +28,9 @@ sort, and only the slow end of it is compared with its peer median.
 
 from __future__ import annotations
 
+import bisect
 import statistics
-from collections import defaultdict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from app.ingest.series_store import SeriesKey
@@ -41,12 +42,26 @@ from app.policy.world import CHANGED, World
 
 
 @dataclass(slots=True)
-class _Figure:
-    """One participant's figure on this tick: its value and the series it came from."""
+class _Group:
+    """The figures of one (job, role) on this tick, in parallel lists.
 
-    value: float
-    key: SeriesKey
-    from_pace: bool = False  # a trainer's pace (from its train_step), not a reported figure
+    Parallel lists of references to values the store already holds, not an object per
+    participant: thousands of objects alive through the tick would be promoted by the garbage
+    collector and bring on full collections over the whole series store."""
+
+    keys: list[SeriesKey] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    owners: set[ParticipantKey] = field(default_factory=set)
+    paced: set[int] = field(default_factory=set)  # indices whose figure is a trainer's pace
+
+    def add(self, pkey: ParticipantKey, key: SeriesKey, value: float, *, pace: bool) -> None:
+        if pkey in self.owners:
+            return  # one figure a participant: its own step time before its pace
+        self.owners.add(pkey)
+        if pace:
+            self.paced.add(len(self.values))
+        self.keys.append(key)
+        self.values.append(value)
 
 
 @dataclass(slots=True)
@@ -69,8 +84,10 @@ class StragglerDetector(Detector):
     """See the module docstring."""
 
     # train_step: only the series whose value moved since the last tick come (a step advance).
-    metrics = (m.ROLLOUT_TOKENS_PER_SECOND, m.TRAIN_STEP_SECONDS, m.TRAIN_STEP)
+    metrics = (m.TRAIN_STEP,)
     filters = {m.TRAIN_STEP: CHANGED}
+    # Read in place every tick (World.rings), never snapshotted as lists of points.
+    lookups = (m.ROLLOUT_TOKENS_PER_SECOND, m.TRAIN_STEP_SECONDS)
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
@@ -94,18 +111,22 @@ class StragglerDetector(Detector):
 
     def _series_figures(
         self, world: World, series: ParticipantSeries, roles: tuple[str, ...]
-    ) -> dict[tuple[str, str], dict[ParticipantKey, _Figure]]:
+    ) -> dict[tuple[str, str], _Group]:
         """Fresh, positive figures of one metric, grouped by (job, role)."""
-        owners = series.owners(world)
         oldest = world.now - self.policy.detection.stale_sample_seconds
-        groups: dict[tuple[str, str], dict[ParticipantKey, _Figure]] = defaultdict(dict)
-        # This loop runs over every rollout each tick: the cheap tests first.
-        for key, (ts, value) in world.series(series.name):
-            if value <= 0 or ts < oldest:
-                continue  # stalled or silent: other detectors' cases, and no peer
-            pkey = owners.get(key)
-            if pkey is not None and pkey[1] in roles:
-                groups[(pkey[0], pkey[1])][pkey] = _Figure(value, key)
+        groups: dict[tuple[str, str], _Group] = {}
+        # This loop runs over every rollout each tick: no key hashed, nothing allocated per
+        # series, the cheap tests first.
+        for job_role, rings in series.rings(world, roles).items():
+            group = groups[job_role] = _Group()
+            keys, values, owners = group.keys, group.values, group.owners
+            for points, key, pkey in rings:
+                if points:
+                    ts, value = points[-1]
+                    if value > 0 and ts >= oldest:  # else stalled or silent: no figure, no peer
+                        keys.append(key)
+                        values.append(value)
+                        owners.add(pkey)
         return groups
 
     def _watch_steps(self, world: World, roles: tuple[str, ...]) -> None:
@@ -129,77 +150,87 @@ class StragglerDetector(Detector):
                     pace.figure = statistics.median(pace.per_step)
             pace.step, pace.key, pace.seen_at, pace.watched = step, key, point.ts, True
 
-    def _add_paces(
-        self, world: World, groups: dict[tuple[str, str], dict[ParticipantKey, _Figure]]
-    ) -> None:
+    def _add_paces(self, world: World, groups: dict[tuple[str, str], _Group]) -> None:
         """A trainer that reports no step time of its own gets its pace as its figure: the
         median of its last ``pace_steps`` step times (a long-tail step or a restart's gap does
         not move it), while its step keeps moving at that pace."""
         stale = self.policy.detection.stale_sample_seconds
-        for pkey, pace in list(self._paces.items()):
+        gone: list[ParticipantKey] = []
+        for pkey, pace in self._paces.items():
             quiet = world.now - pace.seen_at
             if quiet > _PACE_FORGET_SECONDS:
-                del self._paces[pkey]
-                continue
-            if pace.figure is None or quiet > max(stale, 3 * pace.figure):
-                continue  # not paced yet, or stopped (a hang or a pause: not slowness)
-            group = groups[(pkey[0], pkey[1])]
-            if pkey not in group:  # its own train_step_seconds wins
-                group[pkey] = _Figure(pace.figure, pace.key, from_pace=True)
+                gone.append(pkey)
+            elif pace.figure is not None and quiet <= max(stale, 3 * pace.figure):
+                # (a pace that stopped is a hang or a pause, not slowness: not judged)
+                job_role = (pkey[0], pkey[1])
+                group = groups.get(job_role)
+                if group is None:
+                    group = groups[job_role] = _Group()
+                group.add(pkey, pace.key, pace.figure, pace=True)
+        for pkey in gone:
+            del self._paces[pkey]
 
-    def _judge(
-        self, world: World, group: dict[ParticipantKey, _Figure], *, slow_is_low: bool
-    ) -> list[FaultSignal]:
+    def _judge(self, world: World, group: _Group, *, slow_is_low: bool) -> list[FaultSignal]:
         cfg = self.policy.detection.straggler
-        peers = len(group) - 1
+        values = group.values
+        peers = len(values) - 1
         if peers < cfg.min_peers:
             return []
         ratio = cfg.throughput_ratio if slow_is_low else cfg.step_time_ratio
-        # Slowest first: the loop stops at the first participant that is not a straggler (all
-        # after it are faster, and their peer medians no lower).
-        ranked = sorted(group.items(), key=lambda kv: kv[1].value, reverse=not slow_is_low)
-        values = [f.value for _, f in ranked]
+        ranked = sorted(values)
+        # Leaving out one value moves the median by at most one place: a participant beyond
+        # ratio x the most lenient of those medians is checked exactly, the others not at all.
+        lenient = ratio * _median_without(ranked, 0 if slow_is_low else len(ranked) - 1)
         out: list[FaultSignal] = []
-        for i, (pkey, fig) in enumerate(ranked):
-            median = _median_without(values, i)
+        for i, value in enumerate(values):
+            if (value >= lenient) if slow_is_low else (value <= lenient):
+                continue
+            median = _median_without(ranked, bisect.bisect_left(ranked, value))
             limit = ratio * median
-            if (fig.value >= limit) if slow_is_low else (fig.value <= limit):
-                break
-            since = self.sticky_since(pkey, world.now, open_ended=True)
+            if (value >= limit) if slow_is_low else (value <= limit):
+                continue
+            key = group.keys[i]
+            since = self.sticky_since(key, world.now, open_ended=True)
             if world.now - since >= cfg.sustain_seconds:
-                out.append(self._signal(world, fig, median, limit, peers, since))
+                paced = i in group.paced
+                out.append(self._signal(world, key, value, paced, median, limit, peers, since))
         return out
 
     def _signal(
-        self, world: World, fig: _Figure, median: float, limit: float, peers: int, since: float
+        self,
+        world: World,
+        key: SeriesKey,
+        value: float,
+        paced: bool,
+        median: float,
+        limit: float,
+        peers: int,
+        since: float,
     ) -> FaultSignal:
-        sub = subject_of(fig.key)
+        sub = subject_of(key)
         cfg = self.policy.detection.straggler
         held = f"for {world.now - since:.0f}s; {peers} peers"
-        metric: str | None
-        if fig.key.name == m.ROLLOUT_TOKENS_PER_SECOND:
-            metric = m.ROLLOUT_TOKENS_PER_SECOND
+        metric = key.name
+        if metric == m.ROLLOUT_TOKENS_PER_SECOND:
             detail = (
-                f"{sub.role}-{sub.rank} generates {fig.value:.0f} tokens/s vs its peers' median "
-                f"{median:.0f} ({fig.value / median:.2f}x; a straggler below "
+                f"{sub.role}-{sub.rank} generates {value:.0f} tokens/s vs its peers' median "
+                f"{median:.0f} ({value / median:.2f}x; a straggler below "
                 f"{cfg.throughput_ratio:g}x) {held}"
             )
         else:
-            metric = m.TRAIN_STEP if fig.from_pace else m.TRAIN_STEP_SECONDS
             source = (
                 f"its pace: the median of its last {cfg.pace_steps} steps"
-                if fig.from_pace
+                if paced
                 else "train_step_seconds"
             )
             detail = (
-                f"{sub.role}-{sub.rank} takes {fig.value:.1f}s a step ({source}) vs its peers' "
-                f"median {median:.1f}s ({fig.value / median:.2f}x; a straggler above "
+                f"{sub.role}-{sub.rank} takes {value:.1f}s a step ({source}) vs its peers' "
+                f"median {median:.1f}s ({value / median:.2f}x; a straggler above "
                 f"{cfg.step_time_ratio:g}x) {held}"
             )
-        values = cap_points([(p.ts, p.value) for p in world.store.since(fig.key, since)])
         evidence = Evidence(
             metric=metric,
-            values=values,
+            values=cap_points([(p.ts, p.value) for p in world.store.since(key, since)]),
             window_seconds=cfg.sustain_seconds,
             threshold=round(limit, 3),
             detail=detail,
@@ -210,14 +241,14 @@ class StragglerDetector(Detector):
             sub,
             evidence,
             since=since,
-            figure=round(fig.value, 3),
+            figure=round(value, 3),
             peer_median=round(median, 3),
             peers=peers,
         )
 
 
 def _median_without(values: list[float], i: int) -> float:
-    """The median of ``values`` (sorted, either way) without its ``i``-th element, in O(1)."""
+    """The median of ``values`` (sorted) without its ``i``-th element, in O(1)."""
     n = len(values) - 1
 
     def at(j: int) -> float:
