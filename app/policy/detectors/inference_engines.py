@@ -97,10 +97,10 @@ class EngineStalledDetector(Detector):
 
     The same kind as the probe's, ``rollout_engine_down``, on purpose: the fault is the same
     (the engine is dead, the worker around it lives), so is the repair (``restart_role``
-    restarts that rollout and its engine; its piled-up work is its own and comes back with
-    it), and a participant seen both ways is one incident, not two. ``rollout_down`` would be
-    wrong: that is a worker gone, heartbeat and all, and its plan moves the batches away. The
-    evidence says which way it was seen (``reason``: ``no_progress``).
+    restarts that rollout, its engine with it: the plan the probe's case already has), and a
+    participant seen both ways is one incident, not two. ``rollout_down`` would say the wrong
+    thing: a worker gone, heartbeat and all (its plan also moves the batches of a node that
+    may not come back). The evidence says which way it was seen (``reason``: ``no_progress``).
     """
 
     metrics = (m.ROLLOUT_TOKENS_PER_SECOND, m.ROLLOUT_ENGINE_UP)
