@@ -5,6 +5,9 @@ rollout waiting on a tool is not."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from app.policy import metric_names as m
 from app.policy.detectors import EngineStalledDetector
 from app.policy.engine import PolicyEngine
@@ -44,27 +47,26 @@ STALL = 60  # detection.rollout.stall_timeout_seconds in policy.yaml
 
 
 def _rollout(tokens: float, pending: float | None, *, step: int = 7, phase: str = "ROLLOUT",
-             heartbeat_age: float = 0.5):
+             heartbeat_age: float = 0.5) -> Callable[[Cluster], None]:
     """Every second, rollout-0 on n1 as the agent reports it: tokens/s, pending rollouts."""
 
     def f(c: Cluster) -> None:
-        labels = {"job": JOB, "role": "rollout", "rank": "0"}
-        c.put("n1", m.ROLLOUT_TOKENS_PER_SECOND, tokens, **labels)
+        c.put("n1", m.ROLLOUT_TOKENS_PER_SECOND, tokens, job=JOB, role="rollout", rank="0")
         if pending is not None:
-            c.put("n1", m.ROLLOUT_PENDING_COUNT, pending, **labels)
+            c.put("n1", m.ROLLOUT_PENDING_COUNT, pending, job=JOB, role="rollout", rank="0")
         c.participant("rollout", 0, "n1", phase=phase, step=step,
                       heartbeat=c.now - heartbeat_age)
 
     return f
 
 
-def _piling(start: float = 2.0, rate: float = 0.25, **kw: object):
+def _piling(start: float = 2.0, rate: float = 0.25, **kw: Any) -> Callable[[Cluster], None]:
     """Zero tokens while the pending count rises by ``rate`` a second."""
     pending = [start]
 
     def f(c: Cluster) -> None:
         pending[0] += rate
-        _rollout(0.0, pending[0], **kw)(c)  # type: ignore[arg-type]
+        _rollout(0.0, pending[0], **kw)(c)
 
     return f
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -13,7 +14,7 @@ from app.policy.detectors import StragglerDetector
 from app.policy.detectors.straggler import _median_without
 from app.policy.engine import PolicyEngine
 from app.policy.policy_file import default_policy
-from app.policy.signals import FaultKind, Tier
+from app.policy.signals import FaultKind, FaultSignal, Tier
 
 from .._helpers import JOB, Cluster, first_firing
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.timeout(30)
 SUSTAIN = 120  # detection.straggler.sustain_seconds in policy.yaml
 
 
-def _rollouts(rates: dict[int, float], *, job: str = JOB):
+def _rollouts(rates: Mapping[int, float], *, job: str = JOB) -> Callable[[Cluster], None]:
     """Every second: rollout rank r on node n<r> reports ``rates[r]`` tokens/s (± 10 %)."""
     rng = random.Random(7)
 
@@ -36,7 +37,7 @@ def _rollouts(rates: dict[int, float], *, job: str = JOB):
     return f
 
 
-def _fired(results: list[list]) -> set[tuple[str | None, int | None]]:
+def _fired(results: list[list[FaultSignal]]) -> set[tuple[str | None, int | None]]:
     return {(s.subject.role, s.subject.rank) for sigs in results for s in sigs}
 
 
@@ -113,7 +114,7 @@ def test_peers_are_the_same_job_and_role_only() -> None:
     assert first_firing(res) is None  # job b's two rollouts are uniform among themselves
 
 
-def _trainers(step_seconds: dict[int, float]):
+def _trainers(step_seconds: dict[int, float]) -> Callable[[Cluster], None]:
     def f(c: Cluster) -> None:
         for rank, secs in step_seconds.items():
             c.put("n0", m.TRAIN_STEP_SECONDS, secs, job=JOB, role="trainer", rank=str(rank))
@@ -144,7 +145,7 @@ def test_trainers_in_lock_step_are_no_stragglers_and_a_rank_stepping_slower_is()
     det = StragglerDetector(c.policy)
     steps = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}
 
-    def stepping(rates: dict[int, float]):
+    def stepping(rates: dict[int, float]) -> Callable[[Cluster], None]:
         def f(cl: Cluster) -> None:
             for rank, per_second in rates.items():
                 steps[rank] += per_second
