@@ -62,6 +62,7 @@ __all__ = [
 
 def default_detectors(policy: Policy) -> list[Detector]:
     """Every built-in detector, in the order the engine runs them."""
+    hang = TrainHangDetector(policy)
     return [
         GoldenMetricDetector(policy),
         TrainerIdleDetector(policy),
@@ -72,10 +73,10 @@ def default_detectors(policy: Policy) -> list[Detector]:
         JobFailureDetector(policy),
         StorageDetector(policy),
         EnvDriftDetector(policy),
-        TrainHangDetector(policy),
+        hang,
         InferenceEngineDownDetector(policy),
         EngineStalledDetector(policy),
         SchedulerNodeDetector(policy),
         RayNodeDeadDetector(policy),
-        StragglerDetector(policy),
+        StragglerDetector(policy, hang=hang),  # after hang: it reads the paces of this tick
     ]

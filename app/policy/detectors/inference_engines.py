@@ -103,17 +103,13 @@ class EngineStalledDetector(Detector):
     may not come back). The evidence says which way it was seen (``reason``: ``no_progress``).
     """
 
-    metrics = (m.ROLLOUT_TOKENS_PER_SECOND, m.ROLLOUT_ENGINE_UP)
-    lookups = (m.ROLLOUT_PENDING_COUNT,)
+    metrics = (m.ROLLOUT_ENGINE_UP,)
+    # Throughput: read in place, the rollouts' only (ParticipantSeries.rings).
+    lookups = (m.ROLLOUT_TOKENS_PER_SECOND, m.ROLLOUT_PENDING_COUNT)
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
-        # Only stalled rollouts and failing probes come (when no other detector wants the
-        # throughput whole).
-        self.filters = {
-            m.ROLLOUT_TOKENS_PER_SECOND: Threshold("le", 0.0),
-            m.ROLLOUT_ENGINE_UP: Threshold("le", 0.0),
-        }
+        self.filters = {m.ROLLOUT_ENGINE_UP: Threshold("le", 0.0)}  # only failing probes come
         self.startup = StartupGrace(policy)
         self._throughput = ParticipantSeries(m.ROLLOUT_TOKENS_PER_SECOND)
         self._pending = ParticipantSeries(m.ROLLOUT_PENDING_COUNT)
@@ -121,20 +117,20 @@ class EngineStalledDetector(Detector):
         self._steps: dict[ParticipantKey, tuple[int, float]] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
+        cfg = self.policy.detection
+        oldest = world.now - cfg.stale_sample_seconds
         zero: dict[ParticipantKey, SeriesKey] = {}
-        owners: dict[SeriesKey, ParticipantKey] | None = None
-        for key, point in world.series(m.ROLLOUT_TOKENS_PER_SECOND):
-            if point.value <= 0 and self.fresh(world, point):
-                owners = owners if owners is not None else self._throughput.owners(world)
-                pkey = owners.get(key)
-                if pkey is not None:
-                    zero.setdefault(pkey, key)
+        for rings in self._throughput.rings(world, cfg.rollout.roles).values():
+            for points, key, pkey in rings:
+                if points:
+                    ts, value = points[-1]
+                    if value <= 0 and ts >= oldest:
+                        zero[pkey] = key
         probe_down = set()
         for key, point in world.series(m.ROLLOUT_ENGINE_UP):
             if point.value <= 0:
                 sub = subject_of(key)
                 probe_down.add((sub.job, sub.role, sub.rank))
-        cfg = self.policy.detection
         roles, now, check = cfg.rollout.roles, world.now, self.startup.check
         steps: dict[ParticipantKey, tuple[int, float]] = {}
         out: list[FaultSignal] = []

@@ -15,30 +15,33 @@ the rollout stall and engine detectors judge it, and it is no peer either.
 
 A trainer's figure is its own ``train_step_seconds`` when it reports one (the job's per-rank
 measure: in lock-step data parallelism every rank waits in the same all-reduce, so only a
-per-rank compute time tells the slow one), otherwise its pace: the median of its last
-``pace_steps`` step times, as its ``train_step`` samples show the step move (ranks that step
-independently). A trainer whose step stopped is not slow but hung or paused (``train_hang``,
-a weight sync): its pace is not judged then.
+per-rank compute time tells the slow one), otherwise its pace (ranks that step independently):
+the median of its last ``pace_steps`` step times as the train-hang detector measures them (time
+in its hang phases only, so a weight sync or a save is nobody's slowness; one detector keeps
+step times, this one reads them). A trainer whose step stopped is not slow but hung
+(``train_hang``): its pace is not judged then.
 
 Cost: one pass over the figures of the tick (O(participants), no label parsing: the series →
-participant map is kept while the store's series do not change); step advances come from the
-snapshot's CHANGED filter, so a tick touches only the trainers whose step moved; per group one
-sort, and only the slow end of it is compared with its peer median.
+participant map and the sample buffers of the judged roles are kept while the store's series do
+not change, and read in place); a trainer's median is taken once a step; per group one sort,
+and only the slow end of it is compared with its peer median.
 """
 
 from __future__ import annotations
 
 import bisect
-import statistics
-from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
 
 from app.ingest.series_store import SeriesKey
 from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, ParticipantKey, ParticipantSeries, subject_of
+from app.policy.detectors.hang import TrainHangDetector
 from app.policy.policy_file import Policy
-from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
-from app.policy.world import CHANGED, World
+from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, cap_points
+from app.policy.world import World
 
 
 @dataclass(slots=True)
@@ -49,58 +52,41 @@ class _Group:
     participant: thousands of objects alive through the tick would be promoted by the garbage
     collector and bring on full collections over the whole series store."""
 
-    keys: list[SeriesKey] = field(default_factory=list)
+    keys: list[SeriesKey | None] = field(default_factory=list)  # None: a trainer's pace
     values: list[float] = field(default_factory=list)
+    # whose figures are their own step time (a trainer's pace is not added beside it)
     owners: set[ParticipantKey] = field(default_factory=set)
-    paced: set[int] = field(default_factory=set)  # indices whose figure is a trainer's pace
-
-    def add(self, pkey: ParticipantKey, key: SeriesKey, value: float, *, pace: bool) -> None:
-        if pkey in self.owners:
-            return  # one figure a participant: its own step time before its pace
-        self.owners.add(pkey)
-        if pace:
-            self.paced.add(len(self.values))
-        self.keys.append(key)
-        self.values.append(value)
-
-
-@dataclass(slots=True)
-class _Pace:
-    """A trainer's step as the policy saw it move, and its recent seconds per step."""
-
-    step: int
-    key: SeriesKey
-    seen_at: float  # sample time of the newest step change (or of the first sighting)
-    watched: bool = False  # seen_at is a step change we watched (not the first sighting)
-    per_step: deque[float] = field(default_factory=deque)
-    figure: float | None = None  # median of per_step once it holds pace_steps values
-
-
-# A pace not moved for this long belongs to a participant gone (or a job stopped): forgotten.
-_PACE_FORGET_SECONDS = 900.0
+    paced: dict[int, ParticipantKey] = field(default_factory=dict)  # index → whose pace
 
 
 class StragglerDetector(Detector):
-    """See the module docstring."""
+    """See the module docstring. ``hang``: the train-hang detector whose paces (each trainer's
+    step times, counted in its hang phases only) give a trainer without a step time of its
+    own its figure; it runs before this one in the tick. Without one, this detector keeps and
+    runs its own."""
 
-    # train_step: only the series whose value moved since the last tick come (a step advance).
-    metrics = (m.TRAIN_STEP,)
-    filters = {m.TRAIN_STEP: CHANGED}
-    # Read in place every tick (World.rings), never snapshotted as lists of points.
+    # Read in place every tick (World.rings), only the series of the roles judged, never
+    # snapshotted as lists of points.
     lookups = (m.ROLLOUT_TOKENS_PER_SECOND, m.TRAIN_STEP_SECONDS)
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, hang: TrainHangDetector | None = None) -> None:
         super().__init__(policy)
         self._throughput = ParticipantSeries(m.ROLLOUT_TOKENS_PER_SECOND)
         self._step_seconds = ParticipantSeries(m.TRAIN_STEP_SECONDS)
-        self._steps = ParticipantSeries(m.TRAIN_STEP)
-        self._paces: dict[ParticipantKey, _Pace] = {}
+        self._own_hang = hang is None
+        self._hang = hang if hang is not None else TrainHangDetector(policy)
+        # trainer → [its step, its pace figure at that step, its (job, role)]: a median is
+        # taken once a step, not once a tick
+        self._figures: dict[ParticipantKey, list[Any]] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
         det = self.policy.detection
+        if self._own_hang:
+            self._hang.run(world)
         rollouts = self._series_figures(world, self._throughput, det.rollout.roles)
-        trainers = self._series_figures(world, self._step_seconds, det.trainer.roles)
-        self._watch_steps(world, det.trainer.roles)
+        trainers = self._series_figures(
+            world, self._step_seconds, det.trainer.roles, keep_owners=True
+        )
         self._add_paces(world, trainers)
         out: list[FaultSignal] = []
         for group in rollouts.values():
@@ -110,9 +96,15 @@ class StragglerDetector(Detector):
         return out
 
     def _series_figures(
-        self, world: World, series: ParticipantSeries, roles: tuple[str, ...]
+        self,
+        world: World,
+        series: ParticipantSeries,
+        roles: tuple[str, ...],
+        *,
+        keep_owners: bool = False,
     ) -> dict[tuple[str, str], _Group]:
-        """Fresh, positive figures of one metric, grouped by (job, role)."""
+        """Fresh, positive figures of one metric, grouped by (job, role); ``keep_owners``: note
+        whose they are (a trainer's own step time wins over its pace)."""
         oldest = world.now - self.policy.detection.stale_sample_seconds
         groups: dict[tuple[str, str], _Group] = {}
         # This loop runs over every rollout each tick: no key hashed, nothing allocated per
@@ -126,49 +118,39 @@ class StragglerDetector(Detector):
                     if value > 0 and ts >= oldest:  # else stalled or silent: no figure, no peer
                         keys.append(key)
                         values.append(value)
-                        owners.add(pkey)
+                        if keep_owners:
+                            owners.add(pkey)
         return groups
-
-    def _watch_steps(self, world: World, roles: tuple[str, ...]) -> None:
-        """Each trainer's seconds per step, from the step advances of this tick only."""
-        want = self.policy.detection.straggler.pace_steps
-        owners = self._steps.owners(world)
-        for key, point in world.series(m.TRAIN_STEP):
-            pkey = owners.get(key)
-            if pkey is None or pkey[1] not in roles:
-                continue
-            step = int(point.value)
-            pace = self._paces.get(pkey)
-            if pace is None or step < pace.step:  # new, or restored from an older checkpoint
-                self._paces[pkey] = _Pace(step, key, point.ts, per_step=deque(maxlen=want))
-                continue
-            if step == pace.step or point.ts <= pace.seen_at:
-                continue
-            if pace.watched:  # a whole step (or several) watched from its start
-                pace.per_step.append((point.ts - pace.seen_at) / (step - pace.step))
-                if len(pace.per_step) == want:
-                    pace.figure = statistics.median(pace.per_step)
-            pace.step, pace.key, pace.seen_at, pace.watched = step, key, point.ts, True
 
     def _add_paces(self, world: World, groups: dict[tuple[str, str], _Group]) -> None:
         """A trainer that reports no step time of its own gets its pace as its figure: the
         median of its last ``pace_steps`` step times (a long-tail step or a restart's gap does
-        not move it), while its step keeps moving at that pace."""
+        not move it), while its step keeps moving: a pace stopped for three of its steps (and
+        at least the stale-sample time) is a hang or a pause, not slowness."""
+        want = self.policy.detection.straggler.pace_steps
         stale = self.policy.detection.stale_sample_seconds
-        gone: list[ParticipantKey] = []
-        for pkey, pace in self._paces.items():
-            quiet = world.now - pace.seen_at
-            if quiet > _PACE_FORGET_SECONDS:
-                gone.append(pkey)
-            elif pace.figure is not None and quiet <= max(stale, 3 * pace.figure):
-                # (a pace that stopped is a hang or a pause, not slowness: not judged)
-                job_role = (pkey[0], pkey[1])
-                group = groups.get(job_role)
-                if group is None:
-                    group = groups[job_role] = _Group()
-                group.add(pkey, pace.key, pace.figure, pace=True)
-        for pkey in gone:
-            del self._paces[pkey]
+        paces, cache = self._hang.paces, self._figures
+        if len(cache) > len(paces) + 64:  # trainers gone
+            self._figures = cache = {k: v for k, v in cache.items() if k in paces}
+        for pkey, pace in paces.items():
+            times = pace.step_times
+            if len(times) < want:
+                continue
+            entry = cache.get(pkey)
+            if entry is None:
+                entry = cache[pkey] = [-1, 0.0, (pkey[0], pkey[1])]
+            if entry[0] != pace.step:
+                entry[0], entry[1] = pace.step, _median(islice(times, len(times) - want, None))
+            figure = entry[1]
+            if pace.stalled > stale and pace.stalled > 3 * figure:
+                continue
+            group = groups.get(entry[2])
+            if group is None:
+                group = groups[entry[2]] = _Group()
+            if pkey not in group.owners:
+                group.paced[len(group.values)] = pkey
+                group.keys.append(None)
+                group.values.append(figure)
 
     def _judge(self, world: World, group: _Group, *, slow_is_low: bool) -> list[FaultSignal]:
         cfg = self.policy.detection.straggler
@@ -190,27 +172,33 @@ class StragglerDetector(Detector):
             if (value >= limit) if slow_is_low else (value <= limit):
                 continue
             key = group.keys[i]
-            since = self.sticky_since(key, world.now, open_ended=True)
+            since = self.sticky_since(key or group.paced[i], world.now, open_ended=True)
             if world.now - since >= cfg.sustain_seconds:
-                paced = i in group.paced
-                out.append(self._signal(world, key, value, paced, median, limit, peers, since))
+                who = key if key is not None else group.paced[i]
+                out.append(self._signal(world, who, value, median, limit, peers, since))
         return out
 
     def _signal(
         self,
         world: World,
-        key: SeriesKey,
+        who: SeriesKey | ParticipantKey,
         value: float,
-        paced: bool,
         median: float,
         limit: float,
         peers: int,
         since: float,
     ) -> FaultSignal:
-        sub = subject_of(key)
         cfg = self.policy.detection.straggler
         held = f"for {world.now - since:.0f}s; {peers} peers"
-        metric = key.name
+        values: tuple[tuple[float, float], ...] = ((world.now, value),)
+        if isinstance(who, SeriesKey):
+            sub = subject_of(who)
+            metric: str | None = who.name
+            values = cap_points([(p.ts, p.value) for p in world.store.since(who, since)])
+        else:  # a trainer's pace: its subject from the participant table
+            node = next((p.node for p in world.participants if p.key == who), None)
+            sub = Subject(node=node, job=who[0], role=who[1], rank=who[2])
+            metric = None
         if metric == m.ROLLOUT_TOKENS_PER_SECOND:
             detail = (
                 f"{sub.role}-{sub.rank} generates {value:.0f} tokens/s vs its peers' median "
@@ -219,9 +207,9 @@ class StragglerDetector(Detector):
             )
         else:
             source = (
-                f"its pace: the median of its last {cfg.pace_steps} steps"
-                if paced
-                else "train_step_seconds"
+                "train_step_seconds"
+                if metric is not None
+                else f"its pace: the median of its last {cfg.pace_steps} steps"
             )
             detail = (
                 f"{sub.role}-{sub.rank} takes {value:.1f}s a step ({source}) vs its peers' "
@@ -230,7 +218,7 @@ class StragglerDetector(Detector):
             )
         evidence = Evidence(
             metric=metric,
-            values=cap_points([(p.ts, p.value) for p in world.store.since(key, since)]),
+            values=values,
             window_seconds=cfg.sustain_seconds,
             threshold=round(limit, 3),
             detail=detail,
@@ -245,6 +233,14 @@ class StragglerDetector(Detector):
             peer_median=round(median, 3),
             peers=peers,
         )
+
+
+def _median(values: Iterable[float]) -> float:
+    """``statistics.median`` of a few values, without its generality (this runs on every step
+    advance of every trainer)."""
+    ranked = sorted(values)
+    mid = len(ranked) // 2
+    return ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
 
 
 def _median_without(values: list[float], i: int) -> float:
