@@ -9,7 +9,8 @@ docs/metrics.md the detectors read plus the job signals of 8 participants per no
 history, and a few faults so detectors do real work), then ``PolicyEngine.tick`` timed over
 warm ticks. Baseline in the same run: one bare pass over the store reading every series' latest
 point with no allocation (the store's ring buffers read directly), the least any tick that
-looks at every series must do. Target: tick <= 100 ms.
+looks at every series must do; and the same tick without the detectors of issue 21 (Detection
+v2, ``DETECTION_V2``), timed interleaved with the full one. Target: tick <= 100 ms.
 
 Part ``latency``: a real ``rlguard server`` and ``rlguard worker`` (PostgreSQL + a Redis of its
 own, and embedded SQLite + SQLAlchemy broker). Each trial posts one ingest batch that confirms
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.ingest.series_store import SeriesKey, SeriesStore  # noqa: E402
 from app.policy import metric_names as m  # noqa: E402
+from app.policy.detectors import default_detectors  # noqa: E402
 from app.policy.engine import PolicyEngine  # noqa: E402
 from app.policy.policy_file import default_policy  # noqa: E402
 from app.policy.world import ParticipantView, World  # noqa: E402
@@ -48,6 +50,9 @@ GPU_METRICS = [m.GPU_UTILIZATION_RATIO, m.GPU_XID_CRITICAL_EVENTS_TOTAL, m.GPU_E
 JOB_METRICS = [m.ROLLOUT_PENDING_RATIO, m.ACTOR_SHARD_REBUILD_COUNT_5M, m.STATE_LOG_WRITE_LATENCY_MS,
                m.ROLLOUT_TOKENS_PER_SECOND, m.TRAIN_STEP, m.TRAIN_STEP_FAILURES_TOTAL,
                m.STATE_LOG_WRITE_ERRORS_TOTAL, m.PARTICIPANT_HEARTBEAT_AGE_SECONDS]
+
+# Detectors added by issue 21 (Detection v2): the tick is also timed without them.
+DETECTION_V2 = {"StragglerDetector", "EngineStalledDetector"}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -97,9 +102,15 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
     print(f"tick: {nodes} nodes x {gpus} GPUs: {len(store):,} series, {len(parts):,} participants "
           f"(filled in {time.perf_counter() - started:.1f}s)")
     seen = {f"node{n:04d}": t0 for n in range(nodes)}
-    engine = PolicyEngine(default_policy())
+    policy = default_policy()
+    engine = PolicyEngine(policy)
+    # The same tick without the detectors of issue 21 (Detection v2), measured interleaved with
+    # the full tick in this run, so that a loaded machine weighs on both alike.
+    older = PolicyEngine(policy, detectors=[d for d in default_detectors(policy)
+                                            if type(d).__name__ not in DETECTION_V2])
     base: list[float] = []
     cost: list[float] = []
+    old_cost: list[float] = []
     decisions = 0
     for i in range(ticks):
         now = t0 + 0.5 + i * 0.01
@@ -112,10 +123,19 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
         s = time.perf_counter()
         decisions += len(engine.tick(world).decisions)
         cost.append(time.perf_counter() - s)
+        world = World(now=now, store=store, participants=parts, node_last_seen=seen)
+        s = time.perf_counter()
+        older.tick(world)
+        old_cost.append(time.perf_counter() - s)
     warm = cost[2:] or cost
+    old_warm = old_cost[2:] or old_cost
     print(f"tick: baseline (bare read of every series' newest point) p50 {pct(base, 50) * 1e3:.1f} ms")
+    print(f"tick: without the Detection v2 detectors ({', '.join(sorted(DETECTION_V2))}) p50 "
+          f"{pct(old_warm, 50) * 1e3:.1f} ms  p99 {pct(old_warm, 99) * 1e3:.1f} ms")
     print(f"tick: policy tick p50 {pct(warm, 50) * 1e3:.1f} ms  p99 {pct(warm, 99) * 1e3:.1f} ms  "
           f"max {max(warm) * 1e3:.1f} ms  ({decisions} decisions over {ticks} ticks)")
+    print(f"tick: ratio with/without the Detection v2 detectors p50 "
+          f"{pct(warm, 50) / pct(old_warm, 50):.2f}x  p99 {pct(warm, 99) / pct(old_warm, 99):.2f}x")
     print(f"tick: ratio tick/baseline {pct(warm, 50) / pct(base, 50):.2f}x   target tick <= 100 ms: "
           f"{'MET' if pct(warm, 99) <= 0.1 else 'NOT MET'}")
 

@@ -36,6 +36,10 @@ ACTOR_SHARD_STALE = "actor_shard_stale"  # gauge 0/1
 STATE_LOG_WRITE_ERRORS_TOTAL = "state_log_write_errors_total"  # counter: failed appends
 CHECKPOINT_WRITE_ERRORS_TOTAL = "checkpoint_write_errors_total"  # counter: failed checkpoint saves
 
+# Stragglers and engines dead inside a live worker (labels job, role, rank; docs/metrics.md).
+ROLLOUT_PENDING_COUNT = "rollout_pending_count"  # gauge: rollouts waiting (heartbeat / engine)
+TRAIN_STEP_SECONDS = "train_step_seconds"  # gauge: the rank's own step time, when it reports one
+
 # --- GPU health (labels gpu; from NVML, docs/metrics.md) ---
 GPU_UTILIZATION_RATIO = "gpu_utilization_ratio"  # 0..1
 GPU_XID_CRITICAL_EVENTS_TOTAL = "gpu_xid_critical_events_total"

@@ -175,6 +175,20 @@ class ClockDetection(_Strict):
     sustain_seconds: float = Field(default=60, ge=0)
 
 
+class StragglerDetection(_Strict):
+    """Stragglers (app/policy/detectors/straggler.py): a participant whose figure stays beyond
+    ``ratio`` x its peers' median (same job, same role) for ``sustain_seconds`` while at least
+    ``min_peers`` peers report one. Rollouts: token throughput below ``throughput_ratio`` x
+    the median; trainers: step time above ``step_time_ratio`` x the median, the rank's own
+    ``train_step_seconds`` or, without one, the median of its last ``pace_steps`` step times."""
+
+    min_peers: int = Field(default=3, ge=1)
+    sustain_seconds: float = Field(default=120, gt=0)
+    throughput_ratio: float = Field(default=0.5, gt=0, lt=1)
+    step_time_ratio: float = Field(default=2.0, gt=1)
+    pace_steps: int = Field(default=5, ge=1)
+
+
 class Detection(_Strict):
     stale_sample_seconds: float = Field(default=15, gt=0)
     trainer: TrainerDetection = TrainerDetection()
@@ -187,6 +201,7 @@ class Detection(_Strict):
     storage: StorageDetection = StorageDetection()
     env_drift: EnvDriftDetection = EnvDriftDetection()
     clock: ClockDetection = ClockDetection()
+    straggler: StragglerDetection = StragglerDetection()
 
     @model_validator(mode="after")
     def _starting_is_not_gone(self) -> Detection:

@@ -43,6 +43,8 @@ class FaultKind(StrEnum):
     # environment
     ENV_DRIFT = "env_drift"
     CLOCK_SKEW = "clock_skew"  # a node's clock is off (its NTP is broken); stamps corrected
+    # performance: a participant far slower than its peers (app/policy/detectors/straggler.py)
+    STRAGGLER = "straggler"
     # anything Alertmanager sends that the label mapping does not place elsewhere
     EXTERNAL_ALERT = "external_alert"
 

@@ -100,6 +100,19 @@ class World:
             return self.index.read(name)
         return [(k, p) for k, p in self.store.items() if k.name == name]
 
+    def rings(self, name: str) -> list[tuple[SeriesKey, Sequence[tuple[float, float]]]]:
+        """Every series of ``name`` with its sample buffer, read in place (newest last).
+
+        For a detector that reads every series of a name on every tick: ``buffer[-1]`` is the
+        newest sample, with no Point and no list of points built per tick (objects that live
+        through a tick are promoted by the garbage collector and bring on full collections,
+        hundreds of ms over the series store). Read-only; safe without the store's lock for
+        the reason given in :class:`LatestIndex`."""
+        if self.index is not None and name in self.index.names:
+            return self.index.rings(name)
+        with self.store._lock:  # noqa: SLF001 - see LatestIndex
+            return [(k, s.points) for k, s in self.store._series.items() if k.name == name]  # noqa: SLF001
+
     def series_count(self, name: str, node: str) -> int:
         """How many series of ``name`` the node has (e.g. its GPU count)."""
         if self.index is not None:
@@ -227,6 +240,9 @@ class LatestIndex:
                 ts, value = points[-1]
                 out.append((key, Point(ts, value)))
         return out
+
+    def rings(self, name: str) -> list[tuple[SeriesKey, Any]]:
+        return self._by_name.get(name, [])
 
     def count(self, name: str, node: str) -> int:
         return self._counts.get((name, node), 0)

@@ -66,16 +66,19 @@ class Sim:
     # Nodes whose clock is off: node → seconds behind the server (negative: ahead). Their
     # batches carry the server's receive time (received_at) beside their own stamps.
     clock_behind: dict[str, float] = field(default_factory=dict)
-
-
     # GPUs per node where not GPUS (an eight-GPU node), and the agent's per-code XID counters
     # (gpu_xid_events_total{gpu, xid}); empty in the older traces, which stay byte-identical.
     node_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
     xid_events: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
+    # Stragglers and engines dead in a live worker: another cluster than PARTICIPANTS (more
+    # peers), and samples the older traces do not send (per participant: (sim, role, rank, t,
+    # add) → None). Both default to nothing new, so the older traces stay byte-identical.
+    layout: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: PARTICIPANTS)
+    part_samples: list[Callable[..., None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        for parts in PARTICIPANTS.values():
+        for parts in self.layout.values():
             for role, rank in parts:
                 self.phase[(role, rank)] = "TRAIN" if role == "trainer" else "ROLLOUT"
 
@@ -119,7 +122,7 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
             if value is not None:
                 add(name, value, gpu=gpu)
     participants = []
-    for role, rank in PARTICIPANTS[node]:
+    for role, rank in sim.layout[node]:
         labels = {"job": JOB, "role": role, "rank": str(rank)}
         died = sim.dead.get((role, rank))
         alive = died is None or t < died
@@ -147,6 +150,8 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
         add("participant_heartbeat_age_seconds", t - hb_ts, **labels)
         if role == "rollout" and fresh_heartbeat:
             add("rollout_tokens_per_second", val("rollout_tokens_per_second", r.uniform(800, 1500)), **labels)
+        for sample in sim.part_samples:
+            sample(sim, role, rank, t, lambda name, value, labels=labels: add(name, value, **labels))
         participants.append(
             {"job": JOB, "role": role, "rank": rank, "phase": sim.phase[(role, rank)],
              "step": sim.step, "ts": hb_ts}
@@ -191,12 +196,12 @@ def _engine_samples(sim: Sim, node: str, t: float, add: Callable[..., None]) -> 
 
 def simulate(sim: Sim) -> list[dict[str, Any]]:
     out = []
-    seqs = dict.fromkeys(PARTICIPANTS, 0)
+    seqs = dict.fromkeys(sim.layout, 0)
     for second in range(int(sim.duration)):
         t = T0 + second
         for hook in sim.hooks:
             hook(t, sim)
-        for node in PARTICIPANTS:
+        for node in sim.layout:
             if _silent(sim, node, t):
                 continue
             seqs[node] += 1
@@ -819,7 +824,7 @@ def _cycle(start: float, on: float, off: float, fn: Callable[[Sim, bool], None])
     return hook
 
 
-def _pending(rank: int, high: float, low: float) -> Callable[[Sim, bool], None]:
+def _pending_ratio(rank: int, high: float, low: float) -> Callable[[Sim, bool], None]:
     def set_(s: Sim, up: bool) -> None:
         s.part_override[(rank, "rollout", "rollout_pending_ratio")] = high if up else low
     return set_
@@ -831,7 +836,7 @@ def pending_around_warning(v: int):
     warning is the hysteresis)."""
     start = 40 + 5 * v
     sim = Sim(seed=6100 + v, duration=start + 300)
-    sim.hooks.append(_cycle(start, 10, 10, _pending(0, 0.36, 0.24)))
+    sim.hooks.append(_cycle(start, 10, 10, _pending_ratio(0, 0.36, 0.24)))
     return sim, [exp("rollout_pending_high", start, 30, role="rollout", rank=0, node="n1")], (
         "rollout-0's pending ratio swings between 0.24 and 0.36 every 10 s")
 
@@ -841,7 +846,7 @@ def pending_on_and_off(v: int):
     period (30 s) holds the one incident open across the healthy spells."""
     start = 40 + 5 * v
     sim = Sim(seed=6200 + v, duration=start + 260)
-    sim.hooks.append(_cycle(start, 40, 20, _pending(1, 0.6, 0.02)))
+    sim.hooks.append(_cycle(start, 40, 20, _pending_ratio(1, 0.6, 0.02)))
     return sim, [exp("rollout_pending_high", start, 30, role="rollout", rank=1, node="n2")], (
         "rollout-1's pending ratio high 40 s, healthy 20 s, four times")
 
@@ -870,6 +875,144 @@ def heartbeat_gaps_repeated(v: int):
 POSITIVE["pending_around_warning"] = (pending_around_warning, 2)
 POSITIVE["pending_on_and_off"] = (pending_on_and_off, 2)
 NEGATIVE["heartbeat_gaps_repeated"] = (heartbeat_gaps_repeated, 2)
+
+
+# -- stragglers (detection.straggler) ------------------------------------------------------------
+
+# Five rollouts on five nodes (4 peers each, over the minimum of 3), five trainer ranks on n0.
+STRAGGLER_LAYOUT = {
+    "n0": [("trainer", r) for r in range(5)],
+    **{f"n{r + 1}": [("rollout", r)] for r in range(5)},
+}
+STRAGGLER_SUSTAIN = 120  # detection.straggler.sustain_seconds
+
+
+def _step_seconds(slow: dict[int, float]) -> Callable[..., None]:
+    """Trainers report their own step time (train_step_seconds): 3 s ± 10 %, or ``slow[rank]``
+    while set; drawn from the participant's own RNG so the cluster's stays as it was."""
+    rng = random.Random(17)
+
+    def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[[str, float], None]) -> None:
+        if role == "trainer":
+            add("train_step_seconds", slow.get(rank, 3.0) * rng.uniform(0.9, 1.1))
+    return sample
+
+
+def straggler_rollout(v: int):
+    start, rank = 40 + 7 * v, (2, 4)[v % 2]
+    sim = Sim(seed=6000 + v, duration=start + STRAGGLER_SUSTAIN + 20, layout=STRAGGLER_LAYOUT)
+    sim.hooks.append(at(start, 10_000, lambda s: s.part_override.__setitem__((rank, "rollout", "rollout_tokens_per_second"), 300)))
+    return sim, [exp("straggler", start, STRAGGLER_SUSTAIN, role="rollout", rank=rank, node=f"n{rank + 1}")], (
+        f"rollout-{rank} generates 300 tokens/s, its 4 peers 800-1500 (a slow GPU or a throttled link)")
+
+
+def straggler_trainer(v: int):
+    start, rank = 50 + 5 * v, 3
+    slow: dict[int, float] = {}
+    sim = Sim(seed=6100 + v, duration=start + STRAGGLER_SUSTAIN + 20, layout=STRAGGLER_LAYOUT)
+    sim.part_samples.append(_step_seconds(slow))
+    sim.hooks.append(at(start, 10_000, lambda s: slow.__setitem__(rank, 9.0)))
+    return sim, [exp("straggler", start, STRAGGLER_SUSTAIN, role="trainer", rank=rank, node="n0")], (
+        f"trainer-{rank} reports 9 s steps, its 4 peers 3 s")
+
+
+def uniform_slow_fleet(v: int):
+    sim = Sim(seed=6200 + v, duration=300, layout=STRAGGLER_LAYOUT)
+    sim.part_samples.append(_step_seconds({r: 12.0 for r in range(5)}))
+    for rank in range(5):  # every rollout slow alike: a smaller GPU, a longer prompt mix
+        sim.part_override[(rank, "rollout", "rollout_tokens_per_second")] = 250 + 10 * rank
+    return sim, [], "every rollout at 250-290 tokens/s and every trainer at 12 s steps: slow, but uniform"
+
+
+def straggler_few_peers(v: int):
+    sim = Sim(seed=6300 + v, duration=300)  # the corpus's usual cluster: 2 rollouts, 2 trainers
+    sim.part_samples.append(_step_seconds({1: 9.0}))
+    sim.part_override[(v % 2, "rollout", "rollout_tokens_per_second")] = 200
+    return sim, [], "one rollout at 200 tokens/s and one trainer at 9 s steps, with a single peer each"
+
+
+def straggler_short_dip(v: int):
+    sim = Sim(seed=6400 + v, duration=320, layout=STRAGGLER_LAYOUT)
+    slow: dict[int, float] = {}
+    sim.part_samples.append(_step_seconds(slow))
+    key = (1, "rollout", "rollout_tokens_per_second")
+    sim.hooks.append(at(40, 40 + 90, lambda s: s.part_override.__setitem__(key, 250), lambda s: s.part_override.pop(key, None)))
+    sim.hooks.append(at(150, 150 + 100, lambda s: slow.__setitem__(4, 9.0), lambda s: slow.pop(4, None)))
+    return sim, [], "rollout-1 slow for 90 s, trainer-4 slow for 100 s: under the 120 s sustain time"
+
+
+POSITIVE["straggler_rollout"] = (straggler_rollout, 2)
+POSITIVE["straggler_trainer"] = (straggler_trainer, 1)
+NEGATIVE["uniform_slow_fleet"] = (uniform_slow_fleet, 1)
+NEGATIVE["straggler_few_peers"] = (straggler_few_peers, 1)
+NEGATIVE["straggler_short_dip"] = (straggler_short_dip, 1)
+
+
+# -- an engine dead inside a live worker (EngineStalledDetector) ----------------------------------
+
+ENGINE_STALL = 60  # detection.rollout.stall_timeout_seconds
+
+
+def _pending(counts: dict[int, Callable[[float], float]]) -> Callable[..., None]:
+    """Rollouts report their pending rollouts (heartbeat ``rollouts_pending``): 0-2 normally,
+    ``counts[rank](t)`` while set."""
+    rng = random.Random(23)
+
+    def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[[str, float], None]) -> None:
+        if role == "rollout":
+            f = counts.get(rank)
+            add("rollout_pending_count", f(t) if f is not None else rng.randint(0, 2))
+    return sample
+
+
+def engine_dead_in_worker(v: int):
+    """The engine of a rollout dies; the worker around it keeps its heartbeat and keeps taking
+    work: no tokens, and its queue grows (v 0), or stays full while its step is frozen (v 1)."""
+    start, rank = 50 + 6 * v, v % 2
+    node = ("n1", "n2")[rank]
+    counts: dict[int, Callable[[float], float]] = {}
+    sim = Sim(seed=6500 + v, duration=start + ENGINE_STALL + 30)
+    sim.part_samples.append(_pending(counts))
+
+    def dead(s: Sim) -> None:
+        s.part_override[(rank, "rollout", "rollout_tokens_per_second")] = 0
+        counts[rank] = (lambda t: 3 + (t - T0 - start) // 4) if v == 0 else (lambda t: 6)
+
+    sim.hooks.append(at(start, 10_000, dead))
+    how = "its pending rollouts grow" if v == 0 else "6 rollouts stay pending, its step frozen"
+    return sim, [exp("rollout_engine_down", start, ENGINE_STALL, role="rollout", rank=rank, node=node)], (
+        f"rollout-{rank}'s engine dies inside its live worker: no tokens, heartbeat alive, {how}")
+
+
+def tool_wait_nothing_piling(v: int):
+    sim = Sim(seed=6600 + v, duration=260)
+    rank = v % 2
+    counts: dict[int, Callable[[float], float]] = {}
+    sim.part_samples.append(_pending(counts))
+    key = (rank, "rollout", "rollout_tokens_per_second")
+
+    def wait(s: Sim) -> None:
+        s.part_override[key] = 0
+        counts[rank] = lambda t: 0
+
+    def back(s: Sim) -> None:
+        s.part_override.pop(key, None)
+        counts.pop(rank, None)
+
+    sim.hooks.append(at(40, 40 + 170, wait, back))
+    return sim, [], "rollout waits 170 s on a tool: no tokens, heartbeat alive, nothing pending at its engine"
+
+
+def busy_queue(v: int):
+    sim = Sim(seed=6700 + v, duration=200)
+    counts: dict[int, Callable[[float], float]] = {0: lambda t: 2 + (t - T0) // 10}
+    sim.part_samples.append(_pending(counts))
+    return sim, [], "rollout-0's queue grows while it generates: busy, not dead"
+
+
+POSITIVE["engine_dead_in_worker"] = (engine_dead_in_worker, 2)
+NEGATIVE["tool_wait_nothing_piling"] = (tool_wait_nothing_piling, 2)
+NEGATIVE["busy_queue"] = (busy_queue, 1)
 
 
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:

@@ -22,17 +22,22 @@ from app.policy.detectors.golden_metrics import GoldenMetricDetector
 from app.policy.detectors.gpu_health import GpuHealthDetector
 from app.policy.detectors.hang import TrainHangDetector
 from app.policy.detectors.heartbeat import HeartbeatDetector, NodeSilenceDetector
-from app.policy.detectors.inference_engines import InferenceEngineDownDetector
+from app.policy.detectors.inference_engines import (
+    EngineStalledDetector,
+    InferenceEngineDownDetector,
+)
 from app.policy.detectors.job_failures import JobFailureDetector
 from app.policy.detectors.ray_nodes import RayNodeDeadDetector
 from app.policy.detectors.scheduler_nodes import SchedulerNodeDetector
 from app.policy.detectors.storage import StorageDetector
+from app.policy.detectors.straggler import StragglerDetector
 from app.policy.policy_file import Policy
 
 __all__ = [
     "AT_LEAST_ONE",
     "ClockSkewDetector",
     "Detector",
+    "EngineStalledDetector",
     "EnvDriftDetector",
     "ExternalAlertDetector",
     "ExternalAlerts",
@@ -46,6 +51,7 @@ __all__ = [
     "RolloutStallDetector",
     "SchedulerNodeDetector",
     "StorageDetector",
+    "StragglerDetector",
     "TrainHangDetector",
     "TrainerIdleDetector",
     "at_least_one",
@@ -58,6 +64,7 @@ __all__ = [
 
 def default_detectors(policy: Policy) -> list[Detector]:
     """Every built-in detector, in the order the engine runs them."""
+    hang = TrainHangDetector(policy)
     return [
         GoldenMetricDetector(policy),
         TrainerIdleDetector(policy),
@@ -68,9 +75,11 @@ def default_detectors(policy: Policy) -> list[Detector]:
         JobFailureDetector(policy),
         StorageDetector(policy),
         EnvDriftDetector(policy),
-        TrainHangDetector(policy),
+        hang,
         InferenceEngineDownDetector(policy),
+        EngineStalledDetector(policy),
         SchedulerNodeDetector(policy),
         RayNodeDeadDetector(policy),
         ClockSkewDetector(policy),
+        StragglerDetector(policy, hang=hang),  # after hang: it reads the paces of this tick
     ]

@@ -8,10 +8,10 @@ from app.ingest.series_store import Point, SeriesKey
 from app.policy import metric_names as m
 from app.policy.detectors.base import (
     Detector,
+    ParticipantSeries,
     StartupGrace,
     breach_run,
     participant_subject,
-    subject_of,
 )
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, cap_points
@@ -139,13 +139,11 @@ class RolloutStallDetector(Detector):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.startup = StartupGrace(policy)
-        # (number of series in the store, throughput key per participant) of the last build
-        self._tp_cache: tuple[int, dict[tuple[str, str, int], SeriesKey]] | None = None
+        self._throughput = ParticipantSeries(m.ROLLOUT_TOKENS_PER_SECOND)
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.rollout
         suspect = self.policy.detection.heartbeat.suspect_seconds
-        throughput: dict[tuple[str, str, int], SeriesKey] | None = None
         out: list[FaultSignal] = []
         for p in world.participants:
             if (
@@ -161,11 +159,10 @@ class RolloutStallDetector(Detector):
             node_seen = world.node_last_seen.get(p.node)
             if node_seen is not None and world.now - node_seen >= suspect:
                 continue  # the whole node is quiet: the node detector's case
-            if throughput is None:  # only built when a rollout's heartbeat is late
-                throughput = self._throughput_keys(world)
-            key = throughput.get(p.key)
-            if key is None:
+            keys = self._throughput.of(world, p.key)  # only read when a heartbeat is late
+            if not keys:
                 continue
+            key = keys[-1]
             stall_since = self._stall_since(world, key)
             if stall_since is not None:
                 stall_since = self.sticky_since(key, stall_since, open_ended=True)
@@ -192,21 +189,6 @@ class RolloutStallDetector(Detector):
                 )
             )
         return out
-
-    def _throughput_keys(self, world: World) -> dict[tuple[str, str, int], SeriesKey]:
-        # Kept while the number of series is unchanged: parsing every key each tick would cost
-        # more than the rest of the tick at cluster scale.
-        size = len(world.store)
-        cached = self._tp_cache
-        if cached is not None and cached[0] == size:
-            return cached[1]
-        keys: dict[tuple[str, str, int], SeriesKey] = {}
-        for k, _ in world.all_series(m.ROLLOUT_TOKENS_PER_SECOND):
-            sub = subject_of(k)
-            if sub.job is not None and sub.role is not None and sub.rank is not None:
-                keys[(sub.job, sub.role, sub.rank)] = k
-        self._tp_cache = (size, keys)
-        return keys
 
     def _stall_since(self, world: World, key: SeriesKey) -> float | None:
         window = self.policy.detection.rollout.stall_timeout_seconds * 2

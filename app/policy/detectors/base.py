@@ -7,7 +7,7 @@ the signal has been absent for the quiet period). Time always comes from ``world
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from app.ingest.series_store import Point, SeriesKey
@@ -172,3 +172,74 @@ class StartupGrace:
             return None
         self._starts[p.key] = (prev[0], False, first_step)
         return self.GRACE
+
+
+ParticipantKey = tuple[str, str, int]  # (job, role, rank), as ParticipantView.key
+
+
+class ParticipantSeries:
+    """Which series of one metric belongs to which participant (job, role, rank).
+
+    Parsing every key's labels on every tick would cost more than the rest of the tick at
+    cluster scale, so the map is kept while the number of series in the store is unchanged
+    (a new participant adds series; the store drops a dead one's after its window). A
+    participant may own several series of one name (its heartbeat's and its engine's).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._size = -1
+        self._by_participant: dict[ParticipantKey, list[SeriesKey]] = {}
+        self._owner: dict[SeriesKey, ParticipantKey] = {}
+        self._rings: dict[tuple[str, ...], dict[tuple[str, str], list[OwnedRing]]] = {}
+
+    def _refresh(self, world: World) -> None:
+        size = len(world.store)
+        if size == self._size:
+            return
+        by_participant: dict[ParticipantKey, list[SeriesKey]] = {}
+        owner: dict[SeriesKey, ParticipantKey] = {}
+        for k, _ in world.all_series(self.name):
+            sub = subject_of(k)
+            if sub.job is not None and sub.role is not None and sub.rank is not None:
+                pkey = (sub.job, sub.role, sub.rank)
+                by_participant.setdefault(pkey, []).append(k)
+                owner[k] = pkey
+        self._size, self._by_participant, self._owner = size, by_participant, owner
+        self._rings = {}
+
+    def of(self, world: World, participant: ParticipantKey) -> list[SeriesKey]:
+        self._refresh(world)
+        return self._by_participant.get(participant, [])
+
+    def owners(self, world: World) -> dict[SeriesKey, ParticipantKey]:
+        """Every series of the name → its participant (series without one are absent)."""
+        self._refresh(world)
+        return self._owner
+
+    def rings(
+        self, world: World, roles: tuple[str, ...]
+    ) -> dict[tuple[str, str], list[OwnedRing]]:
+        """Per (job, role) in ``roles``, one series per participant with its sample buffer
+        read in place (:meth:`World.rings`): for a loop over every series of a tick, with no
+        key hashed and nothing allocated per series. Of a participant's several series (its
+        heartbeat's and its engine's) the heartbeat's (no ``engine`` label) is kept."""
+        self._refresh(world)
+        groups = self._rings.get(roles)
+        if groups is None:
+            chosen: dict[ParticipantKey, tuple[SeriesKey, Sequence[tuple[float, float]]]] = {}
+            for key, points in world.rings(self.name):
+                pkey = self._owner.get(key)
+                if pkey is None or pkey[1] not in roles:
+                    continue
+                if pkey not in chosen or chosen[pkey][0].label(m.LABEL_ENGINE) is not None:
+                    chosen[pkey] = (key, points)
+            groups = {}
+            for pkey, (key, points) in chosen.items():
+                groups.setdefault((pkey[0], pkey[1]), []).append((points, key, pkey))
+            self._rings[roles] = groups
+        return groups
+
+
+# A series' sample buffer (newest last), its key and its participant.
+OwnedRing = tuple[Sequence[tuple[float, float]], SeriesKey, ParticipantKey]

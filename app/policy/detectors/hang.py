@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from app.policy.detectors.base import Detector, participant_subject
@@ -32,7 +33,7 @@ _STARTING_PHASES = frozenset({"INIT", "STARTING", "EXITED"})
 
 
 @dataclass
-class _Pace:
+class Pace:
     """What the detector remembers of one participant between ticks."""
 
     step: int
@@ -48,12 +49,17 @@ class TrainHangDetector(Detector):
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
-        self._paces: dict[tuple[str, str, int], _Pace] = {}
+        self._paces: dict[tuple[str, str, int], Pace] = {}
+
+    @property
+    def paces(self) -> Mapping[tuple[str, str, int], Pace]:
+        """Every trainer's pace as of the last tick (the straggler detector compares them)."""
+        return self._paces
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.trainer
         stale = self.policy.detection.stale_sample_seconds
-        seen: dict[tuple[str, str, int], _Pace] = {}
+        seen: dict[tuple[str, str, int], Pace] = {}
         out: list[FaultSignal] = []
         for p in world.participants:
             if p.role not in cfg.roles:
@@ -73,11 +79,11 @@ class TrainHangDetector(Detector):
         self._paces = seen
         return out
 
-    def _observe(self, p: ParticipantView, now: float, *, counting: bool) -> _Pace:
+    def _observe(self, p: ParticipantView, now: float, *, counting: bool) -> Pace:
         hang_phases = self.policy.detection.trainer.hang_phases
         pace = self._paces.get(p.key)
         if pace is None:
-            return _Pace(step=p.step, phase=p.phase, seen_at=now)
+            return Pace(step=p.step, phase=p.phase, seen_at=now)
         if counting and pace.phase in hang_phases:
             pace.stalled += now - pace.seen_at  # spent in the phase it was in at the last look
         if p.phase in _STARTING_PHASES or p.step < pace.step:
@@ -92,7 +98,7 @@ class TrainHangDetector(Detector):
         return pace
 
     def _signal(
-        self, world: World, p: ParticipantView, pace: _Pace, median: float, limit: float
+        self, world: World, p: ParticipantView, pace: Pace, median: float, limit: float
     ) -> FaultSignal:
         cfg = self.policy.detection.trainer
         evidence = Evidence(
