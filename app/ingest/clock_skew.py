@@ -8,8 +8,11 @@ never negative. The smallest of the node's last ``KEPT`` differences is the esti
 request or a queued one cannot make it worse, and a clock stepped forward by NTP shows at once.
 
 A node whose offset is at least ``correct_above_seconds`` has every sample and heartbeat stamp
-of its batches moved by the offset before anything reads them, from its first batch on (a
-node far off would otherwise be judged silent before a second batch came): a node 30 s behind would
+of its batches moved by the offset before anything reads them. A node *ahead* is corrected
+from its first batch (no delay makes a batch arrive before it was sent); a positive difference
+can also be one slow request, or a client re-sending a body with its first ``sent_at`` after a
+server restart, so a node *behind* is corrected once ``AGREE`` batches say so (the smallest of
+them); before that its first batches are taken as sent: a node 30 s behind would
 otherwise look 30 s stale (its samples too old to be judged, a stalled rollout's last
 throughput counted as a stall, its heartbeats silent). Below that, nothing is touched (NTP
 keeps clocks within milliseconds; the stamps stay exactly as the agent sent them). The receive
@@ -35,6 +38,8 @@ from app.ingest.validation import ParticipantReport, ValidBatch
 CLOCK_OFFSET_METRIC = "agent_clock_offset_seconds"
 # How many of a node's recent batches the estimate looks at (about a minute of batches).
 KEPT = 16
+# How many batches must agree before a node is taken to be behind.
+AGREE = 3
 
 
 @dataclass(slots=True)
@@ -56,6 +61,8 @@ class ClockOffsets:
         """``batch`` on the server's clock, and the offset applied (None: none needed)."""
         offset = self.observe(batch.node, batch.sent_at, received_at)
         if abs(offset) < self.correct_above_seconds:
+            return batch, None
+        if offset > 0 and len(self._recent[batch.node]) < AGREE:
             return batch, None
         return shifted(batch, offset), offset
 

@@ -681,6 +681,12 @@ NEGATIVE["slow_start"] = (slow_start, 2)
 SKEWS = (25.0, 30.0, -20.0)  # seconds behind the server (negative: ahead)
 
 
+def _skew_seen(behind: float) -> float:
+    """When the server's estimate holds (s into the trace): a node ahead at its first batch, a
+    node behind at its third (three batches must agree)."""
+    return 0.25 if behind < 0 else 2.25
+
+
 def clock_off_healthy(v: int):
     """A healthy node whose clock is off: without the correction its samples look too old to
     judge and its heartbeats silent (false rollout_down / heartbeat_lost); with it, only the
@@ -688,7 +694,7 @@ def clock_off_healthy(v: int):
     behind = SKEWS[v]
     sim = Sim(seed=5800 + v, duration=240)
     sim.clock_behind["n1"] = behind
-    return sim, [exp("clock_skew", 0.25, 60, tier="light", job=None, node="n1")], (
+    return sim, [exp("clock_skew", _skew_seen(behind), 60, tier="light", job=None, node="n1")], (
         f"n1's clock {abs(behind):.0f} s {'behind' if behind > 0 else 'ahead'}, healthy")
 
 
@@ -700,7 +706,7 @@ def clock_off_rollout_dies(v: int):
     sim.clock_behind["n1"] = behind
     sim.dead[("rollout", 0)] = T0 + start
     return sim, [
-        exp("clock_skew", 0.25, 60, tier="light", job=None, node="n1"),
+        exp("clock_skew", _skew_seen(behind), 60, tier="light", job=None, node="n1"),
         exp("rollout_down", start, 60, role="rollout", rank=0, node="n1"),
     ], f"n1's clock {behind:.0f} s off; its rollout dies"
 

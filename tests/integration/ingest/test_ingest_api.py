@@ -394,7 +394,7 @@ def test_a_node_whose_clock_is_behind_has_its_stamps_moved_onto_the_server_clock
     the agent's accepted count is what it sent. A node on time is stored as sent."""
     store = api.app.state.series_store  # type: ignore[attr-defined]
     late, on_time = api.node_token("node-late"), api.node_token("node-ok")
-    for seq in range(1, 4):  # from the first batch on
+    for seq in range(1, 4):  # corrected once three batches agree
         body = batch("node-late", seq, n=2)
         sent = body["sent_at"]
         for item in body["samples"]:
@@ -410,7 +410,7 @@ def test_a_node_whose_clock_is_behind_has_its_stamps_moved_onto_the_server_clock
     newest = store.since(key, 0)[-1]
     assert abs(newest.ts - (sent - 2)) < 1.0  # back on the server's clock (give or take the trip)
     offsets = store.since(SeriesKey.of("node-late", "agent_clock_offset_seconds", {}), 0)
-    assert len(offsets) == 3 and all(29.9 < o.value < 31.0 for o in offsets)
+    assert len(offsets) == 1 and 29.9 < offsets[0].value < 31.0
     [part] = [p for p in api.app.state.ingest.participants() if p.job == "grpo-1"]  # type: ignore[attr-defined]
     assert abs(part.ts - (sent - 0.5)) < 1.0
 

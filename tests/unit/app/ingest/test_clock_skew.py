@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pytest import approx
 
-from app.ingest.clock_skew import KEPT, ClockOffsets, offset_sample, shifted
+from app.ingest.clock_skew import AGREE, KEPT, ClockOffsets, offset_sample, shifted
 from app.ingest.series_store import SeriesKey
 from app.ingest.validation import ParticipantReport, ValidBatch
 
@@ -48,8 +48,13 @@ def test_under_the_threshold_nothing_is_touched_above_it_every_stamp_moves() -> 
         same = batch(1000.0 + i)
         kept, offset = c.correct(same, received_at=1004.0 + i)  # 4 s off: under the threshold
         assert kept is same and offset is None
+    # A node behind: its first batches are taken as sent (one slow or re-sent request is no
+    # clock); once AGREE of them say so, corrected.
+    for i in range(AGREE - 1):
+        early = batch(990.0 + i, node="n2")
+        assert c.correct(early, received_at=1020.0 + i) == (early, None)
     late = batch(1000.0, node="n2")
-    moved, offset = c.correct(late, received_at=1030.0)  # from its first batch on
+    moved, offset = c.correct(late, received_at=1030.0)
     assert offset == approx(30.0)
     assert moved.sent_at == approx(1030.0)
     assert moved.samples == [(KEY, approx(1029.0), 0.5)]
@@ -59,3 +64,17 @@ def test_under_the_threshold_nothing_is_touched_above_it_every_stamp_moves() -> 
     assert offset_sample("n2", 30.0, 1030.0) == (
         SeriesKey.of("n2", "agent_clock_offset_seconds", {}), 1030.0, 30.0
     )
+
+
+def test_a_node_ahead_is_corrected_from_its_first_batch() -> None:
+    c = ClockOffsets(correct_above_seconds=5.0)
+    ahead = batch(1030.0)
+    moved, offset = c.correct(ahead, received_at=1000.0)
+    assert offset == approx(-30.0) and moved.sent_at == approx(1000.0)
+
+
+def test_one_batch_re_sent_with_its_old_sent_at_moves_nothing() -> None:
+    """After a server restart a client re-sends the body it sent 6 s ago: a delay, no clock."""
+    c = ClockOffsets(correct_above_seconds=5.0)
+    again = batch(1000.0)
+    assert c.correct(again, received_at=1006.0) == (again, None)
