@@ -14,7 +14,6 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app.core.db import make_engine
-from app.core.migrate import upgrade
 from app.incidents.persist import persist_decisions
 from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
@@ -25,9 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    upgrade(database_url)
-    eng = make_engine(database_url)
+def engine(migrated_url: str) -> Iterator[Engine]:
+    eng = make_engine(migrated_url)
     try:
         yield eng
     finally:
