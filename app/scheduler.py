@@ -472,8 +472,14 @@ def _fresh_engine_keeping_detectors(old: PolicyEngine, policy: Policy) -> Policy
     # rebuilt from the database, which is the truth after a failed write or a lease change.
     # So does the memory of occurrences whose incidents were closed (it only ever comes from
     # closures the database holds): the detectors still report such an occurrence, and a
-    # fresh engine without it would open a second incident for it.
-    return PolicyEngine(policy, detectors=old.detectors, closed_occurrences=old.closed_occurrences)
+    # fresh engine without it would open a second incident for it. Which nodes just came back
+    # from a silence is detector memory too.
+    return PolicyEngine(
+        policy,
+        detectors=old.detectors,
+        closed_occurrences=old.closed_occurrences,
+        node_returns=old.node_returns,
+    )
 
 
 # -- wiring into the server -------------------------------------------------------------------

@@ -33,7 +33,7 @@ from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.root_cause import drop_superseded, fold_same_root_cause
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.policy.world import LatestIndex, ParticipantView, World
+from app.policy.world import LatestIndex, NodeReturns, ParticipantView, World
 
 log = logging.getLogger("rlguard.policy")
 
@@ -127,8 +127,15 @@ class PolicyEngine:
         *,
         detectors: list[Detector] | None = None,
         closed_occurrences: dict[str, Occurrence] | None = None,
+        node_returns: NodeReturns | None = None,
     ) -> None:
         self.policy = policy
+        hb = policy.detection.heartbeat
+        # A return is remembered twice the time a participant needs to be judged lost after
+        # it, so the signal that judges it still says it was counted from the return.
+        self.node_returns = node_returns or NodeReturns(
+            hb.suspect_seconds, 2 * (hb.suspect_seconds + hb.confirm_seconds)
+        )
         self.detectors = detectors if detectors is not None else default_detectors(policy)
         self.classifier = Classifier(policy)
         self._open: dict[str, OpenIncident] = {}
@@ -185,6 +192,7 @@ class PolicyEngine:
 
     def tick(self, world: World) -> TickResult:
         world.index_latest(self._latest_index.names, self._latest_index)
+        world.node_back_at = self.node_returns.update(world.now, world.node_last_seen)
         signals: list[FaultSignal] = []
         result = TickResult(at=world.now)
         for det in self.detectors:

@@ -75,12 +75,55 @@ class Maintenance:
         return bool(nodes) and all(self.holds(node, job) for node in nodes)
 
 
+class NodeReturns:
+    """When each node came back from a silence, as the policy engine saw it, tick by tick.
+
+    A node that hung as a whole (a kernel stall, a paused VM) or lost its network comes back
+    with the heartbeats its agent read last: stale until the processes write again, or, after a
+    network outage, the spooled batches replayed oldest first. Judged from their own stamps those
+    participants would look silent for the whole outage at once, which was the node's silence
+    (an incident of its own), not theirs. So a participant's silence is counted from the later
+    of its last heartbeat and its node's return (:meth:`World.heartbeat_silence`): one still
+    silent is lost after the usual suspect + confirm time from the return.
+
+    A node counts as silent once the engine saw it quiet for ``suspect_seconds``; its return
+    is the receive time of its newest batch at the first tick it is no longer quiet. A return
+    is forgotten after ``horizon_seconds`` (the engine: twice suspect + confirm), when the
+    participants' own stamps decide either way. The engine keeps this across ticks and a resync; a new server
+    process starts with every node that reports again after the restart's gap as returned.
+    """
+
+    def __init__(self, suspect_seconds: float, horizon_seconds: float) -> None:
+        self.suspect_seconds = suspect_seconds
+        self.horizon_seconds = horizon_seconds
+        self._silent: set[str] = set()
+        self._back: dict[str, float] = {}
+
+    def update(self, now: float, node_last_seen: Mapping[str, float]) -> dict[str, float]:
+        """Note this tick's silences and returns; the returns still remembered, by node."""
+        for node, seen in node_last_seen.items():
+            if now - seen >= self.suspect_seconds:
+                self._silent.add(node)
+                self._back.pop(node, None)
+            elif node in self._silent:
+                self._silent.discard(node)
+                self._back[node] = seen
+        if self._back:
+            self._back = {
+                n: t for n, t in self._back.items()
+                if now - t < self.horizon_seconds and n in node_last_seen
+            }
+        return self._back
+
+
 @dataclass(slots=True)
 class World:
     now: float
     store: SeriesStore
     participants: Sequence[ParticipantView] = ()
     node_last_seen: Mapping[str, float] = field(default_factory=dict)
+    # When a node came back from a silence (set by the engine each tick: NodeReturns).
+    node_back_at: Mapping[str, float] = field(default_factory=dict)
     fingerprints: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     maintenance: Maintenance = field(default_factory=Maintenance)
     # Latest point of every series the detectors read, grouped by metric name: built once per
@@ -121,6 +164,13 @@ class World:
 
     def series(self, name: str) -> list[tuple[SeriesKey, Point]]:
         return self.latest.get(name, [])
+
+    def heartbeat_silence(self, p: ParticipantView) -> float:
+        """Seconds ``p`` has been silent: since its last heartbeat or, when later, since its
+        node came back from a silence of its own (see :class:`NodeReturns`)."""
+        back = self.node_back_at.get(p.node)
+        last = p.last_heartbeat_ts if back is None else max(p.last_heartbeat_ts, back)
+        return self.now - last
 
     def jobs_on_node(self, node: str) -> list[str]:
         return sorted({p.job for p in self.participants if p.node == node})

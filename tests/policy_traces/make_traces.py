@@ -75,6 +75,9 @@ class Sim:
     # add) → None). Both default to nothing new, so the older traces stay byte-identical.
     layout: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: PARTICIPANTS)
     part_samples: list[Callable[..., None]] = field(default_factory=list)
+    # Participants whose step moves on its own (ranks that step independently), else the job's
+    # ``step``; empty in the older traces, which stay byte-identical.
+    rank_step: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -140,7 +143,8 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
         add("rollout_pending_ratio", val("rollout_pending_ratio", r.uniform(0.0, 0.08)), **labels)
         add("actor_shard_rebuild_count_5m", val("actor_shard_rebuild_count_5m", 0), **labels)
         add("state_log_write_latency_ms", val("state_log_write_latency_ms", r.uniform(5, 40)), **labels)
-        add("train_step", sim.step, **labels)
+        step = sim.rank_step.get((role, rank), sim.step)
+        add("train_step", step, **labels)
         add("train_step_failures_total", val("train_step_failures_total", 0), **labels)
         if (rank, role, "train_last_failed_step") in sim.part_override:
             add("train_last_failed_step", val("train_last_failed_step", 0), **labels)
@@ -154,7 +158,7 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
             sample(sim, role, rank, t, lambda name, value, labels=labels: add(name, value, **labels))
         participants.append(
             {"job": JOB, "role": role, "rank": rank, "phase": sim.phase[(role, rank)],
-             "step": sim.step, "ts": hb_ts}
+             "step": step, "ts": hb_ts}
         )
     _engine_samples(sim, node, t, add)
     if sim.slurm:
@@ -1019,6 +1023,84 @@ def busy_queue(v: int):
 POSITIVE["engine_dead_in_worker"] = (engine_dead_in_worker, 2)
 NEGATIVE["tool_wait_nothing_piling"] = (tool_wait_nothing_piling, 2)
 NEGATIVE["busy_queue"] = (busy_queue, 1)
+
+
+# -- a trainer slow by its pace (no step time of its own) --------------------------------------
+
+PACE_STEPS = 5  # detection.straggler.pace_steps
+
+
+def _own_pace(every: dict[int, float]) -> Callable[[float, Sim], None]:
+    """Trainers that step independently: rank r finishes a step every ``every[r]`` s (3 s when
+    unset), each from its own start, so the ranks' steps drift apart as in the real thing."""
+    done: dict[int, float] = {}
+
+    def hook(t: float, sim: Sim) -> None:
+        for role, rank in sim.layout["n0"]:
+            done[rank] = done.get(rank, 0.0) + 1.0 / every.get(rank, 3.0)
+            sim.rank_step[(role, rank)] = 20 + int(done[rank])
+    return hook
+
+
+def straggler_trainer_pace(v: int):
+    """A trainer rank that reports no step time of its own (ranks that step independently)
+    slows from 3 s to 9 s steps: its pace, the median of its last five step times, turns once
+    the step in progress and two more have taken their slow time (at most 27 s + 9 s), and the
+    straggler holds the sustain time from then."""
+    start, rank = 45 + 7 * v, (3, 1)[v % 2]
+    every: dict[int, float] = {}
+    sim = Sim(seed=6700 + v, duration=start + 36 + STRAGGLER_SUSTAIN + 30, layout=STRAGGLER_LAYOUT)
+    sim.hooks.append(_own_pace(every))
+    sim.hooks.append(at(start, 10_000, lambda s: every.__setitem__(rank, 9.0)))
+    window = (PACE_STEPS // 2 + 2) * 9 + STRAGGLER_SUSTAIN
+    return sim, [exp("straggler", start, window, role="trainer", rank=rank, node="n0")], (
+        f"trainer-{rank} steps every 9 s, its 4 peers every 3 s (no train_step_seconds: judged by pace)")
+
+
+def uniform_slow_pace(v: int):
+    sim = Sim(seed=6800 + v, duration=360, layout=STRAGGLER_LAYOUT)
+    sim.hooks.append(_own_pace({r: 8.0 + 0.5 * r for r in range(5)}))
+    return sim, [], "every trainer steps every 8-10 s by its own pace: slow, but uniform"
+
+
+POSITIVE["straggler_trainer_pace"] = (straggler_trainer_pace, 2)
+NEGATIVE["uniform_slow_pace"] = (uniform_slow_pace, 1)
+
+
+# -- a node back from an outage (its first batches carry stale heartbeats) -----------------------
+
+
+def node_back_stale_heartbeat(v: int):
+    """A node hangs as a whole (a kernel stall, a paused VM): its agent and its processes stop
+    together for 120 s. Back, its agent's first batches still carry the heartbeats written before
+    the stall, until the processes write again a few seconds later. Only the node's silence is a
+    fault; the stale heartbeats in its first batches are not participants lost."""
+    node = ("n1", "n0", "n2")[v]
+    start, back = 40 + 5 * v, 160 + 5 * v
+    sim = Sim(seed=6900 + v, duration=back + 120)
+    sim.silent_nodes[node] = (T0 + start, T0 + back)
+    for role, rank in sim.layout[node]:
+        sim.hb_frozen[(role, rank)] = (T0 + start, T0 + back + 3 + v)
+    return sim, [exp("node_silent", start, 75, job=None, node=node)], (
+        f"{node} stalls 120 s with its processes; back, its heartbeats stay stale {3 + v} s more")
+
+
+def node_back_process_dead(v: int):
+    """The same outage, but trainer-{v} died during it: back, its heartbeat stays stale and it is
+    lost once it has been silent for the usual suspect + confirm time counted from the node's
+    return (the earlier silence was the node's, already an incident of its own)."""
+    start, back = 40 + 5 * v, 160 + 5 * v
+    sim = Sim(seed=7000 + v, duration=back + 75 + 30)
+    sim.silent_nodes["n0"] = (T0 + start, T0 + back)
+    sim.hb_frozen[("trainer", 1 - v)] = (T0 + start, T0 + back + 2)
+    sim.dead[("trainer", v)] = T0 + start + 30
+    return sim, [exp("node_silent", start, 75, job=None, node="n0"),
+                 exp("heartbeat_lost", back, 75, role="trainer", rank=v, node="n0")], (
+        f"n0 stalls 120 s; trainer-{v} died during it and stays silent after the node's return")
+
+
+NEGATIVE["node_back_stale_heartbeat"] = (node_back_stale_heartbeat, 3)
+POSITIVE["node_back_process_dead"] = (node_back_process_dead, 2)
 
 
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:

@@ -153,7 +153,7 @@ class RolloutStallDetector(Detector):
                 continue
             if self.startup.check(p, world.now) is not None:
                 continue  # still starting (one overdue is the heartbeat detector's)
-            hb_age = world.now - p.last_heartbeat_ts
+            hb_age = world.heartbeat_silence(p)  # from its node's return when later
             if hb_age < suspect:
                 continue  # alive: zero throughput alone is not a fault
             node_seen = world.node_last_seen.get(p.node)

@@ -45,7 +45,8 @@ class HeartbeatDetector(Detector):
             starting = self.startup.check(p, world.now)
             if starting is StartupGrace.GRACE:
                 continue
-            age = world.now - p.last_heartbeat_ts
+            # From its node's return when that is later: see NodeReturns.
+            age = world.heartbeat_silence(p)
             exited = p.phase in cfg.exited_phases
             if age < cfg.suspect_seconds and not exited and starting is None:
                 continue
@@ -61,6 +62,13 @@ class HeartbeatDetector(Detector):
             if age < cfg.suspect_seconds + cfg.confirm_seconds:
                 suspected.append(p)
                 continue
+            back = world.node_back_at.get(p.node)
+            returned = (
+                f"; counted from its node's return {world.now - back:.0f}s ago, its last "
+                f"heartbeat is {world.now - p.last_heartbeat_ts:.0f}s old"
+                if back is not None and back > p.last_heartbeat_ts
+                else ""
+            )
             evidence = Evidence(
                 metric=None,
                 values=((p.last_heartbeat_ts, 0.0),),
@@ -68,7 +76,7 @@ class HeartbeatDetector(Detector):
                 threshold=cfg.suspect_seconds,
                 detail=f"heartbeat of {p.role}-{p.rank} silent for {age:.0f}s "
                 f"(suspected at {cfg.suspect_seconds:.0f}s, confirmed after a further "
-                f"{cfg.confirm_seconds:.0f}s) while its node still reports",
+                f"{cfg.confirm_seconds:.0f}s) while its node still reports{returned}",
             )
             out.append(
                 self.signal(
@@ -76,7 +84,7 @@ class HeartbeatDetector(Detector):
                     FaultKind.HEARTBEAT_LOST,
                     participant_subject(p),
                     evidence,
-                    since=p.last_heartbeat_ts,
+                    since=p.last_heartbeat_ts if not returned else back,
                     step=p.step,
                 )
             )

@@ -225,3 +225,14 @@ def test_an_open_the_database_never_got_is_made_again_after_the_resync(
     assert [d.type for d in calls[0]] == [DecisionType.OPEN]
     _run(sched, c, 2, _errors(5))
     assert [i.status for i in _storage_incidents(db)] == ["resolved", "open"]
+
+
+def test_a_resync_keeps_which_nodes_just_came_back() -> None:
+    from app.scheduler import _fresh_engine_keeping_detectors
+
+    c = Cluster()
+    old = PolicyEngine(c.policy)
+    old.node_returns.update(100.0, {"n0": 70.0})
+    old.node_returns.update(101.0, {"n0": 100.5})
+    fresh = _fresh_engine_keeping_detectors(old, c.policy)
+    assert fresh.node_returns.update(102.0, {"n0": 101.5}) == {"n0": 100.5}

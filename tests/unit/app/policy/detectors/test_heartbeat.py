@@ -155,3 +155,65 @@ def test_one_silent_node_is_medium_and_several_are_heavy() -> None:
     sigs = res[-1]
     assert [s.kind for s in sigs] == [FaultKind.NODES_LOST]
     assert sigs[0].suggested_tier is Tier.HEAVY and sigs[0].extra["nodes"] == ["n1", "n2"]
+
+
+# -- a node back from an outage ----------------------------------------------------------------
+
+
+def _outage_then_back(stale_after_return: int, *, rollout: bool = False):
+    """n0 (a trainer, or a rollout) reports, goes quiet for 120 s with its process, comes back
+    with the heartbeat written before the outage for ``stale_after_return`` s, then fresh ones.
+    Returns the engine's decisions after the return and the return time."""
+    from app.policy.engine import DecisionType, PolicyEngine
+
+    c = Cluster()
+    engine = PolicyEngine(c.policy)
+    role, phase = ("rollout", "ROLLOUT") if rollout else ("trainer", "TRAIN")
+
+    def healthy(c: Cluster) -> None:
+        c.put("n0", m.GPU_UTILIZATION_RATIO, 0.8, gpu="0")
+        c.participant(role, 0, "n0", phase=phase)
+        if rollout:
+            c.put("n0", m.ROLLOUT_TOKENS_PER_SECOND, 900.0, job=JOB, role=role, rank="0")
+
+    c.run(30, healthy, engine=engine)
+    stale = c.now
+    before = c.run(120, lambda c: None, engine=engine)  # the node and its process stopped
+    assert [d.kind for d in before if d.type is DecisionType.OPEN] == [FaultKind.NODE_SILENT]
+    back = c.now + 1
+
+    def returned_stale(c: Cluster) -> None:
+        c.put("n0", m.GPU_UTILIZATION_RATIO, 0.8, gpu="0")
+        c.participant(role, 0, "n0", phase=phase, heartbeat=stale)
+
+    after = c.run(stale_after_return, returned_stale, engine=engine)
+    after += c.run(120, healthy, engine=engine)
+    return [d for d in after if d.type is DecisionType.OPEN], back
+
+
+@pytest.mark.parametrize("rollout", [False, True], ids=["trainer", "rollout"])
+def test_stale_heartbeats_in_a_returning_nodes_first_batches_open_nothing(rollout: bool) -> None:
+    opened, _ = _outage_then_back(5, rollout=rollout)
+    assert opened == []
+
+
+def test_a_participant_still_silent_after_its_nodes_return_is_lost_counted_from_the_return() -> None:
+    opened, back = _outage_then_back(200)
+    lost = [d for d in opened if d.kind is FaultKind.HEARTBEAT_LOST]
+    assert len(lost) == 1
+    assert lost[0].at - back == pytest.approx(75, abs=1.5)
+    assert lost[0].signal is not None and lost[0].signal.since == pytest.approx(back, abs=1)
+    assert "counted from its node's return" in lost[0].signal.evidence.detail
+
+
+def test_node_returns_remembers_a_return_only_after_a_silence_and_for_its_horizon() -> None:
+    from app.policy.world import NodeReturns
+
+    r = NodeReturns(suspect_seconds=15, horizon_seconds=150)
+    assert r.update(100.0, {"n0": 99.0}) == {}  # reporting: no return
+    assert r.update(120.0, {"n0": 99.0}) == {}  # quiet 21 s: silent
+    assert r.update(121.0, {"n0": 120.5}) == {"n0": 120.5}  # back
+    assert r.update(200.0, {"n0": 199.5}) == {"n0": 120.5}
+    assert r.update(271.0, {"n0": 270.5}) == {}  # 150 s after the return: forgotten
+    r.update(300.0, {"n0": 280.0})
+    assert r.update(301.0, {}) == {}  # a node no longer known is forgotten too
