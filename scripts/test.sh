@@ -10,6 +10,9 @@ bash scripts/system-deps.sh
 # fails here (recovery/ and agents/ are type-checked strictly, see pyproject.toml).
 .venv/bin/ruff check .
 .venv/bin/mypy app agents workload recovery integrations
+# Detection quality over the labelled trace corpus (precision, recall >= 0.98, no false heavy
+# tier, every delay within its window): its verdict printed, and a failure stops here.
+.venv/bin/rlguard replay tests/policy_traces --check | grep -v "^ok "
 # Given test paths (or node ids), run just those. The whole suite runs in two pytest
 # processes, the Ray tests apart, because ray.init() keeps Ray's driver runtime (gRPC threads, its native library) in the
 # test process until the session ends, and a whole-suite run with it alive beside the later

@@ -349,6 +349,14 @@ class Policy(_Strict):
     def tier_rule(self, kind: FaultKind) -> TierRule:
         return self.tiers[kind]
 
+    def time_scaled(self, factor: float) -> Policy:
+        """This policy with every duration (each ``*_seconds`` key, the tick included)
+        divided by ``factor``: the policy for a trace time-compressed by the same factor
+        (``app.policy.replay.compress``). Counts, ratios and thresholds stay as they are."""
+        if not factor > 0:
+            raise ValueError(f"time scale factor must be positive, got {factor}")
+        return Policy.model_validate(_scale_durations(self.model_dump(), factor))
+
     def rule_for(self, signal: FaultSignal) -> TierRule:
         """The signal's rule: a gpu_xid whose code is known by its XID's bucket, the rest by
         kind."""
@@ -356,6 +364,28 @@ class Policy(_Strict):
         if signal.kind is FaultKind.GPU_XID and isinstance(xid, int):
             return self.xid_buckets[bucket_of(xid)]
         return self.tiers[signal.kind]
+
+
+def _scale_durations(data: Any, factor: float) -> Any:
+    if isinstance(data, dict):
+        return {
+            k: (
+                _divide(v, factor)
+                if isinstance(k, str) and k.endswith("_seconds")
+                else _scale_durations(v, factor)
+            )
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_scale_durations(v, factor) for v in data]
+    return data
+
+
+def _divide(value: Any, factor: float) -> Any:
+    """A duration, or a table of them (``startup_grace_seconds`` per role), over ``factor``."""
+    if isinstance(value, dict):
+        return {k: _divide(v, factor) for k, v in value.items()}
+    return value / factor if isinstance(value, (int, float)) else value
 
 
 def _format_error(source: str, exc: ValidationError) -> str:

@@ -71,15 +71,64 @@ def received_at(batch: dict[str, Any]) -> float:
     return float(batch.get("received_at", batch["sent_at"]))
 
 
-class ReplayIngest:
-    """The bits of the server's ingest the policy engine reads, kept in memory."""
+def compress(batches: Iterable[dict[str, Any]], factor: float) -> Iterator[dict[str, Any]]:
+    """``batches`` with trace time running ``factor`` times faster: every stamp (``sent_at``,
+    ``received_at``, sample and heartbeat ``ts``) moved to ``origin + (t - origin) / factor``,
+    the origin being the first batch's receive time. Replay it with the policy's durations
+    scaled by the same factor (:meth:`Policy.time_scaled`, ``replay(time_scale=)``) and it
+    should be judged as the original is, each delay ``factor`` times shorter: what a detector
+    decides depends on durations, not on the clock's reading. Sample values are left as they
+    are (a job's own step time, a latency, a throughput are figures compared with each other
+    or with thresholds, not trace time)."""
+    if not factor > 0:
+        raise ValueError(f"time compression factor must be positive, got {factor}")
+    origin: float | None = None
 
-    def __init__(self, store: SeriesStore) -> None:
+    def moved(t: float) -> float:
+        assert origin is not None
+        return origin + (t - origin) / factor
+
+    for batch in batches:
+        if origin is None:
+            origin = received_at(batch)
+        out = {
+            **batch,
+            "sent_at": moved(float(batch["sent_at"])),
+            "samples": [{**x, "ts": moved(float(x["ts"]))} for x in batch["samples"]],
+            "participants": [
+                {**x, "ts": moved(float(x["ts"]))} for x in batch.get("participants") or []
+            ],
+        }
+        if "received_at" in batch:
+            out["received_at"] = moved(float(batch["received_at"]))
+        yield out
+
+
+def compress_labels(labels: dict[str, Any], factor: float, origin: float) -> dict[str, Any]:
+    """Labels of a trace compressed by :func:`compress` (``origin``: its first receive time)."""
+    return {
+        **labels,
+        "expect": [
+            {**e, "start": origin + (e["start"] - origin) / factor, "window": e["window"] / factor}
+            for e in labels.get("expect", [])
+        ],
+    }
+
+
+class ReplayIngest:
+    """The bits of the server's ingest the policy engine reads, kept in memory.
+
+    ``time_scale``: the trace was compressed by this factor (:func:`compress`), so the clock
+    correction's threshold is scaled as the policy's durations are."""
+
+    def __init__(self, store: SeriesStore, *, time_scale: float = 1.0) -> None:
         self.store = store
         self.participants: dict[tuple[str, str, int], ParticipantView] = {}
         self.node_last_seen: dict[str, float] = {}
         self.fingerprints: dict[str, dict[str, str]] = {}
-        self.clock_offsets = ClockOffsets(IngestLimits().clock_correct_above_seconds)
+        self.clock_offsets = ClockOffsets(
+            IngestLimits().clock_correct_above_seconds / time_scale
+        )
 
     def apply(self, batch: dict[str, Any]) -> None:
         node = batch["node"]
@@ -154,12 +203,14 @@ def replay(
     speed: float | None = None,
     tail_seconds: float = 0.0,
     sleep: Callable[[float], None] = time.sleep,
+    time_scale: float = 1.0,
 ) -> ReplayResult:
-    """Feed ``batches`` in order, ticking the engine on the replay clock."""
+    """Feed ``batches`` in order, ticking the engine on the replay clock. ``time_scale``: the
+    batches were time-compressed by this factor (the caller scales the policy too)."""
     policy = policy or default_policy()
     if speed is not None and speed <= 0:
         raise ValueError(f"speed must be positive, got {speed}")
-    ingest = ReplayIngest(SeriesStore())
+    ingest = ReplayIngest(SeriesStore(), time_scale=time_scale)
     engine = PolicyEngine(policy)
     result = ReplayResult()
     clock: ManualClock | None = None
@@ -199,6 +250,12 @@ def replay(
 # -- scoring against labels -------------------------------------------------------------------
 
 
+# The bar a labelled corpus must clear (issue "Detection v2"): what `rlguard replay --check`
+# holds it to. Every delay must also be within its label's window + the scoring slack.
+MIN_PRECISION = 0.98
+MIN_RECALL = 0.98
+
+
 @dataclass(slots=True)
 class Score:
     expected: int = 0
@@ -228,6 +285,16 @@ class Score:
     @property
     def recall(self) -> float:
         return self.matched / self.expected if self.expected else 1.0
+
+    @property
+    def clears_bar(self) -> bool:
+        """Whether this score meets what a labelled corpus is held to (``--check``)."""
+        return (
+            self.precision >= MIN_PRECISION
+            and self.recall >= MIN_RECALL
+            and not self.false_heavy
+            and not self.late
+        )
 
 
 def _subject_matches(want: dict[str, Any], got: dict[str, Any]) -> bool:
@@ -346,16 +413,115 @@ def format_report(result: ReplayResult, sc: Score | None = None) -> list[str]:
 
 def replay_file(
     trace: str | Path, *, speed: float | None = None, policy_path: str | Path | None = None,
-    tail_seconds: float = 0.0,
+    tail_seconds: float = 0.0, compress_by: float = 1.0,
 ) -> tuple[ReplayResult, Score | None]:
-    """Replay one trace file (and score it when a labels file sits beside it)."""
+    """Replay one trace file (and score it when a labels file sits beside it).
+
+    ``compress_by`` > 1 replays it time-compressed (:func:`compress`) under the policy with
+    its durations scaled alike, and scores it against its labels compressed the same way; the
+    slack on each delay is then 2 s of the original's time plus one compressed tick (moved
+    stamps are not exact, and a comparison may land on the next tick)."""
     from app.policy.policy_file import load_policy
 
     path = Path(trace)
     if not path.is_file():
         raise TraceError(f"trace file not found: {path}")
+    if not (math.isfinite(compress_by) and compress_by >= 1):
+        raise ValueError(f"compression factor must be at least 1, got {compress_by}")
     policy = load_policy(policy_path) if policy_path is not None else default_policy()
-    result = replay(read_trace(path), policy=policy, speed=speed, tail_seconds=tail_seconds)
+    batches: Iterable[dict[str, Any]] = read_trace(path)
+    origin = None
+    if compress_by != 1:
+        policy = policy.time_scaled(compress_by)
+        listed = list(batches)
+        origin = received_at(listed[0]) if listed else 0.0
+        batches = compress(listed, compress_by)
+    result = replay(
+        batches, policy=policy, speed=speed, tail_seconds=tail_seconds, time_scale=compress_by
+    )
     lp = labels_path(path)
-    sc = score(result, json.loads(lp.read_text())) if lp.is_file() else None
-    return result, sc
+    if not lp.is_file():
+        return result, None
+    labels = json.loads(lp.read_text())
+    if origin is None:
+        return result, score(result, labels)
+    slack = 2.0 / compress_by + policy.tick_seconds
+    return result, score(result, compress_labels(labels, compress_by, origin), slack_seconds=slack)
+
+
+# -- a corpus: many labelled traces, one verdict ----------------------------------------------
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The trace files named: a file as given, a directory as its ``*.jsonl[.gz]`` files."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted([*p.glob("*.jsonl"), *p.glob("*.jsonl.gz")])
+            if not found:
+                raise TraceError(f"no trace files (*.jsonl, *.jsonl.gz) in {p}")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise TraceError(f"trace file not found: {p}")
+    return out
+
+
+@dataclass(slots=True)
+class CorpusResult:
+    total: Score = field(default_factory=Score)
+    traces: int = 0
+    unlabelled: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # one per trace
+
+    @property
+    def passes(self) -> bool:
+        return self.total.clears_bar and not self.unlabelled
+
+
+def replay_corpus(
+    paths: Iterable[str | Path], *, policy_path: str | Path | None = None,
+    compress_by: float = 1.0,
+) -> CorpusResult:
+    """Replay and score every trace named (each must have its labels file)."""
+    out = CorpusResult()
+    for trace in trace_files(paths):
+        result, sc = replay_file(trace, policy_path=policy_path, compress_by=compress_by)
+        out.traces += 1
+        if sc is None:
+            out.unlabelled.append(trace.name)
+            out.lines.append(f"{trace.name}: no labels file ({labels_path(trace).name})")
+            continue
+        out.total.add(sc)
+        worst = max(sc.delays, default=0.0)
+        verdict = "ok" if not (sc.missed or sc.false_positive or sc.false_heavy or sc.late) else "FAIL"
+        out.lines.append(
+            f"{verdict:4} {trace.name}: expected {sc.expected}, found {sc.matched}, opened "
+            f"{sc.opened}" + (f", longest delay {worst:.3f}s" if sc.delays else "")
+        )
+    return out
+
+
+def format_corpus(corpus: CorpusResult, compress_by: float = 1.0) -> list[str]:
+    t = corpus.total
+    delays = sorted(t.delays)
+    p99 = delays[min(len(delays) - 1, math.ceil(0.99 * len(delays)) - 1)] if delays else 0.0
+    lines = list(corpus.lines)
+    scaled = f" (time-compressed {compress_by:g}x)" if compress_by != 1 else ""
+    lines.append(
+        f"corpus{scaled}: {corpus.traces} traces, expected {t.expected}, found {t.matched}, "
+        f"opened {t.opened}: precision {t.precision:.3f} (>= {MIN_PRECISION}), recall "
+        f"{t.recall:.3f} (>= {MIN_RECALL}), false heavy {len(t.false_heavy)}, late "
+        f"{len(t.late)}, delay p99 {p99:.3f}s max {delays[-1] if delays else 0.0:.3f}s"
+    )
+    for label, items in (
+        ("missed", t.missed),
+        ("false positive", t.false_positive),
+        ("false heavy", t.false_heavy),
+        ("late", t.late),
+        ("unlabelled", corpus.unlabelled),
+    ):
+        lines.extend(f"{label}: {item}" for item in items)
+    lines.append("corpus: PASS" if corpus.passes else "corpus: FAIL")
+    return lines
