@@ -5,6 +5,7 @@ On demand::
     python -m workload.chaos --run-dir D kill --role rollout --rank 1     # kill -9
     python -m workload.chaos --run-dir D hang --role trainer              # SIGSTOP
     python -m workload.chaos --run-dir D oom --step 7                     # fake CUDA OOM in a train step
+    python -m workload.chaos --run-dir D spin [--step 7]                  # trainer spins in a "collective"
     python -m workload.chaos --run-dir D slow-statelog --ms 400 --seconds 20
     python -m workload.chaos --run-dir D ckpt-unwritable [--seconds 30]   # checkpoint dir unusable
     python -m workload.chaos --run-dir D xid --gpu 0 [--xid 79]           # through the agent's fake NVML
@@ -40,7 +41,7 @@ from recovery._fsio import replace_file
 from recovery.report import heartbeat_path
 from workload.job import RunDir, read_json
 
-FAULTS = ("kill", "hang", "oom", "slow-statelog", "ckpt-unwritable", "xid", "ecc", "thermal")
+FAULTS = ("kill", "hang", "oom", "spin", "slow-statelog", "ckpt-unwritable", "xid", "ecc", "thermal")
 SIMULATE_DIR = "rlguard-simulate"  # the agent's fake NVML reads fault files here
 
 
@@ -152,10 +153,13 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
         info.update(role=fault.role, rank=fault.rank, target_pid=pid)
         run.event("fault", **info, step=current_step(run))
         os.kill(pid, signal.SIGKILL if fault.fault == "kill" else signal.SIGSTOP)
-    elif fault.fault == "oom":
+    elif fault.fault in ("oom", "spin"):
+        # Read by the trainer when it trains that step (workload.trainer): a fake CUDA OOM, or a
+        # busy loop that keeps the heartbeat fresh and the step frozen (a rank stuck spinning in
+        # a collective), until it is killed.
         step = fault.step if fault.step is not None else max(current_step(run), 0) + 1
         run.chaos.mkdir(parents=True, exist_ok=True)
-        (run.chaos / f"oom-step-{step}").write_text("injected\n")
+        (run.chaos / f"{fault.fault}-step-{step}").write_text("injected\n")
         info.update(step=step, role="trainer", rank=0)
         run.event("fault", **info)
     elif fault.fault in ("xid", "ecc", "thermal"):
@@ -230,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--role", choices=("trainer", "rollout"), default="rollout")
         s.add_argument("--rank", type=int, default=0)
     sub.add_parser("oom").add_argument("--step", type=int, default=None)
+    sub.add_parser("spin").add_argument("--step", type=int, default=None)
     s = sub.add_parser("slow-statelog")
     s.add_argument("--ms", type=float, default=400.0)
     s.add_argument("--seconds", type=float, default=20.0)

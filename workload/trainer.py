@@ -227,6 +227,10 @@ class Trainer:
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate 2.00 GiB (injected by chaos at step {self.step})"
             )
+        spin = self.run.chaos / f"spin-step-{self.step}"
+        if spin.exists():
+            os.replace(spin, spin.with_name(spin.name + ".fired"))  # once: not after a restart
+            self._spin_in_collective()
         samples: list[dict[str, Any]] = []
         for b in batches:
             samples.extend(b.load_samples())
@@ -237,6 +241,16 @@ class Trainer:
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.optimizer.step()
         return stats
+
+    def _spin_in_collective(self) -> None:
+        """Chaos ``spin``: what a rank stuck in a collective looks like from outside (NCCL
+        busy-waits on its peers): the CPU busy, the heartbeat fresh, the step frozen, for good.
+        Only the step tells; RLGuard's ``train_hang`` restarts the process."""
+        while True:
+            self._beat()
+            until = time.monotonic() + 0.05
+            while time.monotonic() < until:
+                pass
 
     def _snapshot(self) -> None:
         if not self.snapshots.should_snapshot(self.step):

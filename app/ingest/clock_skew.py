@@ -8,19 +8,20 @@ never negative. The smallest of the node's last ``KEPT`` differences is the esti
 request or a queued one cannot make it worse, and a clock stepped forward by NTP shows at once.
 
 A node whose offset is at least ``correct_above_seconds`` has every sample and heartbeat stamp
-of its batches moved by the offset before anything reads them. A node *ahead* is corrected
-from its first batch (no delay makes a batch arrive before it was sent); a positive difference
-can also be one slow request, or a client re-sending a body with its first ``sent_at`` after a
-server restart, so a node *behind* is corrected once ``AGREE`` batches say so (the smallest of
-them); before that its first batches are taken as sent: a node 30 s behind would
-otherwise look 30 s stale (its samples too old to be judged, a stalled rollout's last
-throughput counted as a stall, its heartbeats silent). Below that, nothing is touched (NTP
-keeps clocks within milliseconds; the stamps stay exactly as the agent sent them). The receive
-time is taken when the request arrives, before its body is parsed; a request that waited
-longer than the threshold on a loaded server is taken for a clock that far behind until a
-faster one comes, which moves its stamps no later than its arrival. While a node
-is corrected its offset is kept as the series ``agent_clock_offset_seconds`` (stamped with the
-server's time), which the policy's ``clock_skew`` detector reads: a node whose NTP is broken.
+of its batches moved by the offset before anything reads them, from its first batch: a node
+30 s behind would otherwise look 30 s stale (its samples too old to be judged, a stalled
+rollout's last throughput counted as a stall, its heartbeats silent), and a policy tick between
+its first batches judged it so (a real agent 40 s late got a false ``rollout_down`` that way).
+Below the threshold nothing is touched (NTP keeps clocks within milliseconds; the stamps stay
+exactly as the agent sent them). A positive difference can also be one slow request, or a
+client re-sending a body with its first ``sent_at`` after a server restart: moving that batch's
+stamps by its lag puts them no later than its arrival, and the next timely batch brings the
+estimate back. So the offset is *recorded* as the node's skew only once it is certain: a node
+ahead at once (no delay makes a batch arrive before it was sent), a node behind once ``AGREE``
+batches say so (the smallest of them). The receive time is taken when the request arrives,
+before its body is parsed. A recorded offset is kept as the series
+``agent_clock_offset_seconds`` (stamped with the server's time), which the policy's
+``clock_skew`` detector reads: a node whose NTP is broken.
 
 The live server (``app.ingest.pipeline``) and ``rlguard replay`` (``app.policy.replay``, with a
 trace's ``received_at``) correct the same way, so the corpus replays what the server sees.
@@ -38,7 +39,7 @@ from app.ingest.validation import ParticipantReport, ValidBatch
 CLOCK_OFFSET_METRIC = "agent_clock_offset_seconds"
 # How many of a node's recent batches the estimate looks at (about a minute of batches).
 KEPT = 16
-# How many batches must agree before a node is taken to be behind.
+# How many batches must agree before a node's lag is recorded as its clock being behind.
 AGREE = 3
 
 
@@ -58,13 +59,13 @@ class ClockOffsets:
         return min(recent)
 
     def correct(self, batch: ValidBatch, received_at: float) -> tuple[ValidBatch, float | None]:
-        """``batch`` on the server's clock, and the offset applied (None: none needed)."""
+        """``batch`` on the server's clock, and the node's offset to record (None: none
+        needed, or not certain yet: see the module docstring)."""
         offset = self.observe(batch.node, batch.sent_at, received_at)
         if abs(offset) < self.correct_above_seconds:
             return batch, None
-        if offset > 0 and len(self._recent[batch.node]) < AGREE:
-            return batch, None
-        return shifted(batch, offset), offset
+        certain = offset < 0 or len(self._recent[batch.node]) >= AGREE
+        return shifted(batch, offset), offset if certain else None
 
 
 def shifted(batch: ValidBatch, offset: float) -> ValidBatch:

@@ -124,8 +124,11 @@ class AgentProcess:
         log_path: Path,
         env: dict[str, str] | None = None,
         spool_dir: Path | None = None,
+        python: list[str] | None = None,
     ) -> None:
-        self.args = [sys.executable, "-m", "agents", *args]
+        # ``python``: the interpreter command (default this one; a wrapper such as
+        # tests.harness.stack.on_a_clock_behind runs the agent on a wrong clock).
+        self.args = [*(python or [sys.executable]), "-m", "agents", *args]
         self.log_path = log_path
         self.env = env
         self.spool_dir = spool_dir

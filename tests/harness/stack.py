@@ -53,6 +53,12 @@ def fast_policy(path: Path, **overrides: Any) -> Path:
     return path
 
 
+def on_a_clock_behind(seconds: float) -> list[str]:
+    """The interpreter command that runs ``-m MODULE ...`` on a wall clock ``seconds`` late
+    (:mod:`tests.harness.wrong_clock`)."""
+    return [PY, "-m", "tests.harness.wrong_clock", f"{seconds:g}"]
+
+
 class Feeder(threading.Thread):
     """Plays the node agents: one ingest batch per node every ``interval`` seconds."""
 
@@ -247,8 +253,11 @@ class Stack:
         """kill -9 the worker and every process of its group (pool children, launcher hook)."""
         kill_group(proc)
 
-    def start_agent(self, node: str, run_dir: Path) -> AgentProcess:
-        """A real node agent with one simulated GPU, watching ``run_dir`` for this stack."""
+    def start_agent(
+        self, node: str, run_dir: Path, *, clock_behind: float | None = None
+    ) -> AgentProcess:
+        """A real node agent with one simulated GPU, watching ``run_dir`` for this stack;
+        ``clock_behind``: on a clock that many seconds late (:func:`on_a_clock_behind`)."""
         token_file = self.tmp / f"token-{node}"
         token_file.write_text(self.node_tokens[node])
         token_file.chmod(0o600)
@@ -268,6 +277,7 @@ class Stack:
             "--spool-dir",
             str(self.tmp / f"spool-{node}"),
             env=self.env,
+            python=[PY] if clock_behind is None else on_a_clock_behind(clock_behind),
             log_path=self.tmp / f"agent-{node}.log",
         )
         self.agents.append(agent.start())

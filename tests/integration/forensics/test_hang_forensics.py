@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from app.cli.demo import DemoStack
 from recovery.report import heartbeat_path, read_heartbeat
 from recovery.supervision.events import read_events
-from recovery.supervision.stacks import find_py_spy
 from tests.harness import free_port, spawn, wait_for
+from tests.integration.forensics._common import HangStack, shown_in_chromium, stacks_of
 from tests.unit.integrations._launcher import env as launch_env
 
 pytestmark = [
@@ -31,30 +30,15 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(find_py_spy() is None, reason="py-spy is a dependency: reinstall"),
 ]
 JOB = "hang-job"
 SCRIPT = Path(__file__).with_name("_hanging_script.py")
 ROOT = Path(__file__).resolve().parents[3]
 
 
-class _Stack(DemoStack):
-    """The demo stack with the hang detector's windows short enough for a test."""
-
-    def _env(self) -> dict[str, str]:
-        env = super()._env()
-        data = yaml.safe_load(Path(env["RLGUARD_RECOVERY_POLICY_FILE"]).read_text())
-        data["detection"]["trainer"].update(hang_min_seconds=4, hang_min_steps=3)
-        data["incidents"]["quiet_period_seconds"] = 3
-        path = self.workdir / "forensics-policy.yaml"
-        path.write_text(yaml.safe_dump(data))
-        env["RLGUARD_RECOVERY_POLICY_FILE"] = str(path)
-        return env
-
-
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[_Stack]:
-    s = _Stack(tmp_path, free_port(), job=JOB, schedule=None)
+def stack(tmp_path: Path) -> Iterator[HangStack]:
+    s = HangStack(tmp_path, free_port(), job=JOB, schedule=None)
     try:
         s.start_server()
         s.start_agent()
@@ -102,18 +86,6 @@ class _Launch:
         self.err.close()
 
 
-def _stacks_of(stack: DemoStack, pid: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(incident, its stacks_captured entry) for the capture of ``pid``, once there."""
-    for row in stack.incidents():
-        if row["subject"].get("job") != JOB:
-            continue
-        inc = stack.incident(row["id"])
-        for e in inc["timeline"]:
-            if e["type"] == "stacks_captured" and e["detail"].get("pid") == pid:
-                return inc, e
-    return None
-
-
 def _trains_past_first_steps(stack: DemoStack, launch: _Launch, logs: Any) -> int:
     """The pid of the trainer once the server saw it train past the job's first steps (a
     fault there is a first-step anomaly: heavy, waiting for an approver) and saw its pace (the
@@ -146,7 +118,7 @@ def _trains_past_first_steps(stack: DemoStack, launch: _Launch, logs: Any) -> in
 def _check_captured_before_restart(
     stack: DemoStack, launch: _Launch, hung: int, function: str, logs: Any
 ) -> dict[str, Any]:
-    inc, entry = wait_for(lambda: _stacks_of(stack, hung), 90, f"the stacks of {hung}",
+    inc, entry = wait_for(lambda: stacks_of(stack, JOB, hung), 90, f"the stacks of {hung}",
                           context=logs)
     d = entry["detail"]
     assert d["ok"] is True, d
@@ -201,26 +173,6 @@ def test_stacks_of_a_busy_and_of_a_stopped_trainer_are_on_their_incidents(
                    if e["type"] == "stacks_captured" and e["detail"]["pid"] == stopped]
         assert entry["detail"]["nonblocking"] is True  # read without pausing it again
 
-        _shown_in_chromium(stack, browser, spun["id"], "spin_without_progress")
+        shown_in_chromium(stack, browser, spun["id"], "spin_without_progress")
     finally:
         launch.close()
-
-
-def _shown_in_chromium(stack: DemoStack, browser: object, incident_id: int, function: str) -> None:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})  # type: ignore[attr-defined]
-    page = ctx.new_page()
-    page.set_default_timeout(15_000)
-    page.goto(f"{stack.url}/login")
-    page.fill("#username", stack.user)
-    page.fill("#password", stack.password)
-    with page.expect_navigation():
-        page.click("button[type=submit]")
-    page.goto(f"{stack.url}/incidents/{incident_id}")
-    block = page.locator("[data-testid=stacks]").first
-    pre = block.locator("pre")
-    if not pre.is_visible():  # a long dump starts collapsed: open it as a person would
-        block.locator("summary").click()
-    assert pre.is_visible()
-    assert function in pre.inner_text()
-    assert page.locator("li[data-event='Python stacks captured']").count() >= 1
-    ctx.close()

@@ -48,11 +48,14 @@ def test_under_the_threshold_nothing_is_touched_above_it_every_stamp_moves() -> 
         same = batch(1000.0 + i)
         kept, offset = c.correct(same, received_at=1004.0 + i)  # 4 s off: under the threshold
         assert kept is same and offset is None
-    # A node behind: its first batches are taken as sent (one slow or re-sent request is no
-    # clock); once AGREE of them say so, corrected.
+    # A node behind: its first batches are moved at once (a tick between them must not judge
+    # them 30 s stale), but its lag is recorded as a clock only once AGREE of them say so (one
+    # slow or re-sent request is no clock).
     for i in range(AGREE - 1):
         early = batch(990.0 + i, node="n2")
-        assert c.correct(early, received_at=1020.0 + i) == (early, None)
+        moved, offset = c.correct(early, received_at=1020.0 + i)
+        assert offset is None and moved.sent_at == approx(1020.0 + i)
+        assert moved.samples == [(KEY, approx(1019.0 + i), 0.5)]
     late = batch(1000.0, node="n2")
     moved, offset = c.correct(late, received_at=1030.0)
     assert offset == approx(30.0)
@@ -73,8 +76,13 @@ def test_a_node_ahead_is_corrected_from_its_first_batch() -> None:
     assert offset == approx(-30.0) and moved.sent_at == approx(1000.0)
 
 
-def test_one_batch_re_sent_with_its_old_sent_at_moves_nothing() -> None:
-    """After a server restart a client re-sends the body it sent 6 s ago: a delay, no clock."""
+def test_one_batch_re_sent_with_its_old_sent_at_is_no_clock() -> None:
+    """After a server restart a client re-sends the body it sent 6 s ago: a delay, no clock.
+    Its stamps move no later than its arrival; no skew is recorded, and the next timely batch
+    is taken as sent."""
     c = ClockOffsets(correct_above_seconds=5.0)
     again = batch(1000.0)
-    assert c.correct(again, received_at=1006.0) == (again, None)
+    moved, offset = c.correct(again, received_at=1006.0)
+    assert offset is None and moved.sent_at == approx(1006.0)
+    timely = batch(1007.0)
+    assert c.correct(timely, received_at=1007.01) == (timely, None)

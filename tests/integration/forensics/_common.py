@@ -1,0 +1,57 @@
+"""What the hang-forensics tests share: the demo stack with short hang windows, finding a
+process's captured stacks on its incident, and the incident page in Chromium."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.cli.demo import DemoStack
+
+
+class HangStack(DemoStack):
+    """The demo stack with the hang detector's windows short enough for a test."""
+
+    def _env(self) -> dict[str, str]:
+        env = super()._env()
+        data = yaml.safe_load(Path(env["RLGUARD_RECOVERY_POLICY_FILE"]).read_text())
+        data["detection"]["trainer"].update(hang_min_seconds=4, hang_min_steps=3)
+        data["incidents"]["quiet_period_seconds"] = 3
+        path = self.workdir / "forensics-policy.yaml"
+        path.write_text(yaml.safe_dump(data))
+        env["RLGUARD_RECOVERY_POLICY_FILE"] = str(path)
+        return env
+
+
+def stacks_of(stack: DemoStack, job: str, pid: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(incident, its stacks_captured entry) for the capture of ``pid``, once there."""
+    for row in stack.incidents():
+        if row["subject"].get("job") != job:
+            continue
+        inc = stack.incident(row["id"])
+        for e in inc["timeline"]:
+            if e["type"] == "stacks_captured" and e["detail"].get("pid") == pid:
+                return inc, e
+    return None
+
+
+def shown_in_chromium(stack: DemoStack, browser: object, incident_id: int, function: str) -> None:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})  # type: ignore[attr-defined]
+    page = ctx.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(f"{stack.url}/login")
+    page.fill("#username", stack.user)
+    page.fill("#password", stack.password)
+    with page.expect_navigation():
+        page.click("button[type=submit]")
+    page.goto(f"{stack.url}/incidents/{incident_id}")
+    block = page.locator("[data-testid=stacks]").first
+    pre = block.locator("pre")
+    if not pre.is_visible():  # a long dump starts collapsed: open it as a person would
+        block.locator("summary").click()
+    assert pre.is_visible()
+    assert function in pre.inner_text()
+    assert page.locator("li[data-event='Python stacks captured']").count() >= 1
+    ctx.close()
