@@ -527,6 +527,7 @@ class CheckpointEngine:
         root: Path | None = None,
         not_after: VersionVector | None = None,
         verify: Literal["full", "sizes"] = "full",
+        keep_bytes: bool = True,
     ) -> CheckpointInfo | None:
         """The newest checkpoint whose marker and files verify (``valid_only=False``: whose
         marker merely parses). Skipped directories and the reasons are in ``info.skipped`` and
@@ -543,7 +544,9 @@ class CheckpointEngine:
         verifies and every file it lists exists with the recorded size (a torn checkpoint is
         refused); the checksums are then checked by ``load()`` in its single read pass, which
         refuses a damaged file before returning anything. :meth:`load_latest` does that and
-        falls back to older checkpoints when the load refuses one.
+        falls back to older checkpoints when the load refuses one. ``keep_bytes=False``: a
+        caller that only wants to know which checkpoint is valid (and will not load it here)
+        has the files streamed through a small buffer instead of held in memory.
         """
         if verify not in ("full", "sizes"):
             raise CheckpointInputError(f"verify must be 'full' or 'sizes', got {verify!r}")
@@ -555,7 +558,11 @@ class CheckpointEngine:
             if valid_only:
                 try:
                     check_sizes(candidate.path, candidate.files, sorted(candidate.files))
-                    if verify == "full":
+                    if verify == "full" and not keep_bytes:
+                        stats = {name: stat_key(candidate.path / name) for name in candidate.files}
+                        atomic.verify_committed_dir(candidate.path, MARKER)
+                        candidate = dataclasses.replace(candidate, verified=stats)
+                    elif verify == "full":
                         read = read_files(
                             candidate.path,
                             sorted(candidate.files),

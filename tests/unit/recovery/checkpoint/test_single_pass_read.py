@@ -212,3 +212,17 @@ def test_direct_and_buffered_reads_give_the_same_verified_bytes(
         with pytest.raises(CheckpointCorrupt, match="bytes, marker says"):
             read(files)
         path.write_bytes(payload)
+
+
+def test_latest_without_keeping_bytes_still_verifies_everything(eng: CheckpointEngine) -> None:
+    first = save(eng, 1)
+    second = save(eng, 2)
+    flip_core(second.path)
+    chosen = eng.latest(keep_bytes=False)
+    assert chosen is not None and chosen.path == first.path
+    assert "checksum mismatch in core.bin" in chosen.skipped[0].reason
+    assert eng._prefetched is None  # nothing held for a load that will not come
+    # The load that does come reads (without re-hashing: unchanged since latest() hashed it).
+    before = bytes_read()
+    assert_same(big_state(1), eng.load(chosen))
+    assert bytes_read() - before >= data_bytes(first)
