@@ -212,8 +212,9 @@ def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     rows: list[tuple[str, float, float]] = []
+    verdicts: list[str] = []
     if not restore_only:
-        save_rows(engines, state, mb, cold, scratch, repeat, rows)
+        verdicts = save_rows(engines, state, mb, cold, scratch, repeat, rows)
 
     reference = state["model"]["layer0.weight"]
     t_torch_load: list[float] = []
@@ -253,6 +254,8 @@ def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool) -> None:
     for label, seconds, size in rows:
         print(f"{label:<52} {seconds:9.3f} {size / seconds:9.0f}")
     print()
+    for line in verdicts:
+        print(line)
     print(f"restore ratio per run = torch.load seconds / engine seconds, same run ({repeat} runs)")
     for c in engines:
         for label, times in (
@@ -283,8 +286,8 @@ def save_rows(
     scratch: Path,
     repeat: int,
     rows: list[tuple[str, float, float]],
-) -> None:
-    """The save figures (1 and 2): rows appended to ``rows``, verdicts printed at the end."""
+) -> list[str]:
+    """The save figures (1 and 2): rows appended to ``rows``; returns the verdict lines."""
     # What preallocate() at startup buys: the first save of a fresh engine, buffers faulted in.
     spare = CheckpointEngine(scratch / "engine-prealloc", keep=1)
     t0 = time.perf_counter()
@@ -326,22 +329,24 @@ def save_rows(
     for c in engines:
         rows.append((f"[{c}] save -> COMMITTED, cold buffers (1 run)", cold[c][1], mb))
         rows.append((f"[{c}] save -> COMMITTED, warm buffers", med(e2e[c]), mb))
+    lines = []
     for c in engines:
         r_block = med(t_torch_save) / med(blocking[c])
         r_cold = med(t_torch_save) / cold[c][0]
         r_tput = (mb / med(e2e[c])) / (raw_mb / med(t_raw))
-        print(
+        lines.append(
             f"[{c}] blocking: torch.save+fsync / save (warm) = {r_block:6.1f}x "
             f"(>= 5x: {verdict(r_block >= 5)}); cold buffers {r_cold:.1f}x"
         )
-        print(
+        lines.append(
             f"[{c}] persist throughput / raw write+fsync      = {r_tput:6.2f}x "
             f"(>= 0.7x: {verdict(r_tput >= 0.7)})"
         )
-    print(
+    lines.append(
         f"per-round seconds: torch.save {fmt(t_torch_save)}; raw {fmt(t_raw)}; "
         + "; ".join(f"{c} e2e {fmt(e2e[c])}" for c in engines)
     )
+    return lines
 
 
 def fmt(values: list[float]) -> str:
