@@ -26,6 +26,13 @@ page cache (fsync + posix_fadvise DONTNEED, nothing else is touched), so both st
 "cold-ish": on a virtual disk the host may still cache the blocks, which makes the reads faster
 than a real cold read but equally so for both. ``load_latest()`` (the restore path with fallback:
 marker-only choice, then one verifying load) is timed the same way.
+
+The restore rounds run twice. In-process: every round in the benchmark's own process; there
+``torch.load``'s per-tensor 16 MiB allocations are served from heap the previous round freed
+(already faulted in), while the engine's one buffer per layer file is a fresh mapping whose
+pages fault in during the read (on these VMs that is a large part of a read's cost). Fresh
+process: each restore in a new Python process (imports before the clock starts), the situation
+of a restart after a crash, where neither side has memory left over.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -131,14 +140,24 @@ def main() -> None:
     parser.add_argument(
         "--dir", type=Path, default=None, help="scratch directory (default: a temp dir)"
     )
+    parser.add_argument(
+        "--no-fresh-process",
+        action="store_true",
+        help="skip the restore rounds timed in fresh processes",
+    )
+    # Internal: one restore timed inside a fresh process (see fresh_process_seconds).
+    parser.add_argument("--time-one", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time_one:
+        print(time_one(args.time_one[0], Path(args.time_one[1])))
+        return
     if args.size_mb < 1:
         parser.error(f"--size-mb must be >= 1, got {args.size_mb}")
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     scratch = Path(tempfile.mkdtemp(prefix="rlguard-ckpt-bench-", dir=args.dir))
     try:
-        run(args.size_mb, scratch, args.repeat, args.restore_only)
+        run(args.size_mb, scratch, args.repeat, args.restore_only, not args.no_fresh_process)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -190,7 +209,38 @@ def timed_torch_load(path: Path) -> float:
 CHECKSUMS = ("crc32c", "sha256", "crc32")
 
 
-def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool) -> None:
+def time_one(kind: str, path: Path) -> float:
+    """Seconds of one cold-ish restore in this (fresh) process: ``torch`` (torch.load of
+    ``path``) or ``engine`` (latest() + load() of the root ``path``)."""
+    if kind == "torch":
+        return timed_torch_load(path)
+    if kind == "engine":
+        engine = CheckpointEngine(path)
+        evict(files_under(path))
+        t0 = time.perf_counter()
+        info = engine.latest()
+        assert info is not None
+        loaded = engine.load(info)
+        elapsed = time.perf_counter() - t0
+        assert loaded["model"]["layer0.weight"].numel() == TENSOR_MB * (1 << 20) // 4
+        return elapsed
+    raise SystemExit(f"--time-one: unknown kind {kind!r}")
+
+
+def fresh_process_seconds(kind: str, path: Path) -> float:
+    """Run one restore in a new Python process (imports done before the clock starts): what a
+    restart after a crash does, with no heap left over from an earlier load for either side."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--time-one", kind, str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool, fresh: bool) -> None:
     state = make_state(size_mb)
     mb = state_bytes(state) / (1 << 20)
     load_before = os.getloadavg()[0]
@@ -230,6 +280,12 @@ def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool) -> None:
             t_load_latest[c].append(timed_load_latest(engine, reference))
     for engine in engines.values():
         engine.close()
+    fresh_torch: list[float] = []
+    fresh_engine: dict[str, list[float]] = {c: [] for c in engines}
+    for _ in range(repeat if fresh else 0):
+        fresh_torch.append(fresh_process_seconds("torch", scratch / "baseline.pt"))
+        for c, engine in engines.items():
+            fresh_engine[c].append(fresh_process_seconds("engine", engine.root))
 
     med = statistics.median
     rows.append(("torch.load, cold-ish page cache (baseline)", med(t_torch_load), mb))
@@ -256,21 +312,35 @@ def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool) -> None:
     print()
     for line in verdicts:
         print(line)
-    print(f"restore ratio per run = torch.load seconds / engine seconds, same run ({repeat} runs)")
+    print(f"restore ratio per run = torch.load seconds / engine seconds, same run ({repeat} runs);")
+    print("in-process: every round in this process (torch.load's 16 MiB tensors come back from")
+    print("the heap the previous round freed; a layer buffer is one fresh mapping, faulted in)")
     for c in engines:
         for label, times in (
             ("latest() + load()", t_restore[c]),
             ("load_latest()", t_load_latest[c]),
         ):
-            ratios = [t / e for t, e in zip(t_torch_load, times, strict=True)]
-            print(
-                f"[{c}] torch.load / ({label}){'':<{18 - len(label)}} min {min(ratios):5.2f}x "
-                f"median {med(ratios):5.2f}x max {max(ratios):5.2f}x "
-                f"(>= 1.0x: {verdict(med(ratios) >= 1.0)})"
-            )
+            print(ratio_line(c, label, t_torch_load, times))
     print(
         f"per-round seconds: torch.load {fmt(t_torch_load)}; "
         + "; ".join(f"{c} latest+load {fmt(t_restore[c])}" for c in engines)
+    )
+    if fresh:
+        print("fresh process: each restore in a new process, as after a crash (imports untimed)")
+        for c in engines:
+            print(ratio_line(c, "latest() + load()", fresh_torch, fresh_engine[c]))
+        print(
+            f"per-round seconds: torch.load {fmt(fresh_torch)}; "
+            + "; ".join(f"{c} latest+load {fmt(fresh_engine[c])}" for c in engines)
+        )
+
+
+def ratio_line(c: str, label: str, baseline: list[float], times: list[float]) -> str:
+    ratios = [t / e for t, e in zip(baseline, times, strict=True)]
+    med = statistics.median(ratios)
+    return (
+        f"[{c}] torch.load / ({label}){'':<{18 - len(label)}} min {min(ratios):5.2f}x "
+        f"median {med:5.2f}x max {max(ratios):5.2f}x (>= 1.0x: {verdict(med >= 1.0)})"
     )
 
 
