@@ -7,6 +7,10 @@ chosen checkpoint's files once and keeping the verified bytes for the ``load()``
 with ``verify="sizes"`` reading no data at all), ``load()`` loads, and ``load_latest()`` is the
 restore path: choose by marker, load with full verification, fall back to the next older
 checkpoint when the load refuses one.
+
+The bytes ``latest()`` keeps are per reader. Several threads calling ``latest()``/``load()`` on
+one reader stay correct (a ``load()`` takes kept bytes only for its own checkpoint, with every
+file's inode, size and mtime unchanged since they were verified) but may read a file twice.
 """
 
 from __future__ import annotations

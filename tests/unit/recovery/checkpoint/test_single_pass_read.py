@@ -226,3 +226,24 @@ def test_latest_without_keeping_bytes_still_verifies_everything(eng: CheckpointE
     before = bytes_read()
     assert_same(big_state(1), eng.load(chosen))
     assert bytes_read() - before >= data_bytes(first)
+
+
+def test_a_device_refusing_the_direct_reads_falls_back_to_buffered(tmp_path: Path) -> None:
+    # A chunk that is not a whole number of blocks makes the kernel refuse the O_DIRECT reads
+    # (EINVAL), as a device wanting a larger alignment would: the file is read again through
+    # the page cache with a fresh checksum, and verifies.
+    payload = os.urandom(64 * 4096 + 7)
+    path = tmp_path / "core.bin"
+    path.write_bytes(payload)
+    files = _listed(path, "crc32c")
+    got = _read.read_file(
+        tmp_path, "core.bin", files, verify=True, chunk=4 * 4096 + 1, direct_min=4096
+    )
+    assert bytes(got.data.numpy()) == payload
+    with open(path, "r+b") as fh:
+        fh.seek(100)
+        fh.write(bytes([payload[100] ^ 4]))
+    with pytest.raises(CheckpointCorrupt, match="checksum mismatch in core.bin"):
+        _read.read_file(
+            tmp_path, "core.bin", files, verify=True, chunk=4 * 4096 + 1, direct_min=4096
+        )
