@@ -4,17 +4,35 @@ a baseline measured in the same run on the same bytes.
     .venv/bin/python benchmarks/checkpoint.py                 # ~500 MB state (the default)
     .venv/bin/python benchmarks/checkpoint.py --size-mb 16    # quick smoke run
 
-Figures (targets from issue 4):
+    .venv/bin/python benchmarks/checkpoint.py --restore-only --repeat 5   # restore figures only
+
+Figures (targets from issues 4 and 24):
   1. blocking time of ``CheckpointEngine.save`` vs ``torch.save`` + fsync      target >= 5x shorter
   2. end-to-end persist throughput (save → COMMITTED) vs raw write + fsync      target >= 0.7x
-  3. ``latest()`` + ``load()`` vs ``torch.load`` (both from cold page cache)    reported
+  3. restore: ``torch.load`` time / (``latest()`` + ``load()`` time), per checksum algorithm,
+     min/median/max over the runs of the per-run ratio                          target >= 1.0x
 
 The engine runs with its defaults (O_DIRECT writes from block-aligned host buffers) and with
-both checksums (SHA-256, the default, and CRC-32); the raw baseline is a plain buffered write. Each engine's first save
-allocates its host buffers (cold: fresh pages fault in during the copy); later saves reuse them
-(warm). Freed memory on these machines goes back to the host after about 2 s idle, so the output
-says which figure was measured with warm buffers. Files are evicted
-from the page cache (posix_fadvise DONTNEED on our own files only) before each read measurement.
+each checksum (CRC-32C, the default; SHA-256; CRC-32); the raw baseline is a plain buffered
+write. Each engine's first save allocates its host buffers (cold: fresh pages fault in during
+the copy); later saves reuse them (warm). Freed memory on these machines goes back to the host
+after about 2 s idle, so the output says which figure was measured with warm buffers.
+
+What the restore figure measures: in every run, ``torch.load`` of a ``torch.save`` file of the
+same state (the baseline, no integrity check) and then, per algorithm, ``latest()`` + ``load()``
+of that engine's newest checkpoint (every byte read once and its checksum verified, bit-exact
+result asserted). Before each of these reads our own files are written back and dropped from the
+page cache (fsync + posix_fadvise DONTNEED, nothing else is touched), so both start equally
+"cold-ish": on a virtual disk the host may still cache the blocks, which makes the reads faster
+than a real cold read but equally so for both. ``load_latest()`` (the restore path with fallback:
+marker-only choice, then one verifying load) is timed the same way.
+
+The restore rounds run twice. In-process: every round in the benchmark's own process; there
+``torch.load``'s per-tensor 16 MiB allocations are served from heap the previous round freed
+(already faulted in), while the engine's one buffer per layer file is a fresh mapping whose
+pages fault in during the read (on these VMs that is a large part of a read's cost). Fresh
+process: each restore in a new Python process (imports before the clock starts), the situation
+of a restart after a crash, where neither side has memory left over.
 """
 
 from __future__ import annotations
@@ -23,6 +41,8 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,18 +131,33 @@ def raw_write_fsync(data: memoryview, path: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size-mb", type=int, default=500, help="state size (default 500)")
-    parser.add_argument("--repeat", type=int, default=3, help="measured rounds (default 3)")
+    parser.add_argument("--repeat", type=int, default=5, help="measured rounds (default 5)")
+    parser.add_argument(
+        "--restore-only",
+        action="store_true",
+        help="one save per engine, then only the restore measurements",
+    )
     parser.add_argument(
         "--dir", type=Path, default=None, help="scratch directory (default: a temp dir)"
     )
+    parser.add_argument(
+        "--no-fresh-process",
+        action="store_true",
+        help="skip the restore rounds timed in fresh processes",
+    )
+    # Internal: one restore timed inside a fresh process (see fresh_process_seconds).
+    parser.add_argument("--time-one", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time_one:
+        print(time_one(args.time_one[0], Path(args.time_one[1])))
+        return
     if args.size_mb < 1:
         parser.error(f"--size-mb must be >= 1, got {args.size_mb}")
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")
     scratch = Path(tempfile.mkdtemp(prefix="rlguard-ckpt-bench-", dir=args.dir))
     try:
-        run(args.size_mb, scratch, args.repeat)
+        run(args.size_mb, scratch, args.repeat, args.restore_only, not args.no_fresh_process)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -139,7 +174,7 @@ def timed_save(engine: CheckpointEngine, state: dict[str, Any], step: int) -> tu
 
 
 def timed_restore(engine: CheckpointEngine, reference: torch.Tensor) -> tuple[float, float]:
-    """(latest() seconds, latest()+load() seconds) from a cold page cache."""
+    """(latest() seconds, latest()+load() seconds) from a cold-ish page cache."""
     evict(files_under(engine.root))
     t0 = time.perf_counter()
     info = engine.latest()
@@ -151,7 +186,61 @@ def timed_restore(engine: CheckpointEngine, reference: torch.Tensor) -> tuple[fl
     return t_latest, t_total
 
 
-def run(size_mb: int, scratch: Path, repeat: int) -> None:
+def timed_load_latest(engine: CheckpointEngine, reference: torch.Tensor) -> float:
+    """Seconds of load_latest() (marker-only choice, one verifying read) from a cold-ish cache."""
+    evict(files_under(engine.root))
+    t0 = time.perf_counter()
+    found = engine.load_latest()
+    elapsed = time.perf_counter() - t0
+    assert found is not None
+    assert torch.equal(found[1]["model"]["layer0.weight"], reference)
+    return elapsed
+
+
+def timed_torch_load(path: Path) -> float:
+    evict(files_under(path))
+    t0 = time.perf_counter()
+    loaded = torch.load(path, weights_only=True)
+    elapsed = time.perf_counter() - t0
+    del loaded
+    return elapsed
+
+
+CHECKSUMS = ("crc32c", "sha256", "crc32")
+
+
+def time_one(kind: str, path: Path) -> float:
+    """Seconds of one cold-ish restore in this (fresh) process: ``torch`` (torch.load of
+    ``path``) or ``engine`` (latest() + load() of the root ``path``)."""
+    if kind == "torch":
+        return timed_torch_load(path)
+    if kind == "engine":
+        engine = CheckpointEngine(path)
+        evict(files_under(path))
+        t0 = time.perf_counter()
+        info = engine.latest()
+        assert info is not None
+        loaded = engine.load(info)
+        elapsed = time.perf_counter() - t0
+        assert loaded["model"]["layer0.weight"].numel() == TENSOR_MB * (1 << 20) // 4
+        return elapsed
+    raise SystemExit(f"--time-one: unknown kind {kind!r}")
+
+
+def fresh_process_seconds(kind: str, path: Path) -> float:
+    """Run one restore in a new Python process (imports done before the clock starts): what a
+    restart after a crash does, with no heap left over from an earlier load for either side."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--time-one", kind, str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(size_mb: int, scratch: Path, repeat: int, restore_only: bool, fresh: bool) -> None:
     state = make_state(size_mb)
     mb = state_bytes(state) / (1 << 20)
     load_before = os.getloadavg()[0]
@@ -161,79 +250,56 @@ def run(size_mb: int, scratch: Path, repeat: int) -> None:
     )
 
     # The first save of each engine allocates its host buffers (cold); later saves reuse them
-    # (warm). Each round then runs the baselines and both engines back to back, so the noise of
+    # (warm). Each round then runs the baselines and every engine back to back, so the noise of
     # the shared disk and CPUs hits all of them alike; medians are reported.
     engines = {
         c: CheckpointEngine(scratch / f"engine-{c}", keep=1, checksum=c)  # type: ignore[arg-type]
-        for c in ("sha256", "crc32")
+        for c in CHECKSUMS
     }
     cold = {c: timed_save(e, state, 0) for c, e in engines.items()}
-    # What preallocate() at startup buys: the first save of a fresh engine, buffers faulted in.
-    spare = CheckpointEngine(scratch / "engine-prealloc", keep=1)
-    t0 = time.perf_counter()
-    spare.preallocate(state)
-    t_prealloc = time.perf_counter() - t0
-    prealloc_blocking, _ = timed_save(spare, state, 0)
-    spare.close()
-    shutil.rmtree(spare.root)
-    info = engines["sha256"].latest(valid_only=False)
-    assert info is not None
-    used = int(info.files["core.bin"]["size"])
-    raw_bytes = memoryview(engines["sha256"]._buffers["core"][:used].numpy().data)
-
-    t_torch_save: list[float] = []
-    t_raw: list[float] = []
-    blocking: dict[str, list[float]] = {c: [] for c in engines}
-    e2e: dict[str, list[float]] = {c: [] for c in engines}
-    for i in range(repeat):
-        t_torch_save.append(torch_save_fsync(state, scratch / "baseline.pt"))
-        t_raw.append(raw_write_fsync(raw_bytes, scratch / "raw.bin"))
-        (scratch / "raw.bin").unlink()
-        for c, engine in engines.items():
-            b, e = timed_save(engine, state, 1 + i)
-            blocking[c].append(b)
-            e2e[c].append(e)
-    del raw_bytes
+    with open(scratch / "baseline.pt", "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    rows: list[tuple[str, float, float]] = []
+    verdicts: list[str] = []
+    if not restore_only:
+        verdicts = save_rows(engines, state, mb, cold, scratch, repeat, rows)
 
     reference = state["model"]["layer0.weight"]
     t_torch_load: list[float] = []
     t_latest: dict[str, list[float]] = {c: [] for c in engines}
     t_restore: dict[str, list[float]] = {c: [] for c in engines}
+    t_load_latest: dict[str, list[float]] = {c: [] for c in engines}
     for _ in range(repeat):
-        evict(files_under(scratch / "baseline.pt"))
-        t0 = time.perf_counter()
-        loaded_torch = torch.load(scratch / "baseline.pt", weights_only=True)
-        t_torch_load.append(time.perf_counter() - t0)
-        del loaded_torch
+        t_torch_load.append(timed_torch_load(scratch / "baseline.pt"))
         for c, engine in engines.items():
             a, b = timed_restore(engine, reference)
             t_latest[c].append(a)
             t_restore[c].append(b)
+            t_load_latest[c].append(timed_load_latest(engine, reference))
     for engine in engines.values():
         engine.close()
+    fresh_torch: list[float] = []
+    fresh_engine: dict[str, list[float]] = {c: [] for c in engines}
+    for _ in range(repeat if fresh else 0):
+        fresh_torch.append(fresh_process_seconds("torch", scratch / "baseline.pt"))
+        for c, engine in engines.items():
+            fresh_engine[c].append(fresh_process_seconds("engine", engine.root))
 
     med = statistics.median
-    raw_mb = used / (1 << 20)
-    rows = [("torch.save + fsync (baseline, blocking)", med(t_torch_save), mb)]
+    rows.append(("torch.load, cold-ish page cache (baseline)", med(t_torch_load), mb))
     for c in engines:
-        rows.append((f"[{c}] engine.save blocking, cold buffers (1 run)", cold[c][0], mb))
-        rows.append((f"[{c}] engine.save blocking, warm buffers", med(blocking[c]), mb))
-    rows.append(("[sha256] preallocate() at startup (1 run)", t_prealloc, mb))
-    rows.append(("[sha256] first save blocking after preallocate()", prealloc_blocking, mb))
-    rows.append(("raw write + fsync of the same bytes (baseline)", med(t_raw), raw_mb))
-    for c in engines:
-        rows.append((f"[{c}] save -> COMMITTED, cold buffers (1 run)", cold[c][1], mb))
-        rows.append((f"[{c}] save -> COMMITTED, warm buffers", med(e2e[c]), mb))
-    rows.append(("torch.load, cold page cache (baseline)", med(t_torch_load), mb))
-    for c in engines:
-        rows.append((f"[{c}] latest() (checks every file), cold", med(t_latest[c]), mb))
+        rows.append((f"[{c}] latest() (reads + verifies, keeps bytes)", med(t_latest[c]), mb))
         rows.append((f"[{c}] latest() + load()", med(t_restore[c]), mb))
+        rows.append((f"[{c}] load_latest()", med(t_load_latest[c]), mb))
 
     print()
-    print("host buffers: 'cold' = an engine's first save, which allocates them (pages fault in")
-    print("during the copy); 'warm' = later saves reusing them (resident: each follows the")
-    print("previous by < 2 s of idle, so nothing was handed back), or the first save after")
-    print("preallocate() faulted them in at startup. State tensors: warm throughout.")
+    if not restore_only:
+        print("host buffers: 'cold' = an engine's first save, which allocates them (pages fault")
+        print("in during the copy); 'warm' = later saves reusing them (resident: each follows")
+        print("the previous by < 2 s of idle, so nothing was handed back), or the first save")
+        print("after preallocate() faulted them in at startup. State tensors: warm throughout.")
     print(
         f"load average 1 min: {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
         f"({os.cpu_count()} CPUs shared with other work)"
@@ -244,25 +310,113 @@ def run(size_mb: int, scratch: Path, repeat: int) -> None:
     for label, seconds, size in rows:
         print(f"{label:<52} {seconds:9.3f} {size / seconds:9.0f}")
     print()
-    verdict = lambda ok: "meets target" if ok else "MISSES target"  # noqa: E731
+    for line in verdicts:
+        print(line)
+    print(f"restore ratio per run = torch.load seconds / engine seconds, same run ({repeat} runs);")
+    print("in-process: every round in this process (torch.load's 16 MiB tensors come back from")
+    print("the heap the previous round freed; a layer buffer is one fresh mapping, faulted in)")
+    for c in engines:
+        for label, times in (
+            ("latest() + load()", t_restore[c]),
+            ("load_latest()", t_load_latest[c]),
+        ):
+            print(ratio_line(c, label, t_torch_load, times))
+    print(
+        f"per-round seconds: torch.load {fmt(t_torch_load)}; "
+        + "; ".join(f"{c} latest+load {fmt(t_restore[c])}" for c in engines)
+    )
+    if fresh:
+        print("fresh process: each restore in a new process, as after a crash (imports untimed)")
+        for c in engines:
+            print(ratio_line(c, "latest() + load()", fresh_torch, fresh_engine[c]))
+        print(
+            f"per-round seconds: torch.load {fmt(fresh_torch)}; "
+            + "; ".join(f"{c} latest+load {fmt(fresh_engine[c])}" for c in engines)
+        )
+
+
+def ratio_line(c: str, label: str, baseline: list[float], times: list[float]) -> str:
+    ratios = [t / e for t, e in zip(baseline, times, strict=True)]
+    med = statistics.median(ratios)
+    return (
+        f"[{c}] torch.load / ({label}){'':<{18 - len(label)}} min {min(ratios):5.2f}x "
+        f"median {med:5.2f}x max {max(ratios):5.2f}x (>= 1.0x: {verdict(med >= 1.0)})"
+    )
+
+
+def verdict(ok: bool) -> str:
+    return "meets target" if ok else "MISSES target"
+
+
+def save_rows(
+    engines: dict[str, CheckpointEngine],
+    state: dict[str, Any],
+    mb: float,
+    cold: dict[str, tuple[float, float]],
+    scratch: Path,
+    repeat: int,
+    rows: list[tuple[str, float, float]],
+) -> list[str]:
+    """The save figures (1 and 2): rows appended to ``rows``; returns the verdict lines."""
+    # What preallocate() at startup buys: the first save of a fresh engine, buffers faulted in.
+    spare = CheckpointEngine(scratch / "engine-prealloc", keep=1)
+    t0 = time.perf_counter()
+    spare.preallocate(state)
+    t_prealloc = time.perf_counter() - t0
+    prealloc_blocking, _ = timed_save(spare, state, 0)
+    spare.close()
+    shutil.rmtree(spare.root)
+    first = next(iter(engines.values()))
+    info = first.latest(valid_only=False)
+    assert info is not None
+    used = int(info.files["core.bin"]["size"])
+    raw_bytes = memoryview(first._buffers["core"][:used].numpy().data)
+
+    t_torch_save: list[float] = []
+    t_raw: list[float] = []
+    blocking: dict[str, list[float]] = {c: [] for c in engines}
+    e2e: dict[str, list[float]] = {c: [] for c in engines}
+    for i in range(repeat):
+        t_torch_save.append(torch_save_fsync(state, scratch / "save-baseline.pt"))
+        t_raw.append(raw_write_fsync(raw_bytes, scratch / "raw.bin"))
+        (scratch / "raw.bin").unlink()
+        for c, engine in engines.items():
+            b, e = timed_save(engine, state, 1 + i)
+            blocking[c].append(b)
+            e2e[c].append(e)
+    del raw_bytes
+    (scratch / "save-baseline.pt").unlink()
+
+    med = statistics.median
+    raw_mb = used / (1 << 20)
+    rows.append(("torch.save + fsync (baseline, blocking)", med(t_torch_save), mb))
+    for c in engines:
+        rows.append((f"[{c}] engine.save blocking, cold buffers (1 run)", cold[c][0], mb))
+        rows.append((f"[{c}] engine.save blocking, warm buffers", med(blocking[c]), mb))
+    rows.append(("[crc32c] preallocate() at startup (1 run)", t_prealloc, mb))
+    rows.append(("[crc32c] first save blocking after preallocate()", prealloc_blocking, mb))
+    rows.append(("raw write + fsync of the same bytes (baseline)", med(t_raw), raw_mb))
+    for c in engines:
+        rows.append((f"[{c}] save -> COMMITTED, cold buffers (1 run)", cold[c][1], mb))
+        rows.append((f"[{c}] save -> COMMITTED, warm buffers", med(e2e[c]), mb))
+    lines = []
     for c in engines:
         r_block = med(t_torch_save) / med(blocking[c])
         r_cold = med(t_torch_save) / cold[c][0]
         r_tput = (mb / med(e2e[c])) / (raw_mb / med(t_raw))
-        r_load = med(t_torch_load) / med(t_restore[c])
-        print(
+        lines.append(
             f"[{c}] blocking: torch.save+fsync / save (warm) = {r_block:6.1f}x "
             f"(>= 5x: {verdict(r_block >= 5)}); cold buffers {r_cold:.1f}x"
         )
-        print(
+        lines.append(
             f"[{c}] persist throughput / raw write+fsync      = {r_tput:6.2f}x "
             f"(>= 0.7x: {verdict(r_tput >= 0.7)})"
         )
-        print(f"[{c}] torch.load / (latest() + load())          = {r_load:6.2f}x (no target)")
-    print(
+    lines.append(
         f"per-round seconds: torch.save {fmt(t_torch_save)}; raw {fmt(t_raw)}; "
         + "; ".join(f"{c} e2e {fmt(e2e[c])}" for c in engines)
     )
+    return lines
 
 
 def fmt(values: list[float]) -> str:

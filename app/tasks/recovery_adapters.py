@@ -231,7 +231,8 @@ def restore_checkpoint(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     root = run_dir / "checkpoints"
     if not root.is_dir():
         raise ActionError(f"no checkpoint directory {root}")
-    info = CheckpointEngine(root).latest()
+    # Verified by streaming: the job loads it, this worker must not hold its bytes.
+    info = CheckpointEngine(root).latest(keep_bytes=False)
     if info is None:
         raise ActionError(f"no valid checkpoint under {root}")
     body = {

@@ -1,6 +1,6 @@
 """The layout of a checkpoint root on disk: ``ckpt-<seq>/`` directories holding the layer files,
-``manifest.json`` and the ``COMMITTED`` marker; listing them, applying retention, reading one
-listed file back with its size and checksum checked."""
+``manifest.json`` and the ``COMMITTED`` marker; listing them, applying retention and mirroring
+(reading the files back is :mod:`recovery.checkpoint._read`)."""
 
 from __future__ import annotations
 
@@ -10,52 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from recovery.checkpoint import atomic
 from recovery.checkpoint.errors import CheckpointCorrupt
 
 MARKER = "COMMITTED"
 MANIFEST = "manifest.json"
 _DIR_RE = re.compile(r"^ckpt-(\d{10})$")
-
-
-def read_verified(
-    directory: Path, name: str, files: Mapping[str, Any], verify: bool
-) -> torch.Tensor:
-    """Read a listed file into a fresh uint8 tensor (no zero-fill), checking size and hash."""
-    expected = files.get(name)
-    if expected is None:
-        raise CheckpointCorrupt(f"{directory.name}: marker does not list {name}")
-    path = directory / name
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CheckpointCorrupt(f"{directory.name}: file {name} is missing") from None
-    if size != expected["size"]:
-        raise CheckpointCorrupt(
-            f"{directory.name}: file {name} is {size} bytes, marker says {expected['size']}"
-        )
-    algorithm, expected_hex = atomic.expected_checksum(expected)
-    data = torch.empty(size, dtype=torch.uint8)
-    view = memoryview(data.numpy().data).cast("B")
-    digest = atomic.new_hasher(algorithm)
-    try:
-        fh = open(path, "rb", buffering=0)
-    except OSError as exc:  # e.g. removed by retention since the stat above
-        raise CheckpointCorrupt(f"{directory.name}: file {name} unreadable: {exc}") from None
-    with fh:
-        pos = 0
-        while pos < size:
-            n = fh.readinto(view[pos : pos + (8 << 20)])
-            if not n:
-                raise CheckpointCorrupt(f"{directory.name}: file {name} shrank while reading")
-            if verify:
-                digest.update(view[pos : pos + n])
-            pos += n
-    if verify and digest.hexdigest() != expected_hex:
-        raise CheckpointCorrupt(f"{directory.name}: checksum mismatch in {name}")
-    return data
 
 
 def stat_key(path: Path) -> tuple[int, int, int]:
