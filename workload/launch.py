@@ -3,6 +3,7 @@
 Run the job::
 
     python -m workload.launch --run-dir DIR --steps N [--rollouts 2] [--on-failure wait]
+                              [--backend local|slurm]
 
 Launcher hook (what ``RLGUARD_RECOVERY_LAUNCHER`` points at; the recovery adapters call it as
 ``<hook> <action> --job J [--node N] [--role R] [--rank K] --idempotency-key K [--extra JSON]``)::
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 
 from recovery.supervision import hook
+from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.requests import JOB_DIR_PATTERN as _JOB
 from workload.job import JobConfig, JobConfigError, RunDir, read_json
 from workload.task import TaskSpec
@@ -57,6 +59,12 @@ def _supervise_parser() -> argparse.ArgumentParser:
         "(default: on with --on-failure wait; not available with restart-job)",
     )
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument(
+        "--backend",
+        default="local",
+        help="how processes are started and the job is restarted: local (default) or slurm "
+        "(inside a Slurm batch job: restart_job requeues it; drain_node drains the node)",
+    )
     p.add_argument(
         "--ray",
         action="store_true",
@@ -89,6 +97,8 @@ def _checked_config(
         p.error("--ray-address: only with --ray")
     if args.ray_restart_by is not None and not args.ray:
         p.error("--ray-restart-by: only with --ray")
+    if args.ray and args.backend != "local":
+        p.error("--backend: --ray starts and restarts its processes through Ray")
     standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
     job = args.job or run_dir.name
@@ -133,6 +143,11 @@ def _supervise(argv: list[str]) -> int:
             restart_by=args.ray_restart_by or "ray",
         )
         return _finished(run_dir, code)
+    try:
+        backend = load_backend(args.backend)
+        backend.check()
+    except BackendError as exc:
+        p.error(f"--backend: {exc}")
     # Imported here: the hook and write-hook commands below must not pay for torch (the
     # recovery worker starts the hook for every action, on the recovery path).
     from workload.supervisor import Supervisor
@@ -144,6 +159,7 @@ def _supervise(argv: list[str]) -> int:
         hang_timeout=args.hang_timeout,
         timeout=args.timeout,
         standby=standby,
+        backend=backend,
     )
 
     def on_signal(signum: int, _frame: object) -> None:

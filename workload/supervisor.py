@@ -32,6 +32,7 @@ from recovery.checkpoint.coordinator import Coordinator
 from recovery.report import EXITED_PHASE, heartbeat_path, read_heartbeat
 from recovery.supervision import Child, RestartBudget, StandbyPool
 from recovery.supervision import Supervisor as _Supervisor
+from recovery.supervision.backends import Backend
 from recovery.supervision.stacks import find_py_spy
 from recovery.transfer import InMemoryRegistry, RegistryServer
 from workload.file_lease import FileLease
@@ -77,6 +78,7 @@ class Supervisor(_Supervisor):
         hang_timeout: float = 10.0,
         timeout: float | None = None,
         standby: bool = False,
+        backend: Backend | None = None,
     ) -> None:
         if on_failure not in ("wait", "restart-job"):
             raise ValueError(f"on_failure must be 'wait' or 'restart-job', got {on_failure!r}")
@@ -111,6 +113,7 @@ class Supervisor(_Supervisor):
             clean_exit_phase=EXITED_PHASE,  # its processes never end on their own before DONE
             timeout=timeout,
             py_spy=find_py_spy(),  # hang forensics (capture_stacks) for the reference job too
+            backend=backend,  # None: local processes; slurm: restart_job requeues the batch job
         )
         self.registry, self.coordinator = start_job_services(run, config)
 

@@ -18,8 +18,8 @@ server with its policy engine and Celery worker (embedded ``rlguard up``) and a 
    its own): its plan's restart_role restarts the rank in place, inside the same batch run.
 3. The job then finishes its work and Slurm records it COMPLETED (requeued once).
 
-Not the reference job (``python -m workload.launch``): that is a supervisor of its own (trainer
-plus rollout processes with its own launcher hook), not a command ``rlguard launch`` wraps.
+The reference job (``python -m workload.launch --backend slurm``: its own supervisor of trainer
+and rollouts on the same Slurm backend) is requeued through RLGuard in the second test.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from recovery.supervision.backends.slurm import node_is_lost
 from recovery.supervision.events import read_events
 from tests.harness import free_port, wait_for
 from tests.integration.slurm._slurm import NODE, Slurm
+from workload.job import RunDir, read_json
+from workload.job import read_events as read_run_events
 
 REPO = Path(__file__).resolve().parents[3]
 TRAIN = Path(__file__).resolve().parent / "_train.py"
@@ -123,8 +125,8 @@ def _approve(stack: DemoStack, token: str, approval: dict[str, Any]) -> None:
     assert r.json()["decided_by"] == "oncall", r.json()
 
 
-def _server_step(stack: DemoStack) -> int:
-    r = stack.api("GET", f"/api/v1/jobs/{JOB}")
+def _server_step(stack: DemoStack, job: str = JOB) -> int:
+    r = stack.api("GET", f"/api/v1/jobs/{job}")
     if r.status_code != 200:
         return -1
     steps = [p["step"] for p in r.json()["participant_list"] if p["role"] == "trainer"]
@@ -237,3 +239,90 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         subprocess.run(["scancel", job], env=slurm.env, timeout=30, check=False)
         if node_is_lost(slurm.node()["State"]):  # leave the node in service for other tests
             slurm.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+
+
+def _submit_reference_job(slurm: Slurm, run_dir: Path, out: Path, steps: int) -> str:
+    """The reference job (trainer + 2 rollouts, ``python -m workload.launch``) as a batch job,
+    its supervisor on the Slurm backend."""
+    script = out / "reference.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"exec {sys.executable} -m workload.launch --backend slurm --run-dir {run_dir} "
+        f"--job {REF_JOB} --steps {steps} --rollouts 2 --decode-ms 5 --no-standby\n"
+    )
+    env = {k: v for k, v in slurm.env.items() if not k.startswith("RLGUARD_")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", f"--chdir={REPO}",
+         f"--output={out}/slurm-%j.out", str(script)],
+        env=env, capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+REF_JOB = "grpo-slurm-reference"
+
+
+@pytest.fixture
+def reference_stack(tmp_path: Path) -> Iterator[DemoStack]:
+    s = DemoStack(tmp_path, free_port(), job=REF_JOB, schedule=None, node=NODE)
+    try:
+        s.start_server()
+        s.start_agent()
+        yield s
+    finally:
+        s.stop()
+
+
+def test_the_reference_job_killed_in_its_first_step_is_requeued_through_rlguard_and_completes(
+    slurm: Slurm, reference_stack: DemoStack, tmp_path: Path
+) -> None:
+    """The reference GRPO job as a Slurm batch job: its trainer killed -9 in the first step is
+    a heavy heartbeat_lost; approved over REST, restart_job makes the job's supervisor requeue
+    the batch job through Slurm; the requeued run resumes from the job's own state and the job
+    completes every step, Slurm recording it COMPLETED, requeued once."""
+    stack, steps = reference_stack, 8
+    approver = _approver_token(stack)
+    run = RunDir(stack.run_dir)
+    job = _submit_reference_job(slurm, run.root, tmp_path, steps)
+
+    def logs() -> str:
+        batch = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("slurm-*.out"))
+        roles = "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+                          for f in sorted((run.root / "logs").glob("*.log")))
+        incidents = [(i["id"], i["kind"], i["tier"], i["subject"]) for i in stack.incidents()]
+        return (f"--- batch\n{batch}\n{roles}\n--- slurm job\n{slurm.job(job)}\n"
+                f"--- incidents\n{incidents}\n{slurm.logs()}")
+
+    def trainer_pid() -> int | None:
+        pid = (read_json(run.root / "pids.json") or {}).get("trainer-0")
+        return pid if isinstance(pid, int) else None
+
+    try:
+        # The trainer reports (phase past start-up) and has not finished step 1 yet.
+        wait_for(lambda: trainer_pid() is not None and _server_step(stack, REF_JOB) >= 0, 120,
+                 "the reference trainer to report", context=logs)
+        os.kill(trainer_pid(), signal.SIGKILL)  # type: ignore[arg-type]
+
+        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", context=logs)
+        assert inc["tier"] == "heavy" and inc["subject"]["job"] == REF_JOB, inc
+        pending = wait_for(lambda: _pending_for(stack, inc), 60, "the restart_job approval",
+                           context=logs)
+        assert "restart_job" in [a["action"] for a in pending[0]["actions"]], pending
+        assert slurm.job(job)["Restarts"] == "0"  # nothing requeued before the approval
+
+        _approve(stack, approver, pending[0])
+        assert wait_for(lambda: _finished(stack, inc, "restart_job"), 90, "restart_job",
+                        context=logs) == "succeeded", _action(stack, inc, "restart_job")
+        wait_for(lambda: slurm.job(job)["Restarts"] == "1", 60, "the requeue", context=logs)
+        assert any(e["kind"] == "requeued" for e in read_run_events(run)), logs()
+
+        wait_for(lambda: slurm.job(job)["JobState"] == "COMPLETED", 180,
+                 "the requeued reference job to complete", context=logs)
+        assert run.done.exists()
+        final = read_json(run.final) or {}
+        assert final.get("step") == steps, final
+        assert slurm.job(job)["Restarts"] == "1", logs()
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env, timeout=30, check=False)

@@ -1,4 +1,5 @@
-"""python -m workload.launch --ray: options that cannot go with it end in one line, exit 2."""
+"""python -m workload.launch: options that cannot go together (--ray, --backend) end in one line,
+exit 2, and start nothing."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from workload.launch import main
         (["--ray-address", "127.0.0.1:6379"], "--ray-address: only with --ray"),
         (["--ray-restart-by", "rlguard"], "--ray-restart-by: only with --ray"),
         (["--ray", "--ray-restart-by", "nobody"], "invalid choice: 'nobody'"),
+        (["--ray", "--backend", "slurm"], "--backend: --ray starts and restarts its processes"),
+        (["--backend", "pbs"], "--backend: unknown backend 'pbs' (known: local, slurm)"),
+        # Outside a Slurm batch job the slurm backend refuses, naming why.
+        (["--backend", "slurm"], "--backend: "),
     ],
 )
 def test_options_that_do_not_go_with_ray(
