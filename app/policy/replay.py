@@ -286,6 +286,19 @@ class Score:
     def recall(self) -> float:
         return self.matched / self.expected if self.expected else 1.0
 
+    def problems(self) -> list[str]:
+        """One line per miss, false positive, false heavy tier and late detection."""
+        return [
+            f"{label}: {item}"
+            for label, items in (
+                ("missed", self.missed),
+                ("false positive", self.false_positive),
+                ("false heavy", self.false_heavy),
+                ("late", self.late),
+            )
+            for item in items
+        ]
+
     @property
     def clears_bar(self) -> bool:
         """Whether this score meets what a labelled corpus is held to (``--check``)."""
@@ -400,14 +413,7 @@ def format_report(result: ReplayResult, sc: Score | None = None) -> list[str]:
             f"expected {sc.expected}, found {sc.matched}, opened {sc.opened}: "
             f"precision {sc.precision:.3f} recall {sc.recall:.3f}"
         )
-        for label, items in (
-            ("missed", sc.missed),
-            ("false positive", sc.false_positive),
-            ("false heavy", sc.false_heavy),
-            ("late", sc.late),
-        ):
-            for item in items:
-                lines.append(f"{label}: {item}")
+        lines.extend(sc.problems())
     return lines
 
 
@@ -515,13 +521,7 @@ def format_corpus(corpus: CorpusResult, compress_by: float = 1.0) -> list[str]:
         f"{t.recall:.3f} (>= {MIN_RECALL}), false heavy {len(t.false_heavy)}, late "
         f"{len(t.late)}, delay p99 {p99:.3f}s max {delays[-1] if delays else 0.0:.3f}s"
     )
-    for label, items in (
-        ("missed", t.missed),
-        ("false positive", t.false_positive),
-        ("false heavy", t.false_heavy),
-        ("late", t.late),
-        ("unlabelled", corpus.unlabelled),
-    ):
-        lines.extend(f"{label}: {item}" for item in items)
+    lines.extend(t.problems())
+    lines.extend(f"unlabelled: {name}" for name in corpus.unlabelled)
     lines.append("corpus: PASS" if corpus.passes else "corpus: FAIL")
     return lines

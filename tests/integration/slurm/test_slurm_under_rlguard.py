@@ -134,12 +134,16 @@ def _server_step(stack: DemoStack, job: str = JOB) -> int:
 
 
 def _submit(slurm: Slurm, run_dir: Path, out: Path) -> str:
-    script = out / "job.sh"
-    script.write_text(
-        "#!/bin/sh\n"
-        f"exec {RLGUARD} launch --job {JOB} --role trainer --rank 0 --run-dir {run_dir} "
-        f"--backend slurm --backoff 0 -- {sys.executable} {TRAIN}\n"
+    return _sbatch(
+        slurm, out, f"{RLGUARD} launch --job {JOB} --role trainer --rank 0 --run-dir {run_dir} "
+        f"--backend slurm --backoff 0 -- {sys.executable} {TRAIN}",
     )
+
+
+def _sbatch(slurm: Slurm, out: Path, command: str) -> str:
+    """Submit ``command`` as a requeueable batch job; its id."""
+    script = out / "job.sh"
+    script.write_text(f"#!/bin/sh\nexec {command}\n")
     env = {k: v for k, v in slurm.env.items() if not k.startswith("RLGUARD_")}
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
@@ -244,21 +248,10 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
 def _submit_reference_job(slurm: Slurm, run_dir: Path, out: Path, steps: int) -> str:
     """The reference job (trainer + 2 rollouts, ``python -m workload.launch``) as a batch job,
     its supervisor on the Slurm backend."""
-    script = out / "reference.sh"
-    script.write_text(
-        "#!/bin/sh\n"
-        f"exec {sys.executable} -m workload.launch --backend slurm --run-dir {run_dir} "
-        f"--job {REF_JOB} --steps {steps} --rollouts 2 --decode-ms 5 --no-standby\n"
+    return _sbatch(
+        slurm, out, f"{sys.executable} -m workload.launch --backend slurm --run-dir {run_dir} "
+        f"--job {REF_JOB} --steps {steps} --rollouts 2 --decode-ms 5 --no-standby",
     )
-    env = {k: v for k, v in slurm.env.items() if not k.startswith("RLGUARD_")}
-    env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run(
-        ["sbatch", "--parsable", "--requeue", f"--chdir={REPO}",
-         f"--output={out}/slurm-%j.out", str(script)],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().split(";")[0]
 
 
 REF_JOB = "grpo-slurm-reference"
