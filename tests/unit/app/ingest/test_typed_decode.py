@@ -138,6 +138,18 @@ def test_valid_bodies_take_the_typed_path_with_the_exact_result() -> None:
     assert_same(v.validate(body), out)
 
 
+def test_a_duplicate_key_counts_by_its_last_value_on_both_paths() -> None:
+    v = validator()
+    # msgspec refuses the first (bad) occurrence while decoding; the exact path, like orjson,
+    # keeps the last one and accepts: the verdict is the exact path's
+    body = good(b'"x","value":2')
+    assert v._validate_typed(body) is None
+    assert v.validate(body).samples[0][2] == 2.0
+    # both good: the last counts on the typed path too (a bad last one: CASES)
+    assert v._validate_typed(good(b'1,"value":3')) is not None
+    assert v.validate(good(b'1,"value":3')).samples[0][2] == 3.0
+
+
 def test_the_typed_path_honours_the_clock_and_the_key_cache_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
