@@ -18,15 +18,29 @@ When it would not be safe, the commit goes to the thread as before:
   disk never stalls the loop for long, and inline is tried again afterwards;
 * PostgreSQL (network round trips, a server that can hang) and the shared Redis window are
   never committed inline.
+
+With ``synchronous=FULL`` (the default) the fsync stays off the loop: the inline connection
+commits with ``synchronous=NORMAL`` (in WAL mode: the commit appends its frames to the WAL
+without an fsync), and the group committer then fsyncs the WAL file on a thread (``sync_wal``)
+before it answers any request of the group. The loop goes on parsing the next requests during
+the fsync, which also lets more batches join the next group. Acknowledged batches are exactly
+as durable as with FULL, which does the same fsync of the WAL inside the commit: a WAL frame is
+never overwritten before a checkpoint has copied it into the database file and synced that
+(NORMAL syncs the WAL before a checkpoint and the database after it), so the WAL file holds
+the group until the fsync returns, and after it, durably. A group whose fsync fails is retried
+whole (an OSError is transient for the committer; the group's writes are idempotent upserts).
+Readers may see the group a few milliseconds before it is durable, as they may see the series
+store before either.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from app.core.db import is_sqlite, make_engine
@@ -39,6 +53,15 @@ log = logging.getLogger("rlguard.ingest")
 # Weight of the newest commit in the moving average: a single commit more than 5x over the
 # limit trips it, five in a row 1.5x over do too, one 2x blip among fast commits does not.
 _WEIGHT = 0.2
+
+
+def fsync_path(path: str) -> None:
+    """fsync one file by name (opened and closed here: the WAL file may be recreated)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _is_lock_conflict(exc: OperationalError) -> bool:
@@ -58,13 +81,19 @@ class InlineSqliteCommitter:
         cooldown_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.perf_counter,
+        fsync: Callable[[str], None] = fsync_path,
     ) -> None:
         if not is_sqlite(url):
             raise ValueError("inline commits are for SQLite only")
+        # FULL: the commit does not fsync, sync_wal does (on a thread; see the module docstring).
+        db_path = make_url(url).database or ""
+        self.syncs_wal = sqlite_synchronous.upper() == "FULL" and db_path not in ("", ":memory:")
+        self._db_path = db_path
+        self.fsync = fsync  # the disk boundary (injectable for tests)
         # One connection, used only from the event loop thread.
         self.engine: Engine = make_engine(
             url,
-            sqlite_synchronous=sqlite_synchronous,
+            sqlite_synchronous="NORMAL" if self.syncs_wal else sqlite_synchronous,
             sqlite_busy_timeout_ms=0,
             pool_size=1,
             max_overflow=0,
@@ -114,6 +143,16 @@ class InlineSqliteCommitter:
                 self.cooldown_s,
             )
         return True
+
+    def sync_wal(self) -> None:
+        """Make the groups committed so far durable (``syncs_wal`` only; on a thread, after
+        ``try_commit`` returned True and before any of the group's requests is answered)."""
+        try:
+            self.fsync(self._db_path + "-wal")
+        except FileNotFoundError:
+            # No WAL file: the last connection closed, which checkpointed the WAL into the
+            # database file (syncing both) and removed it.
+            self.fsync(self._db_path)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -1,11 +1,21 @@
 """Validation of ``POST /api/v1/ingest`` bodies.
 
-The envelope and participants are checked by pydantic models built from the configured limits.
-Samples (up to thousands per batch, the hot path) are checked by a tight loop instead: the same
-rules, but a (metric name, labels) pair that passed once is cached together with its
-``SeriesKey``, so the name pattern and the label rules run once per series, not once per sample.
-``IngestBatchDoc`` is the full pydantic description of the body (for OpenAPI and for the tests
-that check both validators agree).
+Two paths, one set of rules and messages:
+
+* the typed path (``app.ingest.typed_decode``, the hot path): msgspec decodes the body straight
+  into structs and checks types, bounds, patterns, sizes and unknown fields in the same pass;
+  then cheap checks in Python: timestamps against the clock, and each sample's series looked up
+  by (metric name, labels text) in a cache of the series that passed, so the name pattern and
+  the label rules run once per series, not once per sample. It only ever accepts: any doubt
+  (a decode error, a timestamp ahead of the clock, a series that fails its checks) hands the
+  body to
+* the exact path (``_validate_exact``): orjson, the pydantic envelope model and the per-sample
+  loop below, which find the first violation and name it. Every 4xx message comes from here.
+
+The typed path accepts exactly what the exact path accepts, with the same result (the unit
+tests check both on the same bodies, hypothesis included), so a client cannot tell which path
+judged its batch. ``IngestBatchDoc`` is the full pydantic description of the body (for OpenAPI
+and for the tests that check the validators agree).
 
 Every violation raises ``IngestRejected`` whose message names the field and the bad value; nothing
 is applied from a rejected batch.
@@ -32,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from app.core.config import IngestLimits
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceError
 from app.ingest.series_store import SeriesKey
+from app.ingest.typed_decode import DECODE_FAILED, NO_LABELS, TypedDecoder, TypedSample
 
 METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -188,9 +199,21 @@ class BatchValidator:
         self.limits = limits
         self._clock = clock
         self._envelope, self.doc_model = build_models(limits)
-        # node -> (metric name, labels as sent) -> key, for series that passed every check
+        self._typed = TypedDecoder(
+            limits,
+            min_timestamp=MIN_TIMESTAMP,
+            max_timestamp=MAX_TIMESTAMP,
+            max_abs_value=MAX_ABS_VALUE,
+            max_seq=MAX_SEQ,
+            max_step=MAX_STEP,
+            max_rank=MAX_RANK,
+        )
+        # For series that passed every check, node -> (metric name, labels) -> key; labels as
+        # orjson decoded them (exact path) or as their JSON text (typed path).
         self._keys: dict[str, dict[tuple[str, tuple[tuple[Any, Any], ...]], SeriesKey]] = {}
+        self._text_keys: dict[str, dict[tuple[str, bytes], SeriesKey]] = {}
         self._cached_keys = 0
+        self.typed_accepted = 0  # batches the typed path accepted (the rest went the exact way)
 
     def validate(self, body: bytes) -> ValidBatch:
         if len(body) > self.limits.max_body_bytes:
@@ -199,6 +222,73 @@ class BatchValidator:
                 status_code=PayloadTooLarge.status_code,
                 kind="too_large",
             )
+        batch = self._validate_typed(body)
+        if batch is not None:
+            self.typed_accepted += 1
+            return batch
+        return self._validate_exact(body)
+
+    def _validate_typed(self, body: bytes) -> ValidBatch | None:
+        """The batch when the typed path accepts it; None sends it to the exact path."""
+        try:
+            doc = self._typed.decode(body)
+        except DECODE_FAILED:
+            return None
+        horizon = self._horizon()
+        if doc.sent_at > horizon:
+            return None
+        parts = []
+        for p in doc.participants:
+            if p.ts > horizon:
+                return None
+            parts.append(ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts))
+        node = doc.node
+        keys = self._text_keys.get(node)
+        if keys is None:
+            keys = self._text_keys[node] = {}
+        lookup = keys.get
+        samples: list[tuple[SeriesKey, float, float]] = []
+        append = samples.append
+        for s in doc.samples:
+            ts = s.ts
+            if ts > horizon:
+                return None
+            key = lookup((s.name, bytes(s.labels)))
+            if key is None:
+                key = self._typed_series(node, s)
+                if key is None:
+                    return None
+            append((key, ts, s.value))
+        return ValidBatch(
+            agent_id=doc.agent_id,
+            node=node,
+            seq=doc.seq,
+            sent_at=doc.sent_at,
+            samples=samples,
+            participants=parts,
+            fingerprint=doc.fingerprint,
+        )
+
+    def _typed_series(self, node: str, s: TypedSample) -> SeriesKey | None:
+        """The key of a series the typed path has not seen: its labels text parsed and checked
+        by the exact path's rules (``_new_series``); None when anything fails."""
+        text = bytes(s.labels)
+        sample: dict[str, Any] = {"name": s.name, "value": s.value, "ts": s.ts}
+        if text != NO_LABELS:
+            try:
+                sample["labels"] = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                return None
+        try:
+            key = self._new_series(0, node, sample)
+        except IngestRejected:
+            return None
+        self._text_keys.setdefault(node, {})[(s.name, text)] = key
+        return key
+
+    def _validate_exact(self, body: bytes) -> ValidBatch:
+        """Today's checks in the documented order: raises ``IngestRejected`` naming the first
+        violation, or returns the batch."""
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -379,6 +469,7 @@ class BatchValidator:
         if self._cached_keys > _KEY_CACHE_LIMIT:
             # bounded memory under label churn; refills from the next batches
             self._keys.clear()
+            self._text_keys.clear()
             self._cached_keys = 0
         self._keys.setdefault(node, {})[(name, tuple(labels.items()))] = key
         return key

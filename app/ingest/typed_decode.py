@@ -1,0 +1,160 @@
+"""One-pass decode of an ingest body into typed structs (msgspec): the validator's fast path.
+
+``app.ingest.validation`` owns the rules and their messages. ``TypedDecoder.decode`` parses the
+JSON and, in the same pass and in C, checks every rule that depends neither on the clock nor on
+the series seen before: the types (strict: no bool for a number, no float for an int), the
+numeric bounds, the identifier patterns and lengths, the limits on list and map sizes, no
+unknown field. It raises on anything else (one of ``DECODE_FAILED``), and the validator then runs
+its exact checks on the body to produce the documented message: msgspec's own error text is
+never shown to a client.
+
+A sample's ``labels`` stay raw JSON text (``msgspec.Raw``): they are checked once per series,
+not once per sample (the validator caches the series of each (name, labels text) pair that
+passed its checks, and parses the text with orjson when it first sees it, which also checks its
+UTF-8 and structure: msgspec does not look inside a Raw value).
+
+Every pattern here ends in ``\\Z``, not ``$``: msgspec matches with Python's ``re``, where
+``$`` also matches before a final newline, while the documented rules (pydantic's) refuse
+``"node-1\\n"``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Protocol, cast
+
+import msgspec
+from msgspec import Meta, Raw
+
+from app.core.config import IngestLimits
+
+# The character classes of the patterns in validation.py, anchored at the very end.
+_ID = r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]*\Z"
+_PHASE = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
+_TEXT = r"^[^\x00]*\Z"
+
+# What a refused body raises. UnicodeDecodeError: msgspec checks the UTF-8 of the strings it
+# decodes and raises Python's own error for a bad byte.
+DECODE_FAILED = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+NO_LABELS = b""  # the raw text of a sample sent without "labels"
+
+
+class TypedSample(Protocol):
+    name: str
+    value: float
+    ts: float
+    labels: Raw
+
+
+class TypedParticipant(Protocol):
+    job: str
+    role: str
+    rank: int
+    phase: str
+    step: int
+    ts: float
+
+
+class TypedBatch(Protocol):
+    agent_id: str
+    node: str
+    seq: int
+    sent_at: float
+    samples: list[TypedSample]
+    participants: list[TypedParticipant]
+    fingerprint: dict[str, str] | None
+
+
+def _struct_types(
+    limits: IngestLimits,
+    *,
+    min_timestamp: float,
+    max_timestamp: float,
+    max_abs_value: float,
+    max_seq: int,
+    max_step: int,
+    max_rank: int,
+) -> type[Any]:
+    """The batch struct type for these limits (the constraints are part of the type)."""
+    # Built with defstruct: the constraints come from the limits, so the types are made at run
+    # time. Not gc-tracked: the structs hold only scalars, strings and Raw values (never a
+    # cycle), and a batch creates thousands of them.
+    timestamp = Annotated[float, Meta(ge=min_timestamp, le=max_timestamp)]
+    ident = Annotated[str, Meta(pattern=_ID, min_length=1, max_length=limits.max_id_length)]
+    fp_key = Annotated[str, Meta(pattern=_TEXT, min_length=1, max_length=128)]
+    fp_value = Annotated[str, Meta(pattern=_TEXT, max_length=limits.max_fingerprint_value_length)]
+    options: dict[str, Any] = {"forbid_unknown_fields": True, "gc": False}
+    sample = msgspec.defstruct(
+        "Sample",
+        [
+            ("name", str),
+            ("value", Annotated[float, Meta(ge=-max_abs_value, le=max_abs_value)]),
+            ("ts", timestamp),
+            ("labels", Raw, Raw(NO_LABELS)),
+        ],
+        **options,
+    )
+    participant = msgspec.defstruct(
+        "Participant",
+        [
+            ("job", ident),
+            ("role", Annotated[str, Meta(pattern=_ID, min_length=1, max_length=64)]),
+            ("rank", Annotated[int, Meta(ge=0, le=max_rank)]),
+            ("phase", Annotated[str, Meta(pattern=_PHASE, min_length=1, max_length=64)]),
+            ("step", Annotated[int, Meta(ge=0, le=max_step)]),
+            ("ts", timestamp),
+        ],
+        **options,
+    )
+    return msgspec.defstruct(
+        "Batch",
+        [
+            ("agent_id", ident),
+            ("node", ident),
+            ("seq", Annotated[int, Meta(ge=0, le=max_seq)]),
+            ("sent_at", timestamp),
+            ("samples", Annotated[list[sample], Meta(max_length=limits.max_samples)]),  # type: ignore[valid-type]
+            (
+                "participants",
+                Annotated[list[participant], Meta(max_length=limits.max_participants)],  # type: ignore[valid-type]
+                [],
+            ),
+            (
+                "fingerprint",
+                Annotated[dict[fp_key, fp_value], Meta(max_length=limits.max_fingerprint_keys)]
+                | None,
+                None,
+            ),
+        ],
+        **options,
+    )
+
+
+class TypedDecoder:
+    """Decodes ingest bodies under ``limits`` and the bounds given (validation.py's)."""
+
+    def __init__(
+        self,
+        limits: IngestLimits,
+        *,
+        min_timestamp: float,
+        max_timestamp: float,
+        max_abs_value: float,
+        max_seq: int,
+        max_step: int,
+        max_rank: int,
+    ) -> None:
+        batch = _struct_types(
+            limits,
+            min_timestamp=min_timestamp,
+            max_timestamp=max_timestamp,
+            max_abs_value=max_abs_value,
+            max_seq=max_seq,
+            max_step=max_step,
+            max_rank=max_rank,
+        )
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(batch)
+
+    def decode(self, body: bytes) -> TypedBatch:
+        """The typed batch; raises one of ``DECODE_FAILED`` for anything it does not accept."""
+        return cast(TypedBatch, self._decoder.decode(body))
