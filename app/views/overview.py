@@ -6,21 +6,21 @@ filter form and empty panels that fetch their partials lazily."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
-from app.goodput.dashboard import cluster_tiles
 from app.guardrails.automation import switches_by_job
 from app.incidents import queries as incident_queries
-from app.models import utcnow
 from app.models.incident_public import IncidentPublic
 from app.policy.signals import Tier
 from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
 from app.views.fleet import FiltersDep, GridPageParam, PageParam, is_fleet, shell_data
 from app.views.guardrails import breakers_data
+from app.views.models.ettr_tiles import cluster_tiles_shared
 from app.views.models.fleet import FleetFilters, paginate
 from app.views.models.incidents import (
     open_incident_counts,
@@ -72,7 +72,9 @@ GOODPUT_POLL_SECONDS = 60
 
 def _goodput(rt: Runtime, session: Any) -> dict[str, Any]:
     return {
-        "cluster_ettr": cluster_tiles(session, now=utcnow(), settings=rt.settings),
+        "cluster_ettr": cluster_tiles_shared(
+            rt.caches, session, settings=rt.settings, now=time.time()
+        ),
         "goodput_poll_seconds": GOODPUT_POLL_SECONDS,
     }
 

@@ -325,15 +325,25 @@ class StatesMemo:
 
 
 @dataclass(slots=True)
+class TimedMemo:
+    """One value and when it was made (``app/views/models/ettr_tiles.py``)."""
+
+    key: int = 0
+    built_at: float = -math.inf
+    value: Any = None
+
+
+@dataclass(slots=True)
 class DashboardCaches:
     """What the overview keeps between renders, one per app (``app.state.dashboard_caches``):
-    the index of GPU series, last minute's sparklines, the live tail and the fleet view's
-    last judgement of every node. ``lock`` guards them."""
+    the index of GPU series, last minute's sparklines, the live tail, the fleet view's last
+    judgement of every node and the cluster ETTR tiles. ``lock`` guards them."""
 
     key_index: _KeyIndex = field(default_factory=_KeyIndex)
     sparks: _SparkCache = field(default_factory=_SparkCache)
     tail: _LiveTail = field(default_factory=_LiveTail)
     states: StatesMemo = field(default_factory=StatesMemo)
+    ettr: TimedMemo = field(default_factory=TimedMemo)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def expire_states(self) -> None:

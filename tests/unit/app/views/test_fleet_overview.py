@@ -300,3 +300,23 @@ def test_one_judgement_of_the_fleet_is_shared_then_judged_again_in_the_backgroun
         s.commit()
         late = fleet.shared_node_states(judge, s, now=t0 + fleet.STATES_STALE_SECONDS + 60)
         assert late.nodes_total == 11
+
+
+def test_cluster_ettr_tiles_are_shared_for_30_seconds(dash: DashboardApp) -> None:
+    from app.views.models.ettr_tiles import ETTR_TILES_MAX_AGE_SECONDS, cluster_tiles_shared
+    from app.views.models.overview import DashboardCaches
+
+    caches = DashboardCaches()
+    now = time.time()
+    with dash.session() as s:
+        s.add(Job(name="grpo-a", last_seen_at=from_epoch(now)))
+        s.commit()
+        first = cluster_tiles_shared(caches, s, settings=dash.settings, now=now)
+        assert [t.jobs for t in first] == [1, 1]
+        s.add(Job(name="grpo-b", last_seen_at=from_epoch(now)))
+        s.commit()
+        assert cluster_tiles_shared(caches, s, settings=dash.settings, now=now + 29) is first
+        later = now + ETTR_TILES_MAX_AGE_SECONDS
+        assert [
+            t.jobs for t in cluster_tiles_shared(caches, s, settings=dash.settings, now=later)
+        ] == [2, 2]
