@@ -207,6 +207,11 @@ def test_state_filter_narrows_the_grid(fleet: Fleet, page: object) -> None:
     page.select_option("#f-state", "idle")  # type: ignore[attr-defined]
     expect(page.locator("[data-testid=fleet-grid] a.hm")).to_have_count(2, timeout=WAIT_MS)  # type: ignore[attr-defined]
     assert _grid_nodes(page) == list(SILENT)
+    # The form came back with the page: its values and a way back to the whole fleet.
+    assert page.input_value("#f-state") == "idle"  # type: ignore[attr-defined]
+    with page.expect_navigation():  # type: ignore[attr-defined]
+        page.click("[data-testid=fleet-clear]")  # type: ignore[attr-defined]
+    expect(page.locator("[data-testid=fleet-grid] a.hm")).to_have_count(250, timeout=WAIT_MS)  # type: ignore[attr-defined]
     assert page.js_errors == []  # type: ignore[attr-defined]
 
 
