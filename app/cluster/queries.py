@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from datetime import datetime
 
-from sqlmodel import Session, select
+from sqlmodel import Session, func, select
 
 from app.core.errors import InvalidInput, NotFound
 from app.ingest.series_store import SeriesStore
@@ -202,3 +202,18 @@ def list_audit(session: Session, *, limit: int = 100) -> list[AuditEventPublic]:
         select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)  # type: ignore[union-attr]
     ).all()
     return [audit_public(e) for e in rows]
+
+
+def node_count(session: Session) -> int:
+    """How many nodes are registered (the Overview picks its layout by it)."""
+    return int(session.exec(select(func.count()).select_from(Node)).one())
+
+
+def job_names(session: Session) -> list[str]:
+    return list(session.exec(select(Job.name).order_by(Job.name)).all())
+
+
+def job_node_names(session: Session, job: str) -> set[str]:
+    """The nodes a job has participants on (empty for a job nobody knows)."""
+    rows = session.exec(select(Participant.node_name).where(Participant.job_name == job)).all()
+    return {node for node in rows if node}

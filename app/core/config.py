@@ -213,6 +213,15 @@ class AutomationSettings(BaseModel):
     dry_run: bool = False
 
 
+class DashboardSettings(BaseModel):
+    """The dashboard (``RLGUARD_DASHBOARD__*``; docs/deploy.md)."""
+
+    # Above this many nodes the Overview shows the fleet view (a GPU heat map, filters, pages,
+    # parts loaded lazily) instead of one card with sparklines per node: 64 cards are about
+    # 150 KiB of HTML and a few dozen ms; 1,000 cards were 2 MiB and 0.4 s (benchmarks/dashboard.py).
+    fleet_view_above_nodes: Annotated[int, Field(ge=0)] = 64
+
+
 class ServerLimits(BaseModel):
     """How the HTTP server treats slow and numerous clients (``RLGUARD_SERVER__*``; see
     app/core/http_server.py and docs/deploy.md)."""
@@ -302,6 +311,7 @@ class Settings(BaseSettings):
     goodput: GoodputSettings = GoodputSettings()
     automation: AutomationSettings = AutomationSettings()
     silences: SilenceSettings = SilenceSettings()
+    dashboard: DashboardSettings = DashboardSettings()
     # Their own prefixes (RLGUARD_RECOVERY_*, RLGUARD_ALERTS_*), kept from before they joined
     # this tree: each reads its variables itself.
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)

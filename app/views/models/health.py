@@ -88,16 +88,18 @@ class GpuNow:
     # Set by ``judge()`` once every value is in (gpus_from_latest, overview.live_gpus).
     level: str = "idle"
     reasons: list[str] = field(default_factory=list)
-    # The grid's tooltip, built here once: the overview draws a thousand of these per render,
-    # and three filters per dot in the template cost more than the string itself.
-    title: str = ""
 
     def judge(self) -> None:
         self.level, self.reasons = gpu_level(self)
+
+    @property
+    def title(self) -> str:
+        """The grid's tooltip. Made when a template asks, not in ``judge``: the fleet view
+        judges every GPU of 1,000 nodes per render but draws the cells of one page of them."""
         util = "–" if self.util is None else f"{self.util * 100:.0f}%"
         temp = "–" if self.temp is None else f"{self.temp:.0f} °C"
         title = f"GPU {self.index}: {util} util, {temp}"
-        self.title = f"{title} — {', '.join(self.reasons)}" if self.reasons else title
+        return f"{title} — {', '.join(self.reasons)}" if self.reasons else title
 
     def absorb(self, name: str, value: float) -> None:
         if name == GPU_UTIL:

@@ -9,6 +9,7 @@ change once a minute, and travel to the browser as one JSON document with a shar
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -314,14 +315,42 @@ class _LiveTail:
 
 
 @dataclass(slots=True)
+class StatesMemo:
+    """The fleet view's last judgement of every node (``app/views/models/fleet.py``)."""
+
+    key: tuple[int, int] = (0, 0)  # the store and the engine it was judged from
+    built_at: float = -math.inf
+    value: NodeStates | None = None
+    refreshing: bool = False
+
+
+@dataclass(slots=True)
+class TimedMemo:
+    """One value and when it was made (``app/views/models/ettr_tiles.py``)."""
+
+    key: int = 0
+    built_at: float = -math.inf
+    value: Any = None
+
+
+@dataclass(slots=True)
 class DashboardCaches:
     """What the overview keeps between renders, one per app (``app.state.dashboard_caches``):
-    the index of GPU series, last minute's sparklines and the live tail. ``lock`` guards them."""
+    the index of GPU series, last minute's sparklines, the live tail, the fleet view's last
+    judgement of every node and the cluster ETTR tiles. ``lock`` guards them."""
 
     key_index: _KeyIndex = field(default_factory=_KeyIndex)
     sparks: _SparkCache = field(default_factory=_SparkCache)
     tail: _LiveTail = field(default_factory=_LiveTail)
+    states: StatesMemo = field(default_factory=StatesMemo)
+    ettr: TimedMemo = field(default_factory=TimedMemo)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def expire_states(self) -> None:
+        """The next fleet partial judges every node itself (benchmarks/dashboard.py times the
+        cold heat map that way: a request that finds no recent judgement)."""
+        with self.lock:
+            self.states = StatesMemo()
 
 
 def record_tail(
@@ -381,7 +410,23 @@ def _silence_reasons(liveness: str, age: float | None) -> list[str]:
     return []
 
 
-def overview_health(
+@dataclass(slots=True)
+class NodeStates:
+    """Every node judged now, without sparklines: what both Overview layouts start from."""
+
+    cards: list[NodeCard]
+    current: dict[str, NodeNow]  # per node: mean util, hottest GPU, memory used
+    counts: dict[str, int]  # nodes per level
+    gpus_total: int = 0
+    gpus_bad: int = 0
+    gpus_warn: int = 0
+
+    @property
+    def nodes_total(self) -> int:
+        return len(self.cards)
+
+
+def node_states(
     *,
     caches: DashboardCaches,
     session: Session,
@@ -390,19 +435,15 @@ def overview_health(
     suspect_after: float,
     confirm_after: float,
     incident_tiers_by_node: dict[str, list[str]] | None = None,
-) -> OverviewHealth:
-    """Every node with its GPUs' live state and 30-minute sparklines."""
+) -> NodeStates:
+    """Every node (registered or only streaming) with its GPUs' live state, sorted by name."""
     live = live_gpus(caches, store, now=now)
-    sparks = rollup_sparks_cached(caches, session, now=now)
     tiers_by_node = incident_tiers_by_node or {}
     # Two columns, not the ORM rows: building a few hundred Node objects (fingerprint JSON and
     # all) per render was a visible share of the page.
     nodes = session.exec(select(Node.name, Node.last_seen_at).order_by(Node.name)).all()
     known = {name for name, _ in nodes}
-    cards: list[NodeCard] = []
-    current: dict[str, NodeNow] = {}
-    counts = {"ok": 0, "warn": 0, "bad": 0, "idle": 0}
-    gpus_total = gpus_bad = gpus_warn = 0
+    states = NodeStates(cards=[], current={}, counts={"ok": 0, "warn": 0, "bad": 0, "idle": 0})
     # Nodes that stream samples but were never registered still deserve a card.
     names = sorted(known | set(live))
     last_seen = dict(nodes)
@@ -416,12 +457,13 @@ def overview_health(
         for gpu in gpus:
             level = gpu.level
             gpu_levels.append(level)
-            gpus_total += 1
+            states.gpus_total += 1
             if level == "bad":
-                gpus_bad += 1
+                states.gpus_bad += 1
                 reasons.append(f"GPU {gpu.index}: " + ", ".join(gpu.reasons))
             elif level == "warn":
-                gpus_warn += 1
+                states.gpus_warn += 1
+                reasons.append(f"GPU {gpu.index}: " + ", ".join(gpu.reasons))
         tiers = tiers_by_node.get(name, [])
         tier_levels = ["bad" if t in ("medium", "heavy") else "warn" for t in tiers]
         if tiers:
@@ -432,12 +474,10 @@ def overview_health(
             if liveness in ("bad", "idle")
             else worst([liveness, *gpu_levels, *tier_levels])
         )
-        if level == "idle" and not gpus:
-            level = "idle"
-        counts[level] += 1
+        states.counts[level] += 1
         util, temp, mem = node_aggregates(gpus)
-        current[name] = (util, temp, mem)
-        cards.append(
+        states.current[name] = (util, temp, mem)
+        states.cards.append(
             NodeCard(
                 name=name,
                 level=level,
@@ -450,15 +490,38 @@ def overview_health(
                 incident_tiers=tiers,
             )
         )
+    return states
+
+
+def overview_health(
+    *,
+    caches: DashboardCaches,
+    session: Session,
+    store: SeriesStore,
+    now: float,
+    suspect_after: float,
+    confirm_after: float,
+    incident_tiers_by_node: dict[str, list[str]] | None = None,
+) -> OverviewHealth:
+    """Every node with its GPUs' live state and 30-minute sparklines (the node cards)."""
+    states = node_states(
+        caches=caches,
+        session=session,
+        store=store,
+        now=now,
+        suspect_after=suspect_after,
+        confirm_after=confirm_after,
+        incident_tiers_by_node=incident_tiers_by_node,
+    )
+    sparks = rollup_sparks_cached(caches, session, now=now)
+    tail = record_tail(caches, store, now, states.current)
     return OverviewHealth(
-        nodes=cards,
-        counts=counts,
-        gpus_total=gpus_total,
-        gpus_bad=gpus_bad,
-        gpus_warn=gpus_warn,
-        sparklines=sparkline_blob(
-            sparks, record_tail(caches, store, now, current), current, now=now
-        ),
+        nodes=states.cards,
+        counts=states.counts,
+        gpus_total=states.gpus_total,
+        gpus_bad=states.gpus_bad,
+        gpus_warn=states.gpus_warn,
+        sparklines=sparkline_blob(sparks, tail, states.current, now=now),
     )
 
 
