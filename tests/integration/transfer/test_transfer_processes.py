@@ -195,7 +195,11 @@ def test_hung_relay_times_out_and_the_pull_completes_elsewhere(cluster: Cluster,
         thread.join(30)
         assert_exact(recv, 1)
         report = result["report"]
-        assert report.dead_sources == [relay.address]  # type: ignore[attr-defined]
+        # The relay is found dead first. On a loaded machine a 0.5 s step against the publisher
+        # can time out too; it is then reported dead, and handed out again once it renews.
+        assert report.dead_sources[0] == relay.address  # type: ignore[attr-defined]
+        assert set(report.dead_sources) <= {relay.address, publisher.address}  # type: ignore[attr-defined]
+        assert report.chunks_by_source[publisher.address] > 0  # type: ignore[attr-defined]
         assert time.monotonic() - stopped < 10
     finally:
         thread.join(30)
