@@ -371,7 +371,7 @@ def part_throughput(transport: str, args: argparse.Namespace) -> None:
     registry = RegistryServer(InMemoryRegistry())
     client = RegistryClient(registry.address)
     recv = WeightReceiver(NAME, set_specs(nbytes), transport=make_transport(transport), registry=client,
-                          timeout=60, poll_interval=0.005)
+                          timeout=60, poll_interval=0.005, verify_threads=args.verify_threads)
     raw: RawTcp | RawShm | RawUcx | None = None
     raw_s: list[float] = []
     data_s: list[float] = []
@@ -568,6 +568,8 @@ def main() -> None:
     parser.add_argument("--parts", default="tcp,shm,ucx,fanout,rebuild")
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--chunk-mib", type=int, default=4)
+    parser.add_argument("--verify-threads", type=int, default=None,
+                        help="the receiver's verifier threads (default: the transport's; 0 = inline)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--fanout-mib", type=int, default=24)
     parser.add_argument("--fanout-chunk-kib", type=int, default=512)

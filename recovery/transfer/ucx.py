@@ -2,7 +2,9 @@
 
 ucxx is asyncio-based; the rest of the library is synchronous threads. The transport therefore
 runs one event loop in a daemon thread, submits every send/receive to it, and waits on the result
-with the caller's timeout (cancelling the operation and aborting the endpoint when it runs out).
+with the caller's timeout. When it runs out the endpoint is aborted, which cancels the UCX
+request; the coroutine is never cancelled from outside, since ucxx then frees buffers UCX may
+still write into (a connect's handshake is left to finish and its endpoint aborted late).
 Each protocol message is one ucxx tag message of exactly the size the receiver posts, which the
 framing in :mod:`recovery.transfer.wire` guarantees.
 
