@@ -3,6 +3,12 @@
 A version counts as published (committed) only when at least ``min_replicas`` receivers hold a
 complete, verified copy. Until then the publisher renews a short lease; if it dies, the lease
 lapses, the registry aborts the version and every receiver discards its partial copy.
+
+After the commit the publisher goes on renewing, less often, for as long as it serves the
+version: a renewal is its proof of life, which lifts a receiver's report that it is dead. A
+receiver that waited one step too long on a live but loaded publisher reports it dead; without
+renewals after the commit nothing would ever lift that report, and once the relays are gone the
+version could not be fetched from anywhere although its publisher still serves it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from recovery.transfer.errors import (
     TransferConfigError,
     TransferError,
     TransferTimeout,
+    UnknownVersionError,
     VersionDiscardedError,
 )
 from recovery.transfer.manifest import (
@@ -101,11 +108,12 @@ class WeightPublisher:
         self.store.add(served)
         publication = Publication(self.name, version, digest)
         threading.Thread(
-            target=self._drive, args=(publication, min_replicas), name=f"publish-{self.name}-v{version}", daemon=True
+            target=self._drive, args=(publication, served, min_replicas), name=f"publish-{self.name}-v{version}",
+            daemon=True,
         ).start()
         return publication
 
-    def _drive(self, publication: Publication, min_replicas: int) -> None:
+    def _drive(self, publication: Publication, served: ServedVersion, min_replicas: int) -> None:
         # Renew often enough that two missed renewals still leave the lease alive.
         period = min(self.lease_s / 3, self.poll_interval)
         try:
@@ -115,17 +123,31 @@ class WeightPublisher:
                     self.registry.commit(name=self.name, version=publication.version)
                     publication.state = COMMITTED
                     log.info("committed", extra={"weight_set": self.name, "version": publication.version})
-                    return
-            publication.state, publication.error = "aborted", "publisher closed before commit"
+                    break
+            else:
+                publication.state, publication.error = "aborted", "publisher closed before commit"
+                return
         except TransferError as exc:
             publication.state, publication.error = "aborted", str(exc)
             log.warning("publication aborted", extra={"weight_set": self.name, "error": str(exc)})
             # The registry may be the thing that failed: only local resources are released here.
-            served = self.store.remove(self.name, publication.version)
-            if served is not None:
-                served.buffers.release()
+            served_now = self.store.remove(self.name, publication.version)
+            if served_now is not None:
+                served_now.buffers.release()
+            return
         finally:
             publication._done.set()
+        self._keep_alive(publication.version, served)
+
+    def _keep_alive(self, version: int, served: ServedVersion) -> None:
+        """Renew the committed ``version`` while this publisher serves it (see the module doc)."""
+        while not self._closed.wait(self.lease_s / 3) and self.store.get(self.name, version) is served:
+            try:
+                self.registry.renew(name=self.name, version=version, lease_s=self.lease_s)
+            except UnknownVersionError:
+                return  # the registry dropped the version (it keeps only the newest few)
+            except TransferError as exc:  # the registry is unreachable: it is asked again next time
+                log.warning("renewal of a committed version failed", extra={"version": version, "error": str(exc)})
 
     def retire(self, version: int) -> None:
         """Stop serving ``version`` and free its buffers."""

@@ -52,7 +52,11 @@ class SourceRegistry(Protocol):
         ...
 
     def renew(self, *, name: str, version: int, lease_s: float) -> VersionInfo:
-        """Extend the publisher's lease; raises VersionDiscardedError once aborted."""
+        """Extend the publisher's lease; raises VersionDiscardedError once aborted.
+
+        Also the publisher's proof of life, before and after the commit: it lifts a receiver's
+        report that the publisher is dead.
+        """
         ...
 
     def commit(self, *, name: str, version: int) -> None:

@@ -2,7 +2,9 @@
 
 ucxx is asyncio-based; the rest of the library is synchronous threads. The transport therefore
 runs one event loop in a daemon thread, submits every send/receive to it, and waits on the result
-with the caller's timeout (cancelling the operation and aborting the endpoint when it runs out).
+with the caller's timeout. When it runs out the endpoint is aborted, which cancels the UCX
+request; the coroutine is never cancelled from outside, since ucxx then frees buffers UCX may
+still write into (a connect's handshake is left to finish and its endpoint aborted late).
 Each protocol message is one ucxx tag message of exactly the size the receiver posts, which the
 framing in :mod:`recovery.transfer.wire` guarantees.
 
@@ -87,7 +89,9 @@ class UcxChannel:
         try:
             future.result(timeout=timeout)
         except concurrent.futures.TimeoutError as exc:
-            future.cancel()
+            # Not future.cancel(): aborting the endpoint cancels the UCX request itself, which
+            # ends the coroutine; cancelling the coroutine instead would drop ucxx's request
+            # object while UCX may still complete it (see UcxTransport.connect).
             self.close()
             raise TransferTimeout(self.peer, f"{what} made no progress for {timeout}s") from exc
         except self._errors as exc:
@@ -157,14 +161,27 @@ class UcxTransport(Transport):
         ucxx = self._ucxx
 
         async def create() -> Any:
-            return await ucxx.create_endpoint(host, port)
+            # No connect_timeout: ucxx's own timeout abandons the handshake just like a cancel
+            # would (see below); ours is the wait on the future.
+            return await ucxx.create_endpoint(host, port, connect_timeout=None)
 
         future = asyncio.run_coroutine_threadsafe(create(), self._loop)
         try:
             endpoint = future.result(timeout=timeout)
         except concurrent.futures.TimeoutError as exc:
-            future.cancel()
+            # Never cancel a handshake in flight: ucxx frees the buffer its posted stream_recv
+            # writes the peer's reply into, UCX writes it anyway once the peer answers, and the
+            # heap is corrupt (SIGSEGV in unrelated code a moment later; reproduced by connecting
+            # to a SIGSTOPped peer a few times, then SIGCONT). The handshake ends when the peer
+            # answers (the endpoint is then aborted) or dies (UCX reports an error).
+            future.add_done_callback(_abort_late_endpoint)
             raise TransferTimeout(address, f"ucx connect took longer than {timeout}s") from exc
         except _ucx_error() as exc:
             raise PeerDeadError(address, f"ucx connect failed: {exc}") from exc
         return UcxChannel(endpoint, self._loop, address, ucxx)
+
+
+def _abort_late_endpoint(future: concurrent.futures.Future[Any]) -> None:
+    """Done-callback (on the loop thread) of a connect whose caller timed out."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().abort(ABORT_PERIOD_NS)

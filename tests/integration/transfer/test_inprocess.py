@@ -13,6 +13,7 @@ from recovery.transfer import (
     InMemoryRegistry,
     ManifestMismatchError,
     NonContiguousTensorError,
+    NoSourceError,
     RegistryClient,
     RegistryServer,
     TensorSpec,
@@ -27,6 +28,7 @@ from recovery.transfer.errors import ProtocolError
 from recovery.transfer.registry import COMMITTED
 from recovery.transfer.tcp import TcpTransport
 from recovery.transfer.wire import recv_message, send_message
+from tests.harness import wait_for
 from tests.integration.transfer.weights import NAME, make_weights, same_bits, specs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -96,6 +98,47 @@ def test_pipelined_fan_out_and_second_version_alternate_slots() -> None:
     finally:
         for r in receivers:
             r.close()
+        publisher.close()
+
+
+def test_a_committed_publisher_reported_dead_is_handed_out_again_while_it_serves() -> None:
+    """A receiver that timed out on a loaded publisher reports it dead; its renewals undo that.
+
+    Without renewals after the commit the report stood for good: with no relay left the version
+    could not be fetched although its publisher still served it (the clean-clone flake of
+    test_hung_relay_times_out_and_the_pull_completes_elsewhere[ucx]).
+    """
+    registry = InMemoryRegistry()
+    transport = make_transport("tcp")
+    publisher = WeightPublisher(NAME, transport=transport, registry=registry, lease_s=0.3)
+    receiver = WeightReceiver(NAME, specs(), transport=transport, registry=registry)
+    try:
+        publication = publisher.publish(1, make_weights(0, 1))
+        try:
+            receiver.pull(1, timeout=30)
+            publication.wait_committed(timeout=5)
+        finally:
+            receiver.close()  # the only relay is gone
+        registry.withdraw(name=NAME, version=1, address=receiver.address)
+        registry.report_dead(name=NAME, version=1, address=publisher.address)
+
+        def publisher_assigned() -> bool:
+            try:
+                source = registry.assign_source(name=NAME, version=1, receiver="R:9", exclude=(), relays=True)
+            except NoSourceError:
+                return False
+            registry.release_source(name=NAME, version=1, receiver="R:9")
+            return source == publisher.address
+
+        wait_for(publisher_assigned, 10, "the publisher to be handed out again")
+        # Retired, it stops renewing (its publish thread ends), and a report of its death stands.
+        publisher.retire(1)
+        wait_for(lambda: not any(t.name == f"publish-{NAME}-v1" for t in threading.enumerate()), 10,
+                 "the renewals of the retired version to stop")
+        registry.announce(name=NAME, version=1, address=publisher.address, complete=True)
+        registry.report_dead(name=NAME, version=1, address=publisher.address)
+        assert not publisher_assigned()
+    finally:
         publisher.close()
 
 
