@@ -34,7 +34,8 @@ class CertainFaultWatch:
 
     ``exited_phases``: participant phases that mean the process is gone (the policy's
     ``detection.heartbeat.exited_phases``). ``fault_gauges``: 0/1 gauges whose rise to 1 is a
-    fault by itself (``gpu_lost``). Used from the event loop only (no lock).
+    fault by itself (``gpu_lost``). ``seen_in`` runs on ingest's event loop only (no lock);
+    ``durable`` also on the shared window's follower thread (another replica's fault).
     """
 
     __slots__ = ("_exited", "_gauges", "_notify", "_raised")

@@ -156,6 +156,8 @@ class IngestService:
         """Tell ``watch`` about every committed batch that carries a certain fault (the policy
         scheduler's event path, registered by ``app.scheduler``); None stops it."""
         self._certain = watch
+        # Another replica's certain fault, once this replica's store has it (shared window).
+        self.backend.on_certain(watch.durable if watch is not None else None)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -450,7 +452,7 @@ class IngestService:
             for b in batches:
                 samples.extend(b.samples)
                 shared.extend(b.shared)
-        self.backend.publish(samples, shared)
+        self.backend.publish(samples, shared, certain=any(b.certain for b in batches))
 
     def _resolve(self, committed: list[QueuedBatch], rejected: list[Rejection]) -> None:
         """Answer the requests of ``committed`` and ``rejected`` batches (together a prefix of
