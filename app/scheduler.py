@@ -10,7 +10,7 @@ service's participant table and the node table, runs :class:`PolicyEngine`, writ
 decisions in one transaction and then wakes the dispatcher, so that an action or an alert
 delivery reaches the broker right after its outbox row committed.
 
-Event path (docs/policy.md, "When the policy acts"): once ingest has committed a batch that
+Event path (docs/architecture.md, "One sample", step 4): once ingest has committed a batch that
 carries a fault needing no window (``app.ingest.certain``), it calls :meth:`PolicyScheduler.nudge`
 and the event thread runs the tick itself at once, on the lease holder, under the tick's lock:
 the same decision path and keys, so the early tick and the interval tick never both plan a fault.
