@@ -163,11 +163,17 @@ class Stack:
         self.procs: list[subprocess.Popen[bytes]] = []
         policy = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
         policy["tick_seconds"] = tick
+        # Every trial is an automatic action: the circuit breakers (60 a cluster in 10 min) would
+        # stop automation part-way through a run, and the baseline's plans with it.
+        for breaker in ("job_breaker", "cluster_breaker"):
+            policy["guardrails"][breaker]["max_actions"] = 100_000
         (self.dir / "policy.yaml").write_text(yaml.safe_dump(policy))
         self.port = _free_port()
         env = {**os.environ, "RLGUARD_DEV": "1", "RLGUARD_DATA_DIR": str(self.dir / "data"),
                "RLGUARD_RECOVERY_POLICY_FILE": str(self.dir / "policy.yaml"),
-               "RLGUARD_RECOVERY_RUN_ROOT": str(self.dir / "runs"), "PYTHONPATH": str(ROOT)}
+               "RLGUARD_RECOVERY_RUN_ROOT": str(self.dir / "runs"), "PYTHONPATH": str(ROOT),
+               # restart_role succeeds at once (a failed one is retried, a second action per trial)
+               "RLGUARD_RECOVERY_LAUNCHER": shutil.which("true") or "/bin/true"}
         env.pop("RLGUARD_REDIS_URL", None)
         self.admin_db: str | None = None
         if mode == "redis":
