@@ -46,6 +46,7 @@ from sqlmodel import Session, col, select
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
+from app.core.wakeup import WakeThread
 from app.incidents.approvals import expire_approvals
 from app.incidents.mute_ended import resume_unmuted
 from app.incidents.persist import persist_decisions
@@ -197,10 +198,9 @@ class PolicyScheduler:
         self._scheduler: BackgroundScheduler | None = None
         # The event path (``nudge``): a thread of its own, so an early tick never waits for a
         # free slot in the interval jobs' pool.
-        self._nudged = threading.Event()
-        self._stopping = threading.Event()
-        self._event_thread: threading.Thread | None = None
+        self._event_path = WakeThread(self._event_tick, name="rlguard-policy-event")
         self.event_ticks = 0  # early ticks run for a certain fault (tests and logs read it)
+        self._dispatch_again = threading.Event()
         self.last_tick: TickResult | None = None
         self.last_tick_seconds = 0.0
 
@@ -327,45 +327,35 @@ class PolicyScheduler:
 
     def nudge(self) -> None:
         """A batch carrying a certain fault is durable: tick now, not at the next interval.
-        Called by ingest on its event loop: it must not block, so it only sets an event."""
-        self._nudged.set()
+        Called by ingest on its event loop: it must not block, so it only wakes the event
+        thread (a nudge during an early tick is one more tick after it, never a lost one)."""
+        self._event_path.wake()
 
-    def _run_nudged(self) -> None:
-        while True:
-            self._nudged.wait()
-            if self._stopping.is_set():
-                return
-            # Cleared before the tick: a nudge arriving while it runs is another tick after it
-            # (its batch may have come after this tick read the world), never a lost one.
-            self._nudged.clear()
-            if not self.is_leader():
-                continue  # only the lease holder decides; another replica's tick will see it
-            self._safe(self.tick)()
-            self.event_ticks += 1
-
-    def _start_event_path(self) -> None:
-        self._stopping.clear()
-        self._event_thread = threading.Thread(target=self._run_nudged, daemon=True)
-        self._event_thread.start()
-
-    def _stop_event_path(self) -> None:
-        self._stopping.set()
-        self._nudged.set()
-        if self._event_thread is not None:
-            self._event_thread.join(timeout=30)
-            self._event_thread = None
+    def _event_tick(self) -> None:
+        if not self.is_leader():
+            return  # only the lease holder decides; another replica's tick will see it
+        self._safe(self.tick)()
+        self.event_ticks += 1
 
     # -- other jobs -------------------------------------------------------------------------
 
     def dispatch(self) -> None:
         if self.dispatcher is None or not self.is_leader():
             return
-        try:
-            self.dispatcher.dispatch_due()
-        except SQLAlchemyError as exc:
-            log.warning("outbox dispatch skipped: %s", exc)
+        # A wake-up during a pass (APScheduler skips the woken run: one instance at a time) is
+        # one more pass right after it, not a row left for the next interval (2 s).
+        while True:
+            self._dispatch_again.clear()
+            try:
+                self.dispatcher.dispatch_due()
+            except SQLAlchemyError as exc:
+                log.warning("outbox dispatch skipped: %s", exc)
+                return
+            if not self._dispatch_again.is_set():
+                return
 
     def wake_dispatcher(self) -> None:
+        self._dispatch_again.set()
         sched = self._scheduler
         if sched is not None and sched.running:
             job = sched.get_job("dispatch")
@@ -487,11 +477,11 @@ class PolicyScheduler:
         sched.add_job(self._safe(self.alert_maintenance), "interval", seconds=5, id="alerts")
         sched.start()
         self._scheduler = sched
-        self._start_event_path()
+        self._event_path.start()
         log.info("policy scheduler started", extra={"holder": self.holder})
 
     def stop(self) -> None:
-        self._stop_event_path()
+        self._event_path.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None

@@ -168,6 +168,9 @@ class Stack:
         for breaker in ("job_breaker", "cluster_breaker"):
             policy["guardrails"][breaker]["max_actions"] = 100_000
         (self.dir / "policy.yaml").write_text(yaml.safe_dump(policy))
+        from app.policy.policy_file import load_policy
+
+        self.policy = load_policy(self.dir / "policy.yaml")  # the server's, for the baseline's plans
         self.port = _free_port()
         env = {**os.environ, "RLGUARD_DEV": "1", "RLGUARD_DATA_DIR": str(self.dir / "data"),
                "RLGUARD_RECOVERY_POLICY_FILE": str(self.dir / "policy.yaml"),
@@ -291,7 +294,7 @@ class Stack:
         act = PlannedAction(ActionName.SKIP_FAILED_STEP, job, "n0", False, {"step": 5})
         with Session(self.engine) as s:
             out = persist_decisions(s, decisions=[IncidentDecision(DecisionType.OPEN, sig.incident_key,
-                                    sig.kind, subj, Tier.LIGHT, 0.0, sig, (act,))], policy=default_policy())
+                                    sig.kind, subj, Tier.LIGHT, 0.0, sig, (act,))], policy=self.policy)
             [aid] = out.new_actions
             mark_dispatched(s, action_id=aid)  # keep the server's dispatcher off this row
             s.commit()
