@@ -10,6 +10,11 @@ service's participant table and the node table, runs :class:`PolicyEngine`, writ
 decisions in one transaction and then wakes the dispatcher, so that an action or an alert
 delivery reaches the broker right after its outbox row committed.
 
+Event path (docs/architecture.md, "One sample", step 4): once ingest has committed a batch that
+carries a fault needing no window (``app.ingest.certain``), it calls :meth:`PolicyScheduler.nudge`
+and the event thread runs the tick itself at once, on the lease holder, under the tick's lock:
+the same decision path and keys, so the early tick and the interval tick never both plan a fault.
+
 The per-minute rollups (``app.ingest.rollups``) are one of these jobs: only the holder writes
 them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
 takes the lease over first reads what the previous holder wrote (``RollupWriter.take_over``) so
@@ -41,6 +46,7 @@ from sqlmodel import Session, col, select
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
+from app.core.wakeup import WakeThread
 from app.incidents.approvals import expire_approvals
 from app.incidents.mute_ended import resume_unmuted
 from app.incidents.persist import persist_decisions
@@ -49,12 +55,14 @@ from app.incidents.queries import (
     open_incidents_for_engine,
     open_incidents_whose_plan_succeeded,
 )
+from app.ingest.certain import CertainFaultWatch
 from app.ingest.rollups import LeaseLost, RollupWriter
 from app.ingest.series_store import SeriesStore
 from app.models._types import utcnow
 from app.models.action import SchedulerLease
 from app.models.cluster import Node
 from app.models.incident import Incident, IncidentStatus
+from app.policy import metric_names as m
 from app.policy.clock import Clock, WallClock
 from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_detectors
 from app.policy.engine import PolicyEngine, TickResult
@@ -65,6 +73,10 @@ from app.silences.windows import maintenance_at
 log = logging.getLogger("rlguard.scheduler")
 
 LEASE_NAME = "policy-scheduler"
+
+# 0/1 gauges whose rise to 1 is a fault with no window to wait for (the event path); exits and
+# Ray deaths come as participant phases (the policy's ``detection.heartbeat.exited_phases``).
+CERTAIN_FAULT_GAUGES = (m.GPU_LOST,)
 
 
 def try_lease(engine: Engine, *, holder: str, ttl: float, name: str = LEASE_NAME) -> bool:
@@ -184,6 +196,11 @@ class PolicyScheduler:
         self._needs_restore = True
         self._lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
+        # The event path (``nudge``): a thread of its own, so an early tick never waits for a
+        # free slot in the interval jobs' pool.
+        self._event_path = WakeThread(self._event_tick, name="rlguard-policy-event")
+        self.event_ticks = 0  # early ticks run for a certain fault (tests and logs read it)
+        self._dispatch_again = threading.Event()
         self.last_tick: TickResult | None = None
         self.last_tick_seconds = 0.0
 
@@ -306,17 +323,39 @@ class PolicyScheduler:
         for key in failures:
             self.policy_engine.set_plan_succeeded(key, key in succeeded)
 
+    # -- the event path -------------------------------------------------------------------
+
+    def nudge(self) -> None:
+        """A batch carrying a certain fault is durable: tick now, not at the next interval.
+        Called by ingest on its event loop: it must not block, so it only wakes the event
+        thread (a nudge during an early tick is one more tick after it, never a lost one)."""
+        self._event_path.wake()
+
+    def _event_tick(self) -> None:
+        if not self.is_leader():
+            return  # only the lease holder decides; another replica's tick will see it
+        self._safe(self.tick)()
+        self.event_ticks += 1
+
     # -- other jobs -------------------------------------------------------------------------
 
     def dispatch(self) -> None:
         if self.dispatcher is None or not self.is_leader():
             return
-        try:
-            self.dispatcher.dispatch_due()
-        except SQLAlchemyError as exc:
-            log.warning("outbox dispatch skipped: %s", exc)
+        # A wake-up during a pass (APScheduler skips the woken run: one instance at a time) is
+        # one more pass right after it, not a row left for the next interval (2 s).
+        while True:
+            self._dispatch_again.clear()
+            try:
+                self.dispatcher.dispatch_due()
+            except SQLAlchemyError as exc:
+                log.warning("outbox dispatch skipped: %s", exc)
+                return
+            if not self._dispatch_again.is_set():
+                return
 
     def wake_dispatcher(self) -> None:
+        self._dispatch_again.set()
         sched = self._scheduler
         if sched is not None and sched.running:
             job = sched.get_job("dispatch")
@@ -438,9 +477,11 @@ class PolicyScheduler:
         sched.add_job(self._safe(self.alert_maintenance), "interval", seconds=5, id="alerts")
         sched.start()
         self._scheduler = sched
+        self._event_path.start()
         log.info("policy scheduler started", extra={"holder": self.holder})
 
     def stop(self) -> None:
+        self._event_path.stop()
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
@@ -539,7 +580,16 @@ async def policy_lifespan(app: Any) -> AsyncIterator[None]:
     # raced the rest of start-up (the heap freeze holds the GIL) and overran its 0.5 s in the demo.
     await asyncio.to_thread(PolicyScheduler._safe(sched.tick))
     sched.start(tick_now=False)
+    ingest = app.state.ingest
+    ingest.watch_certain_faults(
+        CertainFaultWatch(
+            exited_phases=policy.detection.heartbeat.exited_phases,
+            fault_gauges=CERTAIN_FAULT_GAUGES,
+            notify=sched.nudge,
+        )
+    )
     try:
         yield
     finally:
+        ingest.watch_certain_faults(None)
         sched.stop()

@@ -63,6 +63,7 @@ class QueuedBatch:
     steps: list[StepChange]  # the progress the step tracker noticed (app.ingest.step_progress)
     samples: list[Sample] = field(default_factory=list)  # only with a shared series backend
     shared: list[ParticipantHeartbeat] = field(default_factory=list)
+    certain: bool = False  # carries a certain fault (app.ingest.certain): tell once committed
 
 
 @dataclass(slots=True)

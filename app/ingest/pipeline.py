@@ -57,6 +57,7 @@ from sqlalchemy.engine import Engine
 from app.core.config import IngestLimits
 from app.core.errors import Unavailable
 from app.core.server_metrics import ServerMetrics
+from app.ingest.certain import CertainFaultWatch
 from app.ingest.clock_skew import ClockOffsets, offset_sample
 from app.ingest.committer import (
     QueuedBatch,
@@ -149,6 +150,14 @@ class IngestService:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._certain: CertainFaultWatch | None = None
+
+    def watch_certain_faults(self, watch: CertainFaultWatch | None) -> None:
+        """Tell ``watch`` about every committed batch that carries a certain fault (the policy
+        scheduler's event path, registered by ``app.scheduler``); None stops it."""
+        self._certain = watch
+        # Another replica's certain fault, once this replica's store has it (shared window).
+        self.backend.on_certain(watch.durable if watch is not None else None)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -331,6 +340,8 @@ class IngestService:
         if self.backend.shared:
             queued.samples = batch.samples
             queued.shared = participants_of(batch.participants, batch.node)
+        if self._certain is not None:
+            queued.certain = self._certain.seen_in(phases, batch.samples)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A request that gave up (503) leaves its future unawaited: retrieve its outcome here so
         # asyncio does not log "exception was never retrieved".
@@ -443,7 +454,7 @@ class IngestService:
             for b in batches:
                 samples.extend(b.samples)
                 shared.extend(b.shared)
-        self.backend.publish(samples, shared)
+        self.backend.publish(samples, shared, certain=any(b.certain for b in batches))
 
     def _resolve(self, committed: list[QueuedBatch], rejected: list[Rejection]) -> None:
         """Answer the requests of ``committed`` and ``rejected`` batches (together a prefix of
@@ -461,10 +472,16 @@ class IngestService:
             done = self._done.pop(id(b))
             if not done.done():
                 done.set_exception(IngestRejected(r.reason, kind="uncommittable"))
+        certain = False
         for b in committed:
+            certain = certain or b.certain
             done = self._done.pop(id(b))
             if not done.done():
                 done.set_result(None)
+        if certain and self._certain is not None:
+            # After the commit, never before: the early tick must find the batch durable (the
+            # node's last-seen it reads is in the database). Setting an event: no delay here.
+            self._certain.durable()
         for b in [*committed, *(r.batch for r in rejected)]:
             key = (b.node, b.agent_id)
             versions[key] = max(versions.get(key, 0), b.version)

@@ -18,6 +18,11 @@ share a window, and anything else on the same Redis never mixes with it.
 Ingest acknowledges a batch only after its group is both committed to the database and appended
 to the stream (see ``IngestService``), so an acknowledged sample is visible to the lease holder
 on its next follow, whichever replica took it.
+
+A group that carries a certain fault (``app.ingest.certain``) is also announced on a Redis
+channel, in the same pipeline after the data: every replica's follower waits on that channel
+between follows, so the lease holder applies the group at once and tells its listener (the
+policy scheduler's event path) instead of finding it up to a follow interval later.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -40,6 +45,8 @@ from app.ingest.series_store import SeriesKey, SeriesStore
 log = logging.getLogger("rlguard.series.redis")
 
 Sample = tuple[SeriesKey, float, float]
+
+_STOP_CHECK_SECONDS = 0.5  # the longest a stopping follower waits on the channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +68,19 @@ class SeriesBackend(Protocol):
 
     shared: bool
 
-    def publish(self, samples: list[Sample], participants: list[ParticipantHeartbeat]) -> None:
-        """Make one commit group's samples visible to every replica (blocking; may raise)."""
+    def publish(
+        self,
+        samples: list[Sample],
+        participants: list[ParticipantHeartbeat],
+        *,
+        certain: bool = False,
+    ) -> None:
+        """Make one commit group's samples visible to every replica (blocking; may raise);
+        ``certain``: the group carries a certain fault, announce it to the other replicas."""
+
+    def on_certain(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener`` (from the follower's thread) once another replica's group that
+        carried a certain fault is applied to this replica's store."""
 
     def start(self, store: SeriesStore) -> None:
         """Begin applying other replicas' samples to ``store``."""
@@ -78,7 +96,16 @@ class LocalSeriesBackend:
 
     shared = False
 
-    def publish(self, samples: list[Sample], participants: list[ParticipantHeartbeat]) -> None:
+    def publish(
+        self,
+        samples: list[Sample],
+        participants: list[ParticipantHeartbeat],
+        *,
+        certain: bool = False,
+    ) -> None:
+        return None
+
+    def on_certain(self, listener: Callable[[], None] | None) -> None:
         return None
 
     def start(self, store: SeriesStore) -> None:
@@ -140,6 +167,8 @@ class RedisSeriesBackend:
         self.prefix = key_prefix(database_url)
         self.stream = f"{self.prefix}:series"
         self.heartbeats = f"{self.prefix}:participants"
+        self.certain_channel = f"{self.prefix}:certain"
+        self._on_certain: Callable[[], None] | None = None
         self.window_seconds = window_seconds
         self.follow_interval = follow_interval
         self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -150,12 +179,19 @@ class RedisSeriesBackend:
         self._participants: dict[tuple[str, str, int], ParticipantHeartbeat] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._kick = threading.Event()  # a listener was registered: subscribe without waiting
         self._thread: threading.Thread | None = None
         self._store: SeriesStore | None = None
 
     # -- writing ---------------------------------------------------------------------------
 
-    def publish(self, samples: list[Sample], participants: list[ParticipantHeartbeat]) -> None:
+    def publish(
+        self,
+        samples: list[Sample],
+        participants: list[ParticipantHeartbeat],
+        *,
+        certain: bool = False,
+    ) -> None:
         pipe = self._redis.pipeline(transaction=False)
         if samples:
             pipe.xadd(self.stream, {"r": self.replica_id, "d": _encode(samples)})
@@ -172,8 +208,14 @@ class RedisSeriesBackend:
                     for p in participants
                 },
             )
-        if samples or participants:
+        if certain:  # after the data in the pipeline: a follower woken by it finds the group
+            pipe.publish(self.certain_channel, self.replica_id)
+        if samples or participants or certain:
             pipe.execute()
+
+    def on_certain(self, listener: Callable[[], None] | None) -> None:
+        self._on_certain = listener
+        self._kick.set()
 
     # -- following ---------------------------------------------------------------------------
 
@@ -207,19 +249,53 @@ class RedisSeriesBackend:
     def _follow_loop(self) -> None:
         assert self._store is not None
         failing = False
+        pubsub: Any = None
+        woken = False
         while not self._stop.is_set():
             try:
                 self.follow_once(self._store)
+                listener = self._on_certain
+                if woken and listener is not None:
+                    listener()  # the group that woke us is in the store now
                 if failing:
                     log.warning("shared series window reachable again")
                 failing = False
+                if pubsub is None and listener is not None:
+                    pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(self.certain_channel)
+                woken = self._wait(pubsub)
             except redis.RedisError as exc:
                 # Ingest answers 503 while Redis is away (it cannot publish); following just
                 # catches up from the last entry it applied once Redis is back.
                 if not failing:
                     log.error("shared series window unreachable: %s", exc)
                 failing = True
-            self._stop.wait(self.follow_interval)
+                if pubsub is not None:
+                    pubsub.close()
+                    pubsub = None
+                woken = False
+                self._stop.wait(self.follow_interval)
+        if pubsub is not None:
+            pubsub.close()
+
+    def _wait(self, pubsub: Any) -> bool:
+        """Until the next follow: a follow interval, or less when another replica announces a
+        certain fault (True then)."""
+        if pubsub is None:
+            self._kick.wait(self.follow_interval)
+            self._kick.clear()
+            return False
+        own = self.replica_id.encode()
+        deadline = time.monotonic() + self.follow_interval
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # In slices: ``stop`` must not wait a whole follow interval for this thread.
+            msg = pubsub.get_message(timeout=min(left, _STOP_CHECK_SECONDS))
+            if msg is not None and msg.get("data") != own:
+                return True
+        return False
 
     def start(self, store: SeriesStore) -> None:
         self._store = store
@@ -231,6 +307,7 @@ class RedisSeriesBackend:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
