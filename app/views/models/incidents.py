@@ -174,6 +174,8 @@ class TimelineEntry:
     detail: dict[str, Any] = field(default_factory=dict)
     # Hang forensics: a process's py-spy dump, shown in a <pre> (escaped by the template).
     stacks: str | None = None
+    # Names the dump's element for the page's polls, which keep one the reader opened open.
+    stacks_id: str | None = None
 
     @property
     def stacks_collapsed(self) -> bool:
@@ -211,7 +213,14 @@ def timeline_entries(events: list[Any]) -> list[TimelineEntry]:
         }
         out.append(
             TimelineEntry(
-                at=e.at, level=level, title=title, actor=e.actor, detail=detail, stacks=stacks
+                at=e.at, level=level, title=title, actor=e.actor, detail=detail, stacks=stacks,
+                # A row's time and process never change: the same id on every poll (one
+                # capture of several ranks writes its rows at one time, each of its own pid).
+                stacks_id=(
+                    f"stacks-{e.at:%Y%m%d%H%M%S%f}-{raw.get('pid', '')}"
+                    if stacks is not None
+                    else None
+                ),
             )
         )
     return out

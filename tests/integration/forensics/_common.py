@@ -47,11 +47,22 @@ def shown_in_chromium(stack: DemoStack, browser: object, incident_id: int, funct
     with page.expect_navigation():
         page.click("button[type=submit]")
     page.goto(f"{stack.url}/incidents/{incident_id}")
+    from playwright.sync_api import expect
+
     block = page.locator("[data-testid=stacks]").first
     pre = block.locator("pre")
     if not pre.is_visible():  # a long dump starts collapsed: open it as a person would
         block.locator("summary").click()
-    assert pre.is_visible()
+    expect(pre).to_be_visible()
     assert function in pre.inner_text()
+    # The page polls its timeline while the incident is live: the dump stays open across polls
+    # (it folded again at the next poll before hx-preserve).
+    poll = page.locator("#incident-live").get_attribute("hx-trigger")
+    if poll:
+        seconds = float(poll.removeprefix("every ").removesuffix("s"))
+        page.evaluate("window.__swaps = 0; document.body.addEventListener("
+                      "'htmx:afterSettle', () => { window.__swaps += 1; })")
+        page.wait_for_function("window.__swaps > 0", timeout=(seconds + 10) * 1000)
+        assert pre.is_visible() and block.get_attribute("open") is not None
     assert page.locator("li[data-event='Python stacks captured']").count() >= 1
     ctx.close()

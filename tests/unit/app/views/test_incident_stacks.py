@@ -9,7 +9,10 @@ from app.incidents.stacks import record_stacks
 from app.models import utcnow
 from tests.harness.dashboard import Browser, DashboardApp, login, seed_heavy_incident
 
-STACKS = re.compile(r'<details class="stacks" data-testid="stacks"( open)?>(.*?)</details>', re.S)
+STACKS = re.compile(
+    r'<details class="stacks" data-testid="stacks" id="(stacks-\d+-\d+)" hx-preserve( open)?>(.*?)</details>',
+    re.S,
+)
 
 
 def test_the_incident_page_shows_stacks_escaped_and_collapses_long_ones(
@@ -35,14 +38,15 @@ def test_the_incident_page_shows_stacks_escaped_and_collapses_long_ones(
         s.commit()
     login(client, "vera")
     html = client.get(f"/incidents/{seeded.incident_id}").text
-    (short_open, short_html), (long_open, long_html) = STACKS.findall(html)
+    (short_id, short_open, short_html), (long_id, long_open, long_html) = STACKS.findall(html)
     assert short_open == " open" and long_open == ""  # 60 lines start collapsed
     assert "<pre>" in short_html
     assert "wait_for &lt;b&gt;peer&lt;/b&gt; (dist.py:3)" in short_html and "<b>peer" not in html
     assert "frame_59 (m.py:59)" in long_html and "61 lines" in long_html
     assert "No Python stacks" in html
     assert "process gone: it exited (-9) before the capture" in html
-    # The live partial (htmx polling) renders the same blocks.
     live = client.get(f"/ui/incidents/{seeded.incident_id}/timeline",
                       headers={"HX-Request": "true"}).text
-    assert len(STACKS.findall(live)) == 2
+    # The live partial (htmx polling) renders the same blocks, under the same ids, which htmx
+    # keeps as they are (hx-preserve): a dump the reader opened is not folded by the next poll.
+    assert [m[0] for m in STACKS.findall(live)] == [short_id, long_id] and short_id != long_id
