@@ -59,7 +59,12 @@ class RegistryServer:
                 request = recv_message(channel, timeout=self._idle_timeout)
             except (PeerDeadError, ProtocolError):
                 return
-            send_message(channel, self._call(request), timeout=30.0)
+            try:
+                send_message(channel, self._call(request), timeout=30.0)
+            except PeerDeadError:
+                # The caller gave up on its request (its own timeout, or it was killed) before
+                # the answer went out: nobody is left to answer, and the call was idempotent.
+                return
 
     def _call(self, request: dict[str, Any]) -> dict[str, Any]:
         method, kwargs = request.get("op"), request.get("kwargs")

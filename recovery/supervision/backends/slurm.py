@@ -160,6 +160,12 @@ class SlurmBackend:
         watcher = self._start_requeue_watcher(job)
         try:
             self._run("requeue", job)
+        except _StoppedWithTheStep:
+            # Slurm accepted the requeue and is stopping this batch step, scontrol included,
+            # before scontrol returned (seen in CI): the requeue went through; the watcher,
+            # detached from the step, must live on.
+            log.warning("Slurm job %s requeued (scontrol stopped with the step): %s", job, reason)
+            return True
         except BackendError as exc:
             log.error("requeue of Slurm job %s refused (%s); restarting in place", job, exc)
             if watcher is not None:
@@ -261,12 +267,18 @@ class SlurmBackend:
             ) from None
         except OSError as exc:
             raise BackendError(f"scontrol cannot run: {exc}") from None
+        if out.returncode in (-signal.SIGTERM, -signal.SIGKILL):
+            raise _StoppedWithTheStep(f"scontrol {' '.join(args[:2])} was stopped by a signal")
         if out.returncode != 0:
             raise BackendError(
                 f"scontrol {' '.join(args[:2])} failed ({out.returncode}): "
                 f"{(out.stderr or out.stdout).strip()[:300]}"
             )
         return out.stdout
+
+
+class _StoppedWithTheStep(BackendError):
+    """scontrol was ended by SIGTERM/SIGKILL: Slurm is stopping the batch step it runs in."""
 
 
 BACKEND = SlurmBackend()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,10 +248,23 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
 
 def _submit_reference_job(slurm: Slurm, run_dir: Path, out: Path, steps: int) -> str:
     """The reference job (trainer + 2 rollouts, ``python -m workload.launch``) as a batch job,
-    its supervisor on the Slurm backend."""
+    its supervisor on the Slurm backend. Its ``scontrol`` is slow to return from a requeue, as
+    a loaded node's can be: Slurm stops the batch step, that scontrol with it, before it
+    returns (seen once in CI; this makes it the case every time)."""
+    bin_dir = out / "bin"
+    bin_dir.mkdir()
+    slow = bin_dir / "scontrol"
+    slow.write_text(
+        "#!/bin/sh\n"
+        f'{shutil.which("scontrol")} "$@"; rc=$?\n'
+        '[ "$1" = requeue ] && [ $rc = 0 ] && sleep 60\n'
+        "exit $rc\n"
+    )
+    slow.chmod(0o755)
     return _sbatch(
-        slurm, out, f"{sys.executable} -m workload.launch --backend slurm --run-dir {run_dir} "
-        f"--job {REF_JOB} --steps {steps} --rollouts 2 --decode-ms 5 --no-standby",
+        slurm, out, f"env PATH={bin_dir}:{os.environ['PATH']} {sys.executable} -m workload.launch "
+        f"--backend slurm --run-dir {run_dir} --job {REF_JOB} --steps {steps} --rollouts 2 "
+        "--decode-ms 5 --no-standby",
     )
 
 
@@ -274,7 +288,8 @@ def test_the_reference_job_killed_in_its_first_step_is_requeued_through_rlguard_
     """The reference GRPO job as a Slurm batch job: its trainer killed -9 in the first step is
     a heavy heartbeat_lost; approved over REST, restart_job makes the job's supervisor requeue
     the batch job through Slurm; the requeued run resumes from the job's own state and the job
-    completes every step, Slurm recording it COMPLETED, requeued once."""
+    completes every step, Slurm recording it COMPLETED, requeued once. The requeue is answered
+    as done although Slurm stops the step (and the scontrol that asked) before scontrol returns."""
     stack, steps = reference_stack, 8
     approver = _approver_token(stack)
     run = RunDir(stack.run_dir)
