@@ -69,15 +69,19 @@ class SlurmStack(DemoStack):
         return env
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[SlurmStack]:
-    s = SlurmStack(tmp_path, free_port(), job=JOB, schedule=None, node=NODE)
+def _serving(s: DemoStack) -> Iterator[DemoStack]:
+    """``s``'s server and node agent (the Slurm node) for one test."""
     try:
         s.start_server()
         s.start_agent()
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[DemoStack]:
+    yield from _serving(SlurmStack(tmp_path, free_port(), job=JOB, schedule=None, node=NODE))
 
 
 def _approver_token(stack: DemoStack) -> str:
@@ -157,7 +161,7 @@ def _sbatch(slurm: Slurm, out: Path, command: str) -> str:
 
 
 def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
-    slurm: Slurm, stack: SlurmStack, tmp_path: Path
+    slurm: Slurm, stack: DemoStack, tmp_path: Path
 ) -> None:
     approver = _approver_token(stack)
     run_dir = stack.run_dir
@@ -273,13 +277,7 @@ REF_JOB = "grpo-slurm-reference"
 
 @pytest.fixture
 def reference_stack(tmp_path: Path) -> Iterator[DemoStack]:
-    s = DemoStack(tmp_path, free_port(), job=REF_JOB, schedule=None, node=NODE)
-    try:
-        s.start_server()
-        s.start_agent()
-        yield s
-    finally:
-        s.stop()
+    yield from _serving(DemoStack(tmp_path, free_port(), job=REF_JOB, schedule=None, node=NODE))
 
 
 def test_the_reference_job_killed_in_its_first_step_is_requeued_through_rlguard_and_completes(
