@@ -27,17 +27,7 @@ from app.views.context import PageContext, page_context, runtime
 from app.views.rendering import STATIC_DIR, error_page
 
 _MODULES = (
-    auth,
-    overview,
-    fleet,
-    nodes,
-    jobs,
-    incidents,
-    approvals,
-    alerts,
-    silences,
-    guardrails,
-    admin,
+    auth, overview, fleet, nodes, jobs, incidents, approvals, alerts, silences, guardrails, admin
 )
 router = APIRouter(include_in_schema=False)
 for _module in _MODULES:

@@ -213,12 +213,7 @@ def timeline_entries(events: list[Any]) -> list[TimelineEntry]:
         }
         out.append(
             TimelineEntry(
-                at=e.at,
-                level=level,
-                title=title,
-                actor=e.actor,
-                detail=detail,
-                stacks=stacks,
+                at=e.at, level=level, title=title, actor=e.actor, detail=detail, stacks=stacks,
                 # A row's time and process never change: the same id on every poll (one
                 # capture of several ranks writes its rows at one time, each of its own pid).
                 stacks_id=(
