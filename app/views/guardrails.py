@@ -62,11 +62,7 @@ def reset_breaker(
 
     refused = commit_or_refusal(request, page, session, "Not reset", reset)
     return refused or after_change(
-        request,
-        page,
-        back_to="/",
-        template="partials/_overview_breakers.html",
-        data=lambda: breakers_data(session, page),
+        request, page, "/", "partials/_overview_breakers.html", lambda: breakers_data(session, page)
     )
 
 
@@ -87,10 +83,11 @@ def set_automation(
         )
 
     refused = commit_or_refusal(request, page, session, "Not changed", switch)
+    job_page = f"/jobs/{quote(name, safe='')}"
     return refused or after_change(
         request,
         page,
-        back_to=f"/jobs/{quote(name, safe='')}",
-        template="partials/_job_automation.html",
-        data=lambda: switches_data(session, page, name),
+        job_page,
+        "partials/_job_automation.html",
+        lambda: switches_data(session, page, name),
     )

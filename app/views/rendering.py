@@ -147,7 +147,6 @@ def commit_or_refusal(
 def after_change(
     request: Request,
     page: PageContext,
-    *,
     back_to: str,
     template: str,
     data: Callable[[], dict[str, Any]],

@@ -108,9 +108,5 @@ def expire_silence(
         lambda: store.expire_silence(session, silence_id, actor=actor, now=_now(page)),
     )
     return refused or after_change(
-        request,
-        page,
-        back_to="/silences",
-        template="partials/_silences_table.html",
-        data=lambda: _list(session, page),
+        request, page, "/silences", "partials/_silences_table.html", lambda: _list(session, page)
     )
