@@ -161,14 +161,8 @@ def query_series(
 
 
 def user_public(user: User) -> UserPublic:
-    assert user.id is not None
-    return UserPublic(
-        id=user.id,
-        name=user.name,
-        role=user.role,
-        disabled=user.disabled,
-        created_at=user.created_at,
-    )
+    # Every field has the row's name: pydantic copies them (and refuses a row without an id).
+    return UserPublic.model_validate(user, from_attributes=True)
 
 
 def token_public(token: ApiToken) -> TokenPublic:
@@ -186,15 +180,7 @@ def token_public(token: ApiToken) -> TokenPublic:
 
 
 def audit_public(event: AuditEvent) -> AuditEventPublic:
-    assert event.id is not None
-    return AuditEventPublic(
-        id=event.id,
-        at=event.at,
-        actor=event.actor,
-        action=event.action,
-        target=event.target,
-        detail=event.detail,
-    )
+    return AuditEventPublic.model_validate(event, from_attributes=True)
 
 
 def list_audit(session: Session, *, limit: int = 100) -> list[AuditEventPublic]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypedDict
 from urllib.parse import quote
 
 from fastapi import Depends, HTTPException, Request
@@ -31,6 +31,15 @@ from app.views.models.overview import DashboardCaches
 log = logging.getLogger("rlguard.views")
 
 
+class Liveness(TypedDict):
+    """What a view model judges a heartbeat's age with: the page's time and the running
+    policy's limits (``job_detail(..., **rt.liveness(page.now))``)."""
+
+    now: float
+    suspect_after: float
+    confirm_after: float
+
+
 @dataclass(frozen=True, slots=True)
 class Runtime:
     settings: Settings
@@ -47,6 +56,9 @@ class Runtime:
     @property
     def confirm_after(self) -> float:
         return self.policy.detection.heartbeat.confirm_seconds
+
+    def liveness(self, now: float) -> Liveness:
+        return Liveness(now=now, suspect_after=self.suspect_after, confirm_after=self.confirm_after)
 
 
 def runtime(request: Request) -> Runtime:

@@ -63,12 +63,22 @@ def _states(rt: Runtime, session: Session, page: PageContext) -> NodeStates:
     return shared_node_states(judge, session, now=page.now)
 
 
-def _selected(
-    rt: Runtime, session: Session, page: PageContext, filters: FleetFilters
-) -> tuple[NodeStates, list[Any]]:
+def _page_of_nodes(
+    rt: Runtime,
+    session: Session,
+    page: PageContext,
+    filters: FleetFilters,
+    *,
+    number: int,
+    size: int,
+) -> tuple[NodeStates, dict[str, Any]]:
+    """Every node judged, and what both partials show of them: one page of those the filters
+    keep, problem nodes first."""
     states = _states(rt, session, page)
     job_nodes = cluster_queries.job_node_names(session, filters.job) if filters.job else None
-    return states, select_nodes(states.cards, filters, job_nodes)
+    nodes, pager = paginate(select_nodes(states.cards, filters, job_nodes), page=number, size=size)
+    data = {"nodes": nodes, "pager": pager, "filters": filters, "poll_seconds": FLEET_POLL_SECONDS}
+    return states, data
 
 
 def shell_data(
@@ -94,17 +104,14 @@ def fleet_grid_partial(
     filters: FiltersDep,
     grid_page: GridPageParam = 1,
 ) -> HTMLResponse:
-    states, selected = _selected(rt, session, page, filters)
-    nodes, pager = paginate(selected, page=grid_page, size=GRID_PAGE_NODES)
-    data = {
-        "health": states,
-        "incident_counts": open_incident_counts(session),
-        "pending_approvals": page.pending_approvals,
-        "nodes": nodes,
-        "pager": pager,
-        "filters": filters,
-        "poll_seconds": FLEET_POLL_SECONDS,
-    }
+    states, data = _page_of_nodes(
+        rt, session, page, filters, number=grid_page, size=GRID_PAGE_NODES
+    )
+    data.update(
+        health=states,
+        incident_counts=open_incident_counts(session),
+        pending_approvals=page.pending_approvals,
+    )
     return render(request, page, "partials/_fleet_grid.html", data)
 
 
@@ -117,12 +124,5 @@ def fleet_nodes_partial(
     filters: FiltersDep,
     nodes_page: PageParam = 1,
 ) -> HTMLResponse:
-    _, selected = _selected(rt, session, page, filters)
-    nodes, pager = paginate(selected, page=nodes_page, size=LIST_PAGE_NODES)
-    data = {
-        "nodes": nodes,
-        "pager": pager,
-        "filters": filters,
-        "poll_seconds": FLEET_POLL_SECONDS,
-    }
+    _, data = _page_of_nodes(rt, session, page, filters, number=nodes_page, size=LIST_PAGE_NODES)
     return render(request, page, "partials/_fleet_nodes.html", data)

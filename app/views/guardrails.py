@@ -8,16 +8,16 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from sqlmodel import Session
 
-from app.core.errors import NotFound, ServiceError
+from app.core.errors import NotFound
 from app.guardrails import automation
 from app.incidents import breaker_reset
 from app.models import User
 from app.views.context import CsrfDep, DbDep, PageContext, SignedInDep
 from app.views.models.guardrails import breaker_panel, job_switches
-from app.views.rendering import error_page, is_htmx, render
+from app.views.rendering import after_change, commit_or_refusal, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -56,15 +56,14 @@ def reset_breaker(
     session: DbDep,
     comment: Annotated[str, Form(max_length=500)] = "",
 ) -> Response:
-    try:
-        breaker_reset.reset_breaker_as(session, scope=scope, user=_user(session, page), comment=comment)
-        session.commit()
-    except ServiceError as exc:
-        session.rollback()
-        return error_page(request, page, "Not reset", str(exc), status_code=exc.status_code)
-    if not is_htmx(request):
-        return RedirectResponse("/", status_code=303)
-    return render(request, page, "partials/_overview_breakers.html", breakers_data(session, page))
+    def reset() -> None:
+        user = _user(session, page)
+        breaker_reset.reset_breaker_as(session, scope=scope, user=user, comment=comment)
+
+    refused = commit_or_refusal(request, page, session, "Not reset", reset)
+    return refused or after_change(
+        request, page, "/", "partials/_overview_breakers.html", lambda: breakers_data(session, page)
+    )
 
 
 @router.post("/jobs/{name}/automation", dependencies=[CsrfDep])
@@ -77,20 +76,18 @@ def set_automation(
     hands_off: Annotated[bool | None, Form()] = None,
     reason: Annotated[str, Form(max_length=500)] = "",
 ) -> Response:
-    try:
+    def switch() -> None:
+        user = _user(session, page)
         automation.set_job_automation(
-            session,
-            job=name,
-            user=_user(session, page),
-            dry_run=dry_run,
-            hands_off=hands_off,
-            reason=reason,
+            session, job=name, user=user, dry_run=dry_run, hands_off=hands_off, reason=reason
         )
-        session.commit()
-    except ServiceError as exc:
-        session.rollback()
-        return error_page(request, page, "Not changed", str(exc), status_code=exc.status_code)
-    if not is_htmx(request):
-        return RedirectResponse(f"/jobs/{quote(name, safe='')}", status_code=303)
-    data = switches_data(session, page, name)
-    return render(request, page, "partials/_job_automation.html", data)
+
+    refused = commit_or_refusal(request, page, session, "Not changed", switch)
+    job_page = f"/jobs/{quote(name, safe='')}"
+    return refused or after_change(
+        request,
+        page,
+        job_page,
+        "partials/_job_automation.html",
+        lambda: switches_data(session, page, name),
+    )

@@ -49,13 +49,7 @@ def job_page(
 ) -> HTMLResponse:
     try:
         job = job_detail(
-            session=session,
-            store=rt.store,
-            name=name,
-            now=page.now,
-            suspect_after=rt.suspect_after,
-            confirm_after=rt.confirm_after,
-            policy=rt.policy,
+            session=session, store=rt.store, name=name, policy=rt.policy, **rt.liveness(page.now)
         )
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)
@@ -94,13 +88,7 @@ def job_participants_partial(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
     try:
-        rows = participant_rows(
-            session,
-            job=name,
-            now=page.now,
-            suspect_after=rt.suspect_after,
-            confirm_after=rt.confirm_after,
-        )
+        rows = participant_rows(session, job=name, **rt.liveness(page.now))
     except NotFound as exc:
         return error_page(request, page, "Unknown job", str(exc), status_code=404)
     return render(

@@ -18,14 +18,7 @@ def node_page(
     name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
 ) -> HTMLResponse:
     try:
-        node = node_detail(
-            session=session,
-            store=rt.store,
-            name=name,
-            now=page.now,
-            suspect_after=rt.suspect_after,
-            confirm_after=rt.confirm_after,
-        )
+        node = node_detail(session=session, store=rt.store, name=name, **rt.liveness(page.now))
     except NotFound as exc:
         return error_page(request, page, "Unknown node", str(exc), status_code=404)
     return render(

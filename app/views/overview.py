@@ -41,10 +41,8 @@ def _health(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
             caches=rt.caches,
             session=session,
             store=rt.store,
-            now=page.now,
-            suspect_after=rt.suspect_after,
-            confirm_after=rt.confirm_after,
             incident_tiers_by_node=open_tiers_by_node(session),
+            **rt.liveness(page.now),
         ),
         "incident_counts": open_incident_counts(session),
         "poll_seconds": POLL_SECONDS,
@@ -56,11 +54,9 @@ def _jobs(rt: Runtime, session: Any, page: PageContext) -> dict[str, Any]:
     return {
         "jobs": job_rows(
             session=session,
-            now=page.now,
-            suspect_after=rt.suspect_after,
-            confirm_after=rt.confirm_after,
             safe_mode_jobs=safe_mode_jobs(session),
             switches=switches_by_job(session),
+            **rt.liveness(page.now),
         ),
         "poll_seconds": POLL_SECONDS,
     }

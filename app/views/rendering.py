@@ -9,16 +9,19 @@ and are never cached by a shared cache.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import StrictUndefined
+from sqlmodel import Session
 
 from app.auth import web as web_auth
+from app.core.errors import ServiceError
 from app.views.context import PageContext
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -121,6 +124,38 @@ def error_page(
         status_code=status_code,
         headers={"X-RLGuard-Reason": message[:200]},
     )
+
+
+def commit_or_refusal(
+    request: Request,
+    page: PageContext,
+    session: Session,
+    title: str,
+    change: Callable[[], object],
+) -> HTMLResponse | None:
+    """Runs a form's ``change`` and commits it (None). A ``ServiceError``, the service's refusal
+    with its reason, rolls the session back and comes back as the error page ``title``."""
+    try:
+        change()
+        session.commit()
+    except ServiceError as exc:
+        session.rollback()
+        return error_page(request, page, title, str(exc), status_code=exc.status_code)
+    return None
+
+
+def after_change(
+    request: Request,
+    page: PageContext,
+    back_to: str,
+    template: str,
+    data: Callable[[], dict[str, Any]],
+) -> Response:
+    """A plain form post goes back to ``back_to``; htmx gets ``template`` again, with what the
+    change made (``data`` runs only then)."""
+    if not is_htmx(request):
+        return RedirectResponse(back_to, status_code=303)
+    return render(request, page, template, data())
 
 
 def set_csrf_cookie(response: HTMLResponse, nonce: str, *, secure: bool) -> None:

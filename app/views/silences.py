@@ -11,13 +11,12 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.deps import RowId
-from app.core.errors import ServiceError
 from app.models.silence import SilenceCreate
 from app.silences import store
 from app.silences.text import matchers_from_text, parse_duration_minutes
 from app.views.context import CsrfDep, DbDep, PageContext, RuntimeDep, SignedInDep
 from app.views.models.silences import silence_rows, window_rows
-from app.views.rendering import error_page, is_htmx, render
+from app.views.rendering import after_change, commit_or_refusal, error_page, render
 
 router = APIRouter(include_in_schema=False)
 
@@ -71,7 +70,9 @@ def create_silence(
     if refused is not None:
         return refused
     assert page.user is not None
-    try:
+    author = f"user:{page.user.name}"
+
+    def create() -> None:
         body = SilenceCreate(
             matchers=matchers_from_text(re.split(r"[,\n]", matchers)),
             duration_minutes=parse_duration_minutes(duration),
@@ -81,15 +82,13 @@ def create_silence(
         store.create_silence(
             session,
             body,
-            author=f"user:{page.user.name}",
+            author=author,
             max_hours=rt.settings.silences.max_duration_hours,
             now=_now(page),
         )
-        session.commit()
-    except ServiceError as exc:
-        session.rollback()
-        return error_page(request, page, "Not silenced", str(exc), status_code=exc.status_code)
-    return RedirectResponse("/silences", status_code=303)
+
+    refused = commit_or_refusal(request, page, session, "Not silenced", create)
+    return refused or RedirectResponse("/silences", status_code=303)
 
 
 @router.post("/silences/{silence_id}/expire", dependencies=[CsrfDep])
@@ -100,12 +99,14 @@ def expire_silence(
     if refused is not None:
         return refused
     assert page.user is not None
-    try:
-        store.expire_silence(session, silence_id, actor=f"user:{page.user.name}", now=_now(page))
-        session.commit()
-    except ServiceError as exc:
-        session.rollback()
-        return error_page(request, page, "Not expired", str(exc), status_code=exc.status_code)
-    if not is_htmx(request):
-        return RedirectResponse("/silences", status_code=303)
-    return render(request, page, "partials/_silences_table.html", _list(session, page))
+    actor = f"user:{page.user.name}"
+    refused = commit_or_refusal(
+        request,
+        page,
+        session,
+        "Not expired",
+        lambda: store.expire_silence(session, silence_id, actor=actor, now=_now(page)),
+    )
+    return refused or after_change(
+        request, page, "/silences", "partials/_silences_table.html", lambda: _list(session, page)
+    )

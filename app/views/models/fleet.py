@@ -8,22 +8,16 @@ nodes the same way (``overview.node_states``); this module only filters, orders 
 
 from __future__ import annotations
 
-import logging
 import math
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 from urllib.parse import urlencode
 
-from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app.ingest.series_store import SeriesStore
 from app.views.models.overview import DashboardCaches, NodeCard, NodeStates, node_states
-
-log = logging.getLogger("rlguard.views.fleet")
 
 StateFilter = Literal["", "bad", "warn", "idle", "ok"]
 TierFilter = Literal["", "light", "medium", "heavy"]
@@ -152,44 +146,11 @@ class Judge:
 
 def shared_node_states(judge: Judge, session: Session, *, now: float) -> NodeStates:
     """Every node judged, at most ``STATES_STALE_SECONDS`` old (see above)."""
-    engine = session.get_bind()
-    key = (id(judge.store), id(engine))
-    caches = judge.caches
-    with caches.lock:
-        memo = caches.states
-        age = now - memo.built_at
-        if memo.value is not None and memo.key == key and 0 <= age < STATES_STALE_SECONDS:
-            if age >= STATES_FRESH_SECONDS and not memo.refreshing:
-                memo.refreshing = True
-                threading.Thread(
-                    target=_refresh,
-                    args=(judge, engine, key),
-                    name="rlguard-fleet-states",
-                    daemon=True,
-                ).start()
-            return memo.value
-    value = judge(session, now)
-    _keep(caches, key, now, value)
-    return value
-
-
-def _keep(caches: DashboardCaches, key: tuple[int, int], now: float, value: NodeStates) -> None:
-    with caches.lock:
-        memo = caches.states
-        if now >= memo.built_at or memo.key != key:
-            memo.key, memo.built_at, memo.value = key, now, value
-
-
-def _refresh(judge: Judge, engine: Engine, key: tuple[int, int]) -> None:
-    try:
-        now = time.time()
-        with Session(engine) as session:
-            value = judge(session, now)
-        _keep(judge.caches, key, now, value)
-    except Exception:
-        # The pages keep the previous judgement; the next request past FRESH tries again, and
-        # past STALE a request judges itself (and fails visibly if the database is the cause).
-        log.exception("judging the fleet failed")
-    finally:
-        with judge.caches.lock:
-            judge.caches.states.refreshing = False
+    return judge.caches.states.get(
+        session,
+        key=(id(judge.store), id(session.get_bind())),
+        now=now,
+        compute=judge,
+        fresh_for=STATES_FRESH_SECONDS,
+        stale_for=STATES_STALE_SECONDS,
+    )

@@ -8,7 +8,6 @@ change once a minute, and travel to the browser as one JSON document with a shar
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections import defaultdict, deque
@@ -37,10 +36,9 @@ from app.views.models.health import (
     liveness_level,
     worst,
 )
+from app.views.models.stale_while_refresh import StaleWhileRefresh
 
 SPARK_MINUTES = 30
-
-log = logging.getLogger("rlguard.views.overview")
 
 
 @dataclass(slots=True)
@@ -204,13 +202,6 @@ class SparkColumns:
 SPARK_SCALE = {"util": 100.0, "temp": 1.0, "mem": 100.0}
 
 
-@dataclass(slots=True)
-class _SparkCache:
-    key: tuple[int, datetime] | None = None
-    value: SparkColumns | None = None
-    refreshing: bool = False
-
-
 def _rollup_sparks(session: Session, *, since: datetime) -> SparkColumns:
     """Per node and minute: mean GPU utilisation, hottest GPU, memory used / total."""
     r = MetricRollup
@@ -258,42 +249,20 @@ def rollup_sparks_cached(caches: DashboardCaches, session: Session, *, now: floa
     first view of a process (or of another database) computes it inline.
     """
     minute = from_epoch(now).replace(second=0, microsecond=0)
-    engine = session.get_bind()
-    key = (id(engine), minute)
-    spark = caches.sparks
-    with caches.lock:
-        cached, cached_key = spark.value, spark.key
-        if cached is not None and cached_key == key:
-            return cached
-        if cached is not None and cached_key is not None and cached_key[0] == id(engine):
-            if not spark.refreshing:
-                spark.refreshing = True
-                threading.Thread(
-                    target=_refresh_sparks,
-                    args=(caches, engine, key),
-                    name="rlguard-sparklines",
-                    daemon=True,
-                ).start()
-            return cached
-    value = _rollup_sparks(session, since=minute - timedelta(minutes=SPARK_MINUTES))
-    with caches.lock:
-        spark.key, spark.value = key, value
-    return value
 
+    def rollups(session: Session, minute_ts: float) -> SparkColumns:
+        return _rollup_sparks(
+            session, since=from_epoch(minute_ts) - timedelta(minutes=SPARK_MINUTES)
+        )
 
-def _refresh_sparks(caches: DashboardCaches, engine: Any, key: tuple[int, datetime]) -> None:
-    spark = caches.sparks
-    try:
-        with Session(engine) as session:
-            value = _rollup_sparks(session, since=key[1] - timedelta(minutes=SPARK_MINUTES))
-        with caches.lock:
-            spark.key, spark.value = key, value
-    except Exception:
-        # The page keeps last minute's sparklines; the next minute tries again.
-        log.exception("sparkline rollup query failed")
-    finally:
-        with caches.lock:
-            spark.refreshing = False
+    # Stamped with its minute, the value is fresh for that minute and served stale after it.
+    return caches.sparks.get(
+        session,
+        key=id(session.get_bind()),
+        now=minute.timestamp(),
+        compute=rollups,
+        fresh_for=60.0,
+    )
 
 
 NodeNow = tuple[float | None, float | None, float | None]  # util 0..1, hottest °C, memory 0..1
@@ -315,16 +284,6 @@ class _LiveTail:
 
 
 @dataclass(slots=True)
-class StatesMemo:
-    """The fleet view's last judgement of every node (``app/views/models/fleet.py``)."""
-
-    key: tuple[int, int] = (0, 0)  # the store and the engine it was judged from
-    built_at: float = -math.inf
-    value: NodeStates | None = None
-    refreshing: bool = False
-
-
-@dataclass(slots=True)
 class TimedMemo:
     """One value and when it was made (``app/views/models/ettr_tiles.py``)."""
 
@@ -340,17 +299,25 @@ class DashboardCaches:
     judgement of every node and the cluster ETTR tiles. ``lock`` guards them."""
 
     key_index: _KeyIndex = field(default_factory=_KeyIndex)
-    sparks: _SparkCache = field(default_factory=_SparkCache)
+    sparks: StaleWhileRefresh[SparkColumns] = field(
+        default_factory=lambda: StaleWhileRefresh(
+            thread_name="rlguard-sparklines", what="the sparkline rollup query"
+        )
+    )
     tail: _LiveTail = field(default_factory=_LiveTail)
-    states: StatesMemo = field(default_factory=StatesMemo)
+    # The fleet view's last judgement of every node (``app/views/models/fleet.py``).
+    states: StaleWhileRefresh[NodeStates] = field(
+        default_factory=lambda: StaleWhileRefresh(
+            thread_name="rlguard-fleet-states", what="judging the fleet"
+        )
+    )
     ettr: TimedMemo = field(default_factory=TimedMemo)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def expire_states(self) -> None:
         """The next fleet partial judges every node itself (benchmarks/dashboard.py times the
         cold heat map that way: a request that finds no recent judgement)."""
-        with self.lock:
-            self.states = StatesMemo()
+        self.states.forget()
 
 
 def record_tail(
