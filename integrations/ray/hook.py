@@ -8,7 +8,7 @@ adapters call every hook alike)::
 
 0 done (one JSON line on stdout), 1 refused (the reason on stderr), 2 bad arguments or Ray not
 reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --dashboard URL
---preset verl --state-dir DIR [--ray-address GCS] [--ray-job J]``.
+--preset verl --state-dir DIR [--ray-address GCS] [--ray-job J] [--run-root DIR]``.
 
 * ``restart_role``: the participant's actor (found as the collector maps it) is killed with
   ``ray.kill(actor, no_restart=False)``, so Ray restarts it (actors created with
