@@ -50,6 +50,7 @@ from app.cli.demo import NODE, DemoStack  # noqa: E402
 from integrations.ray.hook import write_hook  # noqa: E402
 from recovery.report import heartbeat_path  # noqa: E402
 from workload.job import RunDir, read_events, read_json  # noqa: E402
+from workload.ray_mode import rlguard_preset  # noqa: E402
 
 
 def _free_port() -> int:
@@ -58,18 +59,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _preset(job: str) -> dict[str, Any]:
-    name = rf"^{job}_(?:{{}})_(?P<rank>\d+)(_r\d+)?$"
-    return {
-        "name": "reference-job",
-        "resume": [],
-        "roles": [
-            {"role": "trainer", "class": "^ReferenceWorker$", "name": name.replace("{}", "trainer")},
-            {"role": "rollout", "class": "^ReferenceWorker$", "name": name.replace("{}", "rollout")},
-        ],
-    }
 
 
 class Faults(threading.Thread):
@@ -199,7 +188,7 @@ def main(argv: list[str]) -> int:
     try:
         stack.start_server()
         preset = workdir / "preset.json"
-        preset.write_text(json.dumps(_preset("rlguard")))
+        preset.write_text(json.dumps(rlguard_preset("rlguard")))
         write_hook(stack.workdir / "launcher-hook", [
             "--dashboard", dashboard, "--ray-address", gcs, "--preset", str(preset),
             "--ray-job", "rlguard", "--state-dir", str(workdir / "ray-hook"),

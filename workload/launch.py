@@ -3,7 +3,11 @@
 Run the job::
 
     python -m workload.launch --run-dir DIR --steps N [--rollouts 2] [--on-failure wait]
-                              [--backend local|slurm]
+                              [--backend local|slurm] [--resume auto|disable]
+
+A run directory that holds a run of the job is resumed from its newest checkpoint and WAL
+(``--resume auto``, the default, as verl's ``trainer.resume_mode=auto``); ``--resume disable``
+starts from step 0 and refuses such a directory.
 
 Launcher hook (what ``RLGUARD_RECOVERY_LAUNCHER`` points at; the recovery adapters call it as
 ``<hook> <action> --job J [--node N] [--role R] [--rank K] --idempotency-key K [--extra JSON]``)::
@@ -32,6 +36,10 @@ from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.requests import JOB_DIR_PATTERN as _JOB
 from workload.job import JobConfig, JobConfigError, RunDir, read_json
 from workload.task import TaskSpec
+
+# verl's trainer.resume_mode values that mean something for the reference job (a run directory
+# is the job's one checkpoint location, so verl's third, resume_path, has no counterpart).
+RESUME_MODES = ("auto", "disable")
 
 
 def _supervise_parser() -> argparse.ArgumentParser:
@@ -79,6 +87,15 @@ def _supervise_parser() -> argparse.ArgumentParser:
         "RLGuard's restart_role through the job's restarter actor (max_restarts=0), or none: "
         "the job fails when one dies, as verl's does (to be resubmitted; max_restarts=0)",
     )
+    p.add_argument(
+        "--resume",
+        choices=RESUME_MODES,
+        default="auto",
+        help="as verl's trainer.resume_mode: auto (the default) resumes a run directory that "
+        "holds a run of the job from its newest checkpoint and WAL; disable starts from step 0 "
+        "and refuses a run directory that holds a run (what a resubmission replaces with "
+        "--resume=auto: the reference preset's resume argument, workload.ray_mode.rlguard_preset)",
+    )
     return p
 
 
@@ -101,6 +118,12 @@ def _checked_config(
         p.error("--backend: --ray starts and restarts its processes through Ray")
     standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
+    if args.resume == "disable" and RunDir(run_dir).config.exists():
+        # Starting over on top of a run's WAL, batches and checkpoints would mix the two runs.
+        p.error(
+            f"--resume disable: {run_dir} already holds a run of the job (its job.json): "
+            f"resume it with --resume auto, or give a new --run-dir"
+        )
     job = args.job or run_dir.name
     if not _JOB.fullmatch(job):
         p.error(f"--job {job!r}: use letters, digits, '.', '_' and '-' (at most 128)")

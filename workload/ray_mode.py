@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import time
 from typing import Any
@@ -45,6 +46,25 @@ from workload.job import JobConfig, RunDir
 
 log = logging.getLogger("rlguard.workload.ray")
 ACTOR_CLASS = "ReferenceWorker"
+# What a resubmission adds to the launcher's command line (``--resume`` of workload.launch, as
+# verl's trainer.resume_mode=auto): resume from the run directory's checkpoint and WAL.
+RESUME_ARG = "--resume=auto"
+
+
+def rlguard_preset(job: str) -> dict[str, Any]:
+    """The Ray preset (:mod:`integrations.ray.presets`) of this job's actors, for ``rlguard
+    agent --ray-preset`` and the Ray hook: the role and rank from the actor's name
+    (``<job>_<role>_<rank>``, ``_r<n>`` for one the restarter created again), so that only
+    this job's actors are its participants, and the resume argument of a resubmission."""
+    name = rf"^{re.escape(job)}_{{}}_(?P<rank>\d+)(_r\d+)?$"
+    return {
+        "name": "reference-job",
+        "resume": [RESUME_ARG],
+        "roles": [
+            {"role": role, "class": f"^{ACTOR_CLASS}$", "name": name.format(role)}
+            for role in ("trainer", "rollout")
+        ],
+    }
 
 
 def next_incarnation(run: RunDir) -> int:

@@ -8,7 +8,7 @@ adapters call every hook alike)::
 
 0 done (one JSON line on stdout), 1 refused (the reason on stderr), 2 bad arguments or Ray not
 reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --dashboard URL
---preset verl --state-dir DIR [--ray-address GCS] [--ray-job J]``.
+--preset verl --state-dir DIR [--ray-address GCS] [--ray-job J] [--run-root DIR]``.
 
 * ``restart_role``: the participant's actor (found as the collector maps it) is killed with
   ``ray.kill(actor, no_restart=False)``, so Ray restarts it (actors created with
@@ -25,7 +25,12 @@ reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --da
   ``trainer.resume_mode=auto``, OpenRLHF ``--ckpt.load_enable``), its runtime environment and
   metadata. The new submission id comes from the idempotency key, so a second delivery cannot
   submit twice (the Jobs API refuses a known id). It runs only after the policy engine's
-  SAFE_MODE and an approver, as every heavy action does.
+  SAFE_MODE and an approver, as every heavy action does, and the approved action is the job's
+  release, as under the process supervisor: a job whose run directory is under ``--run-root``
+  (default ``$RLGUARD_RECOVERY_RUN_ROOT``, the recovery worker's) and whose control file says
+  SAFE_MODE is told to run again before the resubmission, which would otherwise start held (the
+  reference job obeys the control file; verl does not read one). A job with no recorded
+  entrypoint is refused: there is nothing to submit again.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shlex
 import sys
 import time
@@ -45,7 +51,8 @@ from integrations.ray.presets import Preset, PresetError, load_preset, with_resu
 from integrations.ray.restarter import restarter_name
 from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
 from recovery._fsio import write_json_atomic
-from recovery.supervision.requests import KEY_PATTERN
+from recovery.control import ControlError, ControlMode, read_control, write_control
+from recovery.supervision.requests import JOB_DIR_PATTERN, KEY_PATTERN
 
 PROG = "python -m integrations.ray.hook"
 _ACTIONS = ("restart_role", "restart_job")
@@ -78,8 +85,10 @@ class RayHook:
         ray_address: str = "auto",
         job_name: str | None = None,
         timeout: float = 30.0,
+        run_root: Path | None = None,
     ) -> None:
         self.dashboard = dashboard
+        self.run_root = run_root
         self.preset = preset
         self.state_dir = state_dir
         self.ray_address = ray_address
@@ -233,6 +242,11 @@ class RayHook:
             return {**recorded, "already": True}
         old = self._ray_job(job)
         old_id = str(old.submission_id)
+        if not old.entrypoint.strip():
+            raise Refused(
+                f"Ray job {old_id} of job {job!r} has no recorded entrypoint: there is nothing "
+                f"to submit again"
+            )
         client = JobSubmissionClient(self.dashboard)
         if old_id != new_id:
             if old.status not in _TERMINAL:
@@ -241,6 +255,7 @@ class RayHook:
         entrypoint = with_resume(old.entrypoint, self.preset.resume_args)
         details = client.get_job_info(old_id)
         known = {j.submission_id for j in client.list_jobs()}
+        released = self._release_safe_mode(job, key)
         if new_id not in known:
             self._submit(
                 client,
@@ -254,9 +269,28 @@ class RayHook:
             "stopped": old_id,
             "submitted": new_id,
             "entrypoint": entrypoint,
+            "released_safe_mode": released,
         }
         write_json_atomic(self._ledger(key), record)
         return {**record, "already": False}
+
+    def _release_safe_mode(self, job: str, key: str) -> bool:
+        """The approved restart_job releases the job (module docstring); True when it was held."""
+        if self.run_root is None or not JOB_DIR_PATTERN.fullmatch(job):
+            return False
+        run_dir = self.run_root / job
+        if not run_dir.is_dir():
+            return False  # no run directory of the job here (verl's own): nothing holds it
+        try:
+            if read_control(run_dir).mode is not ControlMode.SAFE_MODE:
+                return False
+        except ControlError:
+            pass  # an unreadable control file is replaced by the approved command
+        try:
+            write_control(run_dir, ControlMode.RUN, f"restart_job approved ({key})", timeout=10.0)
+        except ControlError as exc:
+            raise Refused(f"the job's SAFE_MODE could not be released: {exc}") from exc
+        return True
 
     def _submit(self, client: Any, **job: Any) -> None:
         """Submit, waiting out the Jobs API's "no agent yet" answer (the head's job agent
@@ -325,6 +359,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-job", help="the job's name, as given to the agent's --ray-job")
     p.add_argument("--state-dir", required=True, type=Path)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument(
+        "--run-root",
+        type=Path,
+        default=os.environ.get("RLGUARD_RECOVERY_RUN_ROOT"),
+        help="where the jobs' run directories are (their SAFE_MODE control files); default "
+        "$RLGUARD_RECOVERY_RUN_ROOT",
+    )
     return p
 
 
@@ -367,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_address=args.ray_address,
         job_name=args.ray_job,
         timeout=args.timeout,
+        run_root=args.run_root,
     )
     try:
         if args.action == "restart_role":

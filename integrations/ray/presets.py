@@ -195,16 +195,34 @@ def preset_from_dict(doc: Any, source: str) -> Preset:
 
 def with_resume(entrypoint: str, resume_args: tuple[str, ...]) -> str:
     """``entrypoint`` with the resume arguments: ``key=value`` replaces a given ``key=…``
-    (Hydra overrides, as verl takes them), a flag is added unless it is there."""
+    (Hydra overrides, as verl takes them), ``--option=value`` replaces a given
+    ``--option=…`` or ``--option VALUE`` (argparse's two spellings; the reference job's
+    ``--resume=auto``), a flag is added unless it is there."""
     words = shlex.split(entrypoint)
     for arg in resume_args:
-        if "=" in arg and not arg.startswith("-"):
-            prefix = arg.split("=", 1)[0] + "="
-            words = [w for w in words if not w.startswith(prefix)]
+        if "=" in arg:
+            option = arg.split("=", 1)[0]
+            words = _without_option(words, option, takes_value=option.startswith("-"))
             words.append(arg)
         elif arg not in words:
             words.append(arg)
     return shlex.join(words)
+
+
+def _without_option(words: list[str], option: str, *, takes_value: bool) -> list[str]:
+    """``words`` less ``option=…`` and, for an option that takes a value, ``option VALUE``."""
+    out: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word.startswith(option + "="):
+            continue
+        elif takes_value and word == option:
+            skip = True  # the next word is its value
+        else:
+            out.append(word)
+    return out
 
 
 def load_preset(spec: str) -> Preset:

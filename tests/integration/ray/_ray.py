@@ -1,13 +1,21 @@
 """Helpers for the Ray integration's tests: the local cluster's addresses, actor pids, the
-environment of a subprocess that imports the tests' actors."""
+environment of a subprocess that imports the tests' actors, the whole product watching a job on
+the local Ray."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from tests.harness import wait_for
+from app.cli.demo import NODE, DemoStack
+from integrations.ray.hook import write_hook
+from tests.harness import free_port, wait_for
 
 
 @dataclass(frozen=True)
@@ -54,3 +62,33 @@ def env_for_subprocess() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
+
+
+@contextmanager
+def ray_stack(
+    workdir: Path, ray_: LocalRay, job: str, preset: dict[str, Any], verl_log: Path, *,
+    demo_job: str = "demo-idle",
+) -> Iterator[DemoStack]:
+    """The real server (policy engine, embedded Celery worker whose launcher hook is the Ray
+    hook, read per action) and a real ``rlguard agent --ray`` mapping the actors of ``job`` by
+    ``preset``, its step from verl's file-logger lines at ``verl_log`` (Ray knows none)."""
+    s = DemoStack(workdir / "stack", free_port(), job=demo_job, schedule=None)
+    try:
+        s.start_server()
+        preset_file = workdir / "preset.json"
+        preset_file.write_text(json.dumps(preset))
+        write_hook(s.workdir / "launcher-hook", [
+            "--dashboard", ray_.dashboard, "--ray-address", ray_.gcs_address,
+            "--preset", str(preset_file), "--ray-job", job, "--state-dir", str(workdir / "ray-hook"),
+        ])  # fmt: skip
+        s._spawn("agent", [
+            sys.executable, "-m", "agents", "--server", s.url,
+            "--token-file", str(s.workdir / "node.token"), "--node", NODE,
+            "--run-dir", str(s.run_dir), "--interval", "0.5", "--simulate-gpus", "2",
+            "--spool-dir", str(s.workdir / "spool"), "--log-level", "WARNING",
+            "--ray", ray_.dashboard, "--ray-preset", str(preset_file), "--ray-job", job,
+            "--verl-log", str(verl_log),
+        ])  # fmt: skip
+        yield s
+    finally:
+        s.stop()

@@ -4,7 +4,8 @@ kill -9 of an actor's worker process -> the collector reports it DEAD with Ray's
 within 5 s; actors mapped by the verl and OpenRLHF presets; a class no rule matches is named
 once and left out; an unreachable address is said and the collector keeps trying. The hook's
 restart_role kills a named actor so Ray restarts it, once per idempotency key, and refuses a
-dead one; restart_job stops a Jobs API job and submits it again with verl's resume flag, once.
+dead one; restart_job stops a Jobs API job and submits it again with verl's resume flag, once,
+and refuses a job that was not submitted through the Jobs API or has a blank entrypoint.
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ def test_kill9_is_dead_with_rays_cause_within_5s_and_unknown_classes_are_named(
     with caplog.at_level(logging.WARNING, logger="rlguard.agent.ray"):
         first = wait_for(lambda: _participant(collector, "rollout", 3), 20, "the rollout actor")
     assert first["phase"] == PHASE_RUNNING
-    named = [r.getMessage() for r in caplog.records if "matches no role" in r.getMessage()]
-    assert len(named) == 1 and "'SomethingElse'" in named[0] and "'verl'" in named[0]
+    # Only this class's line: the session's Ray also holds the actors other tests left.
+    named = [r.getMessage() for r in caplog.records
+             if "matches no role" in r.getMessage() and "'SomethingElse'" in r.getMessage()]
+    assert len(named) == 1 and "'verl'" in named[0], named
     _s, participants = collector.collect()
     assert {p["role"] for p in participants if p["job"] == JOB} == {"rollout"}
 
@@ -184,6 +187,7 @@ def test_restart_job_resubmits_through_the_jobs_api_with_verls_resume_flag_once(
     answer = json.loads(done.stdout)
     new = answer["submitted"]
     assert answer["stopped"] == old and answer["already"] is False
+    assert answer["released_safe_mode"] is False  # no run directory of the job: nothing held it
     assert client.get_job_status(old).value == "STOPPED"
     info = client.get_job_info(new)
     assert info.metadata == {"rlguard_job": "verl-sub"}
@@ -200,6 +204,16 @@ def test_restart_job_resubmits_through_the_jobs_api_with_verls_resume_flag_once(
     refused = _hook(local_ray, tmp_path, "restart_job", "--job", "not-submitted",
                     "--preset", "verl", "--idempotency-key", "x1")
     assert refused.returncode == 1 and "Jobs API" in refused.stderr
+
+    # A submission whose recorded entrypoint is blank (the Jobs API takes any string): refused,
+    # nothing submitted.
+    blank = client.submit_job(entrypoint=" ", metadata={"rlguard_job": "blank"})
+    wait_for(lambda: client.get_job_status(blank).value in ("SUCCEEDED", "FAILED", "STOPPED"),
+             60, "the blank job to end")
+    refused = _hook(local_ray, tmp_path, "restart_job", "--job", "blank",
+                    "--preset", "verl", "--idempotency-key", "x2")
+    assert refused.returncode == 1 and "no recorded entrypoint" in refused.stderr, refused.stderr
+    assert len([j for j in client.list_jobs() if (j.metadata or {}).get("rlguard_job") == "blank"]) == 1
 
 
 def test_hook_bad_input_is_one_line_and_exit_2(local_ray: LocalRay, tmp_path: Path) -> None:

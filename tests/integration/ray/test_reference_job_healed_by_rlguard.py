@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,50 +25,23 @@ from typing import Any
 
 import pytest
 
-from app.cli.demo import NODE, DemoStack
-from integrations.ray.hook import write_hook
+from app.cli.demo import DemoStack
 from recovery.report import heartbeat_path
-from tests.harness import free_port, wait_for
-from tests.integration.ray._ray import LocalRay
+from tests.harness import wait_for
+from tests.integration.ray._ray import LocalRay, ray_stack
 from tests.integration.workload._jobs import Job, consumed
 from workload.job import read_json
+from workload.ray_mode import rlguard_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = "ref-on-ray"
 STEPS = 4  # the kill is in step 3: a fault in the first step is escalated to heavy
-PRESET = {
-    "name": "reference-job",
-    "resume": [],
-    "roles": [
-        {"role": "trainer", "class": "^ReferenceWorker$", "name": rf"^{JOB}_trainer_(?P<rank>\d+)(_r\d+)?$"},
-        {"role": "rollout", "class": "^ReferenceWorker$", "name": rf"^{JOB}_rollout_(?P<rank>\d+)(_r\d+)?$"},
-    ],
-}
 
 
 @pytest.fixture
 def stack(tmp_path: Path, local_ray: LocalRay) -> Iterator[DemoStack]:
-    s = DemoStack(tmp_path / "stack", free_port(), job="demo-idle", schedule=None)
-    try:
-        s.start_server()
-        preset = tmp_path / "preset.json"
-        preset.write_text(json.dumps(PRESET))
-        # The recovery worker's launcher hook is the Ray hook (the server reads it per action).
-        write_hook(s.workdir / "launcher-hook", [
-            "--dashboard", local_ray.dashboard, "--ray-address", local_ray.gcs_address,
-            "--preset", str(preset), "--ray-job", JOB, "--state-dir", str(tmp_path / "ray-hook"),
-        ])
-        s._spawn("agent", [
-            sys.executable, "-m", "agents", "--server", s.url,
-            "--token-file", str(s.workdir / "node.token"), "--node", NODE,
-            "--run-dir", str(s.run_dir), "--interval", "0.5", "--simulate-gpus", "2",
-            "--spool-dir", str(s.workdir / "spool"), "--log-level", "WARNING",
-            "--ray", local_ray.dashboard, "--ray-preset", str(preset), "--ray-job", JOB,
-            "--verl-log", str(tmp_path / "verl.jsonl"),  # the job's step (Ray knows none)
-        ])
+    with ray_stack(tmp_path, local_ray, JOB, rlguard_preset(JOB), tmp_path / "verl.jsonl") as s:
         yield s
-    finally:
-        s.stop()
 
 
 def _incident(stack: DemoStack) -> dict[str, Any] | None:

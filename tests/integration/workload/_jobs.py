@@ -85,9 +85,11 @@ class Job:
         self.log.close()
 
 
-def consumed(job: Job) -> dict[tuple[int, str], str]:
-    """(step, batch) → sha256 of what the trainer consumed (last consumption wins)."""
-    return {(e["step"], e["batch"]): e["sha256"] for e in job.events("consumed")}
+def consumed(job: Job | RunDir) -> dict[tuple[int, str], str]:
+    """(step, batch) → sha256 of what the trainer consumed (last consumption wins), of a job
+    these helpers launched or of any run directory (a job submitted to Ray's Jobs API)."""
+    run = job.run if isinstance(job, Job) else job
+    return {(e["step"], e["batch"]): e["sha256"] for e in read_events(run) if e["kind"] == "consumed"}
 
 
 def dumps(obj: Any) -> str:

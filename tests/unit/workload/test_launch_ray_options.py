@@ -33,3 +33,21 @@ def test_options_that_do_not_go_with_ray(
     err = capsys.readouterr().err
     assert needle in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_disable_refuses_a_run_directory_that_holds_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "job.json").write_text("{}")  # what every launch writes first
+    for resume in (["--resume", "disable"], ["--resume=disable"]):
+        with pytest.raises(SystemExit) as info:
+            main(["--run-dir", str(run), "--steps", "2", "--ray", *resume])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--resume disable" in err and "--resume auto" in err and str(run) in err, err
+    assert sorted(p.name for p in run.iterdir()) == ["job.json"]  # nothing started
+    with pytest.raises(SystemExit) as info:
+        main(["--run-dir", str(run), "--steps", "2", "--resume", "scratch"])
+    assert info.value.code == 2 and "invalid choice: 'scratch'" in capsys.readouterr().err

@@ -113,6 +113,19 @@ def test_resume_arguments_replace_a_given_key_and_add_a_flag_once() -> None:
     assert with_resume(once, orl) == once
 
 
+def test_the_reference_jobs_resume_option_replaces_either_spelling_once() -> None:
+    from workload.ray_mode import rlguard_preset
+
+    ref = preset_from_dict(rlguard_preset("ref-job"), "reference").resume_args
+    launch = "python -m workload.launch --run-dir /r --ray"
+    for given in ("", " --resume disable", " --resume=disable", " --resume=auto"):
+        resumed = with_resume(launch + given + " --steps 4", ref)
+        assert resumed == launch + " --steps 4 --resume=auto", given
+        assert with_resume(resumed, ref) == resumed
+    # Only the option itself is replaced, not one whose name starts the same.
+    assert with_resume("x --resume-dir d", ref) == "x --resume-dir d --resume=auto"
+
+
 def test_death_cause_from_rays_record() -> None:
     rec = actor_from_dict({
         "actor_id": "ab", "class_name": "WorkerDict", "state": "DEAD", "job_id": "01000000",
