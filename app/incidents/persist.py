@@ -21,6 +21,7 @@ from app.core.db import begin_savepoint
 from app.guardrails.gate import GateDecision, Verdict, gate
 from app.incidents.planning import plan_actions
 from app.incidents.timeline import add_event
+from app.incidents.whole_job import drop_covered
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
@@ -310,6 +311,7 @@ def plan_incident(
     assert inc.id is not None
     if actions and _actions_held(session, inc, actions, now):
         return
+    actions = drop_covered(session, inc, actions, now)
     # The guard-rails decide what of the plan may run (app/guardrails/gate.py); a plan with no
     # action has nothing to gate.
     verdicts = (

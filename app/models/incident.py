@@ -58,6 +58,9 @@ class IncidentEventType(enum.StrEnum):
     # When what muted it ends (app/incidents/mute_ended.py), the incident still open:
     UNMUTED = "unmuted"  # its alert goes out now (alerted like an opening)
     ACTIONS_RELEASED = "actions_released"  # its held plan is planned now
+    # A whole-job action of this plan that another open incident of the job already has in
+    # flight (app/incidents/whole_job.py): not written a second time.
+    ACTION_COVERED = "action_covered"
     # Hang forensics (app/incidents/stacks.py): a process's Python stacks, or why there are none.
     STACKS_CAPTURED = "stacks_captured"
 

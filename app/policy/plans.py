@@ -39,6 +39,11 @@ NODE_LOCAL_ACTIONS = frozenset(
     }
 )
 
+# Actions that act on a job as a whole: one in flight serves every incident of the job (one dead
+# driver loses the trainer and the rollout, two incidents; one resubmission heals both, and a
+# second one approved later would stop the job the first had just brought back).
+WHOLE_JOB_ACTIONS = frozenset({ActionName.RESTART_JOB, ActionName.RESTORE_CHECKPOINT})
+
 # Actions that wait for an approver whatever the incident's tier: a drain takes a machine
 # away from every job of the cluster, not only from the one that saw the fault.
 ALWAYS_APPROVED_ACTIONS = frozenset({ActionName.DRAIN_NODE})

@@ -55,6 +55,7 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.ACTIONS_HELD: ("warn", "Actions held"),
     IncidentEventType.UNMUTED: ("bad", "No longer muted: alerted"),
     IncidentEventType.ACTIONS_RELEASED: ("warn", "Hold ended: plan released"),
+    IncidentEventType.ACTION_COVERED: ("idle", "Action already in flight for the job"),
     IncidentEventType.STACKS_CAPTURED: ("idle", "Python stacks captured"),
 }
 

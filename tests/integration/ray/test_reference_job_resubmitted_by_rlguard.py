@@ -5,10 +5,10 @@
 ``main_ppo`` is; the real server (policy engine, embedded Celery worker whose launcher hook is
 the Ray hook) and a real ``rlguard agent --ray`` watch it. kill -9 of the driver once the server
 knows step 2 and its checkpoint is sealed -> the Ray job FAILED, its actors DEAD (OWNER_DIED) ->
-heartbeat_lost for the trainer (and one for the rollout, an incident of its own; see the note in
-docs/integrations.md) ->
-restart_role refused by the hook (no restarter: Ray cannot bring them back) -> escalated to
-heavy: SAFE_MODE, restart_job waiting for an approver -> approved through the REST API -> the
+heartbeat_lost for the trainer and for the rollout, two incidents ->
+restart_role refused by the hook (no restarter: Ray cannot bring them back) -> each escalated to
+heavy: SAFE_MODE, and one restart_job waiting for an approver (the second incident's is covered
+by the first's: one person asked once for one whole-job restart) -> approved through the REST API -> the
 hook resubmits through the Jobs API with the recorded entrypoint plus the reference preset's
 ``--resume=auto`` (replacing ``--resume disable``, which would refuse the run directory) and
 releases the job's SAFE_MODE -> the new driver resumes from the checkpoint and the WAL (not from
@@ -48,8 +48,9 @@ KILL_AT = 2
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
-def _trainers(subject: dict[str, Any]) -> bool:
-    return subject.get("job") == JOB and subject.get("role") == "trainer"
+def _incidents(stack: DemoStack) -> list[dict[str, Any]]:
+    """This job's incidents, whole (timeline and actions)."""
+    return [stack.incident(i["id"]) for i in stack.incidents() if i["subject"].get("job") == JOB]
 
 
 @pytest.fixture
@@ -65,14 +66,27 @@ def _mine(client: Any) -> list[Any]:
 
 
 def _action(stack: DemoStack, name: str) -> dict[str, Any] | None:
-    """The trainer's incident's action ``name`` once it finished."""
-    for inc in stack.incidents():
-        if not _trainers(inc["subject"]):
-            continue
-        for a in stack.incident(inc["id"])["actions"]:
+    """The job's action ``name`` once it finished (of whichever incident planned it)."""
+    for inc in _incidents(stack):
+        for a in inc["actions"]:
             if a["action"] == name and a["status"] in ("succeeded", "failed"):
                 return a
     return None
+
+
+def _one_restart_asked(stack: DemoStack) -> dict[str, Any] | None:
+    """The job's one pending approval, once both lost participants' incidents are heavy and the
+    later one's restart_job is covered by the earlier one's (not asked for again)."""
+    incidents = _incidents(stack)
+    roles = sorted(i["subject"].get("role") for i in incidents if i["tier"] == "heavy")
+    covered = [e for i in incidents for e in i["timeline"] if e["type"] == "action_covered"]
+    if roles != ["rollout", "trainer"] or not covered:
+        return None
+    mine = {i["id"] for i in incidents}
+    pending = [a for a in stack.pending_approvals() if a["incident_id"] in mine]
+    assert len(pending) == 1, pending  # never one approval per lost participant
+    assert covered[0]["detail"]["covered_by_incident"] == pending[0]["incident_id"], covered
+    return pending[0]
 
 
 def test_driver_crash_is_approved_and_resubmitted_through_the_jobs_api_resuming_bit_for_bit(
@@ -117,10 +131,8 @@ def test_driver_crash_is_approved_and_resubmitted_through_the_jobs_api_resuming_
         killed = time.monotonic()
         wait_for(lambda: client.get_job_status(first).value == "FAILED", 30, "the Ray job to fail")
 
-        # The trainer's incident (its rollout's, lost with the same driver, is one of its own).
-        pending = wait_for(lambda: [a for a in stack.pending_approvals()
-                                    if _trainers(stack.incident(a["incident_id"])["subject"])],
-                           60, "restart_job waiting for an approver", context=logs)
+        pending = [wait_for(lambda: _one_restart_asked(stack), 60,
+                            "one restart_job waiting for an approver", context=logs)]
         assert [x["action"] for x in pending[0]["actions"]] == ["restart_job"], pending
         asked = time.monotonic()
         refused = _action(stack, "restart_role")

@@ -181,3 +181,38 @@ def test_scheduler_lease_has_one_holder_until_it_expires(engine) -> None:
     assert not try_lease(engine, holder="a", ttl=5)
     release_lease(engine, holder="b")
     assert try_lease(engine, holder="a", ttl=5)
+
+
+def _restart_job_plan() -> tuple[PlannedAction, PlannedAction]:
+    return (
+        PlannedAction(ActionName.ENTER_SAFE_MODE, "j", "n0", False, {"reason": "x"}),
+        PlannedAction(ActionName.RESTART_JOB, "j", None, True),
+    )
+
+
+def _lost(role: str) -> IncidentDecision:
+    subject = Subject(node="n0", job="j", role=role, rank=0)
+    sig = FaultSignal(FaultKind.HEARTBEAT_LOST, subject, Evidence(metric="m", detail="dead driver"), Tier.HEAVY, 100.0, since=90.0)
+    return IncidentDecision(DecisionType.OPEN, sig.incident_key, sig.kind, subject, Tier.HEAVY, 100.0, sig, _restart_job_plan())
+
+
+def test_one_whole_job_restart_in_flight_serves_every_incident_of_the_job(engine) -> None:
+    """A dead driver loses the trainer and the rollout: two incidents, one restart_job to approve
+    (a second, approved after the first had brought the job back, would stop it again)."""
+    trainer = persist(engine, _lost("trainer"))
+    rollout = persist(engine, _lost("rollout"))
+    assert len(trainer.approvals) == 1 and rollout.approvals == []  # one person asked, once
+    with Session(engine) as s:
+        restarts = s.exec(select(RecoveryAction).where(RecoveryAction.action == "restart_job")).all()
+        assert [r.incident_id for r in restarts] == trainer.opened
+        covered = incident_detail(s, incident_id=rollout.opened[0]).timeline
+        [note] = [e for e in covered if e.type == "action_covered"]
+        assert note.detail["covered_by_action"] == restarts[0].id
+        assert note.detail["covered_by_incident"] == trainer.opened[0]
+        # the node-local SAFE_MODE entry is still planned on both (idempotent on the node)
+        assert sorted(e.detail["action"] for e in covered if e.type == "action_planned") == ["enter_safe_mode"]
+        # once the covering restart is over (here: refused), a later plan of the job asks again
+        approvals.decide(s, approval_id=trainer.approvals[0], user=_approver(engine), approve=False)
+        s.commit()
+    again = persist(engine, _lost("reference"))
+    assert len(again.approvals) == 1
