@@ -70,14 +70,8 @@ MAX_ABS_VALUE = 1e300
 MAX_SEQ = 2**62  # below the bigint column's 2^63 - 1, with room for the window arithmetic
 MAX_STEP = 2**31 - 1  # the column is INTEGER (32-bit) on PostgreSQL
 MAX_RANK = 1_000_000
-_BOUNDS = DecodeBounds(
-    min_timestamp=MIN_TIMESTAMP,
-    max_timestamp=MAX_TIMESTAMP,
-    max_abs_value=MAX_ABS_VALUE,
-    max_seq=MAX_SEQ,
-    max_step=MAX_STEP,
-    max_rank=MAX_RANK,
-)
+# In DecodeBounds' field order (each constant is named after its field).
+_BOUNDS = DecodeBounds(MIN_TIMESTAMP, MAX_TIMESTAMP, MAX_ABS_VALUE, MAX_SEQ, MAX_STEP, MAX_RANK)
 
 _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
