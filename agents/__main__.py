@@ -30,6 +30,7 @@ from agents.collectors.dcgm import DEFAULT_DCGM_URL
 from agents.collectors.engines import EngineSpec, EngineSpecError
 from agents.fingerprint import DEFAULT_PACKAGES
 from agents.spool import SpoolError
+from recovery._pids import process_exists
 
 # The server's identifier rule for node names (ingest contract).
 _NODE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,127}$")
@@ -271,13 +272,7 @@ def _ago(ts: Any, now: float) -> str:
 def _pid_alive(pid: Any) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_exists(pid)
 
 
 def print_status(spool_dir: Path, *, as_json: bool, now: float) -> int:

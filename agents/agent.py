@@ -28,6 +28,7 @@ import orjson
 
 from agents.collectors.dcgm import DEFAULT_DCGM_URL, DcgmExporterCollector
 from agents.collectors.engines import EngineCollector, EngineSpec
+from agents.collectors.gpu_source import GpuSource
 from agents.collectors.job import JobCollector
 from agents.collectors.nvml import NvmlCollector
 from agents.collectors.slurm import SlurmNodeCollector
@@ -109,7 +110,7 @@ class Agent:
         self.config = config
         self._clock = clock
         self.fake: FakeNVML | None = None
-        self.gpus: NvmlCollector | DcgmExporterCollector
+        self.gpus: GpuSource
         if config.gpu_source == "dcgm-exporter":
             self.gpus = DcgmExporterCollector(
                 config.dcgm_url, timeout=config.scrape_timeout, clock=clock
@@ -194,7 +195,7 @@ class Agent:
         )
 
     @property
-    def nvml(self) -> NvmlCollector | DcgmExporterCollector:
+    def nvml(self) -> GpuSource:
         """The GPU source (NVML unless ``gpu_source`` is dcgm-exporter); the older name."""
         return self.gpus
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery._fsio import fsync_directory, write_new_file
+from recovery._pids import process_exists
 from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
 
@@ -234,14 +235,10 @@ def _writer_alive(temp_name: str) -> bool:
     if len(parts) != 4 or parts[1] != socket.gethostname():
         return False
     try:
-        os.kill(int(parts[2]), 0)
+        pid = int(parts[2])
     except ValueError:
         return False
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return process_exists(pid)
 
 
 def _check_batch_id(batch_id: object) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from recovery.control import ControlMode, read_control
 from recovery.errors import RecoveryError
@@ -180,6 +180,17 @@ class _State:
     rollout_timeouts: int = 0
 
 
+class MachineOptions(TypedDict, total=False):
+    """The constructor's keyword options besides ``name``, which :meth:`PhaseMachine.resume`
+    passes through as they are (written once here rather than in both signatures)."""
+
+    run_dir: str | os.PathLike[str] | None
+    config: PhaseConfig | None
+    clock: Callable[[], float]
+    first_step: int
+    reporter: HeartbeatReporter | None
+
+
 class PhaseMachine:
     """The phase machine of one training process, logging to ``state_log``.
 
@@ -220,30 +231,15 @@ class PhaseMachine:
 
     @classmethod
     def resume(
-        cls,
-        state_log: StateLog,
-        *,
-        name: str = "trainer",
-        run_dir: str | os.PathLike[str] | None = None,
-        config: PhaseConfig | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        first_step: int = 0,
-        reporter: HeartbeatReporter | None = None,
+        cls, state_log: StateLog, *, name: str = "trainer", **options: Unpack[MachineOptions]
     ) -> PhaseMachine:
-        """A machine in the state its last logged transition recorded (INIT if none).
+        """A machine in the state its last logged transition recorded (INIT if none); the
+        options are the constructor's.
 
         The phase's deadline restarts now: a monotonic clock does not survive a restart.
         A ``resume`` line is logged so the restart is visible in the state log.
         """
-        machine = cls(
-            state_log,
-            name=name,
-            run_dir=run_dir,
-            config=config,
-            clock=clock,
-            first_step=first_step,
-            reporter=reporter,
-        )
+        machine = cls(state_log, name=name, **options)
         last = last_state_record(state_log.path, match=lambda r: r.payload.get("machine") == name)
         if last is None:
             return machine

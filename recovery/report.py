@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recovery._closing import ClosesOnExit
 from recovery._fsio import replace_file
 from recovery.errors import RecoveryError, RecoveryTimeout
 
@@ -121,7 +122,7 @@ def _check_latency(value: object) -> float | None:
     return number
 
 
-class HeartbeatReporter:
+class HeartbeatReporter(ClosesOnExit):
     """Writes one participant's heartbeat file; training code calls it, the node agent reads it.
 
     ``run_dir`` is the job's run directory, ``role`` a short name without ``-`` (``trainer``,
@@ -486,12 +487,6 @@ class HeartbeatReporter:
                 raise RecoveryTimeout(f"heartbeat keepalive thread did not stop within {timeout}s")
             self._keepalive = None
         self.flush()
-
-    def __enter__(self) -> HeartbeatReporter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _keepalive_loop(self) -> None:
         while not self._stop.wait(self._interval):

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
+from recovery._closing import ClosesOnExit
 from recovery._fsio import fsync_directory
 from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
@@ -68,7 +68,7 @@ class StateRecord:
     payload: dict[str, Any]
 
 
-class StateLog:
+class StateLog(ClosesOnExit):
     """Appends transitions to ``path`` durably and measures how long each append takes."""
 
     def __init__(
@@ -148,17 +148,6 @@ class StateLog:
             self._closed = True
             os.close(self._fd)
             self._lock.close()
-
-    def __enter__(self) -> StateLog:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _cut_torn_tail(self) -> None:
         """Drop a partial last line left by a writer killed mid-append (lock held)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from recovery._pids import process_exists
 from recovery.batch import commit_batch
 from recovery.checkpoint.participant import Participant
 from recovery.checkpoint.version import VersionVector
@@ -119,12 +120,9 @@ def run(run_dir: str, rank: int) -> int:
 def _producer_alive(entry_id: str) -> bool:
     try:
         pid = int(entry_id.rsplit("-p", 1)[1])
-        os.kill(pid, 0)
-    except (IndexError, ValueError, ProcessLookupError):
+    except (IndexError, ValueError):
         return False
-    except PermissionError:
-        return True
-    return True
+    return process_exists(pid)
 
 
 def _work_for(run: RunDir, workers: int, step: int, rank: int) -> int | None:

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-import pynvml
 
 from agents.collectors.exposition import (
     ExpositionReader,
@@ -35,7 +34,7 @@ from agents.collectors.exposition import (
     by_name,
     scrape,
 )
-from agents.metric_names import CRITICAL_XIDS
+from agents.collectors.gpu_source import GpuSource, XidTally, throttle_flags
 from agents.samples import Sample, make_sample
 
 log = logging.getLogger("rlguard.agent.dcgm")
@@ -84,14 +83,6 @@ MAPPED_FIELDS: frozenset[str] = frozenset(
     {*_DIRECT, *_FLAGS, *_RETIRED, *_NVLINK_CRC, _CLOCK_EVENTS[0]}
     | {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_XID_ERRORS"}
 )
-_THERMAL = (
-    pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
-    | pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
-)
-_POWER = (
-    pynvml.nvmlClocksThrottleReasonSwPowerCap | pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown
-)
-_HW_SLOWDOWN = pynvml.nvmlClocksThrottleReasonHwSlowdown
 
 
 @dataclass
@@ -101,11 +92,10 @@ class _GpuState:
     model: str = "unknown"
     lost: bool = False
     last_xid: int | None = None  # newest XID code seen (the baseline at the first scrape)
-    xid_counts: dict[int, int] = field(default_factory=dict)
-    xid_critical: int = 0
+    xids: XidTally = field(default_factory=XidTally)
 
 
-class DcgmExporterCollector:
+class DcgmExporterCollector(GpuSource):
     """Samples every GPU the exporter lists; same interface as ``NvmlCollector``."""
 
     def __init__(
@@ -123,23 +113,8 @@ class DcgmExporterCollector:
         # Only the fields mapped below are read; the rest of the page is skipped unparsed.
         self._reader = ExpositionReader(tuple(sorted(MAPPED_FIELDS | set(_CLOCK_EVENTS))))
         self._available = False
-        self._down_reason: str | None = None
+        self._unavailable_reason: str | None = None
         self._driver: str | None = None
-
-    @property
-    def available(self) -> bool:
-        """True when the last scrape succeeded."""
-        return self._available
-
-    @property
-    def unavailable_reason(self) -> str | None:
-        """Why the last scrape failed, or None."""
-        return self._down_reason
-
-    @property
-    def gpu_count(self) -> int:
-        """GPUs the exporter has listed since the agent started (lost ones included)."""
-        return len(self._gpus)
 
     def start(self) -> bool:
         """Nothing to initialise: the first :meth:`collect` scrapes. Always True."""
@@ -166,10 +141,10 @@ class DcgmExporterCollector:
             index = s.labels.get("gpu")
             if index is not None and index.isdigit():
                 per_gpu.setdefault(index, []).append(s)
-        if self._down_reason is not None:
+        if self._unavailable_reason is not None:
             log.warning("dcgm-exporter at %s answers again", self.url)
         self._available = True
-        self._down_reason = None
+        self._unavailable_reason = None
         now = self._clock()
         out: list[Sample] = []
         for index in sorted(set(per_gpu) | set(self._gpus), key=int):
@@ -185,14 +160,14 @@ class DcgmExporterCollector:
         return out
 
     def _mark_down(self, reason: str) -> None:
-        if self._down_reason is None:
+        if self._unavailable_reason is None:
             log.warning(
                 "dcgm-exporter is not answering (%s); sending no GPU metrics until it does, "
                 "job signals continue",
                 reason,
             )
         self._available = False
-        self._down_reason = reason
+        self._unavailable_reason = reason
 
     def _report_lost(self, gpu: _GpuState, now: float, out: list[Sample]) -> None:
         if not gpu.lost:
@@ -246,11 +221,8 @@ class DcgmExporterCollector:
         for dcgm_name in _CLOCK_EVENTS:
             v = value(dcgm_name)
             if v is not None:
-                bits = int(v)
-                add("gpu_throttle_reasons_bitmask", bits)
-                add("gpu_throttle_thermal_active", 1 if bits & _THERMAL else 0)
-                add("gpu_throttle_power_active", 1 if bits & _POWER else 0)
-                add("gpu_throttle_hw_slowdown_active", 1 if bits & _HW_SLOWDOWN else 0)
+                for name, flag in throttle_flags(int(v)):
+                    add(name, flag)
                 break
         self._xid(gpu, value("DCGM_FI_DEV_XID_ERRORS"), now, out)
         add("gpu_lost", 0)
@@ -262,24 +234,11 @@ class DcgmExporterCollector:
         first_sight = gpu.last_xid is None
         if not first_sight and xid != gpu.last_xid and xid != 0:
             # The field only holds the newest code: a change is the one event we can see.
-            gpu.xid_counts[xid] = gpu.xid_counts.get(xid, 0) + 1
-            critical = xid in CRITICAL_XIDS
-            if critical:
-                gpu.xid_critical += 1
-            log.log(
-                logging.ERROR if critical else logging.WARNING,
-                "gpu %s (%s): XID %d%s (from dcgm-exporter)",
-                gpu.index,
-                gpu.uuid,
-                xid,
-                " (critical)" if critical else "",
-            )
+            gpu.xids.record(xid, log, gpu.index, gpu.uuid, note=" (from dcgm-exporter)")
         gpu.last_xid = xid
-        labels = {"gpu": gpu.index}
-        out.append(make_sample("gpu_xid_critical_events_total", gpu.xid_critical, now, labels))
-        for code_seen, count in gpu.xid_counts.items():
-            out.append(
-                make_sample("gpu_xid_events_total", count, now, {**labels, "xid": str(code_seen)})
+        # Code 0 is the field's "no XID yet": not a code to show as the newest.
+        out.extend(
+            gpu.xids.samples(
+                now, lambda **extra: {"gpu": gpu.index, **extra}, xid if xid != 0 else None
             )
-        if xid != 0:
-            out.append(make_sample("gpu_xid_last_code", xid, now, labels))
+        )

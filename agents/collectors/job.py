@@ -22,6 +22,7 @@ import orjson
 
 from agents.metric_names import TRAINER_SIGNALS
 from agents.samples import Participant, Sample, make_sample
+from recovery._tail import AppendedLines
 from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
 
 log = logging.getLogger("rlguard.agent.job")
@@ -196,43 +197,24 @@ class _StateLogTail:
     """Reads only the complete lines appended since the last round."""
 
     path: Path
-    inode: int | None = None
-    offset: int = 0
-    partial: bytes = b""
     transitions: int = 0
     last_ts: float | None = None
     last_state: str | None = None
     bad_lines: int = 0
     warned: set[str] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        # From the tail when first seen, so the agent learns the current state without reading
+        # a long history.
+        self._lines = AppendedLines(
+            self.path, _STATE_LOG_MAX_READ, look_back=_STATE_LOG_INITIAL_TAIL
+        )
+
     def poll(self) -> None:
-        try:
-            handle = open(self.path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            return
-        with handle:
-            st = os.fstat(handle.fileno())
-            first_open = self.inode is None
-            if self.inode != st.st_ino or st.st_size < self.offset:
-                # New or rotated/truncated file: start over (from the tail when first seen, so the
-                # agent learns the current state without reading a long history).
-                self.inode = st.st_ino
-                self.partial = b""
-                self.offset = max(0, st.st_size - _STATE_LOG_INITIAL_TAIL) if first_open else 0
-            if st.st_size == self.offset:
-                return
-            handle.seek(self.offset)
-            chunk = handle.read(_STATE_LOG_MAX_READ)
-        skip_first = first_open and self.offset > 0
-        self.offset += len(chunk)
-        data = self.partial + chunk
-        lines = data.split(b"\n")
-        self.partial = lines.pop()  # incomplete last line (or b"") waits for its newline
-        if skip_first and lines:
-            lines.pop(0)  # started mid-line
+        lines, first_open = self._lines.read()
         for line in lines:
-            if line.strip():
-                self._consume(line, count=not first_open)
+            # What the log held before the agent first saw it is not a transition it saw happen.
+            self._consume(line, count=not first_open)
 
     def _consume(self, line: bytes, *, count: bool) -> None:
         try:

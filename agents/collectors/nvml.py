@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 import pynvml
 
-from agents.metric_names import CRITICAL_XIDS
+from agents.collectors.gpu_source import GpuSource, XidTally, throttle_flags
 from agents.samples import Sample, make_sample
 
 log = logging.getLogger("rlguard.agent.nvml")
@@ -32,14 +33,6 @@ _PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     pynvml.NVMLError_NoPermission,
     pynvml.NVMLError_FunctionNotFound,
 )
-_THERMAL = (
-    pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
-    | pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
-)
-_POWER = (
-    pynvml.nvmlClocksThrottleReasonSwPowerCap | pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown
-)
-_HW_SLOWDOWN = pynvml.nvmlClocksThrottleReasonHwSlowdown
 _MAX_EVENTS_PER_ROUND = 64
 # (metric, counter key, NVML counter): CRC errors sum the flit and data CRC counters.
 _NVLINK_COUNTERS = (
@@ -64,14 +57,13 @@ class _GpuState:
     failing: set[str] = field(default_factory=set)  # fields whose last read failed (logged once)
     lost: bool = False
     event_set: Any = None
-    xid_counts: dict[int, int] = field(default_factory=dict)
-    xid_critical: int = 0
+    xids: XidTally = field(default_factory=XidTally)
     last_xid: int | None = None
     nvlink_links: list[int] | None = None
     nvlink_cache: dict[str, float] = field(default_factory=dict)
 
 
-class NvmlCollector:
+class NvmlCollector(GpuSource):
     """Samples every GPU that NVML reports; see the module docstring for the error policy.
 
     ``simulated`` adds ``simulated="1"`` to every sample. ``nvlink_every`` reads the NVLink error
@@ -98,21 +90,6 @@ class NvmlCollector:
         self._last_init_attempt = float("-inf")
         self._unavailable_reason: str | None = None
         self._round = 0
-
-    @property
-    def available(self) -> bool:
-        """True once NVML initialised."""
-        return self._available
-
-    @property
-    def unavailable_reason(self) -> str | None:
-        """Why NVML is not available (the NVML error text), or None."""
-        return self._unavailable_reason
-
-    @property
-    def gpu_count(self) -> int:
-        """Number of GPUs NVML reported at initialisation."""
-        return len(self._gpus)
 
     def start(self) -> bool:
         """Initialise NVML and enumerate the GPUs; False (logged once) when NVML is missing."""
@@ -341,11 +318,8 @@ class NvmlCollector:
             if event_reasons is not None:
                 reasons = self._read(gpu, "clock_events", event_reasons, h)
         if reasons is not None:
-            bits = int(reasons)
-            add("gpu_throttle_reasons_bitmask", bits)
-            add("gpu_throttle_thermal_active", 1 if bits & _THERMAL else 0)
-            add("gpu_throttle_power_active", 1 if bits & _POWER else 0)
-            add("gpu_throttle_hw_slowdown_active", 1 if bits & _HW_SLOWDOWN else 0)
+            for name, flag in throttle_flags(int(reasons)):
+                add(name, flag)
         self._collect_memory_errors(gpu, now, out)
         replay = self._read(gpu, "pcie_replay", nvml.nvmlDeviceGetPcieReplayCounter, h)
         if replay is not None:
@@ -466,29 +440,10 @@ class NvmlCollector:
             if not int(data.eventType) & pynvml.nvmlEventTypeXidCriticalError:
                 continue
             xid = int(data.eventData)
-            gpu.xid_counts[xid] = gpu.xid_counts.get(xid, 0) + 1
             gpu.last_xid = xid
-            critical = xid in CRITICAL_XIDS
-            if critical:
-                gpu.xid_critical += 1
-            log.log(
-                logging.ERROR if critical else logging.WARNING,
-                "gpu %d (%s): XID %d%s",
-                gpu.index,
-                gpu.uuid,
-                xid,
-                " (critical)" if critical else "",
-            )
+            gpu.xids.record(xid, log, gpu.index, gpu.uuid)
 
     def _emit_xid(self, gpu: _GpuState, now: float, out: list[Sample]) -> None:
         if gpu.event_set is None:
             return
-        out.append(
-            make_sample("gpu_xid_critical_events_total", gpu.xid_critical, now, self._labels(gpu))
-        )
-        for xid, count in gpu.xid_counts.items():
-            out.append(
-                make_sample("gpu_xid_events_total", count, now, self._labels(gpu, xid=str(xid)))
-            )
-        if gpu.last_xid is not None:
-            out.append(make_sample("gpu_xid_last_code", gpu.last_xid, now, self._labels(gpu)))
+        out.extend(gpu.xids.samples(now, functools.partial(self._labels, gpu), gpu.last_xid))

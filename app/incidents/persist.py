@@ -58,6 +58,20 @@ class PersistResult:
     approvals: list[int] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Tick:
+    """What every decision of one tick is written with: the same transaction, planning
+    context, clock reading and result, so the handlers below take it as one argument."""
+
+    session: Session
+    ctx: PlanContext
+    now: datetime
+    out: PersistResult = field(default_factory=PersistResult)
+
+    def plan(self, inc: Incident, actions: Sequence[PlannedAction], *, stage: int) -> None:
+        plan_incident(self.session, inc, actions, self.ctx, self.now, self.out, stage=stage)
+
+
 def insert_open_incident(session: Session, inc: Incident) -> bool:
     """Insert ``inc`` (open, with ``open_key`` set) and flush it; False, with nothing written,
     when an incident with the same ``open_key`` is already open (another writer was first)."""
@@ -84,30 +98,22 @@ def persist_decisions(
 ) -> PersistResult:
     """Write one tick's decisions; the caller commits (and then dispatches ``new_actions``).
     ``dry_run``: plan and show, run nothing (the global setting)."""
-    now = now or utcnow()
-    out = PersistResult()
-    ctx = PlanContext(policy=policy, dry_run=dry_run)
+    tick = _Tick(session, PlanContext(policy=policy, dry_run=dry_run), now or utcnow())
     for d in decisions:
         if d.type is DecisionType.OPEN:
-            _persist_open(session, d, ctx, now, out)
+            _persist_open(tick, d)
             continue
         # A decision about an incident closed meanwhile (by a release, say) has nothing to change.
         inc = _open_incident(session, d.key)
         if inc is not None:
-            _PERSIST_CHANGE[d.type](session, inc, d, ctx, now, out)
-    return out
+            _PERSIST_CHANGE[d.type](tick, inc, d)
+    return tick.out
 
 
-def _persist_update(
-    session: Session,
-    inc: Incident,
-    d: IncidentDecision,
-    ctx: PlanContext,
-    now: datetime,
-    out: PersistResult,
-) -> None:
+def _persist_update(tick: _Tick, inc: Incident, d: IncidentDecision) -> None:
     if d.signal is None:
         return
+    session, now = tick.session, tick.now
     inc.evidence, inc.updated_at = d.signal.to_dict(), now
     _record_signal(session, inc, d, now)
     add_event(
@@ -119,14 +125,8 @@ def _persist_update(
     )
 
 
-def _persist_escalate(
-    session: Session,
-    inc: Incident,
-    d: IncidentDecision,
-    ctx: PlanContext,
-    now: datetime,
-    out: PersistResult,
-) -> None:
+def _persist_escalate(tick: _Tick, inc: Incident, d: IncidentDecision) -> None:
+    session, now = tick.session, tick.now
     if d.recovery_did_not_hold:
         _count_recovery_that_did_not_hold(session, inc, d, now)
     previous = inc.tier
@@ -145,18 +145,11 @@ def _persist_escalate(
     )
     if d.signal is not None and not d.recovery_did_not_hold:
         _record_signal(session, inc, d, now)
-    _cancel_unstarted(session, inc, now, why="superseded by the escalation plan")
-    plan_incident(session, inc, d.actions, ctx, now, out, stage=next_plan_stage(session, inc))
+    _replace_plan(tick, inc, d, why="superseded by the escalation plan")
 
 
-def _persist_retry(
-    session: Session,
-    inc: Incident,
-    d: IncidentDecision,
-    ctx: PlanContext,
-    now: datetime,
-    out: PersistResult,
-) -> None:
+def _persist_retry(tick: _Tick, inc: Incident, d: IncidentDecision) -> None:
+    session, now = tick.session, tick.now
     if d.recovery_did_not_hold:
         _count_recovery_that_did_not_hold(session, inc, d, now)
     inc.updated_at = now
@@ -167,26 +160,24 @@ def _persist_retry(
         at=now,
         detail={"reasons": list(d.reasons), "failures": inc.recovery_failures},
     )
-    _cancel_unstarted(session, inc, now, why="replaced by the retried plan")
-    plan_incident(session, inc, d.actions, ctx, now, out, stage=next_plan_stage(session, inc))
+    _replace_plan(tick, inc, d, why="replaced by the retried plan")
 
 
-def _persist_resolve(
-    session: Session,
-    inc: Incident,
-    d: IncidentDecision,
-    ctx: PlanContext,
-    now: datetime,
-    out: PersistResult,
-) -> None:
-    resolve_incident(session, incident=inc, now=now, why="signal quiet for the quiet period")
-    out.resolved_keys.append(d.key)
+def _persist_resolve(tick: _Tick, inc: Incident, d: IncidentDecision) -> None:
+    resolve_incident(
+        tick.session, incident=inc, now=tick.now, why="signal quiet for the quiet period"
+    )
+    tick.out.resolved_keys.append(d.key)
 
 
-_PERSIST_CHANGE: dict[
-    DecisionType,
-    Callable[[Session, Incident, IncidentDecision, PlanContext, datetime, PersistResult], None],
-] = {
+def _replace_plan(tick: _Tick, inc: Incident, d: IncidentDecision, *, why: str) -> None:
+    """Cancel what the incident's last plan has not started and plan ``d``'s actions as its
+    next stage (an escalation or a retry supersedes the plan before it)."""
+    _cancel_unstarted(tick.session, inc, tick.now, why=why)
+    tick.plan(inc, d.actions, stage=next_plan_stage(tick.session, inc))
+
+
+_PERSIST_CHANGE: dict[DecisionType, Callable[[_Tick, Incident, IncidentDecision], None]] = {
     DecisionType.UPDATE: _persist_update,
     DecisionType.ESCALATE: _persist_escalate,
     DecisionType.RETRY: _persist_retry,
@@ -194,9 +185,8 @@ _PERSIST_CHANGE: dict[
 }
 
 
-def _persist_open(
-    session: Session, d: IncidentDecision, ctx: PlanContext, now: datetime, out: PersistResult
-) -> None:
+def _persist_open(tick: _Tick, d: IncidentDecision) -> None:
+    session, now = tick.session, tick.now
     existing = _open_incident(session, d.key)
     if existing is not None:
         # The engine restarted without knowing it: treat as an update, never a duplicate.
@@ -222,7 +212,7 @@ def _persist_open(
         log.warning("incident %s already open (concurrent writer)", d.key)
         return
     assert inc.id is not None
-    out.opened.append(inc.id)
+    tick.out.opened.append(inc.id)
     add_event(
         session,
         incident_id=inc.id,
@@ -235,7 +225,7 @@ def _persist_open(
         },
     )
     _record_signal(session, inc, d, now)
-    plan_incident(session, inc, d.actions, ctx, now, out, stage=0)
+    tick.plan(inc, d.actions, stage=0)
 
 
 def _count_recovery_that_did_not_hold(

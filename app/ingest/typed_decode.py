@@ -20,6 +20,7 @@ Every pattern here ends in ``\\Z``, not ``$``: msgspec matches with Python's ``r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Protocol, cast
 
 import msgspec
@@ -65,21 +66,25 @@ class TypedBatch(Protocol):
     fingerprint: dict[str, str] | None
 
 
-def _struct_types(
-    limits: IngestLimits,
-    *,
-    min_timestamp: float,
-    max_timestamp: float,
-    max_abs_value: float,
-    max_seq: int,
-    max_step: int,
-    max_rank: int,
-) -> type[Any]:
-    """The batch struct type for these limits (the constraints are part of the type)."""
+@dataclass(frozen=True, slots=True)
+class DecodeBounds:
+    """The numeric bounds of a batch (``app.ingest.validation`` owns the values and why)."""
+
+    min_timestamp: float
+    max_timestamp: float
+    max_abs_value: float
+    max_seq: int
+    max_step: int
+    max_rank: int
+
+
+def _struct_types(limits: IngestLimits, bounds: DecodeBounds) -> type[Any]:
+    """The batch struct type for these limits and bounds (the constraints are part of the
+    type)."""
     # Built with defstruct: the constraints come from the limits, so the types are made at run
     # time. Not gc-tracked: the structs hold only scalars, strings and Raw values (never a
     # cycle), and a batch creates thousands of them.
-    timestamp = Annotated[float, Meta(ge=min_timestamp, le=max_timestamp)]
+    timestamp = Annotated[float, Meta(ge=bounds.min_timestamp, le=bounds.max_timestamp)]
     ident = Annotated[str, Meta(pattern=_ID, min_length=1, max_length=limits.max_id_length)]
     fp_key = Annotated[str, Meta(pattern=_TEXT, min_length=1, max_length=128)]
     fp_value = Annotated[str, Meta(pattern=_TEXT, max_length=limits.max_fingerprint_value_length)]
@@ -88,7 +93,7 @@ def _struct_types(
         "Sample",
         [
             ("name", str),
-            ("value", Annotated[float, Meta(ge=-max_abs_value, le=max_abs_value)]),
+            ("value", Annotated[float, Meta(ge=-bounds.max_abs_value, le=bounds.max_abs_value)]),
             ("ts", timestamp),
             ("labels", Raw, Raw(NO_LABELS)),
         ],
@@ -99,9 +104,9 @@ def _struct_types(
         [
             ("job", ident),
             ("role", Annotated[str, Meta(pattern=_ID, min_length=1, max_length=64)]),
-            ("rank", Annotated[int, Meta(ge=0, le=max_rank)]),
+            ("rank", Annotated[int, Meta(ge=0, le=bounds.max_rank)]),
             ("phase", Annotated[str, Meta(pattern=_PHASE, min_length=1, max_length=64)]),
-            ("step", Annotated[int, Meta(ge=0, le=max_step)]),
+            ("step", Annotated[int, Meta(ge=0, le=bounds.max_step)]),
             ("ts", timestamp),
         ],
         **options,
@@ -111,7 +116,7 @@ def _struct_types(
         [
             ("agent_id", ident),
             ("node", ident),
-            ("seq", Annotated[int, Meta(ge=0, le=max_seq)]),
+            ("seq", Annotated[int, Meta(ge=0, le=bounds.max_seq)]),
             ("sent_at", timestamp),
             ("samples", Annotated[list[sample], Meta(max_length=limits.max_samples)]),  # type: ignore[valid-type]
             (
@@ -131,28 +136,10 @@ def _struct_types(
 
 
 class TypedDecoder:
-    """Decodes ingest bodies under ``limits`` and the bounds given (validation.py's)."""
+    """Decodes ingest bodies under ``limits`` and ``bounds`` (validation.py's)."""
 
-    def __init__(
-        self,
-        limits: IngestLimits,
-        *,
-        min_timestamp: float,
-        max_timestamp: float,
-        max_abs_value: float,
-        max_seq: int,
-        max_step: int,
-        max_rank: int,
-    ) -> None:
-        batch = _struct_types(
-            limits,
-            min_timestamp=min_timestamp,
-            max_timestamp=max_timestamp,
-            max_abs_value=max_abs_value,
-            max_seq=max_seq,
-            max_step=max_step,
-            max_rank=max_rank,
-        )
+    def __init__(self, limits: IngestLimits, bounds: DecodeBounds) -> None:
+        batch = _struct_types(limits, bounds)
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(batch)
 
     def decode(self, body: bytes) -> TypedBatch:

@@ -42,7 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from app.core.config import IngestLimits
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceError
 from app.ingest.series_store import SeriesKey
-from app.ingest.typed_decode import DECODE_FAILED, NO_LABELS, TypedDecoder, TypedSample
+from app.ingest.typed_decode import (
+    DECODE_FAILED,
+    NO_LABELS,
+    DecodeBounds,
+    TypedDecoder,
+    TypedSample,
+)
 
 METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -64,6 +70,8 @@ MAX_ABS_VALUE = 1e300
 MAX_SEQ = 2**62  # below the bigint column's 2^63 - 1, with room for the window arithmetic
 MAX_STEP = 2**31 - 1  # the column is INTEGER (32-bit) on PostgreSQL
 MAX_RANK = 1_000_000
+# In DecodeBounds' field order (each constant is named after its field).
+_BOUNDS = DecodeBounds(MIN_TIMESTAMP, MAX_TIMESTAMP, MAX_ABS_VALUE, MAX_SEQ, MAX_STEP, MAX_RANK)
 
 _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
@@ -199,15 +207,7 @@ class BatchValidator:
         self.limits = limits
         self._clock = clock
         self._envelope, self.doc_model = build_models(limits)
-        self._typed = TypedDecoder(
-            limits,
-            min_timestamp=MIN_TIMESTAMP,
-            max_timestamp=MAX_TIMESTAMP,
-            max_abs_value=MAX_ABS_VALUE,
-            max_seq=MAX_SEQ,
-            max_step=MAX_STEP,
-            max_rank=MAX_RANK,
-        )
+        self._typed = TypedDecoder(limits, _BOUNDS)
         # For series that passed every check, node -> (metric name, labels) -> key; labels as
         # orjson decoded them (exact path) or as their JSON text (typed path).
         self._keys: dict[str, dict[tuple[str, tuple[tuple[Any, Any], ...]], SeriesKey]] = {}

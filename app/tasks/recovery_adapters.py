@@ -91,29 +91,25 @@ def read_mode(run_dir: Path) -> str:
 
 def enter_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     """Tell the job to stop new rollouts (the phase machine obeys the control file)."""
-    run_dir = ctx.run_dir(a.job)
-    current = read_control(run_dir)
-    if current.mode is ControlMode.SAFE_MODE:
-        return {"mode": current.mode.value, "revision": current.revision, "already": True}
     reason = f"incident {a.incident_id}: {a.params.get('reason', 'heavy fault')}"
-    try:
-        state = write_control(run_dir, ControlMode.SAFE_MODE, reason, timeout=10.0)
-    except ControlLockTimeout as exc:
-        raise TransientActionError(str(exc)) from exc
-    except ControlError as exc:
-        raise ActionError(str(exc)) from exc
-    return {"mode": state.mode.value, "revision": state.revision, "already": False}
+    return _switch_mode(ctx.run_dir(a.job), ControlMode.SAFE_MODE, reason)
 
 
 def release_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     """Tell the job to run again (an approver released it); the phase machine leaves SAFE_MODE."""
-    run_dir = ctx.run_dir(a.job)
-    current = read_control(run_dir)
-    if current.mode is ControlMode.RUN:
-        return {"mode": current.mode.value, "revision": current.revision, "already": True}
     reason = f"incident {a.incident_id}: {a.params.get('reason', 'released by an approver')}"
+    # An approver's comment can be long: cut it to what the control file holds.
+    return _switch_mode(ctx.run_dir(a.job), ControlMode.RUN, reason[:2000])
+
+
+def _switch_mode(run_dir: Path, mode: ControlMode, reason: str) -> dict[str, Any]:
+    """Write ``mode`` to the job's control file unless it is already there (a retried action
+    then changes nothing); a busy control-file lock is worth a retry, a refusal is not."""
+    current = read_control(run_dir)
+    if current.mode is mode:
+        return {"mode": current.mode.value, "revision": current.revision, "already": True}
     try:
-        state = write_control(run_dir, ControlMode.RUN, reason[:2000], timeout=10.0)
+        state = write_control(run_dir, mode, reason, timeout=10.0)
     except ControlLockTimeout as exc:
         raise TransientActionError(str(exc)) from exc
     except ControlError as exc:

@@ -52,6 +52,7 @@ from integrations.ray.restarter import restarter_name
 from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
 from recovery._fsio import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
+from recovery.supervision.hook import add_request_arguments, write_hook_script
 from recovery.supervision.requests import JOB_DIR_PATTERN, KEY_PATTERN
 
 PROG = "python -m integrations.ray.hook"
@@ -335,24 +336,17 @@ def _max_restarts(actor_id: str) -> int | None:
 
 def write_hook(path: Path, argv: list[str], python: str = sys.executable) -> None:
     """An executable that runs this hook with ``argv`` (the cluster options) before its own."""
-    path.write_text(
-        "#!/bin/sh\n# RLGuard launcher hook for Ray jobs (integrations.ray.hook)\n"
-        f"exec {shlex.quote(python)} -m integrations.ray.hook {shlex.join(argv)} \"$@\"\n",
-        encoding="utf-8",
+    write_hook_script(
+        path,
+        comment="RLGuard launcher hook for Ray jobs (integrations.ray.hook)",
+        command=f"{shlex.quote(python)} -m integrations.ray.hook {shlex.join(argv)}",
     )
-    path.chmod(0o755)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG)
     p.add_argument("action", choices=[*_ACTIONS, *_NOT_THROUGH_RAY])
-    p.add_argument("--job", required=True)
-    p.add_argument("--node")
-    p.add_argument("--role")
-    p.add_argument("--rank")
-    p.add_argument("--away-from")
-    p.add_argument("--idempotency-key", required=True)
-    p.add_argument("--extra")
+    add_request_arguments(p)
     p.add_argument("--dashboard", required=True, help="the Ray dashboard, http://HEAD:8265")
     p.add_argument("--ray-address", default="auto", help="the GCS address for ray.kill")
     p.add_argument("--preset", default="verl")

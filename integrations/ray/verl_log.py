@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from recovery._tail import AppendedLines
 
 log = logging.getLogger("rlguard.agent.verl")
 
@@ -81,9 +82,7 @@ class VerlLogTail:
         self.path = Path(path)
         self.labels = {"job": job, "role": role, "rank": str(rank)}
         self._clock = clock or time.time
-        self._inode: int | None = None
-        self._offset = 0
-        self._partial = b""
+        self._lines = AppendedLines(self.path, _MAX_READ)
         self._latest: dict[str, float] = {}
         self.step: int | None = None  # the newest step verl logged
         self.bad_lines = 0
@@ -91,22 +90,8 @@ class VerlLogTail:
 
     def poll(self) -> None:
         """Read what was appended since the last call."""
-        try:
-            handle = open(self.path, "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            return
-        with handle:
-            st = os.fstat(handle.fileno())
-            if st.st_ino != self._inode or st.st_size < self._offset:
-                self._inode, self._offset, self._partial = st.st_ino, 0, b""
-            handle.seek(self._offset)
-            chunk = handle.read(_MAX_READ)
-        self._offset += len(chunk)
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if line.strip():
-                self._consume(line)
+        for line in self._lines.read()[0]:
+            self._consume(line)
 
     def _consume(self, line: bytes) -> None:
         try:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 
+from recovery._closing import ClosesOnExit
 from recovery._fsio import TMP_PREFIX
 from recovery.checkpoint import _serialize, atomic
 from recovery.checkpoint._layout import (
@@ -174,7 +175,7 @@ def _flatten(
     return flat, skeletons
 
 
-class CheckpointEngine(CheckpointReader):
+class CheckpointEngine(CheckpointReader, ClosesOnExit):
     """Asynchronous, crash-safe checkpoints under ``root`` with retention and an optional mirror.
 
     ``when_busy``: ``"wait"`` (a save waits up to its ``timeout`` for the previous one) or
@@ -445,9 +446,3 @@ class CheckpointEngine(CheckpointReader):
             self._lock_fd = None
         self._buffers.clear()
         self._prefetched = None
-
-    def __enter__(self) -> CheckpointEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -31,10 +31,10 @@ from recovery.supervision.requests import (
 ROLE_PATTERN = re.compile(r"[A-Za-z0-9_.]{1,64}")  # recovery.report's rule for heartbeat roles
 
 
-def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
-    """Run the hook with ``argv`` (after the program name); the exit code."""
-    p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("action")
+def add_request_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a recovery request, as the server's action worker passes them to every
+    launcher hook (this one, the Ray hook): the hooks differ in what they do with them and in
+    their own options, never in how a request is spelt."""
     p.add_argument("--job", required=True)
     p.add_argument("--node")
     p.add_argument("--role")
@@ -42,6 +42,20 @@ def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
     p.add_argument("--away-from")
     p.add_argument("--idempotency-key", required=True)
     p.add_argument("--extra")
+
+
+def write_hook_script(path: Path, *, comment: str, command: str) -> None:
+    """Write an executable shell script ``path`` that runs ``command`` (already quoted) with
+    the hook's own arguments after it; ``comment`` says in the file what wrote it."""
+    path.write_text(f'#!/bin/sh\n# {comment}\nexec {command} "$@"\n', encoding="utf-8")
+    path.chmod(0o755)
+
+
+def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
+    """Run the hook with ``argv`` (after the program name); the exit code."""
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("action")
+    add_request_arguments(p)
     p.add_argument("--run-root", default=default_run_root)
     p.add_argument("--wait", type=float, default=60.0)
     args = p.parse_args(argv)
@@ -89,10 +103,8 @@ def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
 def write_hook(path: Path, *, module: str, run_root: Path, python: str = sys.executable) -> None:
     """Write an executable ``path`` that runs ``python -m MODULE hook --run-root ROOT ARGS``."""
     root = str(run_root.resolve())
-    path.write_text(
-        f"#!/bin/sh\n# RLGuard launcher hook (written by {module})\n"
-        f"exec {shlex.quote(python)} -m {module} hook --run-root {shlex.quote(root)} "
-        '"$@"\n',
-        encoding="utf-8",
+    write_hook_script(
+        path,
+        comment=f"RLGuard launcher hook (written by {module})",
+        command=f"{shlex.quote(python)} -m {module} hook --run-root {shlex.quote(root)}",
     )
-    path.chmod(0o755)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery._fsio import write_json_atomic
+from recovery._pids import process_exists
 from recovery.errors import RecoveryError, RecoveryTimeout
 
 HOOK_ACTIONS = (
@@ -86,12 +87,9 @@ def _launcher_alive(run_dir: Path) -> bool:
     body = _read(supervisor_file(run_dir))
     try:
         pid = int((body or {})["pid"])
-        os.kill(pid, 0)
-    except (KeyError, TypeError, ValueError, ProcessLookupError):
+    except (KeyError, TypeError, ValueError):
         return False
-    except PermissionError:
-        return True  # it exists, owned by someone else
-    return True
+    return process_exists(pid)
 
 
 @dataclass(frozen=True)

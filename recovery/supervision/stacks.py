@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from recovery._pids import process_exists
+
 #: The default bound on one process's stacks (the incident keeps at most this much text).
 DEFAULT_MAX_BYTES = 64 * 1024
 DEFAULT_TIMEOUT = 10.0
@@ -79,16 +81,6 @@ def _stopped(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _reason(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
     text = " | ".join(lines[:_ERROR_LINES]) or proc.stdout.strip()[-300:]
@@ -130,7 +122,7 @@ def capture_stacks(
 
     if py_spy is None:
         return failed("py-spy is not installed (pip install py-spy, or rlguard launch --py-spy)")
-    if not _alive(pid):
+    if not process_exists(pid):
         return failed(f"process {pid} is gone")
     tries = [True] if _stopped(pid) else [False, True]
     proc = None
@@ -149,7 +141,7 @@ def capture_stacks(
             return StackCapture(pid, True, text=text, truncated=cut, captured_at=started_at,
                                 duration_s=round(time.monotonic() - start, 3),
                                 nonblocking=nonblocking)
-        if not _alive(pid):
+        if not process_exists(pid):
             return failed(f"process {pid} is gone")
         if "ermission" in proc.stderr or "EPERM" in proc.stderr:
             break  # a second try is denied alike

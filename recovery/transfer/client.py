@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from recovery._closing import ClosesOnExit
 from recovery.transfer.errors import (
     PeerDeadError,
     ProtocolError,
@@ -41,7 +42,7 @@ class StreamResult:
     bytes: int = 0
 
 
-class SourceSession:
+class SourceSession(ClosesOnExit):
     """A connection to one source for one pull; every call is bounded by ``timeout``."""
 
     def __init__(self, transport: Transport, address: str, *, timeout: float) -> None:
@@ -56,12 +57,6 @@ class SourceSession:
         if self._payload is not None:
             self._payload.close()
         self._channel.close()
-
-    def __enter__(self) -> SourceSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def manifest(self, name: str, version: int) -> WeightManifest:
         """Ask the source for its manifest of ``name`` v``version``."""

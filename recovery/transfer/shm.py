@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from recovery._pids import process_exists
 from recovery.transfer.errors import ProtocolError, TransferConfigError
 from recovery.transfer.manifest import DTYPES, Checksum, TensorSpec
 from recovery.transfer.store import Buffers
@@ -366,7 +367,7 @@ class ShmTransport(Transport):
         removed: list[str] = []
         for path in self.shm_dir.glob(f"{self.prefix}-*"):
             pid_text = path.name[len(self.prefix) + 1 :].split("-", 1)[0]
-            if not pid_text.isdigit() or _alive(int(pid_text)):
+            if not pid_text.isdigit() or process_exists(int(pid_text)):
                 continue
             try:
                 path.unlink()
@@ -374,13 +375,3 @@ class ShmTransport(Transport):
             except FileNotFoundError:
                 continue  # another process swept it first
         return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

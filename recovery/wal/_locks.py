@@ -15,6 +15,7 @@ import os
 import struct
 from pathlib import Path
 
+from recovery._pids import process_exists
 from recovery.wal._futex import SharedCounter
 
 
@@ -166,7 +167,7 @@ class SharedState:
         values = _SLOTS.unpack_from(self._map, _SLOTS_OFFSET)
         for slot in range(SLOT_COUNT):
             owner = values[2 * slot]
-            if owner == 0 or not _process_exists(owner):
+            if owner == 0 or not process_exists(owner):
                 _SLOT.pack_into(self._map, _SLOTS_OFFSET + slot * _SLOT.size, pid, 0)
                 return slot
         return None
@@ -189,7 +190,7 @@ class SharedState:
         values = _SLOTS.unpack_from(self._map, _SLOTS_OFFSET)
         for slot in range(SLOT_COUNT):
             owner = values[2 * slot]
-            if owner and values[2 * slot + 1] and not _process_exists(owner):
+            if owner and values[2 * slot + 1] and not process_exists(owner):
                 _SLOT.pack_into(self._map, _SLOTS_OFFSET + slot * _SLOT.size, 0, 0)
 
     @property
@@ -238,16 +239,6 @@ class SharedState:
         self.gather_done.detach()
         self._map.close()
         os.close(self._fd)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # it exists, under another user
-    return True
 
 
 def _pack(seg: int, end: int) -> int:

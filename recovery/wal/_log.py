@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from recovery._closing import ClosesOnExit
 from recovery._fsio import fsync_file
 from recovery._process_lock import ProcessLock
 from recovery.wal._args import (
@@ -98,7 +98,7 @@ class WALStats:
     sync_seconds: float = 0.0
 
 
-class WriteAheadLog(LogFiles):
+class WriteAheadLog(LogFiles, ClosesOnExit):
     """A crash-safe, multi-process write-ahead log of rollout steps in ``directory``.
 
     ``sync=False`` skips every fsync (records still survive a killed process, not a power
@@ -532,14 +532,3 @@ class WriteAheadLog(LogFiles):
     def _detach_counters(self) -> None:
         self._append_lock.attach_counter(None)
         self._sync_lock.attach_counter(None)
-
-    def __enter__(self) -> WriteAheadLog:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
