@@ -79,6 +79,12 @@ class SeriesStore:
         self.max_points = max_points
         self._series: dict[SeriesKey, _Series] = {}
         self._lock = threading.Lock()
+        # Out-of-order inserts, counted (``reorders``) and by series (key → the count at its
+        # latest one): a reader that keeps what it derived from a buffer's newest samples (the
+        # golden metrics' breach memory) must re-read a series whose past changed. Touched only
+        # on the rare out-of-order path, so appends pay nothing for it.
+        self.reorders = 0
+        self._reordered: dict[SeriesKey, int] = {}
 
     def append(self, key: SeriesKey, ts: float, value: float) -> None:
         self.extend([(key, ts, value)])
@@ -106,6 +112,8 @@ class SeriesStore:
                         pts.popleft()
                         at -= 1
                     pts.insert(at, (ts, value))
+                    self.reorders += 1
+                    self._reordered[key] = self.reorders
                 else:
                     pts.append((ts, value))
                 horizon = pts[-1][0] - window
@@ -113,6 +121,14 @@ class SeriesStore:
                     pts.popleft()
                 n += 1
         return n
+
+    def reordered_since(self, seen: int) -> tuple[int, list[SeriesKey]]:
+        """The series with an out-of-order insert after the count ``seen`` (``reorders`` as
+        read before), and the count now: pass it back on the next call."""
+        with self._lock:
+            if self.reorders == seen:
+                return seen, []
+            return self.reorders, [k for k, n in self._reordered.items() if n > seen]
 
     def keys(self, *, node: str | None = None, name: str | None = None) -> list[SeriesKey]:
         with self._lock:
@@ -187,6 +203,7 @@ class SeriesStore:
             stale = [k for k, s in self._series.items() if not s.points or s.points[-1][0] < ts]
             for k in stale:
                 del self._series[k]
+                self._reordered.pop(k, None)
         return len(stale)
 
     def __len__(self) -> int:

@@ -7,9 +7,13 @@ from a trace. Nothing here touches a database.
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 from app.ingest.series_store import Point, SeriesKey, SeriesStore
@@ -209,6 +213,10 @@ class LatestIndex:
         self._by_name: dict[str, list[tuple[SeriesKey, Any]]] = {}
         self._counts: dict[tuple[str, str], int] = {}
         self._seen: dict[int, Any] = {}
+        # Per name, the keys and the buffers (the same series as _by_name, as two columns),
+        # and for CHANGED names the newest samples read by the previous snapshot (by position).
+        self._columns: dict[str, tuple[list[SeriesKey], list[Any]]] = {}
+        self._previous: dict[str, list[Any]] = {}
 
     def _rebuild(self, store: SeriesStore) -> None:
         by_name: dict[str, list[tuple[SeriesKey, Any]]] = {n: [] for n in self.names}
@@ -226,6 +234,10 @@ class LatestIndex:
         live = {id(points) for rings in by_name.values() for _, points in rings}
         self._seen = {i: v for i, v in self._seen.items() if i in live}
         self._by_name = by_name
+        self._columns = {
+            n: ([k for k, _ in rings], [r for _, r in rings]) for n, rings in by_name.items()
+        }
+        self._previous = {}
         self._counts = counts
         self._store = store
         self._built_at = time.monotonic()
@@ -238,50 +250,54 @@ class LatestIndex:
         ):
             self._rebuild(store)
         out: dict[str, list[tuple[SeriesKey, Point]]] = {}
-        seen = self._seen
-        for name, rings in self._by_name.items():
+        for name, (keys, rings) in self._columns.items():
             keep = self.filters.get(name)
             if keep is None and name in self.filters:
                 continue  # read on demand only (all_series)
-            bucket: list[tuple[SeriesKey, Point]] = []
+            # This runs over every series of every name each tick: the newest samples are read
+            # and the filters applied by map/compress in C, and a Point is made only for the
+            # series kept (those that live through the tick are what bring on full collections).
+            try:
+                lasts = list(map(_newest, rings))
+            except IndexError:  # an empty buffer (the store never leaves one; allowed anyway)
+                keys = [k for k, r in zip(keys, rings, strict=True) if r]
+                rings = [r for r in rings if r]
+                lasts = list(map(_newest, rings))
+                self._previous.pop(name, None)  # positions moved: compare everything
             if keep is CHANGED:
-                # Counters: only a series whose value moved since the last snapshot can hold an
-                # increase (or a reset); a steady counter costs one comparison, no allocation.
-                for key, points in rings:
-                    if points:
-                        ts, value = points[-1]
-                        ident = id(points)
-                        if seen.get(ident) != value:
-                            seen[ident] = value
-                            bucket.append((key, Point(ts, value)))
+                out[name] = self._changed(name, keys, rings, lasts)
             elif isinstance(keep, Threshold):
-                # Comparisons inlined per operator: this loop runs over every series each tick.
-                bound = keep.value
-                if keep.op == "ge":
-                    for key, points in rings:
-                        if points:
-                            ts, value = points[-1]
-                            if value >= bound:
-                                bucket.append((key, Point(ts, value)))
-                elif keep.op == "gt":
-                    for key, points in rings:
-                        if points:
-                            ts, value = points[-1]
-                            if value > bound:
-                                bucket.append((key, Point(ts, value)))
-                else:
-                    for key, points in rings:
-                        if points:
-                            ts, value = points[-1]
-                            if value <= bound:
-                                bucket.append((key, Point(ts, value)))
+                passes = map(keep.compare, map(_value, lasts), repeat(keep.value))
+                kept = compress(zip(keys, lasts, strict=True), passes)
+                out[name] = [(k, _point(p)) for k, p in kept]
             else:
-                for key, points in rings:
-                    if points:
-                        ts, value = points[-1]
-                        bucket.append((key, Point(ts, value)))
-            out[name] = bucket
+                out[name] = [(k, _point(p)) for k, p in zip(keys, lasts, strict=True)]
         return out
+
+    def _changed(
+        self, name: str, keys: list[SeriesKey], rings: list[Any], lasts: list[Any]
+    ) -> list[tuple[SeriesKey, Point]]:
+        """Counters: only a series whose value moved since the last snapshot can hold an
+        increase (or a reset). A series whose newest sample is the very object the previous
+        snapshot read (compared by identity, in C) has the value it had then, already noted
+        in ``_seen``; the others are compared by value as they come."""
+        seen = self._seen
+        prev = self._previous.get(name)
+        self._previous[name] = lasts
+        if prev is None or len(prev) != len(lasts):
+            moved: Iterable[int] = range(len(lasts))
+        else:
+            moved = compress(count(), map(is_not, lasts, prev))
+        bucket: list[tuple[SeriesKey, Point]] = []
+        for i in moved:
+            ts, value = lasts[i]
+            ident = id(rings[i])
+            if seen.get(ident) != value:
+                seen[ident] = value
+                bucket.append((keys[i], Point(ts, value)))
+                if value != value:  # NaN (refused by ingest) never equals what was noted:
+                    lasts[i] = None  # compared again next time, as a full pass would
+        return bucket
 
     def read(self, name: str) -> list[tuple[SeriesKey, Point]]:
         out = []
@@ -305,6 +321,11 @@ class Threshold:
     op: str
     value: float
 
+    @property
+    def compare(self) -> Callable[[float, float], bool]:
+        """``op`` as a function of (value, bound), for ``map`` over many values in C."""
+        return operator.ge if self.op == "ge" else operator.gt if self.op == "gt" else operator.le
+
     def __call__(self, v: float) -> bool:
         if self.op == "ge":
             return v >= self.value
@@ -319,4 +340,7 @@ class _Changed:
 
 
 CHANGED: Any = _Changed()
+_newest = itemgetter(-1)
+_value = itemgetter(1)
+_point = functools.partial(tuple.__new__, Point)  # Point from a (ts, value) pair, in C
 SampleFilter = Any  # Threshold, CHANGED, or None (= on demand only)
