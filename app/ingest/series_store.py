@@ -85,6 +85,9 @@ class SeriesStore:
         # on the rare out-of-order path, so appends pay nothing for it.
         self.reorders = 0
         self._reordered: dict[SeriesKey, int] = {}
+        # Counts every series created or dropped: a reader that indexes the buffers (the
+        # policy's LatestIndex) knows from it when its index is out of date, and only then.
+        self.layout = 0
 
     def append(self, key: SeriesKey, ts: float, value: float) -> None:
         self.extend([(key, ts, value)])
@@ -99,6 +102,7 @@ class SeriesStore:
                 series = all_series.get(key)
                 if series is None:
                     series = all_series[key] = _Series(self.max_points)
+                    self.layout += 1
                 pts = series.points
                 if pts and ts < pts[-1][0]:
                     # Rare (clock skew between agents' batches): insert in place to keep order.
@@ -204,6 +208,7 @@ class SeriesStore:
             for k in stale:
                 del self._series[k]
                 self._reordered.pop(k, None)
+            self.layout += len(stale)
         return len(stale)
 
     def __len__(self) -> int:

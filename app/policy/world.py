@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, repeat
@@ -190,9 +189,12 @@ class LatestIndex:
     SeriesStore has no index by metric name and ``items()`` copies every series; at 1,000
     nodes x 8 GPUs that pass alone would eat the tick's budget. So the index remembers, per
     wanted name, the store's ring buffers themselves and re-reads only their newest point
-    each tick. It is rebuilt (one pass, under the store's lock) when the number of series
-    changes or every ``rebuild_seconds``. Reading ``deque[-1]`` without the lock is safe: the
-    store appends and trims under its lock and never empties a live buffer.
+    each tick. It is rebuilt (one pass, under the store's lock) when the store created or dropped
+    a series (``SeriesStore.layout``), and only then: a rebuild at 1,000 nodes x 8 GPUs costs
+    several ticks' worth and, done on a timer, was a spike every ``rebuild_seconds`` (it was
+    also the only way a series dropped and recreated while the count stayed the same was seen).
+    Reading ``deque[-1]`` without the lock is safe: the store appends and trims under its lock
+    and never empties a live buffer.
     """
 
     def __init__(
@@ -200,18 +202,15 @@ class LatestIndex:
         names: Iterable[str],
         *,
         filters: dict[str, SampleFilter] | None = None,
-        rebuild_seconds: float = 30.0,
     ) -> None:
         self.names = frozenset(names)
         # name → predicate on the newest value, or CHANGED (only series with a new sample since
         # the previous snapshot); names without a filter come back whole.
         self.filters = dict(filters or {})
-        self.rebuild_seconds = rebuild_seconds
         self._store: SeriesStore | None = None
-        self._size = -1
-        self._built_at = 0.0
+        self._layout = -1
         self._by_name: dict[str, list[tuple[SeriesKey, Any]]] = {}
-        self._counts: dict[tuple[str, str], int] = {}
+        self._counts: dict[tuple[str, str], int] | None = None
         self._seen: dict[int, Any] = {}
         # Per name, the keys and the buffers (the same series as _by_name, as two columns),
         # and for CHANGED names the newest samples read by the previous snapshot (by position).
@@ -226,11 +225,7 @@ class LatestIndex:
                 bucket = by_name.get(key.name)
                 if bucket is not None:
                     bucket.append((key, ring.points))
-            self._size = len(series)
-        counts: dict[tuple[str, str], int] = {}
-        for name, rings in by_name.items():
-            for key, _ in rings:
-                counts[(name, key.node)] = counts.get((name, key.node), 0) + 1
+            self._layout = store.layout
         live = {id(points) for rings in by_name.values() for _, points in rings}
         self._seen = {i: v for i, v in self._seen.items() if i in live}
         self._by_name = by_name
@@ -238,16 +233,11 @@ class LatestIndex:
             n: ([k for k, _ in rings], [r for _, r in rings]) for n, rings in by_name.items()
         }
         self._previous = {}
-        self._counts = counts
+        self._counts = None  # counted when first asked for (few ticks ask: GPU failures)
         self._store = store
-        self._built_at = time.monotonic()
 
     def snapshot(self, store: SeriesStore) -> dict[str, list[tuple[SeriesKey, Point]]]:
-        if (
-            store is not self._store
-            or len(store) != self._size
-            or time.monotonic() - self._built_at > self.rebuild_seconds
-        ):
+        if store is not self._store or store.layout != self._layout:
             self._rebuild(store)
         out: dict[str, list[tuple[SeriesKey, Point]]] = {}
         for name, (keys, rings) in self._columns.items():
@@ -311,6 +301,12 @@ class LatestIndex:
         return self._by_name.get(name, [])
 
     def count(self, name: str, node: str) -> int:
+        if self._counts is None:
+            counts: dict[tuple[str, str], int] = {}
+            for n, rings in self._by_name.items():
+                for key, _ in rings:
+                    counts[(n, key.node)] = counts.get((n, key.node), 0) + 1
+            self._counts = counts
         return self._counts.get((name, node), 0)
 
 
