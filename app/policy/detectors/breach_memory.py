@@ -19,6 +19,7 @@ from typing import Any
 
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.policy.policy_file import GoldenMetricRule
+from app.policy.world import World
 
 Sample = tuple[float, float]
 # (the series' buffer, the newest sample read from it, the newest breaching sample's ts)
@@ -67,27 +68,56 @@ class BreachMemory:
     def end(self) -> None:
         self._state, self._next = self._next, {}
 
+    def candidates(
+        self,
+        world: World,
+        rings: Sequence[tuple[SeriesKey, Sequence[Sample]]],
+        rule: GoldenMetricRule,
+        stale: float,
+        oldest: float,
+    ) -> list[SeriesKey]:
+        """The series of ``rings`` (in their order) whose look-back window may hold a breach:
+        above healthy now (the snapshot's filter was exactly this, NaN included: not above;
+        above healthy is unhealthy), fresh (newest sample at most ``stale`` seconds old) and with
+        a breaching sample in their current run at or after ``oldest``. For the others a full
+        re-read of the window (``_judge``) finds no run that breaches."""
+        healthy, now, store = rule.healthy, world.now, world.store
+        state, keep = self._state, self._next
+        out: list[SeriesKey] = []
+        for key, points in rings:
+            if not points:
+                continue
+            newest = points[-1]
+            if not newest[1] > healthy or now - newest[0] > stale:  # as Detector.fresh
+                continue
+            st = state.get(key)
+            if st is not None and st[0] is points and st[1] is newest:
+                keep[key] = st  # nothing appended since the last tick
+                breach = st[2]
+            else:
+                breach = self.newest_breach(store, key, points, st, rule, oldest)
+            if breach is not None and breach >= oldest:
+                out.append(key)
+        return out
+
     def newest_breach(
         self,
         store: SeriesStore,
         key: SeriesKey,
         points: Sequence[Sample],
-        newest: Sample,
+        st: _State | None,
         rule: GoldenMetricRule,
         oldest: float,
     ) -> float | None:
         """The ts of the newest breaching sample after the series' last healthy one, None when
-        there is none at or after ``oldest`` (the look-back window's start)."""
-        st = self._state.get(key)
-        if st is not None and st[0] is points and st[1] is newest:
-            self._next[key] = st  # nothing appended since the last tick
-            return st[2]
+        there is none at or after ``oldest`` (the look-back window's start), from ``st`` (the
+        series' state at the last tick, if any) and the samples appended since."""
         with store._lock:  # noqa: SLF001 - iterating a buffer ingest appends to
             new = _after(points, st[1]) if st is not None and st[0] is points else None
-            if new is None:
+            if st is None or new is None:
                 breach = _scan_back(points, rule, oldest)
             else:
-                breach = st[2]  # type: ignore[index]
+                breach = st[2]
                 for ts, value in new:
                     if not rule.unhealthy(value):
                         breach = None  # a healthy sample ends the run

@@ -48,18 +48,10 @@ class GoldenMetricDetector(Detector):
         memory.begin(world.store, world.now)
         out: list[FaultSignal] = []
         for name, rule in self.policy.golden_metrics.items():
-            oldest = world.now - rule.breach_seconds - stale  # _judge's look-back
-            for key, points in world.rings(name):
-                if not points:
-                    continue
-                newest = points[-1]
-                # Judged only when above healthy now (the snapshot's filter was exactly this,
-                # NaN included: not above) and fresh. Above healthy is unhealthy.
-                if not newest[1] > rule.healthy or world.now - newest[0] > stale:
-                    continue
-                breached = memory.newest_breach(world.store, key, points, newest, rule, oldest)
-                if breached is None or breached < oldest:
-                    continue  # no breaching sample in _judge's run: it would find none
+            # _judge's look-back start, computed as it does (the same float, to the last bit)
+            oldest = world.now - (rule.breach_seconds + stale)
+            rings = world.rings(name)
+            for key in memory.candidates(world, rings, rule, stale, oldest):
                 sig = self._judge(world, key, rule)
                 if sig is not None:
                     out.append(sig)
