@@ -79,6 +79,15 @@ class SeriesStore:
         self.max_points = max_points
         self._series: dict[SeriesKey, _Series] = {}
         self._lock = threading.Lock()
+        # Out-of-order inserts, counted (``reorders``) and by series (key → the count at its
+        # latest one): a reader that keeps what it derived from a buffer's newest samples (the
+        # golden metrics' breach memory) must re-read a series whose past changed. Touched only
+        # on the rare out-of-order path, so appends pay nothing for it.
+        self.reorders = 0
+        self._reordered: dict[SeriesKey, int] = {}
+        # Counts every series created or dropped: a reader that indexes the buffers (the
+        # policy's LatestIndex) knows from it when its index is out of date, and only then.
+        self.layout = 0
 
     def append(self, key: SeriesKey, ts: float, value: float) -> None:
         self.extend([(key, ts, value)])
@@ -93,6 +102,7 @@ class SeriesStore:
                 series = all_series.get(key)
                 if series is None:
                     series = all_series[key] = _Series(self.max_points)
+                    self.layout += 1
                 pts = series.points
                 if pts and ts < pts[-1][0]:
                     # Rare (clock skew between agents' batches): insert in place to keep order.
@@ -106,6 +116,8 @@ class SeriesStore:
                         pts.popleft()
                         at -= 1
                     pts.insert(at, (ts, value))
+                    self.reorders += 1
+                    self._reordered[key] = self.reorders
                 else:
                     pts.append((ts, value))
                 horizon = pts[-1][0] - window
@@ -113,6 +125,14 @@ class SeriesStore:
                     pts.popleft()
                 n += 1
         return n
+
+    def reordered_since(self, seen: int) -> tuple[int, list[SeriesKey]]:
+        """The series with an out-of-order insert after the count ``seen`` (``reorders`` as
+        read before), and the count now: pass it back on the next call."""
+        with self._lock:
+            if self.reorders == seen:
+                return seen, []
+            return self.reorders, [k for k, n in self._reordered.items() if n > seen]
 
     def keys(self, *, node: str | None = None, name: str | None = None) -> list[SeriesKey]:
         with self._lock:
@@ -187,6 +207,8 @@ class SeriesStore:
             stale = [k for k, s in self._series.items() if not s.points or s.points[-1][0] < ts]
             for k in stale:
                 del self._series[k]
+                self._reordered.pop(k, None)
+            self.layout += len(stale)
         return len(stale)
 
     def __len__(self) -> int:

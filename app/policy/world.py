@@ -7,9 +7,12 @@ from a trace. Nothing here touches a database.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
 from app.ingest.series_store import Point, SeriesKey, SeriesStore
@@ -186,9 +189,12 @@ class LatestIndex:
     SeriesStore has no index by metric name and ``items()`` copies every series; at 1,000
     nodes x 8 GPUs that pass alone would eat the tick's budget. So the index remembers, per
     wanted name, the store's ring buffers themselves and re-reads only their newest point
-    each tick. It is rebuilt (one pass, under the store's lock) when the number of series
-    changes or every ``rebuild_seconds``. Reading ``deque[-1]`` without the lock is safe: the
-    store appends and trims under its lock and never empties a live buffer.
+    each tick. It is rebuilt (one pass, under the store's lock) when the store created or dropped
+    a series (``SeriesStore.layout``), and only then: a rebuild at 1,000 nodes x 8 GPUs costs
+    several ticks' worth and, done on a timer, was a spike every ``rebuild_seconds`` (it was
+    also the only way a series dropped and recreated while the count stayed the same was seen).
+    Reading ``deque[-1]`` without the lock is safe: the store appends and trims under its lock
+    and never empties a live buffer.
     """
 
     def __init__(
@@ -196,19 +202,20 @@ class LatestIndex:
         names: Iterable[str],
         *,
         filters: dict[str, SampleFilter] | None = None,
-        rebuild_seconds: float = 30.0,
     ) -> None:
         self.names = frozenset(names)
         # name → predicate on the newest value, or CHANGED (only series with a new sample since
         # the previous snapshot); names without a filter come back whole.
         self.filters = dict(filters or {})
-        self.rebuild_seconds = rebuild_seconds
         self._store: SeriesStore | None = None
-        self._size = -1
-        self._built_at = 0.0
+        self._layout = -1
         self._by_name: dict[str, list[tuple[SeriesKey, Any]]] = {}
-        self._counts: dict[tuple[str, str], int] = {}
+        self._counts: dict[tuple[str, str], int] | None = None
         self._seen: dict[int, Any] = {}
+        # Per name, the keys and the buffers (the same series as _by_name, as two columns),
+        # and for CHANGED names the newest samples read by the previous snapshot (by position).
+        self._columns: dict[str, tuple[list[SeriesKey], list[Any]]] = {}
+        self._previous: dict[str, list[Any]] = {}
 
     def _rebuild(self, store: SeriesStore) -> None:
         by_name: dict[str, list[tuple[SeriesKey, Any]]] = {n: [] for n in self.names}
@@ -218,70 +225,69 @@ class LatestIndex:
                 bucket = by_name.get(key.name)
                 if bucket is not None:
                     bucket.append((key, ring.points))
-            self._size = len(series)
-        counts: dict[tuple[str, str], int] = {}
-        for name, rings in by_name.items():
-            for key, _ in rings:
-                counts[(name, key.node)] = counts.get((name, key.node), 0) + 1
+            self._layout = store.layout
         live = {id(points) for rings in by_name.values() for _, points in rings}
         self._seen = {i: v for i, v in self._seen.items() if i in live}
         self._by_name = by_name
-        self._counts = counts
+        self._columns = {
+            n: ([k for k, _ in rings], [r for _, r in rings]) for n, rings in by_name.items()
+        }
+        self._previous = {}
+        self._counts = None  # counted when first asked for (few ticks ask: GPU failures)
         self._store = store
-        self._built_at = time.monotonic()
 
     def snapshot(self, store: SeriesStore) -> dict[str, list[tuple[SeriesKey, Point]]]:
-        if (
-            store is not self._store
-            or len(store) != self._size
-            or time.monotonic() - self._built_at > self.rebuild_seconds
-        ):
+        if store is not self._store or store.layout != self._layout:
             self._rebuild(store)
         out: dict[str, list[tuple[SeriesKey, Point]]] = {}
-        seen = self._seen
-        for name, rings in self._by_name.items():
+        for name, (keys, rings) in self._columns.items():
             keep = self.filters.get(name)
             if keep is None and name in self.filters:
                 continue  # read on demand only (all_series)
-            bucket: list[tuple[SeriesKey, Point]] = []
+            # This runs over every series of every name each tick: the newest samples are read
+            # and the filters applied by map/compress in C, and a Point is made only for the
+            # series kept (those that live through the tick are what bring on full collections).
+            try:
+                lasts = list(map(_newest, rings))
+            except IndexError:  # an empty buffer (the store never leaves one; allowed anyway)
+                keys = [k for k, r in zip(keys, rings, strict=True) if r]
+                rings = [r for r in rings if r]
+                lasts = list(map(_newest, rings))
+                self._previous.pop(name, None)  # positions moved: compare everything
             if keep is CHANGED:
-                # Counters: only a series whose value moved since the last snapshot can hold an
-                # increase (or a reset); a steady counter costs one comparison, no allocation.
-                for key, points in rings:
-                    if points:
-                        ts, value = points[-1]
-                        ident = id(points)
-                        if seen.get(ident) != value:
-                            seen[ident] = value
-                            bucket.append((key, Point(ts, value)))
+                out[name] = self._changed(name, keys, rings, lasts)
             elif isinstance(keep, Threshold):
-                # Comparisons inlined per operator: this loop runs over every series each tick.
-                bound = keep.value
-                if keep.op == "ge":
-                    for key, points in rings:
-                        if points:
-                            ts, value = points[-1]
-                            if value >= bound:
-                                bucket.append((key, Point(ts, value)))
-                elif keep.op == "gt":
-                    for key, points in rings:
-                        if points:
-                            ts, value = points[-1]
-                            if value > bound:
-                                bucket.append((key, Point(ts, value)))
-                else:
-                    for key, points in rings:
-                        if points:
-                            ts, value = points[-1]
-                            if value <= bound:
-                                bucket.append((key, Point(ts, value)))
+                passes = map(keep.compare, map(_value, lasts), repeat(keep.value))
+                kept = compress(zip(keys, lasts, strict=True), passes)
+                out[name] = [(k, _point(p)) for k, p in kept]
             else:
-                for key, points in rings:
-                    if points:
-                        ts, value = points[-1]
-                        bucket.append((key, Point(ts, value)))
-            out[name] = bucket
+                out[name] = [(k, _point(p)) for k, p in zip(keys, lasts, strict=True)]
         return out
+
+    def _changed(
+        self, name: str, keys: list[SeriesKey], rings: list[Any], lasts: list[Any]
+    ) -> list[tuple[SeriesKey, Point]]:
+        """Counters: only a series whose value moved since the last snapshot can hold an
+        increase (or a reset). A series whose newest sample is the very object the previous
+        snapshot read (compared by identity, in C) has the value it had then, already noted
+        in ``_seen``; the others are compared by value as they come."""
+        seen = self._seen
+        prev = self._previous.get(name)
+        self._previous[name] = lasts
+        if prev is None or len(prev) != len(lasts):
+            moved: Iterable[int] = range(len(lasts))
+        else:
+            moved = compress(count(), map(is_not, lasts, prev))
+        bucket: list[tuple[SeriesKey, Point]] = []
+        for i in moved:
+            ts, value = lasts[i]
+            ident = id(rings[i])
+            if seen.get(ident) != value:
+                seen[ident] = value
+                bucket.append((keys[i], Point(ts, value)))
+                if value != value:  # NaN (refused by ingest) never equals what was noted:
+                    lasts[i] = None  # compared again next time, as a full pass would
+        return bucket
 
     def read(self, name: str) -> list[tuple[SeriesKey, Point]]:
         out = []
@@ -295,6 +301,12 @@ class LatestIndex:
         return self._by_name.get(name, [])
 
     def count(self, name: str, node: str) -> int:
+        if self._counts is None:
+            counts: dict[tuple[str, str], int] = {}
+            for n, rings in self._by_name.items():
+                for key, _ in rings:
+                    counts[(n, key.node)] = counts.get((n, key.node), 0) + 1
+            self._counts = counts
         return self._counts.get((name, node), 0)
 
 
@@ -304,6 +316,11 @@ class Threshold:
 
     op: str
     value: float
+
+    @property
+    def compare(self) -> Callable[[float, float], bool]:
+        """``op`` as a function of (value, bound), for ``map`` over many values in C."""
+        return operator.ge if self.op == "ge" else operator.gt if self.op == "gt" else operator.le
 
     def __call__(self, v: float) -> bool:
         if self.op == "ge":
@@ -319,4 +336,7 @@ class _Changed:
 
 
 CHANGED: Any = _Changed()
+_newest = itemgetter(-1)
+_value = itemgetter(1)
+_point = functools.partial(tuple.__new__, Point)  # Point from a (ts, value) pair, in C
 SampleFilter = Any  # Threshold, CHANGED, or None (= on demand only)

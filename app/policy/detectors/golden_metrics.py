@@ -16,15 +16,19 @@ from __future__ import annotations
 from app.ingest.series_store import SeriesKey
 from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, breach_run, subject_of
+from app.policy.detectors.breach_memory import BreachMemory
 from app.policy.policy_file import GoldenMetricRule, Policy
 from app.policy.signals import Evidence, FaultSignal, cap_points
-from app.policy.world import Threshold, World
+from app.policy.world import World
 
 
 class GoldenMetricDetector(Detector):
     """A golden metric above its warning threshold for its breach duration."""
 
-    metrics = (
+    # Read in place every tick (``World.rings``), never snapshotted: at cluster scale most
+    # series can sit between healthy and warning, and a Point per series per tick was the
+    # snapshot's largest cost (and, living through the tick, what brought on full collections).
+    lookups = (
         m.ROLLOUT_PENDING_RATIO,
         m.ACTOR_SHARD_REBUILD_COUNT_5M,
         m.STATE_LOG_WRITE_LATENCY_MS,
@@ -32,24 +36,26 @@ class GoldenMetricDetector(Detector):
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
-        # The snapshot keeps every series not healthy now: inside a breach, not only above it.
-        self.filters = {
-            name: Threshold("gt", rule.healthy) for name, rule in policy.golden_metrics.items()
-        }
         # key → (since, last fired): the minimum hold's memory, kept across ticks.
         self._fired: dict[SeriesKey, tuple[float, float]] = {}
+        self._breaches = BreachMemory()
 
     def detect(self, world: World) -> list[FaultSignal]:
         hold = self.policy.incidents.quiet_period_seconds
+        stale = self.policy.detection.stale_sample_seconds
         self._fired = {k: v for k, v in self._fired.items() if world.now - v[1] <= hold}
+        memory = self._breaches
+        memory.begin(world.store, world.now)
         out: list[FaultSignal] = []
         for name, rule in self.policy.golden_metrics.items():
-            for key, latest in world.series(name):
-                if not self.fresh(world, latest) or not rule.unhealthy(latest.value):
-                    continue
+            # _judge's look-back start, computed as it does (the same float, to the last bit)
+            oldest = world.now - (rule.breach_seconds + stale)
+            rings = world.rings(name)
+            for key in memory.candidates(world, rings, rule, stale, oldest):
                 sig = self._judge(world, key, rule)
                 if sig is not None:
                     out.append(sig)
+        memory.end()
         return out
 
     def _judge(self, world: World, key: SeriesKey, rule: GoldenMetricRule) -> FaultSignal | None:
