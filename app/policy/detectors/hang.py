@@ -42,6 +42,7 @@ class Pace:
     stalled: float = 0.0  # seconds in hang phases since the step last advanced
     advanced: bool = False  # advanced at least once since first seen or (re)started
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=_STEP_TIMES_KEPT))
+    tick: int = 0  # the detector's tick that last saw it
 
 
 class TrainHangDetector(Detector):
@@ -50,6 +51,7 @@ class TrainHangDetector(Detector):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self._paces: dict[tuple[str, str, int], Pace] = {}
+        self._tick = 0
 
     @property
     def paces(self) -> Mapping[tuple[str, str, int], Pace]:
@@ -59,7 +61,11 @@ class TrainHangDetector(Detector):
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.trainer
         stale = self.policy.detection.stale_sample_seconds
-        seen: dict[tuple[str, str, int], Pace] = {}
+        # Updated in place: an entry that exists keeps its key object, so the key tuple each
+        # participant builds per tick dies at once instead of surviving into the GC's oldest
+        # generation (thousands a tick at fleet scale, a full collection every few ticks).
+        paces = self._paces
+        self._tick = tick = self._tick + 1
         out: list[FaultSignal] = []
         for p in world.participants:
             if p.role not in cfg.roles:
@@ -67,7 +73,8 @@ class TrainHangDetector(Detector):
             node_seen = world.node_last_seen.get(p.node)
             node_fresh = node_seen is not None and world.now - node_seen < stale
             pace = self._observe(p, world.now, counting=node_fresh)
-            seen[p.key] = pace
+            pace.tick = tick
+            paces[p.key] = pace
             if not node_fresh or p.phase not in cfg.hang_phases or not pace.advanced:
                 continue  # a silent node is the silence detector's case
             if len(pace.step_times) < cfg.hang_min_steps:
@@ -76,7 +83,8 @@ class TrainHangDetector(Detector):
             limit = max(cfg.hang_min_seconds, cfg.hang_step_factor * median)
             if pace.stalled >= limit:
                 out.append(self._signal(world, p, pace, median, limit))
-        self._paces = seen
+        for key in [k for k, pace in paces.items() if pace.tick != tick]:
+            del paces[key]  # not a participant any more
         return out
 
     def _observe(self, p: ParticipantView, now: float, *, counting: bool) -> Pace:
