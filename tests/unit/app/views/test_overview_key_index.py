@@ -48,3 +48,38 @@ def test_other_series_of_the_same_count_are_seen_at_the_next_look() -> None:
     later = overview._gpu_keys(caches, store, T0 + overview.KEY_INDEX_MAX_AGE_SECONDS + 2)
     assert [(n, g) for n, g, _ in later.layout] == [("c", "0"), ("c", "1")]
     assert {k.node for k in later.keys} == {"c"}
+
+
+def test_the_overview_judges_each_gpu_as_the_node_page_does() -> None:
+    """The Overview reads every GPU series at once (``live_gpus``); the node page builds GPUs from
+    one node's latest values (``gpus_from_latest``): the same values, the same judgement."""
+    from app.views.models.health import (
+        GPU_LOST,
+        GPU_MEM_TOTAL,
+        GPU_MEM_USED,
+        GPU_REMAP_FAILURE,
+        GPU_THROTTLE_POWER,
+        GPU_THROTTLE_THERMAL,
+        gpus_from_latest,
+    )
+
+    values = {
+        "0": {GPU_TEMP: 60.0, GPU_UTIL: 0.9, GPU_MEM_USED: 40.0, GPU_MEM_TOTAL: 80.0},
+        "1": {GPU_TEMP: 85.0, GPU_THROTTLE_POWER: 1.0, GPU_THROTTLE_THERMAL: 1.0},
+        "2": {GPU_TEMP: 95.0, GPU_REMAP_FAILURE: 1.0, GPU_THROTTLE_THERMAL: 0.0},
+        "3": {GPU_LOST: 1.0, GPU_TEMP: 70.0},
+        "10": {GPU_THROTTLE_THERMAL: 1.0},  # no util, temp or memory: no samples
+        "x": {GPU_UTIL: 0.1},
+    }
+    store = SeriesStore()
+    for gpu, metrics in values.items():
+        for name, value in metrics.items():
+            store.append(SeriesKey.of("a", name, {"gpu": gpu}), T0, value)
+    live = overview.live_gpus(overview.DashboardCaches(), store, now=T0)["a"]
+    expected = gpus_from_latest(values)
+    assert [g.index for g in live] == ["0", "1", "2", "3", "10", "x"]
+    assert live == expected
+    assert [(g.level, list(g.reasons), g.title) for g in live] == [
+        (g.level, list(g.reasons), g.title) for g in expected
+    ]
+    assert live[1].level == "warn" and live[2].level == "bad" and live[4].level == "idle"
