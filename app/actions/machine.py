@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, select
 
 from app.actions.kinds import kind_of
+from app.actions.plan_order import earlier_to_run_first, superseded_by
 from app.incidents.persist import resolve_incident
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
@@ -29,6 +30,9 @@ from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
 
 log = logging.getLogger("rlguard.actions")
+
+# How soon an approved action waiting for its plan's earlier actions tries its claim again.
+PLAN_ORDER_RETRY_SECONDS = 2.0
 
 
 class ClaimOutcome(enum.StrEnum):
@@ -94,6 +98,9 @@ def claim_action(
         return Claim(ClaimOutcome.done, _snapshot(row), why=f"already {row.status}")
     if row.status == ActionStatus.pending_approval:
         return Claim(ClaimOutcome.waiting, _snapshot(row), why="waits for approval")
+    ordered = _in_plan_order(session, row, worker, now)
+    if ordered is not None:
+        return ordered
     t = RecoveryAction.__table__  # type: ignore[attr-defined]
     result = session.execute(
         sa.update(t)
@@ -129,6 +136,37 @@ def claim_action(
         detail={"action_id": row.id, "action": row.action, "attempt": row.attempts},
     )
     return Claim(ClaimOutcome.claimed, _snapshot(row))
+
+
+def _in_plan_order(
+    session: Session, row: RecoveryAction, worker: str, now: datetime
+) -> Claim | None:
+    """The claim's answer when the plan's order says not to run ``row`` now (``plan_order``)."""
+    first = earlier_to_run_first(session, row, now)
+    if first is not None:
+        return Claim(
+            ClaimOutcome.busy,
+            _snapshot(row),
+            retry_in=PLAN_ORDER_RETRY_SECONDS,
+            why=f"waits for {first.action} (action {first.id}), planned before it",
+        )
+    later = superseded_by(session, row)
+    if later is None:
+        return None
+    why = f"superseded: the approved {later.action} (action {later.id}) has already started"
+    row.status, row.finished_at, row.error = ActionStatus.cancelled.value, now, why
+    add_event(
+        session,
+        incident_id=row.incident_id,
+        type_=IncidentEventType.ACTION_SUPERSEDED,
+        actor=f"worker:{worker}",
+        at=now,
+        detail={"action_id": row.id, "action": row.action, "by_action": later.id},
+    )
+    inc = session.get(Incident, row.incident_id)
+    if inc is not None:  # the approved plan may be complete now that this one is out of it
+        _maybe_resolve_after_approved_plan(session, inc, now)
+    return Claim(ClaimOutcome.done, _snapshot(row), why=why)
 
 
 def finish_action(

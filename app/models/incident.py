@@ -61,6 +61,9 @@ class IncidentEventType(enum.StrEnum):
     # A whole-job action of this plan that another open incident of the job already has in
     # flight (app/incidents/whole_job.py): not written a second time.
     ACTION_COVERED = "action_covered"
+    # An action of a plan claimed after the plan's approved action had started: not run, since
+    # it would undo what that one did (app/actions/plan_order.py).
+    ACTION_SUPERSEDED = "action_superseded"
     # Hang forensics (app/incidents/stacks.py): a process's Python stacks, or why there are none.
     STACKS_CAPTURED = "stacks_captured"
 

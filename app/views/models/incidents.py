@@ -56,6 +56,7 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.UNMUTED: ("bad", "No longer muted: alerted"),
     IncidentEventType.ACTIONS_RELEASED: ("warn", "Hold ended: plan released"),
     IncidentEventType.ACTION_COVERED: ("idle", "Action already in flight for the job"),
+    IncidentEventType.ACTION_SUPERSEDED: ("idle", "Not run: the approved action ran first"),
     IncidentEventType.STACKS_CAPTURED: ("idle", "Python stacks captured"),
 }
 
