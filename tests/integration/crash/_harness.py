@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -100,20 +101,30 @@ def run_many_and_kill(
     started = [_fork_child(child) for child in children]
     unreaped = {pid for pid, _, _ in started}
     early: dict[int, bytes] = {}
+    stop = threading.Event()
+    killer: threading.Thread | None = None
     try:
         if from_first_report:
             for pid, read_fd, _ in started:
                 readable, _, _ = select.select([read_fd], [], [], _FIRST_REPORT_TIMEOUT_S)
                 assert readable, f"child {pid} reported nothing within {_FIRST_REPORT_TIMEOUT_S}s"
                 early[read_fd] = os.read(read_fd, 65536)
-        t0 = time.monotonic()
-        for pid, delay in sorted(
+        schedule = sorted(
             zip([p for p, _, _ in started], kill_after, strict=True), key=lambda x: x[1]
-        ):
-            while while_running is not None and time.monotonic() < t0 + delay:
+        )
+        # The kills run on a thread of their own, on time: a reader pass in ``while_running``
+        # grows with what the child committed, and a kill that waited for it to end landed
+        # later and later (more commits, a slower reader: a test that timed out on a slow
+        # machine).
+        killer = threading.Thread(
+            target=_kill_on_time, args=(schedule, time.monotonic(), stop), daemon=True
+        )
+        killer.start()
+        while killer.is_alive():
+            if while_running is None:
+                killer.join()
+            else:
                 while_running()
-            time.sleep(max(0.0, t0 + delay - time.monotonic()))
-            os.kill(pid, signal.SIGKILL)
         runs = []
         for pid, read_fd, err_read in started:
             _, status = os.waitpid(pid, 0)
@@ -121,12 +132,23 @@ def run_many_and_kill(
             runs.append(_collect(read_fd, err_read, status, early.get(read_fd, b"")))
         return runs
     finally:
+        stop.set()  # a killer still waiting (the reader failed) must not outlive the reaping
+        if killer is not None:
+            killer.join()
         for pid in unreaped:  # only children we have not reaped: their pid cannot be reused yet
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         for _, read_fd, err_read in started:
             os.close(read_fd)
             os.close(err_read)
+
+
+def _kill_on_time(schedule: list[tuple[int, float]], t0: float, stop: threading.Event) -> None:
+    """SIGKILL each pid ``delay`` seconds after ``t0``, unless ``stop`` is set first."""
+    for pid, delay in schedule:
+        if stop.wait(max(0.0, t0 + delay - time.monotonic())):
+            return
+        os.kill(pid, signal.SIGKILL)
 
 
 def _read_all(fd: int) -> bytes:
