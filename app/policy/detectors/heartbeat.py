@@ -34,11 +34,18 @@ class HeartbeatDetector(Detector):
         super().__init__(policy)
         self.suspected: list[ParticipantView] = []
         self.startup = StartupGrace(policy)
+        # Participant → its heartbeat time when first seen in an exited phase: the signal's
+        # ``since``, kept while it stays exited. Ray's collector re-reports a dead actor with a
+        # fresh heartbeat on every poll; a ``since`` that followed it made every tick a "new
+        # occurrence" (an ``updated`` event and a signal row twice a second for as long as the
+        # incident waited for its approver, and an incident an operator closed reopened).
+        self._exited_since: dict[tuple[str, str, int], float] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.heartbeat
         out: list[FaultSignal] = []
         suspected: list[ParticipantView] = []
+        exited_since, self._exited_since = self._exited_since, {}
         for p in world.participants:
             if p.phase in cfg.finished_phases:
                 continue
@@ -57,7 +64,9 @@ class HeartbeatDetector(Detector):
                 out.append(self._never_reported(world, p))
                 continue
             if exited:
-                out.append(self._exited(world, p))
+                since = exited_since.get(p.key, p.last_heartbeat_ts)
+                self._exited_since[p.key] = since
+                out.append(self._exited(world, p, since))
                 continue
             if age < cfg.suspect_seconds + cfg.confirm_seconds:
                 suspected.append(p)
@@ -91,7 +100,7 @@ class HeartbeatDetector(Detector):
         self.suspected = suspected
         return out
 
-    def _exited(self, world: World, p: ParticipantView) -> FaultSignal:
+    def _exited(self, world: World, p: ParticipantView, since: float) -> FaultSignal:
         ray_cause = self._ray_cause(world, p) if p.phase.startswith("RAY_") else None
         if ray_cause is not None:
             detail = (
@@ -115,7 +124,7 @@ class HeartbeatDetector(Detector):
             FaultKind.HEARTBEAT_LOST,
             participant_subject(p),
             evidence,
-            since=p.last_heartbeat_ts,
+            since=since,
             step=p.step,
             exited=True,
         )

@@ -9,6 +9,7 @@ from app.policy.detectors import (
     HeartbeatDetector,
     NodeSilenceDetector,
 )
+from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.signals import FaultKind, Tier
 
 from .._helpers import JOB, Cluster, first_firing
@@ -197,7 +198,9 @@ def test_stale_heartbeats_in_a_returning_nodes_first_batches_open_nothing(rollou
     assert opened == []
 
 
-def test_a_participant_still_silent_after_its_nodes_return_is_lost_counted_from_the_return() -> None:
+def test_a_participant_still_silent_after_its_nodes_return_is_lost_counted_from_the_return() -> (
+    None
+):
     opened, back = _outage_then_back(200)
     lost = [d for d in opened if d.kind is FaultKind.HEARTBEAT_LOST]
     assert len(lost) == 1
@@ -217,3 +220,35 @@ def test_node_returns_remembers_a_return_only_after_a_silence_and_for_its_horizo
     assert r.update(271.0, {"n0": 270.5}) == {}  # 150 s after the return: forgotten
     r.update(300.0, {"n0": 280.0})
     assert r.update(301.0, {}) == {}  # a node no longer known is forgotten too
+
+
+def test_a_dead_ray_actor_reported_afresh_every_poll_is_one_occurrence() -> None:
+    """Ray's collector re-reports a dead actor with a fresh heartbeat on every poll: the signal's
+    ``since`` stays at the first sighting (before: a new since every tick, so the engine wrote an
+    ``updated`` event and a signal row twice a second while the incident waited for approval);
+    once the actor is back and dies again, that is a new occurrence."""
+    c = Cluster()
+    det = HeartbeatDetector(c.policy)
+
+    def dead(c: Cluster) -> None:
+        c.put("n0", m.RAY_ACTOR_DEAD, 4242, job=JOB, role="rollout", rank="0", reason="WORKER_DIED")
+        c.participant("rollout", 0, "n0", phase="RAY_DEAD")  # heartbeat: now, every tick
+
+    first = c.now + 1
+    res = c.run(10, dead, detector=det)
+    assert [sigs[0].since for sigs in res] == [first] * 10
+    assert first_firing(c.run(5, lambda c: c.participant("rollout", 0, "n0"), detector=det)) is None
+    again = c.now + 1
+    assert {sigs[0].since for sigs in c.run(3, dead, detector=det)} == {again}
+
+
+def test_the_engine_opens_one_incident_and_writes_no_update_for_a_dead_actor_polled() -> None:
+    c = Cluster()
+    engine = PolicyEngine(c.policy)
+
+    def dead(c: Cluster) -> None:
+        c.put("n0", m.RAY_ACTOR_DEAD, 4242, job=JOB, role="rollout", rank="0", reason="WORKER_DIED")
+        c.participant("rollout", 0, "n0", phase="RAY_DEAD")
+
+    decisions = c.run(20, dead, engine=engine)
+    assert [d.type for d in decisions] == [DecisionType.OPEN]
