@@ -48,8 +48,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -91,22 +89,25 @@ class Fault:
 
 
 class ScaledStack(DemoStack):
-    """The demo stack with the shipped policy's time limits scaled to this job."""
+    """The demo stack with the shipped policy's time limits scaled to this job, and a restart
+    budget that lets every injected fault be healed automatically (the same trainer is restarted
+    once per fault; the shipped 3 per rank in 30 min would hand the 4th to an approver)."""
 
     factor: float = 1.0
+    restarts_per_rank: int = 3
 
     def _env(self) -> dict[str, str]:
-        env = super()._env()
-        path = Path(env["RLGUARD_RECOVERY_POLICY_FILE"])
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        self.policy_edit = self._scale
+        return super()._env()
+
+    def _scale(self, data: dict[str, Any]) -> None:
         data["detection"]["trainer"]["hang_min_seconds"] = max(3.0, HANG_MIN_S * self.factor)
         data["detection"]["heartbeat"].update(
             suspect_seconds=max(2.0, SUSPECT_S * self.factor),
             confirm_seconds=max(3.0, CONFIRM_S * self.factor),
         )
         data["incidents"]["quiet_period_seconds"] = max(3.0, QUIET_S * self.factor)
-        path.write_text(yaml.safe_dump(data), encoding="utf-8")
-        return env
+        data["guardrails"]["budgets"]["restart_role"]["per_rank"] = self.restarts_per_rank
 
 
 def train_argv(out: Path, args: argparse.Namespace) -> list[str]:
@@ -369,6 +370,7 @@ def main() -> int:
     )
 
     stack = ScaledStack(workdir, free_port(), job="clean", schedule=None)
+    stack.restarts_per_rank = len(range(args.fault_every, args.steps, args.fault_every)) + 1
     try:
         stack.start_server()
         subprocess.run([sys.executable, "-m", "integrations.launch", "write-hook",

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,8 +45,9 @@ DEFAULT_SCHEDULE: list[dict[str, Any]] = [
 ]
 
 
-def demo_policy(path: Path) -> Path:
-    """The shipped policy with detection windows short enough for a demo."""
+def demo_policy(path: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """The shipped policy with detection windows short enough for a demo; ``edit`` changes the
+    result further (a benchmark's own limits)."""
     from app.policy.policy_file import DEFAULT_POLICY_PATH
 
     data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text(encoding="utf-8"))
@@ -57,6 +59,8 @@ def demo_policy(path: Path) -> Path:
     data["detection"]["rollout"]["stall_timeout_seconds"] = 10
     data["golden_metrics"]["state_log_write_latency_ms"]["breach_seconds"] = 2
     data["golden_metrics"]["rollout_pending_ratio"]["breach_seconds"] = 5
+    if edit is not None:
+        edit(data)
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
 
@@ -92,6 +96,8 @@ class DemoStack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     token: str = ""
     password: str = ""
+    # Applied to the demo policy (see demo_policy) each time it is written.
+    policy_edit: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def url(self) -> str:
@@ -114,7 +120,9 @@ class DemoStack:
             RLGUARD_RECOVERY_EMBEDDED_NODES=self.node,
             RLGUARD_RECOVERY_RUN_ROOT=str(self.run_root),
             RLGUARD_RECOVERY_LAUNCHER=str(self.workdir / "launcher-hook"),
-            RLGUARD_RECOVERY_POLICY_FILE=str(demo_policy(self.workdir / "policy.yaml")),
+            RLGUARD_RECOVERY_POLICY_FILE=str(
+                demo_policy(self.workdir / "policy.yaml", self.policy_edit)
+            ),
         )
         return env
 
