@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +104,7 @@ def fill(store: SeriesStore, nodes: int, gpus: int, history: int, t0: float) -> 
     return parts
 
 
-def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
+def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool = False) -> None:
     t0 = 1_800_000_000.0
     # The server freezes its start-up heap and spaces out full collections once it has started
     # (app/main.py), before any sample arrives: the same here, before the fill.
@@ -115,7 +116,8 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
     started = time.perf_counter()
     parts = fill(store, nodes, gpus, history, t0)
     print(f"tick: {nodes} nodes x {gpus} GPUs: {len(store):,} series, {len(parts):,} participants "
-          f"(filled in {time.perf_counter() - started:.1f}s)")
+          f"(filled in {time.perf_counter() - started:.1f}s); "
+          f"{'a new sample for every series before each tick' if arrivals else 'nothing arrives between ticks'}")
     seen = {f"node{n:04d}": t0 for n in range(nodes)}
     policy = default_policy()
     engine = PolicyEngine(policy)
@@ -128,8 +130,18 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int) -> None:
     old_cost: list[float] = []
     decisions = 0
     passes_before = len(full_passes)
+    # With --arrivals every series gets one new sample (its value unchanged) before each tick,
+    # untimed: what agents reporting every second (their default, and the tick's) bring. Without
+    # it nothing arrives between ticks, the engine's cheapest case (what moved since the last
+    # tick is found by identity and only that is re-judged).
+    newest = [(key, ring.points[-1][1]) for key, ring in store._series.items()]  # noqa: SLF001
     for i in range(ticks):
-        now = t0 + 0.5 + i * 0.01
+        now = t0 + 0.5 + i * (1.0 if arrivals else 0.01)
+        if arrivals:
+            store.extend([(key, now - 0.25, value) for key, value in newest])
+            seen = dict.fromkeys(seen, now - 0.25)
+            parts = [p if t0 - p.last_heartbeat_ts > 10 else replace(p, last_heartbeat_ts=now - 0.25)
+                     for p in parts]  # the silent one stays silent
         s = time.perf_counter()
         for ring in list(store._series.values()):  # noqa: SLF001 - the floor: read each newest point
             if ring.points:
@@ -391,6 +403,8 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--history", type=int, default=10)
     ap.add_argument("--ticks", type=int, default=12)
+    ap.add_argument("--arrivals", action="store_true",
+                    help="tick part: a new sample for every series before each tick (agents at 1 s)")
     ap.add_argument("--trials", type=int, default=15)
     ap.add_argument("--tick", type=float, default=1.0, help="policy tick for the latency part (s)")
     ap.add_argument("--modes", default="redis,embedded")
@@ -399,7 +413,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1")
     if args.part in ("tick", "all"):
-        bench_tick(args.nodes, args.gpus, args.history, args.ticks)
+        bench_tick(args.nodes, args.gpus, args.history, args.ticks, args.arrivals)
     if args.part in ("latency", "all"):
         modes = [x.strip() for x in args.modes.split(",") if x.strip()]
         bad = [x for x in modes if x not in ("redis", "embedded")]
