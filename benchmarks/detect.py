@@ -134,7 +134,7 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
     # untimed: what agents reporting every second (their default, and the tick's) bring. Without
     # it nothing arrives between ticks, the engine's cheapest case (what moved since the last
     # tick is found by identity and only that is re-judged).
-    newest = [(key, ring.points[-1][1]) for key, ring in store._series.items()]  # noqa: SLF001
+    newest = [(key, ring.points[-1][1]) for key, ring in store._series.items()] if arrivals else []  # noqa: SLF001
     for i in range(ticks):
         now = t0 + 0.5 + i * (1.0 if arrivals else 0.01)
         if arrivals:
