@@ -8,7 +8,9 @@ declare the same queue at the same moment (the dispatcher publishing to ``node.n
 worker for ``node.n1`` starts) both find no row, both insert, and the second dies with
 ``IntegrityError: UNIQUE constraint failed: kombu_queue.name``; two processes creating the
 tables race the same way ("table kombu_queue already exists"). This transport lets the loser
-of either race use what the winner wrote.
+of the queue race use what the winner wrote, and serialises table creation across processes
+with a lock file beside the broker file (a retry is not enough: with eight processes the loser
+of ``kombu_queue`` can lose again on ``kombu_message``).
 
 It also creates the broker file's directory (owner-only) when it first connects, so that
 building the Celery app has no effect on the file system.
@@ -16,6 +18,10 @@ building the Celery app has no effect on the file system.
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +40,28 @@ def broker_file_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
+@contextmanager
+def _creation_lock(broker: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<broker>.lock`` for as long as the block runs (every process
+    that opens this broker file takes the same one); released by the OS if the holder dies."""
+    fd = os.open(broker.with_name(broker.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 class Channel(kombu_sqlalchemy.Channel):
     def _open(self) -> Any:
-        path = sqlite_file(self.connection.client.hostname)
-        if path is not None:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
+        hostname = self.connection.client.hostname
+        path = sqlite_file(hostname)
+        if path is None or hostname in self._engines:
             return super()._open()  # type: ignore[no-untyped-call]  # kombu is untyped
-        except OperationalError as exc:
-            if "already exists" not in str(exc):
-                raise
-            # Another process created the tables between kombu's check and its CREATE TABLE;
-            # they exist now, so the second try only checks.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # kombu checks for its tables and creates them in two steps under a thread lock only;
+        # under this lock the check and the CREATE of one process cannot interleave with another's.
+        with _creation_lock(path):
             return super()._open()  # type: ignore[no-untyped-call]  # kombu is untyped
 
     def _get_or_create(self, queue: str) -> Any:
