@@ -12,7 +12,7 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, count, repeat
-from operator import is_not, itemgetter
+from operator import itemgetter, ne
 from typing import Any
 
 from app.ingest.series_store import Point, SeriesKey, SeriesStore
@@ -113,7 +113,8 @@ class NodeReturns:
                 self._back[node] = seen
         if self._back:
             self._back = {
-                n: t for n, t in self._back.items()
+                n: t
+                for n, t in self._back.items()
                 if now - t < self.horizon_seconds and n in node_last_seen
             }
         return self._back
@@ -135,6 +136,11 @@ class World:
 
     # The index the snapshot came from (for lazy look-ups of names not read every tick).
     index: LatestIndex | None = None
+    # Per job its highest step, per node its jobs (sorted): built on first use, as several
+    # signals a tick ask and each question was a pass over every participant.
+    _by_job_and_node: tuple[dict[str, int], dict[str, list[str]]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def index_latest(self, names: Iterable[str], index: LatestIndex | None = None) -> None:
         self.index = index or LatestIndex(names)
@@ -176,11 +182,21 @@ class World:
         return self.now - last
 
     def jobs_on_node(self, node: str) -> list[str]:
-        return sorted({p.job for p in self.participants if p.node == node})
+        return list(self._participant_index()[1].get(node, ()))
 
     def job_step(self, job: str) -> int | None:
-        steps = [p.step for p in self.participants if p.job == job]
-        return max(steps) if steps else None
+        return self._participant_index()[0].get(job)
+
+    def _participant_index(self) -> tuple[dict[str, int], dict[str, list[str]]]:
+        if self._by_job_and_node is None:
+            steps: dict[str, int] = {}
+            jobs: dict[str, set[str]] = {}
+            for p in self.participants:
+                if p.job not in steps or p.step > steps[p.job]:
+                    steps[p.job] = p.step
+                jobs.setdefault(p.node, set()).add(p.job)
+            self._by_job_and_node = (steps, {n: sorted(js) for n, js in jobs.items()})
+        return self._by_job_and_node
 
 
 class LatestIndex:
@@ -211,11 +227,10 @@ class LatestIndex:
         self._layout = -1
         self._by_name: dict[str, list[tuple[SeriesKey, Any]]] = {}
         self._counts: dict[tuple[str, str], int] | None = None
-        self._seen: dict[int, Any] = {}
         # Per name, the keys and the buffers (the same series as _by_name, as two columns),
-        # and for CHANGED names the newest samples read by the previous snapshot (by position).
+        # and for CHANGED names the newest values the previous snapshot read (by position).
         self._columns: dict[str, tuple[list[SeriesKey], list[Any]]] = {}
-        self._previous: dict[str, list[Any]] = {}
+        self._values: dict[str, list[Any]] = {}
 
     def _rebuild(self, store: SeriesStore) -> None:
         by_name: dict[str, list[tuple[SeriesKey, Any]]] = {n: [] for n in self.names}
@@ -226,13 +241,23 @@ class LatestIndex:
                 if bucket is not None:
                     bucket.append((key, ring.points))
             self._layout = store.layout
-        live = {id(points) for rings in by_name.values() for _, points in rings}
-        self._seen = {i: v for i, v in self._seen.items() if i in live}
         self._by_name = by_name
-        self._columns = {
+        columns = {
             n: ([k for k, _ in rings], [r for _, r in rings]) for n, rings in by_name.items()
         }
-        self._previous = {}
+        # What CHANGED names last read survives the rebuild, carried by buffer. The old columns
+        # still hold every old buffer here, so no new buffer can have an old one's id.
+        read = {
+            id(ring): value
+            for name, values in self._values.items()
+            for ring, value in zip(self._columns[name][1], values, strict=True)
+        }
+        self._values = {
+            n: [read.get(id(r), _UNREAD) for r in columns[n][1]]
+            for n in columns
+            if n in self._values
+        }
+        self._columns = columns
         self._counts = None  # counted when first asked for (few ticks ask: GPU failures)
         self._store = store
 
@@ -250,13 +275,14 @@ class LatestIndex:
             try:
                 lasts = list(map(_newest, rings))
             except IndexError:  # an empty buffer (the store never leaves one; allowed anyway)
-                keys = [k for k, r in zip(keys, rings, strict=True) if r]
-                rings = [r for r in rings if r]
-                lasts = list(map(_newest, rings))
-                self._previous.pop(name, None)  # positions moved: compare everything
+                lasts = [r[-1] if r else None for r in rings]
             if keep is CHANGED:
-                out[name] = self._changed(name, keys, rings, lasts)
-            elif isinstance(keep, Threshold):
+                out[name] = self._changed(name, keys, lasts)
+                continue
+            if None in lasts:
+                keys = [k for k, p in zip(keys, lasts, strict=True) if p is not None]
+                lasts = [p for p in lasts if p is not None]
+            if isinstance(keep, Threshold):
                 passes = map(keep.compare, map(_value, lasts), repeat(keep.value))
                 kept = compress(zip(keys, lasts, strict=True), passes)
                 out[name] = [(k, _point(p)) for k, p in kept]
@@ -265,29 +291,20 @@ class LatestIndex:
         return out
 
     def _changed(
-        self, name: str, keys: list[SeriesKey], rings: list[Any], lasts: list[Any]
+        self, name: str, keys: list[SeriesKey], lasts: list[Any]
     ) -> list[tuple[SeriesKey, Point]]:
         """Counters: only a series whose value moved since the last snapshot can hold an
-        increase (or a reset). A series whose newest sample is the very object the previous
-        snapshot read (compared by identity, in C) has the value it had then, already noted
-        in ``_seen``; the others are compared by value as they come."""
-        seen = self._seen
-        prev = self._previous.get(name)
-        self._previous[name] = lasts
-        if prev is None or len(prev) != len(lasts):
-            moved: Iterable[int] = range(len(lasts))
+        increase (or a reset). Values are compared by position with those the previous
+        snapshot read, in C; a NaN (refused by ingest) never equals itself, so such a series
+        comes back every time, as a full pass would return it."""
+        values = [_UNREAD if p is None else p[1] for p in lasts]
+        before = self._values.get(name)
+        self._values[name] = values
+        if before is None:
+            moved: Iterable[int] = range(len(values))
         else:
-            moved = compress(count(), map(is_not, lasts, prev))
-        bucket: list[tuple[SeriesKey, Point]] = []
-        for i in moved:
-            ts, value = lasts[i]
-            ident = id(rings[i])
-            if seen.get(ident) != value:
-                seen[ident] = value
-                bucket.append((keys[i], Point(ts, value)))
-                if value != value:  # NaN (refused by ingest) never equals what was noted:
-                    lasts[i] = None  # compared again next time, as a full pass would
-        return bucket
+            moved = compress(count(), map(ne, values, before))
+        return [(keys[i], _point(lasts[i])) for i in moved if lasts[i] is not None]
 
     def read(self, name: str) -> list[tuple[SeriesKey, Point]]:
         out = []
@@ -337,6 +354,7 @@ class _Changed:
 
 CHANGED: Any = _Changed()
 _newest = itemgetter(-1)
+_UNREAD: Any = object()  # a value never read: unequal to every value
 _value = itemgetter(1)
 _point = functools.partial(tuple.__new__, Point)  # Point from a (ts, value) pair, in C
 SampleFilter = Any  # Threshold, CHANGED, or None (= on demand only)

@@ -57,15 +57,15 @@ class TrainerIdleDetector(Detector):
         idle_trainers: dict[tuple[str, str], list[tuple[ParticipantView, float]]] = defaultdict(
             list
         )
+        roles, active, timeout = cfg.roles, cfg.active_phases, cfg.idle_timeout_seconds
+        phase_since_of, check, now = self._phases.since, self.startup.check, world.now
         for p in world.participants:
-            if p.role not in cfg.roles:
+            if p.role not in roles:
                 continue
-            phase_since = self._phases.since(p, world.now)
-            if self.startup.check(p, world.now) is not None:
+            phase_since = phase_since_of(p, now)
+            if check(p, now) is not None:
                 continue  # still starting
-            if p.phase not in cfg.active_phases:
-                continue
-            if world.now - phase_since < cfg.idle_timeout_seconds:
+            if p.phase not in active or now - phase_since < timeout:
                 continue
             idle_trainers[(p.job, p.node)].append((p, phase_since))
         out: list[FaultSignal] = []
@@ -144,14 +144,13 @@ class RolloutStallDetector(Detector):
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.rollout
         suspect = self.policy.detection.heartbeat.suspect_seconds
+        roles, finished = cfg.roles, self.policy.detection.heartbeat.finished_phases
+        check, now = self.startup.check, world.now  # read once: the loop runs per participant
         out: list[FaultSignal] = []
         for p in world.participants:
-            if (
-                p.role not in cfg.roles
-                or p.phase in self.policy.detection.heartbeat.finished_phases
-            ):
+            if p.role not in roles or p.phase in finished:
                 continue
-            if self.startup.check(p, world.now) is not None:
+            if check(p, now) is not None:
                 continue  # still starting (one overdue is the heartbeat detector's)
             hb_age = world.heartbeat_silence(p)  # from its node's return when later
             if hb_age < suspect:

@@ -94,6 +94,11 @@ class BreachMemory:
             if st is not None and st[0] is points and st[1] is newest:
                 keep[key] = st  # nothing appended since the last tick
                 breach = st[2]
+            elif st is not None and st[0] is points and _only_new(points, st[1], newest):
+                # One sample since the last tick (agents report once a tick), judged without the
+                # store's lock; it is unhealthy (above healthy, checked above), so the run goes on.
+                breach = newest[0] if rule.breaches(newest[1]) else st[2]
+                keep[key] = (points, newest, breach)
             else:
                 breach = self.newest_breach(store, key, points, st, rule, oldest)
             if breach is not None and breach >= oldest:
@@ -126,6 +131,17 @@ class BreachMemory:
             last = points[-1]
         self._next[key] = (points, last, breach)
         return breach
+
+
+def _only_new(points: Sequence[Sample], last: Sample, newest: Sample) -> bool:
+    """Whether ``newest`` (read from the end of ``points``) is the one sample after ``last``.
+    Safe without the lock: appends go to the end, so if more came after ``newest`` was read,
+    the sample before the end is no longer ``last``; an out-of-order insert before ``newest``
+    shows the same way (and the store counts it, see ``begin``)."""
+    try:
+        return points[-2] is last
+    except IndexError:  # a one-sample buffer
+        return False
 
 
 def _after(points: Sequence[Sample], last: Any) -> list[Sample] | None:

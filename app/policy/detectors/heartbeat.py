@@ -46,16 +46,19 @@ class HeartbeatDetector(Detector):
         out: list[FaultSignal] = []
         suspected: list[ParticipantView] = []
         exited_since, self._exited_since = self._exited_since, {}
+        finished, exited_phases = cfg.finished_phases, cfg.exited_phases
+        suspect = cfg.suspect_seconds
+        check, silence, now = self.startup.check, world.heartbeat_silence, world.now  # per tick
         for p in world.participants:
-            if p.phase in cfg.finished_phases:
+            if p.phase in finished:
                 continue
-            starting = self.startup.check(p, world.now)
+            starting = check(p, now)
             if starting is StartupGrace.GRACE:
                 continue
             # From its node's return when that is later: see NodeReturns.
-            age = world.heartbeat_silence(p)
-            exited = p.phase in cfg.exited_phases
-            if age < cfg.suspect_seconds and not exited and starting is None:
+            age = silence(p)
+            exited = p.phase in exited_phases
+            if age < suspect and not exited and starting is None:
                 continue
             node_seen = world.node_last_seen.get(p.node)
             if node_seen is not None and world.now - node_seen >= cfg.suspect_seconds:
