@@ -46,6 +46,7 @@ from sqlmodel import Session, col, select
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
+from app.core.gc_tuning import FreezeOnGrowth
 from app.core.wakeup import WakeThread
 from app.incidents.approvals import expire_approvals
 from app.incidents.mute_ended import resume_unmuted
@@ -195,6 +196,7 @@ class PolicyScheduler:
         self._renew_after = 0.0
         self._needs_restore = True
         self._lock = threading.Lock()
+        self._heap = FreezeOnGrowth()  # the series store out of the collector's full passes
         self._scheduler: BackgroundScheduler | None = None
         # The event path (``nudge``): a thread of its own, so an early tick never waits for a
         # free slot in the interval jobs' pool.
@@ -269,6 +271,7 @@ class PolicyScheduler:
                         self._needs_restore = False
                     self._sync_engine(session)
                 result = self.policy_engine.tick(self.world(self.clock.now()))
+                self._heap.after_tick(len(self.store))
                 new_rows = False
                 if result.decisions:
                     with Session(self.engine, expire_on_commit=False) as session:

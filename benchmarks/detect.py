@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.core.gc_tuning import freeze_startup_heap  # noqa: E402
+from app.core.gc_tuning import FreezeOnGrowth, freeze_startup_heap  # noqa: E402
 from app.ingest.series_store import SeriesKey, SeriesStore  # noqa: E402
 from app.policy import metric_names as m  # noqa: E402
 from app.policy.detectors import default_detectors  # noqa: E402
@@ -119,6 +119,7 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
           f"(filled in {time.perf_counter() - started:.1f}s); "
           f"{'a new sample for every series before each tick' if arrivals else 'nothing arrives between ticks'}")
     seen = {f"node{n:04d}": t0 for n in range(nodes)}
+    heap = FreezeOnGrowth()  # the server's scheduler freezes the grown store (app.core.gc_tuning)
     policy = default_policy()
     engine = PolicyEngine(policy)
     # The same tick without the detectors of issue 21 (Detection v2), measured interleaved with
@@ -150,6 +151,7 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
         world = World(now=now, store=store, participants=parts, node_last_seen=seen)
         s = time.perf_counter()
         decisions += len(engine.tick(world).decisions)
+        heap.after_tick(len(store))  # as the server's scheduler does after each tick
         cost.append(time.perf_counter() - s)
         world = World(now=now, store=store, participants=parts, node_last_seen=seen)
         s = time.perf_counter()

@@ -274,16 +274,21 @@ class LatestIndex:
             # series kept (those that live through the tick are what bring on full collections).
             try:
                 lasts = list(map(_newest, rings))
+                values = list(map(_value, lasts))
+                complete = True
             except IndexError:  # an empty buffer (the store never leaves one; allowed anyway)
                 lasts = [r[-1] if r else None for r in rings]
+                values = [_UNREAD if p is None else p[1] for p in lasts]
+                complete = False
             if keep is CHANGED:
-                out[name] = self._changed(name, keys, lasts)
+                out[name] = self._changed(name, keys, lasts, values)
                 continue
-            if None in lasts:
+            if not complete:  # the empty buffers are left out
                 keys = [k for k, p in zip(keys, lasts, strict=True) if p is not None]
                 lasts = [p for p in lasts if p is not None]
+                values = [p[1] for p in lasts]
             if isinstance(keep, Threshold):
-                passes = map(keep.compare, map(_value, lasts), repeat(keep.value))
+                passes = map(keep.compare, values, repeat(keep.value))
                 kept = compress(zip(keys, lasts, strict=True), passes)
                 out[name] = [(k, _point(p)) for k, p in kept]
             else:
@@ -291,13 +296,12 @@ class LatestIndex:
         return out
 
     def _changed(
-        self, name: str, keys: list[SeriesKey], lasts: list[Any]
+        self, name: str, keys: list[SeriesKey], lasts: list[Any], values: list[Any]
     ) -> list[tuple[SeriesKey, Point]]:
         """Counters: only a series whose value moved since the last snapshot can hold an
         increase (or a reset). Values are compared by position with those the previous
         snapshot read, in C; a NaN (refused by ingest) never equals itself, so such a series
         comes back every time, as a full pass would return it."""
-        values = [_UNREAD if p is None else p[1] for p in lasts]
         before = self._values.get(name)
         self._values[name] = values
         if before is None:

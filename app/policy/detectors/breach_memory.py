@@ -15,6 +15,8 @@ tick before, so a stale timestamp costs a read, never a wrong answer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress, count, repeat
+from operator import gt, itemgetter
 from typing import Any
 
 from app.ingest.series_store import SeriesKey, SeriesStore
@@ -22,6 +24,7 @@ from app.policy.policy_file import GoldenMetricRule
 from app.policy.world import World
 
 Sample = tuple[float, float]
+_buffer, _newest, _value = itemgetter(1), itemgetter(-1), itemgetter(1)
 # (the series' buffer, the newest sample read from it, the newest breaching sample's ts)
 _State = tuple[Sequence[Sample], Sample, float | None]
 
@@ -84,11 +87,17 @@ class BreachMemory:
         healthy, now, store = rule.healthy, world.now, world.store
         state, keep = self._state, self._next
         out: list[SeriesKey] = []
-        for key, points in rings:
-            if not points:
-                continue
+        # Most series sit at or under healthy: those are left out in C, before the loop.
+        buffers = list(map(_buffer, rings))
+        try:
+            newest_values = list(map(_value, map(_newest, buffers)))
+        except IndexError:  # an empty buffer (the store never leaves one): judged as none
+            newest_values = [b[-1][1] if b else healthy for b in buffers]
+        above = compress(count(), map(gt, newest_values, repeat(healthy)))
+        for i in above:
+            key, points = rings[i]
             newest = points[-1]
-            if not newest[1] > healthy or now - newest[0] > stale:  # as Detector.fresh
+            if now - newest[0] > stale:  # as Detector.fresh
                 continue
             st = state.get(key)
             if st is not None and st[0] is points and st[1] is newest:
