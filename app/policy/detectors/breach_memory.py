@@ -96,8 +96,8 @@ class BreachMemory:
         above = compress(count(), map(gt, newest_values, repeat(healthy)))
         for i in above:
             key, points = rings[i]
-            newest = points[-1]
-            if now - newest[0] > stale:  # as Detector.fresh
+            newest = points[-1]  # read again: ingest may have appended since
+            if not newest[1] > healthy or now - newest[0] > stale:  # as Detector.fresh
                 continue
             st = state.get(key)
             if st is not None and st[0] is points and st[1] is newest:
@@ -105,7 +105,7 @@ class BreachMemory:
                 breach = st[2]
             elif st is not None and st[0] is points and _only_new(points, st[1], newest):
                 # One sample since the last tick (agents report once a tick), judged without the
-                # store's lock; it is unhealthy (above healthy, checked above), so the run goes on.
+                # store's lock; it is above healthy (checked just above), so the run goes on.
                 breach = newest[0] if rule.breaches(newest[1]) else st[2]
                 keep[key] = (points, newest, breach)
             else:
