@@ -1,7 +1,8 @@
 """Detection benchmarks: the policy tick's cost at cluster scale, and fault → task latency.
 
-    .venv/bin/python benchmarks/detect.py                     # both parts, short defaults
+    .venv/bin/python benchmarks/detect.py                     # every part, short defaults
     .venv/bin/python benchmarks/detect.py --part tick --nodes 1000 --gpus 8 --ticks 20
+    .venv/bin/python benchmarks/detect.py --part ingest-share --ticks 20
     .venv/bin/python benchmarks/detect.py --part latency --trials 30 --tick 1.0 --modes redis,embedded
 
 Part ``tick``: an in-process SeriesStore filled like 1,000 nodes x 8 GPUs (every GPU metric of
@@ -11,6 +12,11 @@ warm ticks. Baseline in the same run: one bare pass over the store reading every
 point with no allocation (the store's ring buffers read directly), the least any tick that
 looks at every series must do; and the same tick without the detectors of issue 21 (Detection
 v2, ``DETECTION_V2``), timed interleaved with the full one. Target: tick <= 100 ms.
+
+Part ``ingest-share``: the detectors' filters are standing questions that ingest answers as
+samples arrive (``app.ingest.series_watch``), so part of the tick's old work is now paid in
+``SeriesStore.extend``. Same store: one new sample for every series added per round, rounds
+alternating between no policy engine and the server's one; prints both and their ratio.
 
 Part ``latency``: a real ``rlguard server`` and ``rlguard worker`` (PostgreSQL + a Redis of its
 own, and embedded SQLite + SQLAlchemy broker). Each trial posts one ingest batch that confirms
@@ -170,6 +176,36 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
           f"{len(full_passes) - passes_before}")
     print(f"tick: ratio tick/baseline {pct(warm, 50) / pct(base, 50):.2f}x   target tick <= 100 ms: "
           f"{'MET' if pct(warm, 99) <= 0.1 else 'NOT MET'}")
+
+
+def bench_ingest_share(nodes: int, gpus: int, history: int, rounds: int) -> None:
+    """What the tick's standing questions cost ingest (``app.ingest.series_watch``): the same
+    store, one new sample for every series per round, added by ``SeriesStore.extend`` in rounds
+    alternating between no policy engine registered (the baseline) and the server's one."""
+    t0 = 1_800_000_000.0
+    freeze_startup_heap()
+    store = SeriesStore(window_seconds=900, max_points=max(history, 10))
+    parts = fill(store, nodes, gpus, history, t0)
+    newest = [(key, ring.points[-1][1]) for key, ring in store._series.items()]  # noqa: SLF001
+    cost: dict[bool, list[float]] = {False: [], True: []}
+    engine: PolicyEngine | None = None
+    for i in range(2 * rounds):
+        watched = i % 2 == 1
+        if watched:  # the engine's first tick registers its questions (untimed)
+            engine = PolicyEngine(default_policy())
+            engine.tick(World(now=t0 + i, store=store, participants=parts))
+        else:
+            engine = None  # its questions go with it (held weakly by the store)
+            gc.collect()
+        batch = [(key, t0 + i + 1, value) for key, value in newest]
+        s = time.perf_counter()
+        store.extend(batch)
+        cost[watched].append(time.perf_counter() - s)
+    bare, watched_cost = pct(cost[False], 50), pct(cost[True], 50)
+    print(f"ingest share: store.extend of {len(newest):,} samples (one per series), {rounds} rounds each: "
+          f"no engine p50 {bare * 1e3:.1f} ms, with the engine's standing questions p50 "
+          f"{watched_cost * 1e3:.1f} ms  ({(watched_cost - bare) / len(newest) * 1e6:.2f} us a sample); "
+          f"ratio {watched_cost / bare:.2f}x")
 
 
 # -- part 2: fault -> task latency ---------------------------------------------------------------
@@ -400,7 +436,7 @@ def bench_latency(modes: list[str], trials: int, tick: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=["tick", "latency", "all"], default="all")
+    ap.add_argument("--part", choices=["tick", "ingest-share", "latency", "all"], default="all")
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--history", type=int, default=10)
@@ -416,6 +452,8 @@ def main() -> None:
             ap.error(f"--{name} must be at least 1")
     if args.part in ("tick", "all"):
         bench_tick(args.nodes, args.gpus, args.history, args.ticks, args.arrivals)
+    if args.part in ("ingest-share", "all"):
+        bench_ingest_share(args.nodes, args.gpus, args.history, args.ticks)
     if args.part in ("latency", "all"):
         modes = [x.strip() for x in args.modes.split(",") if x.strip()]
         bad = [x for x in modes if x not in ("redis", "embedded")]

@@ -4,7 +4,8 @@ This is the hot store the policy engine reads every tick. A series is identified
 (node, metric name, sorted labels). Each series keeps at most ``max_points`` samples and nothing
 older than ``window_seconds`` (relative to the newest sample), so memory stays bounded whatever
 the agents send. It is thread-safe: ingest appends from request handlers while the policy tick
-and the rollup job read.
+and the rollup job read. The questions the tick asks of every series are answered here, as
+samples arrive (``watch``, ``app.ingest.series_watch``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import bisect
 import functools
 import itertools
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from app.ingest.series_watch import CHANGED, PASSING, Handler, SeriesWatch
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -79,15 +83,39 @@ class SeriesStore:
         self.max_points = max_points
         self._series: dict[SeriesKey, _Series] = {}
         self._lock = threading.Lock()
-        # Out-of-order inserts, counted (``reorders``) and by series (key → the count at its
-        # latest one): a reader that keeps what it derived from a buffer's newest samples (the
-        # golden metrics' breach memory) must re-read a series whose past changed. Touched only
-        # on the rare out-of-order path, so appends pay nothing for it.
-        self.reorders = 0
-        self._reordered: dict[SeriesKey, int] = {}
         # Counts every series created or dropped: a reader that indexes the buffers (the
         # policy's LatestIndex) knows from it when its index is out of date, and only then.
         self.layout = 0
+        # The registered watches (held weakly) and, per watched name, what extend does with a
+        # sample of it (SeriesWatch.handlers): rebuilt when a watch is added or collected.
+        self._watches: weakref.WeakSet[SeriesWatch] = weakref.WeakSet()
+        self._handlers: dict[str, list[Handler]] = {}
+        self._handlers_stale = False
+
+    def watch(self, watch: SeriesWatch) -> SeriesWatch:
+        """Register ``watch``: answered from the series present now, then kept up to date by
+        every extend (see ``app.ingest.series_watch``). Held weakly: drop the watch to stop it."""
+        with self._lock:
+            watch._lock = self._lock  # noqa: SLF001 - the watch reads its answers under it
+            watch.start(self._series)
+            self._watches.add(watch)
+            weakref.finalize(watch, self._watch_gone)
+            self._handlers_stale = True
+        return watch
+
+    def _watch_gone(self) -> None:
+        # Called by the collector at any moment: only flag it, extend rebuilds under its lock.
+        self._handlers_stale = True
+
+    def _current_handlers(self) -> dict[str, list[Handler]]:
+        if self._handlers_stale:
+            self._handlers_stale = False
+            merged: dict[str, list[Handler]] = {}
+            for w in list(self._watches):
+                for name, handlers in w.handlers().items():
+                    merged.setdefault(name, []).extend(handlers)
+            self._handlers = merged
+        return self._handlers
 
     def append(self, key: SeriesKey, ts: float, value: float) -> None:
         self.extend([(key, ts, value)])
@@ -98,13 +126,32 @@ class SeriesStore:
         all_series = self._series
         window = self.window_seconds
         with self._lock:
+            watched = self._current_handlers()
             for key, ts, value in samples:
                 series = all_series.get(key)
                 if series is None:
                     series = all_series[key] = _Series(self.max_points)
                     self.layout += 1
                 pts = series.points
-                if pts and ts < pts[-1][0]:
+                late = pts and ts < pts[-1][0]
+                handlers = watched.get(key.name) if watched else None
+                if handlers is not None and not late:
+                    # the sample becomes the newest: the watches' answers follow it (inline, a
+                    # function call per sample would cost ingest more than the checks)
+                    for kind, found, compare, bound, healthy in handlers:
+                        if kind == PASSING:
+                            if compare(value, bound):  # type: ignore[misc]
+                                found[key] = pts
+                            elif key in found:
+                                del found[key]
+                        elif kind == CHANGED:
+                            if not pts or pts[-1][1] != value:  # (not appended yet)
+                                found[key] = pts
+                        elif compare(value, bound):  # type: ignore[misc]  # RUN: breaches
+                            found[key] = (ts, pts)
+                        elif not value > healthy and key in found:  # a healthy one ends it
+                            del found[key]
+                if late:
                     # Rare (clock skew between agents' batches): insert in place to keep order.
                     # deque.insert is O(n) in C; rebuilding the window per sample in Python was
                     # slow enough for one node's skewed batch to stall ingest for everyone.
@@ -116,23 +163,16 @@ class SeriesStore:
                         pts.popleft()
                         at -= 1
                     pts.insert(at, (ts, value))
-                    self.reorders += 1
-                    self._reordered[key] = self.reorders
                 else:
                     pts.append((ts, value))
                 horizon = pts[-1][0] - window
                 while pts and pts[0][0] < horizon:
                     pts.popleft()
+                if late and handlers is not None:  # once trimmed: a sample older than the
+                    for w in self._watches:  # window is gone as if it never came
+                        w.reordered(key, pts)
                 n += 1
         return n
-
-    def reordered_since(self, seen: int) -> tuple[int, list[SeriesKey]]:
-        """The series with an out-of-order insert after the count ``seen`` (``reorders`` as
-        read before), and the count now: pass it back on the next call."""
-        with self._lock:
-            if self.reorders == seen:
-                return seen, []
-            return self.reorders, [k for k, n in self._reordered.items() if n > seen]
 
     def keys(self, *, node: str | None = None, name: str | None = None) -> list[SeriesKey]:
         with self._lock:
@@ -205,11 +245,23 @@ class SeriesStore:
         """Forget series whose newest sample is older than ``ts``; returns how many were dropped."""
         with self._lock:
             stale = [k for k, s in self._series.items() if not s.points or s.points[-1][0] < ts]
-            for k in stale:
-                del self._series[k]
-                self._reordered.pop(k, None)
-            self.layout += len(stale)
+            self._forget(stale)
         return len(stale)
+
+    def forget(self, keys: Iterable[SeriesKey]) -> int:
+        """Drop these series (those that exist); returns how many were dropped."""
+        with self._lock:
+            present = [k for k in keys if k in self._series]
+            self._forget(present)
+        return len(present)
+
+    def _forget(self, keys: list[SeriesKey]) -> None:
+        watches = list(self._watches) if keys else []
+        for k in keys:
+            del self._series[k]
+            for w in watches:
+                w.forget(k)
+        self.layout += len(keys)
 
     def __len__(self) -> int:
         with self._lock:

@@ -11,11 +11,10 @@ import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, count, repeat
-from operator import itemgetter, ne
 from typing import Any
 
 from app.ingest.series_store import Point, SeriesKey, SeriesStore
+from app.ingest.series_watch import RunRule, SeriesWatch
 from app.policy.signals import FaultKind, FaultSignal
 
 # The silence kinds: what a node or job being worked on looks like from here (the heartbeat and
@@ -174,6 +173,11 @@ class World:
     def series(self, name: str) -> list[tuple[SeriesKey, Point]]:
         return self.latest.get(name, [])
 
+    def breach_runs(self, name: str) -> list[tuple[SeriesKey, float, Point]]:
+        """The series of a ``BreachRun`` name in a run that breached: (key, ts of the run's
+        newest breaching sample, newest point), in the store's order."""
+        return self.index.breach_runs(name) if self.index is not None else []
+
     def heartbeat_silence(self, p: ParticipantView) -> float:
         """Seconds ``p`` has been silent: since its last heartbeat or, when later, since its
         node came back from a silence of its own (see :class:`NodeReturns`)."""
@@ -202,15 +206,23 @@ class World:
 class LatestIndex:
     """The series of the metrics the detectors read, grouped by name, kept between ticks.
 
-    SeriesStore has no index by metric name and ``items()`` copies every series; at 1,000
-    nodes x 8 GPUs that pass alone would eat the tick's budget. So the index remembers, per
-    wanted name, the store's ring buffers themselves and re-reads only their newest point
-    each tick. It is rebuilt (one pass, under the store's lock) when the store created or dropped
-    a series (``SeriesStore.layout``), and only then: a rebuild at 1,000 nodes x 8 GPUs costs
-    several ticks' worth and, done on a timer, was a spike every ``rebuild_seconds`` (it was
-    also the only way a series dropped and recreated while the count stayed the same was seen).
-    Reading ``deque[-1]`` without the lock is safe: the store appends and trims under its lock
-    and never empties a live buffer.
+    Two ways of reading, by what a name's filter asks (``Detector.filters``):
+
+    - A filtered name (a :class:`Threshold`, ``CHANGED``, or a :class:`BreachRun`) is a
+      standing question to the store (``app.ingest.series_watch``): ingest keeps its answer up
+      to date as samples arrive, and the snapshot reads only the series in it. At 1,000 nodes
+      x 8 GPUs a pass over every series' newest sample was most of the tick (a memory read per
+      buffer, sample and value, 144,000 times), almost always to find nothing.
+    - A name read whole, or on demand (``all_series``, ``rings``), comes from the buffers
+      themselves: the index remembers, per name, the store's ring buffers and reads their
+      newest point. It is rebuilt (one pass, under the store's lock) when the store created or
+      dropped a series (``SeriesStore.layout``), and only then: a rebuild at 1,000 nodes x 8
+      GPUs costs several ticks' worth. Reading ``deque[-1]`` without the lock is safe: the store
+      appends and trims under its lock and never empties a live buffer.
+
+    Whatever the way, a name's series come in the store's order (the order a full pass would
+    see them in), so that signals, and the incidents and evidence chosen among them, do not
+    depend on the order samples arrived in.
     """
 
     def __init__(
@@ -220,17 +232,16 @@ class LatestIndex:
         filters: dict[str, SampleFilter] | None = None,
     ) -> None:
         self.names = frozenset(names)
-        # name → predicate on the newest value, or CHANGED (only series with a new sample since
-        # the previous snapshot); names without a filter come back whole.
+        # name → Threshold, CHANGED or BreachRun (a standing question), or None: on demand only;
+        # names without a filter come back whole.
         self.filters = dict(filters or {})
         self._store: SeriesStore | None = None
+        self._watch: SeriesWatch | None = None
         self._layout = -1
         self._by_name: dict[str, list[tuple[SeriesKey, Any]]] = {}
+        self._order: dict[SeriesKey, int] = {}  # every indexed series' place in the store
         self._counts: dict[tuple[str, str], int] | None = None
-        # Per name, the keys and the buffers (the same series as _by_name, as two columns),
-        # and for CHANGED names the newest values the previous snapshot read (by position).
-        self._columns: dict[str, tuple[list[SeriesKey], list[Any]]] = {}
-        self._values: dict[str, list[Any]] = {}
+        self._runs: dict[str, list[tuple[SeriesKey, float, Point]]] = {}
 
     def _rebuild(self, store: SeriesStore) -> None:
         by_name: dict[str, list[tuple[SeriesKey, Any]]] = {n: [] for n in self.names}
@@ -242,73 +253,55 @@ class LatestIndex:
                     bucket.append((key, ring.points))
             self._layout = store.layout
         self._by_name = by_name
-        columns = {
-            n: ([k for k, _ in rings], [r for _, r in rings]) for n, rings in by_name.items()
-        }
-        # What CHANGED names last read survives the rebuild, carried by buffer. The old columns
-        # still hold every old buffer here, so no new buffer can have an old one's id.
-        read = {
-            id(ring): value
-            for name, values in self._values.items()
-            for ring, value in zip(self._columns[name][1], values, strict=True)
-        }
-        self._values = {
-            n: [read.get(id(r), _UNREAD) for r in columns[n][1]]
-            for n in columns
-            if n in self._values
-        }
-        self._columns = columns
+        self._order = {key: i for i, key in enumerate(k for b in by_name.values() for k, _ in b)}
         self._counts = None  # counted when first asked for (few ticks ask: GPU failures)
-        self._store = store
+        if store is not self._store:
+            self._store = store
+            self._watch = store.watch(self._questions())
+
+    def _questions(self) -> SeriesWatch:
+        passing, changed, runs = {}, [], {}
+        for name, keep in self.filters.items():
+            if isinstance(keep, Threshold):
+                passing[name] = (keep.compare, keep.value)
+            elif isinstance(keep, BreachRun):
+                runs[name] = keep.rule
+            elif keep is CHANGED:
+                changed.append(name)
+        return SeriesWatch(passing=passing, changed=changed, runs=runs)
 
     def snapshot(self, store: SeriesStore) -> dict[str, list[tuple[SeriesKey, Point]]]:
         if store is not self._store or store.layout != self._layout:
             self._rebuild(store)
+        assert self._watch is not None
+        answers = self._watch.take()
         out: dict[str, list[tuple[SeriesKey, Point]]] = {}
-        for name, (keys, rings) in self._columns.items():
-            keep = self.filters.get(name)
-            if keep is None and name in self.filters:
-                continue  # read on demand only (all_series)
-            # This runs over every series of every name each tick: the newest samples are read
-            # and the filters applied by map/compress in C, and a Point is made only for the
-            # series kept (those that live through the tick are what bring on full collections).
-            try:
-                lasts = list(map(_newest, rings))
-                values = list(map(_value, lasts))
-                complete = True
-            except IndexError:  # an empty buffer (the store never leaves one; allowed anyway)
-                lasts = [r[-1] if r else None for r in rings]
-                values = [_UNREAD if p is None else p[1] for p in lasts]
-                complete = False
-            if keep is CHANGED:
-                out[name] = self._changed(name, keys, lasts, values)
-                continue
-            if not complete:  # the empty buffers are left out
-                keys = [k for k, p in zip(keys, lasts, strict=True) if p is not None]
-                lasts = [p for p in lasts if p is not None]
-                values = [p[1] for p in lasts]
-            if isinstance(keep, Threshold):
-                passes = map(keep.compare, values, repeat(keep.value))
-                kept = compress(zip(keys, lasts, strict=True), passes)
-                out[name] = [(k, _point(p)) for k, p in kept]
-            else:
-                out[name] = [(k, _point(p)) for k, p in zip(keys, lasts, strict=True)]
+        for found in (answers.passing, answers.changed):
+            for name, series in found.items():
+                out[name] = [(k, _point(p)) for k, p in self._in_store_order(series)]
+        self._runs = {
+            name: [(k, since, _point(p)) for k, since, p in self._in_store_order(series)]
+            for name, series in answers.runs.items()
+        }
+        for name, rings in self._by_name.items():
+            if name in self.filters:
+                continue  # answered above, or read on demand only (all_series)
+            out[name] = [(k, _point(r[-1])) for k, r in rings if r]
         return out
 
-    def _changed(
-        self, name: str, keys: list[SeriesKey], lasts: list[Any], values: list[Any]
-    ) -> list[tuple[SeriesKey, Point]]:
-        """Counters: only a series whose value moved since the last snapshot can hold an
-        increase (or a reset). Values are compared by position with those the previous
-        snapshot read, in C; a NaN (refused by ingest) never equals itself, so such a series
-        comes back every time, as a full pass would return it."""
-        before = self._values.get(name)
-        self._values[name] = values
-        if before is None:
-            moved: Iterable[int] = range(len(values))
-        else:
-            moved = compress(count(), map(ne, values, before))
-        return [(keys[i], _point(lasts[i])) for i in moved if lasts[i] is not None]
+    def _in_store_order(self, series: list[Any]) -> list[Any]:
+        """``series`` (tuples led by a key) sorted as the store holds them; a series created
+        since the last rebuild goes last."""
+        if len(series) < 2:
+            return series
+        place = self._order.get
+        last = len(self._order)
+        return sorted(series, key=lambda item: place(item[0], last))
+
+    def breach_runs(self, name: str) -> list[tuple[SeriesKey, float, Point]]:
+        """For a BreachRun name, the series in a run that breached, as of the last snapshot:
+        (key, ts of the run's newest breaching sample, newest point)."""
+        return self._runs.get(name, [])
 
     def read(self, name: str) -> list[tuple[SeriesKey, Point]]:
         out = []
@@ -351,14 +344,25 @@ class Threshold:
         return v <= self.value
 
 
+@dataclass(frozen=True, slots=True)
+class BreachRun:
+    """Keep the series in a run of unhealthy samples that holds a breaching one (a golden
+    metric's hysteresis, see ``golden_metrics``): read with ``World.breach_runs``."""
+
+    healthy: float
+    warning: float
+    inclusive: bool
+
+    @property
+    def rule(self) -> RunRule:
+        return RunRule(operator.ge if self.inclusive else operator.gt, self.warning, self.healthy)
+
+
 class _Changed:
     def __repr__(self) -> str:
         return "CHANGED"
 
 
 CHANGED: Any = _Changed()
-_newest = itemgetter(-1)
-_UNREAD: Any = object()  # a value never read: unequal to every value
-_value = itemgetter(1)
 _point = functools.partial(tuple.__new__, Point)  # Point from a (ts, value) pair, in C
-SampleFilter = Any  # Threshold, CHANGED, or None (= on demand only)
+SampleFilter = Any  # Threshold, CHANGED, BreachRun, or None (= on demand only)

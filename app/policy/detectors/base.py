@@ -37,8 +37,9 @@ class Detector:
 
     #: metric names this detector reads from ``world.latest`` every tick
     metrics: tuple[str, ...] = ()
-    #: per name: which series the snapshot keeps (a predicate on the newest value, or CHANGED);
-    #: a name without a filter comes whole. Filters keep the tick cheap at cluster scale.
+    #: per name: which series the snapshot keeps (a Threshold on the newest value, CHANGED, or
+    #: a BreachRun); a name without a filter comes whole. A filter is a standing question that
+    #: ingest keeps answered (``LatestIndex``): it keeps the tick cheap at cluster scale.
     filters: dict[str, object] = {}
     #: names read only on demand (``world.all_series``), never snapshotted
     lookups: tuple[str, ...] = ()

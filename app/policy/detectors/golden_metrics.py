@@ -14,48 +14,45 @@ over and over (``golden_metrics`` in policy.yaml):
 from __future__ import annotations
 
 from app.ingest.series_store import SeriesKey
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, breach_run, subject_of
-from app.policy.detectors.breach_memory import BreachMemory
 from app.policy.policy_file import GoldenMetricRule, Policy
 from app.policy.signals import Evidence, FaultSignal, cap_points
-from app.policy.world import World
+from app.policy.world import BreachRun, World
 
 
 class GoldenMetricDetector(Detector):
     """A golden metric above its warning threshold for its breach duration."""
 
-    # Read in place every tick (``World.rings``), never snapshotted: at cluster scale most
-    # series can sit between healthy and warning, and a Point per series per tick was the
-    # snapshot's largest cost (and, living through the tick, what brought on full collections).
-    lookups = (
-        m.ROLLOUT_PENDING_RATIO,
-        m.ACTOR_SHARD_REBUILD_COUNT_5M,
-        m.STATE_LOG_WRITE_LATENCY_MS,
-    )
-
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
+        # Ingest keeps, per series, the newest breaching sample of its current unhealthy run
+        # (a standing question to the store, ``BreachRun``); only those series are judged. A
+        # re-read of the look-back window of every series between healthy and warning each
+        # tick was most of the tick at cluster scale, almost always to find no breach.
+        rules = policy.golden_metrics
+        self.metrics = tuple(rules)
+        self.filters = {
+            name: BreachRun(rule.healthy, rule.warning, rule.inclusive)
+            for name, rule in rules.items()
+        }
         # key → (since, last fired): the minimum hold's memory, kept across ticks.
         self._fired: dict[SeriesKey, tuple[float, float]] = {}
-        self._breaches = BreachMemory()
 
     def detect(self, world: World) -> list[FaultSignal]:
         hold = self.policy.incidents.quiet_period_seconds
         stale = self.policy.detection.stale_sample_seconds
         self._fired = {k: v for k, v in self._fired.items() if world.now - v[1] <= hold}
-        memory = self._breaches
-        memory.begin(world.store, world.now)
         out: list[FaultSignal] = []
         for name, rule in self.policy.golden_metrics.items():
-            # _judge's look-back start, computed as it does (the same float, to the last bit)
+            # _judge's look-back start, computed as it does (the same float, to the last bit):
+            # an older breach is outside the window, so _judge would find no run that breaches
             oldest = world.now - (rule.breach_seconds + stale)
-            rings = world.rings(name)
-            for key in memory.candidates(world, rings, rule, stale, oldest):
+            for key, breach, newest in world.breach_runs(name):
+                if breach < oldest or not self.fresh(world, newest):
+                    continue
                 sig = self._judge(world, key, rule)
                 if sig is not None:
                     out.append(sig)
-        memory.end()
         return out
 
     def _judge(self, world: World, key: SeriesKey, rule: GoldenMetricRule) -> FaultSignal | None:

@@ -1,11 +1,11 @@
 """The policy's snapshot of the series store (LatestIndex): what each filter keeps, tick by tick.
 
-For a CHANGED name (a counter) the snapshot returns only the series whose newest value differs
-from the one the previous snapshot read, or that it has not read before (a series dropped
-and recreated is a new one); the index keeps those
-values by position and carries them over a rebuild (a series created or dropped). Randomized
-sequences of appends, new series and drops are checked against that definition, computed
-directly from the store.
+For a CHANGED name (a counter) the snapshot returns the series that received a sample whose
+value differs from the newest one before it (NaN never equals itself) since the previous
+snapshot, and those new to it (every series at the first snapshot; a series dropped and
+recreated is a new one). Ingest keeps that answer as samples arrive (a standing question to the
+store, ``app.ingest.series_watch``). Randomized sequences of appends, new series and drops are
+checked against that definition, kept here from the same operations.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def _newest_values(store: SeriesStore, name: str) -> dict[SeriesKey, float]:
 
 
 _op = st.one_of(
-    st.tuples(st.just("put"), st.integers(0, len(KEYS) - 1), st.sampled_from([0.0, 1.0, 2.0, math.nan])),
+    st.tuples(
+        st.just("put"), st.integers(0, len(KEYS) - 1), st.sampled_from([0.0, 1.0, 2.0, math.nan])
+    ),
     st.tuples(st.just("drop"), st.integers(0, len(KEYS) - 1), st.just(0.0)),
 )
 
@@ -44,34 +46,28 @@ def test_changed_returns_exactly_the_series_whose_value_moved(
 ) -> None:
     store = SeriesStore(window_seconds=900, max_points=4)
     index = LatestIndex([COUNTER], filters={COUNTER: CHANGED})
-    read: dict[SeriesKey, float] = {}  # what the snapshots read so far
+    moved: set[SeriesKey] = set()  # what the next snapshot must return
     now = T0
     for ops in ticks:
         now += 1
         for kind, k, value in ops:
             if kind == "put":
+                before = store.latest(KEYS[k])
                 store.append(KEYS[k], now, value)
+                if before is None or not (before.value == value):  # NaN: always
+                    moved.add(KEYS[k])
             elif k == 0:  # every series forgotten (silent too long), recreated by its next sample
                 store.drop_older_than(now + 1)
-                read.clear()
-            else:  # a recreated series is a new one: nothing of it has been read
-                _drop(store, KEYS[k])
-                read.pop(KEYS[k], None)
+                moved.clear()
+            else:  # a recreated series is a new one
+                store.forget([KEYS[k]])
+                moved.discard(KEYS[k])
         newest = _newest_values(store, COUNTER)
-        want = {
-            k for k, v in newest.items() if k not in read or not (v == read[k])  # NaN: always
-        }
         got = index.snapshot(store)[COUNTER]
-        assert {k for k, _ in got} == want
+        assert {k for k, _ in got} == moved
         assert all(p.value == newest[k] or math.isnan(p.value) for k, p in got)
-        read = dict(newest)
-
-
-def _drop(store: SeriesStore, key: SeriesKey) -> None:
-    """Drop one series as the store does for a silent one (and count the layout change)."""
-    with store._lock:  # noqa: SLF001 - the test reaches in to drop a single series
-        if store._series.pop(key, None) is not None:  # noqa: SLF001
-            store.layout += 1
+        assert [k for k, _ in got] == [k for k in newest if k in moved]  # the store's order
+        moved.clear()
 
 
 def test_threshold_and_whole_names_skip_an_empty_buffer() -> None:

@@ -1,9 +1,10 @@
-"""Golden metrics judged incrementally (BreachMemory) answer as a full re-read every tick would.
+"""Golden metrics judged from the breach runs ingest keeps (``BreachRun``, a standing question
+to the store) answer as a full re-read every tick would.
 
-The reference, ``FullReread``, is the detector as it was before the breach memory: every series
-above healthy and fresh has its look-back window re-read (``_judge``) on every tick. Randomized
-sequences of appends, backfilled (out-of-order) samples, series dropped and recreated, buffer
-trimming and gaps in time are fed to both, tick by tick; their signals must be identical.
+The reference, ``FullReread``, is the detector as it was before: every series above healthy and
+fresh has its look-back window re-read (``_judge``) on every tick. Randomized sequences of
+appends, backfilled (out-of-order) samples, series dropped and recreated, buffer trimming and
+gaps in time are fed to both, tick by tick; their signals must be identical.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ RANDOM_KEYS = KEYS[::2] + KEYS[5:]
 
 
 class FullReread(GoldenMetricDetector):
-    """The detector without its breach memory: every candidate's window re-read each tick."""
+    """The detector without breach runs: every candidate's window re-read each tick."""
 
     def detect(self, world: World) -> list[FaultSignal]:
         hold = self.policy.incidents.quiet_period_seconds
