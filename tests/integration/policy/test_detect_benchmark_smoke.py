@@ -31,6 +31,7 @@ def test_tick_part_prints_the_tick_beside_its_baselines() -> None:
     # its faults (nodes 3, 7, 11: a slow state log, a throttling GPU, a silent participant) found
     m = re.search(r"^tick: policy tick p50 .* \((\d+) decisions over 4 ticks\)$", out, re.M)
     assert m and int(m.group(1)) > 0, out
+    assert re.search(r"^tick: the server's participant read .* read \+ tick p99 \d+\.\d ms$", out, re.M), out
     assert re.search(r"^tick: ratio tick/baseline \d+\.\d\dx", out, re.M), out
 
 
