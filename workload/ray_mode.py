@@ -21,7 +21,13 @@ actor, :data:`integrations.ray.restarter.RESTARTER_PREFIX` + job (see that modul
 creates a dead role's actor again when RLGuard's ``restart_role`` asks for it; the new actor
 resumes the role from the WAL and the newest checkpoint as a restarted process does. It is named
 ``<job>_<role>_<rank>_r<n>`` (Ray keeps the dead actor's name taken while the controller lives). With one
-rollout worker nothing else takes over its batches, so the job waits for RLGuard.
+rollout worker nothing else takes over its batches, so the job waits for RLGuard. The restarter
+keeps a *warm standby* per role and rank once the job is steady (every role's heartbeat fresh and
+past its start): an actor already created under the next name, its process started and the role's
+modules (torch) imported, whose creation waits until the restarter activates it. Ray reports it
+``PENDING_CREATION``, which is nobody's replacement (:mod:`integrations.ray.mapping`), so a dead
+actor stays the participant, and the incident, until RLGuard asks for the restart; activating it
+skips the ~2 s of process start and imports a cold actor costs.
 ``restart_by="none"`` creates them so too but fails the whole job (exit 1) as soon as one dies,
 as verl does: the recovery is then a resubmission of the job, which resumes from the run
 directory's checkpoints and WAL (the whole-job baseline of ``benchmarks/ettr.py --ray``).
@@ -38,6 +44,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -78,11 +85,32 @@ def next_incarnation(run: RunDir) -> int:
     return current + 1
 
 
-class _Worker:
-    """One role of the job inside a Ray actor (made remote in :func:`_actor_class`)."""
+# The module each role runs: what a standby imports ahead of its activation.
+_ROLE_MODULES = {"trainer": "workload.trainer", "rollout": "workload.rollout"}
+# A role's heartbeat this fresh, in a phase past its start, is a steady process (standbys wait
+# for every role to be steady: importing torch beside a starting or recovering job slows it).
+_STEADY_HEARTBEAT_AGE_S = 2.0
+_STARTING_PHASES = frozenset({"INIT", "STARTING"})
 
-    def __init__(self, role: str, rank: int, run_dir: str) -> None:
+
+class _Worker:
+    """One role of the job inside a Ray actor (made remote in :func:`_actor_class`).
+
+    With ``standby_of`` = ``(restarter, name)`` it is a warm standby: its creation imports the
+    role's modules, then waits until the restarter activates ``name``."""
+
+    def __init__(
+        self, role: str, rank: int, run_dir: str, standby_of: tuple[Any, str] | None = None
+    ) -> None:
         self.role, self.rank, self.run_dir = role, rank, run_dir
+        if standby_of is not None:
+            import importlib
+
+            import ray
+
+            importlib.import_module(_ROLE_MODULES[role])
+            restarter, name = standby_of
+            ray.get(restarter.await_activation.remote(name))
 
     def run(self) -> int:
         if self.role == "trainer":
@@ -106,32 +134,95 @@ def _actor_class(restart_by: str = "ray") -> Any:
 
 class _Restarter:
     """The job's restarter actor (``restart_by="rlguard"``): creates a dead role's actor again
-    when RLGuard asks (:mod:`integrations.ray.restarter`), and owns the actors it created."""
+    when RLGuard asks (:mod:`integrations.ray.restarter`), from a warm standby when one waits,
+    and owns the actors it created."""
 
-    def __init__(self, job: str, run_dir: str) -> None:
-        import threading
-
+    def __init__(self, job: str, run_dir: str, slots: list[tuple[str, int]]) -> None:
         self.job, self.run_dir = job, run_dir
+        self.slots = [(str(role), int(rank)) for role, rank in slots]
         self.done: dict[str, dict[str, Any]] = {}  # idempotency key -> answer
         self.refs: dict[tuple[str, int], Any] = {}
         self.actors: dict[tuple[str, int], Any] = {}
+        self.created: dict[tuple[str, int], int] = {}  # actors created per slot, for names
+        self.standbys: dict[tuple[str, int], tuple[str, Any]] = {}  # slot -> (name, actor)
+        self.activations: dict[str, threading.Event] = {}  # standby name -> its go
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
+        threading.Thread(target=self._keep_standbys, name="standbys", daemon=True).start()
+
+    def _next_name(self, role: str, rank: int) -> str:
+        # Ray keeps a dead actor's name taken while its owner lives: a name of its own.
+        n = self.created.get((role, rank), 0) + 1
+        self.created[(role, rank)] = n
+        return f"{self.job}_{role}_{rank}_r{n}"
 
     def restart_role(self, role: str, rank: int, key: str) -> dict[str, Any]:
         with self.lock:
             if key in self.done:  # a second delivery of the same action creates nothing
                 return {**self.done[key], "already": True}
-            # Ray keeps a dead actor's name taken while its owner lives: a name of its own.
-            name = f"{self.job}_{role}_{rank}_r{len(self.done) + 1}"
-            actor = _actor_class("rlguard").options(name=name).remote(role, rank, self.run_dir)
+            spare = self.standbys.pop((role, rank), None)
+            if spare is not None:
+                name, actor = spare
+                # Its creation returns (at once, if it is still importing when it asks).
+                self.activations[name].set()
+            else:
+                name = self._next_name(role, rank)
+                actor = _actor_class("rlguard").options(name=name).remote(role, rank, self.run_dir)
             self.actors[(role, rank)] = actor
             self.refs[(role, rank)] = actor.run.remote()
-            answer = {"name": name, "actor_id": actor._actor_id.hex(), "created_at": time.time()}
+            answer = {
+                "name": name,
+                "actor_id": actor._actor_id.hex(),
+                "created_at": time.time(),
+                "warm": spare is not None,
+            }
             self.done[key] = answer
             self.changed.notify_all()
-            RunDir(self.run_dir).event("ray_role_recreated", role=role, rank=rank, key=key)
+            RunDir(self.run_dir).event(
+                "ray_role_recreated", role=role, rank=rank, key=key, warm=spare is not None
+            )
             return {**answer, "already": False}
+
+    def await_activation(self, name: str) -> None:
+        """Called by the standby ``name`` from its creation: returns once it is activated."""
+        with self.lock:
+            go = self.activations[name]
+        go.wait()
+
+    def _keep_standbys(self) -> None:
+        """Create the missing standbys while the job runs, once it is steady."""
+        import ray
+
+        me = ray.get_runtime_context().current_actor
+        run = RunDir(self.run_dir)
+        while not run.done.exists():
+            time.sleep(0.5)
+            with self.lock:
+                missing = [slot for slot in self.slots if slot not in self.standbys]
+                if not missing or not self._steady():
+                    continue
+                for role, rank in missing:
+                    name = self._next_name(role, rank)
+                    self.activations[name] = threading.Event()
+                    actor = (
+                        _actor_class("rlguard")
+                        .options(name=name)
+                        .remote(role, rank, self.run_dir, (me, name))
+                    )
+                    self.standbys[(role, rank)] = (name, actor)
+                    run.event("ray_standby_created", role=role, rank=rank, name=name)
+
+    def _steady(self) -> bool:
+        """Every role's heartbeat is fresh and past its start (module constants)."""
+        from recovery.report import heartbeat_path, read_heartbeat
+
+        now = time.time()
+        for role, rank in self.slots:
+            beat = read_heartbeat(heartbeat_path(self.run_dir, role, rank)) or {}
+            fresh = now - float(beat.get("ts") or 0.0) < _STEADY_HEARTBEAT_AGE_S
+            if not fresh or beat.get("phase") in _STARTING_PHASES:
+                return False
+        return True
 
     def result(self, role: str, rank: int, timeout: float) -> int | None:
         """The exit code of the newest actor created for ``(role, rank)`` (None: none in time)."""
@@ -179,13 +270,16 @@ def run_on_ray(
     try:
         worker = _actor_class(restart_by)
         restarter = None
+        roles = [("trainer", 0)] + [("rollout", k) for k in range(config.rollouts)]
         if restart_by == "rlguard":
+            # Threads for the requests, one result() wait, and one per standby's creation.
             restarter = (
                 ray.remote(_Restarter)
-                .options(name=restarter_name(config.job), num_cpus=0, max_concurrency=8)
-                .remote(config.job, str(run.root))
+                .options(
+                    name=restarter_name(config.job), num_cpus=0, max_concurrency=8 + len(roles)
+                )
+                .remote(config.job, str(run.root), roles)
             )
-        roles = [("trainer", 0)] + [("rollout", k) for k in range(config.rollouts)]
         actors = {
             (role, rank): worker.options(name=f"{config.job}_{role}_{rank}").remote(
                 role, rank, str(run.root)
@@ -218,8 +312,6 @@ class _StepLog:
     """verl's file logger's lines for the job's trained steps (module docstring)."""
 
     def __init__(self, run: RunDir, path: str) -> None:
-        import threading
-
         self.run, self.path, self.written = run, path, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._follow, name="verl-step-log", daemon=True)

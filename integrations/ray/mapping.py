@@ -136,9 +136,23 @@ def map_actors(
     return result
 
 
+# A participant's actor by what it can do for the job: serving first, then dead (its death is
+# the incident), then not yet created (starting, or a restarter's warm standby waiting in its
+# creation, :mod:`integrations.ray.restarter`).
+_SERVING = frozenset({"ALIVE", "RESTARTING"})
+
+
+def _tier(state: str) -> int:
+    return 0 if state in _SERVING else 1 if state == "DEAD" else 2
+
+
 def _replaced_left_out(members: list[MappedActor]) -> list[MappedActor]:
-    """A DEAD actor whose rank another actor of the job holds and that is not DEAD was
-    replaced (created again under its name, :mod:`integrations.ray.restarter`): the live one
-    is the participant now."""
-    live = {m.rank for m in members if m.actor.state != "DEAD"}
-    return [m for m in members if m.actor.state != "DEAD" or m.rank not in live]
+    """One actor per rank, the one of the best tier (``_SERVING``): a DEAD actor whose rank a
+    serving actor holds was replaced (created again under a name of its own,
+    :mod:`integrations.ray.restarter`); an actor whose creation has not finished replaces
+    nobody: a dead one stays the participant, and its death the incident, until the new one is
+    created."""
+    best: dict[int, int] = {}
+    for m in members:
+        best[m.rank] = min(best.get(m.rank, 2), _tier(m.actor.state))
+    return [m for m in members if _tier(m.actor.state) == best[m.rank]]

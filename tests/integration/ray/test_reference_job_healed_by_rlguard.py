@@ -5,9 +5,11 @@ the session's local Ray, with the real server (policy engine, embedded Celery wo
 launcher hook is the Ray hook) and a real ``rlguard agent --ray``. The job's actors are created
 with ``max_restarts=0`` (as verl creates its workers), so Ray alone never restarts a dead one,
 and with one rollout worker nobody else generates its batches: without RLGuard the job would
-wait forever. kill -9 of the rollout actor's worker process mid-batch of step 3 -> the actor is DEAD in
+wait forever. kill -9 of the rollout actor's worker process mid-batch (step 3 or later, once
+the restarter's warm standby exists) -> the actor is DEAD in
 Ray -> heartbeat_lost with Ray's death cause within 5 s -> restart_role -> the Ray hook asks
-the job's restarter actor (integrations.ray.restarter) to create the actor again -> the role
+the job's restarter actor (integrations.ray.restarter) to create the actor again (it activates
+its warm standby, an actor already created and waiting) -> the role
 resumes from the WAL (its lost batch redone) -> the job completes with final parameters
 bit-identical to a clean run under the process supervisor, every consumed batch byte-identical.
 """
@@ -35,7 +37,7 @@ from workload.ray_mode import rlguard_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = "ref-on-ray"
-STEPS = 4  # the kill is in step 3: a fault in the first step is escalated to heavy
+STEPS = 6  # the kill is in step 3 or later: a fault in the first step is escalated to heavy
 
 
 @pytest.fixture
@@ -66,8 +68,15 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
     on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
                  local_ray.gcs_address, "--ray-restart-by", "rlguard")
     try:
-        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == 3],
-                    150, "rollout 0 working on step 3")
+        # The restarter's warm standby for rollout 0 (an actor waiting in its creation) first,
+        # then the kill in the next batch that starts, from step 3 on.
+        on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_created") if e["role"] == "rollout"],
+                    150, "the restarter's standby for rollout 0")
+        started = {e["step"] for e in on_ray.events("batch_start")}
+        kill_step = max(3, max(started, default=0) + 1)
+        assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
+        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
+                    150, f"rollout 0 working on step {kill_step}")
         beat = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
         os.kill(int(beat["pid"]), signal.SIGKILL)
         killed = time.monotonic()
@@ -82,6 +91,7 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         done = json.loads(action["result"]["stdout"])
         assert done["via"] == "restarter" and done["already"] is False, done
         assert done["death_reason"] == "WORKER_DIED" and done["name"] == f"{JOB}_rollout_0_r1", done
+        assert done["warm"] is True, done  # the standby became the role
         # A second delivery of the same action creates nothing (the restarter's and the hook's
         # records of the idempotency key).
         again = subprocess.run(
@@ -100,7 +110,7 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
     assert final_ray["step"] == final_clean["step"] == STEPS
     assert final_ray["params_sha256"] == final_clean["params_sha256"]
     assert consumed(on_ray) == consumed(clean)
-    assert [(e["rank"], e["step"]) for e in on_ray.events("lost_rollout")] == [(0, 3)]
+    assert [(e["rank"], e["step"]) for e in on_ray.events("lost_rollout")] == [(0, kill_step)]
     # Ray did not bring the actor back: RLGuard's restart_role did, once.
     assert [(e["role"], e["rank"]) for e in on_ray.events("ray_role_recreated")] == [("rollout", 0)]
     after = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}

@@ -170,6 +170,30 @@ def test_a_dead_actor_created_again_under_its_name_is_left_out() -> None:
     assert [m.actor.actor_id for m in map_actors([dead], preset, job_name="j").actors] == ["a"]
 
 
+def test_an_actor_still_being_created_replaces_nobody() -> None:
+    # A restarter's warm standby waits in its creation (PENDING_CREATION) under the next name
+    # of a rank: beside a live actor it is left out, beside a dead one the dead one stays the
+    # participant (its death is the incident RLGuard must see), alone it is the one starting.
+    preset = preset_from_dict(
+        {"name": "p", "roles": [{"role": "rollout", "class": "^W$", "name": r"^j_rollout_(?P<rank>\d+)(_r\d+)?$"}]},
+        "p",
+    )
+    live = actor("a", "W", "j_rollout_0")
+    dead = actor("a", "W", "j_rollout_0", state="DEAD")
+    standby = actor("s", "W", "j_rollout_0_r1", state="PENDING_CREATION")
+    unready = actor("u", "W", "j_rollout_0_r1", state="DEPENDENCIES_UNREADY")
+
+    def ids(*actors: ActorRecord) -> list[str]:
+        return [m.actor.actor_id for m in map_actors(list(actors), preset, job_name="j").actors]
+
+    assert ids(live, standby) == ["a"]
+    assert ids(standby, dead) == ["a"]
+    assert ids(dead, unready) == ["a"]
+    assert ids(standby) == ["s"]
+    activated = actor("s", "W", "j_rollout_0_r1", state="ALIVE")
+    assert ids(dead, activated) == ["s"]
+
+
 def test_rays_own_job_supervisor_actors_are_neither_mapped_nor_unmatched() -> None:
     # Every Jobs API submission starts a JobSupervisor actor in Ray's supervisor namespace; it
     # is no worker of the job and must not be reported as an unknown class either.
