@@ -86,6 +86,7 @@ class Fault:
     ts: float
     pid: int
     marks: dict[str, float] = field(default_factory=dict)
+    redone: int | None = None  # steps trained again after the restart (first_step_after)
 
 
 class ScaledStack(DemoStack):
@@ -140,8 +141,17 @@ class Injector(threading.Thread):
 
 
 def first_step_after(out: Path, fault: Fault) -> float | None:
-    later = [s["t"] for s in read_steps(out) if s["pid"] != fault.pid and s["t"] > fault.ts]
-    return min(later) if later else None
+    """When the first step after ``fault`` finished (in another process); also records in
+    ``fault.redone`` how many steps trained before the fault were trained again (the resumed
+    checkpoint's age: a fault that lands before the save of step N goes back to N - save_steps)."""
+    steps = read_steps(out)
+    later = [s for s in steps if s["pid"] != fault.pid and s["t"] > fault.ts]
+    if not later:
+        return None
+    first = min(later, key=lambda s: s["t"])
+    before = [s["step"] for s in steps if s["pid"] == fault.pid and s["t"] <= fault.ts]
+    fault.redone = max(0, max(before, default=0) - (first["step"] - 1))
+    return float(first["t"])
 
 
 def run_rlguard(
@@ -277,7 +287,8 @@ def print_timeline(name: str, result: dict[str, Any]) -> None:
             if isinstance(f.marks.get(k), float)
         )  # fmt: skip
         kind = f" ({f.marks['kind']})" if "kind" in f.marks else ""
-        print(f"    step {f.at_step:3d} {f.kind:4s}{kind:16s} {marks}")
+        redone = f" redone={f.redone} steps" if f.redone is not None else ""
+        print(f"    step {f.at_step:3d} {f.kind:4s}{kind:16s} {marks}{redone}")
 
 
 def measure_overhead(workdir: Path, args: argparse.Namespace) -> None:

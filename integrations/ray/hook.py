@@ -110,7 +110,8 @@ class RayHook:
 
     # -- restart_role ------------------------------------------------------------------------
 
-    def _find(self, job: str, role: str, rank: int) -> MappedActor:
+    def _find(self, job: str, role: str, rank: int) -> tuple[MappedActor, list[ActorRecord]]:
+        """The participant's actor, and every actor of the same snapshot."""
         snap = self.reader.snapshot()
         mapped = map_actors(snap.actors, self.preset, snap.jobs, job_name=self.job_name)
         found = mapped.find(job, role, rank)
@@ -118,10 +119,11 @@ class RayHook:
             raise Refused(
                 f"no Ray actor of job {job!r} is {role}-{rank} under preset {self.preset.name!r}"
             )
-        return found
+        return found, list(snap.actors)
 
     def restart_role(self, job: str, role: str, rank: int, key: str) -> dict[str, Any]:
-        actor = self._find(job, role, rank).actor
+        found, actors = self._find(job, role, rank)
+        actor = found.actor
         recorded = self._recorded(key)
         if recorded is not None and recorded.get("actor_id") == actor.actor_id:
             if actor.num_restarts > recorded["num_restarts"] or actor.pid != recorded["pid"]:
@@ -130,7 +132,7 @@ class RayHook:
             return {"actor_id": actor.actor_id, "restarted_by": "ray", "state": actor.state}
         if recorded is not None and recorded.get("via") == "restarter":
             return self._ask_restarter(job, role, rank, key, actor)  # it answers a redelivery
-        if actor.state == "DEAD" and actor.name and self._has_restarter(job, actor):
+        if actor.state == "DEAD" and actor.name and _has_restarter(job, actor, actors):
             return self._ask_restarter(job, role, rank, key, actor)
         if actor.state != "ALIVE":
             raise Refused(
@@ -173,14 +175,6 @@ class RayHook:
         finally:
             ray.shutdown()
         return {**record, "already": False}
-
-    def _has_restarter(self, job: str, actor: ActorRecord) -> bool:
-        """Whether the job registered a restarter actor (:mod:`integrations.ray.restarter`)."""
-        snap = self.reader.snapshot()
-        return any(
-            a.name == restarter_name(job) and a.state == "ALIVE" and a.namespace == actor.namespace
-            for a in snap.actors
-        )
 
     def _ask_restarter(
         self, job: str, role: str, rank: int, key: str, actor: ActorRecord
@@ -315,6 +309,15 @@ class RayHook:
                 return
             time.sleep(0.2)
         raise Refused(f"Ray job {submission_id} did not stop within {self.timeout:g} s")
+
+
+def _has_restarter(job: str, actor: ActorRecord, actors: list[ActorRecord]) -> bool:
+    """Whether the job registered a restarter actor (:mod:`integrations.ray.restarter`), in the
+    same snapshot of the cluster as the dead actor (one state API call on the recovery path)."""
+    return any(
+        a.name == restarter_name(job) and a.state == "ALIVE" and a.namespace == actor.namespace
+        for a in actors
+    )
 
 
 def _max_restarts(actor_id: str) -> int | None:

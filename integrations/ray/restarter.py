@@ -12,7 +12,10 @@ which creates the role's actor again, starts its work, and answers a JSON-able d
 idempotent on ``key`` (RLGuard's idempotency key): a second delivery of the same action creates
 nothing and answers the first answer with ``already: true``. Ray keeps a dead named actor's
 name taken while its owner lives, so the new actor needs a name of its own that the job's
-preset maps to the same role and rank (the mapping then leaves the dead one out). The launcher hook
+preset maps to the same role and rank (the mapping then leaves the dead one out once the new
+one is created). The restarter may keep that next actor ready as a warm standby: created ahead,
+its constructor waiting until ``restart_role`` activates it; while it waits Ray reports it
+``PENDING_CREATION``, which the mapping takes as nobody's replacement. The launcher hook
 (:mod:`integrations.ray.hook`) asks it for a DEAD actor instead of refusing; the reference
 job's Ray mode (``workload.ray_mode``, ``--ray-restart-by rlguard``) provides one.
 """
