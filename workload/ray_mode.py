@@ -110,6 +110,9 @@ class _Worker:
 
             importlib.import_module(_ROLE_MODULES[role])
             restarter, name = standby_of
+            RunDir(run_dir).event(
+                "ray_standby_ready", role=role, rank=rank, name=name, pid=os.getpid()
+            )
             ray.get(restarter.await_activation.remote(name))
 
     def run(self) -> int:
@@ -144,7 +147,8 @@ class _Restarter:
         self.refs: dict[tuple[str, int], Any] = {}
         self.actors: dict[tuple[str, int], Any] = {}
         self.created: dict[tuple[str, int], int] = {}  # actors created per slot, for names
-        self.standbys: dict[tuple[str, int], tuple[str, Any]] = {}  # slot -> (name, actor)
+        # slot -> (name, actor, its __ray_ready__ ref: resolves with an error if it died waiting)
+        self.standbys: dict[tuple[str, int], tuple[str, Any, Any]] = {}
         self.activations: dict[str, threading.Event] = {}  # standby name -> its go
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
@@ -160,9 +164,10 @@ class _Restarter:
         with self.lock:
             if key in self.done:  # a second delivery of the same action creates nothing
                 return {**self.done[key], "already": True}
+            self._drop_dead_standbys([(role, rank)])
             spare = self.standbys.pop((role, rank), None)
             if spare is not None:
-                name, actor = spare
+                name, actor, _ready = spare
                 # Its creation returns (at once, if it is still importing when it asks).
                 self.activations[name].set()
             else:
@@ -189,8 +194,34 @@ class _Restarter:
             go = self.activations[name]
         go.wait()
 
+    def _drop_dead_standbys(self, slots: list[tuple[str, int]]) -> None:
+        """Forget the standbys of ``slots`` whose process died while they waited (their
+        creation failed): a dead standby must make a restart cold, never lose it. Under the
+        lock."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        for slot in slots:
+            spare = self.standbys.get(slot)
+            if spare is None:
+                continue
+            name, _actor, ready = spare
+            done, _ = ray.wait([ready], timeout=0)
+            if not done:
+                continue  # still waiting for its activation: usable
+            try:
+                ray.get(done[0])
+            except RayActorError as exc:
+                del self.standbys[slot]
+                self.activations[name].set()  # frees the thread its await_activation holds
+                RunDir(self.run_dir).event(
+                    "ray_standby_lost", role=slot[0], rank=slot[1], name=name,
+                    error=str(exc).splitlines()[0],
+                )  # fmt: skip
+
     def _keep_standbys(self) -> None:
-        """Create the missing standbys while the job runs, once it is steady."""
+        """Create the missing standbys while the job runs, once it is steady; replace one
+        whose process died while it waited."""
         import ray
 
         me = ray.get_runtime_context().current_actor
@@ -198,6 +229,7 @@ class _Restarter:
         while not run.done.exists():
             time.sleep(0.5)
             with self.lock:
+                self._drop_dead_standbys(list(self.standbys))
                 missing = [slot for slot in self.slots if slot not in self.standbys]
                 if not missing or not self._steady():
                     continue
@@ -209,7 +241,7 @@ class _Restarter:
                         .options(name=name)
                         .remote(role, rank, self.run_dir, (me, name))
                     )
-                    self.standbys[(role, rank)] = (name, actor)
+                    self.standbys[(role, rank)] = (name, actor, actor.__ray_ready__.remote())
                     run.event("ray_standby_created", role=role, rank=rank, name=name)
 
     def _steady(self) -> bool:

@@ -5,8 +5,9 @@ the session's local Ray, with the real server (policy engine, embedded Celery wo
 launcher hook is the Ray hook) and a real ``rlguard agent --ray``. The job's actors are created
 with ``max_restarts=0`` (as verl creates its workers), so Ray alone never restarts a dead one,
 and with one rollout worker nobody else generates its batches: without RLGuard the job would
-wait forever. kill -9 of the rollout actor's worker process mid-batch (step 3 or later, once
-the restarter's warm standby exists) -> the actor is DEAD in
+wait forever. The restarter's warm standby for the rollout is killed while it waits (the restarter
+makes another), then kill -9 of the rollout actor's worker process mid-batch (step 3 or later)
+-> the actor is DEAD in
 Ray -> heartbeat_lost with Ray's death cause within 5 s -> restart_role -> the Ray hook asks
 the job's restarter actor (integrations.ray.restarter) to create the actor again (it activates
 its warm standby, an actor already created and waiting) -> the role
@@ -37,7 +38,8 @@ from workload.ray_mode import rlguard_preset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = "ref-on-ray"
-STEPS = 6  # the kill is in step 3 or later: a fault in the first step is escalated to heavy
+STEPS = 14  # the kill is in step 3 or later (a fault in the first step is escalated to heavy), with
+# room for two standbys to be made first
 
 
 @pytest.fixture
@@ -68,10 +70,17 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
     on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
                  local_ray.gcs_address, "--ray-restart-by", "rlguard")
     try:
-        # The restarter's warm standby for rollout 0 (an actor waiting in its creation) first,
-        # then the kill in the next batch that starts, from step 3 on.
-        on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_created") if e["role"] == "rollout"],
-                    150, "the restarter's standby for rollout 0")
+        # The restarter's warm standby for rollout 0 (an actor waiting in its creation) dies
+        # while it waits: the restarter notices and makes another.
+        first = on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "rollout"],
+                            150, "the restarter's standby for rollout 0")[0]
+        assert first["name"] == f"{JOB}_rollout_0_r1", first
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        lost = on_ray.wait(lambda: on_ray.events("ray_standby_lost"), 60, "the dead standby noticed")
+        assert [e["name"] for e in lost] == [f"{JOB}_rollout_0_r1"], lost
+        on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["name"] == f"{JOB}_rollout_0_r2"],
+                    150, "a new standby for rollout 0")
+        # Then the kill of the rollout in the next batch that starts, from step 3 on.
         started = {e["step"] for e in on_ray.events("batch_start")}
         kill_step = max(3, max(started, default=0) + 1)
         assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
@@ -90,7 +99,7 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         assert action["status"] == "succeeded", json.dumps(action)[:2000]
         done = json.loads(action["result"]["stdout"])
         assert done["via"] == "restarter" and done["already"] is False, done
-        assert done["death_reason"] == "WORKER_DIED" and done["name"] == f"{JOB}_rollout_0_r1", done
+        assert done["death_reason"] == "WORKER_DIED" and done["name"] == f"{JOB}_rollout_0_r2", done
         assert done["warm"] is True, done  # the standby became the role
         # A second delivery of the same action creates nothing (the restarter's and the hook's
         # records of the idempotency key).
