@@ -103,6 +103,7 @@ def map_actors(
     names = job_names(jobs)
     fixed = safe_job_name(job_name) if job_name else None
     superseded = superseded_jobs(jobs, fixed)
+    ended = frozenset(str(j.job_id) for j in jobs if j.job_id and j.status in _ENDED)
     result = MappedActors()
     grouped: dict[tuple[str, str], list[tuple[tuple[object, ...], int | None, ActorRecord]]] = (
         defaultdict(list)
@@ -132,27 +133,31 @@ def map_actors(
             MappedActor(job, role, rank if rank is not None else index, actor)
             for index, (_key, rank, actor) in enumerate(members)
         ]
-        result.actors.extend(_replaced_left_out(ranked))
+        result.actors.extend(_replaced_left_out(ranked, ended))
     return result
 
 
-# A participant's actor by what it can do for the job: serving first, then dead (its death is
-# the incident), then not yet created (starting, or a restarter's warm standby waiting in its
-# creation, :mod:`integrations.ray.restarter`).
+# A participant's actor by what it can do for the job: one of a Ray job still running before one
+# of a job that ended (an earlier run of the same job name on a long-lived cluster, its actors
+# dead with OWNER_DIED); then serving, then dead (its death is the incident), then not yet
+# created (starting, or a restarter's warm standby waiting in its creation,
+# :mod:`integrations.ray.restarter`).
 _SERVING = frozenset({"ALIVE", "RESTARTING"})
 
 
-def _tier(state: str) -> int:
-    return 0 if state in _SERVING else 1 if state == "DEAD" else 2
+def _tier(actor: ActorRecord, ended: frozenset[str]) -> tuple[bool, int]:
+    state = 0 if actor.state in _SERVING else 1 if actor.state == "DEAD" else 2
+    return (actor.job_id in ended, state)
 
 
-def _replaced_left_out(members: list[MappedActor]) -> list[MappedActor]:
-    """One actor per rank, the one of the best tier (``_SERVING``): a DEAD actor whose rank a
-    serving actor holds was replaced (created again under a name of its own,
+def _replaced_left_out(members: list[MappedActor], ended: frozenset[str]) -> list[MappedActor]:
+    """The actors of each rank of the best tier (``_tier``): a DEAD actor whose rank a serving
+    actor holds was replaced (created again under a name of its own,
     :mod:`integrations.ray.restarter`); an actor whose creation has not finished replaces
     nobody: a dead one stays the participant, and its death the incident, until the new one is
-    created."""
-    best: dict[int, int] = {}
+    created; an ended job's actors give way to a running job's."""
+    best: dict[int, tuple[bool, int]] = {}
     for m in members:
-        best[m.rank] = min(best.get(m.rank, 2), _tier(m.actor.state))
-    return [m for m in members if _tier(m.actor.state) == best[m.rank]]
+        tier = _tier(m.actor, ended)
+        best[m.rank] = min(best.get(m.rank, tier), tier)
+    return [m for m in members if _tier(m.actor, ended) == best[m.rank]]

@@ -125,3 +125,41 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
     after = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
     assert after["pid"] != beat["pid"]
     print(f"kill -9 -> incident in {detect_s:.1f} s (loaded machine)")
+
+
+def test_kill9_of_the_trainer_actor_is_healed_warm_bit_for_bit(
+    stack: DemoStack, local_ray: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trainer's death: the driver waits on the restarter for the trainer's exit code, and
+    # the restarted trainer resumes from the newest checkpoint under its next incarnation.
+    clean = Job(tmp_path / "clean", STEPS, "--rollouts", "1")
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
+    on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
+                 local_ray.gcs_address, "--ray-restart-by", "rlguard")
+    try:
+        on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "trainer"],
+                    150, "the restarter's standby for the trainer")
+        steps = {e["step"] for e in on_ray.events("step")}
+        kill_after = max(3, max(steps, default=0) + 1)
+        assert kill_after < STEPS - 1, f"the job reached step {kill_after - 1} before its standby"
+        on_ray.wait_step(kill_after)
+        beat = read_json(heartbeat_path(on_ray.run.root, "trainer", 0)) or {}
+        os.kill(int(beat["pid"]), signal.SIGKILL)
+        inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
+        assert inc["subject"]["role"] == "trainer", json.dumps(inc)[:2000]
+        action = wait_for(lambda: _restart_role(stack, inc), 60, "restart_role to finish")
+        assert action["status"] == "succeeded", json.dumps(action)[:2000]
+        done = json.loads(action["result"]["stdout"])
+        assert done["via"] == "restarter" and done["warm"] is True, done
+        assert done["name"] == f"{JOB}_trainer_0_r1", done
+        final_ray = on_ray.finish()
+        final_clean = clean.finish()
+    finally:
+        on_ray.close()
+        clean.close()
+    assert final_ray["step"] == final_clean["step"] == STEPS
+    assert final_ray["params_sha256"] == final_clean["params_sha256"]
+    assert consumed(on_ray) == consumed(clean)
+    assert [(e["role"], e["rank"]) for e in on_ray.events("ray_role_recreated")] == [("trainer", 0)]
+    after = read_json(heartbeat_path(on_ray.run.root, "trainer", 0)) or {}
+    assert after["pid"] != beat["pid"]

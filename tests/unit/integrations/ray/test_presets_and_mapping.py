@@ -194,6 +194,25 @@ def test_an_actor_still_being_created_replaces_nobody() -> None:
     assert ids(dead, activated) == ["s"]
 
 
+def test_an_earlier_run_of_the_same_job_gives_way_to_the_running_one() -> None:
+    # Two plain drivers of one job name on a long-lived cluster (one job per cluster: job_name):
+    # the first run ended, its actors dead with OWNER_DIED; the running one's trainer just died.
+    preset = preset_from_dict(
+        {"name": "p", "roles": [{"role": "trainer", "class": "^W$", "name": r"^j_trainer_(?P<rank>\d+)$"}]},
+        "p",
+    )
+    old = actor("old", "W", "j_trainer_0", job="01000000", state="DEAD")
+    new = actor("new", "W", "j_trainer_0", job="02000000", state="DEAD")
+    jobs = [
+        JobRecord("01000000", None, "SUCCEEDED", "python run.py", {}),
+        JobRecord("02000000", None, "RUNNING", "python run.py", {}),
+    ]
+    mapped = map_actors([old, new], preset, jobs, job_name="j")
+    assert [m.actor.actor_id for m in mapped.actors] == ["new"]
+    # With only the ended run's actors, they are the participant still.
+    assert [m.actor.actor_id for m in map_actors([old], preset, jobs, job_name="j").actors] == ["old"]
+
+
 def test_rays_own_job_supervisor_actors_are_neither_mapped_nor_unmatched() -> None:
     # Every Jobs API submission starts a JobSupervisor actor in Ray's supervisor namespace; it
     # is no worker of the job and must not be reported as an unknown class either.
