@@ -40,6 +40,7 @@ step, which Ray does not know.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
@@ -87,10 +88,9 @@ def next_incarnation(run: RunDir) -> int:
 
 # The module each role runs: what a standby imports ahead of its activation.
 _ROLE_MODULES = {"trainer": "workload.trainer", "rollout": "workload.rollout"}
-# A role's heartbeat this fresh, in a phase past its start, is a steady process (standbys wait
-# for every role to be steady: importing torch beside a starting or recovering job slows it).
+# A role's heartbeat this fresh, past its start, is a steady process (the restarter knows no
+# pids: a dead actor's heartbeat goes stale instead).
 _STEADY_HEARTBEAT_AGE_S = 2.0
-_STARTING_PHASES = frozenset({"INIT", "STARTING"})
 
 
 class _Worker:
@@ -104,8 +104,6 @@ class _Worker:
     ) -> None:
         self.role, self.rank, self.run_dir = role, rank, run_dir
         if standby_of is not None:
-            import importlib
-
             import ray
 
             importlib.import_module(_ROLE_MODULES[role])
@@ -245,16 +243,17 @@ class _Restarter:
                     run.event("ray_standby_created", role=role, rank=rank, name=name)
 
     def _steady(self) -> bool:
-        """Every role's heartbeat is fresh and past its start (module constants)."""
+        """Every role reports steadily (recovery.supervision.standby.reports_steadily)."""
         from recovery.report import heartbeat_path, read_heartbeat
+        from recovery.supervision.standby import reports_steadily
 
-        now = time.time()
-        for role, rank in self.slots:
-            beat = read_heartbeat(heartbeat_path(self.run_dir, role, rank)) or {}
-            fresh = now - float(beat.get("ts") or 0.0) < _STEADY_HEARTBEAT_AGE_S
-            if not fresh or beat.get("phase") in _STARTING_PHASES:
-                return False
-        return True
+        return all(
+            reports_steadily(
+                read_heartbeat(heartbeat_path(self.run_dir, role, rank)),
+                max_age=_STEADY_HEARTBEAT_AGE_S,
+            )
+            for role, rank in self.slots
+        )
 
     def result(self, role: str, rank: int, timeout: float) -> int | None:
         """The exit code of the newest actor created for ``(role, rank)`` (None: none in time)."""

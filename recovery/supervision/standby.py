@@ -27,14 +27,42 @@ import runpy
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recovery.errors import RecoveryError
+from recovery.report import STARTING_PHASE
 
 log = logging.getLogger("rlguard.recovery.supervision")
+
+# A process in these phases is still starting (importing, loading): standbys wait for it.
+_START_PHASES = frozenset({"INIT", STARTING_PHASE})
+
+
+def reports_steadily(
+    beat: Mapping[str, Any] | None,
+    *,
+    pid: int | None = None,
+    max_age: float | None = None,
+    now: float | None = None,
+) -> bool:
+    """Whether the heartbeat ``beat`` is a steady process's: past its start and, where given,
+    written by ``pid`` and no older than ``max_age`` seconds at ``now``. Standbys (each importing
+    torch for seconds) start only once every process of a job reports steadily, never while the
+    job starts or recovers, when CPU is what it lacks."""
+    if not beat or beat.get("phase") in _START_PHASES:
+        return False
+    if pid is not None and beat.get("pid") != pid:
+        return False
+    if max_age is not None:
+        age = (time.time() if now is None else now) - float(beat.get("ts") or 0.0)
+        if age >= max_age:
+            return False
+    return True
+
 
 # How much lower a standby's CPU priority is while it imports: that must not slow the running
 # job. Only lowered where it can be raised back on activation (root); mild, so that a busy

@@ -61,7 +61,7 @@ from recovery.supervision.stacks import (
     StackCapture,
     capture_stacks,
 )
-from recovery.supervision.standby import StandbyPool
+from recovery.supervision.standby import StandbyPool, reports_steadily
 
 log = logging.getLogger("rlguard.recovery.supervision")
 
@@ -313,8 +313,8 @@ class Supervisor:
         for c in self.children:
             if c.proc is None or c.proc.poll() is not None:
                 return
-            beat = read_heartbeat(heartbeat_path(self.run_dir, c.role, c.rank)) or {}
-            if beat.get("pid") != c.proc.pid or beat.get("phase") in ("INIT", STARTING_PHASE):
+            beat = read_heartbeat(heartbeat_path(self.run_dir, c.role, c.rank))
+            if not reports_steadily(beat, pid=c.proc.pid):
                 return
         for role in missing:
             self.standby.start(role)

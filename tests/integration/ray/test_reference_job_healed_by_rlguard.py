@@ -32,7 +32,7 @@ from app.cli.demo import DemoStack
 from recovery.report import heartbeat_path
 from tests.harness import wait_for
 from tests.integration.ray._ray import LocalRay, ray_stack
-from tests.integration.workload._jobs import Job, consumed
+from tests.integration.workload._jobs import Job, assert_same_end
 from workload.job import read_json
 from workload.ray_mode import rlguard_preset
 
@@ -60,15 +60,36 @@ def _restart_role(stack: DemoStack, inc: dict[str, Any]) -> dict[str, Any] | Non
     return acts[0] if acts and acts[0]["status"] in ("succeeded", "failed") else None
 
 
-def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit(
-    stack: DemoStack, local_ray: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _jobs(stack: DemoStack, local_ray: LocalRay, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> tuple[Job, Job]:
+    """A clean run under the process supervisor, and the same job on Ray restarted by RLGuard."""
     clean = Job(tmp_path / "clean", STEPS, "--rollouts", "1")
     # The controller writes verl's file-logger lines there, as verl's does (workload.ray_mode).
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
     # Its run directory is in the recovery worker's run root (SAFE_MODE's control file).
     on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
                  local_ray.gcs_address, "--ray-restart-by", "rlguard")
+    return clean, on_ray
+
+
+def _kill(job: Job, role: str, rank: int) -> dict[str, Any]:
+    """kill -9 of the process the role's heartbeat names; that heartbeat."""
+    beat = read_json(heartbeat_path(job.run.root, role, rank)) or {}
+    os.kill(int(beat["pid"]), signal.SIGKILL)
+    return beat
+
+
+def _restarted(stack: DemoStack, inc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The incident's restart_role once it succeeded, and the hook's answer."""
+    action = wait_for(lambda: _restart_role(stack, inc), 60, "restart_role to finish")
+    assert action["status"] == "succeeded", json.dumps(action)[:2000]
+    return action, json.loads(action["result"]["stdout"])
+
+
+def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit(
+    stack: DemoStack, local_ray: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clean, on_ray = _jobs(stack, local_ray, tmp_path, monkeypatch)
     try:
         # The restarter's warm standby for rollout 0 (an actor waiting in its creation) dies
         # while it waits: the restarter notices and makes another.
@@ -86,8 +107,7 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
         on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
                     150, f"rollout 0 working on step {kill_step}")
-        beat = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
-        os.kill(int(beat["pid"]), signal.SIGKILL)
+        beat = _kill(on_ray, "rollout", 0)
         killed = time.monotonic()
         inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
         detect_s = time.monotonic() - killed
@@ -95,9 +115,7 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         assert inc["subject"]["role"] == "rollout" and str(inc["subject"]["rank"]) == "0", text[:2000]
         assert "Ray death cause" in text and "DEAD in Ray" in text, text[:3000]
         assert detect_s <= 5.0, f"incident {detect_s:.1f} s after the kill"
-        action = wait_for(lambda: _restart_role(stack, inc), 60, "restart_role to finish")
-        assert action["status"] == "succeeded", json.dumps(action)[:2000]
-        done = json.loads(action["result"]["stdout"])
+        action, done = _restarted(stack, inc)
         assert done["via"] == "restarter" and done["already"] is False, done
         assert done["death_reason"] == "WORKER_DIED" and done["name"] == f"{JOB}_rollout_0_r2", done
         assert done["warm"] is True, done  # the standby became the role
@@ -111,14 +129,10 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         assert again.returncode == 0, again.stderr[-2000:]
         assert json.loads(again.stdout)["already"] is True
         assert json.loads(again.stdout)["actor_id"] == done["actor_id"]
-        final_ray = on_ray.finish()
-        final_clean = clean.finish()
+        assert_same_end(on_ray, clean, STEPS)
     finally:
         on_ray.close()
         clean.close()
-    assert final_ray["step"] == final_clean["step"] == STEPS
-    assert final_ray["params_sha256"] == final_clean["params_sha256"]
-    assert consumed(on_ray) == consumed(clean)
     assert [(e["rank"], e["step"]) for e in on_ray.events("lost_rollout")] == [(0, kill_step)]
     # Ray did not bring the actor back: RLGuard's restart_role did, once.
     assert [(e["role"], e["rank"]) for e in on_ray.events("ray_role_recreated")] == [("rollout", 0)]
@@ -132,10 +146,7 @@ def test_kill9_of_the_trainer_actor_is_healed_warm_bit_for_bit(
 ) -> None:
     # The trainer's death: the driver waits on the restarter for the trainer's exit code, and
     # the restarted trainer resumes from the newest checkpoint under its next incarnation.
-    clean = Job(tmp_path / "clean", STEPS, "--rollouts", "1")
-    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
-    on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
-                 local_ray.gcs_address, "--ray-restart-by", "rlguard")
+    clean, on_ray = _jobs(stack, local_ray, tmp_path, monkeypatch)
     try:
         on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "trainer"],
                     150, "the restarter's standby for the trainer")
@@ -143,23 +154,16 @@ def test_kill9_of_the_trainer_actor_is_healed_warm_bit_for_bit(
         kill_after = max(3, max(steps, default=0) + 1)
         assert kill_after < STEPS - 1, f"the job reached step {kill_after - 1} before its standby"
         on_ray.wait_step(kill_after)
-        beat = read_json(heartbeat_path(on_ray.run.root, "trainer", 0)) or {}
-        os.kill(int(beat["pid"]), signal.SIGKILL)
+        beat = _kill(on_ray, "trainer", 0)
         inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
         assert inc["subject"]["role"] == "trainer", json.dumps(inc)[:2000]
-        action = wait_for(lambda: _restart_role(stack, inc), 60, "restart_role to finish")
-        assert action["status"] == "succeeded", json.dumps(action)[:2000]
-        done = json.loads(action["result"]["stdout"])
+        _action, done = _restarted(stack, inc)
         assert done["via"] == "restarter" and done["warm"] is True, done
         assert done["name"] == f"{JOB}_trainer_0_r1", done
-        final_ray = on_ray.finish()
-        final_clean = clean.finish()
+        assert_same_end(on_ray, clean, STEPS)
     finally:
         on_ray.close()
         clean.close()
-    assert final_ray["step"] == final_clean["step"] == STEPS
-    assert final_ray["params_sha256"] == final_clean["params_sha256"]
-    assert consumed(on_ray) == consumed(clean)
     assert [(e["role"], e["rank"]) for e in on_ray.events("ray_role_recreated")] == [("trainer", 0)]
     after = read_json(heartbeat_path(on_ray.run.root, "trainer", 0)) or {}
     assert after["pid"] != beat["pid"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from recovery.report import heartbeat_path
-from tests.integration.workload._jobs import Job, consumed
+from tests.integration.workload._jobs import Job, assert_same_end
 from workload.job import read_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -29,14 +29,10 @@ def test_kill9_of_a_rollout_actor_ends_bit_for_bit_equal_to_the_clean_run(tmp_pa
                     120, "rollout 1 working on step 2")
         beat = read_json(heartbeat_path(on_ray.run.root, "rollout", 1)) or {}
         os.kill(int(beat["pid"]), signal.SIGKILL)
-        final_ray = on_ray.finish()
-        final_clean = clean.finish()
+        assert_same_end(on_ray, clean, STEPS)
     finally:
         on_ray.close()
         clean.close()
-    assert final_ray["step"] == final_clean["step"] == STEPS
-    assert final_ray["params_sha256"] == final_clean["params_sha256"]
-    assert consumed(on_ray) == consumed(clean)
     assert [(e["rank"], e["step"]) for e in on_ray.events("lost_rollout")] == [(1, 2)]
     after = read_json(heartbeat_path(on_ray.run.root, "rollout", 1)) or {}
     assert after["pid"] != beat["pid"]  # the role ran on in the actor Ray restarted
