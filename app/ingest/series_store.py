@@ -16,7 +16,7 @@ import itertools
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,6 +58,9 @@ class Point(NamedTuple):
     ts: float
     value: float
 
+
+#: A series' samples, oldest first: ``(ts, value)`` pairs (read-only for anyone but the store).
+Buffer = Sequence[tuple[float, float]]
 
 _make_point = functools.partial(tuple.__new__, Point)  # Point from a (ts, value) pair, in C
 
@@ -200,6 +203,23 @@ class SeriesStore:
         get = self._series.get
         with self._lock:
             return [s.points[-1] if s is not None and s.points else None for s in map(get, keys)]
+
+    def buffers(self, names: Container[str]) -> tuple[int, list[tuple[SeriesKey, Buffer]]]:
+        """Every series whose name is in ``names`` with its sample buffer (newest last), in the
+        store's order, and the :attr:`layout` they belong to; one pass, under the lock.
+
+        For a reader that reads the same series' newest samples again and again (the policy
+        tick, the fleet heat map): it keeps the buffers and reads ``buffer[-1]`` in place,
+        without the lock and without a key look-up per series (hashing 56,000 keys was two
+        thirds of reading them). That is safe while ``layout`` is unchanged: ``extend``
+        appends and trims under the lock and never empties a buffer, and a dropped series'
+        buffer only stops receiving samples (``layout`` then moves, and the reader asks again).
+        """
+        with self._lock:
+            found: list[tuple[SeriesKey, Buffer]] = [
+                (k, s.points) for k, s in self._series.items() if k.name in names
+            ]
+            return self.layout, found
 
     def since(self, key: SeriesKey, since_ts: float) -> list[Point]:
         """Points with ``ts >= since_ts``, oldest first."""

@@ -247,13 +247,9 @@ class LatestIndex:
 
     def _rebuild(self, store: SeriesStore) -> None:
         by_name: dict[str, list[tuple[SeriesKey, Any]]] = {n: [] for n in self.names}
-        with store._lock:  # noqa: SLF001 - see the class docstring
-            series = store._series  # noqa: SLF001
-            for key, ring in series.items():
-                bucket = by_name.get(key.name)
-                if bucket is not None:
-                    bucket.append((key, ring.points))
-            self._layout = store.layout
+        self._layout, found = store.buffers(self.names)
+        for key, ring in found:
+            by_name[key.name].append((key, ring))
         self._by_name = by_name
         self._order = {}
         self._counts = None  # counted when first asked for (few ticks ask: GPU failures)

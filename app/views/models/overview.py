@@ -20,7 +20,7 @@ from markupsafe import Markup
 from sqlmodel import Session, select
 
 from app.guardrails.automation import Switches
-from app.ingest.series_store import SeriesKey, SeriesStore
+from app.ingest.series_store import Buffer, SeriesStore
 from app.models import Job, MetricRollup, Node, Participant, from_epoch
 from app.views.models.charts import safe_json
 from app.views.models.health import (
@@ -100,22 +100,18 @@ OVERVIEW_GPU_METRICS = frozenset(
         GPU_REMAP_FAILURE,
     }
 )
-KEY_INDEX_MAX_AGE_SECONDS = 10.0
 
 
 @dataclass(slots=True)
-class _KeyIndex:
+class _GpuIndex:
+    """Every overview GPU series' sample buffer, grouped by node and then GPU (sorted as the grid
+    shows them), so a render reads them in place and walks the groups without a look-up. Kept
+    while the store's ``layout`` (series created or dropped) is the one it was built for."""
+
     store_id: int = 0
-    size: int = -1
-    built_at: float = 0.0
-    # Every overview GPU series, grouped by node and then GPU (sorted as the grid shows them),
-    # so a render reads them all with one latest_many and walks the groups without lookups.
-    keys: list[SeriesKey] = field(default_factory=list)
-    layout: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)  # node, gpu, names
-    # Every key of the store when it was built, in the store's order: when the store holds the
-    # same series again the index still holds, and comparing two lists of the same objects is a
-    # C loop of identity checks, where building the index again is ~40 ms of Python per 80,000.
-    listed: list[SeriesKey] = field(default_factory=list)
+    layout: int = -1
+    gpus: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)  # node, gpu, names
+    buffers: list[Buffer] = field(default_factory=list)  # those names' buffers, GPU after GPU
 
 
 def _gpu_sort(gpu: str) -> tuple[bool, int, str]:
@@ -123,65 +119,43 @@ def _gpu_sort(gpu: str) -> tuple[bool, int, str]:
     return (not digits, int(gpu) if digits else 0, gpu)
 
 
-def _gpu_keys(caches: DashboardCaches, store: SeriesStore, now: float) -> _KeyIndex:
-    """The overview's GPU series; rebuilt when the store's series count changes, or when its
-    series differ from those the index was built from (looked at every 10 s).
-
-    Listing keys walks every series in the store (tens of thousands at cluster scale, most of
-    them not GPU series); reading the latest points of known keys is cheap.
-    """
-    size = len(store)
+def _gpu_index(caches: DashboardCaches, store: SeriesStore) -> _GpuIndex:
+    """The overview's GPU series; rebuilt (one pass over the store, ~40 ms per 80,000 series)
+    only when the store created or dropped a series since."""
     with caches.lock:
-        index = caches.key_index
-        fresh = now - index.built_at < KEY_INDEX_MAX_AGE_SECONDS
-        same_store = index.store_id == id(store) and index.size == size
-        if same_store and fresh:
-            return index
-    listed = store.keys()
-    if same_store and listed == index.listed:
-        with caches.lock:
-            index.built_at = now
+        index = caches.gpu_index
+    if index.store_id == id(store) and index.layout == store.layout:
         return index
-    groups: dict[tuple[str, str], list[SeriesKey]] = {}
-    for key in listed:
-        if key.name in OVERVIEW_GPU_METRICS:
-            gpu = key.label("gpu")
-            if gpu is not None:
-                groups.setdefault((key.node, gpu), []).append(key)
-    built = _KeyIndex(store_id=id(store), size=size, built_at=now, listed=listed)
+    layout, found = store.buffers(OVERVIEW_GPU_METRICS)
+    groups: dict[tuple[str, str], list[tuple[str, Buffer]]] = {}
+    for key, buffer in found:
+        gpu = key.label("gpu")
+        if gpu is not None:
+            groups.setdefault((key.node, gpu), []).append((key.name, buffer))
+    built = _GpuIndex(store_id=id(store), layout=layout)
     for node, gpu in sorted(groups, key=lambda ng: (ng[0], _gpu_sort(ng[1]))):
         members = groups[(node, gpu)]
-        built.keys.extend(members)
-        built.layout.append((node, gpu, tuple(k.name for k in members)))
+        built.gpus.append((node, gpu, tuple(name for name, _ in members)))
+        built.buffers.extend(buffer for _, buffer in members)
     with caches.lock:
-        caches.key_index = built
+        caches.gpu_index = built
     return built
 
 
-def live_gpus(
-    caches: DashboardCaches, store: SeriesStore, *, now: float
-) -> dict[str, list[GpuNow]]:
+def live_gpus(caches: DashboardCaches, store: SeriesStore) -> dict[str, list[GpuNow]]:
     """Every node's GPUs with their latest values, judged and sorted, in one pass."""
-    index = _gpu_keys(caches, store, now)
-    # One iterator over the points: each GPU's zip takes as many as it has names (zip asks
-    # ``names`` first, so it stops without taking the next GPU's first point).
-    points = iter(store.latest_many(index.keys))
+    index = _gpu_index(caches, store)
+    # One iterator over the buffers: each GPU's zip takes as many as it has names (zip asks
+    # ``names`` first, so it stops without taking the next GPU's first buffer).
+    buffers = iter(index.buffers)
     result: dict[str, list[GpuNow]] = {}
-    for node, gpu, names in index.layout:
-        entry: GpuNow | None = None
-        for name, point in zip(names, points):  # noqa: B905 (see above: must not be strict)
-            if point is None:
-                continue
-            if entry is None:
-                entry = GpuNow(index=gpu)
-            entry.absorb(name, point[1])
-        if entry is None:
-            continue
-        entry.judge()
+    for node, gpu, names in index.gpus:
+        # zip must not be strict (see above); a buffer is never empty (SeriesStore.buffers)
+        values = {name: buffer[-1][1] for name, buffer in zip(names, buffers)}  # noqa: B905
         gpus = result.get(node)
         if gpus is None:
             gpus = result[node] = []
-        gpus.append(entry)  # already in grid order (the layout is sorted)
+        gpus.append(GpuNow.of(gpu, values))  # already in grid order (the layout is sorted)
     return result
 
 
@@ -308,7 +282,7 @@ class DashboardCaches:
     the index of GPU series, last minute's sparklines, the live tail, the fleet view's last
     judgement of every node and the cluster ETTR tiles. ``lock`` guards them."""
 
-    key_index: _KeyIndex = field(default_factory=_KeyIndex)
+    gpu_index: _GpuIndex = field(default_factory=_GpuIndex)
     sparks: StaleWhileRefresh[SparkColumns] = field(
         default_factory=lambda: StaleWhileRefresh(
             thread_name="rlguard-sparklines", what="the sparkline rollup query"
@@ -414,7 +388,7 @@ def node_states(
     incident_tiers_by_node: dict[str, list[str]] | None = None,
 ) -> NodeStates:
     """Every node (registered or only streaming) with its GPUs' live state, sorted by name."""
-    live = live_gpus(caches, store, now=now)
+    live = live_gpus(caches, store)
     tiers_by_node = incident_tiers_by_node or {}
     # Two columns, not the ORM rows: building a few hundred Node objects (fingerprint JSON and
     # all) per render was a visible share of the page.

@@ -167,3 +167,18 @@ def test_between_is_half_open_and_agrees_with_since() -> None:
         since = store.since(key, start)
         assert [tuple(p) for p in since] == store.between(key, start)
         assert all(p.ts >= start for p in since)
+
+
+def test_buffers_are_the_live_ones_of_the_names_asked_for_with_the_layout() -> None:
+    store = SeriesStore()
+    temp, util = SeriesKey.of("n1", "temp", {"gpu": "0"}), SeriesKey.of("n1", "util", {"gpu": "0"})
+    store.append(temp, 1.0, 60.0)
+    store.append(util, 1.0, 0.5)
+    layout, found = store.buffers({"temp"})
+    assert layout == store.layout and [k for k, _ in found] == [temp]
+    buffer = found[0][1]
+    store.append(temp, 2.0, 61.0)
+    assert store.layout == layout and buffer[-1] == (2.0, 61.0)  # read in place, no rebuild
+    store.forget([temp])
+    assert store.layout != layout  # a reader that kept the buffer knows to ask again
+    assert store.buffers({"temp"})[1] == []

@@ -1,5 +1,5 @@
-"""The Overview's index of GPU series (``overview._gpu_keys``): kept while the store holds the same
-series, built again when they change, even when their count does not."""
+"""The Overview's index of GPU series (``overview._gpu_index``): kept while the store creates and
+drops no series, built again when it does, even when their count stays the same."""
 
 from __future__ import annotations
 
@@ -19,20 +19,22 @@ def _store(nodes: list[str]) -> SeriesStore:
     return store
 
 
-def test_the_index_is_kept_past_its_age_while_the_series_are_the_same() -> None:
+def test_the_index_is_kept_while_the_store_creates_and_drops_no_series() -> None:
     caches = overview.DashboardCaches()
     store = _store(["a", "b"])
-    first = overview._gpu_keys(caches, store, T0)
-    later = T0 + overview.KEY_INDEX_MAX_AGE_SECONDS + 1
-    again = overview._gpu_keys(caches, store, later)
-    assert again is first and again.built_at == later
-    assert [(n, g) for n, g, _ in again.layout] == [("a", "0"), ("a", "1"), ("b", "0"), ("b", "1")]
+    first = overview._gpu_index(caches, store)
+    store.append(SeriesKey.of("a", GPU_TEMP, {"gpu": "0"}), T0 + 1, 70.0)  # a new sample only
+    again = overview._gpu_index(caches, store)
+    assert again is first
+    assert [(n, g) for n, g, _ in again.gpus] == [("a", "0"), ("a", "1"), ("b", "0"), ("b", "1")]
+    # read in place: the new sample is what the overview shows, without a rebuild
+    assert overview.live_gpus(caches, store)["a"][0].temp == 70.0
 
 
-def test_other_series_of_the_same_count_are_seen_at_the_next_look() -> None:
+def test_other_series_of_the_same_count_are_seen_at_once() -> None:
     caches = overview.DashboardCaches()
     store = _store(["a", "b"])
-    first = overview._gpu_keys(caches, store, T0)
+    first = overview._gpu_index(caches, store)
     # Nodes a's and b's series age out and node c's arrive: as many series as before, other ones.
     store.append(SeriesKey.of("c", "host_load", {}), T0 + 2000, 1.0)
     store.drop_older_than(T0 + 1)
@@ -43,11 +45,21 @@ def test_other_series_of_the_same_count_are_seen_at_the_next_look() -> None:
     store.append(SeriesKey.of("c", "host_net", {}), T0 + 2000, 1.0)
     store.append(SeriesKey.of("c", "host_disk", {}), T0 + 2000, 1.0)
     assert len(store) == 8
-    # Within its age an index of as many series is taken as it is (as before this change).
-    assert overview._gpu_keys(caches, store, T0 + 1) is first
-    later = overview._gpu_keys(caches, store, T0 + overview.KEY_INDEX_MAX_AGE_SECONDS + 2)
-    assert [(n, g) for n, g, _ in later.layout] == [("c", "0"), ("c", "1")]
-    assert {k.node for k in later.keys} == {"c"}
+    later = overview._gpu_index(caches, store)
+    assert later is not first
+    assert [(n, g) for n, g, _ in later.gpus] == [("c", "0"), ("c", "1")]
+    assert set(overview.live_gpus(caches, store)) == {"c"}
+
+
+def test_a_series_dropped_and_made_again_is_read_from_its_new_buffer() -> None:
+    caches = overview.DashboardCaches()
+    store = _store(["a"])
+    overview._gpu_index(caches, store)
+    key = SeriesKey.of("a", GPU_TEMP, {"gpu": "1"})
+    store.forget([key])
+    store.append(key, T0 + 5, 88.0)  # same key, a new buffer, the same series count
+    gpu1 = overview.live_gpus(caches, store)["a"][1]
+    assert (gpu1.index, gpu1.temp, gpu1.level) == ("1", 88.0, "warn")
 
 
 def test_the_overview_judges_each_gpu_as_the_node_page_does() -> None:
@@ -75,7 +87,7 @@ def test_the_overview_judges_each_gpu_as_the_node_page_does() -> None:
     for gpu, metrics in values.items():
         for name, value in metrics.items():
             store.append(SeriesKey.of("a", name, {"gpu": gpu}), T0, value)
-    live = overview.live_gpus(overview.DashboardCaches(), store, now=T0)["a"]
+    live = overview.live_gpus(overview.DashboardCaches(), store)["a"]
     expected = gpus_from_latest(values)
     assert [g.index for g in live] == ["0", "1", "2", "3", "10", "x"]
     assert live == expected
