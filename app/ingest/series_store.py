@@ -193,17 +193,6 @@ class SeriesStore:
             ts, value = series.points[-1]
             return Point(ts, value)
 
-    def latest_many(self, keys: Iterable[SeriesKey]) -> list[tuple[float, float] | None]:
-        """The newest ``(ts, value)`` of each key, in the order given (None: no such series).
-
-        One lock acquisition for all of them: a page that reads thousands of series would
-        otherwise contend with ingest once per series.
-        """
-        keys = keys if isinstance(keys, list | tuple) else list(keys)  # read outside the lock
-        get = self._series.get
-        with self._lock:
-            return [s.points[-1] if s is not None and s.points else None for s in map(get, keys)]
-
     def buffers(self, names: Container[str]) -> tuple[int, list[tuple[SeriesKey, Buffer]]]:
         """Every series whose name is in ``names`` with its sample buffer (newest last), in the
         store's order, and the :attr:`layout` they belong to; one pass, under the lock.

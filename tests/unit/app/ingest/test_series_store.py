@@ -102,57 +102,6 @@ class _CountingLock:
         self._lock.release()
 
 
-def test_latest_many_matches_latest_in_the_given_order_with_one_lock() -> None:
-    store = SeriesStore()
-    keys = [SeriesKey.of(f"n{i % 7}", "gpu_util", {"gpu": str(i)}) for i in range(50)]
-    for i, key in enumerate(keys):
-        store.extend([(key, 10.0, float(i)), (key, 5.0, -1.0), (key, 11.0, float(i * 3))])
-    missing = SeriesKey.of("n-nope", "gpu_util", {"gpu": "0"})
-    wanted = [keys[3], missing, *reversed(keys)]
-    counting = _CountingLock()
-    store._lock = counting  # type: ignore[assignment]
-    got = store.latest_many(iter(wanted))  # any iterable, read once
-    assert counting.acquired == 1
-    assert got[1] is None
-    for key, point in zip(wanted, got, strict=True):
-        one = store.latest(key)
-        assert (one is None and point is None) or (one is not None and point == (one.ts, one.value))
-    assert got[0] == (11.0, 9.0)
-    assert store.latest_many([]) == []
-
-
-def test_latest_many_is_consistent_while_ingest_appends() -> None:
-    store = SeriesStore(max_points=10)
-    keys = [SeriesKey.of("n1", "x", {"gpu": str(g)}) for g in range(8)]
-    stop = threading.Event()
-
-    def ingest() -> None:
-        t = 0.0
-        while not stop.is_set():
-            t += 1.0
-            # Every series of one batch gets the same value: a reader under one lock sees a
-            # whole batch or none of it.
-            store.extend((k, t, t) for k in keys)
-
-    writer = threading.Thread(target=ingest)
-    writer.start()
-    try:
-        for _ in range(2000):
-            points = store.latest_many(keys)
-            if points[0] is not None:
-                assert len({p for p in points}) == 1, points
-    finally:
-        stop.set()
-        writer.join(timeout=10)
-
-
-def test_latest_many_refuses_an_unhashable_key() -> None:
-    store = SeriesStore()
-    store.append(SeriesKey.of("n1", "x"), 1.0, 1.0)
-    with pytest.raises(TypeError):
-        store.latest_many([["n1", "x"]])  # type: ignore[list-item]
-
-
 def test_between_is_half_open_and_agrees_with_since() -> None:
     store = SeriesStore(window_seconds=1e9, max_points=1000)
     key = SeriesKey.of("n1", "x")

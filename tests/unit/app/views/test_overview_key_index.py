@@ -95,3 +95,34 @@ def test_the_overview_judges_each_gpu_as_the_node_page_does() -> None:
         (g.level, list(g.reasons), g.title) for g in expected
     ]
     assert live[1].level == "warn" and live[2].level == "bad" and live[4].level == "idle"
+
+
+def test_reading_in_place_while_ingest_appends_and_trims_sees_only_written_values() -> None:
+    """The buffers are read without the store's lock: while ingest appends (and trims a full
+    window at every sample), each read is some sample that was written, never an error."""
+    import threading
+
+    store = SeriesStore(window_seconds=5.0, max_points=4)
+    keys = [SeriesKey.of("a", GPU_TEMP, {"gpu": str(g)}) for g in range(8)]
+    for key in keys:
+        store.append(key, T0, 50.0)
+    caches = overview.DashboardCaches()
+    index = overview._gpu_index(caches, store)
+    stop = threading.Event()
+
+    def ingest() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            store.extend([(key, T0 + i, 50.0 + i % 40) for key in keys])
+
+    writer = threading.Thread(target=ingest)
+    writer.start()
+    try:
+        for _ in range(2000):
+            temps = {g.temp for g in overview.live_gpus(caches, store)["a"]}
+            assert temps <= {50.0 + j for j in range(40)}, temps
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+    assert overview._gpu_index(caches, store) is index  # no series made: never rebuilt
