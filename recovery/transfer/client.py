@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from recovery._closing import ClosesOnExit
+from recovery.transfer.copy_digest import copy_digest_function
 from recovery.transfer.errors import (
     PeerDeadError,
     ProtocolError,
@@ -118,6 +119,7 @@ class SourceSession(ClosesOnExit):
         if not ids:
             return result
         digest_of = checksum_function(manifest.checksum)
+        copy_digest = copy_digest_function(manifest.checksum)
         request = {
             "op": "chunks",
             "name": manifest.name,
@@ -154,7 +156,7 @@ class SourceSession(ClosesOnExit):
                         view,
                         manifest.tensors[chunk.tensor].name,
                         chunk.offset,
-                        digest_of,
+                        copy_digest,
                     )
                 pending.append((expected, work() if pool is None else pool.submit(work)))
                 settle(keep=window)

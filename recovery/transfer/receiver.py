@@ -99,9 +99,7 @@ class WeightReceiver:
         verify_threads: int | None = None,
     ) -> None:
         if verify_threads is None:
-            # tcp/ucx: one verifier beside the receiving thread; shm: the copies run on the
-            # verifiers too, so two of them keep two cores busy.
-            verify_threads = 1 if transport.inline_payload else 2
+            verify_threads = transport.verify_threads
         if not isinstance(verify_threads, int) or verify_threads < 0:
             raise TransferConfigError(f"verify_threads must be an int >= 0, got {verify_threads!r}")
         if not timeout > 0 or not poll_interval > 0:

@@ -3,8 +3,7 @@
 A source keeps its tensors in a segment under ``/dev/shm``; the control messages (manifest, which
 chunks are ready) still go over a loopback TCP channel, so partial relays and failover work as
 with tcp. The receiver copies each chunk straight from the mapped segment into its own
-preallocated tensors (one memcpy) and checksums it right after, block by block, while the block
-is still in cache (see :meth:`SegmentReader.read_and_digest`).
+preallocated tensors and checksums the copy in the same pass (``recovery.transfer.copy_digest``).
 
 Mapping a segment is not free: every 4 KiB page of a fresh mapping is a page fault on first
 touch, which costs about as much as copying the page. So both sides keep what they mapped:
@@ -39,8 +38,9 @@ import numpy as np
 import torch
 
 from recovery._pids import process_exists
+from recovery.transfer.copy_digest import NATIVE_CRC32C, CopyDigest
 from recovery.transfer.errors import ProtocolError, TransferConfigError
-from recovery.transfer.manifest import DTYPES, Checksum, TensorSpec
+from recovery.transfer.manifest import DTYPES, TensorSpec
 from recovery.transfer.store import Buffers
 from recovery.transfer.tcp import TcpChannel, TcpListener, TcpTransport
 from recovery.transfer.transport import ConnectionHandler, Transport
@@ -48,11 +48,6 @@ from recovery.transfer.transport import ConnectionHandler, Transport
 log = logging.getLogger("rlguard.recovery.transfer.shm")
 
 _ALIGN = 64
-# Copy-then-checksum granularity: half of a core's L2 (1 MiB on the EPYC this was tuned on), so
-# the checksum reads what the copy just wrote from cache instead of from memory. Measured CPU time
-# per GiB (copy + crc32c): 4 MiB blocks 164-177 ms, 1 MiB 145-148 ms, 512 KiB 120-126 ms,
-# 128-384 KiB 124-135 ms (more calls); a plain memcpy of the same GiB took 92 ms.
-COPY_BLOCK_BYTES = 512 << 10
 #: Idle mappings of other processes' segments a transport keeps for the next pull.
 MAX_CACHED_MAPPINGS = 4
 #: Retired segments a publisher keeps for reuse by later versions. One covers a trainer that
@@ -130,22 +125,11 @@ class SegmentReader:
         np.copyto(np.frombuffer(dest, dtype=np.uint8), self._source(tensor, offset, len(dest)))
 
     def read_and_digest(
-        self, dest: memoryview, tensor: str, offset: int, digest_of: Checksum
+        self, dest: memoryview, tensor: str, offset: int, copy_digest: CopyDigest
     ) -> int:
-        """Copy like :meth:`read_into` and return the checksum of what landed in ``dest``.
-
-        One pass over the bytes instead of two: each block is checksummed right after it was
-        copied, from cache. The checksum is computed over ``dest`` (our private copy), never over
-        the source, which its owner may overwrite at any time.
-        """
-        source = self._source(tensor, offset, len(dest))
-        target = np.frombuffer(dest, dtype=np.uint8)
-        value = 0
-        for start in range(0, len(dest), COPY_BLOCK_BYTES):
-            stop = start + COPY_BLOCK_BYTES
-            np.copyto(target[start:stop], source[start:stop])
-            value = digest_of(dest[start:stop], value)
-        return value
+        """Copy like :meth:`read_into` and return the checksum of what landed in ``dest``, in one
+        pass over the bytes (``recovery.transfer.copy_digest``)."""
+        return copy_digest(dest, self._source(tensor, offset, len(dest)))
 
     def close(self) -> None:
         """Done reading (idempotent); the transport decides whether the mapping stays."""
@@ -203,6 +187,11 @@ class ShmTransport(Transport):
 
     name: ClassVar[str] = "shm"
     inline_payload: ClassVar[bool] = False
+    # The copies run on the verifier threads. The native copy+checksum loop moves a chunk at
+    # memory speed on one thread: a second one sped a 1 GiB pull up by a third but cost 1.4-2.0x
+    # the CPU of a memcpy per GiB instead of 1.2x (benchmarks/transfer.py --parts shm, 2 cores).
+    # The two-step fallback is CPU-bound: two threads keep two cores busy.
+    verify_threads: ClassVar[int] = 1 if NATIVE_CRC32C is not None else 2
 
     def __init__(
         self,

@@ -12,8 +12,9 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from recovery.transfer.copy_digest import CopyDigest
 from recovery.transfer.errors import TransferConfigError
-from recovery.transfer.manifest import Checksum, TensorSpec, allocate
+from recovery.transfer.manifest import TensorSpec, allocate
 from recovery.transfer.store import Buffers
 from recovery.transfer.wire import Channel
 
@@ -36,9 +37,9 @@ class PayloadReader(Protocol):
         ...
 
     def read_and_digest(
-        self, dest: memoryview, tensor: str, offset: int, digest_of: Checksum
+        self, dest: memoryview, tensor: str, offset: int, copy_digest: CopyDigest
     ) -> int:
-        """Copy like :meth:`read_into` and return ``digest_of`` over the bytes now in ``dest``."""
+        """Copy like :meth:`read_into` with ``copy_digest``; returns the checksum of ``dest``."""
         ...
 
     def close(self) -> None:
@@ -56,6 +57,8 @@ class Transport(ABC):
     #: True when chunk bytes follow their header on the channel; False when they are read
     #: through :meth:`open_payload` (the header then only says the chunk is ready).
     inline_payload: ClassVar[bool] = True
+    #: Threads a receiver verifies chunks on (its default): one beside the receiving thread.
+    verify_threads: ClassVar[int] = 1
     #: True when a send may be split into several sends (a byte stream); message transports
     #: (ucx) need each send matched by one receive of the same size, so payloads go whole.
     stream_oriented: ClassVar[bool] = True

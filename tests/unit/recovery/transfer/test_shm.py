@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from recovery.transfer import TransferConfigError
+from recovery.transfer.copy_digest import COPY_BLOCK_BYTES, copy_digest_function
 from recovery.transfer.errors import ProtocolError
 from recovery.transfer.manifest import CHECKSUMS, TensorSpec, build_manifest, byte_view, chunk_views
-from recovery.transfer.shm import COPY_BLOCK_BYTES, MAX_CACHED_MAPPINGS, ShmTransport
+from recovery.transfer.shm import MAX_CACHED_MAPPINGS, ShmTransport
 
 
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
@@ -40,12 +41,12 @@ def test_read_and_digest_copies_and_checksums_what_landed(tmp_path: Path, checks
         for chunk, view in zip(manifest.chunks, views, strict=True):
             name = manifest.tensors[chunk.tensor].name
             assert (
-                reader.read_and_digest(view, name, chunk.offset, CHECKSUMS[checksum])
+                reader.read_and_digest(view, name, chunk.offset, copy_digest_function(checksum))
                 == chunk.checksum
             )
         assert all(torch.equal(dest[n], source[n]) for n in source)
         with pytest.raises(ProtocolError, match="past the segment"):
-            reader.read_and_digest(views[0], "small", 8, CHECKSUMS[checksum])
+            reader.read_and_digest(views[0], "small", 8, copy_digest_function(checksum))
     finally:
         reader.close()
         buffers.release()
@@ -151,9 +152,11 @@ def test_a_reader_of_a_retired_version_cannot_mistake_its_successor_for_it(tmp_p
     assert v2.extra["shm_path"] == v1.extra["shm_path"]
     chunk = manifest.chunks[0]
     dest = torch.empty(chunk.length, dtype=torch.uint8)
-    digest_of = CHECKSUMS[manifest.checksum]
     got = reader.read_and_digest(
-        byte_view(dest), manifest.tensors[chunk.tensor].name, chunk.offset, digest_of
+        byte_view(dest),
+        manifest.tensors[chunk.tensor].name,
+        chunk.offset,
+        copy_digest_function(manifest.checksum),
     )
     assert got != chunk.checksum  # verification rejects it; the receiver re-fetches elsewhere
     reader.close()
