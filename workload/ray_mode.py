@@ -91,6 +91,9 @@ _ROLE_MODULES = {"trainer": "workload.trainer", "rollout": "workload.rollout"}
 # A role's heartbeat this fresh, past its start, is a steady process (the restarter knows no
 # pids: a dead actor's heartbeat goes stale instead).
 _STEADY_HEARTBEAT_AGE_S = 2.0
+# An activated standby that was already waiting finishes its creation within milliseconds; one
+# that has not in this long is dead or frozen (stopped, swapped out): the restart goes cold.
+_ACTIVATION_TIMEOUT_S = 2.0
 
 
 class _Worker:
@@ -148,6 +151,7 @@ class _Restarter:
         # slot -> (name, actor, its __ray_ready__ ref: resolves with an error if it died waiting)
         self.standbys: dict[tuple[str, int], tuple[str, Any, Any]] = {}
         self.activations: dict[str, threading.Event] = {}  # standby name -> its go
+        self.waiting: set[str] = set()  # standbys whose creation waits for its go
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         threading.Thread(target=self._keep_standbys, name="standbys", daemon=True).start()
@@ -164,11 +168,10 @@ class _Restarter:
                 return {**self.done[key], "already": True}
             self._drop_dead_standbys([(role, rank)])
             spare = self.standbys.pop((role, rank), None)
-            if spare is not None:
+            if spare is not None and self._activate(spare, role, rank):
                 name, actor, _ready = spare
-                # Its creation returns (at once, if it is still importing when it asks).
-                self.activations[name].set()
             else:
+                spare = None
                 name = self._next_name(role, rank)
                 actor = _actor_class("rlguard").options(name=name).remote(role, rank, self.run_dir)
             self.actors[(role, rank)] = actor
@@ -190,7 +193,35 @@ class _Restarter:
         """Called by the standby ``name`` from its creation: returns once it is activated."""
         with self.lock:
             go = self.activations[name]
+            self.waiting.add(name)
         go.wait()
+
+    def _activate(self, spare: tuple[str, Any, Any], role: str, rank: int) -> bool:
+        """Let the standby's creation return; False when it cannot take the role (under the lock).
+
+        The check before it (``_drop_dead_standbys``) cannot see a standby that died a moment
+        ago, before Ray marked it dead, or one whose process is frozen: handed the restart, it
+        would never run, and the role would stay dead. A standby that was waiting finishes its
+        creation within milliseconds of its go, so that is waited for; one that does not is
+        killed and the restart is made cold. One still importing (not waiting yet) cannot be
+        checked without waiting for its imports: it goes straight through when it asks."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        name, actor, ready = spare
+        self.activations[name].set()
+        if name not in self.waiting:
+            return True
+        try:
+            ray.get(ready, timeout=_ACTIVATION_TIMEOUT_S)
+            return True
+        except (RayActorError, GetTimeoutError) as exc:
+            ray.kill(actor, no_restart=True)
+            RunDir(self.run_dir).event(
+                "ray_standby_lost", role=role, rank=rank, name=name, at="activation",
+                error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )  # fmt: skip
+            return False
 
     def _drop_dead_standbys(self, slots: list[tuple[str, int]]) -> None:
         """Forget the standbys of ``slots`` whose process died while they waited (their

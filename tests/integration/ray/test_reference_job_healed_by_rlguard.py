@@ -13,6 +13,7 @@ the job's restarter actor (integrations.ray.restarter) to create the actor again
 its warm standby, an actor already created and waiting) -> the role
 resumes from the WAL (its lost batch redone) -> the job completes with final parameters
 bit-identical to a clean run under the process supervisor, every consumed batch byte-identical.
+A standby frozen while it waits is not handed the restart: the restart is made cold.
 """
 
 from __future__ import annotations
@@ -139,6 +140,38 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
     after = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
     assert after["pid"] != beat["pid"]
     print(f"kill -9 -> incident in {detect_s:.1f} s (loaded machine)")
+
+
+def test_a_frozen_standby_is_not_handed_the_restart_which_is_made_cold(
+    stack: DemoStack, local_ray: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A standby whose process is frozen (SIGSTOP) looks alive to Ray and to the restarter's
+    # check; so does one that died a moment before the restart, before Ray marked it dead.
+    # Activated, it never finishes its creation: the restarter must see that and go cold, or
+    # the role stays dead and the job waits forever.
+    clean, on_ray = _jobs(stack, local_ray, tmp_path, monkeypatch)
+    try:
+        standby = on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "rollout"],
+                              150, "the restarter's standby for rollout 0")[0]
+        assert standby["name"] == f"{JOB}_rollout_0_r1", standby
+        os.kill(int(standby["pid"]), signal.SIGSTOP)
+        started = {e["step"] for e in on_ray.events("batch_start")}
+        kill_step = max(3, max(started, default=0) + 1)
+        assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
+        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
+                    150, f"rollout 0 working on step {kill_step}")
+        _kill(on_ray, "rollout", 0)
+        inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
+        _action, done = _restarted(stack, inc)
+        assert done["via"] == "restarter" and done["warm"] is False, done
+        assert done["name"] == f"{JOB}_rollout_0_r2", done  # a new actor, not the frozen one
+        assert_same_end(on_ray, clean, STEPS)
+    finally:
+        on_ray.close()
+        clean.close()
+    lost = on_ray.events("ray_standby_lost")
+    assert [(e["name"], e.get("at")) for e in lost] == [(f"{JOB}_rollout_0_r1", "activation")], lost
+    assert [(e["role"], e["warm"]) for e in on_ray.events("ray_role_recreated")] == [("rollout", False)]
 
 
 def test_kill9_of_the_trainer_actor_is_healed_warm_bit_for_bit(
