@@ -80,6 +80,25 @@ def _kill(job: Job, role: str, rank: int) -> dict[str, Any]:
     return beat
 
 
+def _first_rollout_standby(on_ray: Job) -> dict[str, Any]:
+    """The restarter's first warm standby for rollout 0, once it waits (its ready event)."""
+    standby = on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "rollout"],
+                          150, "the restarter's standby for rollout 0")[0]
+    assert standby["name"] == f"{JOB}_rollout_0_r1", standby
+    return standby
+
+
+def _kill_rollout_in_the_next_batch(on_ray: Job) -> tuple[int, dict[str, Any]]:
+    """kill -9 of rollout 0 in the next batch it starts, from step 3 on (a fault in the first
+    step is escalated to heavy): that step and the killed heartbeat."""
+    started = {e["step"] for e in on_ray.events("batch_start")}
+    kill_step = max(3, max(started, default=0) + 1)
+    assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
+    on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
+                150, f"rollout 0 working on step {kill_step}")
+    return kill_step, _kill(on_ray, "rollout", 0)
+
+
 def _restarted(stack: DemoStack, inc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The incident's restart_role once it succeeded, and the hook's answer."""
     action = wait_for(lambda: _restart_role(stack, inc), 60, "restart_role to finish")
@@ -94,21 +113,14 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
     try:
         # The restarter's warm standby for rollout 0 (an actor waiting in its creation) dies
         # while it waits: the restarter notices and makes another.
-        first = on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "rollout"],
-                            150, "the restarter's standby for rollout 0")[0]
-        assert first["name"] == f"{JOB}_rollout_0_r1", first
+        first = _first_rollout_standby(on_ray)
         os.kill(int(first["pid"]), signal.SIGKILL)
         lost = on_ray.wait(lambda: on_ray.events("ray_standby_lost"), 60, "the dead standby noticed")
         assert [e["name"] for e in lost] == [f"{JOB}_rollout_0_r1"], lost
         on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["name"] == f"{JOB}_rollout_0_r2"],
                     150, "a new standby for rollout 0")
         # Then the kill of the rollout in the next batch that starts, from step 3 on.
-        started = {e["step"] for e in on_ray.events("batch_start")}
-        kill_step = max(3, max(started, default=0) + 1)
-        assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
-        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
-                    150, f"rollout 0 working on step {kill_step}")
-        beat = _kill(on_ray, "rollout", 0)
+        kill_step, beat = _kill_rollout_in_the_next_batch(on_ray)
         killed = time.monotonic()
         inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
         detect_s = time.monotonic() - killed
@@ -151,16 +163,9 @@ def test_a_frozen_standby_is_not_handed_the_restart_which_is_made_cold(
     # the role stays dead and the job waits forever.
     clean, on_ray = _jobs(stack, local_ray, tmp_path, monkeypatch)
     try:
-        standby = on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "rollout"],
-                              150, "the restarter's standby for rollout 0")[0]
-        assert standby["name"] == f"{JOB}_rollout_0_r1", standby
+        standby = _first_rollout_standby(on_ray)
         os.kill(int(standby["pid"]), signal.SIGSTOP)
-        started = {e["step"] for e in on_ray.events("batch_start")}
-        kill_step = max(3, max(started, default=0) + 1)
-        assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
-        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
-                    150, f"rollout 0 working on step {kill_step}")
-        _kill(on_ray, "rollout", 0)
+        _kill_rollout_in_the_next_batch(on_ray)
         inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
         _action, done = _restarted(stack, inc)
         assert done["via"] == "restarter" and done["warm"] is False, done
