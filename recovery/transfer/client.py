@@ -119,7 +119,8 @@ class SourceSession(ClosesOnExit):
         if not ids:
             return result
         digest_of = checksum_function(manifest.checksum)
-        copy_digest = copy_digest_function(manifest.checksum)
+        # shm: chunks are copied out of the source's segment and checksummed in the same pass
+        copy_digest = copy_digest_function(manifest.checksum) if self._payload is not None else None
         request = {
             "op": "chunks",
             "name": manifest.name,
@@ -151,6 +152,7 @@ class SourceSession(ClosesOnExit):
                     self._channel.recv_into(view, timeout=self.timeout)
                     work: Callable[[], int] = partial(digest_of, view)
                 else:
+                    assert copy_digest is not None
                     work = partial(
                         payload.read_and_digest,
                         view,
