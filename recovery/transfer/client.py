@@ -20,13 +20,14 @@ from recovery.transfer.errors import (
 from recovery.transfer.manifest import WeightManifest, checksum_function
 from recovery.transfer.transport import PayloadReader, Transport
 from recovery.transfer.wire import (
+    CHUNK_HEADER,
     CHUNK_NOT_READY,
     CHUNK_OK,
     CHUNK_SOURCE_GAVE_UP,
     CHUNK_UNKNOWN,
-    recv_chunk_header,
     recv_message,
     send_message,
+    unpack_chunk_header,
 )
 
 
@@ -142,17 +143,25 @@ class SourceSession(ClosesOnExit):
                     result.corrupt += 1
                     on_corrupt(index, actual)
 
+        header = memoryview(bytearray(CHUNK_HEADER.size))
         try:
             for expected in ids:
-                self._expect_header(manifest, expected)
                 chunk = manifest.chunks[expected]
                 view = dest[expected]
                 payload = self._payload
                 if payload is None:
-                    self._channel.recv_into(view, timeout=self.timeout)
+                    # The header and the bytes it announces in one call (one hand-off on ucx);
+                    # the header is checked before anything is received into ``view``.
+                    self._channel.recv_then(
+                        header,
+                        partial(self._body_for, manifest, expected, view),
+                        timeout=self.timeout,
+                    )
                     work: Callable[[], int] = partial(digest_of, view)
                 else:
                     assert copy_digest is not None
+                    self._channel.recv_into(header, timeout=self.timeout)
+                    self._check_header(manifest, expected, header)
                     work = partial(
                         payload.read_and_digest,
                         view,
@@ -166,8 +175,15 @@ class SourceSession(ClosesOnExit):
             settle(keep=0)
         return result
 
-    def _expect_header(self, manifest: WeightManifest, expected: int) -> None:
-        index, status, length = recv_chunk_header(self._channel, timeout=self.timeout)
+    def _body_for(
+        self, manifest: WeightManifest, expected: int, view: memoryview, header: memoryview
+    ) -> memoryview:
+        self._check_header(manifest, expected, header)
+        return view
+
+    def _check_header(self, manifest: WeightManifest, expected: int, header: memoryview) -> None:
+        """Raises unless ``header`` announces chunk ``expected`` with its manifest length."""
+        index, status, length = unpack_chunk_header(header)
         if status == CHUNK_SOURCE_GAVE_UP:
             raise SourceGaveUpError(f"{self.address} dropped {manifest.name!r} v{manifest.version}")
         if status == CHUNK_NOT_READY:

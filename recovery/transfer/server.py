@@ -94,10 +94,16 @@ class WeightServer:
     def _answer(self, channel: Channel, request: dict[str, Any]) -> None:
         op = request.get("op")
         if op == "stats":
-            send_message(channel, {"ok": True, "stats": dict(self.store.stats())}, timeout=self._send_timeout)
+            send_message(
+                channel, {"ok": True, "stats": dict(self.store.stats())}, timeout=self._send_timeout
+            )
             return
         name, version = request.get("name"), request.get("version")
-        if op not in ("manifest", "chunks") or not isinstance(name, str) or not isinstance(version, int):
+        if (
+            op not in ("manifest", "chunks")
+            or not isinstance(name, str)
+            or not isinstance(version, int)
+        ):
             send_message(
                 channel,
                 {"ok": False, "error": "bad_request", "detail": f"cannot answer {request!r:.200}"},
@@ -109,13 +115,21 @@ class WeightServer:
             if served is None:
                 reply: dict[str, Any] = {"ok": False, "error": "unknown_version"}
             else:
-                reply = {"ok": True, "manifest": served.manifest.to_json(), "extra": served.buffers.extra}
+                reply = {
+                    "ok": True,
+                    "manifest": served.manifest.to_json(),
+                    "extra": served.buffers.extra,
+                }
             send_message(channel, reply, timeout=self._send_timeout)
             return
         served = self.store.get(name, version)
         ids = request.get("ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            send_message(channel, {"ok": False, "error": "bad_request", "detail": "ids"}, timeout=self._send_timeout)
+            send_message(
+                channel,
+                {"ok": False, "error": "bad_request", "detail": "ids"},
+                timeout=self._send_timeout,
+            )
             return
         self._stream(channel, served, ids)
 
@@ -134,22 +148,25 @@ class WeightServer:
                 channel.send(pack_chunk_header(index, status, 0), timeout=self._send_timeout)
                 return
             view = served.views[index]
-            if not inline and self._limiter is not None:
-                # The reader copies the bytes itself; pacing readiness caps its read rate.
-                self._limiter.throttle(len(view))
-            channel.send(pack_chunk_header(index, CHUNK_OK, len(view)), timeout=self._send_timeout)
+            header = pack_chunk_header(index, CHUNK_OK, len(view))
             if inline:
-                self._send_payload(channel, view)
+                self._send_chunk(channel, header, view)
+            else:
+                if self._limiter is not None:
+                    # The reader copies the bytes itself; pacing readiness caps its read rate.
+                    self._limiter.throttle(len(view))
+                channel.send(header, timeout=self._send_timeout)
             served.count_served()
 
-    def _send_payload(self, channel: Channel, view: memoryview) -> None:
-        if self._limiter is None:
-            channel.send(view, timeout=self._send_timeout)
+    def _send_chunk(self, channel: Channel, header: bytes, view: memoryview) -> None:
+        """A chunk's header and bytes: in one call to the channel, except when a byte stream
+        is paced (sent in slices, so the pace is even)."""
+        if self._limiter is None or not self.transport.stream_oriented:
+            if self._limiter is not None:  # a message transport sends the payload whole
+                self._limiter.throttle(len(view))
+            channel.send_parts((header, view), timeout=self._send_timeout)
             return
-        if not self.transport.stream_oriented:
-            self._limiter.throttle(len(view))
-            channel.send(view, timeout=self._send_timeout)
-            return
+        channel.send(header, timeout=self._send_timeout)
         for start in range(0, len(view), SLICE_BYTES):
             piece = view[start : start + SLICE_BYTES]
             self._limiter.throttle(len(piece))

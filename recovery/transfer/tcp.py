@@ -10,6 +10,7 @@ import logging
 import socket
 import struct
 import threading
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from recovery.transfer.errors import PeerDeadError, TransferTimeout
@@ -46,9 +47,14 @@ class TcpChannel:
 
     def send(self, data: bytes | memoryview, *, timeout: float) -> None:
         """Send everything; ``timeout`` bounds each wait for progress (a hung peer)."""
+        self.send_parts((data,), timeout=timeout)
+
+    def send_parts(self, parts: Sequence[bytes | memoryview], *, timeout: float) -> None:
+        """Send ``parts`` back to back (a byte stream keeps no boundaries between them)."""
         try:
             self._set_timeout(timeout)
-            self.sock.sendall(data)
+            for part in parts:
+                self.sock.sendall(part)
         except (TimeoutError, BlockingIOError) as exc:
             raise TransferTimeout(self.peer, f"no send progress for {timeout}s") from exc
         except OSError as exc:
@@ -72,6 +78,19 @@ class TcpChannel:
             raise
         except OSError as exc:
             raise PeerDeadError(self.peer, f"receive failed: {exc}") from exc
+
+    def recv_then(
+        self,
+        head: memoryview,
+        body_for: Callable[[memoryview], memoryview | None],
+        *,
+        timeout: float,
+    ) -> None:
+        """Fill ``head``, then the buffer ``body_for(head)`` names, if any."""
+        self.recv_into(head, timeout=timeout)
+        body = body_for(head)
+        if body is not None:
+            self.recv_into(body, timeout=timeout)
 
     def close(self) -> None:
         """Close the socket (idempotent)."""

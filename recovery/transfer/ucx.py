@@ -19,7 +19,7 @@ import concurrent.futures
 import importlib
 import logging
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -101,9 +101,39 @@ class UcxChannel:
         """Send ``data`` as one message."""
         self._wait(self.endpoint.send(data), timeout, "send")
 
+    def send_parts(self, parts: Sequence[bytes | memoryview], *, timeout: float) -> None:
+        """Send each part as one message, in order, in one hand-off to the loop; ``timeout``
+        bounds them all."""
+        endpoint = self.endpoint
+
+        async def send_all() -> None:
+            for part in parts:
+                await endpoint.send(part)
+
+        self._wait(send_all(), timeout, "send")
+
     def recv_into(self, buffer: memoryview, *, timeout: float) -> None:
         """Receive one message of exactly ``len(buffer)`` bytes into ``buffer``."""
         self._wait(self.endpoint.recv(buffer), timeout, "receive")
+
+    def recv_then(
+        self,
+        head: memoryview,
+        body_for: Callable[[memoryview], memoryview | None],
+        *,
+        timeout: float,
+    ) -> None:
+        """Receive ``head``, then (if ``body_for(head)``, run on the loop thread, names a
+        buffer) the next message into that buffer, in one hand-off; ``timeout`` bounds both."""
+        endpoint = self.endpoint
+
+        async def recv_both() -> None:
+            await endpoint.recv(head)
+            body = body_for(head)
+            if body is not None:
+                await endpoint.recv(body)
+
+        self._wait(recv_both(), timeout, "receive")
 
     def close(self) -> None:
         """Abort the endpoint (idempotent; a clean close would wait on the peer)."""

@@ -1,15 +1,20 @@
 """The transfer protocol's framing, independent of the transport underneath.
 
-Every message is sent as two sends (an 8-byte length, then the body) and read as two receives of
+Every message is sent as two parts (an 8-byte length, then the body) and read as two receives of
 exactly those sizes, so the same framing works over a byte stream (tcp) and over a message
 transport where each receive must match one send (ucx). Chunk data follows a fixed 13-byte chunk
 header and is received straight into the receiver's tensor memory.
+
+A head and the body it announces go through the channel in one call (``send_parts``,
+``recv_then``): on ucx every call is a hand-off to the transport's event-loop thread and back,
+and one per head and body pair instead of two is what the transport's throughput hangs on.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from recovery.transfer.errors import ProtocolError
@@ -38,6 +43,23 @@ class Channel(Protocol):
         """Fill all of ``buffer``; raises PeerDeadError / TransferTimeout."""
         ...
 
+    def send_parts(self, parts: Sequence[bytes | memoryview], *, timeout: float) -> None:
+        """Send ``parts`` in order, each as if by its own :meth:`send` (the peer receives each
+        with its own receive), in one call."""
+        ...
+
+    def recv_then(
+        self,
+        head: memoryview,
+        body_for: Callable[[memoryview], memoryview | None],
+        *,
+        timeout: float,
+    ) -> None:
+        """Fill ``head``, then the buffer ``body_for(head)`` names, if any, in one call.
+        ``body_for`` may run on another thread (the transport's); what it raises is raised
+        here, and then nothing more is received."""
+        ...
+
     def close(self) -> None:
         """Release the connection (idempotent)."""
         ...
@@ -46,20 +68,25 @@ class Channel(Protocol):
 def send_message(channel: Channel, message: dict[str, Any], *, timeout: float) -> None:
     """Send one JSON message."""
     body = json.dumps(message, separators=(",", ":")).encode()
-    channel.send(_LENGTH.pack(len(body)), timeout=timeout)
-    channel.send(body, timeout=timeout)
+    channel.send_parts((_LENGTH.pack(len(body)), body), timeout=timeout)
 
 
 def recv_message(channel: Channel, *, timeout: float) -> dict[str, Any]:
     """Receive one JSON message (a dict), refusing oversized or malformed ones."""
     head = bytearray(_LENGTH.size)
-    channel.recv_into(memoryview(head), timeout=timeout)
-    (length,) = _LENGTH.unpack(head)
-    if length > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"{channel.peer} announced a {length}-byte message (max {MAX_MESSAGE_BYTES})")
-    body = bytearray(length)
-    if length:
-        channel.recv_into(memoryview(body), timeout=timeout)
+    body = bytearray()  # replaced by one of the announced length
+
+    def body_for(head: memoryview) -> memoryview | None:
+        nonlocal body
+        (length,) = _LENGTH.unpack(head)
+        if length > MAX_MESSAGE_BYTES:
+            raise ProtocolError(
+                f"{channel.peer} announced a {length}-byte message (max {MAX_MESSAGE_BYTES})"
+            )
+        body = bytearray(length)
+        return memoryview(body) if length else None
+
+    channel.recv_then(memoryview(head), body_for, timeout=timeout)
     try:
         message = json.loads(body)
     except ValueError as exc:
@@ -74,9 +101,7 @@ def pack_chunk_header(index: int, status: int, length: int) -> bytes:
     return CHUNK_HEADER.pack(index, status, length)
 
 
-def recv_chunk_header(channel: Channel, *, timeout: float) -> tuple[int, int, int]:
-    """Read one chunk header: (index, status, payload length)."""
-    head = bytearray(CHUNK_HEADER.size)
-    channel.recv_into(memoryview(head), timeout=timeout)
+def unpack_chunk_header(head: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+    """(index, status, payload length) of a chunk header."""
     index, status, length = CHUNK_HEADER.unpack(head)
     return int(index), int(status), int(length)

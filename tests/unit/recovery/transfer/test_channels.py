@@ -1,0 +1,123 @@
+"""The channel calls that move a head and its body in one call (``send_parts``, ``recv_then``),
+on a byte stream (tcp, a socket pair) and on a message transport (ucx, a real ucxx endpoint pair
+over loopback in this process)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from recovery.transfer import make_transport
+from recovery.transfer.errors import ProtocolError
+from recovery.transfer.tcp import TcpChannel
+from recovery.transfer.wire import Channel
+
+PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
+
+
+@pytest.fixture(params=["tcp", "ucx"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Channel, Channel]]:
+    if request.param == "tcp":
+        a, b = socket.socketpair()
+        left, right = TcpChannel(a, "left"), TcpChannel(b, "right")
+        yield left, right
+        left.close()
+        right.close()
+        return
+    transport = make_transport("ucx")
+    accepted: queue.Queue[Channel] = queue.Queue()
+    done = queue.Queue[None]()
+
+    def handler(channel: Channel) -> None:
+        accepted.put(channel)
+        done.get()  # the handler's return closes the channel: keep it open for the test
+
+    listener = transport.listen("127.0.0.1", 0, handler)
+    sender = transport.connect(listener.address, timeout=10)
+    receiver = accepted.get(timeout=10)
+    yield sender, receiver
+    sender.close()
+    done.put(None)
+    listener.close()
+
+
+def in_background(send: Callable[[], None]) -> Callable[[], None]:
+    """Run ``send`` in a thread (a large send waits for the receiver); the returned call waits
+    for it and raises what it raised."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            send()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join() -> None:
+        thread.join(20)
+        assert not thread.is_alive(), "the send never finished"
+        if failed:
+            raise failed[0]
+
+    return join
+
+
+def test_a_head_and_its_body_arrive_in_one_call_each_side(pair: tuple[Channel, Channel]) -> None:
+    left, right = pair
+
+    def send() -> None:
+        left.send_parts((b"HEAD", memoryview(PAYLOAD)), timeout=10)
+        left.send(b"next", timeout=10)
+
+    sent = in_background(send)
+    head = memoryview(bytearray(4))
+    body = memoryview(bytearray(len(PAYLOAD)))
+    seen: list[bytes] = []
+
+    def body_for(h: memoryview) -> memoryview:
+        seen.append(bytes(h))  # the head has landed before the body's buffer is chosen
+        return body
+
+    right.recv_then(head, body_for, timeout=10)
+    assert seen == [b"HEAD"] and bytes(body) == PAYLOAD
+    after = memoryview(bytearray(4))
+    right.recv_into(after, timeout=10)
+    assert bytes(after) == b"next"
+    sent()
+
+
+def test_no_body_is_received_when_the_head_announces_none(pair: tuple[Channel, Channel]) -> None:
+    left, right = pair
+    left.send_parts((b"NONE",), timeout=10)
+    left.send(b"more", timeout=10)
+    head = memoryview(bytearray(4))
+    right.recv_then(head, lambda h: None, timeout=10)
+    assert bytes(head) == b"NONE"
+    after = memoryview(bytearray(4))
+    right.recv_into(after, timeout=10)
+    assert bytes(after) == b"more"  # the next message was left for the next call
+
+
+def test_what_the_body_choice_raises_is_raised_to_the_caller_and_nothing_more_is_received(
+    pair: tuple[Channel, Channel],
+) -> None:
+    left, right = pair
+    left.send(b"BAD!", timeout=10)
+    head = memoryview(bytearray(4))
+
+    def body_for(h: memoryview) -> memoryview:
+        raise ProtocolError(f"refused head {bytes(h)!r}")
+
+    with pytest.raises(ProtocolError, match="refused head b'BAD!'"):
+        right.recv_then(head, body_for, timeout=10)
+    # No receive was posted for a body: the next message goes to the next call whole.
+    left.send(b"next", timeout=10)
+    after = memoryview(bytearray(4))
+    right.recv_into(after, timeout=10)
+    assert bytes(after) == b"next"
