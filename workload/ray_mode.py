@@ -202,26 +202,28 @@ class _Restarter:
         The check before it (``_drop_dead_standbys``) cannot see a standby that died a moment
         ago, before Ray marked it dead, or one whose process is frozen: handed the restart, it
         would never run, and the role would stay dead. A standby that was waiting finishes its
-        creation within milliseconds of its go, so that is waited for; one that does not is
-        killed and the restart is made cold. One still importing (not waiting yet) cannot be
-        checked without waiting for its imports: it goes straight through when it asks."""
+        creation within milliseconds of its go, so that is waited for. One that has not asked
+        for its go yet (still importing, or frozen or dead before it asked) cannot be checked
+        at all, and a cold restart costs no more than waiting for its imports would. Either
+        way, one that is not proven is killed and the restart is made cold."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         name, actor, ready = spare
         self.activations[name].set()
         if name not in self.waiting:
-            return True
-        try:
-            ray.get(ready, timeout=_ACTIVATION_TIMEOUT_S)
-            return True
-        except (RayActorError, GetTimeoutError) as exc:
-            ray.kill(actor, no_restart=True)
-            RunDir(self.run_dir).event(
-                "ray_standby_lost", role=role, rank=rank, name=name, at="activation",
-                error=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-            )  # fmt: skip
-            return False
+            why = "it had not asked for its activation yet"
+        else:
+            try:
+                ray.get(ready, timeout=_ACTIVATION_TIMEOUT_S)
+                return True
+            except (RayActorError, GetTimeoutError) as exc:
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        ray.kill(actor, no_restart=True)
+        RunDir(self.run_dir).event(
+            "ray_standby_lost", role=role, rank=rank, name=name, at="activation", error=why
+        )
+        return False
 
     def _drop_dead_standbys(self, slots: list[tuple[str, int]]) -> None:
         """Forget the standbys of ``slots`` whose process died while they waited (their
