@@ -27,6 +27,10 @@ from recovery.transfer.wire import (
 
 log = logging.getLogger("rlguard.recovery.transfer.server")
 
+# Chunks ready to go are sent in channel calls of up to this many bytes: on ucx a call is a
+# hand-off to its event-loop thread and back, once per few chunks instead of once per chunk.
+BATCH_BYTES = 16 << 20
+
 
 class WeightServer:
     """Answers manifest and chunk requests for the versions in ``store``.
@@ -138,32 +142,44 @@ class WeightServer:
             channel.send(pack_chunk_header(0, CHUNK_UNKNOWN, 0), timeout=self._send_timeout)
             return
         inline = self.transport.inline_payload
+        # The headers and bytes of chunks ready now, sent in one channel call (on ucx, one
+        # hand-off to the event-loop thread for up to BATCH_BYTES instead of one per chunk).
+        batch = _Batch(channel, served, self._send_timeout)
         for index in ids:
             if not 0 <= index < len(served.views):
+                batch.flush()
                 channel.send(pack_chunk_header(index, CHUNK_UNKNOWN, 0), timeout=self._send_timeout)
                 return
-            outcome = served.wait_ready(index, timeout=self._chunk_wait_timeout)
+            outcome = served.wait_ready(index, timeout=0)
+            if outcome == "timeout":  # what is ready goes out before waiting for the rest
+                batch.flush()
+                outcome = served.wait_ready(index, timeout=self._chunk_wait_timeout)
             if outcome != "ready":
+                batch.flush()
                 status = CHUNK_SOURCE_GAVE_UP if outcome == "dropped" else CHUNK_NOT_READY
                 channel.send(pack_chunk_header(index, status, 0), timeout=self._send_timeout)
                 return
             view = served.views[index]
             header = pack_chunk_header(index, CHUNK_OK, len(view))
+            if inline and self._limiter is None:
+                batch.add(header, view)
+                continue
             if inline:
-                self._send_chunk(channel, header, view)
+                self._send_paced(channel, header, view)
             else:
+                # The reader copies the bytes itself; pacing readiness caps its read rate.
                 if self._limiter is not None:
-                    # The reader copies the bytes itself; pacing readiness caps its read rate.
                     self._limiter.throttle(len(view))
                 channel.send(header, timeout=self._send_timeout)
             served.count_served()
+        batch.flush()
 
-    def _send_chunk(self, channel: Channel, header: bytes, view: memoryview) -> None:
-        """A chunk's header and bytes: in one call to the channel, except when a byte stream
-        is paced (sent in slices, so the pace is even)."""
-        if self._limiter is None or not self.transport.stream_oriented:
-            if self._limiter is not None:  # a message transport sends the payload whole
-                self._limiter.throttle(len(view))
+    def _send_paced(self, channel: Channel, header: bytes, view: memoryview) -> None:
+        """A chunk's header and bytes under the egress limit: a byte stream in slices, so the
+        pace is even; a message transport whole (each send must match one receive)."""
+        assert self._limiter is not None
+        if not self.transport.stream_oriented:
+            self._limiter.throttle(len(view))
             channel.send_parts((header, view), timeout=self._send_timeout)
             return
         channel.send(header, timeout=self._send_timeout)
@@ -171,3 +187,27 @@ class WeightServer:
             piece = view[start : start + SLICE_BYTES]
             self._limiter.throttle(len(piece))
             channel.send(piece, timeout=self._send_timeout)
+
+
+class _Batch:
+    """Ready chunks (header, bytes) waiting to go out in one ``send_parts`` call."""
+
+    def __init__(self, channel: Channel, served: ServedVersion, timeout: float) -> None:
+        self.channel, self.served, self.timeout = channel, served, timeout
+        self.parts: list[bytes | memoryview] = []
+        self.bytes = 0
+
+    def add(self, header: bytes, view: memoryview) -> None:
+        self.parts += (header, view)
+        self.bytes += len(view)
+        if self.bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.parts:
+            return
+        # The timeout bounds the whole call: BATCH_BYTES keeps it one of a few chunks' time.
+        self.channel.send_parts(self.parts, timeout=self.timeout)
+        for _ in range(len(self.parts) // 2):
+            self.served.count_served()
+        self.parts, self.bytes = [], 0

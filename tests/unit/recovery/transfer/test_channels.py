@@ -7,12 +7,13 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from recovery.transfer import make_transport
-from recovery.transfer.errors import ProtocolError
+from recovery.transfer.errors import ProtocolError, TransferTimeout
 from recovery.transfer.tcp import TcpChannel
 from recovery.transfer.wire import Channel
 
@@ -121,3 +122,25 @@ def test_what_the_body_choice_raises_is_raised_to_the_caller_and_nothing_more_is
     after = memoryview(bytearray(4))
     right.recv_into(after, timeout=10)
     assert bytes(after) == b"next"
+
+
+def test_a_call_of_many_messages_times_out_only_when_one_of_them_makes_no_progress(
+    pair: tuple[Channel, Channel],
+) -> None:
+    # The server sends a few chunks per call: the timeout is a hung peer's, per message, not a
+    # bound on the whole call (which on a slow link takes longer than any one message).
+    left, right = pair
+    parts = [memoryview(PAYLOAD)] * 4
+    sent = in_background(lambda: left.send_parts(parts, timeout=0.5))
+    started = time.monotonic()
+    for _ in parts:
+        time.sleep(0.3)
+        buffer = memoryview(bytearray(len(PAYLOAD)))
+        right.recv_into(buffer, timeout=10)
+        assert bytes(buffer) == PAYLOAD
+    sent()
+    assert time.monotonic() - started > 1.0  # longer than the timeout in all
+    # A receiver that takes nothing: the call gives up after about its timeout.
+    stalled = in_background(lambda: left.send_parts(parts, timeout=0.5))
+    with pytest.raises(TransferTimeout, match="no .*progress for 0.5s"):
+        stalled()
