@@ -194,6 +194,8 @@ class _Restarter:
         with self.lock:
             go = self.activations[name]
             self.waiting.add(name)
+        # From here on its activation is proven within _ACTIVATION_TIMEOUT_S (see _activate).
+        RunDir(self.run_dir).event("ray_standby_waiting", name=name)
         go.wait()
 
     def _activate(self, spare: tuple[str, Any, Any], role: str, rank: int) -> bool:

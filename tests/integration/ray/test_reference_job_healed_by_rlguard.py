@@ -80,12 +80,18 @@ def _kill(job: Job, role: str, rank: int) -> dict[str, Any]:
     return beat
 
 
+def _standby_waiting(on_ray: Job, name: str) -> dict[str, Any]:
+    """The standby ``name``'s ready event, once the restarter knows it waits for its activation
+    (only such a standby is handed a restart: one that has not asked yet cannot be proven)."""
+    on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_waiting") if e["name"] == name],
+                150, f"the standby {name} waiting for its activation")
+    [ready] = [e for e in on_ray.events("ray_standby_ready") if e["name"] == name]
+    return ready
+
+
 def _first_rollout_standby(on_ray: Job) -> dict[str, Any]:
-    """The restarter's first warm standby for rollout 0, once it waits (its ready event)."""
-    standby = on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "rollout"],
-                          150, "the restarter's standby for rollout 0")[0]
-    assert standby["name"] == f"{JOB}_rollout_0_r1", standby
-    return standby
+    """The restarter's first warm standby for rollout 0, once it waits for its activation."""
+    return _standby_waiting(on_ray, f"{JOB}_rollout_0_r1")
 
 
 def _kill_rollout_in_the_next_batch(on_ray: Job) -> tuple[int, dict[str, Any]]:
@@ -117,8 +123,7 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         os.kill(int(first["pid"]), signal.SIGKILL)
         lost = on_ray.wait(lambda: on_ray.events("ray_standby_lost"), 60, "the dead standby noticed")
         assert [e["name"] for e in lost] == [f"{JOB}_rollout_0_r1"], lost
-        on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["name"] == f"{JOB}_rollout_0_r2"],
-                    150, "a new standby for rollout 0")
+        _standby_waiting(on_ray, f"{JOB}_rollout_0_r2")  # a new standby for rollout 0
         # Then the kill of the rollout in the next batch that starts, from step 3 on.
         kill_step, beat = _kill_rollout_in_the_next_batch(on_ray)
         killed = time.monotonic()
@@ -186,8 +191,7 @@ def test_kill9_of_the_trainer_actor_is_healed_warm_bit_for_bit(
     # the restarted trainer resumes from the newest checkpoint under its next incarnation.
     clean, on_ray = _jobs(stack, local_ray, tmp_path, monkeypatch)
     try:
-        on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_ready") if e["role"] == "trainer"],
-                    150, "the restarter's standby for the trainer")
+        _standby_waiting(on_ray, f"{JOB}_trainer_0_r1")  # the restarter's standby for the trainer
         steps = {e["step"] for e in on_ray.events("step")}
         kill_after = max(3, max(steps, default=0) + 1)
         assert kill_after < STEPS - 1, f"the job reached step {kill_after - 1} before its standby"
