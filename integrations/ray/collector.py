@@ -138,6 +138,11 @@ class RayCollector:
         now = self._clock()
         with self._lock:
             latest, error = self._latest, self._error
+        if latest is None and error is None:
+            # The first read has not finished (importing Ray's state API alone takes seconds on
+            # a busy node): whether Ray answers is not known yet, so nothing is said of it. A 1
+            # here once claimed a Ray that never answered was up.
+            return [], []
         samples: list[Sample] = [_sample("ray_collector_up", 0 if error else 1, now, {})]
         if latest is None or now - latest[0] > self.max_age:
             return samples, []

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from integrations.ray.collector import RayCollector
 from integrations.ray.presets import load_preset
-from integrations.ray.state import ActorRecord, ClusterSnapshot, JobRecord, NodeRecord
+from integrations.ray.state import (
+    ActorRecord,
+    ClusterSnapshot,
+    JobRecord,
+    NodeRecord,
+    RayUnavailable,
+)
 
 
 def rec(aid: str, name: str, state: str, reason: str | None = None, job: str = "01000000") -> ActorRecord:
@@ -56,3 +62,23 @@ def test_an_old_snapshot_sends_no_participants() -> None:
     now[0] += collector.max_age + 1
     samples, participants = collector.collect()
     assert participants == [] and samples[0]["name"] == "ray_collector_up"
+
+
+def test_nothing_is_said_of_ray_before_the_first_read_has_finished() -> None:
+    answers: list[ClusterSnapshot] = []
+
+    def reader() -> ClusterSnapshot:
+        if not answers:
+            raise RayUnavailable("Ray at auto did not answer: refused")
+        return answers[0]
+
+    collector = RayCollector(load_preset("verl"), reader=reader, clock=lambda: 1000.0, interval=1)
+    assert collector.collect() == ([], [])  # not "up": nothing is known yet
+    assert collector.poll_once() is False
+    samples, participants = collector.collect()
+    assert [(s["name"], s["value"]) for s in samples] == [("ray_collector_up", 0.0)]
+    answers.append(SNAP)
+    assert collector.poll_once() is True
+    samples, participants = collector.collect()
+    assert samples[0]["name"] == "ray_collector_up" and samples[0]["value"] == 1.0
+    assert len(participants) == 7
