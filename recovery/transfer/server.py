@@ -206,7 +206,6 @@ class _Batch:
     def flush(self) -> None:
         if not self.parts:
             return
-        # The timeout bounds the whole call: BATCH_BYTES keeps it one of a few chunks' time.
         self.channel.send_parts(self.parts, timeout=self.timeout)
         for _ in range(len(self.parts) // 2):
             self.served.count_served()

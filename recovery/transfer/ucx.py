@@ -1,8 +1,9 @@
 """The ``ucx`` transport (the ``ucx`` extra: ``ucxx``): RDMA where the fabric has it, TCP otherwise.
 
 ucxx is asyncio-based; the rest of the library is synchronous threads. The transport therefore
-runs one event loop in a daemon thread, submits every send/receive to it, and waits on the result
-with the caller's timeout. When it runs out the endpoint is aborted, which cancels the UCX
+runs one event loop in a daemon thread, submits every call (one or a few messages) to it, and
+waits on the result until no message of the call has completed for the caller's timeout. Then
+the endpoint is aborted, which cancels the UCX
 request; the coroutine is never cancelled from outside, since ucxx then frees buffers UCX may
 still write into (a connect's handshake is left to finish and its endpoint aborted late).
 Each protocol message is one ucxx tag message of exactly the size the receiver posts, which the

@@ -7,7 +7,7 @@ header and is received straight into the receiver's tensor memory.
 
 A head and the body it announces go through the channel in one call (``send_parts``,
 ``recv_then``): on ucx every call is a hand-off to the transport's event-loop thread and back,
-and one per head and body pair instead of two is what the transport's throughput hangs on.
+so this is one hand-off per chunk instead of two.
 """
 
 from __future__ import annotations
