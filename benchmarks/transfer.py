@@ -431,6 +431,7 @@ def part_throughput(transport: str, args: argparse.Namespace) -> None:
           f"{spread([gbps(nbytes, r) for r in raw_s])} GB/s -> ratio {spread(ratios)} "
           f"(incl. commit {spread(ratios_total)}); target >= {target} in every round: "
           f"{'MET' if min(ratios) >= target else 'NOT MET'}")
+    print(f"{transport:6s}: ratio per round, in order: {' '.join(f'{r:.2f}' for r in ratios)}")
     # Wall-clock figures swing with other load on a 2-core machine; CPU time does much less.
     # This process's CPU only: the sender's (a child) is not counted on either side.
     cpu_ratio = [o / r for o, r in zip(cpu_ours, cpu_raw, strict=True)]

@@ -143,25 +143,25 @@ class SourceSession(ClosesOnExit):
                     result.corrupt += 1
                     on_corrupt(index, actual)
 
-        header = memoryview(bytearray(CHUNK_HEADER.size))
+        # One header buffer per chunk: on ucx the next headers' receives are posted while
+        # earlier chunks land. Each header is checked before anything is received into its
+        # chunk's memory; shm chunks have no body on the channel (the reader copies them).
+        headers = [memoryview(bytearray(CHUNK_HEADER.size)) for _ in ids]
+        payload = self._payload
+
+        def body_for(i: int, header: memoryview) -> memoryview | None:
+            self._check_header(manifest, ids[i], header)
+            return dest[ids[i]] if payload is None else None
+
         try:
-            for expected in ids:
-                chunk = manifest.chunks[expected]
+            for i in self._channel.recv_each(headers, body_for, timeout=self.timeout):
+                expected = ids[i]
                 view = dest[expected]
-                payload = self._payload
                 if payload is None:
-                    # The header and the bytes it announces in one call (one hand-off on ucx);
-                    # the header is checked before anything is received into ``view``.
-                    self._channel.recv_then(
-                        header,
-                        partial(self._body_for, manifest, expected, view),
-                        timeout=self.timeout,
-                    )
                     work: Callable[[], int] = partial(digest_of, view)
                 else:
                     assert copy_digest is not None
-                    self._channel.recv_into(header, timeout=self.timeout)
-                    self._check_header(manifest, expected, header)
+                    chunk = manifest.chunks[expected]
                     work = partial(
                         payload.read_and_digest,
                         view,
@@ -174,12 +174,6 @@ class SourceSession(ClosesOnExit):
         finally:
             settle(keep=0)
         return result
-
-    def _body_for(
-        self, manifest: WeightManifest, expected: int, view: memoryview, header: memoryview
-    ) -> memoryview:
-        self._check_header(manifest, expected, header)
-        return view
 
     def _check_header(self, manifest: WeightManifest, expected: int, header: memoryview) -> None:
         """Raises unless ``header`` announces chunk ``expected`` with its manifest length."""

@@ -10,7 +10,7 @@ import logging
 import socket
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
 from recovery.transfer.errors import PeerDeadError, TransferTimeout
@@ -79,18 +79,21 @@ class TcpChannel:
         except OSError as exc:
             raise PeerDeadError(self.peer, f"receive failed: {exc}") from exc
 
-    def recv_then(
+    def recv_each(
         self,
-        head: memoryview,
-        body_for: Callable[[memoryview], memoryview | None],
+        heads: Sequence[memoryview],
+        body_for: Callable[[int, memoryview], memoryview | None],
         *,
         timeout: float,
-    ) -> None:
-        """Fill ``head``, then the buffer ``body_for(head)`` names, if any."""
-        self.recv_into(head, timeout=timeout)
-        body = body_for(head)
-        if body is not None:
-            self.recv_into(body, timeout=timeout)
+    ) -> Iterator[int]:
+        """Fill each head, then the buffer ``body_for(i, head)`` names, if any; yields ``i``
+        once item ``i`` has landed (a byte stream needs no receive posted ahead)."""
+        for i, head in enumerate(heads):
+            self.recv_into(head, timeout=timeout)
+            body = body_for(i, head)
+            if body is not None:
+                self.recv_into(body, timeout=timeout)
+            yield i
 
     def close(self) -> None:
         """Close the socket (idempotent)."""

@@ -1,8 +1,9 @@
 """The ``ucx`` transport (the ``ucx`` extra: ``ucxx``): RDMA where the fabric has it, TCP otherwise.
 
 ucxx is asyncio-based; the rest of the library is synchronous threads. The transport therefore
-runs one event loop in a daemon thread, submits every call (one or a few messages) to it, and
-waits on the result until no message of the call has completed for the caller's timeout. Then
+runs one event loop in a daemon thread, submits every call (one or a few messages, or a whole
+chunk stream) to it, and waits on the result until no message of the call has completed for the
+caller's timeout. Then
 the endpoint is aborted, which cancels the UCX
 request; the coroutine is never cancelled from outside, since ucxx then frees buffers UCX may
 still write into (a connect's handshake is left to finish and its endpoint aborted late).
@@ -19,9 +20,11 @@ import asyncio
 import concurrent.futures
 import importlib
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -43,6 +46,16 @@ _LOOP: asyncio.AbstractEventLoop | None = None
 
 
 ABORT_PERIOD_NS = 10**9
+# Bodies a stream receive keeps posted ahead of the one it reports next (each is the caller's
+# own buffer, so posting ahead allocates nothing).
+RECEIVES_AHEAD = 8
+_STREAM_END = object()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Done-callback of a receive left behind by a failed stream: its error is not news."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _ucx_error() -> type[BaseException]:
@@ -76,9 +89,7 @@ def _event_loop(ucxx: ModuleType, options: Mapping[str, str]) -> asyncio.Abstrac
                 # loop spins holding the GIL and the threads that verify and hand over chunks
                 # wait for it (benchmarks/transfer.py --parts ucx, 512 MiB: 0.46-0.59 GB/s at
                 # 1.7 CPU s/GiB spinning, 1.35 GB/s at 0.56 with the future).
-                ucxx.init(
-                    options=dict(options), progress_mode="thread", enable_python_future=True
-                )
+                ucxx.init(options=dict(options), progress_mode="thread", enable_python_future=True)
 
             asyncio.run_coroutine_threadsafe(init(), loop).result(timeout=30)
             _LOOP = loop
@@ -89,7 +100,9 @@ class UcxChannel:
     """One ucxx endpoint used synchronously; every call fails when no message of it completes
     within its ``timeout``."""
 
-    def __init__(self, endpoint: Any, loop: asyncio.AbstractEventLoop, peer: str, ucxx: ModuleType) -> None:
+    def __init__(
+        self, endpoint: Any, loop: asyncio.AbstractEventLoop, peer: str, ucxx: ModuleType
+    ) -> None:
         self.endpoint = endpoint
         self.peer = peer
         self._loop = loop
@@ -125,9 +138,16 @@ class UcxChannel:
         endpoint = self.endpoint
 
         async def send_all() -> None:
-            for part in parts:
-                await endpoint.send(part)
-                self._moved_at = time.monotonic()
+            # Every part is posted at once (UCX keeps the tag messages of one endpoint in
+            # order), so the next is on its way while the receiver takes this one.
+            sends = [asyncio.ensure_future(endpoint.send(part)) for part in parts]
+            try:
+                for send in sends:
+                    await send
+                    self._moved_at = time.monotonic()
+            finally:
+                for send in sends:
+                    send.add_done_callback(_retrieved)
 
         self._wait(send_all(), timeout, "send")
 
@@ -135,26 +155,99 @@ class UcxChannel:
         """Receive one message of exactly ``len(buffer)`` bytes into ``buffer``."""
         self._wait(self.endpoint.recv(buffer), timeout, "receive")
 
-    def recv_then(
+    def recv_each(
         self,
-        head: memoryview,
-        body_for: Callable[[memoryview], memoryview | None],
+        heads: Sequence[memoryview],
+        body_for: Callable[[int, memoryview], memoryview | None],
         *,
         timeout: float,
+    ) -> Iterator[int]:
+        """Receive items in order (a head, then the buffer ``body_for(i, head)`` names, run on
+        the loop thread), yielding ``i`` once item ``i`` has landed; one hand-off to the loop
+        for the whole stream. Receives are posted ahead: a head as soon as the previous item's
+        body is posted, up to ``RECEIVES_AHEAD`` bodies, so the sender's next message finds its
+        receive waiting instead of a round trip through this thread."""
+        landed: queue.SimpleQueue[int | object] = queue.SimpleQueue()
+        future = asyncio.run_coroutine_threadsafe(
+            self._receive_stream(heads, body_for, landed), self._loop
+        )
+        self._moved_at = time.monotonic()
+        try:
+            while True:
+                try:
+                    item = landed.get(timeout=max(0.0, self._moved_at + timeout - time.monotonic()))
+                except queue.Empty as exc:
+                    if time.monotonic() < self._moved_at + timeout:
+                        continue  # a message completed meanwhile
+                    self.close()  # see _wait: the endpoint is aborted, the coroutine not cancelled
+                    raise TransferTimeout(
+                        self.peer, f"receive made no progress for {timeout}s"
+                    ) from exc
+                if item is _STREAM_END:
+                    break
+                assert isinstance(item, int)
+                yield item
+            try:
+                future.result()
+            except self._errors as exc:
+                raise PeerDeadError(self.peer, f"receive failed: {exc}") from exc
+        finally:
+            if not future.done():
+                self.close()  # abandoned mid-stream: its posted receives are cancelled
+
+    async def _receive_stream(
+        self,
+        heads: Sequence[memoryview],
+        body_for: Callable[[int, memoryview], memoryview | None],
+        landed: queue.SimpleQueue[int | object],
     ) -> None:
-        """Receive ``head``, then (if ``body_for(head)``, run on the loop thread, names a
-        buffer) the next message into that buffer, in one hand-off; ``timeout`` bounds the wait
-        for each."""
+        """The loop side of :meth:`recv_each`: puts each landed index, then ``_STREAM_END``."""
         endpoint = self.endpoint
-
-        async def recv_both() -> None:
-            await endpoint.recv(head)
-            self._moved_at = time.monotonic()
-            body = body_for(head)
-            if body is not None:
-                await endpoint.recv(body)
-
-        self._wait(recv_both(), timeout, "receive")
+        bodies: deque[tuple[int, asyncio.Future[Any] | None]] = deque()  # posted, not reported
+        head: asyncio.Future[Any] | None = None
+        posted = 0  # heads posted so far
+        try:
+            while True:
+                if head is None and posted < len(heads) and len(bodies) < RECEIVES_AHEAD:
+                    head = asyncio.ensure_future(endpoint.recv(heads[posted]))
+                    posted += 1
+                waits = [f for f in (head, bodies[0][1] if bodies else None) if f is not None]
+                if not waits:
+                    return
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                self._moved_at = time.monotonic()
+                if head is not None and head.done():
+                    head.result()
+                    head = None
+                    i = posted - 1
+                    body = body_for(i, heads[i])
+                    bodies.append(
+                        (i, None if body is None else asyncio.ensure_future(endpoint.recv(body)))
+                    )
+                while bodies and (bodies[0][1] is None or bodies[0][1].done()):
+                    i, received = bodies.popleft()
+                    if received is not None:
+                        received.result()
+                    landed.put(i)
+        except BaseException:
+            # The items already posted are the caller's buffers, and the sender sent them
+            # before what failed (a head refused by ``body_for``): they land and are reported
+            # before the error. A failed receive aborts the endpoint, which ends the rest.
+            while bodies:
+                i, received = bodies[0]
+                if received is not None:
+                    try:
+                        await received
+                    except BaseException:  # noqa: BLE001 - the first error is the one raised
+                        break
+                landed.put(i)
+                bodies.popleft()
+            for received in [head, *(r for _i, r in bodies)]:
+                if received is not None:
+                    received.add_done_callback(_retrieved)
+            raise
+        finally:
+            landed.put(_STREAM_END)
 
     def close(self) -> None:
         """Abort the endpoint (idempotent; a clean close would wait on the peer)."""
@@ -167,8 +260,14 @@ class UcxChannel:
 class UcxListener:
     """A ucxx listener whose connections are handled by blocking handlers in worker threads."""
 
-    def __init__(self, ucxx: ModuleType, loop: asyncio.AbstractEventLoop, host: str, port: int,
-                 handler: ConnectionHandler) -> None:
+    def __init__(
+        self,
+        ucxx: ModuleType,
+        loop: asyncio.AbstractEventLoop,
+        host: str,
+        port: int,
+        handler: ConnectionHandler,
+    ) -> None:
         self._loop = loop
 
         async def on_connect(endpoint: Any) -> None:
@@ -186,6 +285,7 @@ class UcxListener:
 
     def close(self) -> None:
         """Stop listening."""
+
         async def close() -> None:
             self._listener.close()
 

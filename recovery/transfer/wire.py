@@ -6,15 +6,16 @@ transport where each receive must match one send (ucx). Chunk data follows a fix
 header and is received straight into the receiver's tensor memory.
 
 A head and the body it announces go through the channel in one call (``send_parts``,
-``recv_then``): on ucx every call is a hand-off to the transport's event-loop thread and back,
-so this is one hand-off per chunk instead of two.
+``recv_each``), and a stream of them in one ``recv_each``: on ucx every call is a hand-off to the
+transport's event-loop thread and back, and the receives of a stream are posted ahead of its
+messages (a message can only move once its receive is posted there).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from recovery.transfer.errors import ProtocolError
@@ -48,16 +49,18 @@ class Channel(Protocol):
         with its own receive), in one call."""
         ...
 
-    def recv_then(
+    def recv_each(
         self,
-        head: memoryview,
-        body_for: Callable[[memoryview], memoryview | None],
+        heads: Sequence[memoryview],
+        body_for: Callable[[int, memoryview], memoryview | None],
         *,
         timeout: float,
-    ) -> None:
-        """Fill ``head``, then the buffer ``body_for(head)`` names, if any, in one call.
-        ``body_for`` may run on another thread (the transport's); what it raises is raised
-        here, and then nothing more is received."""
+    ) -> Iterator[int]:
+        """Receive items in order: head ``i`` into ``heads[i]``, then the buffer
+        ``body_for(i, head)`` names, if any; yields ``i`` once item ``i`` has landed, in order.
+        ``body_for`` may run on another thread (the transport's); what it raises is raised here
+        after the items before it were yielded, and then nothing more is received. ``timeout``
+        bounds each wait for a message's progress, not the whole stream."""
         ...
 
     def close(self) -> None:
@@ -86,7 +89,8 @@ def recv_message(channel: Channel, *, timeout: float) -> dict[str, Any]:
         body = bytearray(length)
         return memoryview(body) if length else None
 
-    channel.recv_then(memoryview(head), body_for, timeout=timeout)
+    for _ in channel.recv_each((memoryview(head),), lambda _i, h: body_for(h), timeout=timeout):
+        pass
     try:
         message = json.loads(body)
     except ValueError as exc:
