@@ -69,6 +69,14 @@ def in_background(send: Callable[[], None]) -> Callable[[], None]:
     return join
 
 
+def assert_next_message_arrives_whole(left: Channel, right: Channel) -> None:
+    """Nothing was left posted or half-read by the call before: the next message lands whole."""
+    left.send(b"next", timeout=10)
+    after = memoryview(bytearray(4))
+    right.recv_into(after, timeout=10)
+    assert bytes(after) == b"next"
+
+
 def test_a_head_and_its_body_arrive_in_one_call_each_side(pair: tuple[Channel, Channel]) -> None:
     left, right = pair
 
@@ -118,10 +126,7 @@ def test_what_the_body_choice_raises_is_raised_to_the_caller_and_nothing_more_is
     with pytest.raises(ProtocolError, match="refused head b'BAD!'"):
         list(right.recv_each([head], body_for, timeout=10))
     # No receive was posted for a body: the next message goes to the next call whole.
-    left.send(b"next", timeout=10)
-    after = memoryview(bytearray(4))
-    right.recv_into(after, timeout=10)
-    assert bytes(after) == b"next"
+    assert_next_message_arrives_whole(left, right)
 
 
 def test_a_call_of_many_messages_times_out_only_when_one_of_them_makes_no_progress(
@@ -226,10 +231,7 @@ def test_a_refused_head_ends_the_stream_after_the_items_before_it(
     assert got == [0, 1] and [bytes(b) for b in bodies] == [_item(0)[1], _item(1)[1]]
     sent()
     # Nothing was posted past the refused head: the next message reaches the next call whole.
-    left.send(b"next", timeout=10)
-    after = memoryview(bytearray(4))
-    right.recv_into(after, timeout=10)
-    assert bytes(after) == b"next"
+    assert_next_message_arrives_whole(left, right)
 
 
 def test_a_stream_whose_sender_stalls_times_out_after_the_items_that_landed(
