@@ -3,10 +3,9 @@
 ucxx is asyncio-based; the rest of the library is synchronous threads. The transport therefore
 runs one event loop in a daemon thread, submits every call (one or a few messages, or a whole
 chunk stream) to it, and waits on the result until no message of the call has completed for the
-caller's timeout. Then
-the endpoint is aborted, which cancels the UCX
-request; the coroutine is never cancelled from outside, since ucxx then frees buffers UCX may
-still write into (a connect's handshake is left to finish and its endpoint aborted late).
+caller's timeout. Then the endpoint is aborted, which cancels the UCX request; the coroutine is
+never cancelled from outside, since ucxx then frees buffers UCX may still write into (a
+connect's handshake is left to finish and its endpoint aborted late).
 Each protocol message is one ucxx tag message of exactly the size the receiver posts, which the
 framing in :mod:`recovery.transfer.wire` guarantees.
 
@@ -230,9 +229,10 @@ class UcxChannel:
                         received.result()
                     landed.put(i)
         except BaseException:
-            # The items already posted are the caller's buffers, and the sender sent them
-            # before what failed (a head refused by ``body_for``): they land and are reported
-            # before the error. A failed receive aborts the endpoint, which ends the rest.
+            # Bodies already posted belong to heads that arrived, so the sender sent them too
+            # (before what failed, e.g. a head refused by ``body_for``): they land and are
+            # reported before the error. After a failed receive the endpoint has failed: the
+            # rest fail with it, or when the caller's timeout or session closes the channel.
             while bodies:
                 i, received = bodies[0]
                 if received is not None:
