@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from recovery.transfer.errors import PeerDeadError, TransferTimeout, TransportUnavailableError
 from recovery.transfer.transport import ConnectionHandler, Transport, split_address
@@ -49,10 +49,12 @@ ABORT_PERIOD_NS = 10**9
 # own buffer, so posting ahead allocates nothing).
 RECEIVES_AHEAD = 8
 _STREAM_END = object()
+_T = TypeVar("_T")
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Done-callback of a receive left behind by a failed stream: its error is not news."""
+    """Done-callback of a send or receive left behind by a failed call: its error is not news
+    (the call's first error is the one raised), so asyncio need not log it."""
     if not future.cancelled():
         future.exception()
 
@@ -112,11 +114,21 @@ class UcxChannel:
     def _wait(self, coro: Coroutine[Any, Any, Any], timeout: float, what: str) -> None:
         self._moved_at = time.monotonic()
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            self._while_moving(future.result, concurrent.futures.TimeoutError, timeout, what)
+        except self._errors as exc:
+            raise PeerDeadError(self.peer, f"{what} failed: {exc}") from exc
+
+    def _while_moving(
+        self, get: Callable[[float], _T], empty: type[Exception], timeout: float, what: str
+    ) -> _T:
+        """``get(seconds)`` (raising ``empty`` when nothing came in time) until it returns,
+        waiting as long as some message of the call in progress completed within ``timeout``;
+        then the endpoint is aborted and TransferTimeout raised."""
         while True:
             try:
-                future.result(timeout=max(0.0, self._moved_at + timeout - time.monotonic()))
-                return
-            except concurrent.futures.TimeoutError as exc:
+                return get(max(0.0, self._moved_at + timeout - time.monotonic()))
+            except empty as exc:
                 if time.monotonic() < self._moved_at + timeout:
                     continue  # a message completed meanwhile: the call is still moving
                 # Not future.cancel(): aborting the endpoint cancels the UCX request itself,
@@ -124,8 +136,6 @@ class UcxChannel:
                 # request object while UCX may still complete it (see UcxTransport.connect).
                 self.close()
                 raise TransferTimeout(self.peer, f"{what} made no progress for {timeout}s") from exc
-            except self._errors as exc:
-                raise PeerDeadError(self.peer, f"{what} failed: {exc}") from exc
 
     def send(self, data: bytes | memoryview, *, timeout: float) -> None:
         """Send ``data`` as one message."""
@@ -167,21 +177,15 @@ class UcxChannel:
         body is posted, up to ``RECEIVES_AHEAD`` bodies, so the sender's next message finds its
         receive waiting instead of a round trip through this thread."""
         landed: queue.SimpleQueue[int | object] = queue.SimpleQueue()
+        self._moved_at = time.monotonic()
         future = asyncio.run_coroutine_threadsafe(
             self._receive_stream(heads, body_for, landed), self._loop
         )
-        self._moved_at = time.monotonic()
         try:
             while True:
-                try:
-                    item = landed.get(timeout=max(0.0, self._moved_at + timeout - time.monotonic()))
-                except queue.Empty as exc:
-                    if time.monotonic() < self._moved_at + timeout:
-                        continue  # a message completed meanwhile
-                    self.close()  # see _wait: the endpoint is aborted, the coroutine not cancelled
-                    raise TransferTimeout(
-                        self.peer, f"receive made no progress for {timeout}s"
-                    ) from exc
+                item = self._while_moving(
+                    lambda seconds: landed.get(timeout=seconds), queue.Empty, timeout, "receive"
+                )
                 if item is _STREAM_END:
                     break
                 assert isinstance(item, int)

@@ -79,7 +79,7 @@ def recv_message(channel: Channel, *, timeout: float) -> dict[str, Any]:
     head = bytearray(_LENGTH.size)
     body = bytearray()  # replaced by one of the announced length
 
-    def body_for(head: memoryview) -> memoryview | None:
+    def body_for(_i: int, head: memoryview) -> memoryview | None:
         nonlocal body
         (length,) = _LENGTH.unpack(head)
         if length > MAX_MESSAGE_BYTES:
@@ -89,7 +89,8 @@ def recv_message(channel: Channel, *, timeout: float) -> dict[str, Any]:
         body = bytearray(length)
         return memoryview(body) if length else None
 
-    for _ in channel.recv_each((memoryview(head),), lambda _i, h: body_for(h), timeout=timeout):
+    # A stream of one item: iterating it is what receives it.
+    for _ in channel.recv_each((memoryview(head),), body_for, timeout=timeout):
         pass
     try:
         message = json.loads(body)
