@@ -21,9 +21,10 @@ When it would not be safe, the commit goes to the thread as before:
 
 With ``synchronous=FULL`` (the default) the fsync stays off the loop: the inline connection
 commits with ``synchronous=NORMAL`` (in WAL mode: the commit appends its frames to the WAL
-without an fsync), and the group committer then fsyncs the WAL file on a thread (``sync_wal``)
-before it answers any request of the group. The loop goes on parsing the next requests during
-the fsync, which also lets more batches join the next group. Acknowledged batches are exactly
+without an fsync), and the group committer then fsyncs the WAL file (``make_durable``: on a
+native thread that reports on a socket, ``app.ingest.loop_fsync``; on a Python thread where that
+module is not built) before it answers any request of the group. The loop goes on parsing the
+next requests during the fsync, which also lets more batches join the next group. Acknowledged batches are exactly
 as durable as with FULL, which does the same fsync of the WAL inside the commit: a WAL frame is
 never overwritten before a checkpoint has copied it into the database file and synced that
 (NORMAL syncs the WAL before a checkpoint and the database after it), so the WAL file holds
@@ -35,6 +36,7 @@ store before either.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -44,6 +46,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from app.core.db import is_sqlite, make_engine
+from app.ingest.loop_fsync import LoopFsync, native_fsync_available
 from app.ingest.persist import IngestGroup, write_ingest_group
 from app.ingest.phases import PhaseRetention
 
@@ -90,6 +93,9 @@ class InlineSqliteCommitter:
         self.syncs_wal = sqlite_synchronous.upper() == "FULL" and db_path not in ("", ":memory:")
         self._db_path = db_path
         self.fsync = fsync  # the disk boundary (injectable for tests)
+        # The real fsync runs natively where the module is built (see make_durable).
+        self._loop_fsync = LoopFsync() if self.syncs_wal and native_fsync_available() else None
+        self.native_syncs = 0
         # One connection, used only from the event loop thread.
         self.engine: Engine = make_engine(
             url,
@@ -144,9 +150,19 @@ class InlineSqliteCommitter:
             )
         return True
 
+    async def make_durable(self) -> None:
+        """Make the groups committed so far durable (``syncs_wal`` only: after ``try_commit``
+        returned True and before any of the group's requests is answered), without blocking
+        the loop: on a native thread (``app.ingest.loop_fsync``), or on a Python thread where
+        that module is not built or a test has put its own ``fsync`` at the disk boundary."""
+        if self._loop_fsync is not None and self.fsync is fsync_path:
+            await self._loop_fsync.fsync(self._db_path + "-wal", fallback=self._db_path)
+            self.native_syncs += 1
+        else:
+            await asyncio.to_thread(self.sync_wal)
+
     def sync_wal(self) -> None:
-        """Make the groups committed so far durable (``syncs_wal`` only; on a thread, after
-        ``try_commit`` returned True and before any of the group's requests is answered)."""
+        """``make_durable``'s work on a Python thread."""
         try:
             self.fsync(self._db_path + "-wal")
         except FileNotFoundError:
@@ -155,4 +171,6 @@ class InlineSqliteCommitter:
             self.fsync(self._db_path)
 
     def close(self) -> None:
+        if self._loop_fsync is not None:
+            self._loop_fsync.close()
         self.engine.dispose()

@@ -416,7 +416,7 @@ class IngestService:
         try:
             if self.inline is not None and self.inline.try_commit(group, self._phase_retention):
                 if self.inline.syncs_wal:  # FULL: the WAL's fsync, off the loop (inline.py)
-                    await asyncio.to_thread(self.inline.sync_wal)
+                    await self.inline.make_durable()
                 self.metrics.ingest_commits.labels(path="inline").inc()
             else:
                 await asyncio.to_thread(self._write_and_publish, group, batches)

@@ -91,3 +91,19 @@ def test_a_failed_fsync_is_not_acknowledged_and_the_group_is_committed_again(
     assert _high_seq(sqlite_api) == 3
     again = sqlite_api.client.post("/api/v1/ingest", json=batch("node-a", 3, n=4), headers=auth(token))
     assert again.json() == {"accepted": 0, "duplicate": True}
+
+
+def test_the_real_fsync_runs_on_a_native_thread_and_the_batch_is_durable_when_answered(
+    sqlite_api: Api, sqlite_url: str
+) -> None:
+    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    assert inline.fsync is fsync_path  # nothing injected: the production path
+    token = sqlite_api.node_token("node-a")
+    for seq in range(3):
+        r = sqlite_api.client.post(
+            "/api/v1/ingest", json=batch("node-a", seq, n=4), headers=auth(token)
+        )
+        assert r.json() == {"accepted": 4, "duplicate": False}
+        assert _high_seq(sqlite_api) == seq
+    assert inline.native_syncs >= 3  # one per group, each group answered after its own
+    assert inline.native_syncs == inline.inline_commits

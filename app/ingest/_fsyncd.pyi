@@ -1,0 +1,3 @@
+# The native module built from _fsyncd.c (absent where it could not be built: see loop_fsync).
+
+def start(path: str, fallback: str | None, report_fd: int, tag: int, /) -> None: ...
