@@ -66,6 +66,7 @@ from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeader
 from app.goodput.queries import metrics_source as goodput_metrics_source
 from app.incidents.queries import open_incident_counts_source
 from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.loop_commit import LoopPostgresCommitter, supports_loop_commits
 from app.ingest.pipeline import IngestService
 from app.ingest.redis_dedupe import RedisDedupe
 from app.ingest.rollups import RollupWriter
@@ -167,6 +168,7 @@ def _build_state(app: FastAPI, settings: Settings) -> None:
         # Phase history is kept as long as the rollups it is drawn beside.
         phase_retention_days=settings.series.rollup_retention_days,
         inline=_inline_committer(settings),
+        loop_commits=_loop_committer(settings),
     )
     state.rollups = RollupWriter(
         engine=engine, store=store, settings=settings.series, metrics=metrics
@@ -248,6 +250,17 @@ def _inline_committer(settings: Settings) -> InlineSqliteCommitter | None:
         sqlite_synchronous=settings.sqlite_synchronous,
         max_ms=settings.ingest.inline_commit_max_ms,
     )
+
+
+def _loop_committer(settings: Settings) -> LoopPostgresCommitter | None:
+    """PostgreSQL ingest commits awaited on the event loop (app.ingest.loop_commit)."""
+    if (
+        not settings.ingest.postgres_commits_on_loop
+        or not supports_loop_commits(settings.db_url)
+        or settings.series.shared_window  # its commits also publish to Redis: on the thread
+    ):
+        return None
+    return LoopPostgresCommitter(settings.db_url)
 
 
 def _window_backend(settings: Settings) -> tuple[SeriesBackend, RedisDedupe | None]:

@@ -158,7 +158,7 @@ def server_metrics(port: int) -> dict[str, float]:
         for s in fam.samples:
             if not s.labels:
                 out[s.name] = s.value
-            elif set(s.labels) == {"path"}:  # rlguard_ingest_commits_total{path=inline|thread}
+            elif set(s.labels) == {"path"}:  # rlguard_ingest_commits_total{path=inline|loop|thread}
                 out[f"{s.name}_{s.labels['path']}"] = s.value
     return out
 
@@ -338,8 +338,10 @@ def measure(url: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float
             print(
                 f"group commits: {n:.0f}, mean {commit['rlguard_ingest_commit_duration_seconds_sum'] / n * 1000:.2f} ms, "
                 f"mean {commit['rlguard_ingest_commit_group_batches_sum'] / n:.2f} batches per commit; "
-                f"{commit.get('rlguard_ingest_commits_total_inline', 0):.0f} committed on the event "
-                f"loop, {commit.get('rlguard_ingest_commits_total_thread', 0):.0f} on a thread"
+                f"{commit.get('rlguard_ingest_commits_total_inline', 0):.0f} committed inline on "
+                f"the event loop (SQLite), {commit.get('rlguard_ingest_commits_total_loop', 0):.0f} "
+                f"awaited on it (PostgreSQL), "
+                f"{commit.get('rlguard_ingest_commits_total_thread', 0):.0f} on a thread"
             )
         ratio = summary["ingest"][0] / summary["baseline"][0]
         want_ratio, want_p99 = TARGETS.get(backend, (1.0, None))

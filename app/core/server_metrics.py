@@ -47,7 +47,8 @@ class ServerMetrics:
         )
         self.ingest_commits = Counter(
             "rlguard_ingest_commits",
-            "Ingest group commits by where they ran: inline (event loop, SQLite) or thread",
+            "Ingest group commits by where they ran: inline (event loop, SQLite), loop (event loop, "
+            "PostgreSQL asyncio connection) or thread",
             ["path"],
             registry=registry,
         )

@@ -130,16 +130,24 @@ _STATEMENTS: dict[str, _Statements] = {}
 def write_ingest_group(
     engine: Engine, group: IngestGroup, *, phase_retention: PhaseRetention | None = None
 ) -> None:
-    dialect = engine.dialect.name
+    with engine.begin() as conn:
+        write_ingest_group_in(conn, group, phase_retention=phase_retention)
+
+
+def write_ingest_group_in(
+    conn: Connection, group: IngestGroup, *, phase_retention: PhaseRetention | None = None
+) -> None:
+    """``write_ingest_group`` inside the caller's transaction (the loop committer's, which
+    runs it on an asyncio connection: ``app.ingest.loop_commit``)."""
+    dialect = conn.dialect.name
     st = _STATEMENTS.get(dialect)
     if st is None:
         st = _STATEMENTS[dialect] = _Statements(dialect)
     now = utcnow()
-    with engine.begin() as conn:
-        _write(conn, st, group, now)
-        if phase_retention is not None:
-            if phase_retention.prune_if_due(conn, now=now) is not None:
-                prune_step_progress(conn, before=now - phase_retention.retention)
+    _write(conn, st, group, now)
+    if phase_retention is not None:
+        if phase_retention.prune_if_due(conn, now=now) is not None:
+            prune_step_progress(conn, before=now - phase_retention.retention)
 
 
 _PART_NOTE = "rlguard ingest part: "

@@ -68,6 +68,7 @@ from app.ingest.committer import (
 )
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.loop_commit import LoopPostgresCommitter
 from app.ingest.persist import IngestGroup, load_cursors, write_ingest_group
 from app.ingest.phases import PhaseRetention, PhaseTracker, load_tracker
 from app.ingest.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
@@ -124,12 +125,17 @@ class IngestService:
         dedupe: RedisDedupe | None = None,
         phase_retention_days: float = 30.0,
         inline: InlineSqliteCommitter | None = None,
+        loop_commits: LoopPostgresCommitter | None = None,
     ) -> None:
         self.engine = engine
         # SQLite: commit on the loop when it is safe and fast (app.ingest.inline).
         if inline is not None and backend is not None and backend.shared:
             raise ValueError("a shared window publishes every commit to Redis: never inline")
         self.inline = inline
+        # PostgreSQL: commit through an asyncio connection (app.ingest.loop_commit).
+        if loop_commits is not None and (inline is not None or (backend and backend.shared)):
+            raise ValueError("loop commits are for PostgreSQL without the shared window")
+        self.loop_commits = loop_commits
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
         self.dedupe = dedupe
         self.store = store
@@ -208,6 +214,8 @@ class IngestService:
             self._task = None
         if self.inline is not None:
             self.inline.close()
+        if self.loop_commits is not None:
+            await self.loop_commits.close()
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -418,6 +426,9 @@ class IngestService:
                 if self.inline.syncs_wal:  # FULL: the WAL's fsync, off the loop (inline.py)
                     await self.inline.make_durable()
                 self.metrics.ingest_commits.labels(path="inline").inc()
+            elif self.loop_commits is not None:
+                await self.loop_commits.commit(group, self._phase_retention)
+                self.metrics.ingest_commits.labels(path="loop").inc()
             else:
                 await asyncio.to_thread(self._write_and_publish, group, batches)
                 self.metrics.ingest_commits.labels(path="thread").inc()
