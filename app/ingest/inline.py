@@ -32,6 +32,15 @@ the group until the fsync returns, and after it, durably. A group whose fsync fa
 whole (an OSError is transient for the committer; the group's writes are idempotent upserts).
 Readers may see the group a few milliseconds before it is durable, as they may see the series
 store before either.
+
+Checkpoints stay off the loop too. SQLite's automatic checkpoint runs inside the commit that
+takes the WAL past 1000 pages, with an fsync of the WAL and one of the database file: measured
+here, 9 in 6000 inline commits took 2.9-3.9 ms instead of 0.13 ms, and on a slow disk each such
+commit would stall the loop for its two fsyncs. The inline connection has
+``wal_autocheckpoint=0``; every ``CHECKPOINT_EVERY_COMMITS`` inline commits the committer starts a
+passive checkpoint on a thread, on a connection of its own (``maybe_checkpoint``), so the WAL
+stays bounded as before. Other connections (the thread path, the API, the workers) keep SQLite's
+automatic checkpoints.
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
@@ -52,6 +63,10 @@ from app.ingest.phases import PhaseRetention
 
 log = logging.getLogger("rlguard.ingest")
 
+
+# Inline commits between two background checkpoints. A group writes a few pages (cursor and
+# node rows), so this is about SQLite's own automatic interval of 1000 pages.
+CHECKPOINT_EVERY_COMMITS = 250
 
 # Weight of the newest commit in the moving average: a single commit more than 5x over the
 # limit trips it, five in a row 1.5x over do too, one 2x blip among fast commits does not.
@@ -65,6 +80,10 @@ def fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _no_automatic_checkpoints(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
 
 
 def _is_lock_conflict(exc: OperationalError) -> bool:
@@ -104,6 +123,12 @@ class InlineSqliteCommitter:
             pool_size=1,
             max_overflow=0,
         )
+        sa.event.listen(self.engine, "connect", _no_automatic_checkpoints)
+        # The background checkpoints' connection (a thread's; see the module docstring).
+        self._checkpoint_engine: Engine = make_engine(url, pool_size=1, max_overflow=0)
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._commits_since_checkpoint = 0
+        self.checkpoints = 0
         self.max_s = max_ms / 1000.0
         self.cooldown_s = cooldown_s
         self._clock = clock
@@ -135,6 +160,7 @@ class InlineSqliteCommitter:
             return False  # rolled back by write_ingest_group's transaction
         elapsed = self._timer() - started
         self.inline_commits += 1
+        self._commits_since_checkpoint += 1
         if self.inline_commits == 1:
             return True  # compiled this engine's statements (tens of ms): not a slow disk
         self._avg_s = (1 - _WEIGHT) * self._avg_s + _WEIGHT * elapsed
@@ -170,7 +196,36 @@ class InlineSqliteCommitter:
             # database file (syncing both) and removed it.
             self.fsync(self._db_path)
 
+    def maybe_checkpoint(self) -> None:
+        """Start a background checkpoint when one is due and none is running (on the loop,
+        after a group is durable)."""
+        if self._commits_since_checkpoint < CHECKPOINT_EVERY_COMMITS:
+            return
+        if self._checkpointing is not None and not self._checkpointing.done():
+            return
+        self._commits_since_checkpoint = 0
+        self._checkpointing = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self._checkpoint), name="sqlite-wal-checkpoint"
+        )
+
+    def _checkpoint(self) -> None:
+        # PASSIVE: copies what no reader still needs and never waits for readers or writers;
+        # what it leaves, the next one copies.
+        try:
+            with self._checkpoint_engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").all()
+        except Exception:  # a busy or failing disk: ingest goes on, the next one retries
+            log.warning("background WAL checkpoint failed", exc_info=True)
+            return
+        self.checkpoints += 1
+
+    async def checkpoint_finished(self) -> None:
+        """Returns once no background checkpoint is running (call it before ``close``)."""
+        if self._checkpointing is not None:
+            await self._checkpointing
+
     def close(self) -> None:
         if self._loop_fsync is not None:
             self._loop_fsync.close()
         self.engine.dispose()
+        self._checkpoint_engine.dispose()

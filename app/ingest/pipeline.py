@@ -213,6 +213,7 @@ class IngestService:
                 self._task.cancel()
             self._task = None
         if self.inline is not None:
+            await self.inline.checkpoint_finished()
             self.inline.close()
         if self.loop_commits is not None:
             await self.loop_commits.close()
@@ -425,6 +426,7 @@ class IngestService:
             if self.inline is not None and self.inline.try_commit(group, self._phase_retention):
                 if self.inline.syncs_wal:  # FULL: the WAL's fsync, off the loop (inline.py)
                     await self.inline.make_durable()
+                self.inline.maybe_checkpoint()  # on a thread, never in a commit on the loop
                 self.metrics.ingest_commits.labels(path="inline").inc()
             elif self.loop_commits is not None:
                 await self.loop_commits.commit(group, self._phase_retention)

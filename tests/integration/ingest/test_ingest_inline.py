@@ -3,10 +3,12 @@ free, never waiting on a lock on the loop, paused after a slow commit, never for
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -14,11 +16,12 @@ from pydantic import ValidationError
 
 from app.core import migrate
 from app.core.config import Settings
+from app.ingest import inline as inline_module
 from app.ingest.inline import InlineSqliteCommitter
-from app.ingest.persist import IngestGroup
+from app.ingest.persist import IngestGroup, NodeSeen
 from app.main import _inline_committer
-from app.models import IngestCursor
-from tests.harness import Api, auth, batch
+from app.models import IngestCursor, utcnow
+from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -141,3 +144,62 @@ def test_one_slow_commit_among_fast_ones_does_not_pause_inline(sqlite_url: str) 
         assert committer.inline_commits == first_refused
     finally:
         committer.close()
+
+
+def _wal_frames(sqlite_url: str) -> int:
+    """Frames in the WAL now (from a connection of our own, which also copies what it can)."""
+    conn = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    try:
+        _busy, log, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        return int(log)
+    finally:
+        conn.close()
+
+
+def test_inline_commits_never_checkpoint_on_the_loop_and_the_background_one_does(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrate.upgrade(sqlite_url)
+    wal = Path(sqlite_url.removeprefix("sqlite:///") + "-wal")
+    committer = InlineSqliteCommitter(sqlite_url, sqlite_synchronous="FULL", max_ms=200)
+    monkeypatch.setattr(inline_module, "CHECKPOINT_EVERY_COMMITS", 10_000)
+    group = IngestGroup()
+
+    def commit(seq: int) -> None:
+        group.nodes = {f"node-{seq % 50}": NodeSeen("agent-1", utcnow(), None)}
+        group.cursors = {(f"node-{seq % 50}", "agent-1"): (seq, 1)}
+        assert committer.try_commit(group, None)
+
+    try:
+        with committer.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar_one() == 0
+        for seq in range(1500):
+            commit(seq)
+        # SQLite's automatic checkpoint (after 1000 pages) would have let the WAL start over:
+        # it would have stayed near 1000 pages. Every inline commit's frames are still in it.
+        assert wal.stat().st_size > 1500 * 4096
+
+        async def checkpoint_in_the_background() -> None:
+            monkeypatch.setattr(inline_module, "CHECKPOINT_EVERY_COMMITS", 1500)
+            committer.maybe_checkpoint()  # due: 1500 commits since the last one
+            committer.maybe_checkpoint()  # one at a time: not started again
+            await committer.checkpoint_finished()
+
+        asyncio.run(checkpoint_in_the_background())
+        assert committer.checkpoints == 1
+        commit(1500)  # everything was copied: this commit starts the WAL over
+        assert _wal_frames(sqlite_url) < 20
+    finally:
+        committer.close()
+
+
+def test_the_server_checkpoints_in_the_background_as_it_commits(
+    sqlite_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inline_module, "CHECKPOINT_EVERY_COMMITS", 2)
+    token = sqlite_api.node_token("node-a")
+    for seq in range(5):
+        assert _post(sqlite_api, token, "node-a", seq).status_code == 200
+    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    wait_for(lambda: inline.checkpoints >= 2, timeout=20, what="two background checkpoints")
+    assert _cursors(sqlite_api) == [("node-a", 4)]
