@@ -112,8 +112,9 @@ class InlineSqliteCommitter:
         self.syncs_wal = sqlite_synchronous.upper() == "FULL" and db_path not in ("", ":memory:")
         self._db_path = db_path
         self.fsync = fsync  # the disk boundary (injectable for tests)
-        # The real fsync runs natively where the module is built (see make_durable).
-        self._loop_fsync = LoopFsync() if self.syncs_wal and native_fsync_available() else None
+        # The real fsync runs natively where the module is built (see make_durable); made at the
+        # first fsync, so that a server never started holds no socket for it.
+        self._loop_fsync: LoopFsync | None = None
         self.native_syncs = 0
         # One connection, used only from the event loop thread.
         self.engine: Engine = make_engine(
@@ -181,7 +182,9 @@ class InlineSqliteCommitter:
         returned True and before any of the group's requests is answered), without blocking
         the loop: on a native thread (``app.ingest.loop_fsync``), or on a Python thread where
         that module is not built or a test has put its own ``fsync`` at the disk boundary."""
-        if self._loop_fsync is not None and self.fsync is fsync_path:
+        if self.fsync is fsync_path and native_fsync_available():
+            if self._loop_fsync is None:
+                self._loop_fsync = LoopFsync()
             await self._loop_fsync.fsync(self._db_path + "-wal", fallback=self._db_path)
             self.native_syncs += 1
         else:
