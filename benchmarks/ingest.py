@@ -163,6 +163,16 @@ def server_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def forget_baseline(port: int) -> None:
+    """Empty the baseline's sink: the next rounds must not carry its heap (bench.py)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", "/bench/forget-baseline")
+    status = conn.getresponse().status
+    conn.close()
+    if status != 204:
+        raise SystemExit(f"/bench/forget-baseline answered {status}")
+
+
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -310,6 +320,7 @@ def measure(url: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float
             results["baseline"].append(
                 run_phase(port, "/bench/baseline-ingest", tokens, args.seconds, [0] * args.clients)
             )
+            forget_baseline(port)
             r = run_phase(port, "/api/v1/ingest", tokens, args.seconds, seqs)
             seqs = r["next_seqs"]
             results["ingest"].append(r)

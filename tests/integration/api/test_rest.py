@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 from sqlmodel import Session, select
@@ -176,3 +177,15 @@ def test_openapi_documents_the_ingest_body(api: Api) -> None:
     sample = spec["components"]["schemas"]["Sample"]
     assert sample["properties"]["name"]["pattern"] == "^[a-zA-Z_:][a-zA-Z0-9_:]*$"
     assert "/bench/baseline-ingest" not in paths
+
+
+def test_bench_endpoints_exist_only_where_turned_on(
+    migrated_url: str, make_api: Callable[..., Api]
+) -> None:
+    plain = make_api(migrated_url)
+    for path in ("/bench/baseline-ingest", "/bench/forget-baseline"):
+        assert plain.client.post(path, content=b"{}").status_code == 404, path
+    bench = make_api(migrated_url, bench_endpoints=True)
+    body = b'{"samples": [{"name": "x"}]}'
+    assert bench.client.post("/bench/baseline-ingest", content=body).json()["accepted"] == 1
+    assert bench.client.post("/bench/forget-baseline").status_code == 204
