@@ -142,7 +142,8 @@ class IngestLimits(BaseModel):
     # revocation from another process (the CLI) takes effect within this many seconds.
     token_cache_seconds: Annotated[float, Field(ge=0)] = 5.0
     # SQLite only: run a group commit on the event loop when it can take the write lock at once
-    # and commits stay under this many milliseconds (0 turns it off). Handing a commit to a
+    # and commits wait (on the disk: wall time less CPU time) under this many milliseconds on
+    # average (0 turns it off). Handing a commit to a
     # thread costs more than the commit itself while the loop is busy (GIL hand-offs; see
     # app/ingest/inline.py); a slow or locked commit falls back to the thread.
     inline_commit_max_ms: Annotated[float, Field(ge=0, le=200)] = 20.0

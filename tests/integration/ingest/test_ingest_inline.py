@@ -88,7 +88,12 @@ def test_a_slow_inline_commit_sends_commits_to_the_thread_for_the_cooldown(
     migrate.upgrade(sqlite_url)
     now = [1000.0]
     committer = InlineSqliteCommitter(
-        sqlite_url, sqlite_synchronous="FULL", max_ms=1e-6, cooldown_s=5.0, clock=lambda: now[0]
+        sqlite_url,
+        sqlite_synchronous="FULL",
+        max_ms=1e-6,
+        cooldown_s=5.0,
+        clock=lambda: now[0],
+        cpu_timer=lambda: 0.0,  # all of a commit's time counts as waiting on the disk
     )
     try:
         group = IngestGroup()
@@ -128,7 +133,11 @@ def test_one_slow_commit_among_fast_ones_does_not_pause_inline(sqlite_url: str) 
     durations = [0.001] * 5 + [0.09] + [0.001] * 3 + [0.06] * 20
     stamps = [t for k, d in enumerate(durations) for t in (10.0 * k, 10.0 * k + d)]
     committer = InlineSqliteCommitter(
-        sqlite_url, sqlite_synchronous="FULL", max_ms=50, timer=iter(stamps).__next__
+        sqlite_url,
+        sqlite_synchronous="FULL",
+        max_ms=50,
+        timer=iter(stamps).__next__,
+        cpu_timer=lambda: 0.0,  # the durations are all waiting
     )
     try:
         group = IngestGroup()
@@ -203,3 +212,27 @@ def test_the_server_checkpoints_in_the_background_as_it_commits(
     inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
     wait_for(lambda: inline.checkpoints >= 2, timeout=20, what="two background checkpoints")
     assert _cursors(sqlite_api) == [("node-a", 4)]
+
+
+def test_a_commit_slowed_by_its_own_cpu_work_does_not_pause_inline(sqlite_url: str) -> None:
+    """A garbage-collector pass inside a commit is CPU time, which the thread path would spend
+    as well: only the time a commit waits (its wall time less its CPU time) is judged."""
+    migrate.upgrade(sqlite_url)
+    wall = iter([0.0, 0.001, 10.0, 10.300, 20.0, 20.300]).__next__
+    cpu = iter([0.0, 0.0, 5.0, 5.299, 6.0, 6.001]).__next__
+    committer = InlineSqliteCommitter(
+        sqlite_url, sqlite_synchronous="FULL", max_ms=20, timer=wall, cpu_timer=cpu
+    )
+    try:
+        group = IngestGroup()
+        results = []
+        for seq in range(3):
+            group.cursors[("node-a", "agent-1")] = (seq, 1)
+            results.append(committer.try_commit(group, None))
+        # 1st: compiles the statements (not judged); 2nd: 300 ms, of which 299 ms CPU: not a
+        # slow disk; 3rd: 300 ms, of which 299 ms waiting: the average is over 20 ms ...
+        assert results == [True, True, True]
+        group.cursors[("node-a", "agent-1")] = (3, 1)
+        assert committer.try_commit(group, None) is False  # ... so the next goes to the thread
+    finally:
+        committer.close()
