@@ -27,10 +27,11 @@ commits with ``synchronous=NORMAL`` (in WAL mode: the commit appends its frames 
 without an fsync), and the group committer then fsyncs the WAL file (``make_durable``: on a
 native thread that reports on a socket, ``app.ingest.loop_fsync``; on a Python thread where that
 module is not built) before it answers any request of the group. The loop goes on parsing the
-next requests during the fsync, which also lets more batches join the next group. Acknowledged batches are exactly
-as durable as with FULL, which does the same fsync of the WAL inside the commit: a WAL frame is
-never overwritten before a checkpoint has copied it into the database file and synced that
-(NORMAL syncs the WAL before a checkpoint and the database after it), so the WAL file holds
+next requests during the fsync, which also lets more batches join the next group. Acknowledged
+batches are exactly as durable as with FULL, which does the same fsync of the WAL inside the
+commit: a WAL frame is never overwritten before a checkpoint has copied it into the database
+file and synced that (NORMAL syncs the WAL before a checkpoint and the database after it, and
+the background checkpoints below run with FULL), so the WAL file holds
 the group until the fsync returns, and after it, durably. A group whose fsync fails is retried
 whole (an OSError is transient for the committer; the group's writes are idempotent upserts).
 Readers may see the group a few milliseconds before it is durable, as they may see the series
