@@ -31,12 +31,16 @@ def _writer(
     directory: str, writer: int, threads: int, per_thread: int, out: multiprocessing.Queue
 ) -> None:  # type: ignore[type-arg]
     wal = WriteAheadLog(directory)
+    errors: list[str] = []  # a thread's exception, sent back: a forked child's stderr may be lost
 
     def run(thread: int) -> None:
-        for i in range(per_thread):
-            entry_id = f"p{writer}-t{thread}-{i}"
-            wal.append(entry_id, "generate")
-            wal.update_status(entry_id, "completed" if i % 2 else "executing")
+        try:
+            for i in range(per_thread):
+                entry_id = f"p{writer}-t{thread}-{i}"
+                wal.append(entry_id, "generate")
+                wal.update_status(entry_id, "completed" if i % 2 else "executing")
+        except BaseException as exc:
+            errors.append(f"writer {writer} thread {thread}: {type(exc).__name__}: {exc}")
 
     workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
     for worker in workers:
@@ -45,7 +49,7 @@ def _writer(
         worker.join()
     stats = wal.stats()
     wal.close()
-    out.put((stats.records, stats.fsyncs))
+    out.put((stats.records, stats.fsyncs, errors))
 
 
 def test_processes_and_threads_share_fsyncs(tmp_path: Path) -> None:
@@ -58,8 +62,11 @@ def test_processes_and_threads_share_fsyncs(tmp_path: Path) -> None:
     for proc in procs:
         proc.join(timeout=30)
         assert proc.exitcode == 0
-    records = sum(r for r, _ in results)
-    fsyncs = sum(f for _, f in results)
+    assert [e for _, _, errors in results for e in errors] == []
+    records = sum(r for r, _, _ in results)
+    fsyncs = sum(f for _, f, _ in results)
+    with WriteAheadLog(tmp_path) as wal:  # what the log holds, before the handles' own counts
+        assert len({e.entry_id for e in wal.entries()}) == 400
     assert records == 4 * 4 * 25 * 2
     # 16 concurrent appenders: one fsync must regularly cover several records
     assert fsyncs < records / 2, f"{fsyncs} fsyncs for {records} records"
