@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from app.ingest.persist import IngestGroup, write_ingest_group_in
@@ -54,16 +54,12 @@ class LoopPostgresCommitter:
 
     async def commit(self, group: IngestGroup, phase_retention: PhaseRetention | None) -> None:
         """Write ``group`` in one transaction; raises what the thread path would."""
-
-        def write(conn: Connection) -> None:
-            write_ingest_group_in(conn, group, phase_retention=phase_retention)
-
         conn = self._conn
         if conn is None:
             conn = self._conn = await self.engine.connect()
         try:
             async with conn.begin():
-                await conn.run_sync(write)
+                await conn.run_sync(write_ingest_group_in, group, phase_retention=phase_retention)
         except BaseException:
             # Lost, broken or refused: never reused (the retry, or the isolation on a thread,
             # starts from a fresh connection; a disconnect is not always recognised as one).
