@@ -18,7 +18,10 @@ for a bounded time, alternating rounds between:
   group commit.
 
 Prints samples/s and p50/p99 request latency for each and the ratio ingest/baseline, per
-backend. Targets (issue 24): SQLite ratio >= 1.0 and ingest p99 <= 25 ms at 4 clients;
+backend, and the server's CPU time per request (user + system, every thread, from
+``/proc/<pid>/stat``) with how busy it kept a core: when the server is busy 1.00 in both phases,
+the ratio is the inverse of the CPU-per-request ratio, and that figure swings less with other
+load on a shared machine than the throughput does. Targets (issue 24): SQLite ratio >= 1.0 and ingest p99 <= 25 ms at 4 clients;
 PostgreSQL (``--postgres``: a fresh database on that server, in the same run) ratio >= 0.7.
 
 With ``--redis-url``, a second server on the same database runs with the shared window
@@ -115,10 +118,22 @@ def client(
     queue.put((node, latencies, samples, errors, elapsed, seq))
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid``, every thread of it (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_phase(
-    port: int, path: str, tokens: list[tuple[str, str]], seconds: float, seqs: list[int]
+    port: int,
+    path: str,
+    tokens: list[tuple[str, str]],
+    seconds: float,
+    seqs: list[int],
+    server_pid: int | None = None,
 ) -> dict:
     queue: mp.Queue = mp.Queue()
+    cpu0 = process_cpu_seconds(server_pid) if server_pid else 0.0
     procs = [
         mp.Process(target=client, args=(port, path, tok, node, seconds, seqs[i], queue))
         for i, (node, tok) in enumerate(tokens)
@@ -126,6 +141,7 @@ def run_phase(
     for p in procs:
         p.start()
     results = [queue.get(timeout=seconds + 120) for _ in procs]
+    server_cpu = process_cpu_seconds(server_pid) - cpu0 if server_pid else float("nan")
     for p in procs:
         p.join(30)
     final_seq = {r[0]: r[5] for r in results}
@@ -142,6 +158,8 @@ def run_phase(
         "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else float("nan"),
         "latencies": lat,
         "next_seqs": next_seqs,
+        "server_cpu_s": server_cpu,
+        "elapsed_s": elapsed,
     }
 
 
@@ -318,15 +336,27 @@ def measure(url: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float
             results["ingest-redis"] = []
         for _ in range(args.rounds):
             results["baseline"].append(
-                run_phase(port, "/bench/baseline-ingest", tokens, args.seconds, [0] * args.clients)
+                run_phase(
+                    port,
+                    "/bench/baseline-ingest",
+                    tokens,
+                    args.seconds,
+                    [0] * args.clients,
+                    server.pid,
+                )
             )
             forget_baseline(port)
-            r = run_phase(port, "/api/v1/ingest", tokens, args.seconds, seqs)
+            r = run_phase(port, "/api/v1/ingest", tokens, args.seconds, seqs, server.pid)
             seqs = r["next_seqs"]
             results["ingest"].append(r)
             if shared is not None:
                 r = run_phase(
-                    shared_port, "/api/v1/ingest", shared_tokens, args.seconds, shared_seqs
+                    shared_port,
+                    "/api/v1/ingest",
+                    shared_tokens,
+                    args.seconds,
+                    shared_seqs,
+                    shared.pid,
                 )
                 shared_seqs = r["next_seqs"]
                 results["ingest-redis"].append(r)
@@ -339,9 +369,13 @@ def measure(url: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float
             errors = sum(r["errors"] for r in rs)
             reqs = sum(r["requests"] for r in rs)
             summary[name] = (sps, p99)
+            cpu = sum(r["server_cpu_s"] for r in rs)
+            busy = cpu / sum(r["elapsed_s"] for r in rs)
             print(
                 f"{name:12s} {sps:12,.0f} samples/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
-                f"({reqs} requests, {errors} errors)"
+                f"({reqs} requests, {errors} errors)\n"
+                f"{'':12s} server CPU {cpu / reqs * 1e6:6.0f} us per request, "
+                f"busy {busy:.2f} of a core"
             )
         commit = server_metrics(port)
         if commit.get("rlguard_ingest_commit_duration_seconds_count"):

@@ -25,4 +25,12 @@ def test_ingest_benchmark_smoke() -> None:
         m = re.search(rf"^{name}\s+([\d,]+) samples/s .* \((\d+) requests, 0 errors\)$", out, re.M)
         assert m, out
         assert int(m.group(2)) > 0
+        # the next line: the server's own CPU time per request (read from /proc), and how busy
+        cpu = re.search(
+            rf"^{name}\s.*\n\s+server CPU\s+(\d+) us per request, busy (\d+\.\d\d) of a core$",
+            out,
+            re.M,
+        )
+        assert cpu, out
+        assert int(cpu.group(1)) > 0
     assert re.search(r"^ratio ingest/baseline = \d+\.\d\d", out, re.M), out
