@@ -237,29 +237,44 @@ class WeightManifest:
 def prepare_tensors(
     tensors: Mapping[str, torch.Tensor], *, noncontiguous: NonContiguousPolicy = "copy"
 ) -> dict[str, torch.Tensor]:
-    """Validate tensors for sending: CPU, supported dtype, contiguous (copied or refused)."""
+    """Validate tensors for sending: supported dtype, contiguous (copied or refused), on the CPU.
+
+    A CUDA tensor (a trainer's weights where they live) is copied into pinned host memory, all of
+    them queued asynchronously and waited for once: the set sent is the weights as they were at
+    this call, and the trainer may go on updating its GPU copy. Other devices are refused.
+    """
     if noncontiguous not in ("copy", "refuse"):
         raise TransferConfigError(
             f"noncontiguous must be 'copy' or 'refuse', not {noncontiguous!r}"
         )
     ready: dict[str, torch.Tensor] = {}
+    staged_from_cuda = False
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not name:
             raise TransferConfigError(f"tensor names must be non-empty strings, got {name!r}")
         if not isinstance(tensor, torch.Tensor):
             raise TransferConfigError(f"{name!r} is a {type(tensor).__name__}, not a tensor")
         dtype_name(tensor.dtype)
-        if tensor.device.type != "cpu":
-            raise TransferConfigError(f"tensor {name!r} is on {tensor.device}; stage it on the CPU")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise TransferConfigError(
+                f"tensor {name!r} is on {tensor.device}; only CPU and CUDA tensors can be sent"
+            )
         if not tensor.is_contiguous():
             if noncontiguous == "refuse":
                 raise NonContiguousTensorError(
                     f"tensor {name!r} (shape {list(tensor.shape)}, stride {list(tensor.stride())})"
                     " is not contiguous and the policy is to refuse"
                 )
-            # Raw memory of a strided view is not the tensor's logical content: copy it.
-            tensor = tensor.contiguous()
+            if tensor.device.type == "cpu":
+                # Raw memory of a strided view is not the tensor's logical content: copy it.
+                tensor = tensor.contiguous()
+        if tensor.device.type == "cuda":
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)  # also makes a strided view contiguous
+            tensor, staged_from_cuda = host, True
         ready[name] = tensor
+    if staged_from_cuda:
+        torch.cuda.synchronize()
     return ready
 
 

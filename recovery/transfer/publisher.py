@@ -92,7 +92,9 @@ class WeightPublisher:
         self._closed = threading.Event()
 
     def publish(self, version: int, tensors: Mapping[str, torch.Tensor], *, min_replicas: int = 1) -> Publication:
-        """Start serving ``tensors`` as ``version``; the caller must not modify them until retired.
+        """Start serving ``tensors`` as ``version``; the caller must not modify CPU tensors until
+        retired (they are served from where they are). CUDA tensors are copied to pinned host
+        memory here, so the trainer may update its GPU weights as soon as this returns.
 
         Non-contiguous tensors are copied or refused according to ``noncontiguous``.
         """

@@ -122,6 +122,9 @@ def test_prepare_rejects_unsupported_dtype_non_tensor_and_bad_policy() -> None:
         prepare_tensors({"x": [1, 2]})  # type: ignore[dict-item]
     with pytest.raises(TransferConfigError, match="noncontiguous"):
         prepare_tensors({}, noncontiguous="ignore")  # type: ignore[arg-type]
+    # CUDA tensors are staged (tests/on_gpu); a device with no host copy path is named.
+    with pytest.raises(TransferConfigError, match="'m' is on meta; only CPU and CUDA"):
+        prepare_tensors({"m": torch.empty(4, device="meta")})
 
 
 def test_check_fits_names_the_mismatched_tensor() -> None:
