@@ -235,7 +235,11 @@ def fresh_process_seconds(kind: str, path: Path) -> float:
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        # The repo first, then whatever the caller's PYTHONPATH already held (where the
+        # dependencies may live, as on a machine without the project's virtualenv).
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p
+        )},
     )
     return float(out.stdout.strip().splitlines()[-1])
 

@@ -133,11 +133,14 @@ def checkpoint_figures(size_mb: int, repeat: int, scratch: Path) -> None:
         assert torch.equal(loaded["model"]["layer0.weight"], reference)
         return elapsed
 
-    ratios = []
+    ratios, bases, ours_all = [], [], []
     for _ in range(repeat):
         base, ours = torch_load(), engine_load()
         ratios.append(base / ours)
-    print(f"  restore to GPU: torch.load / (latest()+load()) min {min(ratios):.2f}x"
+        bases.append(base)
+        ours_all.append(ours)
+    print(f"  restore to GPU: torch.load median {statistics.median(bases):.3f} s, latest()+load()"
+          f" median {statistics.median(ours_all):.3f} s; ratio min {min(ratios):.2f}x"
           f"  median {statistics.median(ratios):.2f}x  max {max(ratios):.2f}x  (target >= 1.0x)")
 
 
@@ -177,17 +180,22 @@ def transfer_figures(size_mb: int, repeat: int) -> None:
         publisher = WeightPublisher("bench", transport=transport, registry=registry)
         receiver = WeightReceiver("bench", specs, transport=transport, registry=registry, timeout=60)
         version = [0]
+        stages: dict[str, list[float]] = {"publish": [], "pull": [], "to GPU": []}
 
         def one(publisher: WeightPublisher = publisher, receiver: WeightReceiver = receiver,
-                version: list[int] = version) -> float:
+                version: list[int] = version, stages: dict[str, list[float]] = stages) -> float:
             version[0] += 1
             t0 = time.perf_counter()
             publication = publisher.publish(version[0], weights)
+            t1 = time.perf_counter()
             receiver.pull(version[0], timeout=600)
+            t2 = time.perf_counter()
             for k, v in receiver.live_tensors.items():
                 back[k].copy_(v, non_blocking=False)
             torch.cuda.synchronize()
             elapsed = time.perf_counter() - t0
+            for stage, seconds in zip(stages, (t1 - t0, t2 - t1, elapsed - (t2 - t0)), strict=True):
+                stages[stage].append(seconds)
             publication.wait_committed(timeout=60)
             if version[0] > 2:
                 publisher.retire(version[0] - 2)
@@ -202,6 +210,9 @@ def transfer_figures(size_mb: int, repeat: int) -> None:
             publisher.close()
         print(f"  {kind}: publish + pull + H2D min {ours[0]:.3f} s  median {ours[1]:.3f} s"
               f"  ({nbytes / ours[1] / 1e9:.2f} GB/s; bare copies / ours {floor[1] / ours[1]:.2f}x)")
+        print(f"  {kind}: medians per stage: " + ", ".join(
+            f"{stage} {statistics.median(seconds[1:]):.3f} s" for stage, seconds in stages.items()
+        ) + " (publish = stage to pinned memory + checksum every chunk)")
 
 
 def main() -> None:

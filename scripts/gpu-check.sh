@@ -41,11 +41,13 @@ PY
 step tests 150 "$py" -m pytest -p no:cacheprovider --confcutdir=tests/on_gpu tests/on_gpu -v -s
 # The agent on the real GPU for a few rounds, its batches recorded (the server is absent: the
 # agent spools, which is what it does when the server is down).
+scratch="$(mktemp -d)"
+mkdir -p "$scratch/run"
 timeout --signal=TERM 8 "$py" -m agents --node gpu-check --server http://127.0.0.1:9 --interval 1 \
-    --spool-dir "$out/.spool" --record "$out/agent-batches.jsonl" --log-level WARNING \
-    > "$out/agent.log" 2>&1
+    --run-dir "$scratch/run" --spool-dir "$scratch/spool" --record "$out/agent-batches.jsonl" \
+    --log-level WARNING > "$out/agent.log" 2>&1
 echo "== agent: $(wc -l < "$out/agent-batches.jsonl" 2>/dev/null || echo 0) batches recorded"
-rm -rf "$out/.spool"
+rm -rf "$scratch"
 step bench-gpu 120 "$py" benchmarks/gpu.py --size-mb 1024 --transfer-mb 1024
 step bench-transfer 150 "$py" benchmarks/transfer.py --parts tcp,shm,ucx --repeat 5
 step bench-checkpoint 100 "$py" benchmarks/checkpoint.py --restore-only --repeat 3

@@ -9,6 +9,8 @@ live values from a real GPU and that the fake answers every call the way the rea
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -186,11 +188,23 @@ def test_the_fake_answers_every_call_as_the_real_library_does() -> None:
         pynvml.nvmlShutdown()
 
 
+def test_before_init_both_raise_uninitialized() -> None:
+    # In a fresh process: NVML counts initialisations library-wide, and torch's CUDA runtime
+    # initialises it in this one without shutting it down.
+    probe = (
+        "import pynvml\n"
+        "try:\n    pynvml.nvmlDeviceGetCount()\nexcept pynvml.NVMLError as exc:\n"
+        "    print(type(exc).__name__)\nelse:\n    print('no error')\n"
+    )
+    real = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert real.stdout.strip() == "NVMLError_Uninitialized", real.stdout + real.stderr
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        FakeNVML(1).nvmlDeviceGetCount()
+
+
 def test_the_fake_raises_what_the_real_library_raises() -> None:
     fake = FakeNVML(1)
     for nvml in (pynvml, fake):
-        with pytest.raises(pynvml.NVMLError_Uninitialized):
-            nvml.nvmlDeviceGetCount()
         nvml.nvmlInit()
         try:
             count = nvml.nvmlDeviceGetCount()
