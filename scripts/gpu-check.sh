@@ -28,7 +28,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $out/NAM
     [ "$rc" -eq 0 ] || status=1
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,temperature.gpu,power.draw --format=csv \
-    | tee "$out/nvidia-smi.log" || { echo "gpu-check: nvidia-smi failed: no NVIDIA GPU here" >&2; exit 2; }
+    || { echo "gpu-check: nvidia-smi failed: no NVIDIA GPU here" >&2; exit 2; }
 "$py" - <<'PY' || exit 2
 import sys, torch
 if not torch.cuda.is_available():
@@ -37,18 +37,32 @@ print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get
 PY
 # The native copy+CRC loop of the transfer path, built where it is not yet (optional: a Python
 # fallback is used where it cannot be).
-"$py" setup.py -q build_ext --inplace > "$out/build_ext.log" 2>&1 || echo "gpu-check: native modules not built (see build_ext.log)"
+"$py" setup.py -q build_ext --inplace > "$out/build_ext.log" 2>&1 || cat "$out/build_ext.log"
+rm -f "$out/build_ext.log"
+"$py" -c 'from recovery.transfer.copy_digest import NATIVE_CRC32C as n; print("native copy+crc32c:", n is not None)'
+
 step tests 150 "$py" -m pytest -p no:cacheprovider --confcutdir=tests/on_gpu tests/on_gpu -v -s
 # The agent on the real GPU for a few rounds, its batches recorded (the server is absent: the
 # agent spools, which is what it does when the server is down).
 scratch="$(mktemp -d)"
 mkdir -p "$scratch/run"
-timeout --signal=TERM 8 "$py" -m agents --node gpu-check --server http://127.0.0.1:9 --interval 1 \
-    --run-dir "$scratch/run" --spool-dir "$scratch/spool" --record "$out/agent-batches.jsonl" \
-    --log-level WARNING > "$out/agent.log" 2>&1
-echo "== agent: $(wc -l < "$out/agent-batches.jsonl" 2>/dev/null || echo 0) batches recorded"
+timeout --signal=TERM 8 "$py" -m agents --node gpu-check --token gpu-check \
+    --server http://127.0.0.1:9 --interval 1 --run-dir "$scratch/run" --spool-dir "$scratch/spool" \
+    --record "$out/agent-batches.jsonl" --log-level ERROR > "$out/agent.log" 2>&1
 rm -rf "$scratch"
+# Every batch carries the real GPUs' samples (none simulated).
+"$py" - "$out/agent-batches.jsonl" <<'PY' || { echo "== agent: FAILED (see agent.log)"; status=1; }
+import json, sys
+batches = [json.loads(line) for line in open(sys.argv[1])]
+assert batches, "no batch recorded"
+for batch in batches:
+    gpus = {s["labels"]["gpu"] for s in batch["samples"] if "gpu" in s["labels"]}
+    assert gpus and not any("simulated" in s["labels"] for s in batch["samples"]), batch
+models = {s["labels"]["model"] for b in batches for s in b["samples"] if s["name"] == "gpu_info"}
+print(f"== agent: {len(batches)} batches of real GPU samples ({', '.join(sorted(models))})")
+PY
 step bench-gpu 120 "$py" benchmarks/gpu.py --size-mb 1024 --transfer-mb 1024
 step bench-transfer 150 "$py" benchmarks/transfer.py --parts tcp,shm,ucx --repeat 5
 step bench-checkpoint 100 "$py" benchmarks/checkpoint.py --restore-only --repeat 3
+step bench-ingest 120 "$py" benchmarks/ingest.py
 exit "$status"
