@@ -345,8 +345,10 @@ class CheckpointEngine(CheckpointReader, ClosesOnExit):
                 buf = self._ensure_buffer(layer_name, flattener.size)
                 _serialize.copy_into(buf, flattener.tensors, flattener.slots)
                 sizes[layer_name] = flattener.size
-            if any(t.is_cuda for f in flat.values() for t in f.tensors):
-                torch.cuda.synchronize()
+            # The device-to-host copies into pinned buffers were queued asynchronously, on the
+            # stream of each tensor's own GPU.
+            for device in {t.device for f in flat.values() for t in f.tensors if t.is_cuda}:
+                torch.cuda.synchronize(device)
             # Tensor indices in a skeleton count within its layer's file.
             manifest = {
                 "components": skeletons,

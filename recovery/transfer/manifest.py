@@ -248,7 +248,7 @@ def prepare_tensors(
             f"noncontiguous must be 'copy' or 'refuse', not {noncontiguous!r}"
         )
     ready: dict[str, torch.Tensor] = {}
-    staged_from_cuda = False
+    staged_from: set[torch.device] = set()
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not name:
             raise TransferConfigError(f"tensor names must be non-empty strings, got {name!r}")
@@ -271,10 +271,11 @@ def prepare_tensors(
         if tensor.device.type == "cuda":
             host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)  # also makes a strided view contiguous
-            tensor, staged_from_cuda = host, True
+            staged_from.add(tensor.device)
+            tensor = host
         ready[name] = tensor
-    if staged_from_cuda:
-        torch.cuda.synchronize()
+    for device in staged_from:  # each GPU's copies run on its own stream
+        torch.cuda.synchronize(device)
     return ready
 
 
