@@ -37,8 +37,7 @@ print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get
 PY
 # The native copy+CRC loop of the transfer path, built where it is not yet (optional: a Python
 # fallback is used where it cannot be).
-"$py" setup.py -q build_ext --inplace > "$out/build_ext.log" 2>&1 || cat "$out/build_ext.log"
-rm -f "$out/build_ext.log"
+build_log="$("$py" setup.py -q build_ext --inplace 2>&1)" || echo "$build_log"
 "$py" -c 'from recovery.transfer.copy_digest import NATIVE_CRC32C as n; print("native copy+crc32c:", n is not None)'
 
 step tests 150 "$py" -m pytest -p no:cacheprovider --confcutdir=tests/on_gpu tests/on_gpu -v -s

@@ -28,7 +28,7 @@ from agents.samples import Sample, make_sample
 log = logging.getLogger("rlguard.agent.nvml")
 
 # Errors that will not go away by asking again: treat the field as absent on this GPU.
-_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     pynvml.NVMLError_NotSupported,
     pynvml.NVMLError_NoPermission,
     pynvml.NVMLError_FunctionNotFound,
@@ -218,7 +218,7 @@ class NvmlCollector(GpuSource):
             self._nvml.nvmlDeviceRegisterEvents(
                 gpu.handle, pynvml.nvmlEventTypeXidCriticalError, event_set
             )
-        except _PERMANENT_ERRORS as exc:
+        except PERMANENT_ERRORS as exc:
             self._mark_unsupported(gpu, "xid_events", str(exc))
             return
         except pynvml.NVMLError as exc:
@@ -238,7 +238,7 @@ class NvmlCollector(GpuSource):
             value = fn(*args)
         except pynvml.NVMLError_GpuIsLost as exc:
             raise _GpuLost() from exc
-        except _PERMANENT_ERRORS as exc:
+        except PERMANENT_ERRORS as exc:
             self._mark_unsupported(gpu, key, str(exc))
             return None
         except pynvml.NVMLError as exc:
@@ -381,7 +381,7 @@ class NvmlCollector(GpuSource):
                 state = self._nvml.nvmlDeviceGetNvLinkState(gpu.handle, link)
             except pynvml.NVMLError_GpuIsLost as exc:
                 raise _GpuLost() from exc
-            except _PERMANENT_ERRORS as exc:
+            except PERMANENT_ERRORS as exc:
                 if link == 0:
                     self._mark_unsupported(gpu, "nvlink", str(exc))
                 break

@@ -10,6 +10,7 @@ import torch
 
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.checkpoint.version import VersionVector
+from tests.integration.transfer.weights import same_bits
 
 
 def cuda_state(seed: int) -> dict[str, Any]:
@@ -33,13 +34,6 @@ def cuda_state(seed: int) -> dict[str, Any]:
         "inference_weight_version": 3,
         "generation_config": {"temperature": 1.0},
     }
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = a.contiguous(), b.contiguous()
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
-    )
 
 
 def test_cuda_state_round_trips_through_pinned_buffers(tmp_path: Path) -> None:

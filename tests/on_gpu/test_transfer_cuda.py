@@ -17,6 +17,7 @@ from recovery.transfer import (
     WeightReceiver,
     make_transport,
 )
+from tests.integration.transfer.weights import same_bits
 
 NAME = "policy"
 
@@ -29,13 +30,6 @@ def gpu_weights(version: int) -> dict[str, torch.Tensor]:
         "mlp.down": torch.randn(1024, 4096, device="cuda", generator=g).t(),  # strided view
         "positions": torch.arange(1 << 20, device="cuda", dtype=torch.int64) * version,
     }
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = a.contiguous(), b.contiguous()
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
-    )
 
 
 @pytest.mark.parametrize("kind", ["tcp", "ucx"])
