@@ -2,7 +2,7 @@
 
     python -m agents --server URL --token TOKEN --node NODE --run-dir DIR [--interval S]
                      [--simulate-gpus N | --gpu-source dcgm-exporter [--dcgm-url URL]]
-                     [--engine vllm=URL[,role=R,rank=N,job=J] ...]
+                     [--engine vllm=URL[,role=R,rank=N,job=J,pid=P] ...]
                      [--spool-dir D] [--spool-max-bytes B] [--record FILE]
     python -m agents --node NODE [--spool-dir D] --status [--json]
 
@@ -205,10 +205,11 @@ def _add_source_options(p: argparse.ArgumentParser) -> None:
         type=_engine,
         action="append",
         default=[],
-        metavar="KIND=URL[,role=R,rank=N,job=J]",
-        help="an inference engine (vllm or sglang) serving this job's rollouts: probe its "
-        "/health and scrape its /metrics every round (repeatable; role defaults to rollout, "
-        "rank to 0)",
+        metavar="KIND=URL[,role=R,rank=N,job=J,pid=P]",
+        help="an inference engine (vllm, trl-vllm-serve or sglang) serving this job's rollouts: "
+        "probe its /health and scrape its /metrics every round, and when it runs on this node "
+        "watch its processes (its API server: pid=P, else the process listening on the URL's "
+        "port) (repeatable; role defaults to rollout, rank to 0)",
     )
     p.add_argument(
         "--ray",

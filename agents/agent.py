@@ -27,6 +27,7 @@ import httpx
 import orjson
 
 from agents.collectors.dcgm import DEFAULT_DCGM_URL, DcgmExporterCollector
+from agents.collectors.engine_discovery import AnnouncedEngines
 from agents.collectors.engines import EngineCollector, EngineSpec
 from agents.collectors.gpu_source import GpuSource
 from agents.collectors.job import JobCollector
@@ -131,11 +132,13 @@ class Agent:
         self.slurm = (
             SlurmNodeCollector(config.slurm_node, clock=clock) if config.slurm_node else None
         )
+        default_job = safe_job_name(config.run_dir.resolve().name)
         self.engines = EngineCollector(
             config.engines,
-            default_job=safe_job_name(config.run_dir.resolve().name),
+            default_job=default_job,
             timeout=config.scrape_timeout,
             clock=clock,
+            discover=AnnouncedEngines(config.run_dir, default_job),
         )
         self.ray: Any = None
         self.verl: Any = None

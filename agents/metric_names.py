@@ -57,6 +57,10 @@ TRAINER_SIGNALS: frozenset[str] = frozenset(
         "grpo_kl",
         "grpo_completion_length_mean",
         "grpo_completion_clipped_ratio",
+        # per rollout engine: |trainer logprob - engine logprob| of the tokens it sampled, over
+        # the last step (the reference job on vLLM engines: workload/engines/)
+        "rollout_logprob_diff_mean",
+        "rollout_logprob_diff_max",
     }
 )
 
@@ -73,6 +77,7 @@ JOB_METRICS: frozenset[str] = TRAINER_SIGNALS | frozenset(
         "train_step",
         "participant_heartbeat_age_seconds",
         "participant_progress_age_seconds",
+        "participant_pid",
         "job_state_transitions_total",
         "job_state_log_age_seconds",
         "job_safe_mode",
@@ -82,8 +87,20 @@ JOB_METRICS: frozenset[str] = TRAINER_SIGNALS | frozenset(
         "actor_shard_stale",
         "state_log_write_errors_total",
         "checkpoint_write_errors_total",
+        # every-step snapshots not persisted (TRL integration), and the last one's labels dir
+        # and error (value: the count it was last at)
+        "snapshot_persist_errors_total",
+        "snapshot_persist_last_error",
         "checkpoint_committed_step",
         "checkpoint_inference_version",
+        # why a process failed, from its own output (labels job, role, rank, cause, kind, line;
+        # value: the exit's time; recovery/supervision/exit_causes.yaml)
+        "participant_exit_cause",
+        # the job's own first-step hang budget (heartbeat API or rlguard launch
+        # --first-step-budget), and a rollout's failed or empty generations (counter)
+        "participant_first_step_budget_seconds",
+        "rollout_failed_samples_total",
+        "rollout_samples_total",
         # Inference engines scraped with --engine (labels job, role, rank, engine); the engine
         # also feeds rollout_pending_ratio/_count, rollout_scheduled_count and the token series.
         "rollout_engine_up",
@@ -91,6 +108,13 @@ JOB_METRICS: frozenset[str] = TRAINER_SIGNALS | frozenset(
         "rollout_engine_requests_waiting",
         "rollout_engine_kv_cache_usage_ratio",
         "rollout_engine_preemptions_total",
+        "rollout_engine_requests_finished_total",
+        "rollout_engine_requests_errored_total",
+        "rollout_engine_requests_aborted_total",
+        # the engine's process tree, when it runs on the agent's node: 0/1 per level (label
+        # process: api_server, engine_core, worker), and seconds since its API server started
+        "rollout_engine_process_dead",
+        "rollout_engine_uptime_seconds",
         # Ray actors (agent --ray; labels job, role, rank; ray_actor_dead also reason, Ray's
         # death cause) and nodes (label ray_node)
         "ray_actor_alive",

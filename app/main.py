@@ -31,12 +31,14 @@ from starlette.concurrency import run_in_threadpool
 from app.api.middleware import RequestMetricsMiddleware
 from app.api.routes import (
     alertmanager,
+    alertmanager_v2,
     alerts,
     approvals,
     automation,
     bench,
     breakers,
     docs,
+    drills,
     goodput,
     health,
     incidents,
@@ -56,18 +58,21 @@ from app.core.errors import ServiceError, TooManyRequests
 from app.core.forwarded import TrustedProxyMiddleware, parse_trusted_proxies
 from app.core.gc_tuning import freeze_startup_heap, thaw_heap
 from app.core.ratelimit import (
+    LoginNameThrottle,
     RateLimitMiddleware,
     RateLimitRule,
     TokenBucketLimiter,
     bearer_token_key,
     client_address,
 )
+from app.core.readiness import ReadinessProbe
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.goodput.queries import metrics_source as goodput_metrics_source
 from app.incidents.queries import open_incident_counts_source
 from app.ingest.inline import InlineSqliteCommitter
 from app.ingest.loop_commit import LoopPostgresCommitter, supports_loop_commits
 from app.ingest.pipeline import IngestService
+from app.ingest.quotas import NodeQuotas
 from app.ingest.redis_dedupe import RedisDedupe
 from app.ingest.rollups import RollupWriter
 from app.ingest.series_backend import (
@@ -95,12 +100,14 @@ API_ROUTERS = (
     incidents,
     approvals,
     alertmanager,
+    alertmanager_v2,
     alerts,
     goodput,
     breakers,
     automation,
     silences,
     maintenance_windows,
+    drills,
     docs,
 )
 
@@ -158,6 +165,9 @@ def _build_state(app: FastAPI, settings: Settings) -> None:
     state.window_backend, state.dedupe = backend, dedupe
     # The policy the engine runs and the dashboard draws: one, loaded once (app.runtime).
     state.policy = load_running_policy(settings)
+    # What one node may create on the server (app.ingest.quotas): ingest checks, the node
+    # page shows.
+    state.node_quotas = NodeQuotas(settings.node_quotas, refusals=metrics.ingest_quota_refusals)
     state.ingest = IngestService(
         engine=engine,
         store=store,
@@ -169,11 +179,18 @@ def _build_state(app: FastAPI, settings: Settings) -> None:
         phase_retention_days=settings.series.rollup_retention_days,
         inline=_inline_committer(settings),
         loop_commits=_loop_committer(settings),
+        quotas=state.node_quotas,
     )
     state.rollups = RollupWriter(
         engine=engine, store=store, settings=settings.series, metrics=metrics
     )
     state.node_tokens = NodeTokenCache(engine, ttl=settings.ingest.token_cache_seconds)
+    state.readiness = ReadinessProbe(
+        engine=engine,
+        ingest=state.ingest,
+        broker_url=settings.redis_url,  # cluster mode: Celery's broker
+        timeout=settings.recovery.broker_timeout_seconds,
+    )
     state.dashboard_caches = DashboardCaches()
 
 
@@ -202,6 +219,7 @@ def _lifespan(
             state.window_backend.stop()
             if state.dedupe is not None:
                 await state.dedupe.close()
+            state.readiness.close()
             state.engine.dispose()
 
     return lifespan
@@ -287,7 +305,7 @@ def _add_hardening(app: FastAPI, settings: Settings) -> None:
     """Size limit, rate limits and security headers (the last added runs first)."""
     h = settings.hardening
     login = TokenBucketLimiter(rate=h.login_attempts_per_minute / 60.0, burst=h.login_burst)
-    login_name = TokenBucketLimiter(
+    login_name = LoginNameThrottle(
         rate=h.login_attempts_per_name_per_minute / 60.0, burst=h.login_name_burst
     )
     ingest_limiter = TokenBucketLimiter(rate=h.ingest_requests_per_second, burst=h.ingest_burst)

@@ -7,7 +7,8 @@ that is not the holder skips every job until the lease expires.
 
 The tick builds the engine's :class:`World` from the in-process series store, the ingest
 service's participant table and the node table, runs :class:`PolicyEngine`, writes its
-decisions in one transaction and then wakes the dispatcher, so that an action or an alert
+decisions in short transactions that ingest's commits may go between
+(``app.incidents.tick_writes``) and then wakes the dispatcher, so that an action or an alert
 delivery reaches the broker right after its outbox row committed.
 
 Event path (docs/architecture.md, "One sample", step 4): once ingest has committed a batch that
@@ -48,14 +49,15 @@ from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
 from app.core.gc_tuning import FreezeOnGrowth
 from app.core.wakeup import WakeThread
+from app.core.write_turns import WriteTurns
 from app.incidents.approvals import expire_approvals
 from app.incidents.mute_ended import resume_unmuted
-from app.incidents.persist import persist_decisions
 from app.incidents.queries import (
     open_incident_failures,
     open_incidents_for_engine,
     open_incidents_whose_plan_succeeded,
 )
+from app.incidents.tick_writes import write_decisions
 from app.ingest.certain import CertainFaultWatch
 from app.ingest.rollups import LeaseLost, RollupWriter
 from app.ingest.series_store import SeriesStore
@@ -68,16 +70,17 @@ from app.policy.clock import Clock, WallClock
 from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_detectors
 from app.policy.engine import PolicyEngine, TickResult
 from app.policy.policy_file import Policy, default_policy
-from app.policy.world import ParticipantView, World
+from app.policy.world import ParticipantSource, World, participants_from_ingest
 from app.silences.windows import maintenance_at
 
 log = logging.getLogger("rlguard.scheduler")
 
 LEASE_NAME = "policy-scheduler"
 
-# 0/1 gauges whose rise to 1 is a fault with no window to wait for (the event path); exits and
-# Ray deaths come as participant phases (the policy's ``detection.heartbeat.exited_phases``).
-CERTAIN_FAULT_GAUGES = (m.GPU_LOST,)
+# 0/1 gauges whose rise to 1 is a fault with no window to wait for (the event path), an engine's
+# process gone among them; exits and Ray deaths come as participant phases (the policy's
+# ``detection.heartbeat.exited_phases``).
+CERTAIN_FAULT_GAUGES = (m.GPU_LOST, m.ROLLOUT_ENGINE_PROCESS_DEAD)
 
 
 def try_lease(engine: Engine, *, holder: str, ttl: float, name: str = LEASE_NAME) -> bool:
@@ -150,9 +153,6 @@ def release_lease(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> Non
         session.commit()
 
 
-ParticipantSource = Callable[[], list[ParticipantView]]
-
-
 class PolicyScheduler:
     def __init__(
         self,
@@ -169,6 +169,7 @@ class PolicyScheduler:
         holder: str | None = None,
         rollups: RollupWriter | None = None,
         dry_run: bool = False,
+        write_turns: WriteTurns | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -181,6 +182,7 @@ class PolicyScheduler:
         self.retention_days = retention_days
         self.rollups = rollups
         self.dry_run = dry_run  # Settings.automation.dry_run: plans are shown, never run
+        self.write_turns = write_turns  # SQLite: ingest's commits go between the tick's writes
         self._rollup_token: int | None = None  # the lease's token when the writer took over
         self._warned_unrolled = False
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -272,21 +274,19 @@ class PolicyScheduler:
                     self._sync_engine(session)
                 result = self.policy_engine.tick(self.world(self.clock.now()))
                 self._heap.after_tick(len(self.store))
-                new_rows = False
                 if result.decisions:
-                    with Session(self.engine, expire_on_commit=False) as session:
-                        persisted = persist_decisions(
-                            session,
-                            decisions=result.decisions,
-                            policy=self.policy,
-                            dry_run=self.dry_run,
-                        )
-                        session.commit()
-                        new_rows = bool(persisted.new_actions) or took_queued_rows(session)
-                    for key in persisted.resolved_keys:
+                    # In short transactions, ingest going between them (tick_writes.py).
+                    written = write_decisions(
+                        self.engine,
+                        result.decisions,
+                        policy=self.policy,
+                        dry_run=self.dry_run,
+                        turns=self.write_turns,
+                    )
+                    for key in written.persisted.resolved_keys:
                         self.policy_engine.forget(key)
-                if new_rows:  # actions or alert deliveries wait in the outbox
-                    self.wake_dispatcher()
+                    if written.new_rows:  # actions or alert deliveries wait in the outbox
+                        self.wake_dispatcher()
             except SQLAlchemyError:
                 log.exception("policy tick could not use the database; will resync from it")
                 self._needs_restore = True
@@ -507,44 +507,28 @@ class PolicyScheduler:
             except Exception:  # a scheduled job must never kill the scheduler; log it loudly
                 log.exception("scheduled job %s failed", getattr(fn, "__name__", fn))
 
-        run.__name__ = getattr(fn, "__name__", "job")
+        # APScheduler names a job by its function's qualified name in its warnings ("skipped:
+        # maximum number of running instances"): "tick", not "PolicyScheduler._safe.<locals>.run".
+        run.__name__ = run.__qualname__ = getattr(fn, "__name__", "job")
         return run
 
 
 def _fresh_engine_keeping_detectors(old: PolicyEngine, policy: Policy) -> PolicyEngine:
     # Detector memory (phase clocks, counter baselines) survives a resync; incident memory is
-    # rebuilt from the database, which is the truth after a failed write or a lease change.
-    # So does the memory of occurrences whose incidents were closed (it only ever comes from
-    # closures the database holds): the detectors still report such an occurrence, and a
-    # fresh engine without it would open a second incident for it. Which nodes just came back
-    # from a silence is detector memory too.
+    # rebuilt from the database, the truth after a failed write or a lease change. So does the
+    # memory of occurrences whose incidents were closed (only ever from closures the database
+    # holds): the detectors still report such an occurrence, and a fresh engine without it would
+    # open a second incident for it. So do the nodes just back from a silence and the open budget.
     return PolicyEngine(
         policy,
         detectors=old.detectors,
         closed_occurrences=old.closed_occurrences,
         node_returns=old.node_returns,
+        open_budget=old.open_budget,
     )
 
 
 # -- wiring into the server -------------------------------------------------------------------
-
-
-def participants_from_ingest(ingest: Any) -> ParticipantSource:
-    def read() -> list[ParticipantView]:
-        return [
-            ParticipantView(
-                job=p.job,
-                role=p.role,
-                rank=p.rank,
-                node=p.node,
-                phase=p.phase,
-                step=p.step,
-                last_heartbeat_ts=p.ts,
-            )
-            for p in ingest.participants()
-        ]
-
-    return read
 
 
 @asynccontextmanager
@@ -576,7 +560,9 @@ async def policy_lifespan(app: Any) -> AsyncIterator[None]:
         retention_days=rs.retention_days,
         rollups=getattr(app.state, "rollups", None),
         dry_run=settings.automation.dry_run,
+        write_turns=app.state.ingest.write_turns,
     )
+    sched.policy_engine.limit_opens_per_node(settings.node_quotas.incidents_per_minute)
     app.state.policy_scheduler = sched
     # The first tick is slow (the lease row written and fsync'd, the open incidents read, every
     # query compiled for the first time): run it before serving, not as the interval job where it
@@ -595,4 +581,5 @@ async def policy_lifespan(app: Any) -> AsyncIterator[None]:
         yield
     finally:
         ingest.watch_certain_faults(None)
-        sched.stop()
+        # off the loop: it waits for a tick and writes rollups and the lease (requests finishing)
+        await asyncio.to_thread(sched.stop)

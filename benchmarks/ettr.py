@@ -29,6 +29,7 @@ step before it to the next fault, against the clean run's median step time).
     .venv/bin/python benchmarks/ettr.py                      # 60 steps, a fault every 10
     .venv/bin/python benchmarks/ettr.py --steps 20 --fault-every 5
     .venv/bin/python benchmarks/ettr.py --ray                # the Ray-mode job: benchmarks/_ettr_ray.py
+    .venv/bin/python benchmarks/ettr.py --rollout-engine vllm  # real vLLM engines: benchmarks/_ettr_vllm.py
 """
 
 from __future__ import annotations
@@ -287,6 +288,17 @@ def main() -> int:
         import _ettr_ray
 
         return _ettr_ray.main([a for a in sys.argv[1:] if a != "--ray"])
+    engine = [a for a in sys.argv[1:] if a.startswith("--rollout-engine")]
+    if engine:  # real vLLM engines as the rollout role (issue 44): benchmarks/_ettr_vllm.py
+        argv = sys.argv[1:]
+        at = argv.index(engine[0])
+        value = engine[0].partition("=")[2] or (argv[at + 1] if at + 1 < len(argv) else "")
+        if value != "vllm":
+            sys.exit(f"--rollout-engine {value!r}: only vllm has a benchmark of its own")
+        rest = argv[:at] + argv[at + (1 if "=" in engine[0] else 2):]
+        import _ettr_vllm
+
+        return _ettr_vllm.main(rest)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--fault-every", type=int, default=10)

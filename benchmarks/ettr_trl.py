@@ -28,6 +28,14 @@ the callback (the second is at the mercy of a busy machine's noise; the first is
 
     .venv/bin/python benchmarks/ettr_trl.py                        # 60 steps, a fault every 10
     .venv/bin/python benchmarks/ettr_trl.py --steps 12 --fault-every 4 --size tiny   # smoke
+    .venv/bin/python benchmarks/ettr_trl.py --only-snapshot-cost   # snapshots vs TRL's save
+
+Under ``rlguard launch`` the example takes a memory snapshot every step
+(:mod:`integrations.trl.snapshots`), so the RLGuard way resumes from the newest snapshot, not
+from ``checkpoint-N``. Printed last: a snapshot's blocking time per step against TRL's own save
+at the same frequency (every step), and a restore from memory against TRL's
+``resume_from_checkpoint`` from disk. Not done yet (issue 39): the per-fault-class split of the
+seconds lost, ``torchrun --max-restarts``, ``ft_launcher`` and DLRover as further ways.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -356,6 +365,82 @@ def measure_overhead(workdir: Path, args: argparse.Namespace) -> None:
           f"({(with_cb - without) / without:+.1%}, noise on a busy machine)")  # fmt: skip
 
 
+def measure_snapshot_cost(workdir: Path, args: argparse.Namespace) -> None:
+    """Memory snapshots against TRL's own save at the same frequency (every step), in this
+    process: what each blocks the step for, and what a restore costs from memory (the snapshot
+    written in the Trainer's layout, then its resume) and from TRL's ``checkpoint-N`` on disk."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(EXAMPLE.parent))
+    import train as example  # the example job itself
+    from transformers import TrainerCallback
+
+    from integrations.snapshot_owner import ENV_SNAPSHOT_SHM, rank_dir
+    from integrations.trl.snapshots import enable_snapshots, materialize_resume, resume_dir
+    from recovery.checkpoint.segment_owner import write_owner
+
+    steps = args.overhead_steps
+
+    class SaveTimer(TrainerCallback):  # the Trainer saves between on_log and on_save
+        def __init__(self) -> None:
+            self.began = 0.0
+            self.saves: list[float] = []
+
+        def on_log(self, *a: Any, **kw: Any) -> None:
+            self.began = time.perf_counter()
+
+        def on_save(self, *a: Any, **kw: Any) -> None:
+            self.saves.append(time.perf_counter() - self.began)
+
+    def trainer_for(tag: str, save_steps: int, max_steps: int = steps) -> Any:
+        parsed = example.parse_args(["--output_dir", str(workdir / f"snap-{tag}"), "--max_steps",
+                                     str(max_steps), "--save_steps", str(save_steps), "--size",
+                                     args.size, "--rlguard", "off", "--snapshots", "off"])  # fmt: skip
+        return example.build_trainer(parsed)
+
+    timer = SaveTimer()
+    trl = trainer_for("trl", save_steps=1)
+    trl.add_callback(timer)
+    trl.train()
+    segment = Path("/dev/shm") / f"rlguard-bench-{os.getpid()}"
+    os.environ[ENV_SNAPSHOT_SHM] = str(segment)
+    try:
+        rank_dir(segment, 0).mkdir(parents=True)
+        write_owner(segment, os.getpid())
+        snap = trainer_for("mem", save_steps=10 * steps)
+        callback = enable_snapshots(snap, run_dir=workdir / "snap-run", rank=0)
+        blocking: list[float] = []
+        original = callback.take
+
+        def take(step: int) -> None:
+            original(step)
+            blocking.append(callback.last.blocking_seconds if callback.last else float("nan"))
+
+        callback.take = take  # type: ignore[method-assign]
+        snap.train()
+        step_s = median_step(workdir / "snap-mem")
+        snap_ms, save_ms = statistics.median(blocking) * 1e3, statistics.median(timer.saves) * 1e3
+        print(f"snapshot blocking {snap_ms:.1f} ms per step = {snap_ms / 1e3 / step_s:.2%} of the "
+              f"{step_s:.3f} s median step (target <= 5 %); TRL's save every step "
+              f"{save_ms:.1f} ms: {save_ms / snap_ms:.1f}x longer (target >= 10x); "
+              f"{len(blocking)} snapshots, {len(timer.saves)} saves")  # fmt: skip
+        began = time.perf_counter()
+        target = resume_dir(workdir / "snap-mem", steps)
+        materialize_resume(target, [rank_dir(segment, 0)])
+        written = time.perf_counter() - began
+        trainer_for("mem", save_steps=10 * steps).train(resume_from_checkpoint=str(target))
+        from_memory = time.perf_counter() - began
+    finally:
+        shutil.rmtree(segment, ignore_errors=True)
+    began = time.perf_counter()
+    checkpoint = workdir / "snap-trl" / f"checkpoint-{steps}"
+    trainer_for("trl", save_steps=1).train(resume_from_checkpoint=str(checkpoint))
+    from_disk = time.perf_counter() - began
+    print(f"restore from memory {from_memory:.2f} s (of which {written:.2f} s writing the "
+          f"snapshot in the Trainer's layout) vs TRL's resume_from_checkpoint from disk "
+          f"{from_disk:.2f} s: {from_disk / from_memory:.2f}x (target >= 5x); both include the "
+          f"Trainer's own start of train()")  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=60)
@@ -371,6 +456,11 @@ def main() -> int:
         help="RLGuard way: a warm standby (torch, transformers, trl imported) takes over a restart",
     )
     p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument(
+        "--only-snapshot-cost",
+        action="store_true",
+        help="only the snapshot-against-save and restore measurements (one process, no faults)",
+    )
     args = p.parse_args()
     if args.steps < 2 or not 1 <= args.fault_every < args.steps or args.save_steps < 1:
         p.error("need --steps >= 2, 1 <= --fault-every < --steps and --save-steps >= 1")
@@ -379,6 +469,9 @@ def main() -> int:
     print(
         f"workdir {workdir}; {args.steps} steps, size {args.size}, a fault every {args.fault_every}"
     )
+    if args.only_snapshot_cost:
+        measure_snapshot_cost(workdir, args)
+        return 0
 
     stack = ScaledStack(workdir, free_port(), job="clean", schedule=None)
     stack.restarts_per_rank = len(range(args.fault_every, args.steps, args.fault_every)) + 1
@@ -423,6 +516,7 @@ def main() -> int:
     print_timeline("rlguard", guarded)
     print_timeline("shell-retry", shell)
     measure_overhead(workdir, args)
+    measure_snapshot_cost(workdir, args)
     return 0
 
 

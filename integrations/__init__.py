@@ -21,7 +21,9 @@ launcher writes phase ``EXITED`` (with the exit code or signal) into that same f
 process exits.
 
 An integration may also name ``preload_modules`` (a tuple of module names): what a warm standby
-(``rlguard launch --standby``) imports ahead of time, e.g. ``("torch", "transformers", "trl")``.
+(``rlguard launch --standby``) imports ahead of time, e.g. ``("torch", "transformers", "trl")``,
+and ``standby_warmup`` (``"MODULE:FUNCTION"`` names): what the standby calls once imported,
+before it waits (it must leave the run's results unchanged: :mod:`integrations.trl.warmup`).
 
 This package imports :mod:`recovery` and its frameworks, never :mod:`app`.
 """
@@ -65,6 +67,7 @@ class GenericIntegration:
 
     name = "none"
     preload_modules: tuple[str, ...] = ()
+    standby_warmup: tuple[str, ...] = ()
 
     def check_environment(self) -> None:
         return None

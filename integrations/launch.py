@@ -4,14 +4,20 @@
 
     rlguard launch --job J --role R [--rank K | --nproc N] --run-dir D [--integration none|trl]
         [--standby] [--preload MOD,...] [--max-restarts N] [--backoff S] [--backoff-max S]
-        [--backend local] [--timeout S] [--py-spy PATH] -- CMD ARGS...
+        [--backend local] [--timeout S] [--py-spy PATH] [--exit-causes FILE]
+        [--first-step-budget S] -- CMD ARGS...
 
 runs ``CMD ARGS`` once per rank under :class:`recovery.supervision.Supervisor`: each process
 gets ``RLGUARD_JOB``, ``RLGUARD_ROLE``, ``RLGUARD_RUN_DIR``, ``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE`` (and ``MASTER_ADDR``/``MASTER_PORT`` with ``--nproc`` > 1); its exit is written
 into its heartbeat at once; RLGuard's restart requests (the launcher hook) restart it with the
 integration's resume arguments; its ``capture_stacks`` requests dump a hung process's Python
-stacks with py-spy (``--py-spy``; default the one installed with RLGuard). Without ``--rank`` or ``--nproc`` it wraps one process, rank
+stacks with py-spy (``--py-spy``; default the one installed with RLGuard); a process that
+fails gets the cause its own output names, from the tail of its log matched against the
+exit-cause catalogue (``--exit-causes``; default the one shipped,
+``recovery/supervision/exit_causes.yaml``), written into its heartbeat with the exit; each
+process's first step (after a start or a restart) may take ``--first-step-budget`` seconds
+before RLGuard judges it hung (default: the policy's ``first_step_budget_seconds``). Without ``--rank`` or ``--nproc`` it wraps one process, rank
 ``$RANK`` (what torchrun or accelerate set) or 0.
 
 ``python -m integrations.launch hook ...`` is the launcher hook (:mod:`recovery.supervision.hook`)
@@ -37,9 +43,11 @@ from typing import NoReturn
 
 from integrations import ENV_JOB, ENV_ROLE, ENV_RUN_DIR, Integration, IntegrationError
 from integrations import load_integration as _load_integration
+from integrations.snapshot_owner import start_for_launch
 from recovery.supervision import hook
 from recovery.supervision.backends import Backend, BackendError, known_backends, load_backend
 from recovery.supervision.events import EVENTS_FILE, append_event
+from recovery.supervision.exit_causes import Catalogue, CatalogueError, load_catalogue
 from recovery.supervision.requests import JOB_DIR_PATTERN
 from recovery.supervision.restarts import RestartBudget, RestartBudgetError
 from recovery.supervision.stacks import find_py_spy
@@ -83,6 +91,16 @@ def _parser() -> _Parser:
         help="py-spy executable for a hung process's stacks (default: the one installed with "
         "RLGuard, else on PATH); needs ptrace rights (CAP_SYS_PTRACE, see docs/deploy.md)",
     )
+    p.add_argument(
+        "--exit-causes",
+        help="exit-cause catalogue (YAML; default: the one shipped with RLGuard) that a failed "
+        "process's last output lines are matched against",
+    )
+    p.add_argument(
+        "--first-step-budget",
+        help="seconds a process's first step (after a start or a restart) may take before "
+        "RLGuard judges it hung (default: the policy's first_step_budget_seconds)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -103,6 +121,8 @@ class LaunchPlan:
     standby_preload: list[str] | None  # None: no standby
     timeout: float | None
     py_spy: str | None = None  # None: not installed, no stacks (the incident says so)
+    exit_causes: Catalogue | None = None
+    first_step_budget: float | None = None
 
 
 def _number(p: _Parser, flag: str, text: str, *, integer: bool = False) -> float:
@@ -167,6 +187,12 @@ def plan(argv: list[str]) -> LaunchPlan:
     except RestartBudgetError as exc:
         p.error(str(exc))
     timeout = None if args.timeout is None else _number(p, "--timeout", args.timeout)
+    first_step_budget = None
+    if args.first_step_budget is not None:
+        first_step_budget = _number(p, "--first-step-budget", args.first_step_budget)
+        if not 0 < first_step_budget < float("inf"):
+            p.error(f"--first-step-budget must be a positive number of seconds, "
+                    f"got {args.first_step_budget!r}")
     try:
         backend = load_backend(args.backend)
         backend.check()
@@ -192,6 +218,10 @@ def plan(argv: list[str]) -> LaunchPlan:
         py_spy = find_py_spy()
     elif not (os.path.isfile(py_spy) and os.access(py_spy, os.X_OK)):
         p.error(f"--py-spy {py_spy!r} is not an executable file")
+    try:
+        catalogue = load_catalogue(Path(args.exit_causes) if args.exit_causes else None)
+    except CatalogueError as exc:
+        p.error(f"--exit-causes: {exc}")
     _check_run_dir(p, run_dir)  # last: the only check that may create something
     return LaunchPlan(
         job,
@@ -206,6 +236,8 @@ def plan(argv: list[str]) -> LaunchPlan:
         preload,
         timeout,
         py_spy,
+        catalogue,
+        first_step_budget,
     )
 
 
@@ -215,9 +247,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def build_supervisor(launch: LaunchPlan) -> Supervisor:
-    """The supervisor that runs ``launch`` (not started yet)."""
+def build_supervisor(launch: LaunchPlan, extra_env: Mapping[str, str] | None = None) -> Supervisor:
+    """The supervisor that runs ``launch`` (not started yet); ``extra_env`` goes to every
+    process (the memory-snapshot segment, :mod:`integrations.snapshot_owner`)."""
     base = dict(os.environ)
+    base.update(extra_env or {})
     base.setdefault("PYTHONUNBUFFERED", "1")  # the child's log is read while it runs
     base.update({ENV_JOB: launch.job, ENV_ROLE: launch.role, ENV_RUN_DIR: str(launch.run_dir)})
     base["WORLD_SIZE"] = str(launch.world_size)
@@ -250,6 +284,8 @@ def build_supervisor(launch: LaunchPlan) -> Supervisor:
                 role,
                 "--preload",
                 preload,
+                "--warmup",
+                ",".join(getattr(launch.integration, "standby_warmup", ())),
                 "--events",
                 events,
             ],
@@ -273,6 +309,8 @@ def build_supervisor(launch: LaunchPlan) -> Supervisor:
         cwd=cwd,
         timeout=launch.timeout,
         py_spy=launch.py_spy,
+        exit_causes=launch.exit_causes,
+        first_step_budget=launch.first_step_budget,
     )
     return sup
 
@@ -287,7 +325,11 @@ def launch(argv: list[str]) -> int:
         logging.getLogger("rlguard.launch").warning(
             "py-spy not found: a hung process's stacks will not be captured (pip install py-spy)"
         )
-    sup = build_supervisor(checked)
+    # The launcher owns the trainers' memory snapshots: it outlives every one of them.
+    owner = start_for_launch(
+        checked.integration, checked.job, checked.run_dir, checked.ranks, checked.world_size
+    )
+    sup = build_supervisor(checked, owner.env() if owner is not None else None)
 
     def on_signal(signum: int, _frame: object) -> None:
         sup.stop()
@@ -299,6 +341,8 @@ def launch(argv: list[str]) -> int:
         return sup.loop()
     finally:
         sup.close()
+        if owner is not None:
+            owner.close()
 
 
 def main(argv: list[str] | None = None) -> int:

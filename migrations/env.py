@@ -22,6 +22,7 @@ MODEL_MODULES = [
     "app.models.progress",
     "app.models.guardrails",
     "app.models.silence",
+    "app.models.drill",
 ]
 for _module in MODEL_MODULES:
     importlib.import_module(_module)

@@ -14,7 +14,8 @@ Faults the training process sees itself are counted here too and written at once
 rare and the policy engine acts on them): failed train steps (``record_step_failure``, with the
 step number), rollout batches that timed out (``record_rollout_timeout``), actor shards marked
 stale (``set_shard_stale``), state-log appends that failed (``record_state_log_error``) and
-checkpoint saves that failed (``record_checkpoint_error``: the checkpoint storage refused). A
+checkpoint saves that failed (``record_checkpoint_error``: the checkpoint storage refused) and
+snapshots that could not be persisted (``record_snapshot_persist_error``, training goes on). A
 :class:`recovery.phases.PhaseMachine` given this reporter feeds the first, second and fourth
 itself. The counters are cumulative; ``restore_fault_counts`` carries them over a restart.
 
@@ -31,7 +32,6 @@ import json
 import logging
 import os
 import re
-import signal
 import threading
 import time
 from collections import deque
@@ -65,7 +65,9 @@ _CARRIED_COUNTERS = (
     "rollout_batch_timeouts_total",
     "state_log_write_errors_total",
     "checkpoint_write_errors_total",
+    "snapshot_persist_errors_total",
 )
+_MAX_ERROR_TEXT = 120  # the agent sends the last persist error's text as label values
 _UNSET: Any = object()
 # The phase a launcher writes for a process it saw exit (app policy: detection.heartbeat.
 # exited_phases), and for one it started that has not reported yet.
@@ -190,9 +192,18 @@ class HeartbeatReporter(ClosesOnExit):
             "stale_shards": [],
             "state_log_write_errors_total": 0,
             "checkpoint_write_errors_total": 0,
+            # snapshots not persisted; the last one's {"dir", "error"} (label values: kept short)
+            "snapshot_persist_errors_total": 0,
+            "snapshot_persist_last_error": None,
             "checkpoint_step": None,
             "checkpoint_inference_version": None,
             "signals": {},
+            # The job's own first-step hang budget (seconds), None: the policy's default.
+            "first_step_budget_seconds": None,
+            # Generations that failed or came back empty (a rollout's; None until the first).
+            "rollout_failed_samples_total": None,
+            # Generations finished, failed ones included (the failure ratio's denominator).
+            "rollout_samples_total": None,
             "updated_at": clock(),
             "ts": None,
         }
@@ -305,6 +316,12 @@ class HeartbeatReporter(ClosesOnExit):
         storage that is not writable."""
         return self._bump_fault(checkpoint_write_errors_total=1)
 
+    def record_snapshot_persist_error(self, directory: str, error: str) -> bool:
+        """Count one snapshot not persisted to ``directory`` (full, unwritable ...) for ``error``;
+        write at once. Training goes on: the policy engine opens ``checkpoint_write_errors``."""
+        last = {"dir": str(directory)[-_MAX_ERROR_TEXT:], "error": str(error)[:_MAX_ERROR_TEXT]}
+        return self._bump_fault(snapshot_persist_errors_total=1, snapshot_persist_last_error=last)
+
     def set_shard_stale(self, shard_id: str, stale: bool) -> bool:
         """Mark actor shard ``shard_id`` stale (it gets no new rollouts) or live again.
 
@@ -360,6 +377,16 @@ class HeartbeatReporter(ClosesOnExit):
             ):
                 self._state["checkpoint_step"] = step
                 self._state["checkpoint_inference_version"] = version
+            budget = previous.get("first_step_budget_seconds")
+            if self._state["first_step_budget_seconds"] is None and (
+                isinstance(budget, int | float) and not isinstance(budget, bool) and budget > 0
+            ):
+                self._state["first_step_budget_seconds"] = float(budget)
+            failed = previous.get("rollout_failed_samples_total")
+            if isinstance(failed, int) and not isinstance(failed, bool) and failed > 0:
+                self._state["rollout_failed_samples_total"] = max(
+                    self._state["rollout_failed_samples_total"] or 0, failed
+                )
             if self._state == before:
                 return False
             self._state["updated_at"] = self._clock()
@@ -417,7 +444,7 @@ class HeartbeatReporter(ClosesOnExit):
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
 
-    def _bump_fault(self, **changes: int) -> bool:
+    def _bump_fault(self, **changes: Any) -> bool:
         with self._holding_lock():
             for key, value in changes.items():
                 if key.endswith("_total"):
@@ -426,6 +453,44 @@ class HeartbeatReporter(ClosesOnExit):
                     self._state[key] = value
             self._state["updated_at"] = self._clock()
             return self._write_if_due_locked(True)
+
+    def set_first_step_budget(self, seconds: float | None) -> bool:
+        """Declare how long this process's first step (after a start or a restart) may take
+        before RLGuard judges it hung (``train_hang``), overriding the policy's
+        ``first_step_budget_seconds``; None goes back to the policy's. Written at once."""
+        if seconds is not None:
+            checked = _check_finite(seconds)
+            if checked is None or checked <= 0:
+                raise HeartbeatError(f"first-step budget must be a positive number of seconds, "
+                                     f"got {seconds!r}")
+            seconds = checked
+        with self._holding_lock():
+            self._state["first_step_budget_seconds"] = seconds
+            return self._write_if_due_locked(True)
+
+    def record_failed_samples(self, count: int = 1) -> bool:
+        """Count ``count`` generations that failed or came back empty (an engine error, a
+        timeout, an empty completion a framework would otherwise pass on as data); write if
+        ``interval`` has passed. Cumulative; the policy engine compares its rise with the
+        tokens generated meanwhile (a rising failure ratio is a fault before the data runs
+        dry)."""
+        checked = _check_count("count", count)
+        with self._holding_lock():
+            self._state["rollout_failed_samples_total"] = (
+                self._state["rollout_failed_samples_total"] or 0
+            ) + (checked or 0)
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(False)
+
+    def record_samples(self, count: int) -> bool:
+        """Count ``count`` generations finished, failed or empty ones included (those also go to
+        :meth:`record_failed_samples`): the failure ratio's denominator. Write if due."""
+        checked = _check_count("count", count)
+        with self._holding_lock():
+            total = self._state["rollout_samples_total"] or 0
+            self._state["rollout_samples_total"] = total + (checked or 0)
+            self._state["updated_at"] = self._clock()
+            return self._write_if_due_locked(False)
 
     def set_signals(self, values: dict[str, float]) -> bool:
         """Merge ``{name: value}`` into the published training signals; write if ``interval``
@@ -533,57 +598,3 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
         return None
     return data if isinstance(data, dict) else None
 
-
-def report_process_exit(
-    run_dir: str | os.PathLike[str],
-    role: str,
-    rank: int,
-    *,
-    job: str,
-    pid: int | None,
-    returncode: int,
-    clean_exit_phase: str = DONE_PHASE,
-    clock: Callable[[], float] = time.time,
-) -> dict[str, Any]:
-    """Write into ``role``/``rank``'s heartbeat that its process exited; return the document.
-
-    For the process's launcher, which sees the exit (waitpid) before anyone else: a non-zero
-    exit or a signal becomes phase ``EXITED``, which the policy engine treats as lost at once.
-    A clean exit (0) becomes ``clean_exit_phase`` (``DONE``: a process that chose to finish is
-    not a fault; pass ``EXITED`` where a process never exits on its own), unless the process
-    already wrote a finished phase itself. ``exit_code`` is the code, or minus the signal
-    number as :mod:`subprocess` reports it; ``exit_signal`` names the signal. Everything else
-    the process last wrote (step, fault counters) is kept.
-    """
-    path = heartbeat_path(run_dir, role, rank)
-    doc = read_heartbeat(path) or {
-        "format": HEARTBEAT_FORMAT,
-        "job": job,
-        "role": role,
-        "rank": rank,
-    }
-    now = clock()
-    doc.update(pid=pid if pid is not None else doc.get("pid"), ts=now, exit_code=returncode)
-    if returncode < 0:
-        try:
-            doc["exit_signal"] = signal.Signals(-returncode).name
-        except ValueError:
-            doc["exit_signal"] = f"SIG{-returncode}"
-    if returncode != 0:
-        doc["phase"] = EXITED_PHASE
-    elif doc.get("phase") not in FINISHED_PHASES:
-        doc["phase"] = clean_exit_phase
-    _replace_heartbeat_file(path, doc)
-    return doc
-
-
-def report_starting(
-    run_dir: str | os.PathLike[str], role: str, rank: int, *, job: str, pid: int
-) -> None:
-    """Write phase ``STARTING`` for a process its launcher just started, until the process
-    reports for itself: a restart under way must not look like a silent participant. The fault
-    counters and checkpoint version the previous process published are kept
-    (:meth:`HeartbeatReporter.carry_over`), for the new process to take over in turn."""
-    reporter = HeartbeatReporter(run_dir, role, rank, job=job, pid=pid)
-    reporter.carry_over(read_heartbeat(heartbeat_path(run_dir, role, rank)))
-    reporter.update(phase=STARTING_PHASE, force=True)

@@ -10,6 +10,8 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 \
     || need+=(prometheus-alertmanager)
+# amtool (same package) drives RLGuard's Alertmanager API v2 in tests/integration/silences.
+command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 # Slurm (one slurmctld + one slurmd started by tests/integration/slurm, CPU only) and munge,
 # its authentication daemon: the Slurm launcher backend is tested against the real scheduler.
 command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)

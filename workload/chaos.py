@@ -6,11 +6,14 @@ On demand::
     python -m workload.chaos --run-dir D hang --role trainer              # SIGSTOP
     python -m workload.chaos --run-dir D oom --step 7                     # fake CUDA OOM in a train step
     python -m workload.chaos --run-dir D spin [--step 7]                  # trainer spins in a "collective"
+    python -m workload.chaos --run-dir D starve                           # rollouts produce nothing, idle
     python -m workload.chaos --run-dir D slow-statelog --ms 400 --seconds 20
     python -m workload.chaos --run-dir D ckpt-unwritable [--seconds 30]   # checkpoint dir unusable
     python -m workload.chaos --run-dir D xid --gpu 0 [--xid 79]           # through the agent's fake NVML
     python -m workload.chaos --run-dir D ecc --gpu 1
     python -m workload.chaos --run-dir D thermal --gpu 0 [--off]          # throttling (light)
+    python -m workload.chaos --run-dir D skip-refit --rank 1              # vLLM job: stale weights
+    python -m workload.chaos --run-dir D kill-engine --rank 1             # vLLM job: kill -9 mid-request
 
 By schedule (a JSON list; each fault fires once the trainer has reached ``at_step``, plus
 ``delay`` seconds so that rollouts are mid-batch)::
@@ -41,8 +44,11 @@ from recovery._fsio import replace_file
 from recovery.report import heartbeat_path
 from workload.job import RunDir, read_json
 
-FAULTS = ("kill", "hang", "oom", "spin", "slow-statelog", "ckpt-unwritable", "xid", "ecc", "thermal")
-SIMULATE_DIR = "rlguard-simulate"  # the agent's fake NVML reads fault files here
+FAULTS = ("kill", "hang", "oom", "spin", "starve", "slow-statelog", "ckpt-unwritable", "xid", "ecc",
+          "thermal", "skip-refit", "kill-engine")
+STARVE_FILE = "starve"  # under the run's chaos directory: when the rollouts were starved
+SIMULATE_DIR = "rlguard-simulate"
+ENGINE_KILL_DELAY_S = 0.02  # kill-engine: after the router sent the request, before it finishes  # the agent's fake NVML reads fault files here
 
 
 class ChaosError(ValueError):
@@ -153,6 +159,22 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
         info.update(role=fault.role, rank=fault.rank, target_pid=pid)
         run.event("fault", **info, step=current_step(run))
         os.kill(pid, signal.SIGKILL if fault.fault == "kill" else signal.SIGSTOP)
+    elif fault.fault == "skip-refit":
+        # Read by the router of a job on vLLM engines (workload/engines/fleet.py): the next refit
+        # of the rank loads nothing and the engine is admitted with the weights it had (stale),
+        # the fault the train/inference disagreement signal must reveal.
+        run.chaos.mkdir(parents=True, exist_ok=True)
+        (run.chaos / f"skip-refit-rank-{fault.rank}").write_text("injected\n")
+        info.update(role="rollout", rank=fault.rank)
+        run.event("fault", **info, step=current_step(run))
+    elif fault.fault == "kill-engine":
+        # Armed here, fired by the job's router (fire_armed_engine_kill): the Worker of the rank's
+        # engine is killed while a request the router sent it is in flight. Killing from outside
+        # would only land mid-request by chance; the kill's own event is written when it lands.
+        run.chaos.mkdir(parents=True, exist_ok=True)
+        (run.chaos / f"kill-engine-rank-{fault.rank}").write_text("armed\n")
+        info.update(role="rollout", rank=fault.rank)
+        run.event("fault_armed", **info, step=current_step(run))
     elif fault.fault in ("oom", "spin"):
         # Read by the trainer when it trains that step (workload.trainer): a fake CUDA OOM, or a
         # busy loop that keeps the heartbeat fresh and the step frozen (a rank stuck spinning in
@@ -162,6 +184,16 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
         (run.chaos / f"{fault.fault}-step-{step}").write_text("injected\n")
         info.update(step=step, role="trainer", rank=0)
         run.event("fault", **info)
+    elif fault.fault == "starve":
+        # Read by every rollout worker started before it (workload.rollout): alive, heartbeat
+        # fresh, idle with nothing pending, it generates nothing more, so the trainer waits for
+        # a batch that never comes (verl #7155, a failed sample taken for end-of-data). A
+        # restarted worker is not starved: its restart is the cure.
+        run.chaos.mkdir(parents=True, exist_ok=True)
+        at = time.time()
+        replace_file(run.chaos / STARVE_FILE, json.dumps({"at": at}).encode(), sync=False)
+        info.update(role="rollout", at=at)
+        run.event("fault", **info, step=current_step(run))
     elif fault.fault in ("xid", "ecc", "thermal"):
         sim = run.root / SIMULATE_DIR
         sim.mkdir(exist_ok=True)
@@ -190,6 +222,29 @@ def inject(run: RunDir, fault: Fault, *, stop: threading.Event | None = None) ->
             restore_checkpoints(run)
             run.event("fault_over", fault=fault.fault)
     return info
+
+
+def fire_armed_engine_kill(run: RunDir, rank: int, worker_pid: int, in_flight: int) -> bool:
+    """Called by the router of a job on vLLM engines just before it sends a request to ``rank``:
+    if a ``kill-engine`` fault is armed for the rank, SIGKILL the engine's Worker a moment later,
+    while that request is in flight. Whether it fired (once per arming: the rename is atomic)."""
+    armed = run.chaos / f"kill-engine-rank-{rank}"
+    try:
+        armed.replace(armed.with_name(armed.name + ".fired"))
+    except FileNotFoundError:
+        return False
+
+    def kill() -> None:
+        run.event("fault", fault="kill-engine", role="rollout", rank=rank, target_pid=worker_pid,
+                  in_flight=in_flight, step=current_step(run))
+        try:
+            os.kill(worker_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # The request is posted right after this returns; the engine is killed while it works on it.
+    threading.Timer(ENGINE_KILL_DELAY_S, kill).start()
+    return True
 
 
 def run_schedule(
@@ -233,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name)
         s.add_argument("--role", choices=("trainer", "rollout"), default="rollout")
         s.add_argument("--rank", type=int, default=0)
+    sub.add_parser("skip-refit").add_argument("--rank", type=int, default=0)
+    sub.add_parser("kill-engine").add_argument("--rank", type=int, default=0)
     sub.add_parser("oom").add_argument("--step", type=int, default=None)
     sub.add_parser("spin").add_argument("--step", type=int, default=None)
+    sub.add_parser("starve")
     s = sub.add_parser("slow-statelog")
     s.add_argument("--ms", type=float, default=400.0)
     s.add_argument("--seconds", type=float, default=20.0)

@@ -24,6 +24,10 @@ WEIGHT_SET = "policy"
 VERSION_STRIDE = 1_000_000
 
 
+# torch: the job's own sampler (workload/rollout.py); vllm: vLLM engines (workload/engines/).
+ROLLOUT_ENGINES = ("torch", "vllm")
+
+
 class JobConfigError(ValueError):
     """A job setting was refused; the message names it."""
 
@@ -40,6 +44,18 @@ class JobConfig:
     decode_ms_per_token: float = 15.0
     snapshot_interval_steps: int = 5
     task: TaskSpec = field(default_factory=TaskSpec)
+    # Who generates the rollouts: the job's own torch sampler, or vLLM engines serving the Hugging
+    # Face model in ``model_dir`` (workload/engines/), refit through ``transport``.
+    rollout_engine: str = "torch"
+    model_dir: str | None = None
+    transport: str = "tcp"
+    # With vLLM engines: the first step waits until every engine serves (a benchmark's clean
+    # baseline on the whole fleet); otherwise the job starts on the first engine up.
+    wait_all_engines: bool = False
+    # With vLLM engines: seconds an engine quarantined for a transient reason (a failed request
+    # or refit, its process tree alive) stays out before its probation probe; None: no
+    # probation (only a replacement brings the rank back). See workload/engines/fleet.py.
+    engine_probation_s: float | None = 30.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -52,6 +68,19 @@ class JobConfig:
             )
         if not self.lr > 0:
             raise JobConfigError(f"lr must be > 0, got {self.lr!r}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise JobConfigError(
+                f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, "
+                f"got {self.rollout_engine!r}"
+            )
+        if self.rollout_engine == "vllm" and not self.model_dir:
+            raise JobConfigError("rollout_engine 'vllm' needs model_dir (the model it serves)")
+        if self.engine_probation_s is not None and not (
+                isinstance(self.engine_probation_s, int | float) and self.engine_probation_s >= 0):
+            raise JobConfigError(
+                f"engine_probation_s must be >= 0 or None, got {self.engine_probation_s!r}")
+        if self.transport not in ("tcp", "shm"):
+            raise JobConfigError(f"transport must be tcp or shm, got {self.transport!r}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -34,7 +34,7 @@ from pathlib import Path
 from recovery.supervision import hook
 from recovery.supervision.backends import BackendError, load_backend
 from recovery.supervision.requests import JOB_DIR_PATTERN as _JOB
-from workload.job import JobConfig, JobConfigError, RunDir, read_json
+from workload.job import ROLLOUT_ENGINES, JobConfig, JobConfigError, RunDir, read_json
 from workload.task import TaskSpec
 
 # verl's trainer.resume_mode values that mean something for the reference job (a run directory
@@ -88,6 +88,29 @@ def _supervise_parser() -> argparse.ArgumentParser:
         "the job fails when one dies, as verl's does (to be resubmitted; max_restarts=0)",
     )
     p.add_argument(
+        "--rollout-engine",
+        choices=ROLLOUT_ENGINES,
+        default="torch",
+        help="who generates the rollouts: the job's own torch sampler (default) or vLLM engines "
+        "(one OpenAI server per rollout rank, refit through RLGuard's weight transfer: "
+        "workload/engines/; rlguard[vllm])",
+    )
+    p.add_argument(
+        "--model",
+        help="with --rollout-engine vllm: the Hugging Face model directory the engines serve and "
+        "the trainer trains (default: a tiny model built into RUN_DIR/model)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=("tcp", "shm"),
+        default=None,
+        help="how new weights travel from the trainer to the rollouts (recovery.transfer; "
+        "default: shm with --rollout-engine vllm, whose engines run on the trainer's host, "
+        "unless --ray-address names a cluster; else tcp)",
+    )
+    p.add_argument("--wait-engines", action="store_true",
+                   help="with --rollout-engine vllm: the first step waits until every engine serves")
+    p.add_argument(
         "--resume",
         choices=RESUME_MODES,
         default="auto",
@@ -116,6 +139,8 @@ def _checked_config(
         p.error("--ray-restart-by: only with --ray")
     if args.ray and args.backend != "local":
         p.error("--backend: --ray starts and restarts its processes through Ray")
+    if args.model is not None and args.rollout_engine != "vllm":
+        p.error("--model: only with --rollout-engine vllm")
     standby = args.on_failure == "wait" if args.standby is None else args.standby
     run_dir = Path(args.run_dir).resolve()
     if args.resume == "disable" and RunDir(run_dir).config.exists():
@@ -141,10 +166,37 @@ def _checked_config(
             seed=args.seed,
             decode_ms_per_token=args.decode_ms,
             task=TaskSpec(group_size=args.group_size, prompts_per_worker=args.prompts_per_worker),
+            rollout_engine=args.rollout_engine,
+            model_dir=_model_dir(p, args, run_dir),
+            transport=args.transport or _default_transport(args),
+            wait_all_engines=args.wait_engines,
         )
     except JobConfigError as exc:
         p.error(str(exc))
     return config, run_dir, standby
+
+
+def _default_transport(args: argparse.Namespace) -> str:
+    # Shared memory reaches only the engines on the trainer's host: those of the local
+    # supervisor and of a Ray this launcher starts; a cluster's actors may run anywhere.
+    if args.rollout_engine == "vllm" and args.ray_address is None:
+        return "shm"
+    return "tcp"
+
+
+def _model_dir(p: argparse.ArgumentParser, args: argparse.Namespace, run_dir: Path) -> str | None:
+    """The model the engines serve: ``--model``, else a tiny one built into the run directory
+    (``integrations.vllm.tiny_model``; an existing one is reused, so a resumed run keeps it)."""
+    if args.rollout_engine != "vllm":
+        return None
+    if args.model is not None:
+        model = Path(args.model).resolve()
+        if not (model / "config.json").is_file():
+            p.error(f"--model {args.model!r} is not a Hugging Face model directory (no config.json)")
+        return str(model)
+    from integrations.vllm.tiny_model import save_tiny_model
+
+    return str(save_tiny_model(run_dir / "model"))
 
 
 def _supervise(argv: list[str]) -> int:

@@ -14,6 +14,12 @@ trainer's restart gets the next incarnation (``<run_dir>/ray_incarnation``), as 
 supervisor's restarts do. Ray is started here (CPU only, small) unless ``address`` names a
 running cluster.
 
+With vLLM engines (``--rollout-engine vllm``) the trainer actor runs
+:mod:`workload.engines.trainer` and each rollout actor hosts one engine
+(:mod:`workload.engines.engine_host`); a host whose engine died ends its actor's process, so a
+dead engine is a dead actor, restarted as below, and the new host's engine is refit and
+re-admitted by the trainer's router.
+
 ``restart_by="rlguard"`` (``--ray-restart-by rlguard``) leaves the restarts to RLGuard instead:
 the actors are created with ``max_restarts=0``, as verl creates its workers, so an actor whose
 process dies stays DEAD and Ray alone never brings it back. The controller registers a named
@@ -86,8 +92,14 @@ def next_incarnation(run: RunDir) -> int:
     return current + 1
 
 
-# The module each role runs: what a standby imports ahead of its activation.
-_ROLE_MODULES = {"trainer": "workload.trainer", "rollout": "workload.rollout"}
+# The module each role runs (by the job's rollout engine): what a standby imports ahead of its
+# activation. With vLLM a rollout actor hosts one engine (workload/engines/engine_host.py), as a
+# rollout process does under the process supervisor; its standby imports the host, not an
+# engine (an engine is started when the actor runs).
+_ROLE_MODULES = {
+    "torch": {"trainer": "workload.trainer", "rollout": "workload.rollout"},
+    "vllm": {"trainer": "workload.engines.trainer", "rollout": "workload.engines.engine_host"},
+}
 # A role's heartbeat this fresh, past its start, is a steady process (the restarter knows no
 # pids: a dead actor's heartbeat goes stale instead).
 _STEADY_HEARTBEAT_AGE_S = 2.0
@@ -109,22 +121,30 @@ class _Worker:
         if standby_of is not None:
             import ray
 
-            importlib.import_module(_ROLE_MODULES[role])
+            importlib.import_module(self._module())
             restarter, name = standby_of
             RunDir(run_dir).event(
                 "ray_standby_ready", role=role, rank=rank, name=name, pid=os.getpid()
             )
             ray.get(restarter.await_activation.remote(name))
 
+    def _module(self) -> str:
+        return _ROLE_MODULES[RunDir(self.run_dir).load_config().rollout_engine][self.role]
+
     def run(self) -> int:
+        role_main = importlib.import_module(self._module()).main
+        run = RunDir(self.run_dir)
         if self.role == "trainer":
-            from workload import trainer
-
-            incarnation = next_incarnation(RunDir(self.run_dir))
-            return trainer.main(["--run-dir", self.run_dir, "--incarnation", str(incarnation)])
-        from workload import rollout
-
-        return rollout.main(["--run-dir", self.run_dir, "--rank", str(self.rank)])
+            incarnation = str(next_incarnation(run))
+            return int(role_main(["--run-dir", self.run_dir, "--incarnation", incarnation]))
+        code = int(role_main(["--run-dir", self.run_dir, "--rank", str(self.rank)]))
+        if code != 0 and not run.done.exists():
+            # A rollout that failed before the job's end (an engine host whose engine died) is a
+            # dead actor, as a process that exits is a dead child under the supervisor: Ray
+            # restarts it (or leaves it to RLGuard's restarter, or fails the job), by restart_by.
+            log.error("rollout %d failed with %d: its actor's process exits", self.rank, code)
+            os._exit(code)
+        return code
 
 
 def _actor_class(restart_by: str = "ray") -> Any:

@@ -31,6 +31,7 @@ from recovery.report import HeartbeatReporter, heartbeat_path
 from recovery.transfer import RegistryClient, TensorSpec, WeightReceiver, make_transport
 from recovery.transfer.errors import TransferError
 from recovery.wal import StepType, WALStatus, WriteAheadLog
+from workload.chaos import STARVE_FILE
 from workload.job import VERSION_STRIDE, WEIGHT_SET, JobConfig, RunDir, read_json
 from workload.policy import DigitPolicy, init_policy, prompts_for, sample_group
 from workload.task import TaskSpec
@@ -75,6 +76,7 @@ def run(run_dir: str, rank: int) -> int:
     hb.start_keepalive()
     wal = WriteAheadLog(run.wal, lock_timeout=30.0)
     tokens = 0
+    started = time.time()
     run.event("rollout_start", rank=rank)
     try:
         while not run.done.exists():
@@ -82,6 +84,10 @@ def run(run_dir: str, rank: int) -> int:
             if read_control(run.root).mode is ControlMode.SAFE_MODE:
                 hb.update(phase="SAFE_MODE")  # no new rollouts until the job is released
                 time.sleep(0.2)
+                continue
+            if _starved(run, started):  # chaos: alive and idle, producing nothing
+                hb.update(phase="WAIT_WEIGHTS", pending=0, scheduled=0)
+                time.sleep(0.05)
                 continue
             weights = read_json(run.weights)
             if weights is None:
@@ -115,6 +121,15 @@ def run(run_dir: str, rank: int) -> int:
         receiver.close()
         wal.close()
     return 0
+
+
+def _starved(run: RunDir, started: float) -> bool:
+    """Chaos ``starve`` (:mod:`workload.chaos`) was injected after this worker started."""
+    path = run.chaos / STARVE_FILE
+    if not path.exists():
+        return False
+    at = (read_json(path) or {}).get("at")
+    return isinstance(at, int | float) and at >= started
 
 
 def _producer_alive(entry_id: str) -> bool:

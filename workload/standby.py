@@ -25,6 +25,7 @@ from recovery.supervision.standby import parse_order as _parse_order
 __all__ = ["ROLES", "OrderError", "main", "parse_order"]
 
 ROLES = ("trainer", "rollout")
+MODULES = ("workload.trainer", "workload.rollout", "workload.engines.trainer")
 
 
 def parse_order(line: str) -> tuple[list[str], str]:
@@ -40,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workload.standby")
     parser.add_argument("--role", required=True, choices=ROLES)
     parser.add_argument("--run-dir", help="where to record when the standby is ready")
+    parser.add_argument(
+        "--module",
+        choices=MODULES,
+        help="the role's module (default workload.ROLE; the vLLM job's trainer is another)",
+    )
     args = parser.parse_args(argv)
     # The expensive part, done before anything is asked of us: torch and the role's code.
-    module = importlib.import_module(f"workload.{args.role}")
+    module = importlib.import_module(args.module or f"workload.{args.role}")
     module.warm_up()
     if args.run_dir:
         from workload.job import RunDir

@@ -27,14 +27,18 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from recovery.checkpoint.coordinator import Coordinator
 from recovery.report import EXITED_PHASE, heartbeat_path, read_heartbeat
 from recovery.supervision import Child, RestartBudget, StandbyPool
 from recovery.supervision import Supervisor as _Supervisor
 from recovery.supervision.backends import Backend
+from recovery.supervision.drills import DrillDesk
+from recovery.supervision.exit_causes import load_catalogue
 from recovery.supervision.stacks import find_py_spy
 from recovery.transfer import InMemoryRegistry, RegistryServer
+from workload.drills import ReferenceInjector
 from workload.file_lease import FileLease
 from workload.job import JobConfig, RunDir, write_json_atomic
 
@@ -43,6 +47,9 @@ EXITED = EXITED_PHASE  # heartbeat phase of a process the supervisor saw exit
 # RLGuard decides every restart of the reference job; the budget only stops a runaway loop, and
 # no backoff: the ETTR benchmark measures how fast a healthy job comes back.
 REFERENCE_BUDGET = 1000
+# How long a restart_role of an engine waits for its re-admission before it answers without it
+# (the launcher hook waits 60 s for an answer by default).
+READMIT_WAIT_S = 50.0
 
 
 def start_job_services(run: RunDir, config: JobConfig) -> tuple[RegistryServer, Coordinator]:
@@ -94,10 +101,7 @@ class Supervisor(_Supervisor):
         pool = None
         if standby:
             pool = StandbyPool(
-                lambda role: [
-                    sys.executable, "-m", "workload.standby",
-                    "--role", role, "--run-dir", str(run.root),
-                ],
+                self._standby_command,
                 log_dir=run.root / "logs",
                 on_event=run.event,
             )
@@ -114,8 +118,12 @@ class Supervisor(_Supervisor):
             timeout=timeout,
             py_spy=find_py_spy(),  # hang forensics (capture_stacks) for the reference job too
             backend=backend,  # None: local processes; slurm: restart_job requeues the batch job
+            exit_causes=load_catalogue(),  # a failed process's cause, from its own output
         )
         self.registry, self.coordinator = start_job_services(run, config)
+        # rlguard drill: the job's own injection points (oom, disk-full) beside the signals.
+        self.drill_injector = ReferenceInjector(run)
+        self.drills = DrillDesk(self.drill_injector)
 
     # ---- what the generic supervisor asks of the job -----------------------------------------
 
@@ -125,8 +133,24 @@ class Supervisor(_Supervisor):
             return ["--run-dir", str(self.run.root), "--incarnation", str(self._incarnation)]
         return ["--run-dir", str(self.run.root), "--rank", str(child.rank)]
 
+    def _role_module(self, role: str) -> str:
+        if self.config.rollout_engine == "vllm":
+            # The trainer drives the engines; a rollout process is one engine (workload/engines/).
+            return {"trainer": "workload.engines.trainer", "rollout": "workload.engines.engine_host"}[
+                role
+            ]
+        return f"workload.{role}"
+
     def _role_command(self, child: Child) -> list[str]:
-        return [sys.executable, "-m", f"workload.{child.role}", *self._role_argv(child)]
+        return [sys.executable, "-m", self._role_module(child.role), *self._role_argv(child)]
+
+    def _standby_command(self, role: str) -> list[str]:
+        if self.config.rollout_engine == "vllm" and role == "rollout":
+            # A whole engine, started ahead and put to sleep (woken on its order).
+            return [sys.executable, "-m", self._role_module(role), "--standby",
+                    "--run-dir", str(self.run.root)]
+        return [sys.executable, "-m", "workload.standby", "--role", role,
+                "--module", self._role_module(role), "--run-dir", str(self.run.root)]
 
     @staticmethod
     def _standby_order(child: Child, argv: list[str], env: Mapping[str, str], log: Path) -> bytes:
@@ -136,6 +160,26 @@ class Supervisor(_Supervisor):
     def event(self, kind: str, **fields: object) -> None:
         self.run.event(kind, **fields)
 
+    def restart_answer(
+        self, children: list[Child], answer: dict[str, Any], spawned_at: float
+    ) -> dict[str, Any] | None:
+        """A restarted engine is healed once the router admits it at the trainer's weight
+        version: the answer waits for that (at most ``READMIT_WAIT_S``) and tells its stages."""
+        engines = [c for c in children if c.role == "rollout" and c.proc is not None]
+        if self.config.rollout_engine != "vllm" or not engines:
+            return answer
+        from workload.engines.healing import describe, healing_stages
+
+        since = time.time() - (time.monotonic() - spawned_at)
+        stages = [healing_stages(self.run, c.rank, c.proc.pid, since) for c in engines if c.proc]
+        waited = time.monotonic() - spawned_at
+        readmitted = all(s["readmitted_s"] is not None for s in stages)
+        if not readmitted and waited < READMIT_WAIT_S:
+            return None
+        # One line per engine: the recovery worker keeps the answer's last 500 characters, and
+        # "stages" sorts near the end of it.
+        return {**answer, "stages": [describe(s) for s in stages], "readmitted": readmitted}
+
     def finished(self) -> bool:
         trainer = self.children[0]
         return trainer.returncode == 0 and self.run.done.exists()
@@ -143,6 +187,13 @@ class Supervisor(_Supervisor):
     def exit_expected(self, child: Child, code: int) -> bool:
         # Once the trainer wrote DONE the rollouts end on their own, and so does the trainer.
         return self.run.done.exists() and (child.role == "rollout" or code == 0)
+
+    def start(self) -> None:
+        super().start()
+        if self.standby is not None and self.config.rollout_engine == "vllm":
+            # An engine takes a minute to start: the spare one is provisioned with the job (and
+            # put to sleep), not once the job is steady as the light standbys are.
+            self.standby.start("rollout")
 
     def standby_wanted(self) -> bool:
         return not self.run.done.exists()
@@ -180,5 +231,6 @@ class Supervisor(_Supervisor):
         try:
             super().close(timeout)
         finally:
+            self.drill_injector.restore()  # a disk-full drill never outlives its launcher
             self.coordinator.close()
             self.registry.close()

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,9 +50,7 @@ class Trainer:
         self.cfg: JobConfig = run.load_config()
         self.incarnation = incarnation
         torch.set_num_threads(1)
-        spec = self.cfg.task
-        self.reference = init_policy(spec, self.cfg.seed)
-        self.policy: DigitPolicy = init_policy(spec, self.cfg.seed)
+        self.policy, self.reference = self._make_policies()
         self.base = BaseShard(0, {n: t.clone() for n, t in self.policy.state_dict().items()}, {})
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.lr)
         self.step = 0
@@ -66,7 +65,7 @@ class Trainer:
         runtime = read_json(run.runtime) or {}
         self.publisher = WeightPublisher(
             WEIGHT_SET,
-            transport=make_transport("tcp"),
+            transport=make_transport(self.cfg.transport),
             registry=RegistryClient(runtime["registry"], timeout=5.0),
             lease_s=5.0,
         )
@@ -88,6 +87,23 @@ class Trainer:
         self.published: int | None = None
         self._burst_max_ms = 0.0
         self._step_latency_ms: float | None = None
+
+    # ---- what a rollout backend may change ---------------------------------------------------
+
+    def _make_policies(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """The policy to train and the frozen reference, identical at step 0."""
+        spec = self.cfg.task
+        policy: DigitPolicy = init_policy(spec, self.cfg.seed)
+        return policy, init_policy(spec, self.cfg.seed)
+
+    def _loss(self, samples: list[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, float]]:
+        assert isinstance(self.policy, DigitPolicy) and isinstance(self.reference, DigitPolicy)
+        return grpo_loss(
+            self.policy, self.reference, samples, self.cfg.task, kl_coef=self.cfg.kl_coef
+        )
+
+    def _published(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        """Called once the weights of the step are published as ``version``."""
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -155,6 +171,7 @@ class Trainer:
         version = self.incarnation * VERSION_STRIDE + self.step
         tensors = {n: p.detach().clone() for n, p in self.policy.named_parameters()}
         self.publisher.publish(version, tensors, min_replicas=1)
+        self._published(version, tensors)
         if self.published is not None:
             self.publisher.retire(self.incarnation * VERSION_STRIDE + self.published)
         self.published = self.step
@@ -235,9 +252,7 @@ class Trainer:
         for b in batches:
             samples.extend(b.load_samples())
         self.optimizer.zero_grad(set_to_none=True)
-        loss, stats = grpo_loss(
-            self.policy, self.reference, samples, self.cfg.task, kl_coef=self.cfg.kl_coef
-        )
+        loss, stats = self._loss(samples)
         loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.optimizer.step()
         return stats
@@ -371,7 +386,15 @@ def warm_up() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workload.trainer")
+    return run_trainer("python -m workload.trainer", Trainer, argv)
+
+
+def run_trainer(
+    prog: str, make: Callable[[RunDir, int], Trainer], argv: list[str] | None = None
+) -> int:
+    """A trainer process's entry: ``--run-dir`` and ``--incarnation``, the trainer ``make``
+    builds from them run to its end; 3 when the recovery library stopped it."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--incarnation", type=int, default=0)
     args = parser.parse_args(argv)
@@ -379,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get("RLGUARD_WORKLOAD_LOG", "WARNING"),
         format="%(asctime)s trainer-%(process)d %(levelname)s %(name)s: %(message)s",
     )
-    trainer = Trainer(RunDir(args.run_dir), args.incarnation)
+    trainer = make(RunDir(args.run_dir), args.incarnation)
     try:
         return trainer.run_loop()
     except RecoveryError as exc:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from agents.collectors.engine_processes import EngineProcessWatch, is_local
 from agents.collectors.exposition import ExpositionReader, ExpositionSample, ScrapeError, scrape
 from agents.samples import Sample, make_sample
 from recovery.report import JOB_PATTERN
@@ -45,30 +46,48 @@ class EngineMetricNames:
     generation_tokens: str
     kv_cache_usage: tuple[str, ...]  # first found wins (current name, then the deprecated one)
     preemptions: str
+    # finished requests by why they finished (the label ``finish_label``), where the engine
+    # counts them: how many ended in an error or were aborted
+    finished: str | None = None
+    finish_label: str = "finished_reason"
+    errored_reasons: tuple[str, ...] = ()
+    aborted_reasons: tuple[str, ...] = ()
 
     @property
     def families(self) -> tuple[str, ...]:
         """Every name read (the reader parses only these families of the page)."""
+        finished = (self.finished,) if self.finished else ()
         return (
             self.running,
             self.waiting,
             self.generation_tokens,
             *self.kv_cache_usage,
             self.preemptions,
+            *finished,
         )
 
+
+_VLLM_METRICS = EngineMetricNames(
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    generation_tokens="vllm:generation_tokens_total",
+    kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    preemptions="vllm:num_preemptions_total",
+    # finished_reason: stop, length, abort, error, repetition (vllm/v1/engine FinishReason)
+    finished="vllm:request_success_total",
+    errored_reasons=("error",),
+    aborted_reasons=("abort",),
+)
 
 ENGINE_METRICS: dict[str, EngineMetricNames] = {
     # vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger); counters are exposed
     # with prometheus_client's ``_total`` suffix. kv_cache_usage_perc replaced
-    # gpu_cache_usage_perc in 0.9; both are read.
-    "vllm": EngineMetricNames(
-        running="vllm:num_requests_running",
-        waiting="vllm:num_requests_waiting",
-        generation_tokens="vllm:generation_tokens_total",
-        kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        preemptions="vllm:num_preemptions_total",
-    ),
+    # gpu_cache_usage_perc in 0.9; both are read. Every name was checked against a live vLLM
+    # 0.32.0 server's /metrics (tests/unit/agents/collectors/expositions/vllm-0.32.0.txt).
+    "vllm": _VLLM_METRICS,
+    # TRL's `trl vllm-serve` (1.16) runs vLLM's own OpenAI server (`vllm serve` with TRL's
+    # worker extension): the same page and process tree, a start-up grace of its own.
+    "trl-vllm-serve": _VLLM_METRICS,
     # sgl-project/sglang python/sglang/srt/metrics/collector.py (SchedulerMetricsCollector,
     # TokenizerMetricsCollector): token_usage is the KV pool's used fraction; retracted
     # requests are SGLang's preemptions.
@@ -96,10 +115,13 @@ class EngineSpec:
     role: str = "rollout"
     rank: int = 0
     job: str | None = None
+    # the engine's API server (the root of its process tree); found by the port it listens on
+    # when not given and the engine runs on this node
+    pid: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> EngineSpec:
-        """Parse ``KIND=URL[,role=R][,rank=N][,job=J]``; raises :class:`EngineSpecError`."""
+        """Parse ``KIND=URL[,role=R][,rank=N][,job=J][,pid=P]``; raises :class:`EngineSpecError`."""
         kind, sep, rest = text.partition("=")
         if not sep or not kind:
             raise EngineSpecError(f"expected KIND=URL[,role=R,rank=N,job=J], got {text!r}")
@@ -120,9 +142,10 @@ class EngineSpec:
         values: dict[str, str] = {}
         for option in options:
             key, eq, value = option.partition("=")
-            if not eq or key not in ("role", "rank", "job"):
+            if not eq or key not in ("role", "rank", "job", "pid"):
                 raise EngineSpecError(
-                    f"unknown engine option {option!r} in {text!r} (expected role=, rank=, job=)"
+                    f"unknown engine option {option!r} in {text!r} "
+                    f"(expected role=, rank=, job=, pid=)"
                 )
             values[key] = value
         role = values.get("role", "rollout")
@@ -136,7 +159,13 @@ class EngineSpec:
             raise EngineSpecError(
                 f"engine rank must be a whole number from 0 to {_MAX_RANK}, got {rank_text!r}"
             )
-        return cls(kind=kind, url=base, role=role, rank=int(rank_text), job=job)
+        pid_text = values.get("pid")
+        if pid_text is not None and (not pid_text.isdigit() or int(pid_text) < 1):
+            raise EngineSpecError(
+                f"engine pid must be a process id (a whole number above 0), got {pid_text!r}"
+            )
+        pid = int(pid_text) if pid_text is not None else None
+        return cls(kind=kind, url=base, role=role, rank=int(rank_text), job=job, pid=pid)
 
     @property
     def name(self) -> str:
@@ -149,6 +178,7 @@ class _EngineState:
     spec: EngineSpec
     labels: dict[str, str]
     reader: ExpositionReader
+    processes: EngineProcessWatch
     down_reason: str | None = None
     metrics_failing: str | None = None
     last_tokens: tuple[float, float] | None = None  # (monotonic time, generation tokens)
@@ -165,25 +195,49 @@ class EngineCollector:
         timeout: float = 1.0,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
+        discover: Callable[[], Sequence[EngineSpec]] | None = None,
     ) -> None:
         self._clock = clock
         self._client = httpx.Client(timeout=timeout, transport=transport)
-        self._engines = [
-            _EngineState(
-                spec=e,
-                labels={
-                    "job": e.job or default_job,
-                    "role": e.role,
-                    "rank": str(e.rank),
-                    "engine": e.kind,
-                },
-                reader=ExpositionReader(ENGINE_METRICS[e.kind].families),
-            )
-            for e in engines
-        ]
+        self._default_job = default_job
+        self._engines = [self._state_for(e) for e in engines]
+        # Engines the job announces (agents.collectors.engine_discovery), read every round; an
+        # --engine for the same participant wins over an announcement.
+        self._discover = discover
+        self._discovered: dict[EngineSpec, _EngineState] = {}
         self._pool = ThreadPoolExecutor(
-            max_workers=max(1, len(engines)), thread_name_prefix="engine"
+            max_workers=max(4 if discover else 1, len(engines)), thread_name_prefix="engine"
         )
+
+    def _state_for(self, e: EngineSpec) -> _EngineState:
+        return _EngineState(
+            spec=e,
+            labels={
+                "job": e.job or self._default_job,
+                "role": e.role,
+                "rank": str(e.rank),
+                "engine": e.kind,
+            },
+            reader=ExpositionReader(ENGINE_METRICS[e.kind].families),
+            processes=_process_watch(e),
+        )
+
+    def _current(self) -> list[_EngineState]:
+        """The configured engines and those announced now (a rank's new engine replaces its
+        predecessor when the announcement is rewritten)."""
+        if self._discover is None:
+            return self._engines
+        fixed = {(s.labels["job"], s.spec.role, s.spec.rank) for s in self._engines}
+        found: dict[EngineSpec, _EngineState] = {}
+        for spec in self._discover():
+            state = self._discovered.get(spec) or self._state_for(spec)
+            if (state.labels["job"], spec.role, spec.rank) in fixed or spec in found:
+                continue
+            if spec not in self._discovered:
+                log.info("watching engine %s at %s (announced by the job)", spec.name, spec.url)
+            found[spec] = state
+        self._discovered = found
+        return [*self._engines, *found.values()]
 
     def close(self) -> None:
         """Stop the probe threads and close the HTTP client."""
@@ -192,16 +246,19 @@ class EngineCollector:
 
     def collect(self) -> list[Sample]:
         """Probe every engine concurrently; this round's samples."""
-        if not self._engines:
+        engines = self._current()
+        if not engines:
             return []
         out: list[Sample] = []
-        for samples in self._pool.map(self._collect_one, self._engines):
+        for samples in self._pool.map(self._collect_one, engines):
             out.extend(samples)
         return out
 
     def _collect_one(self, state: _EngineState) -> list[Sample]:
         now = self._clock()
         labels = state.labels
+        # The process table first: it answers at once, whatever the probe below waits for.
+        out = self._processes(state, now)
         reason = self._probe(state.spec.url + "/health")
         if reason is not None:
             if state.down_reason is None:
@@ -210,11 +267,11 @@ class EngineCollector:
                 )
             state.down_reason = reason
             state.last_tokens = None
-            return [make_sample("rollout_engine_up", 0, now, labels)]
+            return [*out, make_sample("rollout_engine_up", 0, now, labels)]
         if state.down_reason is not None:
             log.warning("engine %s at %s answers again", state.spec.name, state.spec.url)
             state.down_reason = None
-        out = [make_sample("rollout_engine_up", 1, now, labels)]
+        out.append(make_sample("rollout_engine_up", 1, now, labels))
         names = ENGINE_METRICS[state.spec.kind]
         try:
             samples = scrape(self._client, state.spec.url + "/metrics", state.reader)
@@ -251,6 +308,37 @@ class EngineCollector:
         if tokens is not None:
             add("rollout_tokens_generated_total", tokens)
             self._tokens_per_second(state, tokens, add)
+        if names.finished is not None:
+            by_reason = _sum_by_label(samples, names.finished, names.finish_label)
+            if by_reason:
+                add("rollout_engine_requests_finished_total", sum(by_reason.values()))
+                errored = sum(by_reason.get(r, 0.0) for r in names.errored_reasons)
+                aborted = sum(by_reason.get(r, 0.0) for r in names.aborted_reasons)
+                add("rollout_engine_requests_errored_total", errored)
+                add("rollout_engine_requests_aborted_total", aborted)
+        return out
+
+    def _processes(self, state: _EngineState, now: float) -> list[Sample]:
+        """``rollout_engine_process_dead`` per level of the tree seen so far (label
+        ``process``) and the engine's uptime, when its processes can be watched from here."""
+        view = state.processes.observe()
+        if view is None:
+            return []
+        out = [
+            make_sample(
+                "rollout_engine_process_dead", int(dead), now, {**state.labels, "process": level}
+            )
+            for level, dead in view.dead.items()
+        ]
+        if view.started_at is not None:
+            out.append(
+                make_sample(
+                    "rollout_engine_uptime_seconds",
+                    max(0.0, now - view.started_at),
+                    now,
+                    state.labels,
+                )
+            )
         return out
 
     def _tokens_per_second(
@@ -274,6 +362,24 @@ class EngineCollector:
         if response.status_code != 200:
             return f"HTTP {response.status_code}"
         return None
+
+
+def _process_watch(spec: EngineSpec) -> EngineProcessWatch:
+    parts = urlsplit(spec.url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return EngineProcessWatch(
+        kind=spec.kind, port=port, pid=spec.pid, local=is_local(parts.hostname or "")
+    )
+
+
+def _sum_by_label(samples: list[ExpositionSample], name: str, label: str) -> dict[str, float]:
+    """``name``'s values summed per value of ``label`` (over the engine's other labels)."""
+    out: dict[str, float] = {}
+    for s in samples:
+        if s.name == name:
+            key = s.labels.get(label, "")
+            out[key] = out.get(key, 0.0) + s.value
+    return out
 
 
 def _sum_by_name(samples: list[ExpositionSample]) -> dict[str, float]:

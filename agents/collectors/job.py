@@ -23,6 +23,7 @@ import orjson
 from agents.metric_names import TRAINER_SIGNALS
 from agents.samples import Participant, Sample, make_sample
 from recovery._tail import AppendedLines
+from recovery.launcher_reports import LAUNCH_DIRNAME
 from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
 
 log = logging.getLogger("rlguard.agent.job")
@@ -40,6 +41,7 @@ _PHASE_RE = PHASE_PATTERN
 _MAX_RANK = 1_000_000
 _MAX_STEP = 2**62
 _MAX_FUTURE_S = 300.0
+_MAX_CAUSE_LINE = 120
 
 
 class HeartbeatInvalid(ValueError):
@@ -75,6 +77,17 @@ class Heartbeat:
     checkpoint_inference_version: int | None = None
     # A framework's training metrics (``signals``): only the names in TRAINER_SIGNALS.
     signals: tuple[tuple[str, float], ...] = ()
+    # Why the process failed, as its launcher read it in the process's own output (cause,
+    # kind, line: recovery/supervision/exit_causes.py); None: no exit, or no known cause.
+    exit_cause: tuple[str, str, str] | None = None
+    pid: int | None = None
+    # The process's own first-step hang budget (heartbeat API), None: not declared there.
+    first_step_budget_seconds: float | None = None
+    rollout_failed_samples_total: int | None = None
+    rollout_samples_total: int | None = None
+    # Every-step snapshots not persisted, and the last one's (directory, error).
+    snapshot_persist_errors_total: int | None = None
+    snapshot_persist_last_error: tuple[str, str] | None = None
 
 
 def _number(doc: dict[str, Any], key: str) -> float | None:
@@ -109,6 +122,41 @@ def _signals(doc: dict[str, Any]) -> tuple[tuple[str, float], ...]:
         if value is not None:
             out.append((name, value))
     return tuple(out)
+
+
+def _exit_cause(doc: dict[str, Any]) -> tuple[str, str, str] | None:
+    raw = doc.get("exit_cause")
+    if raw is None:
+        return None
+    fields = raw if isinstance(raw, dict) else {}
+    cause, kind, line = fields.get("cause"), fields.get("kind"), fields.get("line")
+    if not (
+        isinstance(cause, str)
+        and _ID_RE.fullmatch(cause)
+        and isinstance(kind, str)
+        and _ID_RE.fullmatch(kind)
+        and isinstance(line, str)
+    ):
+        raise HeartbeatInvalid(f"field 'exit_cause' is not a cause, kind and line: {raw!r}")
+    # The line is a label value: the contract's limit (128), NUL-free.
+    return cause, kind, line.replace("\x00", "")[:_MAX_CAUSE_LINE]
+
+
+def _persist_error(doc: dict[str, Any]) -> tuple[str, str] | None:
+    raw = doc.get("snapshot_persist_last_error")
+    if raw is None:
+        return None
+    fields = raw if isinstance(raw, dict) else {}
+    directory, error = fields.get("dir"), fields.get("error")
+    if not (isinstance(directory, str) and isinstance(error, str)):
+        raise HeartbeatInvalid(
+            f"field 'snapshot_persist_last_error' is not a dir and an error: {raw!r}"
+        )
+    # Label values: the contract's limit (128), NUL-free; a path's end names it best.
+    return (
+        directory.replace("\x00", "")[-_MAX_CAUSE_LINE:],
+        error.replace("\x00", "")[:_MAX_CAUSE_LINE],
+    )
 
 
 def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
@@ -177,6 +225,34 @@ def parse_heartbeat(raw: bytes, default_job: str) -> Heartbeat:
         checkpoint_step=_count(doc, "checkpoint_step"),
         checkpoint_inference_version=_count(doc, "checkpoint_inference_version"),
         signals=_signals(doc),
+        exit_cause=_exit_cause(doc),
+        pid=_count(doc, "pid"),
+        first_step_budget_seconds=_positive(doc, "first_step_budget_seconds"),
+        rollout_failed_samples_total=_count(doc, "rollout_failed_samples_total"),
+        rollout_samples_total=_count(doc, "rollout_samples_total"),
+        snapshot_persist_errors_total=_count(doc, "snapshot_persist_errors_total"),
+        snapshot_persist_last_error=_persist_error(doc),
+    )
+
+
+def _positive(doc: dict[str, Any], key: str) -> float | None:
+    value = _number(doc, key)
+    if value is not None and value <= 0:
+        raise HeartbeatInvalid(f"field {key!r} is not a positive number: {value!r}")
+    return value
+
+
+def _persist_error_sample(hb: Heartbeat, now: float, labels: dict[str, str]) -> Sample | None:
+    """``snapshot_persist_last_error{dir, error}``; value: the error count it was last at (one
+    series per distinct directory and error, which carry no snapshot's name)."""
+    if hb.snapshot_persist_last_error is None:
+        return None
+    where, error = hb.snapshot_persist_last_error
+    return make_sample(
+        "snapshot_persist_last_error",
+        hb.snapshot_persist_errors_total or 0,
+        now,
+        {**labels, "dir": where, "error": error},
     )
 
 
@@ -253,6 +329,8 @@ class JobCollector:
         self._clock = clock
         self._cache: dict[str, _FileCache] = {}
         self._rates: dict[tuple[str, str, int], _Rate] = {}
+        # launch declaration file -> (stat key, pid, first-step budget)
+        self._declarations: dict[str, tuple[tuple[int, int, int], Any, float | None]] = {}
         self._bad_files: set[str] = set()
         self._state_log = _StateLogTail(self._run_dir / STATE_LOG_NAME)
         self._job_name: str | None = None
@@ -336,6 +414,10 @@ class JobCollector:
             out.append(make_sample(name, value, now, labels))
 
         add("participant_heartbeat_age_seconds", max(0.0, now - hb.ts))
+        if hb.pid is not None:
+            # A new value is a new process: a restart its phases may not show (a quick restart
+            # by the job's own launcher, resumed at the same step).
+            add("participant_pid", hb.pid)
         if hb.updated_at is not None:
             add("participant_progress_age_seconds", max(0.0, now - hb.updated_at))
         if hb.step is not None:
@@ -358,6 +440,7 @@ class JobCollector:
             ("rollout_batch_timeouts_total", hb.rollout_batch_timeouts_total),
             ("state_log_write_errors_total", hb.state_log_write_errors_total),
             ("checkpoint_write_errors_total", hb.checkpoint_write_errors_total),
+            ("snapshot_persist_errors_total", hb.snapshot_persist_errors_total),
             ("checkpoint_committed_step", hb.checkpoint_step),
             ("checkpoint_inference_version", hb.checkpoint_inference_version),
         ):
@@ -367,6 +450,27 @@ class JobCollector:
             add("actor_shard_stale", 1 if hb.stale_shards else 0)
         for signal, reading in hb.signals:
             add(signal, reading)
+        if hb.rollout_failed_samples_total is not None:
+            add("rollout_failed_samples_total", hb.rollout_failed_samples_total)
+        if hb.rollout_samples_total is not None:
+            add("rollout_samples_total", hb.rollout_samples_total)
+        budget = hb.first_step_budget_seconds or self._declared_budget(hb)
+        if budget is not None:
+            add("participant_first_step_budget_seconds", budget)
+        if hb.exit_cause is not None:
+            cause, kind, line = hb.exit_cause
+            # Value: when the process exited (its heartbeat's time), so a reader tells this
+            # exit's cause from an earlier one's.
+            out.append(
+                make_sample(
+                    "participant_exit_cause",
+                    hb.ts,
+                    now,
+                    {**labels, "cause": cause, "kind": kind, "line": line},
+                )
+            )
+        if (last_error := _persist_error_sample(hb, now, labels)) is not None:
+            out.append(last_error)
         if hb.tokens_generated is not None:
             add("rollout_tokens_generated_total", hb.tokens_generated)
             key = (hb.job, hb.role, hb.rank)
@@ -382,6 +486,30 @@ class JobCollector:
                     "rollout_tokens_per_second",
                     (hb.tokens_generated - previous.tokens) / (hb.ts - previous.ts),
                 )
+
+    def _declared_budget(self, hb: Heartbeat) -> float | None:
+        """The first-step budget its launcher declared for this process (``rlguard launch
+        --first-step-budget``: ``<run_dir>/launch/<role>-<rank>.json``, for one pid)."""
+        path = self._run_dir / LAUNCH_DIRNAME / f"{hb.role}-{hb.rank}.json"
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = self._declarations.get(path.name)
+        if cached is None or cached[0] != key:
+            pid: Any = None
+            budget: float | None = None
+            try:
+                doc = orjson.loads(path.read_bytes()[:4096])
+                pid, raw = doc.get("pid"), doc.get("first_step_budget_seconds")
+                if isinstance(raw, int | float) and not isinstance(raw, bool) and 0 < raw < math.inf:
+                    budget = float(raw)
+            except (OSError, orjson.JSONDecodeError, AttributeError):
+                pass  # a declaration being replaced or broken: the policy's budget meanwhile
+            cached = (key, pid, budget)
+            self._declarations[path.name] = cached
+        return cached[2] if cached[1] == hb.pid and hb.pid is not None else None
 
     def _collect_state_log(self, now: float, out: list[Sample]) -> None:
         tail = self._state_log

@@ -2,8 +2,8 @@
 
 pending_approval → pending → dispatched → running → succeeded | failed, or → cancelled.
 
-A worker *claims* a row before it acts (a conditional UPDATE, atomic on SQLite and PostgreSQL)
-and holds it until ``lease_until``; a redelivered task finds the row already succeeded and does
+A worker *claims* a row before it acts (a conditional UPDATE, atomic on SQLite and PostgreSQL,
+under the write lock of ``app.core.db.begin_write``) and holds it until ``lease_until``; a redelivered task finds the row already succeeded and does
 nothing, or finds it held and waits. A worker killed mid-action leaves a lease that runs out;
 the dispatcher then sends the action again and the next claim takes over. Together with actions
 that check the world before acting, that is "nothing lost, nothing done twice in effect".
@@ -22,6 +22,7 @@ from sqlmodel import Session, select
 
 from app.actions.kinds import kind_of
 from app.actions.plan_order import earlier_to_run_first, superseded_by
+from app.core.db import begin_write
 from app.incidents.persist import resolve_incident
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
@@ -89,7 +90,10 @@ def claim_action(
 ) -> Claim:
     """Take the action for ``worker`` until ``now + lease_seconds``; the caller commits."""
     now = now or utcnow()
-    row = session.get(RecoveryAction, action_id)
+    # The UPDATE below decides who runs it; the lock also keeps two claimers from both
+    # cancelling a superseded row (two timeline entries) in ``_in_plan_order``.
+    begin_write(session)
+    row = session.get(RecoveryAction, action_id, with_for_update=True)
     if row is None or row.idempotency_key != idempotency_key:
         return Claim(
             ClaimOutcome.unknown, why=f"no action {action_id} with key {idempotency_key!r}"

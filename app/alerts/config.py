@@ -11,7 +11,7 @@ import ipaddress
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import yaml
 from pydantic import (
@@ -184,6 +184,8 @@ class AlertsConfig(BaseModel):
     external_base_url: str = "http://127.0.0.1:8000"
     incident_path: str = "/incidents/{incident_id}"
     approval_path: str = "/approvals/{approval_id}"
+    # Where a fault kind's runbook is served (app/views/runbooks.py renders docs/runbooks/).
+    runbook_path: str = "/runbooks/{kind}"
     group_wait_s: float = Field(default=10.0, ge=0.0, le=600.0)
     repeat_interval_s: float = Field(default=1800.0, ge=60.0, le=7 * 86400.0)
     # A worker's claim on a delivery; after a worker dies mid-send the row is sent again once
@@ -212,7 +214,7 @@ class AlertsConfig(BaseModel):
             raise ValueError(f"external_base_url {value!r} must be an http(s) URL without query")
         return value.rstrip("/")
 
-    @field_validator("incident_path", "approval_path")
+    @field_validator("incident_path", "approval_path", "runbook_path")
     @classmethod
     def _check_path(cls, value: str) -> str:
         if not value.startswith("/") or value.count("{") != 1:
@@ -262,6 +264,9 @@ class AlertsConfig(BaseModel):
 
     def approval_url(self, approval_id: int) -> str:
         return self.external_base_url + self.approval_path.format(approval_id=int(approval_id))
+
+    def runbook_url(self, kind: str) -> str:
+        return self.external_base_url + self.runbook_path.format(kind=quote(kind, safe=""))
 
 
 def parse_alerts_config(data: object) -> AlertsConfig:

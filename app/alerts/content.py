@@ -44,6 +44,7 @@ _TEXT: dict[Locale, dict[str, str]] = {
         "none_yet": "none yet",
         "button.incident": "Open incident",
         "button.approval": "Approve or reject",
+        "button.runbook": "Runbook",
         "safe_mode": "The job is in SAFE_MODE. Restoring from the latest checkpoint waits for an approver.",
         "decided.approved": "Approved by {who}",
         "decided.rejected": "Rejected by {who}; the job stays in SAFE_MODE",
@@ -88,6 +89,7 @@ _TEXT: dict[Locale, dict[str, str]] = {
         "none_yet": "暂无",
         "button.incident": "查看事件",
         "button.approval": "去审批",
+        "button.runbook": "处置手册",
         "safe_mode": "任务已进入 SAFE_MODE，从最近的 checkpoint 恢复需要审批人确认。",
         "decided.approved": "{who} 已批准",
         "decided.rejected": "{who} 已拒绝，任务保持在 SAFE_MODE",
@@ -149,6 +151,9 @@ class MessageContent:
     incident_label: str
     approval_label: str
     resolved: bool
+    # What to do about this kind of fault (docs/runbooks/<kind>.md, served by the dashboard).
+    runbook_url: str
+    runbook_label: str
 
 
 def _kind_phrase(locale: Locale, batch: AlertBatch, kind: EventKind) -> str:
@@ -235,4 +240,6 @@ def build_content(batch: AlertBatch, *, config: AlertsConfig, locale: Locale) ->
         incident_label=text(locale, "button.incident"),
         approval_label=text(locale, "button.approval"),
         resolved=resolved,
+        runbook_url=config.runbook_url(latest.fault_kind),
+        runbook_label=text(locale, "button.runbook"),
     )

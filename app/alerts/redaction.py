@@ -13,6 +13,7 @@ import threading
 from urllib.parse import parse_qsl, urlsplit
 
 from app.alerts.config import mask_url
+from recovery.redaction import replace_secrets
 
 _lock = threading.Lock()
 _replacements: dict[str, str] = {}
@@ -46,11 +47,8 @@ def register_secret(secret: str) -> None:
 def redact(value: str) -> str:
     """`value` with every registered secret replaced (longest first, so URLs go whole)."""
     with _lock:
-        items = sorted(_replacements.items(), key=lambda kv: len(kv[0]), reverse=True)
-    for secret, mask in items:
-        if secret in value:
-            value = value.replace(secret, mask)
-    return value
+        replacements = dict(_replacements)
+    return replace_secrets(value, replacements)
 
 
 class RedactingFilter(logging.Filter):

@@ -60,5 +60,7 @@ def render_test_message(
         incident_label="RLGuard",
         approval_label=text(locale, "button.approval"),
         resolved=False,
+        runbook_url=config.external_base_url + "/runbooks",
+        runbook_label=text(locale, "button.runbook"),
     )
     return _dispatch(content, None, channel)

@@ -73,6 +73,14 @@ def render_slack(content: MessageContent) -> RenderedMessage:
                 "url": content.approval_url,
             }
         )
+    buttons.append(
+        {
+            "type": "button",
+            "action_id": "open_runbook",
+            "text": _plain(content.runbook_label, BUTTON_TEXT_MAX),
+            "url": content.runbook_url,
+        }
+    )
     blocks.append({"type": "actions", "elements": buttons})
     # The fallback is what the phone's notification banner shows.
     fallback = f"{content.emoji} [{content.tier_label}] {content.headline}"

@@ -81,7 +81,11 @@ def render_webhook(
         "resolved": content.resolved,
         "headline": content.headline,
         "notes": list(content.notes),
-        "links": {"incident": content.incident_url, "approval": content.approval_url},
+        "links": {
+            "incident": content.incident_url,
+            "approval": content.approval_url,
+            "runbook": content.runbook_url,
+        },
     }
     if batch is None:  # a test message: no incident behind it
         body["test"] = True

@@ -67,6 +67,7 @@ def render_wecom(
     links = f"[{content.incident_label}]({content.incident_url})"
     if content.approval_url:
         links += f"  [{content.approval_label}]({content.approval_url})"
+    links += f"  [{content.runbook_label}]({content.runbook_url})"
     tail = [links, f'<font color="comment">{content.context}</font>']
     markdown = _fit(head, body, tail, MARKDOWN_MAX_BYTES, text(content.locale, "truncated"))
     parts: list[dict[str, object]] = [{"msgtype": "markdown", "markdown": {"content": markdown}}]

@@ -21,7 +21,7 @@ from app.auth.tokens import NodeIdentity, NodeTokenCache
 from app.auth.users import user_for_token
 from app.core.config import Settings
 from app.core.errors import Forbidden, NotAuthenticated
-from app.core.ratelimit import TokenBucketLimiter
+from app.core.ratelimit import LoginNameThrottle
 from app.ingest.pipeline import IngestService
 from app.ingest.series_store import SeriesStore
 from app.models import Role, User
@@ -50,10 +50,10 @@ async def get_ingest_service(request: Request) -> IngestService:
     return service
 
 
-async def get_login_name_limiter(request: Request) -> TokenBucketLimiter:
+async def get_login_name_limiter(request: Request) -> LoginNameThrottle:
     """Login attempts per user name (app.main._add_hardening); per address is middleware."""
-    limiter: TokenBucketLimiter = request.app.state.rate_limiters["login_name"]
-    return limiter
+    throttle: LoginNameThrottle = request.app.state.rate_limiters["login_name"]
+    return throttle
 
 
 # Every integer path or query parameter that reaches SQL is one of these: SQLite binds a Python
@@ -70,7 +70,7 @@ SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 SeriesStoreDep = Annotated[SeriesStore, Depends(get_series_store)]
 IngestDep = Annotated[IngestService, Depends(get_ingest_service)]
-LoginThrottleDep = Annotated[TokenBucketLimiter, Depends(get_login_name_limiter)]
+LoginThrottleDep = Annotated[LoginNameThrottle, Depends(get_login_name_limiter)]
 
 
 def bearer_token(request: Request) -> str | None:

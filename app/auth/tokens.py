@@ -13,8 +13,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.auth.audit import record_audit
+from app.auth.job_scope import JobScope, parse_job_patterns
 from app.core.errors import InvalidInput, NotFound
-from app.ingest.validation import ID_PATTERN
+from app.ingest.validation import ID_PATTERN, ValidBatch
 from app.models import ApiToken, Node, TokenKind, User, utcnow
 
 _NODE_NAME_RE = re.compile(ID_PATTERN)
@@ -39,17 +40,24 @@ def validate_node_name(name: str) -> str:
 
 
 def create_node_token(
-    session: Session, *, node: str, actor: str, description: str = ""
+    session: Session,
+    *,
+    node: str,
+    actor: str,
+    description: str = "",
+    jobs: list[str] | None = None,
 ) -> tuple[ApiToken, str]:
-    """Issue a token that may ingest for ``node`` (registered if new). Returns (row, plaintext)."""
+    """Issue a token that may ingest for ``node`` (registered if new), for the jobs matching
+    the glob patterns ``jobs`` (None: any job; ``app.auth.job_scope``). (row, plaintext)."""
     validate_node_name(node)
+    patterns = None if jobs is None else parse_job_patterns(jobs)
     if session.exec(select(Node).where(Node.name == node)).first() is None:
         session.add(Node(name=node))
         session.flush()
         record_audit(session, actor=actor, action="node.register", target=node)
     return _issue(
         session, TokenKind.node, target=f"node:{node}", actor=actor, description=description,
-        node_name=node,
+        node_name=node, job_patterns=patterns,
     )  # fmt: skip
 
 
@@ -71,6 +79,7 @@ def _issue(
     description: str,
     node_name: str | None = None,
     user_id: int | None = None,
+    job_patterns: list[str] | None = None,
 ) -> tuple[ApiToken, str]:
     """Store a new token of ``kind`` (only its hash and prefix) and audit it; (row, plaintext)."""
     plaintext = _new_token(kind)
@@ -81,16 +90,14 @@ def _issue(
         node_name=node_name,
         user_id=user_id,
         description=description,
+        job_patterns=job_patterns,
     )
     session.add(token)
     session.flush()
-    record_audit(
-        session,
-        actor=actor,
-        action="token.create",
-        target=target,
-        detail={"token_id": token.id, "prefix": token.prefix, "kind": kind.value},
-    )
+    detail: dict[str, object] = {"token_id": token.id, "prefix": token.prefix, "kind": kind.value}
+    if job_patterns is not None:
+        detail["jobs"] = job_patterns
+    record_audit(session, actor=actor, action="token.create", target=target, detail=detail)
     return token, plaintext
 
 
@@ -134,7 +141,11 @@ def rotate_token(session: Session, *, token_id: int, actor: str) -> tuple[ApiTok
     if old.kind == TokenKind.node:
         assert old.node_name is not None
         new, plaintext = create_node_token(
-            session, node=old.node_name, actor=actor, description=old.description
+            session,
+            node=old.node_name,
+            actor=actor,
+            description=old.description,
+            jobs=old.job_patterns,  # the replacement keeps the scope
         )
     else:
         user = session.get(User, old.user_id)
@@ -158,6 +169,12 @@ def rotate_token(session: Session, *, token_id: int, actor: str) -> tuple[ApiTok
 class NodeIdentity:
     node: str
     token_id: int
+    job_scope: JobScope | None = None  # None: the token may report any job
+
+    def check_batch(self, batch: ValidBatch) -> None:
+        """Ingest asks this of every batch the token sends: 403 for a job outside its scope."""
+        if self.job_scope is not None:
+            self.job_scope.check_batch(batch)
 
 
 class NodeTokenCache:
@@ -193,7 +210,8 @@ class NodeTokenCache:
                 result = (None, "this is a user token; ingest needs a node token")
             else:
                 assert token.id is not None
-                result = (NodeIdentity(token.node_name, token.id), "")
+                scope = JobScope.of(token.job_patterns)
+                result = (NodeIdentity(token.node_name, token.id, scope), "")
         if len(self._entries) > 100_000:
             self._entries.clear()
         self._entries[h] = (self._clock() + self.ttl, result[0], result[1])

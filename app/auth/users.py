@@ -16,9 +16,10 @@ from sqlmodel import Session, col, select
 from app.auth.audit import record_audit
 from app.auth.sessions import delete_user_sessions, end_user_sessions
 from app.auth.tokens import create_user_token, find_active_token
+from app.core.db import begin_write
 from app.core.errors import Conflict, InvalidInput, NotFound, TooManyRequests
-from app.core.ratelimit import TokenBucketLimiter
-from app.models import ApiToken, Role, TokenKind, User
+from app.core.ratelimit import LoginNameThrottle
+from app.models import ApiToken, Role, TokenKind, User, utcnow
 
 _USER_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
 _hasher = PasswordHasher()
@@ -121,8 +122,9 @@ def get_user(session: Session, name: str) -> User:
 def _refuse_removing_last_admin(session: Session, user: User, doing: str) -> None:
     """Someone must remain who can manage users: never disable or delete the last enabled admin.
 
-    The enabled admins are locked (SELECT ... FOR UPDATE on PostgreSQL; SQLite has one writer),
-    so two admins removed at the same time on two replicas cannot both pass this check.
+    The caller took the write lock first (:func:`begin_write`: SQLite's one write lock; the
+    enabled admins are locked here on PostgreSQL), so two admins removed at the same time, on
+    one server or two, cannot both pass this check.
     """
     if Role(user.role) is not Role.admin or user.disabled:
         return
@@ -142,6 +144,7 @@ def _refuse_removing_last_admin(session: Session, user: User, doing: str) -> Non
 
 def disable_user(session: Session, *, name: str, actor: str) -> User:
     """Stop a user: their API tokens and dashboard sessions stop working at once."""
+    begin_write(session)
     user = get_user(session, name)
     if user.disabled:
         return user
@@ -162,16 +165,34 @@ def enable_user(session: Session, *, name: str, actor: str) -> User:
     return user
 
 
-def set_password(session: Session, *, name: str, password: str, actor: str) -> User:
-    """Give a user a new login password; every dashboard session of theirs ends."""
+def set_password(
+    session: Session, *, name: str, password: str, actor: str, revoke_tokens: bool = False
+) -> User:
+    """Give a user a new login password; every dashboard session of theirs ends. With
+    ``revoke_tokens`` every API token of theirs is revoked too: a password changed because it
+    leaked must not leave the tokens issued with it (``POST /auth/token``) working."""
     check_password(password)
     user = get_user(session, name)
     user.password_hash = _hasher.hash(password)
-    _save_ending_sessions(session, user, actor=actor, action="user.set_password")
+    extra: dict[str, object] = {}
+    if revoke_tokens:
+        extra["tokens_revoked"] = _revoke_user_tokens(session, user)
+    _save_ending_sessions(session, user, actor=actor, action="user.set_password", extra=extra)
     return user
 
 
-def _save_ending_sessions(session: Session, user: User, *, actor: str, action: str) -> None:
+def _revoke_user_tokens(session: Session, user: User) -> list[str]:
+    """Revoke the user's active API tokens; their prefixes (never the secrets)."""
+    assert user.id is not None
+    active = (col(ApiToken.user_id) == user.id) & col(ApiToken.revoked_at).is_(None)
+    prefixes = list(session.exec(select(ApiToken.prefix).where(active)).all())
+    session.execute(sa.update(ApiToken).where(active).values(revoked_at=utcnow()))
+    return prefixes
+
+
+def _save_ending_sessions(
+    session: Session, user: User, *, actor: str, action: str, extra: dict[str, object] | None = None
+) -> None:
     """Store a change that must sign the user out everywhere, end their sessions, audit both."""
     session.add(user)
     assert user.id is not None
@@ -181,12 +202,13 @@ def _save_ending_sessions(session: Session, user: User, *, actor: str, action: s
         actor=actor,
         action=action,
         target=f"user:{user.name}",
-        detail={"sessions_ended": ended},
+        detail={"sessions_ended": ended, **(extra or {})},
     )
 
 
 def delete_user(session: Session, *, name: str, actor: str) -> None:
     """Remove a user with their tokens and sessions (the audit log keeps what they did)."""
+    begin_write(session)
     user = get_user(session, name)
     _refuse_removing_last_admin(session, user, "delete")
     assert user.id is not None
@@ -203,14 +225,12 @@ def delete_user(session: Session, *, name: str, actor: str) -> None:
     )
 
 
-def throttle_login_name(limiter: TokenBucketLimiter, name: str) -> None:
-    """Take one login attempt from ``name``'s budget, or refuse with 429 (any address).
-
-    Keyed by a hash of the name as typed (stripped), so unknown names cost an attacker the
-    same and a password typed into the name field is not kept in memory either.
+def throttle_login_name(throttle: LoginNameThrottle, name: str, client: str) -> None:
+    """Take one login attempt from ``name``'s budget, or refuse with 429; an address with no
+    failed attempt for the name passes even an empty budget (app.core.ratelimit), so others'
+    wrong guesses cannot lock the user out. A failed attempt is noted with ``throttle.failed``.
     """
-    key = "name:" + hashlib.sha256(name.strip().encode()).hexdigest()[:32]
-    wait = limiter.acquire(key)
+    wait = throttle.acquire(name, client)
     if wait > 0:
         retry_after = max(1, math.ceil(wait))
         raise TooManyRequests(

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Session
 
-from app.cli import demo, goodput, policy, silences
+from app.cli import demo, drill, goodput, policy, silences
 from app.cli.breaker import breaker_cli
 from app.cli.maintenance import maintenance_cli
 from app.core.config import ConfigError, Settings, get_settings
@@ -150,14 +150,25 @@ def db_current() -> None:
 def token_create(
     node: Annotated[str, typer.Option("--node", help="The node this token may ingest for.")],
     description: Annotated[str, typer.Option(help="Free text shown in token lists.")] = "",
+    jobs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--jobs",
+            help="Only these jobs: glob patterns ('team-a-*'; * and ?), comma-separated or "
+            "repeated. Without it the token may report any job.",
+        ),
+    ] = None,
 ) -> None:
     """Issue a node token; prints only the token (it is shown once, only a hash is kept)."""
     from app.auth.tokens import create_node_token
 
+    patterns = None if jobs is None else [p.strip() for j in jobs for p in j.split(",")]
     settings = load_settings()
     _token, plaintext = run_db(
         settings,
-        lambda s: create_node_token(s, node=node, actor="cli", description=description),
+        lambda s: create_node_token(
+            s, node=node, actor="cli", description=description, jobs=patterns
+        ),
     )
     typer.echo(plaintext)
 
@@ -198,7 +209,8 @@ def token_rotate(token_id: TokenId) -> None:
 
 @token_cli.command("list")
 def token_list() -> None:
-    """List tokens (id, kind, owner, prefix, state); never the secrets."""
+    """List tokens (id, kind, owner, prefix, job scope, state); never the secrets. The scope
+    of a node token is ``jobs:any`` or ``jobs:PATTERN,...``; a user token's is ``-``."""
     from sqlmodel import select
 
     from app.models import ApiToken
@@ -207,7 +219,10 @@ def token_list() -> None:
     for t in rows:
         owner = f"node:{t.node_name}" if t.node_name else f"user_id:{t.user_id}"
         state = "revoked" if t.revoked_at else "active"
-        typer.echo(f"{t.id}\t{t.kind}\t{owner}\t{t.prefix}…\t{state}")
+        scope = "-"
+        if t.node_name:
+            scope = "jobs:" + (",".join(t.job_patterns) if t.job_patterns else "any")
+        typer.echo(f"{t.id}\t{t.kind}\t{owner}\t{t.prefix}…\t{scope}\t{state}")
 
 
 @user_cli.command("create")
@@ -248,16 +263,33 @@ def user_set_password(
     password_stdin: Annotated[
         bool, typer.Option("--password-stdin", help="Read the new password from stdin.")
     ] = False,
+    revoke_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--revoke-tokens",
+            help="Also revoke every API token of the user (a password changed because it "
+            "leaked: tokens issued with it stop working too).",
+        ),
+    ] = False,
 ) -> None:
-    """Set a user's login password; every dashboard session of theirs ends."""
+    """Set a user's login password; every dashboard session of theirs ends (and with
+    --revoke-tokens every API token of theirs is revoked)."""
     from app.auth.users import set_password
 
     given = _read_password_stdin(password_stdin)
     if given is None:
         fail("set-password reads the new password from stdin: pass --password-stdin")
     password: str = given
-    run_db(load_settings(), lambda s: set_password(s, name=name, password=password, actor="cli"))
-    info(f"password of user {name!r} set; their dashboard sessions are ended")
+    run_db(
+        load_settings(),
+        lambda s: set_password(
+            s, name=name, password=password, actor="cli", revoke_tokens=revoke_tokens
+        ),
+    )
+    ended = "dashboard sessions are ended and API tokens revoked" if revoke_tokens else (
+        "dashboard sessions are ended (API tokens still work: --revoke-tokens revokes them)"
+    )
+    info(f"password of user {name!r} set; their {ended}")
 
 
 @user_cli.command("disable")
@@ -361,10 +393,9 @@ def _apply_serving_options(
 
 
 def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
-    import uvicorn
-
     from app.core import migrate
-    from app.core.http_server import raise_descriptor_limit, uvicorn_options
+    from app.core.forwarded import parse_trusted_proxies
+    from app.core.http_server import raise_descriptor_limit, serve
     from app.core.logging import configure_logging
 
     configure_logging(settings.log_level)
@@ -383,18 +414,19 @@ def _serve(settings: Settings, host: str, port: int, access_log: bool) -> None:
             code=1,
         )
     raise_descriptor_limit(settings.server)
-    uvicorn.run(
+    serve(
         "app.main:create_app_from_env",
-        factory=True,
         host=host,
         port=port,
+        # Header deadline, connections per client address (trusted proxies uncapped),
+        # concurrency limit, shutdown deadline: app.core.http_server.
+        limits=settings.server,
+        uncapped=parse_trusted_proxies(settings.trusted_proxies),
         log_level=settings.log_level,
         access_log=access_log,
         # The app decides which proxies to believe (app.core.forwarded); uvicorn's own
         # handling would trust X-Forwarded-For from 127.0.0.1 whatever is configured.
         proxy_headers=False,
-        timeout_graceful_shutdown=15,
-        **uvicorn_options(settings.server),  # header deadline, concurrency limit (slow clients)
     )
 
 
@@ -498,6 +530,7 @@ def launch(ctx: typer.Context) -> None:
 cli.command("worker")(policy.worker)
 cli.command("replay")(policy.replay)
 cli.command("report")(goodput.report)
+cli.command("drill")(drill.drill)
 cli.command("demo")(demo.demo)
 
 

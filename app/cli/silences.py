@@ -73,7 +73,12 @@ def silence_add(
     row = run_db(
         settings,
         lambda s: create_silence(
-            s, body, author="cli", max_hours=settings.silences.max_duration_hours, now=utcnow()
+            s,
+            body,
+            author="cli",
+            max_hours=settings.silences.max_duration_hours,
+            now=utcnow(),
+            max_regex_chars=settings.silences.max_regex_chars,
         ),
     )
     typer.echo(row.id)

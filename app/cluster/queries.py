@@ -176,6 +176,7 @@ def token_public(token: ApiToken) -> TokenPublic:
         description=token.description,
         created_at=token.created_at,
         revoked_at=token.revoked_at,
+        jobs=token.job_patterns,
     )
 
 

@@ -138,6 +138,9 @@ class IngestLimits(BaseModel):
     cursor_retention_days: Annotated[float, Field(gt=0)] = 30.0
     # How long a request waits for its batch's durable commit before answering 503.
     commit_timeout_seconds: Annotated[float, Field(gt=0)] = 10.0
+    # After a commit failed because the database's disk is full, new batches are refused at
+    # once (503 naming the cause) for this long, then tried again (app/ingest/storage_full.py).
+    storage_full_hold_seconds: Annotated[float, Field(gt=0, le=300)] = 5.0
     # Node-token lookups are cached this long; revocation through the API is immediate, a
     # revocation from another process (the CLI) takes effect within this many seconds.
     token_cache_seconds: Annotated[float, Field(ge=0)] = 5.0
@@ -183,12 +186,29 @@ class GoodputSettings(BaseModel):
     trainer_roles: list[str] = ["trainer"]
 
 
+class DrillSettings(BaseModel):
+    """``rlguard drill`` (``RLGUARD_DRILLS__*``, app/drills)."""
+
+    # How long POST /api/v1/drills waits for the node's launcher to answer (inject or refuse)
+    # before it answers 202 with the drill still requested.
+    answer_wait_seconds: Annotated[float, Field(gt=0, le=120)] = 30.0
+    # How long a drill armed for --at-step may wait for that step before it is given up.
+    arm_timeout_seconds: Annotated[float, Field(gt=0)] = 1800.0
+    # How long after the injection the incident and the recovery are followed for the report.
+    follow_timeout_seconds: Annotated[float, Field(gt=0)] = 1200.0
+    # How often the follow-up looks (a Celery task on the cluster queue, never blocking one).
+    follow_interval_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+
+
 class SilenceSettings(BaseModel):
     """Silences and maintenance windows (``RLGUARD_SILENCES__*``)."""
 
     # The longest silence, one-off maintenance window or weekly occurrence one may create: a
     # mute nobody remembers should end by itself rather than hide faults for months.
     max_duration_hours: Annotated[float, Field(gt=0)] = 14 * 24.0
+    # The longest =~ / !~ pattern a new silence may carry. RE2 matches in linear time, but its
+    # cost still grows with the pattern, and every alert is checked against every silence.
+    max_regex_chars: Annotated[int, Field(gt=0, le=300)] = 300
 
 
 class HardeningSettings(BaseModel):
@@ -208,6 +228,40 @@ class HardeningSettings(BaseModel):
     # replays faster after an outage, hence the burst.
     ingest_requests_per_second: Annotated[float, Field(gt=0)] = 20.0
     ingest_burst: Annotated[int, Field(ge=1)] = 200
+
+
+class NodeQuotaSettings(BaseModel):
+    """What one node (one node token) may create on the server (``RLGUARD_NODE_QUOTAS__*``;
+    app/ingest/quotas.py, docs/deploy.md). Defaults fit an 8-GPU node running a few jobs with
+    room to spare; a batch that would go beyond one is refused whole and nothing of it is kept."""
+
+    # Series (metric name + labels) of the node in the in-memory window; an 8-GPU node sends
+    # ~300 GPU series and ~30 per training process.
+    max_series: Annotated[int, Field(ge=1)] = 10_000
+    # Jobs and training processes (job, role, rank) the node reported within
+    # ``participant_window_seconds``.
+    max_jobs: Annotated[int, Field(ge=1)] = 16
+    max_participants: Annotated[int, Field(ge=1)] = 256
+    # Distinct values of one label of one metric name among the node's series (gpu, rank, xid).
+    max_label_values: Annotated[int, Field(ge=1)] = 256
+    # Series the node may create per second (sustained), and at once (a fresh agent's first
+    # batch: up to ``ingest.max_samples`` samples, each possibly a new series).
+    new_series_per_second: Annotated[float, Field(gt=0)] = 50.0
+    new_series_burst: Annotated[int, Field(ge=1)] = 5000
+    # A participant (and its job) not reported for this long stops counting against the node.
+    participant_window_seconds: Annotated[float, Field(gt=0)] = 900.0
+    # Incidents about the node the policy opens per minute; beyond it one incident about the
+    # flood is opened instead (app/policy/open_budget.py). A quarter of it may open in any 15 s:
+    # 80 lets a real failure of an 8-GPU node through at once (the node, its eight GPUs and its
+    # eight ranks: 17) without calling it a flood.
+    incidents_per_minute: Annotated[int, Field(ge=1)] = 80
+    # The event loop's CPU time the node's batches may take (app/ingest/cpu_share.py): this
+    # fraction of one core sustained, and this many seconds at once; a node in debt gets 429
+    # before its body is read. An 8-GPU agent's batch a second takes well under 1%. The burst
+    # need not hold a large batch (a batch is charged after it ran: one of any size passes a
+    # node not in debt); a smaller one stops a flood's refused batches sooner (cpu_share.py).
+    ingest_cpu_share: Annotated[float, Field(gt=0, le=1)] = 0.02
+    ingest_cpu_burst_seconds: Annotated[float, Field(ge=0)] = 0.1
 
 
 class AutomationSettings(BaseModel):
@@ -238,6 +292,24 @@ class ServerLimits(BaseModel):
     limit_concurrency: Annotated[int, Field(ge=1)] = 1000
     # An idle keep-alive connection is closed after this many seconds.
     keep_alive_seconds: Annotated[int, Field(ge=1, le=300)] = 5
+    # Connections one client address (an IPv6 /64) may hold; a newer one first closes that
+    # address's oldest connection still waiting for a request, and is refused (429) only when
+    # all of them are busy. Trusted proxies are not capped (app/core/client_connections.py).
+    max_connections_per_client: Annotated[int, Field(ge=1)] = 128
+    # On SIGTERM, requests in progress get this long to finish before they are cancelled...
+    graceful_shutdown_seconds: Annotated[int, Field(ge=0, le=300)] = 10
+    # ...and the process exits after this long at the latest, whatever still runs (a busy
+    # database, a long policy tick): the stacks of every thread go to stderr, exit status 1.
+    shutdown_deadline_seconds: Annotated[float, Field(gt=0, le=600)] = 25.0
+
+    @model_validator(mode="after")
+    def _deadline_after_grace(self) -> ServerLimits:
+        if self.shutdown_deadline_seconds <= self.graceful_shutdown_seconds:
+            raise ValueError(
+                f"shutdown_deadline_seconds ({self.shutdown_deadline_seconds:g}) must be above "
+                f"graceful_shutdown_seconds ({self.graceful_shutdown_seconds})"
+            )
+        return self
 
 
 class RecoverySettings(BaseSettings):
@@ -316,7 +388,9 @@ class Settings(BaseSettings):
     goodput: GoodputSettings = GoodputSettings()
     automation: AutomationSettings = AutomationSettings()
     silences: SilenceSettings = SilenceSettings()
+    drills: DrillSettings = DrillSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    node_quotas: NodeQuotaSettings = NodeQuotaSettings()
     # Their own prefixes (RLGUARD_RECOVERY_*, RLGUARD_ALERTS_*), kept from before they joined
     # this tree: each reads its variables itself.
     recovery: RecoverySettings = Field(default_factory=RecoverySettings)

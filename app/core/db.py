@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import SessionTransaction
 from sqlmodel import Session
 
@@ -84,6 +84,29 @@ def make_engine(
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     return sa.create_engine(url, **kwargs)
+
+
+def begin_write(target: Session | Connection) -> None:
+    """Make the current transaction the database's writer before it reads what it will change.
+
+    Every guarded state transition (an approval decided, the last admin kept, a silence or a
+    breaker ended, an action claimed, a release planned) reads a state, checks it and writes the
+    next one; two requests doing that at once must not both pass the check. On PostgreSQL the
+    caller's row locks (``SELECT ... FOR UPDATE``) and conditional UPDATEs serialize them, and
+    this does nothing. SQLite ignores ``FOR UPDATE``, and pysqlite sends ``BEGIN`` only before
+    the first write, so both requests read the old state outside any transaction and both write
+    their decision (a probe saw an approval both approved and rejected, 16 rounds in 20).
+    ``BEGIN IMMEDIATE`` takes SQLite's one write lock first (waiting up to the busy timeout), so
+    the check sees every transition committed before it and the next one waits until this
+    transaction ends. Call it first thing in the transaction: a transaction that has already
+    written holds the lock, and is left as it is.
+    """
+    conn = target.connection() if isinstance(target, Session) else target
+    if conn.dialect.name != "sqlite":
+        return
+    if conn.connection.dbapi_connection.in_transaction:  # type: ignore[union-attr]
+        return
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def begin_savepoint(session: Session) -> SessionTransaction:

@@ -28,6 +28,7 @@ import time
 log = logging.getLogger("rlguard.gc")
 
 OLDEST_PASS_EVERY = 100  # middle-generation passes per full pass (CPython's default: 10)
+YOUNG = 1  # the generations FreezeOnGrowth collects before it freezes: 0 and 1, not the oldest
 _thresholds: list[tuple[int, int, int]] = []  # the thresholds before freeze_startup_heap
 
 
@@ -70,8 +71,15 @@ class FreezeOnGrowth:
     machine, and with a fleet's heartbeats promoting ~8,000 participant views a tick one came
     every ~5 policy ticks, the tick's p99 (``benchmarks/detect.py --arrivals``). Frozen, a full
     pass walks only what is younger. A store only grows by nodes joining, so this freezes a few
-    times in a server's life (each time one collection first, so no garbage cycle is frozen);
-    series dropped later are still freed by their reference counts.
+    times in a server's life; series dropped later are still freed by their reference counts.
+
+    Before freezing it collects the young generations only (``YOUNG``), not all of them: a full
+    collection walks every object created since the last freeze, the very objects the freeze is
+    for, and holds the GIL throughout. It ran in the tick right after a node's first batch of
+    5,000 new series (a flood, or a node joining) and stopped every request for 18-74 ms on the
+    2-core machine (``benchmarks/flood.py``), finding 0-5 unreachable objects. Cyclic garbage
+    already in the oldest generation is frozen with the rest (kept until the server stops):
+    what a few seconds leave there, a few times in a server's life.
 
     It acts only in a process whose start-up heap was frozen (the server): tests and embedders
     that did not freeze keep the collector as they set it.
@@ -89,15 +97,13 @@ class FreezeOnGrowth:
         if series < self._frozen_at * (1 + self.growth):
             return False
         started = time.perf_counter()
-        gc.collect()
+        gc.collect(YOUNG)
         gc.freeze()
         self._frozen_at = series
+        # Not gc.get_freeze_count(): it walks the whole permanent generation (every object of
+        # the server's heap) holding the GIL, 50-90 ms under load, for a number in a log line.
         log.info(
             "long-lived heap frozen again",
-            extra={
-                "series": series,
-                "objects": gc.get_freeze_count(),
-                "ms": round((time.perf_counter() - started) * 1000, 1),
-            },
+            extra={"series": series, "ms": round((time.perf_counter() - started) * 1000, 1)},
         )
         return True

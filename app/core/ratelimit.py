@@ -69,6 +69,63 @@ class TokenBucketLimiter:
             return len(self._buckets)
 
 
+class LoginNameThrottle:
+    """Login attempts per user name, which strangers cannot use up for the user.
+
+    Each attempt takes a token from the name's bucket (from any address: a guesser spreading
+    over many addresses still meets it). A bucket alone would let 30 wrong guesses from
+    anywhere lock the real user out, so while a name's bucket is empty an address that has no
+    failed attempt for that name is still let through: the user, from their own machine, signs
+    in. Every failed attempt marks its (name, address) pair for as long as the bucket takes to
+    refill, so each address gets at most one guess at a locked name; the per-address limit
+    (``RateLimitMiddleware``) and the password hash's cost bound what many addresses can do.
+    """
+
+    def __init__(
+        self,
+        *,
+        rate: float,
+        burst: int,
+        max_keys: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.names = TokenBucketLimiter(rate=rate, burst=burst, max_keys=max_keys, clock=clock)
+        self.max_keys = max_keys
+        self._clock = clock
+        self._remember_s = burst / rate  # an empty bucket is full again after this
+        self._failed: OrderedDict[tuple[str, str], float] = OrderedDict()  # -> when, last
+        self._lock = threading.Lock()
+
+    def acquire(self, name: str, address: str) -> float:
+        """Take one attempt for ``name`` from ``address``: 0.0 when allowed, else seconds until
+        the name's bucket has a token again."""
+        key = _login_name_key(name)
+        wait = self.names.acquire(key)
+        if wait == 0.0 or not self._has_failed(key, address):
+            return 0.0
+        return wait
+
+    def failed(self, name: str, address: str) -> None:
+        """Note a wrong password (or unknown name) tried from ``address``."""
+        pair = (_login_name_key(name), address)
+        with self._lock:
+            self._failed.pop(pair, None)
+            self._failed[pair] = self._clock()
+            while len(self._failed) > self.max_keys:  # forgetting only ever lets one more try
+                self._failed.popitem(last=False)
+
+    def _has_failed(self, key: str, address: str) -> bool:
+        with self._lock:
+            at = self._failed.get((key, address))
+            return at is not None and self._clock() - at < self._remember_s
+
+
+def _login_name_key(name: str) -> str:
+    """A hash of the name as typed (stripped): unknown names cost an attacker the same, and a
+    password typed into the name field is not kept in memory either."""
+    return "name:" + hashlib.sha256(name.strip().encode()).hexdigest()[:32]
+
+
 KeyFunc = Callable[[Scope], str]
 
 

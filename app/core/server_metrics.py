@@ -33,6 +33,14 @@ class ServerMetrics:
             ["reason"],
             registry=registry,
         )
+        # Bounded: a node label only for nodes holding a token, a quota label of six values.
+        self.ingest_quota_refusals = Counter(
+            "rlguard_ingest_quota_refusals",
+            "Ingest batches refused because they would take their node past a per-node quota "
+            "(node_quotas.<quota>), by node and quota",
+            ["node", "quota"],
+            registry=registry,
+        )
         self.ingest_commit_seconds = Histogram(
             "rlguard_ingest_commit_duration_seconds",
             "Time to commit one group of ingest batches to the database",

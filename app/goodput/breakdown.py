@@ -46,6 +46,8 @@ class IncidentFacts:
     resolved_at: float | None
     #: approval waits, open-ended ones already closed at the ledger's end by the reader
     approval_waits: tuple[Interval, ...] = ()
+    #: a fault injected on purpose (rlguard drill): shown, never counted in the ETTR
+    drill: bool = False
 
 
 @dataclass(slots=True)
@@ -63,6 +65,7 @@ class IncidentCost:
     segments: dict[str, float] = field(default_factory=dict)
     steps_redone: int = 0
     ongoing: bool = False
+    drill: bool = False
 
     @property
     def lost_seconds(self) -> float:
@@ -120,6 +123,7 @@ def incident_cost(
         segments=segments,
         steps_redone=redone,
         ongoing=resumed_at is None,
+        drill=facts.drill,
     )
 
 

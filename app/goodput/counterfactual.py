@@ -13,11 +13,18 @@ Per fault, the whole-job restart loses:
 * redone steps: every step since the newest checkpoint at the fault, at the typical step time.
 
 Overlapping counterfactual spans are merged like the real ones.
+
+Per class of fault (``counterfactual.classes`` in policy.yaml, each figure with its published
+source) the detection time and the restart time may be the class's own instead: a dead engine
+is noticed in 15 s by frameworks that watch their engines and takes ~215 s to restart at 70B,
+a hung collective is noticed when the 600 s NCCL watchdog fires and NCCL re-initialises in
+~2.5 minutes at scale. :func:`class_costs` turns the policy's classes into a kind -> figures
+map; the ledger shows each class it used next to the saved figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from app.goodput.breakdown import IncidentCost
@@ -30,6 +37,40 @@ class Counterfactual:
     incident_id: int
     lost: Interval
     steps_redone: int
+
+
+@dataclass(slots=True, frozen=True)
+class ClassCost:
+    """A class of faults' own figures (None: the ledger's default for that figure)."""
+
+    name: str
+    detection_seconds: float | None
+    restart_seconds: float | None
+    source: str
+
+    def describe(self) -> str:
+        parts = []
+        if self.detection_seconds is not None:
+            parts.append(f"detected after {self.detection_seconds:g} s")
+        if self.restart_seconds is not None:
+            parts.append(f"restart {self.restart_seconds:g} s")
+        return f"{self.name}: {', '.join(parts) or 'defaults'} ({self.source})"
+
+
+def class_costs(classes: Mapping[str, object]) -> dict[str, ClassCost]:
+    """kind -> its class's figures, from the policy's ``counterfactual.classes`` (objects
+    with ``kinds``, ``detection_seconds``, ``restart_seconds`` and ``source``)."""
+    out: dict[str, ClassCost] = {}
+    for name, cls in classes.items():
+        cost = ClassCost(
+            name,
+            getattr(cls, "detection_seconds", None),
+            getattr(cls, "restart_seconds", None),
+            str(getattr(cls, "source", "")),
+        )
+        for kind in getattr(cls, "kinds", ()):
+            out[str(getattr(kind, "value", kind))] = cost
+    return out
 
 
 def startup_seconds(history: StepHistory, *, started_at: float, typical_step: float | None) -> float | None:

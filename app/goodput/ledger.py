@@ -9,8 +9,8 @@ A job with no fault has ETTR 1.0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from app.goodput.breakdown import (
@@ -21,6 +21,7 @@ from app.goodput.breakdown import (
     incident_cost,
 )
 from app.goodput.counterfactual import (
+    ClassCost,
     assumed_checkpoint,
     newest_checkpoint,
     startup_seconds,
@@ -29,6 +30,7 @@ from app.goodput.counterfactual import (
 from app.goodput.intervals import Interval, clip_all, measure, overlap, union
 from app.goodput.public import (
     AssumptionsPublic,
+    ClassAssumptionPublic,
     CounterfactualPublic,
     EttrPoint,
     IncidentGoodput,
@@ -58,6 +60,8 @@ class LedgerInput:
     price_per_gpu_hour: float
     human_detection_seconds: float
     checkpoint_every_steps: int
+    #: kind -> its class's own counterfactual figures (policy counterfactual.classes)
+    class_costs: Mapping[str, ClassCost] = field(default_factory=dict)
 
 
 def _iso(ts: float) -> datetime:
@@ -74,7 +78,7 @@ def build_ledger(data: LedgerInput) -> JobGoodput:
     )
     startup = startup_seconds(history, started_at=data.first_seen, typical_step=typical)
     ckpt_source = "reported" if data.checkpoints else f"assumed every {data.checkpoint_every_steps} steps"
-    rows, lost_spans, cf_spans = _in_window(data, costs, history, active, typical, startup)
+    rows, lost_spans, cf_spans, used = _in_window(data, costs, history, active, typical, startup)
     wall = active.seconds
     lost = measure(clip_all(lost_spans, active.start, active.end))
     productive = wall - lost
@@ -110,6 +114,17 @@ def build_ledger(data: LedgerInput) -> JobGoodput:
                 gpu_count=gpus,
                 gpu_count_source=data.gpu_count_source,
                 checkpoint_source=ckpt_source,
+                classes=[
+                    ClassAssumptionPublic(
+                        name=c.name,
+                        kinds=sorted(k for k, v in data.class_costs.items() if v == c),
+                        detection_seconds=c.detection_seconds,
+                        restart_seconds=c.restart_seconds,
+                        source=c.source,
+                    )
+                    for c in used
+                ],
+                summary=_summary(data, startup, used),
             ),
         ),
     )
@@ -122,13 +137,15 @@ def _in_window(
     active: Interval,
     typical: float | None,
     startup: float | None,
-) -> tuple[list[IncidentGoodput], list[Interval], list[Interval]]:
+) -> tuple[list[IncidentGoodput], list[Interval], list[Interval], list[ClassCost]]:
     """The incidents whose cost or fault falls in the window: their rows (each with the part
-    no earlier incident already counted), lost spans and counterfactual spans."""
+    no earlier incident already counted), lost spans, counterfactual spans, and the classes
+    whose own figures their counterfactual used."""
     rows: list[IncidentGoodput] = []
     lost_spans: list[Interval] = []
     cf_spans: list[Interval] = []
     counted_so_far: list[Interval] = []
+    used: list[ClassCost] = []
     for cost in costs:
         mine = clip_all([cost.lost], active.start, active.end)
         if not mine and not data.since <= cost.fault_at < data.until:
@@ -139,20 +156,42 @@ def _in_window(
             if data.checkpoints
             else assumed_checkpoint(mark, data.checkpoint_every_steps)
         )
+        cls = data.class_costs.get(cost.kind)
+        if cls is not None and cls not in used:
+            used.append(cls)
+        detection = data.human_detection_seconds
+        restart = startup or 0.0
+        if cls is not None:
+            detection = detection if cls.detection_seconds is None else cls.detection_seconds
+            restart = restart if cls.restart_seconds is None else cls.restart_seconds
         cf = whole_job_restart(
             cost,
             checkpoint_step=ckpt,
             mark=mark,
-            human_detection_seconds=data.human_detection_seconds,
-            startup=startup or 0.0,
+            human_detection_seconds=detection,
+            startup=restart,
             typical_step=typical,
         )
+        if cost.drill:  # a rehearsal: its own cost is shown, the job's figures leave it out
+            rows.append(_incident_row(cost, 0.0, cf.lost.seconds, cf.steps_redone))
+            continue
         counted = measure(mine) - overlap(mine, counted_so_far)
         counted_so_far = union([*counted_so_far, *mine])
         lost_spans.append(cost.lost)
         cf_spans.append(cf.lost)
         rows.append(_incident_row(cost, counted, cf.lost.seconds, cf.steps_redone))
-    return rows, lost_spans, cf_spans
+    return rows, lost_spans, cf_spans, used
+
+
+def _summary(data: LedgerInput, startup: float | None, used: Sequence[ClassCost]) -> str:
+    """One line of what the saved figures assume, for beside them."""
+    base = (
+        f"a person notices after {data.human_detection_seconds:g} s and the job restarts in "
+        f"{'its measured ' + format(startup, '.0f') + ' s' if startup is not None else 'an unknown time'}"
+    )
+    if not used:
+        return base
+    return base + "; " + "; ".join(c.describe() for c in used)
 
 
 def _ratio(num: float, den: float) -> float:
@@ -177,6 +216,7 @@ def _incident_row(
         ongoing=cost.ongoing,
         whole_job_restart_seconds=cf_seconds,
         whole_job_restart_steps_redone=cf_redone,
+        drill=cost.drill,
     )
 
 

@@ -7,6 +7,16 @@ from datetime import datetime
 from pydantic import BaseModel
 
 
+class ClassAssumptionPublic(BaseModel):
+    """A class of faults whose own published figures the counterfactual used."""
+
+    name: str
+    kinds: list[str]
+    detection_seconds: float | None  # None: the human detection delay
+    restart_seconds: float | None  # None: the job's measured start-up
+    source: str
+
+
 class AssumptionsPublic(BaseModel):
     """What the whole-job-restart counterfactual and the money figures rest on."""
 
@@ -18,6 +28,9 @@ class AssumptionsPublic(BaseModel):
     gpu_count: int
     gpu_count_source: str  # reported (the nodes' GPUs) | default (a setting per node)
     checkpoint_source: str  # reported | assumed every N steps
+    # the classes of the window's incidents with figures of their own (policy counterfactual)
+    classes: list[ClassAssumptionPublic] = []
+    summary: str = ""  # one line of all the above, shown beside every saved figure
 
 
 class CounterfactualPublic(BaseModel):
@@ -46,6 +59,9 @@ class IncidentGoodput(BaseModel):
     ongoing: bool
     whole_job_restart_seconds: float
     whole_job_restart_steps_redone: int
+    # A fault injected on purpose (rlguard drill): listed with its cost, never counted in the
+    # job's lost time, ETTR or counterfactual (counted_seconds is 0).
+    drill: bool = False
 
 
 class EttrPoint(BaseModel):

@@ -7,6 +7,7 @@ a window opens in the middle of is known) and by indexed columns.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -18,6 +19,7 @@ from sqlmodel import Session, col, func, select
 from app.core.config import Settings
 from app.core.errors import InvalidInput, NotFound
 from app.goodput.breakdown import IncidentFacts
+from app.goodput.counterfactual import ClassCost, class_costs
 from app.goodput.intervals import Interval
 from app.goodput.ledger import LedgerInput, build_ledger
 from app.goodput.public import JobGoodput
@@ -26,9 +28,11 @@ from app.ingest.step_progress import RECORDED_RANK
 from app.models import Job, MetricRollup, Participant, utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
+from app.models.drill import Drill
 from app.models.incident import Incident, IncidentEvent, IncidentEventType
 from app.models.progress import StepProgress
 from app.policy.plans import ActionName
+from app.policy.policy_file import load_policy
 
 LOOKBACK = timedelta(days=1)
 CHECKPOINT_STEP = "checkpoint_committed_step"
@@ -106,7 +110,15 @@ def _ledger_input(
         price_per_gpu_hour=g.price_per_gpu_hour,
         human_detection_seconds=g.human_detection_delay_seconds,
         checkpoint_every_steps=settings.policy.checkpoint_interval_steps,
+        class_costs=_class_costs(settings.recovery.policy_file),
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _class_costs(policy_file: Any) -> dict[str, ClassCost]:
+    """The policy file's counterfactual classes (read once per file: it does not change while
+    the server runs)."""
+    return class_costs(load_policy(policy_file).counterfactual.classes)
 
 
 def _steps(
@@ -139,6 +151,7 @@ def _incidents(
     if not incs:
         return []
     ids = [i.id for i in incs]
+    drilled = _drill_incidents(session, job)
     actions: dict[int, list[RecoveryAction]] = defaultdict(list)
     for a in session.exec(select(RecoveryAction).where(col(RecoveryAction.incident_id).in_(ids))):
         actions[a.incident_id].append(a)
@@ -182,8 +195,17 @@ def _incidents(
                     _approval_wait(ap, held=held, releases=releases[inc.id], until=until)
                     for ap in approvals[inc.id]
                 ),
+                drill=inc.id in drilled,
             )
         )
+    return out
+
+
+def _drill_incidents(session: Session, job: str) -> set[int]:
+    """Incidents of ``job`` that a drill's fault opened (app/drills links them)."""
+    out: set[int] = set()
+    for linked in session.exec(select(Drill.incident_ids).where(Drill.job == job)):
+        out.update(i for i in linked or [] if isinstance(i, int))
     return out
 
 

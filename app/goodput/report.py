@@ -34,8 +34,8 @@ def summary_rows(g: JobGoodput) -> list[tuple[str, str]]:
         ("cost lost", f"${g.cost_lost:,.2f}"),
         ("whole-job restart: lost", duration(cf.lost_seconds)),
         ("whole-job restart: ETTR", f"{cf.ettr:.3f}"),
-        ("GPU-hours saved", f"{cf.gpu_hours_saved:.2f}"),
-        ("money saved", f"${cf.money_saved:,.2f}"),
+        ("GPU-hours saved", f"{cf.gpu_hours_saved:.2f} (assuming {a.summary})"),
+        ("money saved", f"${cf.money_saved:,.2f} (assuming {a.summary})"),
     ]
 
 
@@ -48,6 +48,15 @@ def assumption_rows(g: JobGoodput) -> list[tuple[str, str]]:
         ("typical step", step),
         ("checkpoints", a.checkpoint_source),
         ("price per GPU-hour", f"${a.price_per_gpu_hour:.2f}"),
+        *(
+            (
+                f"class {c.name} ({', '.join(c.kinds)})",
+                f"detection {'human delay' if c.detection_seconds is None else duration(c.detection_seconds)}, "
+                f"restart {'measured' if c.restart_seconds is None else duration(c.restart_seconds)}"
+                f" — {c.source}",
+            )
+            for c in a.classes
+        ),
     ]
 
 
@@ -61,7 +70,7 @@ def incident_rows(g: JobGoodput) -> list[tuple[str, ...]]:
     return [
         (
             str(i.id),
-            i.kind,
+            i.kind + (" (drill: not in ETTR)" if i.drill else ""),
             i.tier,
             f"{i.fault_at:%Y-%m-%d %H:%M:%S}",
             *(duration(i.segments.get(s, 0.0)) for s in SEGMENTS),

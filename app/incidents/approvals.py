@@ -15,6 +15,7 @@ from datetime import datetime
 from sqlmodel import Session, col, select
 
 from app.auth.audit import record_audit
+from app.core.db import begin_write
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.incidents.public import approval_public
 from app.incidents.timeline import add_event
@@ -68,6 +69,9 @@ def decide(
         raise Forbidden(f"deciding an approval needs the approver role; {user.name} is {user.role}")
     if len(comment) > MAX_COMMENT:
         raise InvalidInput(f"comment is {len(comment)} characters; at most {MAX_COMMENT}")
+    # Two approvers (or an approver and the expiry) deciding at once: the second waits here
+    # and then sees the first decision (409), never a pending approval it may overwrite.
+    begin_write(session)
     appr = session.get(Approval, approval_id, with_for_update=True)
     if appr is None:
         raise NotFound(f"no approval with id {approval_id}")
@@ -164,11 +168,15 @@ def _expire(session: Session, appr: Approval, now: datetime) -> None:
 def expire_approvals(session: Session, *, now: datetime | None = None) -> int:
     """Expire every pending approval past its deadline; the caller commits."""
     now = now or utcnow()
-    rows = session.exec(
-        select(Approval).where(
-            Approval.status == ApprovalStatus.pending.value, col(Approval.expires_at) <= now
-        )
-    ).all()
+    due = select(Approval).where(
+        Approval.status == ApprovalStatus.pending.value, col(Approval.expires_at) <= now
+    )
+    # The scheduler asks often and almost always finds nothing: only then take the write lock
+    # (an approver deciding now either comes first or finds it expired) and read again under it.
+    if session.exec(due.limit(1)).first() is None:
+        return 0
+    begin_write(session)
+    rows = session.exec(due.with_for_update()).all()
     for appr in rows:
         _expire(session, appr, now)
     return len(rows)

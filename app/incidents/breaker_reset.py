@@ -13,8 +13,9 @@ from datetime import datetime
 from sqlmodel import Session
 
 from app.auth.audit import record_audit
+from app.core.db import begin_write
 from app.core.errors import Conflict, Forbidden, NotFound
-from app.guardrails.breaker import RESET_ROLE, check_scope, get_breaker
+from app.guardrails.breaker import RESET_ROLE, check_scope
 from app.incidents.timeline import add_event
 from app.models import Role, User
 from app.models._types import utcnow
@@ -28,7 +29,9 @@ def reset_breaker(
     """Close an open breaker (an approver's call; audited). Automation resumes for the scope and
     counts afresh from now."""
     check_scope(scope)
-    row = get_breaker(session, scope)
+    # Two approvers resetting at once: the second waits here and finds it closed (409).
+    begin_write(session)
+    row = session.get(CircuitBreaker, scope, with_for_update=True)
     if row is None:
         raise NotFound(f"breaker {scope!r} never tripped")
     if not row.open:

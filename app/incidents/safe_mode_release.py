@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from sqlmodel import Session, col, func, select
 
 from app.auth.audit import record_audit
+from app.core.db import begin_write
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.incidents.persist import insert_open_incident, resolve_incident
 from app.incidents.planning import batch_of, plan_actions
@@ -102,7 +103,10 @@ def release_job(
     now = now or utcnow()
     _check_request(user, comment)
     comment = comment.strip()
-    if session.exec(select(Job).where(Job.name == job)).first() is None:
+    # Two releases of one job at once: the second waits for the first (the job's row locked on
+    # PostgreSQL, SQLite's write lock) and then finds its release on its way (409).
+    begin_write(session)
+    if session.exec(select(Job).where(Job.name == job).with_for_update()).first() is None:
         raise NotFound(f"no job named {job!r}")
     incidents = safe_mode_incidents(session, job=job)
     if not incidents:

@@ -48,15 +48,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 
 from redis.exceptions import RedisError
 from sqlalchemy.engine import Engine
 
-from app.core.config import IngestLimits
+from app.core.config import IngestLimits, NodeQuotaSettings
 from app.core.errors import Unavailable
 from app.core.server_metrics import ServerMetrics
+from app.core.write_turns import WriteTurns
+from app.ingest.agent_state import AgentState as _AgentState
+from app.ingest.agent_state import resolve_requests
 from app.ingest.certain import CertainFaultWatch
 from app.ingest.clock_skew import ClockOffsets, offset_sample
 from app.ingest.committer import (
@@ -69,8 +73,10 @@ from app.ingest.committer import (
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.inline import InlineSqliteCommitter
 from app.ingest.loop_commit import LoopPostgresCommitter
+from app.ingest.participant_table import ParticipantTable
 from app.ingest.persist import IngestGroup, load_cursors, write_ingest_group
 from app.ingest.phases import PhaseRetention, PhaseTracker, load_tracker
+from app.ingest.quotas import NodeQuotas, QuotaExceeded
 from app.ingest.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
 from app.ingest.series_backend import (
     LocalSeriesBackend,
@@ -81,6 +87,7 @@ from app.ingest.series_backend import (
 )
 from app.ingest.series_store import SeriesStore
 from app.ingest.step_progress import StepTracker, load_step_tracker
+from app.ingest.storage_full import StorageFullCircuit
 from app.ingest.validation import BatchValidator, IngestRejected, ValidBatch
 from app.models import utcnow
 
@@ -91,23 +98,15 @@ _RETRY_MAX_S = 5.0
 # A Redis claim older than this whose seq the database does not hold belongs to a replica that
 # died (or answered 503) before committing; another replica may take the batch over.
 STEAL_CLAIM_AFTER_S = 30.0
-# Refused seqs remembered per agent, for a retry that arrived while the original was queued.
-_REMEMBER_REJECTED = 64
+# A node's participants the policy's table keeps, in multiples of its process quota
+# (node_quotas.max_participants, counted over a window): those of jobs long finished go first.
+PARTICIPANTS_KEPT_PER_QUOTA = 4
 
 
 @dataclass(slots=True)
 class IngestResult:
     accepted: int
     duplicate: bool
-
-
-@dataclass(slots=True)
-class _AgentState:
-    window: DedupeWindow
-    version: int = 0  # bumped on every mark
-    durable_version: int = 0  # every batch up to this version is committed (or refused)
-    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    rejected: dict[int, str] = field(default_factory=dict)  # seq -> why the database refused it
 
 
 class IngestService:
@@ -126,8 +125,12 @@ class IngestService:
         phase_retention_days: float = 30.0,
         inline: InlineSqliteCommitter | None = None,
         loop_commits: LoopPostgresCommitter | None = None,
+        quotas: NodeQuotas | None = None,
     ) -> None:
         self.engine = engine
+        # SQLite's one write lock: the tick's incident writes let this service's commits go
+        # between them (app.core.write_turns); PostgreSQL has no such lock.
+        self.write_turns = WriteTurns() if engine.dialect.name == "sqlite" else None
         # SQLite: commit on the loop when it is safe and fast (app.ingest.inline).
         if inline is not None and backend is not None and backend.shared:
             raise ValueError("a shared window publishes every commit to Redis: never inline")
@@ -142,13 +145,25 @@ class IngestService:
         self.limits = limits
         self.metrics = metrics
         self.validator = BatchValidator(limits, clock=clock)
+        # What one node may create (app.ingest.quotas); series leave it as the store drops them.
+        self.quotas = quotas or NodeQuotas(
+            NodeQuotaSettings(), refusals=metrics.ingest_quota_refusals
+        )
+        store.on_forget(self.quotas.forget_series)
+        self.validator.gate = self.quotas  # refuses a batch's excess new series early
         self._clock = clock
         self._clock_offsets = ClockOffsets(limits.clock_correct_above_seconds)
         self._agents: dict[tuple[str, str], _AgentState] = {}
         self._queued: list[QueuedBatch] = []  # accepted, not yet committed, in arrival order
         self._done: dict[int, asyncio.Future[None]] = {}  # id(queued batch) -> its request's
         self._failing_since: float | None = None  # monotonic time of the first failed retry
-        self._participants: dict[tuple[str, str, int], ParticipantHeartbeat] = {}
+        # A full disk: named in the 503, and answered at once while it lasts.
+        self._storage_full = StorageFullCircuit(limits.storage_full_hold_seconds)
+        # What the policy reads every tick; per node at most PARTICIPANTS_KEPT_PER_QUOTA x its
+        # process quota (app.ingest.participant_table).
+        self._participants = ParticipantTable(
+            PARTICIPANTS_KEPT_PER_QUOTA * self.quotas.settings.max_participants
+        )
         # Phase changes go into the group commit (app.ingest.phases); seeded at start.
         self._phases = PhaseTracker()
         self._steps = StepTracker()  # the goodput ledger's progress (app.ingest.step_progress)
@@ -220,11 +235,30 @@ class IngestService:
 
     # -- the hot path -----------------------------------------------------------------------
 
-    async def ingest(self, body: bytes, *, token_node: str) -> IngestResult:
+    def admit_request(self, node: str) -> None:
+        """Before a request of ``node`` is read: 429 while its batches owe CPU time, so a node
+        flooding the loop pays for it, not the other nodes (``app.ingest.cpu_share``)."""
+        try:
+            self.quotas.admit_request(node)
+        except QuotaExceeded:
+            self.metrics.ingest_rejections.labels(reason="quota").inc()
+            raise
+
+    async def ingest(
+        self,
+        body: bytes,
+        *,
+        token_node: str,
+        authorize: Callable[[ValidBatch], None] | None = None,
+    ) -> IngestResult:
+        """``authorize``: the token's own check of the batch (its job scope), raising
+        IngestRejected; asked before anything of the batch is applied."""
         m = self.metrics
         received = self._clock()  # before the parse: its time is not the agent clock's fault
+        cpu = time.thread_time()  # the loop's CPU the batch takes, charged to the token's node
+        refused = True
         try:
-            batch = self.validator.validate(body)
+            batch = self.validator.validate(body, token_node=token_node)
             if batch.node != token_node:
                 raise IngestRejected(
                     f"node {batch.node!r} in the body does not match the token's node "
@@ -232,9 +266,14 @@ class IngestService:
                     status_code=403,
                     kind="wrong_node",
                 )
+            if authorize is not None:
+                authorize(batch)
+            refused = False
         except IngestRejected as exc:
             m.ingest_rejections.labels(reason=exc.kind).inc()
             raise
+        finally:
+            self.quotas.charge_cpu(token_node, time.thread_time() - cpu, refused=refused)
         return await self.apply(batch, received_at=received)
 
     async def apply(self, batch: ValidBatch, *, received_at: float | None = None) -> IngestResult:
@@ -242,11 +281,26 @@ class IngestService:
         checks; tests drive the committer with batches validation would refuse).
         ``received_at``: when its request arrived (default now), for the clock offset."""
         m = self.metrics
+        refusal = self._storage_full.refusal()
+        if refusal is not None:  # before anything of the batch is applied or claimed
+            m.ingest_rejections.labels(reason="storage_full").inc()
+            raise refusal
         key = (batch.node, batch.agent_id)
         state = self._agents.get(key)
         if state is None:
             state = self._agents[key] = _AgentState(window=DedupeWindow())
+        cpu = time.thread_time()  # admitting and storing the batch: charged to its node
+        if not state.window.seen(batch.seq):
+            # Before the seq is marked (and claimed): a batch over a node's quota is refused
+            # with nothing of it kept, and its corrected resend under the same seq is applied.
+            try:
+                self.quotas.admit(batch)
+            except QuotaExceeded:
+                m.ingest_rejections.labels(reason="quota").inc()
+                self.quotas.charge_cpu(batch.node, time.thread_time() - cpu, refused=True)
+                raise
         if self.dedupe is not None and not state.window.seen(batch.seq):
+            self.quotas.charge_cpu(batch.node, time.thread_time() - cpu)
             try:
                 claimed = await self._claim_shared(batch, state)
             except RedisError as exc:
@@ -258,6 +312,7 @@ class IngestService:
             if not claimed:
                 m.ingest_batches.labels(result="duplicate").inc()
                 return IngestResult(accepted=0, duplicate=True)
+            cpu = time.thread_time()  # the claim's await ran other requests meanwhile
         if not state.window.mark(batch.seq):
             m.ingest_batches.labels(result="duplicate").inc()
             await self._wait_durable(state, state.version)
@@ -277,6 +332,7 @@ class IngestService:
         done = self._queue(batch, state)
         m.ingest_batches.labels(result="accepted").inc()
         m.ingest_samples.inc(stored)
+        self.quotas.charge_cpu(batch.node, time.thread_time() - cpu)
         await self._wait_committed(done)
         return IngestResult(accepted=stored, duplicate=False)
 
@@ -329,12 +385,7 @@ class IngestService:
             moved = self._steps.observe(p.job, p.role, p.rank, p.step, p.ts)
             if moved is not None:
                 steps.append(moved)
-            pkey = (p.job, p.role, p.rank)
-            mem = self._participants.get(pkey)
-            if mem is None or mem.ts <= p.ts:
-                self._participants[pkey] = ParticipantHeartbeat(
-                    p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts
-                )
+        self._participants.report(batch.node, batch.participants)
         queued = QueuedBatch(
             batch.node,
             batch.agent_id,
@@ -400,6 +451,7 @@ class IngestService:
             if failure is None:
                 backoff = _RETRY_MIN_S
                 self._failing_since = None
+                self._storage_full.commit_succeeded()
                 self.metrics.ingest_commit_seconds.observe(time.perf_counter() - started)
                 self.metrics.ingest_commit_group_size.observe(len(batches))
                 continue
@@ -413,6 +465,8 @@ class IngestService:
             )
             if self._failing_since is None:
                 self._failing_since = time.monotonic()
+            if self._storage_full.commit_failed(failure):
+                self._answer_waiting_storage_full()
             if self._stopping and backoff >= _RETRY_MAX_S:
                 return
             await asyncio.sleep(backoff)
@@ -454,11 +508,27 @@ class IngestService:
         self._resolve(batches, [])
         return None
 
+    def _answer_waiting_storage_full(self) -> None:
+        """Answer every request waiting for a commit now, naming the full disk, instead of at
+        its timeout; the batches stay queued and commit once there is space."""
+        waiting = [*self._done.values()]
+        for state in self._agents.values():
+            waiting.extend(fut for _, fut in state.waiters)
+        answered = 0
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(self._storage_full.waiting_answer())
+                fut.exception()  # retrieved: the request may have given up on it already
+                answered += 1
+        self.metrics.ingest_rejections.labels(reason="storage_full").inc(answered)
+
     def _commit_batches(self, batches: Sequence[QueuedBatch]) -> None:
         self._write_and_publish(group_of(batches), batches)
 
     def _write_and_publish(self, group: IngestGroup, batches: Sequence[QueuedBatch]) -> None:
-        write_ingest_group(self.engine, group, phase_retention=self._phase_retention)
+        # SQLite: the policy tick's next write waits for this one (app.core.write_turns).
+        with self.write_turns.ingest_commit() if self.write_turns else nullcontext():
+            write_ingest_group(self.engine, group, phase_retention=self._phase_retention)
         # After the database: a retry after a failed publish rewrites the same (idempotent)
         # upserts, and never appends the samples to the shared stream twice.
         samples: list[Sample] = []
@@ -470,52 +540,20 @@ class IngestService:
         self.backend.publish(samples, shared, certain=any(b.certain for b in batches))
 
     def _resolve(self, committed: list[QueuedBatch], rejected: list[Rejection]) -> None:
-        """Answer the requests of ``committed`` and ``rejected`` batches (together a prefix of
-        the queue) and advance their agents' durable versions past them."""
-        versions: dict[tuple[str, str], int] = {}
-        for r in rejected:
-            b = r.batch
-            state = self._agents[(b.node, b.agent_id)]
-            # Released: a retry is applied (and refused) again instead of answered "duplicate".
-            state.window.unmark(b.seq)
-            state.rejected[b.seq] = r.reason
-            if len(state.rejected) > _REMEMBER_REJECTED:
-                del state.rejected[next(iter(state.rejected))]
-            self.metrics.ingest_batches_rejected.labels(reason=r.field).inc()
-            done = self._done.pop(id(b))
-            if not done.done():
-                done.set_exception(IngestRejected(r.reason, kind="uncommittable"))
-        certain = False
-        for b in committed:
-            certain = certain or b.certain
-            done = self._done.pop(id(b))
-            if not done.done():
-                done.set_result(None)
-        if certain and self._certain is not None:
-            # After the commit, never before: the early tick must find the batch durable (the
-            # node's last-seen it reads is in the database). Setting an event: no delay here.
-            self._certain.durable()
-        for b in [*committed, *(r.batch for r in rejected)]:
-            key = (b.node, b.agent_id)
-            versions[key] = max(versions.get(key, 0), b.version)
-        for k, version in versions.items():
-            state = self._agents[k]
-            if version > state.durable_version:
-                state.durable_version = version
-            still = []
-            for want, fut in state.waiters:
-                if want <= state.durable_version:
-                    if not fut.done():
-                        fut.set_result(None)
-                else:
-                    still.append((want, fut))
-            state.waiters = still
+        resolve_requests(
+            self._agents,
+            self._done,
+            committed,
+            rejected,
+            metrics=self.metrics,
+            certain=self._certain,
+        )
 
     # -- read side ----------------------------------------------------------------------------
 
     def participants(self) -> list[ParticipantHeartbeat]:
         """Latest reported state of every participant (of every replica with a shared window)."""
-        merged = dict(self._participants)
+        merged = self._participants.snapshot()
         for p in self.backend.participants():
             key = (p.job, p.role, p.rank)
             mine = merged.get(key)

@@ -16,7 +16,7 @@ import itertools
 import threading
 import weakref
 from collections import deque
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -94,6 +94,13 @@ class SeriesStore:
         self._watches: weakref.WeakSet[SeriesWatch] = weakref.WeakSet()
         self._handlers: dict[str, list[Handler]] = {}
         self._handlers_stale = False
+        # Told which series were dropped, after the lock is released (the per-node quotas'
+        # accounting, app/ingest/quotas.py).
+        self._forget_listeners: list[Callable[[list[SeriesKey]], None]] = []
+
+    def on_forget(self, listener: Callable[[list[SeriesKey]], None]) -> None:
+        """Call ``listener`` with the series every drop forgets (outside the store's lock)."""
+        self._forget_listeners.append(listener)
 
     def watch(self, watch: SeriesWatch) -> SeriesWatch:
         """Register ``watch``: answered from the series present now, then kept up to date by
@@ -255,6 +262,7 @@ class SeriesStore:
         with self._lock:
             stale = [k for k, s in self._series.items() if not s.points or s.points[-1][0] < ts]
             self._forget(stale)
+        self._tell_forgotten(stale)
         return len(stale)
 
     def forget(self, keys: Iterable[SeriesKey]) -> int:
@@ -262,7 +270,13 @@ class SeriesStore:
         with self._lock:
             present = [k for k in keys if k in self._series]
             self._forget(present)
+        self._tell_forgotten(present)
         return len(present)
+
+    def _tell_forgotten(self, keys: list[SeriesKey]) -> None:
+        if keys:
+            for listener in self._forget_listeners:
+                listener(keys)
 
     def _forget(self, keys: list[SeriesKey]) -> None:
         watches = list(self._watches) if keys else []

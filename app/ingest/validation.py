@@ -34,7 +34,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -77,7 +77,33 @@ _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
 _SAMPLE_FIELDS = frozenset({"name", "value", "ts", "labels"})
 _KEY_CACHE_LIMIT = 200_000
+# One node's share: a node sending new series in every batch (a flood, or label churn) empties
+# only its own cache, not every node's (which made each node's samples take the slow path).
+_KEY_CACHE_LIMIT_PER_NODE = 20_000
 _MISSING = object()
+
+
+class BatchGate(Protocol):
+    """One batch's early quota checks: told each series new to the validator's cache."""
+
+    def new_series(self, key: SeriesKey) -> None:
+        """Raise ``IngestRejected`` when the batch may not hold ``key`` too."""
+
+    def expect_new(self, count: int) -> None:
+        """The batch holds ``count`` series the validator's cache does not know: raise a retry
+        (429) at once when the node may not create that many now, before any is validated."""
+
+
+class NewSeriesGate(Protocol):
+    """Asked while a batch is validated (the per-node quotas, ``app.ingest.quotas``):
+    validating a new series is the costly part of a batch, so one that cannot pass its node's
+    quotas is refused as soon as that is known, not after all of it was checked."""
+
+    def begin_batch(self, node: str, participants: list[ParticipantReport]) -> BatchGate:
+        """The checks of a batch of ``node`` (raises at once over the process quotas)."""
+
+    def holds(self, key: SeriesKey) -> bool:
+        """Whether the node of ``key`` holds that series: the cache keeps these."""
 
 
 class IngestRejected(ServiceError):
@@ -213,9 +239,18 @@ class BatchValidator:
         self._keys: dict[str, dict[tuple[str, tuple[tuple[Any, Any], ...]], SeriesKey]] = {}
         self._text_keys: dict[str, dict[tuple[str, bytes], SeriesKey]] = {}
         self._cached_keys = 0
+        self._cached_per_node: dict[str, int] = {}
+        self._token_node: str | None = None
         self.typed_accepted = 0  # batches the typed path accepted (the rest went the exact way)
+        # Set by ingest: the quotas' early refusal of a batch's new series (NewSeriesGate).
+        self.gate: NewSeriesGate | None = None
+        self._batch_gate: BatchGate | None = None  # the checks of the batch validated now
 
-    def validate(self, body: bytes) -> ValidBatch:
+    def validate(self, body: bytes, *, token_node: str | None = None) -> ValidBatch:
+        """The batch in ``body``, or ``IngestRejected`` naming its first fault. With
+        ``token_node`` (the node of the request's token), a batch of that node with more new
+        series than it may create is refused early (``gate``)."""
+        self._token_node = token_node
         if len(body) > self.limits.max_body_bytes:
             raise IngestRejected(
                 f"body is {len(body)} bytes, more than the limit of {self.limits.max_body_bytes}",
@@ -243,18 +278,24 @@ class BatchValidator:
                 return None
             parts.append(ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts))
         node = doc.node
+        self._begin_batch(node, parts)
         keys = self._text_keys.get(node)
         if keys is None:
             keys = self._text_keys[node] = {}
         lookup = keys.get
         samples: list[tuple[SeriesKey, float, float]] = []
         append = samples.append
+        counted = self._batch_gate is None
         for s in doc.samples:
             ts = s.ts
             if ts > horizon:
                 return None
             key = lookup((s.name, bytes(s.labels)))
             if key is None:
+                if not counted and self._batch_gate is not None:
+                    counted = True  # at the first miss: how many, before validating any
+                    unknown = {(t.name, bytes(t.labels)) for t in doc.samples}.difference(keys)
+                    self._batch_gate.expect_new(len(unknown))
                 key = self._typed_series(node, s)
                 if key is None:
                     return None
@@ -281,7 +322,9 @@ class BatchValidator:
                 return None
         try:
             key = self._new_series(0, node, sample)
-        except IngestRejected:
+        except IngestRejected as exc:
+            if exc.kind == "quota":  # the node may not create it: final, whichever path
+                raise
             return None
         self._text_keys.setdefault(node, {})[(s.name, text)] = key
         return key
@@ -319,11 +362,12 @@ class BatchValidator:
                 f"{self.limits.max_samples}",
                 kind="limit",
             )
-        samples = self._check_samples(env.node, raw_samples)  # type: ignore[attr-defined]
         parts = [
             ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts)
             for p in env.participants  # type: ignore[attr-defined]
         ]
+        self._begin_batch(env.node, parts)  # type: ignore[attr-defined]
+        samples = self._check_samples(env.node, raw_samples)  # type: ignore[attr-defined]
         horizon = self._horizon()
         if env.sent_at > horizon:  # type: ignore[attr-defined]
             raise IngestRejected(self._future("sent_at", env.sent_at))  # type: ignore[attr-defined]
@@ -339,6 +383,37 @@ class BatchValidator:
             participants=parts,
             fingerprint=env.fingerprint,  # type: ignore[attr-defined]
         )
+
+    def _evict(self, nodes: list[str]) -> None:
+        """Forget the cached series of ``nodes``, except those their quotas hold: a cache miss
+        then means a series new to the node (``BatchGate.expect_new`` counts on it)."""
+        gate = self.gate
+        for n in nodes:
+            for cache in (self._keys, self._text_keys):
+                held: dict[Any, SeriesKey] | None = cache.get(n)
+                kept = {k: v for k, v in (held or {}).items() if gate and gate.holds(v)}
+                if kept:
+                    cache[n] = kept
+                else:
+                    cache.pop(n, None)
+            added = self._cached_per_node.pop(n, 0)
+            self._cached_keys -= added
+        if len(nodes) > 1:
+            self._cached_keys, self._cached_per_node = 0, {}
+
+    def _begin_batch(self, node: str, participants: list[ParticipantReport]) -> None:
+        """Start the quotas' early checks of a batch of ``node``: only the token's own node
+        (another node's quota is never charged for a body that is refused 403 anyway)."""
+        # Bounded memory under label churn, trimmed between batches (never a key of the batch
+        # being validated, before it could be admitted); refills from the next batches.
+        if self._cached_per_node.get(node, 0) > _KEY_CACHE_LIMIT_PER_NODE:
+            self._evict([node])
+        elif self._cached_keys > _KEY_CACHE_LIMIT:
+            self._evict(list(self._keys.keys() | self._text_keys.keys()))
+        gated = self.gate is not None and node == self._token_node
+        self._batch_gate = None  # the checks below may refuse the batch at once
+        if gated and self.gate is not None:
+            self._batch_gate = self.gate.begin_batch(node, participants)
 
     def _horizon(self) -> float:
         """The latest timestamp accepted now: the clock plus the allowed skew, within datetime."""
@@ -359,6 +434,7 @@ class BatchValidator:
         if keys is None:
             keys = self._keys[node] = {}
         horizon = self._horizon()
+        counted = self._batch_gate is None
         for i, s in enumerate(raw):
             try:
                 value = s["value"]
@@ -366,6 +442,9 @@ class BatchValidator:
                 labels = s.get("labels")
                 key = keys[(s["name"], tuple(labels.items()) if labels is not None else ())]
             except (KeyError, TypeError, AttributeError):
+                if not counted and self._batch_gate is not None:
+                    counted = True
+                    self._batch_gate.expect_new(_unknown_exact(raw, keys))
                 append(self._check_one(i, node, s, horizon))
                 continue
             # orjson never yields NaN or inf floats, so a float here is finite.
@@ -465,14 +544,29 @@ class BatchValidator:
                     kind="limit",
                 )
         key = SeriesKey.of(node, name, labels)
+        if self._batch_gate is not None:
+            self._batch_gate.new_series(key)
         self._cached_keys += 1
-        if self._cached_keys > _KEY_CACHE_LIMIT:
-            # bounded memory under label churn; refills from the next batches
-            self._keys.clear()
-            self._text_keys.clear()
-            self._cached_keys = 0
+        self._cached_per_node[node] = self._cached_per_node.get(node, 0) + 1
         self._keys.setdefault(node, {})[(name, tuple(labels.items()))] = key
         return key
+
+
+def _unknown_exact(
+    raw: list[Any], keys: dict[tuple[str, tuple[tuple[Any, Any], ...]], SeriesKey]
+) -> int:
+    """How many distinct series of ``raw`` (parsed samples) ``keys`` does not know; a malformed
+    sample is left to validation, which refuses it."""
+    unknown = set()
+    for s in raw:
+        try:
+            labels = s.get("labels")
+            k = (s["name"], tuple(labels.items()) if labels is not None else ())
+            if k not in keys:
+                unknown.add(k)
+        except (KeyError, TypeError, AttributeError):
+            continue
+    return len(unknown)
 
 
 __all__ = [

@@ -64,6 +64,9 @@ class ApiToken(SQLModel, table=True):
     description: str = Field(default="", max_length=200)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # A node token's job scope: glob patterns (``team-a-*``) every job it reports must match;
+    # None is unscoped (any job). ``app.auth.job_scope`` checks and enforces them.
+    job_patterns: list[str] | None = Field(default=None, sa_type=sa.JSON)
 
 
 class WebSession(SQLModel, table=True):

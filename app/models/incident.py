@@ -66,6 +66,8 @@ class IncidentEventType(enum.StrEnum):
     ACTION_SUPERSEDED = "action_superseded"
     # Hang forensics (app/incidents/stacks.py): a process's Python stacks, or why there are none.
     STACKS_CAPTURED = "stacks_captured"
+    # rlguard drill (app/drills): the fault was injected on purpose; not a fault in the ETTR.
+    DRILL = "drill"
 
 
 class Incident(SQLModel, table=True):

@@ -94,6 +94,8 @@ class UserCreate(BaseModel):
 
 class PasswordSet(BaseModel):
     password: str
+    # Also revoke every API token of the user (a password changed because it leaked).
+    revoke_tokens: bool = False
 
 
 class UserCreated(BaseModel):
@@ -110,11 +112,15 @@ class TokenPublic(BaseModel):
     description: str
     created_at: datetime
     revoked_at: datetime | None
+    # A node token's job scope (glob patterns); null: any job.
+    jobs: list[str] | None = None
 
 
 class NodeTokenCreate(BaseModel):
     node: str
     description: str = ""
+    # Glob patterns (``team-a-*``) of the jobs this node may report; omitted: any job.
+    jobs: list[str] | None = None
 
 
 class TokenCreated(BaseModel):

@@ -98,13 +98,26 @@ def plan_actions(
         if all(p.identity() != planned.identity() for p in out):
             out.append(planned)
 
+    # A heavy plan of a hung or stalled participant (a first-step hang escalates) holds the job
+    # for a person instead of restarting it: its stacks are taken when SAFE_MODE is entered, on
+    # its node, while the process is still where it hung (a collective watchdog or the
+    # approved restart_job would end it).
+    held_stacks = (
+        _stacks_wanted(policy, signal)
+        if subj.role is not None and ActionName.RESTART_ROLE not in classification.actions
+        else None
+    )
     for action in classification.actions:
         for job in _jobs(signal, world):
             members = [p for p in world.participants if p.job == job]
             if action is ActionName.ENTER_SAFE_MODE:
                 nodes = sorted({p.node for p in members}) or ([subj.node] if subj.node else [])
                 for node in nodes:
-                    add(action, job, node, reason=signal.kind.value)
+                    if held_stacks is not None and node == subj.node and job == subj.job:
+                        add(action, job, node, reason=signal.kind.value, role=subj.role,
+                            rank=subj.rank, capture_stacks=held_stacks)
+                    else:
+                        add(action, job, node, reason=signal.kind.value)
             elif action is ActionName.RETRY_ROLLOUT_BATCH:
                 if subj.node:
                     add(

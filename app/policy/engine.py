@@ -29,6 +29,7 @@ from app.policy.detectors import (
     NodeSilenceDetector,
     default_detectors,
 )
+from app.policy.open_budget import NodeOpenBudget
 from app.policy.plans import PlannedAction
 from app.policy.policy_file import Policy
 from app.policy.root_cause import drop_superseded, fold_same_root_cause
@@ -128,8 +129,12 @@ class PolicyEngine:
         detectors: list[Detector] | None = None,
         closed_occurrences: dict[str, Occurrence] | None = None,
         node_returns: NodeReturns | None = None,
+        open_budget: NodeOpenBudget | None = None,
     ) -> None:
         self.policy = policy
+        # Incidents opened per node per minute (app.policy.open_budget); unbounded by default
+        # (replay), the server passes node_quotas.incidents_per_minute. Kept across a resync.
+        self.open_budget = open_budget or NodeOpenBudget(None)
         hb = policy.detection.heartbeat
         # A return is remembered twice the time a participant needs to be judged lost after
         # it, so the signal that judges it still says it was counted from the return.
@@ -155,6 +160,11 @@ class PolicyEngine:
     def closed_occurrences(self) -> dict[str, Occurrence]:
         """Occurrences whose incidents were closed elsewhere and are still being reported."""
         return dict(self._closed_occurrence)
+
+    def limit_opens_per_node(self, per_minute: int | None) -> None:
+        """Open at most ``per_minute`` incidents about one node per minute (None: no limit);
+        beyond it one ``incident_flood`` incident per node (``app.policy.open_budget``)."""
+        self.open_budget = NodeOpenBudget(per_minute)
 
     def restore(self, incidents: list[OpenIncident]) -> None:
         """Take over incidents that were open before a restart (from the database)."""
@@ -209,6 +219,7 @@ class PolicyEngine:
         active: dict[str, FaultSignal] = {}
         for sig in signals:
             active.setdefault(sig.incident_key, sig)
+        self._hold_over_budget(world, active, result)
         for key in [k for k in self._closed_occurrence if k not in active]:
             del self._closed_occurrence[key]
         for key, inc in self._open.items():
@@ -225,12 +236,33 @@ class PolicyEngine:
         result.decisions.extend(self._after_failed_recoveries(world, active))
         result.decisions.extend(self._resolve_quiet(world.now, active))
         for d in result.decisions:
+            if d.type is DecisionType.OPEN and d.subject.node is not None:
+                if d.kind is not FaultKind.INCIDENT_FLOOD:
+                    self.open_budget.spend(d.subject.node, world.now)
+        for d in result.decisions:
             log.info(
                 "incident %s",
                 d.type.value,
                 extra={"incident": d.key, "tier": d.tier.value, "actions": len(d.actions)},
             )
         return result
+
+    def _hold_over_budget(
+        self, world: World, active: dict[str, FaultSignal], result: TickResult
+    ) -> None:
+        """Take the signals that would open an incident beyond their node's budget out of
+        ``active`` (they open on a later tick) and put each such node's flood signal in."""
+        would_open = []
+        for key, sig in active.items():
+            closed = self._closed_occurrence.get(key)
+            if key not in self._open and not (closed is not None and closed.covers(sig)):
+                would_open.append(sig)
+        held = self.open_budget.hold(would_open, world.now)
+        for key in held.keys:
+            del active[key]
+        for flood in self.open_budget.flood_signals(held, world.now):
+            active.setdefault(flood.incident_key, flood)
+            result.signals.append(flood)
 
     def _tracked_occurrences(self) -> dict[str, float | None]:
         """Every incident the engine follows, by key, with the since of its occurrence."""

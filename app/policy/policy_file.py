@@ -14,11 +14,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.policy import metric_names as m
+from app.policy.exit_causes import ExitCauseCatalogueError, catalogue_rules
 from app.policy.plans import ActionName
+from app.policy.shipped_rules import DEFAULT_POLICY_PATH as DEFAULT_POLICY_PATH  # re-exported
+from app.policy.shipped_rules import with_shipped_rules
 from app.policy.signals import FaultKind, FaultSignal, Tier
 from app.policy.xid_catalog import XidBucket, bucket_of
-
-DEFAULT_POLICY_PATH = Path(__file__).with_name("policy.yaml")
 
 GOLDEN_METRICS = (
     m.ROLLOUT_PENDING_RATIO,
@@ -67,6 +68,16 @@ class TrainerDetection(_Strict):
     hang_min_seconds: float = Field(default=120, gt=0)
     hang_step_factor: float = Field(default=10, ge=1)
     hang_min_steps: int = Field(default=3, ge=1)
+    # train_hang before the pace is known: a first step (after a start or a restart, counted
+    # in hang_phases from the end of the start-up grace) longer than this per role (a job may
+    # declare its own: heartbeat API, rlguard launch --first-step-budget).
+    first_step_budget_seconds: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = (
+        Field(default_factory=lambda: {"trainer": 420.0})
+    )
+    default_first_step_budget_seconds: float = Field(default=420.0, gt=0, allow_inf_nan=False)
+
+    def first_step_budget(self, role: str) -> float:
+        return self.first_step_budget_seconds.get(role, self.default_first_step_budget_seconds)
 
 
 class RolloutDetection(_Strict):
@@ -74,9 +85,36 @@ class RolloutDetection(_Strict):
     stall_timeout_seconds: float = Field(default=60, gt=0)
 
 
+GraceSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
 class EngineDetection(_Strict):
-    # rollout_engine_down (app/policy/detectors/inference_engines.py): the health probe failing this long.
+    """Inference engines (app/policy/detectors/inference_engines.py; policy.yaml says why each
+    number is what it is)."""
+
+    # rollout_engine_down: the health probe failing this long (no process seen from the node).
     down_seconds: float = Field(default=30, gt=0)
+    # rollout_engine_hung: the probe failing this long while every process of the tree lives.
+    hung_seconds: float = Field(default=10, gt=0)
+    # rollout_engine_wedged: requests running or waiting, /health 200, no token this long.
+    wedged_seconds: float = Field(default=30, gt=0)
+    # rollout_engine_requests_failing: within the window, at least min_requests finished in an
+    # error or aborted, and they are at least failed_ratio of all finished.
+    failing_window_seconds: float = Field(default=30, gt=0)
+    failing_min_requests: int = Field(default=5, ge=1)
+    failing_ratio: float = Field(default=0.25, gt=0, le=1)
+    # rollout_engine_preemption_storm: at least preemptions_min preemptions within the window.
+    preemption_window_seconds: float = Field(default=60, gt=0)
+    preemptions_min: int = Field(default=50, ge=1)
+    # Start-up grace per engine kind (label engine), from its API server's start, until it
+    # first answers: its probes failing while it loads and compiles are not a fault.
+    startup_grace_seconds: dict[str, GraceSeconds] = Field(
+        default_factory=lambda: {"vllm": 300.0, "sglang": 360.0, "trl-vllm-serve": 300.0}
+    )
+    default_startup_grace_seconds: GraceSeconds = 300.0
+
+    def grace_seconds(self, kind: str) -> float:
+        return self.startup_grace_seconds.get(kind, self.default_startup_grace_seconds)
 
 
 class HeartbeatDetection(_Strict):
@@ -96,8 +134,6 @@ class HeartbeatDetection(_Strict):
             raise ValueError(f"phase(s) {both} cannot be both finished and exited")
         return self
 
-
-GraceSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class StartupDetection(_Strict):
@@ -187,6 +223,74 @@ class StragglerDetection(_Strict):
     throughput_ratio: float = Field(default=0.5, gt=0, lt=1)
     step_time_ratio: float = Field(default=2.0, gt=1)
     pace_steps: int = Field(default=5, ge=1)
+    # Groups of fewer than min_peers peers and at least this many: the small-group rule.
+    small_group_min_peers: int = Field(default=1, ge=1)
+    small_group_agreement: float = Field(default=1.5, gt=1)
+    small_group_samples: int = Field(default=5, ge=1)
+
+
+class DeadlockDetection(_Strict):
+    """cross_role_deadlock (app/policy/detectors/deadlock.py): every trainer of a job in one of
+    ``wait_phases`` with its step frozen, every rollout idle with nothing pending, this long."""
+
+    wait_phases: tuple[str, ...] = ("ROLLOUT", "COLLECT", "WAIT", "WAIT_DATA", "WAIT_ROLLOUT")
+    sustain_seconds: float = Field(default=90, gt=0)
+
+
+class CounterfactualClass(_Strict):
+    """What a whole-job restart costs for faults of ``kinds`` (the goodput ledger's
+    counterfactual): ``detection_seconds`` until the fault is noticed (None: the human
+    detection delay setting), ``restart_seconds`` until the restarted job runs again (None:
+    the job's own measured start-up), and the published ``source`` of both figures."""
+
+    kinds: tuple[FaultKind, ...] = Field(min_length=1)
+    detection_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    restart_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    source: str = Field(min_length=1)
+
+
+class CounterfactualCosts(_Strict):
+    classes: dict[str, CounterfactualClass] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_class_per_kind(self) -> CounterfactualCosts:
+        seen: dict[FaultKind, str] = {}
+        for name, cls in self.classes.items():
+            for kind in cls.kinds:
+                if kind in seen:
+                    raise ValueError(
+                        f"classes.{name}: kind {kind.value} is already in class {seen[kind]}"
+                    )
+                seen[kind] = name
+        return self
+
+    def class_of(self, kind: str) -> tuple[str, CounterfactualClass] | None:
+        for name, cls in self.classes.items():
+            if kind in cls.kinds:
+                return name, cls
+        return None
+
+
+class SampleFailureDetection(_Strict):
+    """rollout_samples_failing (app/policy/detectors/rollout_failures.py): within the window,
+    at least ``min_samples`` generations finished across the job's rollouts and at least
+    ``failure_ratio`` of them failed or came back empty."""
+
+    window_seconds: float = Field(default=120, gt=0)
+    min_samples: int = Field(default=20, ge=1)
+    failure_ratio: float = Field(default=0.3, gt=0, le=1)
+
+
+class TrainInferDetection(_Strict):
+    """Train/inference disagreement (app/policy/detectors/train_infer_mismatch.py): an
+    engine's newest mean |trainer - engine| logprob (at most ``max_age_seconds`` old) above
+    ``min_diff`` and above ``peer_ratio`` x its peers' median and ``history_ratio`` x its own
+    earlier figures' median, where it has them."""
+
+    min_diff: float = Field(default=0.02, gt=0)
+    peer_ratio: float = Field(default=10.0, gt=1)
+    history_ratio: float = Field(default=10.0, gt=1)
+    max_age_seconds: float = Field(default=60, gt=0)
 
 
 class Detection(_Strict):
@@ -202,6 +306,9 @@ class Detection(_Strict):
     env_drift: EnvDriftDetection = EnvDriftDetection()
     clock: ClockDetection = ClockDetection()
     straggler: StragglerDetection = StragglerDetection()
+    train_infer: TrainInferDetection = TrainInferDetection()
+    deadlock: DeadlockDetection = DeadlockDetection()
+    sample_failures: SampleFailureDetection = SampleFailureDetection()
 
     @model_validator(mode="after")
     def _starting_is_not_gone(self) -> Detection:
@@ -217,6 +324,13 @@ class Detection(_Strict):
 class TierRule(_Strict):
     tier: Tier
     plan: tuple[ActionName, ...] = ()
+
+
+class ExitCauseRule(TierRule):
+    """A cause of the exit-cause catalogue (app/policy/exit_causes.py): the kind its incident
+    gets, with the tier and plan of the cause rather than of the kind."""
+
+    kind: FaultKind
 
 
 class Escalation(_Strict):
@@ -245,6 +359,8 @@ class Forensics(_Strict):
         FaultKind.TRAINER_IDLE,
         FaultKind.ROLLOUT_DOWN,
         FaultKind.ROLLOUT_ENGINE_DOWN,
+        FaultKind.ROLLOUT_ENGINE_HUNG,
+        FaultKind.ROLLOUT_ENGINE_WEDGED,
         FaultKind.HEARTBEAT_LOST,
     )
     stacks_timeout_seconds: float = Field(default=10, gt=0, le=60)
@@ -329,6 +445,11 @@ class Policy(_Strict):
     alertmanager: AlertmanagerMapping = AlertmanagerMapping()
     guardrails: Guardrails = Guardrails()
     forensics: Forensics = Forensics()
+    # Per exit cause (a failed process's own output, matched by its launcher): the rules of the
+    # exit-cause catalogue, overridden cause by cause by this file's ``exit_causes``.
+    exit_causes: dict[str, ExitCauseRule] = Field(default_factory=dict)
+    # The goodput ledger's whole-job-restart counterfactual per class of fault.
+    counterfactual: CounterfactualCosts = CounterfactualCosts()
 
     @model_validator(mode="after")
     def _complete(self) -> Policy:
@@ -363,6 +484,11 @@ class Policy(_Strict):
         xid = signal.extra.get("xid")
         if signal.kind is FaultKind.GPU_XID and isinstance(xid, int):
             return self.xid_buckets[bucket_of(xid)]
+        cause = signal.extra.get("exit_cause")
+        if isinstance(cause, str):
+            rule = self.exit_causes.get(cause)
+            if rule is not None and rule.kind is signal.kind:
+                return rule
         return self.tiers[signal.kind]
 
 
@@ -410,13 +536,24 @@ def parse_policy(data: Any, *, source: str = "<policy>") -> Policy:
     if not isinstance(data, dict):
         raise PolicyFileError(f"invalid policy file {source}: the top level must be a mapping")
     try:
-        return Policy.model_validate(data)
+        causes = catalogue_rules()
+    except ExitCauseCatalogueError as exc:
+        raise PolicyFileError(str(exc)) from None
+    overrides = data.get("exit_causes")
+    if isinstance(overrides, dict):
+        causes.update(overrides)
+    elif overrides is not None:
+        raise PolicyFileError(f"invalid policy file {source}: exit_causes must be a mapping")
+    try:
+        return Policy.model_validate({**data, "exit_causes": causes})
     except ValidationError as exc:
         raise PolicyFileError(_format_error(source, exc)) from None
 
 
 def load_policy(path: str | Path | None = None) -> Policy:
-    """Load the policy from ``path`` (default: the shipped ``policy.yaml``)."""
+    """Load the policy from ``path`` (default: the shipped ``policy.yaml``). A fault kind or
+    XID bucket that an operator's file does not name takes the shipped rule
+    (:func:`with_shipped_rules`); the shipped file itself must name every one."""
     p = Path(path) if path is not None else DEFAULT_POLICY_PATH
     try:
         text = p.read_text(encoding="utf-8")
@@ -426,6 +563,8 @@ def load_policy(path: str | Path | None = None) -> Policy:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PolicyFileError(f"policy file {p} is not valid YAML: {exc}") from None
+    if isinstance(data, dict) and p.resolve() != DEFAULT_POLICY_PATH.resolve():
+        data, _ = with_shipped_rules(data, str(p))
     return parse_policy(data, source=str(p))
 
 

@@ -22,14 +22,27 @@ SUPERSEDES = {
     FaultKind.TRAIN_HANG: FaultKind.HEARTBEAT_LOST,
 }
 
+# A job-level signal that explains per-participant ones of the same job: a trainer waiting in
+# a cross-role deadlock is not hung by itself (its step is frozen because no data comes).
+JOB_SUPERSEDES = {
+    FaultKind.CROSS_ROLE_DEADLOCK: (FaultKind.TRAIN_HANG, FaultKind.TRAINER_IDLE),
+}
+
 # Per group, the kind an incident takes when its signals come together (the cause first).
 SAME_ROOT_CAUSE: tuple[tuple[FaultKind, ...], ...] = ((FaultKind.GPU_XID, FaultKind.GPU_LOST),)
 
 
 def drop_superseded(signals: list[FaultSignal]) -> list[FaultSignal]:
     present = {(s.kind, s.subject.job, s.subject.role, s.subject.rank) for s in signals}
+    explained = {
+        (loser, s.subject.job)
+        for s in signals
+        for loser in JOB_SUPERSEDES.get(s.kind, ())
+    }
     out = []
     for s in signals:
+        if explained and (s.kind, s.subject.job) in explained:
+            continue
         hidden = any(
             winner_kind
             for winner_kind, loser in SUPERSEDES.items()

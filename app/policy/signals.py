@@ -18,11 +18,21 @@ class FaultKind(StrEnum):
     STATE_LOG_SLOW = "state_log_slow"
     # storage
     STORAGE_UNWRITABLE = "storage_unwritable"
+    # every-step snapshots that could not be persisted (full, unwritable): training goes on
+    CHECKPOINT_WRITE_ERRORS = "checkpoint_write_errors"
     # role-aware idleness and liveness
     TRAINER_IDLE = "trainer_idle"
     TRAIN_HANG = "train_hang"
     ROLLOUT_DOWN = "rollout_down"
     ROLLOUT_ENGINE_DOWN = "rollout_engine_down"
+    # an engine seen level by level (app/policy/detectors/inference_engines.py): a process of
+    # its tree gone; alive but /health unanswered; answering but finishing nothing; failing
+    # the requests it finishes; preempting in a storm (its KV cache exhausted)
+    ROLLOUT_ENGINE_DEAD = "rollout_engine_dead"
+    ROLLOUT_ENGINE_HUNG = "rollout_engine_hung"
+    ROLLOUT_ENGINE_WEDGED = "rollout_engine_wedged"
+    ROLLOUT_ENGINE_REQUESTS_FAILING = "rollout_engine_requests_failing"
+    ROLLOUT_ENGINE_PREEMPTION_STORM = "rollout_engine_preemption_storm"
     HEARTBEAT_LOST = "heartbeat_lost"
     NODE_SILENT = "node_silent"
     NODES_LOST = "nodes_lost"
@@ -45,8 +55,24 @@ class FaultKind(StrEnum):
     CLOCK_SKEW = "clock_skew"  # a node's clock is off (its NTP is broken); stamps corrected
     # performance: a participant far slower than its peers (app/policy/detectors/straggler.py)
     STRAGGLER = "straggler"
+    # an engine whose sampled tokens the trainer scores unlike the engine itself, against its
+    # peers and its history (app/policy/detectors/train_infer_mismatch.py): stale weights
+    TRAIN_INFER_MISMATCH = "train_infer_mismatch"
+    # why a process failed, from its own output (the exit-cause catalogue,
+    # recovery/supervision/exit_causes.yaml): its launcher matched a fatal line
+    CUDA_OOM = "cuda_oom"
+    CUDA_ERROR = "cuda_error"  # an illegal memory access, an uncorrectable ECC error ...
+    HOST_OOM = "host_oom"  # the kernel's OOM killer ended it
+    COLLECTIVE_TIMEOUT = "collective_timeout"  # the NCCL watchdog: a peer never joined
+    # the trainer waits for data while every rollout idles with nothing pending (one per job)
+    CROSS_ROLE_DEADLOCK = "cross_role_deadlock"
+    # a rising share of a job's generations fail or come back empty (rollout_failed_samples)
+    ROLLOUT_SAMPLES_FAILING = "rollout_samples_failing"
     # anything Alertmanager sends that the label mapping does not place elsewhere
     EXTERNAL_ALERT = "external_alert"
+    # more incidents about one node in a minute than node_quotas.incidents_per_minute: one
+    # incident about the flood, the rest held back (app/policy/open_budget.py)
+    INCIDENT_FLOOD = "incident_flood"
 
 
 class Tier(StrEnum):

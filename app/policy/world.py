@@ -46,6 +46,29 @@ class ParticipantView:
         return (self.job, self.role, self.rank)
 
 
+ParticipantSource = Callable[[], list[ParticipantView]]
+
+
+def participants_from_ingest(ingest: Any) -> ParticipantSource:
+    """The participants the server's ingest pipeline holds, as the policy sees them."""
+
+    def read() -> list[ParticipantView]:
+        return [
+            ParticipantView(
+                job=p.job,
+                role=p.role,
+                rank=p.rank,
+                node=p.node,
+                phase=p.phase,
+                step=p.step,
+                last_heartbeat_ts=p.ts,
+            )
+            for p in ingest.participants()
+        ]
+
+    return read
+
+
 @dataclass(frozen=True, slots=True)
 class Maintenance:
     """The maintenance windows open now (``app.silences.windows``), as (node, job) scopes where

@@ -1,8 +1,8 @@
 """Label matchers (Alertmanager's model) and the labels an incident carries.
 
 A matcher is ``label op value`` with ``op`` one of ``=``, ``!=``, ``=~``, ``!~``. Regexes are
-anchored at both ends, as Alertmanager anchors them, so ``node=~gpu-1`` does not also match
-``gpu-10``. A label the incident does not have matches as the empty string (again as
+RE2 (``recovery.user_regex``: linear time, Alertmanager's dialect) and anchored at both ends, as
+Alertmanager anchors them, so ``node=~gpu-1`` does not also match ``gpu-10``. A label the incident does not have matches as the empty string (again as
 Alertmanager): ``rank!=0`` matches a node-level incident that has no rank.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from app.core.errors import InvalidInput
 from app.models.incident import Incident
+from recovery.user_regex import UserRegex, UserRegexError, compile_user_regex
 
 # Every alert checks every active silence: keep each one small.
 MAX_MATCHERS = 20
@@ -64,11 +65,15 @@ class Matcher:
             )
         matcher = cls(Label(label), MatchOp(op), value)
         if matcher.op in (MatchOp.REGEX, MatchOp.NOT_REGEX):
-            try:
-                re.compile(value)
-            except (re.error, OverflowError, RecursionError) as err:
-                raise InvalidInput(f"matcher {label}{op}{value!r}: bad regex ({err})") from None
+            matcher.regex(max_chars=MAX_VALUE_CHARS, limit_name="a matcher's value")
         return matcher
+
+    def regex(self, *, max_chars: int, limit_name: str) -> UserRegex:
+        """The value compiled for RE2; InvalidInput (422) names the construct or the limit."""
+        try:
+            return compile_user_regex(self.value, max_chars=max_chars, limit_name=limit_name)
+        except UserRegexError as err:
+            raise InvalidInput(f"matcher {self.label}{self.op}: bad regex: {err}") from None
 
     @classmethod
     def parse_text(cls, text: str) -> Matcher:
@@ -84,7 +89,8 @@ class Matcher:
             return have == self.value
         if self.op is MatchOp.NOT_EQUAL:
             return have != self.value
-        hit = re.fullmatch(self.value, have) is not None
+        # Stored matchers were checked when they were created, against the hard ceiling.
+        hit = self.regex(max_chars=MAX_VALUE_CHARS, limit_name="a matcher's value").fullmatch(have)
         return hit if self.op is MatchOp.REGEX else not hit
 
     def to_dict(self) -> dict[str, str]:
@@ -94,10 +100,19 @@ class Matcher:
         return f"{self.label.value}{self.op.value}{self.value}"
 
 
-def parse_matchers(raw: Sequence[Mapping[str, Any]]) -> list[Matcher]:
+def parse_matchers(
+    raw: Sequence[Mapping[str, Any]], *, max_regex_chars: int = MAX_VALUE_CHARS
+) -> list[Matcher]:
+    """A new silence's matchers; ``max_regex_chars`` is ``silences.max_regex_chars``."""
     if len(raw) > MAX_MATCHERS:
         raise InvalidInput(f"{len(raw)} matchers: at most {MAX_MATCHERS}")
     matchers = [Matcher.parse(m) for m in raw]
+    for m in matchers:
+        if m.op in (MatchOp.REGEX, MatchOp.NOT_REGEX):
+            m.regex(
+                max_chars=max_regex_chars,
+                limit_name="silences.max_regex_chars, RLGUARD_SILENCES__MAX_REGEX_CHARS",
+            )
     if not matchers:
         raise InvalidInput("a silence needs at least one matcher (none would silence everything)")
     # Alertmanager's rule: at least one matcher must not match the empty string, otherwise

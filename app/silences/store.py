@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from sqlmodel import Session, col, select
 
 from app.auth.audit import record_audit
+from app.core.db import begin_write
 from app.core.errors import Conflict, InvalidInput, NotFound
 from app.models.silence import (
     MaintenanceWindow,
@@ -24,7 +25,7 @@ from app.models.silence import (
     SilenceCreate,
     SilencePublic,
 )
-from app.silences.matchers import parse_matchers
+from app.silences.matchers import MAX_VALUE_CHARS, parse_matchers
 from app.silences.windows import Recurrence, window_state
 
 
@@ -67,9 +68,18 @@ def silence_state(row: Silence, now: datetime) -> str:
 
 
 def create_silence(
-    session: Session, body: SilenceCreate, *, author: str, max_hours: float, now: datetime
+    session: Session,
+    body: SilenceCreate,
+    *,
+    author: str,
+    max_hours: float,
+    now: datetime,
+    max_regex_chars: int = MAX_VALUE_CHARS,
 ) -> Silence:
-    matchers = parse_matchers([m.model_dump() for m in body.matchers])
+    """``max_hours`` and ``max_regex_chars``: the ``silences`` settings of that name."""
+    matchers = parse_matchers(
+        [m.model_dump() for m in body.matchers], max_regex_chars=max_regex_chars
+    )
     starts = _aware("starts_at", body.starts_at) or now
     ends = _aware("ends_at", body.ends_at)
     if (ends is None) == (body.duration_minutes is None):
@@ -122,7 +132,8 @@ def list_silences(session: Session, *, now: datetime, active_only: bool = False)
 
 
 def expire_silence(session: Session, silence_id: int, *, actor: str, now: datetime) -> Silence:
-    row = session.get(Silence, silence_id)
+    begin_write(session)  # two operators ending it at once: the second finds it ended (409)
+    row = session.get(Silence, silence_id, with_for_update=True)
     if row is None:
         raise NotFound(f"silence {silence_id} does not exist")
     _end_now(session, row, "silence", silence_state(row, now) == "expired", actor=actor, now=now)
@@ -141,7 +152,9 @@ def _end_now(
     """End a silence or a maintenance window now (the row stays: timelines name it), audited as
     ``<kind>.expire``; one that already ended is a conflict, and nothing changes."""
     name = f"{kind.replace('_', ' ')} {row.id}"
-    if expired:
+    # Ended by someone already, even if its end is still ahead of our ``now``: two operators'
+    # requests race, and the one that waited for the row lock may have read the clock first.
+    if expired or row.expired_by is not None:
         ended = row.ends_at.isoformat() if row.ends_at else "?"
         raise Conflict(f"{name} already expired at {ended}")
     row.ends_at, row.expired_by = now, actor
@@ -244,7 +257,8 @@ def list_windows(session: Session) -> list[MaintenanceWindow]:
 def expire_window(
     session: Session, window_id: int, *, actor: str, now: datetime
 ) -> MaintenanceWindow:
-    row = session.get(MaintenanceWindow, window_id)
+    begin_write(session)
+    row = session.get(MaintenanceWindow, window_id, with_for_update=True)
     if row is None:
         raise NotFound(f"maintenance window {window_id} does not exist")
     expired = window_state(row, now) == "expired"

@@ -20,7 +20,7 @@ from app.policy.plans import CLUSTER_QUEUE
 from app.tasks import sqlite_broker
 
 BROKER_FILE_NAME = "celery-broker.sqlite"
-TASK_MODULES = ["app.tasks.recovery_tasks", "app.tasks.alert_tasks"]
+TASK_MODULES = ["app.tasks.recovery_tasks", "app.tasks.alert_tasks", "app.tasks.drill_tasks"]
 
 
 def broker_url(settings: Settings) -> str:

@@ -41,6 +41,11 @@ from recovery.wal import WALStatus, WriteAheadLog
 log = logging.getLogger("rlguard.recovery_adapters")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# What an action's result keeps of a launcher's answer: its end, where the outcome is. 500
+# characters cut a healed engine's stage line (quarantined, replaced, refit, re-admitted) short.
+HOOK_OUTPUT_CHARS = 4000
+# Of its stderr on a failure: the action's error column keeps 2,000 characters, from the start.
+HOOK_ERROR_CHARS = 1500
 
 
 #: Records a restart's captured stacks on its incident now (``app.actions.stacks``); True when
@@ -90,9 +95,15 @@ def read_mode(run_dir: Path) -> str:
 
 
 def enter_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
-    """Tell the job to stop new rollouts (the phase machine obeys the control file)."""
+    """Tell the job to stop new rollouts (the phase machine obeys the control file). For a
+    hung participant whose heavy plan waits for a person (the plan asks for
+    ``capture_stacks``), its stacks are captured and recorded first, as before a restart."""
+    stacks = _capture_first(ctx, a) if a.params.get("capture_stacks") else None
     reason = f"incident {a.incident_id}: {a.params.get('reason', 'heavy fault')}"
-    return _switch_mode(ctx.run_dir(a.job), ControlMode.SAFE_MODE, reason)
+    result = _switch_mode(ctx.run_dir(a.job), ControlMode.SAFE_MODE, reason)
+    if stacks is not None:
+        result["stacks"] = stacks
+    return result
 
 
 def release_safe_mode(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
@@ -257,15 +268,18 @@ def _hook_argv(
         raise ActionError(
             f"{a.action} needs a launcher hook (RLGUARD_RECOVERY_LAUNCHER is not set)"
         )
-    argv = [ctx.launcher, action, "--job", a.job or ""]
+    # Every value is joined to its option (``--job=VALUE``, one element): a value that looks
+    # like an option (``-h``, ``--run-root=/x``) can then never be read as one by a site's
+    # launcher, whatever parser it uses. RLGuard's own hooks (argparse) take this form.
+    argv = [ctx.launcher, action, f"--job={a.job or ''}"]
     if a.node:
-        argv += ["--node", a.node]
+        argv.append(f"--node={a.node}")
     for name in ("role", "rank", "away_from"):
         if a.params.get(name) is not None:
-            argv += [f"--{name.replace('_', '-')}", str(a.params[name])]
-    argv += ["--idempotency-key", key]
+            argv.append(f"--{name.replace('_', '-')}={a.params[name]}")
+    argv.append(f"--idempotency-key={key}")
     if extra:
-        argv += ["--extra", json.dumps(extra, sort_keys=True)]
+        argv.append(f"--extra={json.dumps(extra, sort_keys=True)}")
     return argv
 
 
@@ -284,8 +298,8 @@ def _launch(
     argv = _hook_argv(ctx, a, a.action, a.idempotency_key, extra)
     proc = _run_hook(argv, ctx.launcher_timeout)
     if proc.returncode != 0:
-        raise ActionError(f"launcher exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return {"exit": 0, "stdout": proc.stdout.strip()[-500:]}
+        raise ActionError(f"launcher exited {proc.returncode}: {proc.stderr.strip()[-HOOK_ERROR_CHARS:]}")
+    return {"exit": 0, "stdout": proc.stdout.strip()[-HOOK_OUTPUT_CHARS:]}
 
 
 # -- hang forensics: the stacks of a hung process, before its restart --------------------------
@@ -297,7 +311,7 @@ def _captures(ctx: ActionContext, a: ActionSnapshot, opts: dict[str, Any]) -> li
     timeout = float(opts.get("timeout_seconds", 10))
     # Its own key: the restart's answer is another request; a retried task gets the same one.
     argv = _hook_argv(ctx, a, "capture_stacks", f"{a.idempotency_key}/stacks", opts)
-    argv += ["--wait", f"{timeout + 5:g}"]
+    argv.append(f"--wait={timeout + 5:g}")
     try:
         proc = _run_hook(argv, timeout + 15)
         answer = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
@@ -306,7 +320,7 @@ def _captures(ctx: ActionContext, a: ActionSnapshot, opts: dict[str, Any]) -> li
         stacks = answer.get("stacks")
         if answer.get("ok") and isinstance(stacks, list) and stacks:
             return [c for c in stacks if isinstance(c, dict)]
-        why = answer.get("error") or proc.stderr.strip()[-500:] or f"hook exited {proc.returncode}"
+        why = answer.get("error") or proc.stderr.strip()[-HOOK_ERROR_CHARS:] or f"hook exited {proc.returncode}"
     except (ActionError, TransientActionError, json.JSONDecodeError) as exc:
         why = str(exc)
     return [

@@ -15,19 +15,33 @@ from app.views import (
     alerts,
     approvals,
     auth,
+    drills,
     fleet,
     guardrails,
     incidents,
     jobs,
     nodes,
     overview,
+    runbooks,
     silences,
 )
 from app.views.context import PageContext, page_context, runtime
 from app.views.rendering import STATIC_DIR, error_page
 
 _MODULES = (
-    auth, overview, fleet, nodes, jobs, incidents, approvals, alerts, silences, guardrails, admin
+    auth,
+    overview,
+    fleet,
+    nodes,
+    jobs,
+    incidents,
+    approvals,
+    alerts,
+    silences,
+    drills,
+    guardrails,
+    admin,
+    runbooks,
 )
 router = APIRouter(include_in_schema=False)
 for _module in _MODULES:

@@ -22,6 +22,7 @@ from app.auth import sessions
 from app.auth import web as web_auth
 from app.auth.audit import AUDIT_READER_ROLE
 from app.core.config import Settings
+from app.ingest.quotas import NodeQuotas
 from app.ingest.series_store import SeriesStore
 from app.models import Role
 from app.policy.policy_file import Policy
@@ -48,6 +49,8 @@ class Runtime:
     # The policy the engine runs (app.runtime.load_running_policy), scheduler or not.
     policy: Policy
     caches: DashboardCaches
+    # Per-node ingest quotas and their use (the node page; app.ingest.quotas).
+    quotas: NodeQuotas
 
     @property
     def suspect_after(self) -> float:
@@ -69,6 +72,7 @@ def runtime(request: Request) -> Runtime:
         store=state.series_store,
         policy=state.policy,
         caches=state.dashboard_caches,
+        quotas=state.node_quotas,
     )
 
 

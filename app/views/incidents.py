@@ -62,7 +62,12 @@ def _detail(
     request: Request, page: Any, session: Any, incident_id: int, template: str
 ) -> HTMLResponse:
     try:
-        view = incident_page(session, incident_id=incident_id, store=request.app.state.series_store)
+        view = incident_page(
+            session,
+            incident_id=incident_id,
+            store=request.app.state.series_store,
+            policy=request.app.state.policy,
+        )
     except NotFound as exc:
         return error_page(request, page, "Unknown incident", str(exc), status_code=404)
     return render(

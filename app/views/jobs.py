@@ -15,6 +15,7 @@ from app.incidents import queries as incident_queries
 from app.models import utcnow
 from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep
 from app.views.guardrails import switches_data
+from app.views.models.engines import engine_rows
 from app.views.models.jobs import (
     HISTORY_MINUTES,
     job_detail,
@@ -60,6 +61,7 @@ def job_page(
         "job": job,
         "job_incidents": incidents.incidents,
         "participants": job.participants,
+        "engines": engine_rows(session, rt.store, job=name, now=page.now),
         "job_name": job.name,
         "poll_seconds": POLL_SECONDS,
         "history_minutes": HISTORY_MINUTES,
@@ -96,4 +98,20 @@ def job_participants_partial(
         page,
         "partials/_job_participants.html",
         {"participants": rows, "job_name": name, "poll_seconds": POLL_SECONDS},
+    )
+
+
+@router.get("/ui/jobs/{name}/engines", response_class=HTMLResponse)
+def job_engines_partial(
+    name: str, request: Request, page: SignedInDep, rt: RuntimeDep, session: DbDep
+) -> HTMLResponse:
+    try:
+        rows = engine_rows(session, rt.store, job=name, now=page.now)
+    except NotFound as exc:
+        return error_page(request, page, "Unknown job", str(exc), status_code=404)
+    return render(
+        request,
+        page,
+        "partials/_job_engines.html",
+        {"engines": rows, "job_name": name, "poll_seconds": POLL_SECONDS},
     )

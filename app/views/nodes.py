@@ -6,11 +6,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.core.errors import NotFound
-from app.views.context import DbDep, RuntimeDep, SignedInDep
+from app.views.context import DbDep, Runtime, RuntimeDep, SignedInDep
+from app.views.models.node_quotas import quota_rows
 from app.views.models.nodes import HISTORY_MINUTES, node_detail
 from app.views.rendering import error_page, render
 
 router = APIRouter(include_in_schema=False)
+
+QUOTA_POLL_SECONDS = 10
 
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)
@@ -25,5 +28,25 @@ def node_page(
         request,
         page,
         "pages/node.html",
-        {"node": node, "history_minutes": HISTORY_MINUTES, "active_nav": "overview"},
+        {
+            "node": node,
+            "history_minutes": HISTORY_MINUTES,
+            "active_nav": "overview",
+            **_quotas(rt, name),
+        },
     )
+
+
+@router.get("/ui/nodes/{name}/quotas", response_class=HTMLResponse)
+def node_quotas_partial(
+    name: str, request: Request, page: SignedInDep, rt: RuntimeDep
+) -> HTMLResponse:
+    return render(request, page, "partials/_node_quotas.html", _quotas(rt, name))
+
+
+def _quotas(rt: Runtime, name: str) -> dict[str, object]:
+    return {
+        "quotas": quota_rows(rt.quotas, name),
+        "node_name": name,
+        "poll_seconds": QUOTA_POLL_SECONDS,
+    }

@@ -85,6 +85,7 @@ def create_silence(
             author=author,
             max_hours=rt.settings.silences.max_duration_hours,
             now=_now(page),
+            max_regex_chars=rt.settings.silences.max_regex_chars,
         )
 
     refused = commit_or_refusal(request, page, session, "Not silenced", create)

@@ -31,6 +31,9 @@ reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --da
   SAFE_MODE is told to run again before the resubmission, which would otherwise start held (the
   reference job obeys the control file; verl does not read one). A job with no recorded
   entrypoint is refused: there is nothing to submit again.
+* ``inject_fault`` (``rlguard drill``) kills or stops a role's actor process; ``drill_figures``
+  counts the generations a drill made the job redo from its run directory under ``--run-root``
+  (:mod:`recovery.supervision.drill_figures`, as the supervisor's hook does), without Ray.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -52,7 +56,11 @@ from integrations.ray.restarter import restarter_name
 from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
 from recovery._fsio import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
-from recovery.supervision.hook import add_request_arguments, write_hook_script
+from recovery.supervision.hook import (
+    add_request_arguments,
+    answer_drill_figures,
+    write_hook_script,
+)
 from recovery.supervision.requests import JOB_DIR_PATTERN, KEY_PATTERN
 
 PROG = "python -m integrations.ray.hook"
@@ -174,6 +182,47 @@ class RayHook:
             ray.kill(handle, no_restart=False)
         finally:
             ray.shutdown()
+        return {**record, "already": False}
+
+    # -- inject_fault (rlguard drill) ----------------------------------------------------------
+
+    def inject_fault(
+        self, job: str, role: str, rank: int, key: str, extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A drill's fault into the participant's actor process: SIGKILL (``kill``) or SIGSTOP
+        (``hang``), as :mod:`recovery.supervision.drills` answers. Only on the actor's own
+        node (the hook signals a local pid, checked to be that actor's Ray worker), once per
+        key; ``oom``, ``disk-full`` and ``at_step`` need a point inside the process that the
+        hook does not have, and are refused."""
+        fault, dry_run = extra.get("fault"), extra.get("dry_run") is True
+        if fault not in ("kill", "hang"):
+            raise Refused(f"the Ray hook cannot inject {fault!r} into an actor: it signals the "
+                          "actor's process from outside (drill kill or hang)")
+        if extra.get("at_step") is not None:
+            raise Refused("the Ray hook cannot wait for a step (it does not watch the actor): "
+                          "drill without --at-step")
+        recorded = self._recorded(key)
+        if recorded is not None and recorded.get("action") == "inject_fault":
+            return {**recorded, "already": True}
+        actor = self._find(job, role, rank)[0].actor
+        pid = actor.pid
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            title = ""
+        if actor.state != "ALIVE" or pid is None or not title.startswith(f"ray::{actor.class_name}"):
+            raise Refused(f"Ray actor {actor.name or actor.actor_id} ({actor.state}, pid {pid}) "
+                          "is not an alive actor process on this node: a drill signals a local "
+                          "process only")
+        what = (f"SIGKILL {role}-{rank} (Ray actor {actor.name}, pid {pid})" if fault == "kill"
+                else f"SIGSTOP {role}-{rank} (Ray actor {actor.name}, pid {pid}): alive, silent")
+        if dry_run:
+            return {"ok": True, "dry_run": True, "target": f"{role}-{rank}", "target_pid": pid,
+                    "what": what + " now"}
+        record = {"ok": True, "action": "inject_fault", "fault": fault, "target": f"{role}-{rank}",
+                  "target_pid": pid, "injected_at": time.time(), "step": None, "what": what}
+        write_json_atomic(self._ledger(key), record)  # recorded before the signal
+        os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         return {**record, "already": False}
 
     def _ask_restarter(
@@ -348,8 +397,9 @@ def write_hook(path: Path, argv: list[str], python: str = sys.executable) -> Non
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG)
-    p.add_argument("action", choices=[*_ACTIONS, *_NOT_THROUGH_RAY])
+    p.add_argument("action", choices=[*_ACTIONS, "inject_fault", "drill_figures", *_NOT_THROUGH_RAY])
     add_request_arguments(p)
+    p.add_argument("--wait", type=float, help="accepted for the drill worker; answered at once")
     p.add_argument("--dashboard", required=True, help="the Ray dashboard, http://HEAD:8265")
     p.add_argument("--ray-address", default="auto", help="the GCS address for ray.kill")
     p.add_argument("--preset", default="verl")
@@ -385,8 +435,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not KEY_PATTERN.fullmatch(args.idempotency_key):
         p.error(f"--idempotency-key {args.idempotency_key!r} must be printable ASCII")
-    if args.action == "restart_role" and (args.role is None or not (args.rank or "").isdigit()):
-        p.error("restart_role needs --role and a whole-number --rank")
+    if args.action in ("restart_role", "inject_fault") and (
+        args.role is None or not (args.rank or "").isdigit()
+    ):
+        p.error(f"{args.action} needs --role and a whole-number --rank")
+    try:
+        extra = json.loads(args.extra) if args.extra else {}
+    except json.JSONDecodeError as exc:
+        p.error(f"--extra is not JSON: {exc}")
+    if args.action == "drill_figures":
+        # Counted in the job's run directory on this node, as the supervisor's hook does: Ray
+        # is not asked (a job that writes no run directory here gets a note, not a number).
+        if not JOB_DIR_PATTERN.fullmatch(args.job):
+            p.error(f"--job {args.job!r} cannot name a run directory")
+        run_dir = None if args.run_root is None else args.run_root / args.job
+        return answer_drill_figures(p, run_dir, extra)
     if args.action in _NOT_THROUGH_RAY:
         sys.stderr.write(
             f"refused: {args.action} is not done through Ray (Ray places the actors itself; a "
@@ -410,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "restart_role":
             answer = hook.restart_role(args.job, args.role, int(args.rank), args.idempotency_key)
+        elif args.action == "inject_fault":
+            answer = hook.inject_fault(args.job, args.role, int(args.rank), args.idempotency_key,
+                                       extra if isinstance(extra, dict) else {})
         else:
             answer = hook.restart_job(args.job, args.idempotency_key)
     except Refused as exc:

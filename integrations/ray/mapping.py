@@ -117,14 +117,10 @@ def map_actors(
         if found is None:
             result.unmatched.add(actor.class_name)
             continue
-        role, match = found
-        groups = match.groupdict() if match is not None else {}
-        rank = int(groups["rank"]) if groups.get("rank") is not None else None
-        pair = (
-            (int(groups["group"]), int(groups["local"]))
-            if groups.get("group") is not None and groups.get("local") is not None
-            else None
-        )
+        role, groups = found
+        named_rank, group, local = groups.get("rank"), groups.get("group"), groups.get("local")
+        rank = int(named_rank) if named_rank is not None else None
+        pair = (int(group), int(local)) if group is not None and local is not None else None
         job = fixed or names.get(actor.job_id) or safe_job_name(f"ray-{actor.job_id}")
         grouped[(job, role)].append((_rank_key(actor, rank, pair), rank, actor))
     for (job, role), members in grouped.items():

@@ -25,7 +25,10 @@ The shipped presets were checked against the frameworks' source:
   (``CriticModelActor``), ``launcher.py`` (``ReferenceModelActor``, ``RewardModelActor``; the
   actors are created unnamed, rank 0 first) and ``vllm_engine.py`` (``RolloutRayActor``).
 
-A preset file (YAML or JSON) has the same shape as the shipped ones::
+Patterns are RE2 (``recovery.user_regex``: linear time, no lookarounds or backreferences, at
+most ``MAX_PATTERN_CHARS`` characters), so a preset file cannot stall the agent or the hook
+that evaluates it against every actor. A preset file (YAML or JSON) has the same shape as the
+shipped ones::
 
     name: myframework
     roles:
@@ -42,8 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recovery.user_regex import UserRegex, UserRegexError, compile_user_regex
+
 # The server's rule for role names (ingest contract): letters, digits and _.:@/- .
 _ROLE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,63}$")
+# The longest class or name pattern a preset may hold (the shipped ones are under 120).
+MAX_PATTERN_CHARS = 500
+#: The named groups of a rule's name match (``rank``, ``group``, ``local``); empty without one.
+NameGroups = dict[str, str | None]
 
 
 class PresetError(ValueError):
@@ -55,17 +64,16 @@ class RoleRule:
     """Actors whose class (and name, if given) match are participants of ``role``."""
 
     role: str
-    class_pattern: re.Pattern[str]
-    name_pattern: re.Pattern[str] | None = None
+    class_pattern: UserRegex
+    name_pattern: UserRegex | None = None
 
-    def matches(self, class_name: str, actor_name: str) -> re.Match[str] | None | bool:
-        """False when the actor is not this role's; else the name's match (None without one)."""
-        if not self.class_pattern.search(class_name):
-            return False
-        if self.name_pattern is None:
+    def matches(self, class_name: str, actor_name: str) -> NameGroups | None:
+        """None when the actor is not this role's; else the name match's named groups."""
+        if self.class_pattern.search(class_name) is None:
             return None
-        found = self.name_pattern.search(actor_name)
-        return found if found is not None else False
+        if self.name_pattern is None:
+            return {}
+        return self.name_pattern.search(actor_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +86,12 @@ class Preset:
     # from its newest checkpoint (``key=value`` replaces a given ``key=``; a flag is added once).
     resume_args: tuple[str, ...] = ()
 
-    def role_of(self, class_name: str, actor_name: str) -> tuple[str, re.Match[str] | None] | None:
-        """``(role, name match)`` of the first rule that matches, or None."""
+    def role_of(self, class_name: str, actor_name: str) -> tuple[str, NameGroups] | None:
+        """``(role, the name match's named groups)`` of the first rule that matches, or None."""
         for rule in self.rules:
-            found = rule.matches(class_name, actor_name)
-            if found is not False:
-                return rule.role, found if isinstance(found, re.Match) else None
+            groups = rule.matches(class_name, actor_name)
+            if groups is not None:
+                return rule.role, groups
         return None
 
 
@@ -146,12 +154,14 @@ _OPENRLHF = {
 SHIPPED: dict[str, dict[str, Any]] = {"verl": _VERL, "openrlhf": _OPENRLHF}
 
 
-def _compile(where: str, key: str, text: Any) -> re.Pattern[str]:
+def _compile(where: str, key: str, text: Any) -> UserRegex:
     if not isinstance(text, str) or not text:
         raise PresetError(f"{where}: {key!r} must be a non-empty regular expression, got {text!r}")
     try:
-        return re.compile(text)
-    except re.error as exc:
+        return compile_user_regex(
+            text, max_chars=MAX_PATTERN_CHARS, limit_name="a preset's MAX_PATTERN_CHARS"
+        )
+    except UserRegexError as exc:
         raise PresetError(f"{where}: {key} {text!r} is not a regular expression: {exc}") from None
 
 

@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from integrations import IntegrationError
+from integrations import IntegrationError, snapshot_owner
 from integrations.trl.checkpoints import newest_complete_checkpoint
 
 if TYPE_CHECKING:
@@ -41,13 +41,16 @@ __all__ = [
 
 log = logging.getLogger("rlguard.integrations.trl")
 
-# [lowest, first unsupported): the versions this integration is tested with (trl 1.16.0,
-# transformers 5.24.0). TRL changes its trainer's internals between minor releases, so the next
+# [lowest, first unsupported): the versions this integration is tested with (trl 1.16.0;
+# transformers 5.24.0, and 5.19.0, the newest that vLLM 0.32 accepts beside it, which the dev
+# install holds). TRL changes its trainer's internals between minor releases, so the next
 # minor release is not assumed to work until it has been tried.
 SUPPORTED_TRL = ("1.16.0", "1.17")
-SUPPORTED_TRANSFORMERS = ("5.24.0", "6")
+SUPPORTED_TRANSFORMERS = ("5.19.0", "6")
 
 RESUME_FLAG = "--resume_from_checkpoint"
+# The directory name a snapshot is resumed through (integrations.trl.snapshots.RESUME_PREFIX).
+SNAPSHOT_RESUME_PREFIX = "rlguard-snapshot-"
 _OUTPUT_FLAGS = ("--output_dir", "--output-dir")
 
 
@@ -127,6 +130,9 @@ class TRLIntegration:
     """What ``rlguard launch --integration trl`` needs to know about a TRL training script."""
 
     name = "trl"
+    # rlguard launch owns a memory segment for the trainers' every-step snapshots
+    # (integrations.snapshot_owner; taken by integrations.trl.snapshots.enable_snapshots).
+    memory_snapshots = True
     # What a warm standby of ``rlguard launch --standby`` imports ahead (the slow part of a start).
     # transformers and trl load their classes lazily: importing the packages alone left a GRPO
     # script's own imports (the model class, GRPOTrainer, datasets) 1.70 s of the restart; with
@@ -141,19 +147,33 @@ class TRLIntegration:
         "trl.trainer.grpo_trainer",
         "datasets",
     )
+    # What the standby runs once imported: a throwaway GRPO step on a tiny model of its own
+    # (every RNG state restored), paying the first step's once-only op and kernel set-up
+    # (benchmarks/trl_first_step.py; docs/integrations.md, Warm standby).
+    standby_warmup = ("integrations.trl.warmup:warm_up",)
 
     def check_environment(self) -> None:
         """Raise :class:`IntegrationError` unless supported TRL and transformers are installed."""
         check_versions()
 
     def resume_argv(self, argv: list[str]) -> list[str]:
-        """``argv`` with ``--resume_from_checkpoint`` set to the newest complete checkpoint under
-        its ``--output_dir`` (any given value replaced); unchanged when there is none."""
+        """``argv`` with ``--resume_from_checkpoint`` set to the newest committed state (any
+        given value replaced): the newest memory or disk snapshot of this launch
+        (``<output_dir>/rlguard-snapshot-<step>``, which the trainer's ``enable_snapshots``
+        writes before training; with several ranks the newest step a round committed that
+        every rank holds) or the newest complete ``checkpoint-N`` under ``--output_dir``,
+        whichever is the later step (a snapshot on a tie); unchanged when there is none."""
         output_dir = _flag_value(argv, _OUTPUT_FLAGS)
         if output_dir is None:
             log.warning("no --output_dir in the command: cannot find checkpoints to resume from")
             return list(argv)
         newest = newest_complete_checkpoint(Path(output_dir))
+        owner = snapshot_owner.active()
+        # Several ranks: the newest step every rank holds and a round committed.
+        snapshot = owner.resume_step() if owner is not None else None
+        if snapshot is not None and (newest is None or snapshot >= newest.global_step):
+            path = Path(output_dir) / f"{SNAPSHOT_RESUME_PREFIX}{snapshot}"
+            return [*_without_flag(argv, RESUME_FLAG), RESUME_FLAG, str(path)]
         if newest is None:
             return list(argv)
         return [*_without_flag(argv, RESUME_FLAG), RESUME_FLAG, str(newest.path)]

@@ -6,11 +6,18 @@ One line in the training script, ``GRPOTrainer(..., callbacks=[RLGuardCallback()
 * writes its heartbeat (:class:`recovery.report.HeartbeatReporter`, role ``trainer``, rank from
   ``RANK``): phase ``ROLLOUT`` while TRL generates completions, ``TRAIN`` for the rest of the
   step, ``EVAL``, ``SAVE``, ``SAFE_MODE``, ``DONE``; the global step; the cumulative count of
-  generated tokens (the agent turns it into tokens per second); and TRL's GRPO metrics from
-  ``on_log`` (reward, reward_std, kl, completion length, clipped ratio) as job signals;
+  generated tokens (the agent turns it into tokens per second); the completions generated and
+  those that came back empty (nothing but end-of-sequence and padding: ``record_samples``,
+  ``record_failed_samples``; a policy that collapsed into empty answers, or a generation that
+  failed into an empty one, trains on nothing while every step reports success); and TRL's GRPO
+  metrics from ``on_log`` (reward, reward_std, kl, completion length, clipped ratio) as job
+  signals;
 * counts its own faults for the policy engine: a step that raised (an OOM, a failing reward
   function) is ``record_step_failure(step)``, a checkpoint that could not be written is
   ``record_checkpoint_error()``;
+* declares its drill injection point (:mod:`recovery.drill_points`): ``rlguard drill --fault
+  oom`` makes the next optimizer step raise ``torch.OutOfMemoryError`` (a CUDA-OOM message),
+  which ends the process as a real one would, for the launcher's exit-cause catalogue to see;
 * seals every ``checkpoint-N`` TRL writes with the checkpoint engine's completion marker and
   publishes its version vector, so a restart resumes only from a complete checkpoint;
 * obeys the job's control file: at a step boundary under ``SAFE_MODE`` it saves (so nothing since
@@ -43,6 +50,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from integrations import ENV_JOB, ENV_ROLE, ENV_RUN_DIR, IntegrationError
 from integrations.trl import check_versions
 from integrations.trl.checkpoints import seal_checkpoint
+from recovery import drill_points
 from recovery.control import ControlError, ControlMode, read_control
 from recovery.errors import RecoveryError
 from recovery.report import HeartbeatReporter, heartbeat_path, read_heartbeat
@@ -66,6 +74,8 @@ ROLLOUT, TRAIN, EVAL, SAVE, SAFE_MODE, DONE = (
     "SAFE_MODE",
     "DONE",
 )
+
+DRILL_OOM_POINT = "its next optimizer step raises torch.OutOfMemoryError (RLGuard's TRL callback)"
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -124,6 +134,11 @@ class RLGuardCallback(TrainerCallback):
         except (RecoveryError, ValueError) as exc:
             raise IntegrationError(f"RLGuardCallback: {exc}") from exc
         self._carry_fault_counts(previous)
+        self._role, self._rank = role, rank
+        try:
+            drill_points.declare(self._run_dir, role, rank, {"oom": DRILL_OOM_POINT})
+        except OSError as exc:  # drills of oom are refused then, training is not affected
+            log.warning("could not declare the drill injection point: %s", exc)
         self._safe_mode_poll = float(safe_mode_poll)
         self._lock = threading.Lock()
         self._phase = "INIT"
@@ -182,6 +197,11 @@ class RLGuardCallback(TrainerCallback):
             self._hold_in_safe_mode()
         self._step_in_progress = state.global_step + 1
         self._set_phase(TRAIN)
+
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._fire_drill_oom()
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -300,7 +320,11 @@ class RLGuardCallback(TrainerCallback):
         original = getattr(model, "generate", None)
         if original is None or getattr(original, "_rlguard_wrapped", False):
             return
-        pad_id = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+        config = getattr(model, "generation_config", None)
+        pad_id = getattr(config, "pad_token_id", None)
+        eos = getattr(config, "eos_token_id", None)
+        ends = tuple(i for i in (eos if isinstance(eos, list | tuple) else [eos])
+                     if isinstance(i, int))
 
         @functools.wraps(original)
         def generate(*call_args: Any, **call_kwargs: Any) -> Any:
@@ -315,14 +339,18 @@ class RLGuardCallback(TrainerCallback):
                 if in_training:
                     self._set_phase(before)
             prompt = call_kwargs.get("input_ids", call_args[0] if call_args else None)
-            self._count_tokens(output, prompt, pad_id)
+            self._count_tokens(output, prompt, pad_id, ends)
             return output
 
         generate._rlguard_wrapped = True  # type: ignore[attr-defined]
         model.generate = generate
         self._model = model
 
-    def _count_tokens(self, output: Any, prompt: Any, pad_id: int | None) -> None:
+    def _count_tokens(
+        self, output: Any, prompt: Any, pad_id: int | None, ends: tuple[int, ...]
+    ) -> None:
+        """Count the tokens generated, the completions, and the empty ones among them (every
+        generated token an end-of-sequence or padding; unknowable without either id)."""
         sequences = getattr(output, "sequences", output)
         shape = getattr(sequences, "shape", None)
         prompt_shape = getattr(prompt, "shape", None)
@@ -331,6 +359,18 @@ class RLGuardCallback(TrainerCallback):
         generated = sequences[:, prompt_shape[-1] :]
         count = int((generated != pad_id).sum()) if pad_id is not None else int(generated.numel())
         self._reporter.add_tokens(count)
+        content = None  # per token: neither padding nor an end of sequence
+        for token in (pad_id, *ends) if pad_id is not None else ends:
+            differs = generated != token
+            content = differs if content is None else content & differs
+        rows = int(shape[0])
+        if generated.shape[-1] == 0:
+            empty = rows
+        else:
+            empty = 0 if content is None else rows - int(content.any(dim=1).sum())
+        self._reporter.record_samples(rows)
+        if empty:
+            self._reporter.record_failed_samples(empty)
 
     def _unwrap_generate(self) -> None:
         model, self._model = self._model, None
@@ -338,6 +378,21 @@ class RLGuardCallback(TrainerCallback):
             del model.generate  # the class's own method again
 
     # ---- faults ------------------------------------------------------------------------------
+
+    def _fire_drill_oom(self) -> None:
+        """Raise the CUDA-OOM error a drill asked for (once: the request is taken atomically).
+        A stat per optimizer step when none is asked."""
+        order = drill_points.take(self._run_dir, self._role, self._rank, "oom")
+        if order is None:
+            return
+        import torch  # the Trainer has imported it already
+
+        log.error("rlguard drill %s: raising an out-of-memory error at step %s",
+                  order.get("drill"), self._step_in_progress)
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB (injected by rlguard drill "
+            f"{order.get('drill')}: not a real allocation failure)"
+        )
 
     def _excepthook(
         self, kind: type[BaseException], value: BaseException, tb: TracebackType | None

@@ -1,13 +1,20 @@
 """The launcher hook's protocol: how RLGuard's recovery worker asks a node's launcher to act.
 
 The worker runs the executable named by ``RLGUARD_RECOVERY_LAUNCHER`` as
-``<hook> <action> --job J [--node N] [--role R] [--rank K] --idempotency-key KEY [--extra JSON]``
+``<hook> <action> --job=J [--node=N] [--role=R] [--rank=K] --idempotency-key=KEY [--extra=JSON]``
 (``app.tasks.recovery_adapters``). The hook (:func:`submit`) leaves the request as
 ``<run_dir>/recovery/launcher/<digest of KEY>.json`` and waits; the launcher's supervisor
 (:func:`pending`, :func:`answer`) carries it out and writes ``<digest>.done`` next to it with
 ``ok`` and what it did, then removes the request. A key that was answered already is answered
 again without acting: the worker retries a hook that timed out, and a request is carried out
 once.
+
+A request its requester gave up on is withdrawn (:func:`withdraw`, the hook's ``withdraw``):
+the requester and the launcher both *claim* the request by creating ``<digest>.taken`` with
+``O_EXCL`` before acting on it (:func:`claim`), so exactly one of them wins: either the
+launcher carries it out and answers, or the request is withdrawn (answered ``withdrawn``,
+removed) and the launcher, finding it taken, does nothing. Only actions that must never run
+late claim (``inject_fault``); the others are idempotent restarts.
 
 The supervisor says it is alive in ``<run_dir>/recovery/supervisor.json`` (its pid); a request to
 a launcher that is not running is refused at once instead of waiting for an answer that will
@@ -36,6 +43,7 @@ HOOK_ACTIONS = (
     "reschedule_batches",
     "restore_checkpoint",
     "drain_node",
+    "inject_fault",  # rlguard drill: a fault on purpose (recovery.supervision.drills)
 )
 KEY_PATTERN = re.compile(r"[\x21-\x7e]{1,300}")  # printable ASCII, no spaces
 JOB_DIR_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a job that names a directory
@@ -137,6 +145,64 @@ def submit(
     while answer is None:  # written atomically: absent or whole, never torn
         answer = _read(done)
     return answer
+
+
+WITHDRAWN = "withdrawn"
+LAUNCHER = "launcher"
+
+
+def _taken_path(request_path: Path) -> Path:
+    return request_path.with_suffix(".taken")
+
+
+def _create_once(path: Path, who: str) -> str | None:
+    """Create ``path`` holding ``who`` unless it exists; None when created, else who holds it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        for _ in range(100):  # created, not written yet: the writer is one call away
+            holder = path.read_text(encoding="utf-8").strip()
+            if holder:
+                return holder
+            time.sleep(0.01)
+        return "unknown"
+    try:
+        os.write(fd, who.encode())
+    finally:
+        os.close(fd)
+    return None
+
+
+def claim(request: Request) -> str | None:
+    """Take ``request`` for the launcher before acting on it: None when this call took it,
+    else who had (``withdrawn``: its requester gave up; ``launcher``: an earlier launcher took
+    it and may have acted before it stopped)."""
+    return _create_once(_taken_path(request.path), LAUNCHER)
+
+
+def withdraw(run_dir: Path, key: str, *, why: str) -> dict[str, Any]:
+    """Withdraw the request under ``key`` unless the launcher took it first.
+
+    ``{"withdrawn": True}``: it will never be carried out (answered ``ok: false, withdrawn``,
+    its file removed; a later :func:`submit` of the key gets that answer). Otherwise
+    ``{"withdrawn": False, "answer": ...}`` when the launcher answered, or
+    ``{"withdrawn": False, "taken": True}`` while it is carrying it out (its answer follows).
+    """
+    if not KEY_PATTERN.fullmatch(key):
+        raise LauncherError(f"idempotency key {key!r} must be 1-300 printable ASCII characters")
+    directory = requests_dir(run_dir)
+    req = directory / f"{request_name(key)}.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    holder = _create_once(_taken_path(req), WITHDRAWN)
+    if holder is None or holder == WITHDRAWN:
+        if holder is None:  # answer first, then remove: a submit in between reads the answer
+            write_json_atomic(req.with_suffix(".done"), {
+                "key": key, "ok": False, "withdrawn": True, "error": why,
+                "done_at": time.time()})
+            req.unlink(missing_ok=True)
+        return {"withdrawn": True}
+    answer = _read(req.with_suffix(".done"))
+    return {"withdrawn": False, "answer": answer} if answer else {"withdrawn": False, "taken": True}
 
 
 def pending(run_dir: Path) -> list[Request]:

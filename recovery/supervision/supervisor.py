@@ -21,9 +21,9 @@ the reference job). What it does:
   optionally a warm standby per role (:mod:`recovery.supervision.standby`) once the job is
   steady;
 * answers ``capture_stacks`` at once, before the restart RLGuard asks for next: the Python
-  stacks of the processes of a role (:mod:`recovery.supervision.stacks`, ``py-spy dump``), so
-  the incident of a hung or stalled process shows where it hung. It reads, never changes,
-  anything: no budget, and not held by SAFE_MODE.
+  stacks of a role's processes (:mod:`recovery.supervision.stacks`, ``py-spy dump``); it reads,
+  never changes, anything: no budget, and not held by SAFE_MODE;
+* injects a drill's fault (``inject_fault``, :mod:`recovery.supervision.drills`).
 """
 
 from __future__ import annotations
@@ -41,19 +41,23 @@ from typing import Any
 from recovery._fsio import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
 from recovery.errors import RecoveryError
+from recovery.launcher_reports import declare_launch, report_process_exit, report_starting
+from recovery.redaction import environment_secrets
 from recovery.report import (
     DONE_PHASE,
     EXITED_PHASE,
     STARTING_PHASE,
     heartbeat_path,
     read_heartbeat,
-    report_process_exit,
-    report_starting,
 )
 from recovery.supervision import requests
 from recovery.supervision.backends import Backend
 from recovery.supervision.backends.local import LocalBackend
+from recovery.supervision.drills import DrillDesk
 from recovery.supervision.events import EVENTS_FILE, append_event
+from recovery.supervision.exit_causes import Catalogue, ExitCause
+from recovery.supervision.kernel_oom import memory_events_path, oom_kill_line, oom_kills
+from recovery.supervision.output_tail import OutputTail
 from recovery.supervision.restarts import RestartBudget
 from recovery.supervision.stacks import (
     DEFAULT_MAX_BYTES,
@@ -68,8 +72,7 @@ log = logging.getLogger("rlguard.recovery.supervision")
 # Heavy-tier actions reach the launcher only after an approver said so.
 APPROVED_HEAVY_ACTIONS = ("restart_job", "restore_checkpoint")
 _KILL_TIMEOUT = 10.0
-# What a capture_stacks request may ask for: the supervisor's loop waits for the dumps, so
-# the time is bounded here whatever the request says; so is the text it keeps per process.
+# A capture_stacks request's bounds, whatever it says: the loop waits for the dumps.
 _MAX_CAPTURE_SECONDS = 60.0
 _MAX_CAPTURE_BYTES = 1024 * 1024
 
@@ -87,6 +90,10 @@ class Child:
     started_at: float = 0.0
     quick_failures: int = 0
     last_pid: int | None = None
+    # Why its last process failed, from its own output (exit-cause catalogue); None: unknown.
+    tail: OutputTail | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
+    oom_kills_at_start: int | None = None
 
     @property
     def name(self) -> str:
@@ -111,7 +118,10 @@ class Supervisor:
     (``child.starts`` is 0 before the first), ``env(child)`` its environment; ``order(child,
     argv, env, log)`` the line that makes a standby that process (needed with ``standby``);
     ``py_spy`` the py-spy executable for ``capture_stacks`` (``stacks.find_py_spy``), None
-    where none is installed."""
+    where none is installed; ``exit_causes`` the catalogue a failed exit's output tail is
+    matched against (:mod:`recovery.supervision.exit_causes`), None: no causes looked for;
+    ``first_step_budget`` what each process declares as its first-step hang budget
+    (:func:`recovery.launcher_reports.declare_launch`), None: the policy's."""
 
     def __init__(
         self,
@@ -130,6 +140,8 @@ class Supervisor:
         timeout: float | None = None,
         poll: float = 0.1,
         py_spy: str | None = None,
+        exit_causes: Catalogue | None = None,
+        first_step_budget: float | None = None,
     ) -> None:
         if standby is not None and order is None:
             raise ValueError("a standby pool needs an order function")
@@ -146,12 +158,17 @@ class Supervisor:
         self.cwd = cwd
         self.timeout = timeout
         self.poll = poll
-        # The py-spy executable for capture_stacks (None: not installed; captures say so).
-        self.py_spy = py_spy
+        self.py_spy = py_spy  # None: not installed; captures say so (see the class docstring)
+        self.exit_causes = exit_causes
+        self.first_step_budget = first_step_budget
+        self._memory_events = memory_events_path() if exit_causes is not None else None
         self.log_dir = run_dir / "logs"
         self._restarts: list[_Restart] = []
+        # Restarts carried out whose answers wait (``due``: when spawned; ``extra``: the answer).
+        self._held: list[_Restart] = []
         self._deferred_keys: set[str] = set()
         self._stopping = False
+        self.drills = DrillDesk()  # a launcher with injection points replaces its injector
         self.log_dir.mkdir(parents=True, exist_ok=True)
         requests.requests_dir(run_dir).mkdir(parents=True, exist_ok=True)
 
@@ -174,6 +191,11 @@ class Supervisor:
         argv = self._command(child)
         env = self._env(child)
         log_path = self.log_dir / f"{child.name}.log"
+        if self.exit_causes is not None:
+            child.tail = child.tail or OutputTail(log_path)
+            child.tail.mark()  # this start's output begins here
+            child.secrets = environment_secrets(env)
+            child.oom_kills_at_start = oom_kills(self._memory_events)
         warm = None
         if self.standby is not None and self._order is not None:
             warm = self.standby.activate(child.role, self._order(child, argv, env, log_path))
@@ -183,6 +205,9 @@ class Supervisor:
         child.started_at = time.monotonic()
         child.vouched_at = 0.0
         child.last_pid = child.proc.pid
+        if self.first_step_budget is not None:  # for this process: replaced at each start
+            declare_launch(self.run_dir, child.role, child.rank, pid=child.proc.pid,
+                           first_step_budget_seconds=self.first_step_budget)
         self.event(
             "spawn",
             role=child.role,
@@ -241,6 +266,7 @@ class Supervisor:
         failed = self.check_exits()
         self.handle_requests()
         self._run_due_restarts()
+        self.drills.fire_due(self)
         self._vouch_for_starting()
         self._keep_standbys()
         return failed
@@ -271,6 +297,7 @@ class Supervisor:
                 c.reported_exit = True
                 ran = time.monotonic() - c.started_at
                 c.quick_failures = c.quick_failures + 1 if ran < self.budget.stable_seconds else 0
+                cause = self.exit_cause(c, code) if code != 0 else None
                 # The heartbeat first: whoever reads the event must find the exit there already.
                 report_process_exit(
                     self.run_dir,
@@ -280,12 +307,41 @@ class Supervisor:
                     pid=c.proc.pid if c.proc is not None else None,
                     returncode=code,
                     clean_exit_phase=self.clean_exit_phase,
+                    exit_cause=cause.to_dict() if cause is not None else None,
                 )
-                self.event("child_exit", role=c.role, rank=c.rank, code=code, ran_s=round(ran, 3))
+                self.event(
+                    "child_exit",
+                    role=c.role,
+                    rank=c.rank,
+                    code=code,
+                    ran_s=round(ran, 3),
+                    cause=cause.cause if cause is not None else None,
+                    line=cause.line if cause is not None else None,
+                )
                 self._write_pids()
             if code != 0 or self.clean_exit_phase == EXITED_PHASE:
                 failed.append(c.name)
         return failed
+
+    def exit_cause(self, child: Child, code: int) -> ExitCause | None:
+        """Why ``child``'s process failed with ``code``, as the tail of its own output (and
+        the kernel's OOM-kill record for a SIGKILL) says; None when nothing known matches."""
+        if self.exit_causes is None or child.tail is None:
+            return None
+        lines = child.tail.lines(child.secrets)
+        exit_signal = None
+        if code < 0:
+            try:
+                exit_signal = signal.Signals(-code).name
+            except ValueError:
+                exit_signal = f"SIG{-code}"
+        if exit_signal == "SIGKILL":
+            record = oom_kill_line(
+                child.oom_kills_at_start, oom_kills(self._memory_events), self._memory_events
+            )
+            if record is not None:
+                lines.append(record)
+        return self.exit_causes.match(lines, exit_signal=exit_signal)
 
     def _vouch_for_starting(self) -> None:
         """Keep the heartbeat of a process that is still starting (importing torch takes seconds
@@ -323,7 +379,8 @@ class Supervisor:
 
     def handle_requests(self) -> None:
         """Carry out (or hold) every request the hook left."""
-        in_progress = {req.path for r in self._restarts for req in r.asked_by}
+        in_progress = {req.path for r in [*self._restarts, *self._held] for req in r.asked_by}
+        in_progress |= self.drills.armed_paths()  # a drill armed for its step is answered then
         for req in requests.pending(self.run_dir):
             if req.path in in_progress:
                 continue
@@ -343,6 +400,8 @@ class Supervisor:
             self.event("hook_request", action=action, role=role, rank=rank)
         if action == "capture_stacks":
             return self._capture_stacks(role, rank, body.get("extra"))
+        if action == "inject_fault":
+            return self.drills.handle(self, req)
         if action in APPROVED_HEAVY_ACTIONS:
             released = self._release_safe_mode(f"{action} approved ({key})")
             if self.backend.requeue_job(f"{action} requested"):
@@ -490,16 +549,27 @@ class Supervisor:
             self.event("restart", roles=[c.name for c in restart.children], why=restart.why)
             for child in restart.children:
                 self.spawn(child)
-            for req in restart.asked_by:
-                requests.answer(
-                    req,
-                    {
-                        "ok": True,
-                        "restarted": [c.name for c in restart.children],
-                        "budget_left": self.budget.left,
-                        **restart.extra,
-                    },
-                )
+            answer = {"ok": True, "restarted": [c.name for c in restart.children],
+                      "budget_left": self.budget.left, **restart.extra}
+            self._held.append(_Restart(restart.children, now, restart.why, restart.asked_by, answer))
+        self._answer_held()
+
+    def restart_answer(
+        self, children: list[Child], answer: dict[str, Any], spawned_at: float
+    ) -> dict[str, Any] | None:
+        """The answer to a restart of ``children`` (spawned at monotonic ``spawned_at``), or
+        None to be asked next round: a role that must catch up before it serves (an engine
+        refit to the trainer's weights) answers then, its stages on the incident's timeline."""
+        return answer
+
+    def _answer_held(self) -> None:
+        for held in list(self._held):
+            answer = self.restart_answer(held.children, dict(held.extra), held.due)
+            if answer is None:
+                continue
+            self._held.remove(held)
+            for req in held.asked_by:
+                requests.answer(req, answer)
 
     # ---- stopping ----------------------------------------------------------------------------
 

@@ -30,6 +30,10 @@ from recovery.transfer.wire import (
     unpack_chunk_header,
 )
 
+# Chunks under this size are copied and checksummed on the receiving thread (a norm's or a
+# bias's tensor is one chunk of a few KiB; a thread hand-off and back costs tens of us).
+INLINE_VERIFY_BYTES = 64 << 10
+
 
 class SourceGaveUpError(VersionDiscardedError):
     """This one source dropped the version; the registry says whether it is gone everywhere."""
@@ -162,14 +166,13 @@ class SourceSession(ClosesOnExit):
                 else:
                     assert copy_digest is not None
                     chunk = manifest.chunks[expected]
-                    work = partial(
-                        payload.read_and_digest,
-                        view,
-                        manifest.tensors[chunk.tensor].name,
-                        chunk.offset,
-                        copy_digest,
-                    )
-                pending.append((expected, work() if pool is None else pool.submit(work)))
+                    work = partial(payload.read_and_digest, view,
+                                   manifest.tensors[chunk.tensor].name, chunk.offset, copy_digest)
+                # A small chunk is verified here: handing it to a thread costs more than it.
+                if pool is None or len(view) < INLINE_VERIFY_BYTES:
+                    pending.append((expected, work()))
+                else:
+                    pending.append((expected, pool.submit(work)))
                 settle(keep=window)
         finally:
             settle(keep=0)

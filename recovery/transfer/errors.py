@@ -18,6 +18,10 @@ class TransferConfigError(TransferError, ValueError):
     """A transfer was configured or called with a bad value (named in the message)."""
 
 
+class RegistryProtocolError(TransferConfigError):
+    """The registry server speaks an older protocol than this client needs (upgrade it)."""
+
+
 class TransportUnavailableError(TransferError):
     """The selected transport cannot run here (for example ``ucx`` without ``ucxx`` installed)."""
 

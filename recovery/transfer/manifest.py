@@ -96,8 +96,10 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
         raise NonContiguousTensorError("byte_view needs a contiguous tensor")
     if tensor.numel() == 0:
         return memoryview(bytearray())
-    flat = tensor.reshape(-1).view(torch.uint8)
-    return flat.numpy().data.cast("B")
+    # Viewed as bytes without flattening first (a 0-d tensor has no last dimension to view):
+    # a few hundred of these run per refit, and every torch call here costs microseconds.
+    raw = tensor.view(torch.uint8) if tensor.dim() else tensor.reshape(1).view(torch.uint8)
+    return raw.numpy().data.cast("B")
 
 
 @dataclass(frozen=True)
@@ -286,8 +288,10 @@ def build_manifest(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     checksum: str = DEFAULT_CHECKSUM,
+    digests: Sequence[int] | None = None,
 ) -> WeightManifest:
-    """Describe contiguous ``tensors`` as version ``version`` of ``name``, checksumming each chunk."""
+    """Describe contiguous ``tensors`` as version ``version`` of ``name``, checksumming each chunk
+    (``digests``: the chunks' checksums, in order, already taken while the bytes were copied)."""
     digest_of = checksum_function(checksum)
     if not name or not isinstance(name, str):
         raise TransferConfigError(f"weight set name must be a non-empty string, got {name!r}")
@@ -297,6 +301,10 @@ def build_manifest(
         raise TransferConfigError(
             f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes!r}"
         )
+    if digests is not None:
+        count = sum(-(-t.numel() * t.element_size() // chunk_bytes) for t in tensors.values())
+        if len(digests) != count:
+            raise TransferConfigError(f"{len(digests)} checksums given for {count} chunks")
     specs: list[TensorSpec] = []
     chunks: list[ChunkRef] = []
     for t_index, (t_name, tensor) in enumerate(tensors.items()):
@@ -304,7 +312,8 @@ def build_manifest(
         view = byte_view(tensor)
         for offset in range(0, len(view), chunk_bytes):
             piece = view[offset : offset + chunk_bytes]
-            chunks.append(ChunkRef(len(chunks), t_index, offset, len(piece), digest_of(piece)))
+            value = digest_of(piece) if digests is None else digests[len(chunks)]
+            chunks.append(ChunkRef(len(chunks), t_index, offset, len(piece), value))
     return WeightManifest(name, version, chunk_bytes, tuple(specs), tuple(chunks), checksum)
 
 

@@ -28,7 +28,9 @@ from recovery.transfer.errors import (
     VersionDiscardedError,
 )
 from recovery.transfer.manifest import (
+    DEFAULT_CHECKSUM,
     DEFAULT_CHUNK_BYTES,
+    MAX_CHUNK_BYTES,
     NonContiguousPolicy,
     build_manifest,
     prepare_tensors,
@@ -79,6 +81,8 @@ class WeightPublisher:
     ) -> None:
         if not lease_s > 0 or not poll_interval > 0:
             raise TransferConfigError(f"lease_s and poll_interval must be positive, got {lease_s!r}, {poll_interval!r}")
+        if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+            raise TransferConfigError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes!r}")
         self.name = name
         self.transport = transport
         self.registry = registry
@@ -101,12 +105,22 @@ class WeightPublisher:
         if not isinstance(min_replicas, int) or min_replicas < 1:
             raise TransferConfigError(f"min_replicas must be an int >= 1, got {min_replicas!r}")
         ready = prepare_tensors(tensors, noncontiguous=self.noncontiguous)
-        manifest = build_manifest(self.name, version, ready, chunk_bytes=self.chunk_bytes)
-        buffers = self.transport.adopt(ready, tag=f"{self.name}-v{version}")
+        # The served copy's checksums, taken while it is made where the transport copies (shm).
+        buffers, digests = self.transport.adopt_digested(
+            ready, tag=f"{self.name}-v{version}", chunk_bytes=self.chunk_bytes,
+            checksum=DEFAULT_CHECKSUM)
+        try:
+            manifest = build_manifest(self.name, version, buffers.tensors,
+                                      chunk_bytes=self.chunk_bytes, digests=digests)
+        except BaseException:
+            buffers.release()
+            raise
         served = ServedVersion(manifest, buffers, complete=True)
         digest = manifest.digest()
+        # The registry commits once min_replicas receivers are complete (the publisher too, at
+        # its next wake-up: both are the same rule), so a receiver does not wait on this process.
         self.registry.begin(name=self.name, version=version, manifest_digest=digest,
-                            publisher=self.address, lease_s=self.lease_s)
+                            publisher=self.address, lease_s=self.lease_s, commit_at=min_replicas + 1)
         self.store.add(served)
         publication = Publication(self.name, version, digest)
         threading.Thread(
@@ -116,12 +130,18 @@ class WeightPublisher:
         return publication
 
     def _drive(self, publication: Publication, served: ServedVersion, min_replicas: int) -> None:
-        # Renew often enough that two missed renewals still leave the lease alive.
+        # Renew often enough that two missed renewals still leave the lease alive (and look at
+        # the close flag every poll_interval); between renewals, block on the registry until
+        # enough replicas are complete, so the commit follows the last replica at once.
         period = min(self.lease_s / 3, self.poll_interval)
         try:
-            while not self._closed.wait(period):
+            while not self._closed.is_set():
+                self.registry.wait(name=self.name, version=publication.version,
+                                   min_complete=min_replicas + 1, timeout=period)
+                if self._closed.is_set():
+                    continue  # the loop's else: closed before the commit
                 info = self.registry.renew(name=self.name, version=publication.version, lease_s=self.lease_s)
-                if info.complete_sources - 1 >= min_replicas:
+                if info.state == COMMITTED or info.complete_sources - 1 >= min_replicas:
                     self.registry.commit(name=self.name, version=publication.version)
                     publication.state = COMMITTED
                     log.info("committed", extra={"weight_set": self.name, "version": publication.version})

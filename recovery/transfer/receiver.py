@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from recovery.transfer.errors import (
     VersionDiscardedError,
 )
 from recovery.transfer.manifest import TensorSpec, WeightManifest, chunk_views
-from recovery.transfer.registry import ABORTED, COMMITTED, SourceRegistry
+from recovery.transfer.registry import ABORTED, COMMITTED, SourceRegistry, VersionInfo
 from recovery.transfer.server import WeightServer
 from recovery.transfer.store import Buffers, ServedVersion, WeightStore
 from recovery.transfer.transport import Transport
@@ -48,6 +49,9 @@ class PullReport:
     seconds: float = 0.0
     #: Until the last chunk was verified (``seconds`` adds the wait for the publisher's commit).
     transfer_seconds: float = 0.0
+    #: Of ``transfer_seconds``, receiving, copying and verifying chunks (the rest is the
+    #: registry's calls and connecting to sources).
+    stream_seconds: float = 0.0
     bytes: int = 0
     chunks_total: int = 0
     chunks_by_source: dict[str, int] = field(default_factory=dict)
@@ -68,6 +72,12 @@ class _Pull:
         self.attempts: dict[int, int] = {}
         self.dead: set[str] = set()
         self.suspect: set[str] = set()
+        #: The registry's record of the version, from the last ``open_pull``.
+        self.info: VersionInfo | None = None
+        #: The version the staging slot held, still to be withdrawn at the registry (by the
+        #: first ``open_pull``), and whether that call's withdraw and announce are done.
+        self.withdraw: int | None = None
+        self.opened = False
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -119,6 +129,9 @@ class WeightReceiver:
         self.poll_interval = poll_interval
         self._slots: list[Buffers] = [transport.allocate(self.specs, tag=f"{name}-slot{i}") for i in (0, 1)]
         self._slot_version: list[int | None] = [None, None]
+        # Each slot's chunk views for the last chunk layout it received (layouts repeat from
+        # version to version: the same tensors cut the same way), made once, not per pull.
+        self._slot_views: list[tuple[Any, list[memoryview]] | None] = [None, None]
         self._live: int | None = None
         #: Progress of the pull in flight, readable from other threads (monitoring, tests).
         self.current_source: str | None = None
@@ -172,39 +185,43 @@ class WeightReceiver:
             raise TransferConfigError(f"version {version} is not newer than live v{self.live_version}")
         start = time.monotonic()
         slot = 1 if self._live == 0 else 0
-        self._vacate(slot)
         pull = _Pull(self.name, version, start + timeout)
+        pull.withdraw = self._vacate(slot)
         self.verified_chunks = 0
+        # The registry's part costs two calls on the way that goes well: open_pull (withdraw
+        # the slot's old version, announce this one, assign a source, the manifest's digest)
+        # and close_pull (release the source, announce complete, wait for the commit).
         try:
             if self.server is not None:
                 self.store.expect(self.name, version)
-                self.registry.announce(name=self.name, version=version, address=self.address, complete=False)
             while pull.manifest is None or pull.missing:
                 self._one_source(pull, slot)
             pull.report.transfer_seconds = time.monotonic() - start
-            self.registry.announce(name=self.name, version=version, address=self.address, complete=True)
             self._wait_commit(pull)
         except BaseException:
-            self._discard(slot, version)
+            self._discard(slot, version, pull)
             raise
         self._slot_version[slot] = version
         self._live = slot
         pull.report.seconds = time.monotonic() - start
         return pull.report
 
-    def _vacate(self, slot: int) -> None:
+    def _vacate(self, slot: int) -> int | None:
+        """Stop serving the version ``slot`` holds; the version, for the registry to forget."""
         old = self._slot_version[slot]
         if old is not None:
             self.store.remove(self.name, old)
-            self.registry.withdraw(name=self.name, version=old, address=self.address)
             self._slot_version[slot] = None
+        return old
 
-    def _discard(self, slot: int, version: int) -> None:
+    def _discard(self, slot: int, version: int, pull: _Pull) -> None:
         self.store.remove(self.name, version)
-        try:
-            self.registry.withdraw(name=self.name, version=version, address=self.address)
-        except TransferError as exc:  # the pull already failed; the registry forgets us on abort
-            log.warning("could not withdraw discarded version", extra={"version": version, "error": str(exc)})
+        gone = [version] if pull.opened or pull.withdraw is None else [version, pull.withdraw]
+        for old in gone:
+            try:
+                self.registry.withdraw(name=self.name, version=old, address=self.address)
+            except TransferError as exc:  # the pull already failed; the registry forgets us on abort
+                log.warning("could not withdraw discarded version", extra={"version": old, "error": str(exc)})
 
     def _step_timeout(self, pull: _Pull) -> float:
         left = pull.left()
@@ -217,11 +234,15 @@ class WeightReceiver:
         version = pull.report.version
         step = self._step_timeout(pull)
         try:
-            source = self.registry.assign_source(
+            source, pull.info = self.registry.open_pull(
                 name=self.name, version=version, receiver=self.address,
                 exclude=pull.dead | pull.suspect, relays=self.use_relays,
+                announce=self.server is not None and not pull.opened,
+                withdraw=None if pull.opened else pull.withdraw,
             )
+            pull.opened = True
         except NoSourceError:
+            pull.opened = True  # the withdraw and the announce were done before the assignment
             self._check_not_aborted(pull)
             # Nothing else is left: give suspect sources (bounded by per-chunk attempts) and ones
             # that failed us (the registry re-lists a publisher that keeps renewing) another go.
@@ -252,21 +273,26 @@ class WeightReceiver:
             pull.suspect.add(source)
         finally:
             self.current_source = None
-            self.registry.release_source(name=self.name, version=version, receiver=self.address)
+            if pull.manifest is None or pull.missing:  # else close_pull releases it
+                self.registry.release_source(name=self.name, version=version, receiver=self.address)
 
     def _start(self, pull: _Pull, slot: int, manifest: WeightManifest, source: str) -> None:
-        info = self.registry.info(name=self.name, version=pull.report.version)
-        if manifest.digest() != info.manifest_digest:
+        assert pull.info is not None  # from the open_pull that assigned this source
+        if manifest.digest() != pull.info.manifest_digest:
             raise ProtocolError(f"{source} sent a manifest whose digest differs from the publisher's")
         buffers = self._slots[slot]
-        manifest.check_fits(buffers.tensors)
+        layout = (manifest.tensors, tuple((c.tensor, c.offset, c.length) for c in manifest.chunks))
+        cached = self._slot_views[slot]
+        if cached is None or cached[0] != layout:
+            manifest.check_fits(buffers.tensors)
+            self._slot_views[slot] = cached = (layout, chunk_views(manifest, buffers.tensors))
         pull.manifest = manifest
-        pull.views = chunk_views(manifest, buffers.tensors)
+        pull.views = cached[1]
         pull.missing = set(range(len(manifest.chunks)))
         pull.report.chunks_total = len(manifest.chunks)
         pull.report.bytes = manifest.total_bytes
         if self.server is not None:
-            pull.served = ServedVersion(manifest, buffers, complete=False)
+            pull.served = ServedVersion(manifest, buffers, complete=False, views=pull.views)
             self.store.add(pull.served)
 
     def _stream(self, pull: _Pull, session: SourceSession) -> None:
@@ -289,7 +315,12 @@ class WeightReceiver:
                 assert pull.manifest is not None
                 raise ChunkChecksumError(index, pull.manifest.chunks[index].checksum, actual, source)
 
-        session.stream(pull.manifest, sorted(pull.missing), pull.views, verified, corrupt, pool=self._pool)
+        started = time.monotonic()
+        try:
+            session.stream(pull.manifest, sorted(pull.missing), pull.views, verified, corrupt,
+                           pool=self._pool)
+        finally:
+            pull.report.stream_seconds += time.monotonic() - started
         if pull.served is not None and not pull.missing:
             pull.served.mark_complete()
 
@@ -299,13 +330,18 @@ class WeightReceiver:
             raise VersionDiscardedError(f"{self.name!r} v{info.version} was aborted: {info.reason}")
 
     def _wait_commit(self, pull: _Pull) -> None:
+        # Blocks on the registry (no polling): the version is committed as soon as this
+        # receiver is complete (by the registry itself under protocol 2, else by the publisher
+        # when it sees it), and the registry wakes this wait then.
+        info = self.registry.close_pull(name=self.name, version=pull.report.version,
+                                        receiver=self.address, timeout=self._step_timeout(pull))
         while True:
-            info = self.registry.info(name=self.name, version=pull.report.version)
             if info.state == COMMITTED:
                 return
             if info.state == ABORTED:
                 raise VersionDiscardedError(f"{self.name!r} v{info.version} was aborted: {info.reason}")
-            time.sleep(min(self.poll_interval, self._step_timeout(pull)))
+            info = self.registry.wait(name=self.name, version=pull.report.version, min_complete=None,
+                                      timeout=self._step_timeout(pull))
 
     def close(self) -> None:
         """Stop serving and release both slots."""

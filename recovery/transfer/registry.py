@@ -47,8 +47,12 @@ class VersionInfo:
 class SourceRegistry(Protocol):
     """What publishers and receivers need from a registry (in-process or remote)."""
 
-    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float) -> None:
-        """Open ``version`` as publishing, held by ``publisher`` for ``lease_s`` seconds."""
+    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float,
+              commit_at: int | None = None) -> None:
+        """Open ``version`` as publishing, held by ``publisher`` for ``lease_s`` seconds; with
+        ``commit_at``, the registry commits it itself once that many complete sources (the
+        publisher counted) hold it while the lease is live, which spares the receiver waiting
+        on the publisher's own commit the round trips through the publisher."""
         ...
 
     def renew(self, *, name: str, version: int, lease_s: float) -> VersionInfo:
@@ -97,6 +101,28 @@ class SourceRegistry(Protocol):
         """``receiver`` stopped pulling from the source it was assigned."""
         ...
 
+    def wait(self, *, name: str, version: int, min_complete: int | None, timeout: float) -> VersionInfo:
+        """The version's state once it is no longer publishing, or (with ``min_complete``) once
+        that many complete sources hold it, or when ``timeout`` seconds have passed, whichever
+        is first: what a publisher waiting to commit and a receiver waiting for the commit
+        block on, instead of polling :meth:`info`."""
+        ...
+
+    def open_pull(
+        self, *, name: str, version: int, receiver: str, exclude: Iterable[str], relays: bool,
+        announce: bool, withdraw: int | None,
+    ) -> tuple[str, VersionInfo]:
+        """The start of a pull in one call: :meth:`withdraw` ``receiver`` from version
+        ``withdraw`` (what its staging slot held), :meth:`announce` it as a partial source of
+        ``version`` (with ``announce``), :meth:`assign_source`; the source and the version's
+        info (the manifest digest to check). NoSourceError as :meth:`assign_source`."""
+        ...
+
+    def close_pull(self, *, name: str, version: int, receiver: str, timeout: float) -> VersionInfo:
+        """The end of a complete pull in one call: :meth:`release_source`, :meth:`announce`
+        ``receiver`` as a complete source, and :meth:`wait` up to ``timeout`` for the commit."""
+        ...
+
 
 @dataclass
 class _Source:
@@ -111,6 +137,7 @@ class _Source:
 class _Entry:
     info: VersionInfo
     lease_deadline: float
+    commit_at: int | None = None
     sources: dict[str, _Source] = field(default_factory=dict)
     upstream: dict[str, str] = field(default_factory=dict)  # receiver -> its assigned source
 
@@ -124,6 +151,8 @@ class InMemoryRegistry:
         self._keep = keep_versions
         self._clock = clock
         self._lock = threading.Lock()
+        # Notified on every change a waiter may be waiting for (sources, state).
+        self._changed = threading.Condition(self._lock)
         self._entries: dict[tuple[str, int], _Entry] = {}
         self._order = 0
 
@@ -135,16 +164,27 @@ class InMemoryRegistry:
             self._set_state(entry, ABORTED, "publisher lease expired before commit")
         return entry
 
-    @staticmethod
-    def _set_state(entry: _Entry, state: str, reason: str = "") -> None:
+    def _set_state(self, entry: _Entry, state: str, reason: str = "") -> None:
+        # Called with the lock held, after every change to an entry.
         complete = sum(1 for s in entry.sources.values() if s.complete and not s.dead)
+        if state == PUBLISHING and entry.commit_at is not None and complete >= entry.commit_at:
+            # The publisher's own rule, applied where the replica's announcement lands; the
+            # lease was live (an expired one was turned into an abort before we got here).
+            state = COMMITTED
         i = entry.info
-        entry.info = VersionInfo(i.name, i.version, state, i.manifest_digest, i.publisher, complete, reason)
+        info = VersionInfo(i.name, i.version, state, i.manifest_digest, i.publisher, complete, reason)
+        if info != i:
+            entry.info = info
+            self._changed.notify_all()
 
-    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float) -> None:
+    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float,
+              commit_at: int | None = None) -> None:
         """Open ``version``; it must be newer than every version of ``name`` seen so far."""
         if not lease_s > 0:
             raise TransferConfigError(f"lease_s must be positive, got {lease_s!r}")
+        if commit_at is not None and (isinstance(commit_at, bool) or not isinstance(commit_at, int)
+                                      or commit_at < 2):
+            raise TransferConfigError(f"commit_at must be an int >= 2 or None, got {commit_at!r}")
         if not isinstance(version, int) or version < 0:
             raise TransferConfigError(f"version must be a non-negative int, got {version!r}")
         with self._lock:
@@ -157,6 +197,7 @@ class InMemoryRegistry:
             entry = _Entry(
                 VersionInfo(name, version, PUBLISHING, manifest_digest, publisher, 1),
                 self._clock() + lease_s,
+                commit_at,
                 {publisher: _Source(publisher, True, self._order)},
             )
             self._entries[(name, version)] = entry
@@ -233,6 +274,48 @@ class InMemoryRegistry:
             if entry is not None and address in entry.sources:
                 entry.sources[address].dead = True
                 self._set_state(entry, entry.info.state, entry.info.reason)
+
+    def wait(self, *, name: str, version: int, min_complete: int | None, timeout: float) -> VersionInfo:
+        """See :meth:`SourceRegistry.wait`. A lease that lapses while waiting ends the wait
+        (the version is then aborted)."""
+        if not timeout >= 0:
+            raise TransferConfigError(f"timeout must be >= 0, got {timeout!r}")
+        if min_complete is not None and (isinstance(min_complete, bool) or not isinstance(min_complete, int)):
+            raise TransferConfigError(f"min_complete must be an int or None, got {min_complete!r}")
+        deadline = self._clock() + timeout
+        with self._lock:
+            while True:
+                info = self._entry(name, version).info
+                if info.state != PUBLISHING or (
+                    min_complete is not None and info.complete_sources >= min_complete
+                ):
+                    return info
+                now = self._clock()
+                left = min(deadline, self._entries[(name, version)].lease_deadline) - now
+                if now >= deadline:
+                    return info
+                # Woken by any change; the lease deadline bounds the sleep so that a lapsed
+                # lease is seen (as an abort) without anyone else calling in.
+                self._changed.wait(max(left, 0.001))
+
+    def open_pull(
+        self, *, name: str, version: int, receiver: str, exclude: Iterable[str] = (),
+        relays: bool = True, announce: bool = False, withdraw: int | None = None,
+    ) -> tuple[str, VersionInfo]:
+        """See :meth:`SourceRegistry.open_pull` (each step as its own call would do it)."""
+        if withdraw is not None:
+            self.withdraw(name=name, version=withdraw, address=receiver)
+        if announce:
+            self.announce(name=name, version=version, address=receiver, complete=False)
+        source = self.assign_source(name=name, version=version, receiver=receiver,
+                                    exclude=exclude, relays=relays)
+        return source, self.info(name=name, version=version)
+
+    def close_pull(self, *, name: str, version: int, receiver: str, timeout: float) -> VersionInfo:
+        """See :meth:`SourceRegistry.close_pull`."""
+        self.release_source(name=name, version=version, receiver=receiver)
+        self.announce(name=name, version=version, address=receiver, complete=True)
+        return self.wait(name=name, version=version, min_complete=None, timeout=timeout)
 
     def _downstream_of(self, entry: _Entry, candidate: str, receiver: str) -> bool:
         seen: set[str] = set()

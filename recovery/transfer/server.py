@@ -161,8 +161,9 @@ class WeightServer:
                 return
             view = served.views[index]
             header = pack_chunk_header(index, CHUNK_OK, len(view))
-            if inline and self._limiter is None:
-                batch.add(header, view)
+            if self._limiter is None:
+                # shm: the header alone (the reader copies the bytes), ready headers in one send
+                batch.add(header, view if inline else None)
                 continue
             if inline:
                 self._send_paced(channel, header, view)
@@ -195,11 +196,16 @@ class _Batch:
     def __init__(self, channel: Channel, served: ServedVersion, timeout: float) -> None:
         self.channel, self.served, self.timeout = channel, served, timeout
         self.parts: list[bytes | memoryview] = []
+        self.chunks = 0
         self.bytes = 0
 
-    def add(self, header: bytes, view: memoryview) -> None:
-        self.parts += (header, view)
-        self.bytes += len(view)
+    def add(self, header: bytes, view: memoryview | None) -> None:
+        """A chunk's header, and its bytes unless the peer reads them itself (``None``)."""
+        self.parts.append(header)
+        self.chunks += 1
+        if view is not None:
+            self.parts.append(view)
+            self.bytes += len(view)
         if self.bytes >= BATCH_BYTES:
             self.flush()
 
@@ -207,6 +213,6 @@ class _Batch:
         if not self.parts:
             return
         self.channel.send_parts(self.parts, timeout=self.timeout)
-        for _ in range(len(self.parts) // 2):
+        for _ in range(self.chunks):
             self.served.count_served()
-        self.parts, self.bytes = [], 0
+        self.parts, self.chunks, self.bytes = [], 0, 0

@@ -37,11 +37,16 @@ class Buffers:
 class ServedVersion:
     """One version held by this process, with a per-chunk readiness map for partial serving."""
 
-    def __init__(self, manifest: WeightManifest, buffers: Buffers, *, complete: bool) -> None:
-        manifest.check_fits(buffers.tensors)
+    def __init__(self, manifest: WeightManifest, buffers: Buffers, *, complete: bool,
+                 views: list[memoryview] | None = None) -> None:
+        """``views``: the chunk views of ``buffers`` for ``manifest``, when the caller made
+        them already (and so checked that the manifest fits)."""
+        if views is None:
+            manifest.check_fits(buffers.tensors)
+            views = chunk_views(manifest, buffers.tensors)
         self.manifest = manifest
         self.buffers = buffers
-        self.views = chunk_views(manifest, buffers.tensors)
+        self.views = views
         self._cond = threading.Condition()
         self._ready = bytearray([1 if complete else 0] * len(manifest.chunks))
         self._state = COMPLETE if complete else PARTIAL

@@ -20,6 +20,10 @@ log = logging.getLogger("rlguard.recovery.transfer.tcp")
 
 ACCEPT_POLL_S = 0.5
 
+# Parts smaller than this are joined and sent together (chunk headers, message heads):
+# a stream of shm chunk headers was one sendall each.
+_COALESCE_BYTES = 4096
+
 
 class TcpChannel:
     """A connected TCP socket speaking the :class:`recovery.transfer.wire.Channel` protocol.
@@ -53,8 +57,17 @@ class TcpChannel:
         """Send ``parts`` back to back (a byte stream keeps no boundaries between them)."""
         try:
             self._set_timeout(timeout)
+            small: list[bytes | memoryview] = []  # coalesced: one syscall for many headers
             for part in parts:
+                if len(part) < _COALESCE_BYTES:
+                    small.append(part)
+                    continue
+                if small:
+                    self.sock.sendall(b"".join(small))
+                    small = []
                 self.sock.sendall(part)
+            if small:
+                self.sock.sendall(b"".join(small))
         except (TimeoutError, BlockingIOError) as exc:
             raise TransferTimeout(self.peer, f"no send progress for {timeout}s") from exc
         except OSError as exc:

@@ -15,14 +15,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e._cluster import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     NODES,
     PASSWORDS,
     Cluster,
     _cli,
 )
 from tests.harness import RLGUARD, ServerProcess, free_port
+from tests.harness.chromium import chromium
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +65,5 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b

@@ -15,7 +15,13 @@ from pathlib import Path
 
 def main() -> int:
     action, args = sys.argv[1], sys.argv[2:]
-    opts = dict(zip(args[::2], args[1::2], strict=False))
+    # The server passes every value joined to its option (``--job=VALUE``, one element); a
+    # separate value would be a regression that lets ``-h`` or ``--run-root=/x`` pass as options.
+    loose = [a for a in args if not (a.startswith("--") and "=" in a)]
+    if loose:
+        print(f"fake launcher: expected only --option=value arguments, got {loose!r}", file=sys.stderr)
+        return 2
+    opts = dict(a.split("=", 1) for a in args)
     log = Path(os.environ["RLGUARD_TEST_LAUNCHER_LOG"])
     key = opts.get("--idempotency-key", "")
     done_marker = log.with_name(f"done-{key.replace('/', '_')}")

@@ -44,11 +44,55 @@ def _machine_redis_url() -> str:
 REDIS_URL = os.environ.get("RLGUARD_TEST_REDIS_URL") or _machine_redis_url()
 
 
+# Ports handed to servers a test starts later. Never from the kernel's ephemeral range: a port
+# picked there (bind to 0, close) is free only for a moment, and any outgoing connection of any
+# process (to PostgreSQL, Redis, the server itself) may take it as its source port before the
+# server binds it (CI: "address already in use" on a port picked seconds earlier). Below the
+# ephemeral range only a listener binds a port, and each xdist worker has a slice of its own, so
+# two workers never hand out the same one. Ray gives its workers 10002-19999, hence from 20000.
+_PORT_FLOOR = 20000
+
+
+def _port_slice() -> range:
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if ephemeral_low - _PORT_FLOOR < 1000:
+        raise RuntimeError(
+            f"the tests need ports {_PORT_FLOOR}-{_PORT_FLOOR + 999} outside the ephemeral range; "
+            f"net.ipv4.ip_local_port_range starts at {ephemeral_low}"
+        )
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    size = (ephemeral_low - _PORT_FLOOR) // count
+    start = _PORT_FLOOR + index * size
+    return range(start, start + size)
+
+
+_port_lock = threading.Lock()
+_ports: range | None = None
+_next_port = 0  # index into _ports of the next one to try
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 for a server this test starts: from this worker's slice below
+    the ephemeral range, in turn (a port comes round again only after the whole slice), and free
+    now (a bind test skips one still held, by a server of an earlier test or another program)."""
+    global _ports, _next_port
+    with _port_lock:
+        if _ports is None:
+            _ports = _port_slice()
+            # another process of this worker's (a test's own subprocess) starts elsewhere
+            _next_port = os.getpid() % len(_ports)
+        for _ in range(len(_ports)):
+            port = _ports[_next_port]
+            _next_port = (_next_port + 1) % len(_ports)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no free port left in this test worker's slice")
 
 
 @contextmanager

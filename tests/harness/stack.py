@@ -254,10 +254,16 @@ class Stack:
         kill_group(proc)
 
     def start_agent(
-        self, node: str, run_dir: Path, *, clock_behind: float | None = None
+        self,
+        node: str,
+        run_dir: Path,
+        *,
+        clock_behind: float | None = None,
+        extra: tuple[str, ...] = (),
     ) -> AgentProcess:
         """A real node agent with one simulated GPU, watching ``run_dir`` for this stack;
-        ``clock_behind``: on a clock that many seconds late (:func:`on_a_clock_behind`)."""
+        ``clock_behind``: on a clock that many seconds late (:func:`on_a_clock_behind`);
+        ``extra``: more agent options (``--engine ...``)."""
         token_file = self.tmp / f"token-{node}"
         token_file.write_text(self.node_tokens[node])
         token_file.chmod(0o600)
@@ -276,6 +282,7 @@ class Stack:
             "0.5",
             "--spool-dir",
             str(self.tmp / f"spool-{node}"),
+            *extra,
             env=self.env,
             python=[PY] if clock_behind is None else on_a_clock_behind(clock_behind),
             log_path=self.tmp / f"agent-{node}.log",

@@ -60,6 +60,9 @@ class Sim:
     engines: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     engine_down: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     engine_idle: set[tuple[str, int]] = field(default_factory=set)  # up, generating nothing
+    # The engine seen level by level (issue 44): its processes, its counters. Off in the older
+    # traces (nothing new drawn or sent), which stay byte-identical.
+    engine_live: EngineLive | None = None
     # The agent's --slurm-node: what Slurm says of each node (no samples unless slurm is set).
     slurm: bool = False
     slurm_unavailable: dict[str, tuple[float, float]] = field(default_factory=dict)  # DOWN/DRAIN
@@ -155,7 +158,8 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
         if role == "rollout" and fresh_heartbeat:
             add("rollout_tokens_per_second", val("rollout_tokens_per_second", r.uniform(800, 1500)), **labels)
         for sample in sim.part_samples:
-            sample(sim, role, rank, t, lambda name, value, labels=labels: add(name, value, **labels))
+            sample(sim, role, rank, t,
+                   lambda name, value, labels=labels, **more: add(name, value, **labels, **more))
         participants.append(
             {"job": JOB, "role": role, "rank": rank, "phase": sim.phase[(role, rank)],
              "step": step, "ts": hb_ts}
@@ -181,6 +185,9 @@ def _engine_samples(sim: Sim, node: str, t: float, add: Callable[..., None]) -> 
     r = sim.rng
     for kind, role, rank in sim.engines.get(node, []):
         labels = {"job": JOB, "role": role, "rank": str(rank), "engine": kind}
+        if sim.engine_live is not None:
+            sim.engine_live.samples(sim, (role, rank), t, labels, add)
+            continue
         span = sim.engine_down.get((role, rank))
         if span is not None and span[0] <= t < span[1]:
             add("rollout_engine_up", 0, **labels)  # the health probe failed: nothing else
@@ -1101,6 +1108,761 @@ def node_back_process_dead(v: int):
 
 NEGATIVE["node_back_stale_heartbeat"] = (node_back_stale_heartbeat, 3)
 POSITIVE["node_back_process_dead"] = (node_back_process_dead, 2)
+
+# -- exit causes: a failed process's own output says why (the launcher's exit-cause catalogue) --
+
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+            "total capacity of 79.15 GiB of which 1.06 GiB is free.")
+NCCL_LINE = ("[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, "
+             "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600021 milliseconds")
+
+
+def _exit(sim: Sim, role: str, rank: int, at_s: float, cause: tuple[str, str, str] | None,
+          back_s: float | None = None) -> None:
+    """``role``-``rank`` fails at ``at_s`` (its launcher writes EXITED, with the cause it read
+    in the process's output, if any); ``back_s``: restarted then (its own heartbeats again,
+    without a cause). The cause sample's value is the exit's heartbeat time, as the agent
+    sends it."""
+    died = T0 + at_s
+
+    def fail(s: Sim) -> None:
+        s.dead[(role, rank)] = died
+        s.phase[(role, rank)] = "EXITED"
+
+    def back(s: Sim) -> None:
+        s.dead.pop((role, rank), None)
+        s.phase[(role, rank)] = "TRAIN" if role == "trainer" else "ROLLOUT"
+
+    sim.hooks.append(at(at_s, back_s if back_s is not None else 10_000, fail, back))
+    if cause is None:
+        return
+
+    def sample(s: Sim, r: str, k: int, t: float, add: Callable[..., None]) -> None:
+        if (r, k) == (role, rank) and s.dead.get((role, rank)) == died:
+            name, kind, line = cause
+            add("participant_exit_cause", died - 1.0, cause=name, kind=kind, line=line[:120])
+    sim.part_samples.append(sample)
+
+
+def exit_cuda_oom(v: int):
+    start, rank = 40 + 6 * v, v % 2
+    sim = Sim(seed=7100 + v, duration=start + 30)
+    _exit(sim, "trainer", rank, start, ("cuda_oom", "cuda_oom", OOM_LINE))
+    return sim, [exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0")], (
+        f"trainer-{rank} dies of a CUDA OOM its output names")
+
+
+def exit_cuda_oom_same_step(v: int):
+    """Restarted after its OOM, the trainer dies of it again at the same step: restarting into
+    the same OOM fixes nothing, the second one escalates to a person."""
+    start, rank = 40 + 6 * v, v % 2
+    sim = Sim(seed=7200 + v, duration=start + 70)
+    _exit(sim, "trainer", rank, start, ("cuda_oom", "cuda_oom", OOM_LINE), back_s=start + 15)
+    _exit(sim, "trainer", rank, start + 30, ("cuda_oom", "cuda_oom", OOM_LINE))
+    return sim, [
+        exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0"),
+        exp("cuda_oom", start + 30, 0, tier="heavy", decision="escalate", role="trainer",
+            rank=rank, node="n0"),
+    ], f"trainer-{rank} dies of a CUDA OOM at step 20, is restarted and dies of it again"
+
+
+def exit_collective_timeout(v: int):
+    """Both trainer ranks die of the NCCL watchdog (one waited for the other): one incident
+    about the role, not one per rank."""
+    start = 40 + 6 * v
+    sim = Sim(seed=7300 + v, duration=start + 30)
+    for rank in (0, 1):
+        _exit(sim, "trainer", rank, start + rank * (1 + v),
+              ("collective_timeout", "collective_timeout", NCCL_LINE.format(rank=rank)))
+    return sim, [exp("collective_timeout", start, 0, role="trainer")], (
+        "both trainer ranks die of the NCCL watchdog's collective timeout")
+
+
+def exit_disk_full(v: int):
+    start, rank = 40 + 6 * v, v % 2
+    sim = Sim(seed=7400 + v, duration=start + 30)
+    line = "OSError: [Errno 28] No space left on device: '/ckpt/step_20/model.safetensors.tmp'"
+    _exit(sim, "trainer", rank, start, ("disk_full", "storage_unwritable", line))
+    return sim, [exp("storage_unwritable", start, 0, tier="heavy", role="trainer", rank=rank,
+                     node="n0")], f"trainer-{rank} dies writing a checkpoint to a full disk"
+
+
+def exit_engine_fatal(v: int):
+    # Short after the exit: a rollout still dead after the stall timeout is rollout_down.
+    start, rank = 40 + 6 * v, v % 2
+    node = ("n1", "n2")[rank]
+    sim = Sim(seed=7500 + v, duration=start + 30)
+    line = "ERROR [core_client.py:564] EngineCore encountered a fatal error."
+    _exit(sim, "rollout", rank, start, ("engine_fatal", "rollout_engine_down", line))
+    return sim, [exp("rollout_engine_down", start, 0, role="rollout", rank=rank, node=node)], (
+        f"rollout-{rank}'s vLLM engine core dies with a fatal error")
+
+
+def exit_host_oom(v: int):
+    start, rank = 40 + 6 * v, v % 2
+    sim = Sim(seed=7600 + v, duration=start + 30)
+    line = ("oom-kill: the kernel's OOM killer ended a process of this cgroup while it ran "
+            "(memory.events oom_kill 0 -> 1)")
+    _exit(sim, "trainer", rank, start, ("host_oom_killed", "host_oom", line))
+    return sim, [exp("host_oom", start, 0, role="trainer", rank=rank, node="n0")], (
+        f"trainer-{rank} is SIGKILLed by the kernel's OOM killer")
+
+
+def exit_unknown_after_known(v: int):
+    """Twin: trainer-{rank} died of an OOM earlier and was restarted; now it dies again with no
+    cause in its output (a SIGKILL). The old cause is not this exit's: heartbeat_lost, as for
+    any exit of unknown cause, and no second cuda_oom."""
+    start, rank = 40 + 6 * v, v % 2
+    sim = Sim(seed=7700 + v, duration=start + 110)
+    _exit(sim, "trainer", rank, start, ("cuda_oom", "cuda_oom", OOM_LINE), back_s=start + 15)
+    _exit(sim, "trainer", rank, start + 75, None)
+    return sim, [
+        exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0"),
+        exp("heartbeat_lost", start + 75, 0, role="trainer", rank=rank, node="n0"),
+    ], f"trainer-{rank} dies of an OOM, is restarted, then is killed with no output"
+
+
+POSITIVE["exit_cuda_oom"] = (exit_cuda_oom, 2)
+POSITIVE["exit_cuda_oom_same_step"] = (exit_cuda_oom_same_step, 2)
+POSITIVE["exit_collective_timeout"] = (exit_collective_timeout, 2)
+POSITIVE["exit_disk_full"] = (exit_disk_full, 2)
+POSITIVE["exit_engine_fatal"] = (exit_engine_fatal, 2)
+POSITIVE["exit_host_oom"] = (exit_host_oom, 1)
+POSITIVE["exit_unknown_after_known"] = (exit_unknown_after_known, 2)
+
+
+
+# -- inference engines seen level by level (issue 44 item 2, issue 40 item 5) --------------------
+# The agent watches the engine's process tree on its node (rollout_engine_process_dead per
+# level, rollout_engine_uptime_seconds) and reads its counters (tokens, finished requests by
+# reason, preemptions), besides /health. What a real vLLM 0.32 does, as measured here: a level
+# killed takes the API server down within a second (its port closes, /health refused); SIGSTOP
+# leaves every process alive and /health unanswered; /pause keeps /health at 200 and freezes
+# the request gauges at their last value and the token counter.
+
+LIVE_LEVELS = ("api_server", "engine_core", "worker")
+
+
+@dataclass
+class EngineLive:
+    """Per engine (role, rank): spans of the simulated faults, and its counters."""
+
+    started: dict[tuple[str, int], float] = field(default_factory=dict)  # default: an hour ago
+    answers_from: dict[tuple[str, int], float] = field(default_factory=dict)  # start-up: /health
+    dead: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)  # level, at
+    frozen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)  # SIGSTOP
+    wedged: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)  # /pause
+    idle: set[tuple[str, int]] = field(default_factory=set)
+    # (from, to, errored per s, aborted per s, ok per s)
+    failing: dict[tuple[str, int], tuple[float, float, float, float, float]] = field(default_factory=dict)
+    preempting: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict)  # per s
+    counters: dict[tuple[tuple[str, int], str], float] = field(default_factory=dict)
+    gauges: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # last running, waiting
+
+    def _bump(self, who: tuple[str, int], name: str, by: float) -> float:
+        key = (who, name)
+        self.counters[key] = self.counters.get(key, 0.0) + by
+        return self.counters[key]
+
+    def samples(self, sim: Sim, who: tuple[str, int], t: float, labels: dict[str, str],
+                add: Callable[..., None]) -> None:
+        r = sim.rng
+        rel = t - T0
+        dead = self.dead.get(who)
+        if dead is not None and rel >= dead[1]:
+            # the killed level at once; the API server follows within a second (EngineDeadError)
+            gone = {dead[0]} | ({"api_server", "engine_core", "worker"} if rel >= dead[1] + 1 else set())
+            for level in LIVE_LEVELS:
+                add("rollout_engine_process_dead", int(level in gone), **labels, process=level)
+            add("rollout_engine_up", 0, **labels)
+            return
+        for level in LIVE_LEVELS:
+            add("rollout_engine_process_dead", 0, **labels, process=level)
+        started = self.started.get(who, -3600.0)
+        add("rollout_engine_uptime_seconds", rel - started, **labels)
+        frozen = self.frozen.get(who)
+        if rel < self.answers_from.get(who, -1e9) or (frozen and frozen[0] <= rel < frozen[1]):
+            add("rollout_engine_up", 0, **labels)  # the probe timed out or was refused
+            return
+        add("rollout_engine_up", 1, **labels)
+        wedged = self.wedged.get(who)
+        if wedged and wedged[0] <= rel < wedged[1]:
+            running, waiting = self.gauges.get(who, (8, 1))  # frozen at their last value
+            tokens = self._bump(who, "tokens", 0)
+        else:
+            if who in self.idle:
+                running, waiting, rate = 0, 0, 0.0
+            else:
+                running, waiting, rate = r.randint(4, 24), r.randint(0, 2), r.uniform(800, 1500)
+            self.gauges[who] = (running, waiting) if running else self.gauges.get(who, (8, 1))
+            tokens = self._bump(who, "tokens", rate)
+        ok = 0.0 if who in self.idle or (wedged and wedged[0] <= rel < wedged[1]) else r.uniform(2, 6)
+        errored = aborted = 0.0
+        failing = self.failing.get(who)
+        if failing and failing[0] <= rel < failing[1]:
+            errored, aborted, ok = failing[2], failing[3], failing[4]
+        preempt = self.preempting.get(who)
+        preempted = preempt[2] if preempt and preempt[0] <= rel < preempt[1] else 0.0
+        add("rollout_engine_requests_running", running, **labels)
+        add("rollout_engine_requests_waiting", waiting, **labels)
+        add("rollout_engine_kv_cache_usage_ratio", r.uniform(0.2, 0.7) if running else 0.0, **labels)
+        add("rollout_tokens_generated_total", tokens, **labels)
+        add("rollout_engine_requests_errored_total", self._bump(who, "errored", errored), **labels)
+        add("rollout_engine_requests_aborted_total", self._bump(who, "aborted", aborted), **labels)
+        add("rollout_engine_requests_finished_total",
+            self._bump(who, "finished", ok + errored + aborted), **labels)
+        add("rollout_engine_preemptions_total", self._bump(who, "preempted", preempted), **labels)
+
+
+LIVE_ENGINES = {"n1": [("vllm", "rollout", 0)], "n2": [("vllm", "rollout", 1)]}
+
+
+def _live(seed: int, duration: float) -> tuple[Sim, EngineLive]:
+    sim = Sim(seed=seed, duration=duration)
+    sim.engines = LIVE_ENGINES
+    sim.engine_live = EngineLive()
+    return sim, sim.engine_live
+
+
+def engine_process_killed(v: int):
+    level = LIVE_LEVELS[v % 3]
+    rank, node = v % 2, ("n1", "n2")[v % 2]
+    start = 40 + 3 * v
+    sim, live = _live(6100 + v, start + 40)
+    live.dead[("rollout", rank)] = (level, start)
+    return sim, [exp("rollout_engine_dead", start, 0, role="rollout", rank=rank, node=node)], (
+        f"kill -9 of the {level} of a vLLM engine (the API server exits a second later)")
+
+
+def engine_frozen(v: int):
+    rank, node = v % 2, ("n1", "n2")[v % 2]
+    start = 45 + 4 * v
+    sim, live = _live(6200 + v, start + 40)
+    live.frozen[("rollout", rank)] = (start, 10_000)
+    return sim, [exp("rollout_engine_hung", start, 10, role="rollout", rank=rank, node=node)], (
+        "SIGSTOP of a vLLM engine: every process alive, /health unanswered")
+
+
+def engine_paused(v: int):
+    rank, node = v % 2, ("n1", "n2")[v % 2]
+    start = 50 + 5 * v
+    sim, live = _live(6300 + v, start + 60)
+    live.wedged[("rollout", rank)] = (start, 10_000)
+    return sim, [exp("rollout_engine_wedged", start, 30, role="rollout", rank=rank, node=node)], (
+        "a wedged vLLM engine (/pause): /health 200, requests running and waiting, no token")
+
+
+def engine_failing_requests(v: int):
+    rank, node = v % 2, ("n1", "n2")[v % 2]
+    start = 60 + 5 * v
+    sim, live = _live(6400 + v, start + 40)
+    live.failing[("rollout", rank)] = (start, 10_000, 2.0, 1.0, 1.0)
+    return sim, [exp("rollout_engine_requests_failing", start, 12, role="rollout", rank=rank, node=node)], (
+        "an engine whose requests finish in errors and aborts, 3 of 4 of them")
+
+
+def engine_preemption_storm(v: int):
+    rank, node = v % 2, ("n1", "n2")[v % 2]
+    start = 50 + 5 * v
+    sim, live = _live(6500 + v, start + 50)
+    live.preempting[("rollout", rank)] = (start, 10_000, 3.0)
+    return sim, [exp("rollout_engine_preemption_storm", start, 20, tier="light", role="rollout",
+                     rank=rank, node=node)], (
+        "an engine preempting 3 requests a second (its KV cache exhausted)")
+
+
+def engine_compiling(v: int):
+    """A vLLM engine starting: its API server up from t=30, /health refused while it loads and
+    compiles for 57 s (measured here, cold) or 150 s (a big model): within vllm's grace (300 s);
+    then it answers and serves."""
+    rank = v % 2
+    sim, live = _live(6600 + v, 260)
+    live.started[("rollout", rank)] = 30.0
+    live.answers_from[("rollout", rank)] = 30.0 + (57, 150)[v % 2]
+    return sim, [], "a vLLM engine compiling for 57 s or 150 s after its start (its start-up grace)"
+
+
+def engine_busy(v: int):
+    sim, _ = _live(6700 + v, 200)
+    return sim, [], "two vLLM engines under steady load: requests running and waiting, tokens rising"
+
+
+def engine_idle(v: int):
+    sim, live = _live(6800 + v, 200)
+    live.idle.add(("rollout", v % 2))
+    return sim, [], "a vLLM engine idle for minutes: nothing running or waiting, no token"
+
+
+def engine_probe_blip(v: int):
+    sim, live = _live(6900 + v, 160)
+    live.frozen[("rollout", v % 2)] = (60, 66)
+    return sim, [], "an engine alive that misses its health probe for 6 s and answers again"
+
+
+def engine_few_aborts(v: int):
+    sim, live = _live(7000 + v, 200)
+    live.failing[("rollout", v % 2)] = (60, 64, 0.0, 1.0, 20.0)
+    return sim, [], "a client cancels 4 requests while 80 others finish (aborts, not a broken engine)"
+
+
+def engine_some_preemptions(v: int):
+    sim, live = _live(7100 + v, 200)
+    live.preempting[("rollout", v % 2)] = (60, 100, 0.5)
+    return sim, [], "an engine preempting now and then (20 in 40 s, under the storm's 50 a minute)"
+
+
+def engine_stopped_with_its_job(v: int):
+    """The job finishes and stops its engine: the rollout's phase turns DONE, then the engine's
+    processes exit (as a kill would, API server first)."""
+    rank = v % 2
+    sim, live = _live(7200 + v, 160)
+    sim.hooks.append(at(60, 10_000, lambda s: s.phase.__setitem__(("rollout", rank), "DONE")))
+    live.dead[("rollout", rank)] = ("api_server", 62)
+    return sim, [], "the job finishes (phase DONE) and stops its vLLM engine: not a dead engine"
+
+
+POSITIVE["engine_process_killed"] = (engine_process_killed, 3)
+POSITIVE["engine_frozen"] = (engine_frozen, 2)
+POSITIVE["engine_paused"] = (engine_paused, 2)
+POSITIVE["engine_failing_requests"] = (engine_failing_requests, 2)
+POSITIVE["engine_preemption_storm"] = (engine_preemption_storm, 2)
+NEGATIVE["engine_compiling"] = (engine_compiling, 2)
+NEGATIVE["engine_busy"] = (engine_busy, 1)
+NEGATIVE["engine_idle"] = (engine_idle, 2)
+NEGATIVE["engine_probe_blip"] = (engine_probe_blip, 1)
+NEGATIVE["engine_few_aborts"] = (engine_few_aborts, 1)
+NEGATIVE["engine_some_preemptions"] = (engine_some_preemptions, 1)
+NEGATIVE["engine_stopped_with_its_job"] = (engine_stopped_with_its_job, 1)
+
+# -- train_hang from the very first step: the first-step budget ----------------------------------
+
+FIRST_STEP_BUDGET = 420  # detection.trainer.first_step_budget_seconds.trainer
+TRAINER_GRACE = 120  # detection.startup.startup_grace_seconds.trainer
+
+
+def first_step_hang(v: int):
+    """A fresh job whose trainers never finish step 0: a collective that never completes at
+    rendezvous, GPUs spinning at 100 %, heartbeats fresh. A fault in the job's first step is
+    heavy (RobustRL's escalation)."""
+    sim = Sim(seed=7800 + v, duration=FIRST_STEP_BUDGET + 30)
+    sim.step = 0
+    sim.trainer_util = 1.0
+    return sim, [exp("train_hang", 0, FIRST_STEP_BUDGET, tier="heavy", role="trainer", rank=r,
+                     node="n0") for r in (0, 1)], (
+        "both trainers hang in their first step (rendezvous collective), GPUs at 100 %")
+
+
+def _restart_then(rank: int, restart: float, load: float, first_step: float | None, every: float = 3.0):
+    """Trainer ``rank`` steps every ``every`` s from step 20; at ``restart`` its launcher
+    restarts it (STARTING for ``load`` s, resumed from the checkpoint of step 15), then its
+    first step takes ``first_step`` s (None: it never finishes), then ``every`` s steps."""
+    def hook(t: float, sim: Sim) -> None:
+        rel = t - T0
+        key = ("trainer", rank)
+        if rel < restart:
+            sim.rank_step[key] = 20 + int(rel // every)
+            sim.phase[key] = "TRAIN"
+        elif rel < restart + load:
+            sim.rank_step[key] = 15
+            sim.phase[key] = "STARTING"
+        else:
+            sim.phase[key] = "TRAIN"
+            done = rel - restart - load
+            if first_step is None or done < first_step:
+                sim.rank_step[key] = 15
+            else:
+                sim.rank_step[key] = 16 + int((done - first_step) // every)
+    return hook
+
+
+def first_step_hang_after_restart(v: int):
+    """Restarted (say after an OOM), trainer-{rank} hangs in its first step: the budget counts
+    from the end of its start-up grace (the load reported as STARTING counts for nothing)."""
+    rank, restart, load = v % 2, 40 + 5 * v, 10 + 20 * v
+    sim = Sim(seed=7900 + v, duration=restart + TRAINER_GRACE + FIRST_STEP_BUDGET + 30)
+    sim.hooks.append(_restart_then(rank, restart, load, None))
+    sim.hooks.append(_restart_then(1 - rank, 10_000, 0, None))  # its peer steps on
+    return sim, [exp("train_hang", restart, TRAINER_GRACE + FIRST_STEP_BUDGET, role="trainer",
+                     rank=rank, node="n0")], (
+        f"trainer-{rank} is restarted, loads for {load} s (STARTING) and hangs in its first step")
+
+
+def first_step_within_budget(v: int):
+    """Twin: restarted, trainer-{rank} loads 100 s (STARTING) and its first step takes 380 s
+    after the grace (compilation, warm-up), within the budget; then 3 s steps."""
+    rank, restart = v % 2, 40
+    sim = Sim(seed=8000 + v, duration=restart + 100 + 20 + 380 + 90)
+    sim.hooks.append(_restart_then(rank, restart, 100, 20 + 380))
+    sim.hooks.append(_restart_then(1 - rank, 10_000, 0, None))
+    return sim, [], (f"trainer-{rank} restarts, loads 100 s, then a 380 s first step (budget "
+                     f"{FIRST_STEP_BUDGET} s) and steps on")
+
+
+def long_load_starting(v: int):
+    """Twin: restarted trainers load their model for 110 s reported as STARTING (within their
+    120 s start-up grace), then take 400 s for their first step: 510 s from the restart, but
+    only the 390 s after the grace count against the 420 s budget."""
+    restart = 30
+    sim = Sim(seed=8100 + v, duration=restart + 110 + 400 + 90)
+    for rank in (0, 1):
+        sim.hooks.append(_restart_then(rank, restart, 110, 400))
+    return sim, [], ("trainers restart, load for 110 s (STARTING), then a 400 s first step and "
+                     "3 s steps")
+
+
+def exit_cuda_error(v: int):
+    start, rank = 40 + 6 * v, v % 2
+    sim = Sim(seed=8200 + v, duration=start + 30)
+    line = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    _exit(sim, "trainer", rank, start, ("cuda_illegal_access", "cuda_error", line))
+    return sim, [exp("cuda_error", start, 0, role="trainer", rank=rank, node="n0")], (
+        f"trainer-{rank} dies of an illegal memory access")
+
+
+POSITIVE["exit_cuda_error"] = (exit_cuda_error, 1)
+POSITIVE["first_step_hang"] = (first_step_hang, 1)
+POSITIVE["first_step_hang_after_restart"] = (first_step_hang_after_restart, 2)
+NEGATIVE["first_step_within_budget"] = (first_step_within_budget, 2)
+NEGATIVE["long_load_starting"] = (long_load_starting, 1)
+
+
+def _same_step_restart(sim: Sim, rank: int, restart: float, first_step: float | None, every: float = 3.0) -> None:
+    """Trainer ``rank`` steps every ``every`` s from step 20; at ``restart`` its own launcher
+    (torchrun, a site's retry loop, a warm standby) restarts it faster than the agent reports:
+    no STARTING is seen and it resumes at the step it was on (checkpointed every step). Only
+    the pid behind its heartbeat changes (``participant_pid``). Its first step then takes
+    ``first_step`` s (None: it never finishes), then ``every`` s steps. The peer steps on."""
+    def hook(t: float, sim: Sim) -> None:
+        rel = t - T0
+        for r in (0, 1):
+            sim.phase[("trainer", r)] = "TRAIN"
+            if r != rank or rel < restart:
+                sim.rank_step[("trainer", r)] = 20 + int(rel // every)
+                continue
+            done = rel - restart
+            at_restart = 20 + int(restart // every)
+            if first_step is None or done < first_step:
+                sim.rank_step[("trainer", r)] = at_restart
+            else:
+                sim.rank_step[("trainer", r)] = at_restart + 1 + int((done - first_step) // every)
+
+    def pid(sim: Sim, role: str, r: int, t: float, add: Callable[[str, float], None]) -> None:
+        if role == "trainer":
+            add("participant_pid", 4100 + 10 * r + (1 if r == rank and t - T0 >= restart else 0))
+
+    sim.hooks.append(hook)
+    sim.part_samples.append(pid)
+
+
+def first_step_hang_after_same_step_restart(v: int):
+    """Restarted by its own launcher at the step it was on (only its pid tells), trainer-{rank}
+    hangs in the new process's first step: the budget counts from the restart, not the old
+    process's pace from its last step. The restart is seen at the next batch (+ 2 s)."""
+    rank, restart = v % 2, 60 + 7 * v
+    sim = Sim(seed=8300 + v, duration=restart + FIRST_STEP_BUDGET + 30)
+    _same_step_restart(sim, rank, restart, None)
+    return sim, [exp("train_hang", restart, FIRST_STEP_BUDGET + 2, role="trainer", rank=rank,
+                     node="n0")], (
+        f"trainer-{rank} is restarted at the same step (a new pid, no STARTING) and hangs in "
+        "its first step")
+
+
+def long_first_step_after_same_step_restart(v: int):
+    """Twin: restarted at the same step (a new pid only), trainer-{rank}'s first step takes
+    300 s (load, compile, warm-up): over its pace's 120 s limit, within the first-step budget.
+    Judged by the old process's pace it was train_hang; it is a first step."""
+    rank, restart = v % 2, 60 + 7 * v
+    sim = Sim(seed=8400 + v, duration=restart + 300 + 90)
+    _same_step_restart(sim, rank, restart, 300)
+    return sim, [], (f"trainer-{rank} restarts at the same step (a new pid, no STARTING), a "
+                     f"300 s first step (budget {FIRST_STEP_BUDGET} s), then 3 s steps")
+
+
+POSITIVE["first_step_hang_after_same_step_restart"] = (first_step_hang_after_same_step_restart, 2)
+NEGATIVE["long_first_step_after_same_step_restart"] = (long_first_step_after_same_step_restart, 2)
+
+
+# -- stragglers in groups of 2 and 3 (the small-group rule) --------------------------------------
+
+SMALL3_LAYOUT = {
+    "n0": [("trainer", r) for r in range(3)],
+    **{f"n{r + 1}": [("rollout", r)] for r in range(3)},
+}
+
+
+def _rollout_rates(rates: dict[int, float], start: float) -> Callable[[Sim], None]:
+    def slow(s: Sim) -> None:
+        for rank, rate in rates.items():
+            s.part_override[(rank, "rollout", "rollout_tokens_per_second")] = rate
+    return at(start, 10_000, slow)
+
+
+def straggler_pair(v: int):
+    """The default job's two rollouts: rollout-{rank} drops to 300 tokens/s (its peer
+    800-1500): a group of two, judged by the small-group rule."""
+    start, rank = 50 + 7 * v, v % 2
+    sim = Sim(seed=8300 + v, duration=start + STRAGGLER_SUSTAIN + 40)
+    sim.hooks.append(_rollout_rates({rank: 300.0}, start))
+    node = ("n1", "n2")[rank]
+    return sim, [exp("straggler", start, STRAGGLER_SUSTAIN + 5, role="rollout", rank=rank,
+                     node=node)], f"rollout-{rank} of two falls to 300 tokens/s"
+
+
+def straggler_trio_trainer(v: int):
+    """Three trainer ranks stepping independently: trainer-{rank} slows from 3 s to 9 s steps."""
+    start, rank = 45 + 7 * v, (2, 0)[v % 2]
+    every: dict[int, float] = {}
+    sim = Sim(seed=8400 + v, duration=start + 36 + STRAGGLER_SUSTAIN + 30, layout=SMALL3_LAYOUT)
+    sim.hooks.append(_own_pace(every))
+    sim.hooks.append(at(start, 10_000, lambda s: every.__setitem__(rank, 9.0)))
+    window = (PACE_STEPS // 2 + 2) * 9 + STRAGGLER_SUSTAIN
+    return sim, [exp("straggler", start, window, role="trainer", rank=rank, node="n0")], (
+        f"trainer-{rank} of three steps every 9 s, its 2 peers every 3 s")
+
+
+def straggler_trio_two_slow(v: int):
+    sim = Sim(seed=8500 + v, duration=60 + STRAGGLER_SUSTAIN + 90, layout=SMALL3_LAYOUT)
+    sim.hooks.append(_rollout_rates({0: 420.0, 2: 380.0}, 60))
+    return sim, [], "two of three rollouts fall to ~400 tokens/s: neither is far from the other"
+
+
+def straggler_trio_uniform_slow(v: int):
+    sim = Sim(seed=8600 + v, duration=60 + STRAGGLER_SUSTAIN + 90, layout=SMALL3_LAYOUT)
+    sim.hooks.append(_rollout_rates({0: 420.0, 1: 400.0, 2: 380.0}, 60))
+    return sim, [], "all three rollouts fall to ~400 tokens/s together (a longer prompt mix)"
+
+
+def straggler_trio_spread_normal(v: int):
+    """A slower GPU type from the start: rollout-{rank} runs at 420 tokens/s all along."""
+    rank = (1, 0)[v % 2]
+    sim = Sim(seed=8700 + v, duration=STRAGGLER_SUSTAIN * 3, layout=SMALL3_LAYOUT)
+    sim.hooks.append(_rollout_rates({rank: 420.0}, 0))
+    return sim, [], f"rollout-{rank} of three is 2-3x slower than its peers from the start"
+
+
+POSITIVE["straggler_pair"] = (straggler_pair, 2)
+POSITIVE["straggler_trio_trainer"] = (straggler_trio_trainer, 2)
+NEGATIVE["straggler_trio_two_slow"] = (straggler_trio_two_slow, 1)
+NEGATIVE["straggler_trio_uniform_slow"] = (straggler_trio_uniform_slow, 1)
+NEGATIVE["straggler_trio_spread_normal"] = (straggler_trio_spread_normal, 2)
+
+
+# -- cross-role deadlock: the trainer waits for data no rollout produces --------------------------
+
+DEADLOCK_SUSTAIN = 90  # detection.deadlock.sustain_seconds
+
+
+def _rollouts_idle(s: Sim) -> None:
+    for rank in (0, 1):
+        s.part_override[(rank, "rollout", "rollout_tokens_per_second")] = 0.0
+
+
+def _rollouts_busy(s: Sim) -> None:
+    for rank in (0, 1):
+        s.part_override.pop((rank, "rollout", "rollout_tokens_per_second"), None)
+
+
+def cross_role_deadlock(v: int):
+    """The trainers wait in {phase} for a batch (step frozen) while both rollouts sit idle with
+    nothing pending, heartbeats fresh (a failed sample taken for end-of-data): one incident."""
+    phase = ("COLLECT", "ROLLOUT")[v % 2]
+    start = 40 + 10 * v
+    sim = Sim(seed=8800 + v, duration=start + DEADLOCK_SUSTAIN + 40)
+    sim.hooks.append(stepping(3, frozen=lambda rel: rel >= start))
+    sim.hooks.append(at(start, 10_000, _trainers(phase)))
+    sim.hooks.append(at(start, 10_000, _rollouts_idle))
+    return sim, [exp("cross_role_deadlock", start, DEADLOCK_SUSTAIN, role="rollout")], (
+        f"trainers wait in {phase} for data while every rollout idles with nothing pending")
+
+
+def trainer_waits_rollouts_busy(v: int):
+    sim = Sim(seed=8900 + v, duration=40 + 200 + 30)
+    sim.hooks.append(stepping(3, frozen=lambda rel: 40 <= rel < 240))
+    sim.hooks.append(at(40, 240, _trainers("COLLECT"), _trainers("TRAIN")))
+    return sim, [], "trainers wait 200 s in COLLECT while the rollouts generate (a slow batch)"
+
+
+def rollouts_idle_trainer_trains(v: int):
+    sim = Sim(seed=9000 + v, duration=40 + 200 + 30)
+    sim.hooks.append(stepping(3))
+    sim.hooks.append(at(40, 240, _rollouts_idle, _rollouts_busy))
+    return sim, [], "rollouts idle 200 s (nothing asked of them) while the trainers train"
+
+
+def deadlock_resolves_itself(v: int):
+    """Both sides wait 70 s (a weight push, a slow data loader), then data flows again."""
+    sim = Sim(seed=9100 + v, duration=40 + 70 + 90)
+    sim.hooks.append(stepping(3, frozen=lambda rel: 40 <= rel < 110))
+    sim.hooks.append(at(40, 110, _trainers("COLLECT"), _trainers("TRAIN")))
+    sim.hooks.append(at(40, 110, _rollouts_idle, _rollouts_busy))
+    return sim, [], "trainers wait and rollouts idle together for 70 s, then work resumes"
+
+
+def deadlock_after_the_trainer_froze(v: int):
+    """The trainers wait in ROLLOUT (a hang phase too) from ``start``, step frozen, while the
+    rollouts go on generating for ``busy`` s (a batch that is then lost, a failed sample taken
+    for end-of-data) and then idle with nothing pending. train_hang's 120 s clock runs from the
+    freeze, the deadlock's window from the rollouts' idleness: the deadlock is the fault (its
+    plan restarts the rollouts), the trainer is not hung by itself."""
+    busy = (60, 95)[v % 2]
+    start = 40 + 10 * v
+    sim = Sim(seed=9200 + v, duration=start + busy + DEADLOCK_SUSTAIN + 40)
+    sim.hooks.append(stepping(3, frozen=lambda rel: rel >= start))
+    sim.hooks.append(at(start, 10_000, _trainers("ROLLOUT")))
+    sim.hooks.append(at(start + busy, 10_000, _rollouts_idle))
+    return sim, [exp("cross_role_deadlock", start + busy, DEADLOCK_SUSTAIN, role="rollout")], (
+        f"trainers wait in ROLLOUT while the rollouts generate {busy} s more, then idle: "
+        "the deadlock, not train_hang")
+
+
+POSITIVE["cross_role_deadlock"] = (cross_role_deadlock, 2)
+POSITIVE["deadlock_after_the_trainer_froze"] = (deadlock_after_the_trainer_froze, 2)
+NEGATIVE["trainer_waits_rollouts_busy"] = (trainer_waits_rollouts_busy, 1)
+NEGATIVE["rollouts_idle_trainer_trains"] = (rollouts_idle_trainer_trains, 1)
+NEGATIVE["deadlock_resolves_itself"] = (deadlock_resolves_itself, 1)
+
+
+# -- rollouts that fail while the job goes on: the failed-samples ratio ---------------------------
+
+
+def _samples(failing: Callable[[float], float], total: bool = True) -> Callable[..., None]:
+    """Both rollouts finish 8 generations a second; ``failing(rel)`` of them fail from then on
+    (a share, integrated); ``total``: whether they report their finished total too."""
+    done: dict[int, list[float]] = {}
+
+    def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[..., None]) -> None:
+        if role != "rollout":
+            return
+        acc = done.setdefault(rank, [0.0, 0.0, -1.0])
+        if acc[2] != t:
+            acc[2] = t
+            acc[0] += 8
+            acc[1] += 8 * failing(t - T0)
+        if total:
+            add("rollout_samples_total", int(acc[0]))
+        add("rollout_failed_samples_total", int(acc[1]))
+    return sample
+
+
+def samples_failing(v: int):
+    """From {start} s, {share:.0%} of the rollouts' generations fail (an engine returning
+    empty completions the framework counts as data)."""
+    start, share = 60 + 10 * v, (0.5, 0.35)[v % 2]
+    sim = Sim(seed=9200 + v, duration=start + 140)
+    sim.part_samples.append(_samples(lambda rel: share if rel >= start else 0.01))
+    # the window (120 s) must hold 30 % failures: most of it after the start
+    return sim, [exp("rollout_samples_failing", start, 120, role="rollout")], (
+        f"{share:.0%} of the rollouts' generations fail from t+{start}s")
+
+
+def samples_few_failures(v: int):
+    sim = Sim(seed=9300 + v, duration=300)
+    sim.part_samples.append(_samples(lambda rel: 0.05))
+    return sim, [], "5 % of the generations fail all along (a normal share of bad prompts)"
+
+
+def samples_failures_without_total(v: int):
+    sim = Sim(seed=9400 + v, duration=200)
+    sim.part_samples.append(_samples(lambda rel: 0.01, total=False))
+    return sim, [], "a few failed generations, no total reported: fewer than the minimum"
+
+
+POSITIVE["samples_failing"] = (samples_failing, 2)
+NEGATIVE["samples_few_failures"] = (samples_few_failures, 1)
+NEGATIVE["samples_failures_without_total"] = (samples_failures_without_total, 1)
+
+
+
+# -- train/inference disagreement per rollout engine (workload/engines/: rollout_logprob_diff_mean) --
+
+
+def _logprob_diffs(levels: dict[int, float]) -> Callable[..., None]:
+    """Each rollout engine reports its mean |trainer - engine| logprob of the last step: about
+    1e-7 nats (an fp32 engine), or ``levels[rank]`` while set; a new figure every 3 s, drawn
+    from a generator of its own so that the cluster's stays as it was."""
+    rng = random.Random(23)
+    held: dict[int, tuple[int, float]] = {}
+
+    def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[[str, float], None]) -> None:
+        if role != "rollout":
+            return
+        step = int(t) // 3
+        if held.get(rank, (-1, 0.0))[0] != step:
+            held[rank] = (step, levels.get(rank, 1e-7) * rng.uniform(0.8, 1.2))
+        add("rollout_logprob_diff_mean", held[rank][1])
+    return sample
+
+
+def train_infer_stale_engine(v: int):
+    start, rank = 60 + 5 * v, v % 2
+    levels: dict[int, float] = {}
+    sim = Sim(seed=8400 + v, duration=start + 40)
+    sim.part_samples.append(_logprob_diffs(levels))
+    sim.hooks.append(at(start, 10_000, lambda s: levels.__setitem__(rank, 0.3)))
+    return sim, [exp("train_infer_mismatch", start, 6, role="rollout", rank=rank, node=("n1", "n2")[rank])], (
+        f"rollout engine {rank} is admitted with the previous step's weights: the trainer scores its "
+        f"tokens 0.3 nats off, its peer 1e-7")
+
+
+def train_infer_uniform(v: int):
+    sim = Sim(seed=8500 + v, duration=200)
+    sim.part_samples.append(_logprob_diffs({0: 0.05, 1: 0.06}))
+    return sim, [], "both engines disagree with the trainer alike (bf16 engines, an fp32 trainer): 0.05 nats"
+
+
+POSITIVE["train_infer_stale_engine"] = (train_infer_stale_engine, 2)
+NEGATIVE["train_infer_uniform"] = (train_infer_uniform, 1)
+
+
+# -- every-step snapshots that cannot be persisted (integrations/trl/snapshots.py) -----------------
+
+
+def _persist_errors(first: float | None, carried: int = 0, every: float = 3.0) -> Callable[..., None]:
+    """Trainer 0's heartbeat: ``snapshot_persist_errors_total`` (``carried`` from the process
+    before a restart), one more per snapshot every ``every`` s from ``first`` (the persist
+    directory full), and the last error's directory and text."""
+    def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[..., None]) -> None:
+        if (role, rank) != ("trainer", 0):
+            return
+        rel = t - T0
+        total = carried + (int((rel - first) // every) + 1 if first is not None and rel >= first else 0)
+        add("snapshot_persist_errors_total", total)
+        if total:
+            add("snapshot_persist_last_error", total, dir=f"/runs/{JOB}/snapshots/rank-0",
+                error="[Errno 28] No space left on device")
+    return sample
+
+
+def snapshot_persist_errors(v: int):
+    start = 50 + 8 * v
+    sim = Sim(seed=9700 + v, duration=start + 60)
+    sim.part_samples.append(_persist_errors(start, every=(3.0, 10.0)[v % 2]))
+    return sim, [exp("checkpoint_write_errors", start, 0, tier="medium", role="trainer", rank=0, node="n0")], (
+        "the persist directory of trainer 0's every-step snapshots is full: a medium, alert-only "
+        "checkpoint_write_errors, not storage_unwritable (training goes on)")
+
+
+def snapshot_persist_errors_carried_over(v: int):
+    sim = Sim(seed=9800 + v, duration=200)
+    sim.part_samples.append(_persist_errors(None, carried=7))
+    return sim, [], "7 persist errors carried over a restart, none new: no incident"
+
+
+def reference_checkpoint_errors(v: int):
+    start = 45 + 8 * v
+    sim = Sim(seed=9900 + v, duration=start + 40)
+
+    def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[..., None]) -> None:
+        if (role, rank) == ("trainer", 0):
+            add("checkpoint_write_errors_total", 1 if t - T0 >= start else 0)
+    sim.part_samples.append(sample)
+    return sim, [exp("storage_unwritable", start, 0, tier="heavy", role="trainer", rank=0, node="n0")], (
+        "the job's own checkpoint save fails (checkpoint_write_errors_total): still storage_unwritable, heavy")
+
+
+POSITIVE["snapshot_persist_errors"] = (snapshot_persist_errors, 2)
+POSITIVE["reference_checkpoint_errors"] = (reference_checkpoint_errors, 1)
+NEGATIVE["snapshot_persist_errors_carried_over"] = (snapshot_persist_errors_carried_over, 1)
 
 
 def _write_gz(path: Path, batches: list[dict[str, Any]]) -> None:

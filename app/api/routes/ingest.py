@@ -78,22 +78,32 @@ def decode_body(body: bytes, encoding: str | None, limit: int) -> bytes:
     responses={
         400: {"description": "malformed JSON"},
         401: {"description": "no token, or an unknown or revoked token"},
-        403: {"description": "a user token, or a token of another node"},
+        403: {
+            "description": "a user token, a token of another node, or a job outside the "
+            "token's job scope"
+        },
         413: {"description": "body (also once decompressed) larger than the configured limit"},
         415: {"description": "a Content-Encoding other than gzip"},
         422: {"description": "a field is invalid or a limit is exceeded; nothing was applied"},
+        429: {
+            "description": "the node's new-series budget or its share of the ingest CPU time "
+            "is spent (Retry-After); nothing was applied"
+        },
         503: {"description": "applied in memory but not yet durable; retry the same seq"},
     },
 )
 async def ingest(request: Request, identity: NodeAuth, service: IngestDep) -> Response:
     limits = service.limits
+    service.admit_request(identity.node)  # a node owing CPU time: 429, its body never read
     try:
         body = await read_capped_body(request, limits.max_body_bytes)
         body = decode_body(body, request.headers.get("content-encoding"), limits.max_body_bytes)
     except IngestRejected as exc:
         service.metrics.ingest_rejections.labels(reason=exc.kind).inc()
         raise
-    result = await service.ingest(body, token_node=identity.node)
+    result = await service.ingest(
+        body, token_node=identity.node, authorize=identity.check_batch
+    )
     return Response(
         orjson.dumps({"accepted": result.accepted, "duplicate": result.duplicate}),
         media_type="application/json",

@@ -38,6 +38,7 @@ def create_silence(
         author=f"user:{operator.name}",
         max_hours=settings.silences.max_duration_hours,
         now=now,
+        max_regex_chars=settings.silences.max_regex_chars,
     )
     session.commit()
     return store.silence_public(row, now)

@@ -25,7 +25,11 @@ def list_tokens(session: SessionDep, _admin: AdminUser) -> list[TokenPublic]:
 )
 def create_node_token(body: NodeTokenCreate, session: SessionDep, admin: AdminUser) -> TokenCreated:
     token, plaintext = tokens.create_node_token(
-        session, node=body.node, actor=f"user:{admin.name}", description=body.description
+        session,
+        node=body.node,
+        actor=f"user:{admin.name}",
+        description=body.description,
+        jobs=body.jobs,
     )
     session.commit()
     return TokenCreated(token=plaintext, info=cluster.token_public(token))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from sqlmodel import select
 
 from app.api.deps import AdminUser, AuditReader, CurrentUser, LoginThrottleDep, SessionDep
@@ -13,6 +13,7 @@ from app.auth import tokens, users
 from app.auth.audit import record_audit
 from app.cluster import queries as cluster
 from app.core.errors import NotAuthenticated
+from app.core.ratelimit import client_address
 from app.models import User
 from app.models.public import (
     AuditEventPublic,
@@ -76,7 +77,11 @@ def set_password(
     name: UserName, body: PasswordSet, session: SessionDep, admin: AdminUser
 ) -> UserPublic:
     user = users.set_password(
-        session, name=name, password=body.password, actor=f"user:{admin.name}"
+        session,
+        name=name,
+        password=body.password,
+        actor=f"user:{admin.name}",
+        revoke_tokens=body.revoke_tokens,
     )
     session.commit()
     return cluster.user_public(user)
@@ -98,10 +103,14 @@ def delete_user(name: UserName, session: SessionDep, admin: AdminUser) -> None:
     status_code=201,
     summary="Exchange a user name and password for a new API token",
 )
-def login(body: LoginRequest, session: SessionDep, throttle: LoginThrottleDep) -> TokenCreated:
-    users.throttle_login_name(throttle, body.name)
+def login(
+    body: LoginRequest, request: Request, session: SessionDep, throttle: LoginThrottleDep
+) -> TokenCreated:
+    client = client_address(request.scope)
+    users.throttle_login_name(throttle, body.name, client)
     user = users.authenticate_password(session, name=body.name, password=body.password)
     if user is None:
+        throttle.failed(body.name, client)
         raise NotAuthenticated("wrong user name or password")
     token, plaintext = tokens.create_user_token(
         session, user=user, actor=f"user:{user.name}", description="login"

@@ -16,6 +16,7 @@ from app.policy.detectors.base import (
     subject_of,
 )
 from app.policy.detectors.clock import ClockSkewDetector
+from app.policy.detectors.deadlock import CrossRoleDeadlockDetector
 from app.policy.detectors.drift import EnvDriftDetector
 from app.policy.detectors.external import ExternalAlertDetector, ExternalAlerts
 from app.policy.detectors.golden_metrics import GoldenMetricDetector
@@ -23,21 +24,30 @@ from app.policy.detectors.gpu_health import GpuHealthDetector
 from app.policy.detectors.hang import TrainHangDetector
 from app.policy.detectors.heartbeat import HeartbeatDetector, NodeSilenceDetector
 from app.policy.detectors.inference_engines import (
+    EngineCounterDetector,
+    EngineProcessDeadDetector,
     EngineStalledDetector,
+    EngineWedgedDetector,
     InferenceEngineDownDetector,
 )
 from app.policy.detectors.job_failures import JobFailureDetector
 from app.policy.detectors.ray_nodes import RayNodeDeadDetector
+from app.policy.detectors.rollout_failures import RolloutSampleFailureDetector
 from app.policy.detectors.scheduler_nodes import SchedulerNodeDetector
-from app.policy.detectors.storage import StorageDetector
+from app.policy.detectors.storage import SnapshotPersistDetector, StorageDetector
 from app.policy.detectors.straggler import StragglerDetector
+from app.policy.detectors.train_infer_mismatch import TrainInferMismatchDetector
 from app.policy.policy_file import Policy
 
 __all__ = [
     "AT_LEAST_ONE",
     "ClockSkewDetector",
+    "CrossRoleDeadlockDetector",
     "Detector",
+    "EngineCounterDetector",
+    "EngineProcessDeadDetector",
     "EngineStalledDetector",
+    "EngineWedgedDetector",
     "EnvDriftDetector",
     "ExternalAlertDetector",
     "ExternalAlerts",
@@ -48,11 +58,14 @@ __all__ = [
     "JobFailureDetector",
     "NodeSilenceDetector",
     "RayNodeDeadDetector",
+    "RolloutSampleFailureDetector",
     "RolloutStallDetector",
     "SchedulerNodeDetector",
+    "SnapshotPersistDetector",
     "StorageDetector",
     "StragglerDetector",
     "TrainHangDetector",
+    "TrainInferMismatchDetector",
     "TrainerIdleDetector",
     "at_least_one",
     "breach_run",
@@ -74,12 +87,19 @@ def default_detectors(policy: Policy) -> list[Detector]:
         GpuHealthDetector(policy),
         JobFailureDetector(policy),
         StorageDetector(policy),
+        SnapshotPersistDetector(policy),
         EnvDriftDetector(policy),
         hang,
         InferenceEngineDownDetector(policy),
         EngineStalledDetector(policy),
+        EngineProcessDeadDetector(policy),
+        EngineWedgedDetector(policy),
+        EngineCounterDetector(policy),
         SchedulerNodeDetector(policy),
         RayNodeDeadDetector(policy),
         ClockSkewDetector(policy),
         StragglerDetector(policy, hang=hang),  # after hang: it reads the paces of this tick
+        TrainInferMismatchDetector(policy),
+        CrossRoleDeadlockDetector(policy),
+        RolloutSampleFailureDetector(policy),
     ]

@@ -59,11 +59,12 @@ class TrainerIdleDetector(Detector):
         )
         roles, active, timeout = cfg.roles, cfg.active_phases, cfg.idle_timeout_seconds
         phase_since_of, check, now = self._phases.since, self.startup.check, world.now
+        under_way, start_phases = self.startup.under_way, self.startup.phases
         for p in world.participants:
             if p.role not in roles:
                 continue
             phase_since = phase_since_of(p, now)
-            if check(p, now) is not None:
+            if (under_way or p.phase in start_phases) and check(p, now) is not None:
                 continue  # still starting
             if p.phase not in active or now - phase_since < timeout:
                 continue
@@ -146,11 +147,12 @@ class RolloutStallDetector(Detector):
         suspect = self.policy.detection.heartbeat.suspect_seconds
         roles, finished = cfg.roles, self.policy.detection.heartbeat.finished_phases
         check, now = self.startup.check, world.now  # read once: the loop runs per participant
+        under_way, start_phases = self.startup.under_way, self.startup.phases
         out: list[FaultSignal] = []
         for p in world.participants:
             if p.role not in roles or p.phase in finished:
                 continue
-            if check(p, now) is not None:
+            if (under_way or p.phase in start_phases) and check(p, now) is not None:
                 continue  # still starting (one overdue is the heartbeat detector's)
             hb_age = world.heartbeat_silence(p)  # from its node's return when later
             if hb_age < suspect:

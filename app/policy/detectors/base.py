@@ -7,7 +7,7 @@ the signal has been absent for the quiet period). Time always comes from ``world
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from app.ingest.series_store import Point, SeriesKey
@@ -146,9 +146,18 @@ class StartupGrace:
         self.cfg = policy.detection.startup
         hb = policy.detection.heartbeat
         self._gone = frozenset(hb.exited_phases + hb.finished_phases)
+        self.phases = frozenset(self.cfg.phases)
         # participant → (start of its current start-up, still in a start-up phase last seen,
         # the step it first reported for itself: None while its launcher still speaks for it)
         self._starts: dict[tuple[str, str, int], tuple[float, bool, int | None]] = {}
+
+    @property
+    def under_way(self) -> Mapping[tuple[str, str, int], object]:
+        """The starts being followed (kept up to date in place). While it is empty, a
+        participant not in one of :attr:`phases` is not starting and :meth:`check` would return
+        None and remember nothing: a loop over thousands of participants may skip the call
+        (``check(p, now) if under_way or p.phase in phases else None``)."""
+        return self._starts
 
     def started_at(self, p: ParticipantView) -> float | None:
         entry = self._starts.get(p.key)
@@ -212,6 +221,12 @@ class ParticipantSeries:
     def of(self, world: World, participant: ParticipantKey) -> list[SeriesKey]:
         self._refresh(world)
         return self._by_participant.get(participant, [])
+
+    def by_participant(self, world: World) -> Mapping[ParticipantKey, list[SeriesKey]]:
+        """Every participant with series of the name → its series: for a loop over the
+        participants, which then pays the store's size check once, not once each."""
+        self._refresh(world)
+        return self._by_participant
 
     def owners(self, world: World) -> dict[SeriesKey, ParticipantKey]:
         """Every series of the name → its participant (series without one are absent)."""

@@ -9,6 +9,7 @@ period once Alertmanager says ``resolved`` or the alert's ``endsAt`` has passed)
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.ingest.validation import ID_PATTERN, MAX_RANK
 from app.policy.detectors.base import Detector
 from app.policy.policy_file import AlertmanagerMapping, Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
@@ -47,6 +49,23 @@ class AlertMappingError(ValueError):
     """An alert's labels cannot be mapped; the message names the label."""
 
 
+# A label that names a node, job, role or GPU obeys the ingest rule for identifiers (the
+# subject's values reach run directories and the launcher hook's argv): ``jobC;id`` or
+# ``--run-root=/x`` never names anything. Lengths as ingest's (roles 64, the rest 128).
+_ID = re.compile(ID_PATTERN)
+_ID_CHARS = {"role": 64}
+
+
+def _check_identifier(alert: AlertmanagerAlert, part: str, label: str, value: str) -> None:
+    limit = _ID_CHARS.get(part, 128)
+    if len(value) > limit or not _ID.fullmatch(value):
+        shown = value if len(value) <= 80 else value[:80] + "..."
+        raise AlertMappingError(
+            f"alert {alert.fingerprint}: label {label}={shown!r} cannot name a {part}: use "
+            f"1-{limit} letters, digits and _.:@/- (not starting with . : @ / -)"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ExternalAlert:
     fingerprint: str
@@ -75,14 +94,19 @@ def map_alert(alert: AlertmanagerAlert, mapping: AlertmanagerMapping) -> Externa
     parts: dict[str, object] = {}
     for part, label in mapping.subject_labels.items():
         if label in labels:
+            if part != "rank":
+                _check_identifier(alert, part, label, labels[label])
             parts[part] = labels[label]
     if "rank" in parts:
-        try:
-            parts["rank"] = int(str(parts["rank"]))
-        except ValueError:
+        text = str(parts["rank"])
+        # Ingest's rule for ranks: 0..MAX_RANK in ASCII digits (int() would take " -1").
+        if len(text) <= 7 and text.isascii() and text.isdigit() and int(text) <= MAX_RANK:
+            parts["rank"] = int(text)
+        else:
             raise AlertMappingError(
-                f"alert {alert.fingerprint}: label {mapping.subject_labels['rank']}={parts['rank']!r} is not an integer rank"
-            ) from None
+                f"alert {alert.fingerprint}: label {mapping.subject_labels['rank']}={text[:80]!r} "
+                f"is not an integer rank (0 to {MAX_RANK})"
+            )
     subject = Subject.from_dict(parts)
     summary = (
         alert.annotations.get("summary")

@@ -6,9 +6,12 @@ from collections import defaultdict
 
 from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, StartupGrace, participant_subject
+from app.policy.detectors.exit_cause import ExitCauses
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import ParticipantView, World
+
+_RAY_PHASES = frozenset({"RAY_DEAD", "RAY_RESTARTING"})
 
 
 class HeartbeatDetector(Detector):
@@ -28,12 +31,13 @@ class HeartbeatDetector(Detector):
     still in a start-up phase after its grace never sent its first heartbeat: lost.
     """
 
-    lookups = (m.RAY_ACTOR_DEAD,)
+    lookups = (m.RAY_ACTOR_DEAD, *ExitCauses.lookups)
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.suspected: list[ParticipantView] = []
         self.startup = StartupGrace(policy)
+        self.exit_causes = ExitCauses()
         # Participant → its heartbeat time when first seen in an exited phase: the signal's
         # ``since``, kept while it stays exited. Ray's collector re-reports a dead actor with a
         # fresh heartbeat on every poll; a ``since`` that followed it made every tick a "new
@@ -49,10 +53,11 @@ class HeartbeatDetector(Detector):
         finished, exited_phases = cfg.finished_phases, cfg.exited_phases
         suspect = cfg.suspect_seconds
         check, silence, now = self.startup.check, world.heartbeat_silence, world.now  # per tick
+        under_way, start_phases = self.startup.under_way, self.startup.phases
         for p in world.participants:
             if p.phase in finished:
                 continue
-            starting = check(p, now)
+            starting = check(p, now) if under_way or p.phase in start_phases else None
             if starting is StartupGrace.GRACE:
                 continue
             # From its node's return when that is later: see NodeReturns.
@@ -104,6 +109,20 @@ class HeartbeatDetector(Detector):
         return out
 
     def _exited(self, world: World, p: ParticipantView, since: float) -> FaultSignal:
+        cause = self.exit_causes.of(world, p) if p.phase not in _RAY_PHASES else None
+        if cause is not None:  # its own output said why: the cause's kind, tier and plan
+            return self.signal(
+                world,
+                cause.kind,
+                ExitCauses.subject(p, cause),
+                ExitCauses.evidence(world, p, cause),
+                since=since,
+                step=p.step,
+                exited=True,
+                exit_cause=cause.cause,
+                line=cause.line,
+                same_step_failures=self.exit_causes.same_step_failures(p, cause),
+            )
         ray_cause = self._ray_cause(world, p) if p.phase.startswith("RAY_") else None
         if ray_cause is not None:
             detail = (

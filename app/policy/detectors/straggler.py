@@ -21,6 +21,20 @@ in its hang phases only, so a weight sync or a save is nobody's slowness; one de
 step times, this one reads them). A trainer whose step stopped is not slow but hung
 (``train_hang``): its pace is not judged then.
 
+Small groups (a job with two or three rollout engines or trainer ranks: fewer than
+``min_peers`` peers, at least ``small_group_min_peers``) have no median worth the name, so a
+stricter rule judges them, each condition one way a small group misleads:
+
+* the participant is beyond the ratio of *every* peer, not of their median (two slow ranks of
+  three are not one straggler: neither is far from the other);
+* its peers agree with each other within ``small_group_agreement`` (with peers far apart the
+  group has no reference pace: a mixed fleet is not a straggler and its victim);
+* it fell behind: the detector saw it in line with its peers before, and its figure is now
+  beyond the ratio of its own figure then (a group whose spread is its normal, a slower GPU
+  type since the start, never fires; nor does a rank its peer merely overtook);
+* figures are the median of the last ``small_group_samples`` fresh samples, so one noisy
+  sample neither makes nor breaks the sustain time.
+
 Cost: one pass over the figures of the tick (O(participants), no label parsing: the series →
 participant map and the sample buffers of the judged roles are kept while the store's series do
 not change, and read in place); a trainer's median is taken once a step; per group one sort,
@@ -57,6 +71,7 @@ class _Group:
     # whose figures are their own step time (a trainer's pace is not added beside it)
     owners: set[ParticipantKey] = field(default_factory=set)
     paced: dict[int, ParticipantKey] = field(default_factory=dict)  # index → whose pace
+    rings: list[Any] = field(default_factory=list)  # each series figure's samples (None: pace)
 
 
 class StragglerDetector(Detector):
@@ -78,6 +93,9 @@ class StragglerDetector(Detector):
         # trainer → [its step, its pace figure at that step, its (job, role)]: a median is
         # taken once a step, not once a tick
         self._figures: dict[ParticipantKey, list[Any]] = {}
+        # small groups' members → their figure when last seen in line with their peers
+        self._in_line: dict[object, tuple[float, float]] = {}
+        self._in_line_now: dict[object, tuple[float, float]] = {}
 
     def detect(self, world: World) -> list[FaultSignal]:
         det = self.policy.detection
@@ -89,10 +107,12 @@ class StragglerDetector(Detector):
         )
         self._add_paces(world, trainers)
         out: list[FaultSignal] = []
+        self._in_line_now = {}
         for group in rollouts.values():
             out.extend(self._judge(world, group, slow_is_low=True))
         for group in trainers.values():
             out.extend(self._judge(world, group, slow_is_low=False))
+        self._in_line = self._in_line_now
         return out
 
     def _series_figures(
@@ -111,13 +131,14 @@ class StragglerDetector(Detector):
         # series, the cheap tests first.
         for job_role, rings in series.rings(world, roles).items():
             group = groups[job_role] = _Group()
-            keys, values, owners = group.keys, group.values, group.owners
+            keys, values, owners, buffers = group.keys, group.values, group.owners, group.rings
             for points, key, pkey in rings:
                 if points:
                     ts, value = points[-1]
                     if value > 0 and ts >= oldest:  # else stalled or silent: no figure, no peer
                         keys.append(key)
                         values.append(value)
+                        buffers.append(points)
                         if keep_owners:
                             owners.add(pkey)
         return groups
@@ -151,13 +172,16 @@ class StragglerDetector(Detector):
                 group.paced[len(group.values)] = pkey
                 group.keys.append(None)
                 group.values.append(figure)
+                group.rings.append(None)
 
     def _judge(self, world: World, group: _Group, *, slow_is_low: bool) -> list[FaultSignal]:
         cfg = self.policy.detection.straggler
         values = group.values
         peers = len(values) - 1
         if peers < cfg.min_peers:
-            return []
+            if peers < cfg.small_group_min_peers:
+                return []
+            return self._judge_small(world, group, slow_is_low=slow_is_low)
         ratio = cfg.throughput_ratio if slow_is_low else cfg.step_time_ratio
         ranked = sorted(values)
         # Leaving out one value moves the median by at most one place: a participant beyond
@@ -178,6 +202,52 @@ class StragglerDetector(Detector):
                 out.append(self._signal(world, who, value, median, limit, peers, since))
         return out
 
+    def _judge_small(
+        self, world: World, group: _Group, *, slow_is_low: bool
+    ) -> list[FaultSignal]:
+        """A group of fewer than ``min_peers`` peers (see the module docstring)."""
+        cfg = self.policy.detection.straggler
+        ratio = cfg.throughput_ratio if slow_is_low else cfg.step_time_ratio
+        figures = [self._smoothed(world, group, i) for i in range(len(group.values))]
+        out: list[FaultSignal] = []
+        for i, value in enumerate(figures):
+            who = group.keys[i] or group.paced[i]
+            others = figures[:i] + figures[i + 1 :]
+            low, high = min(others), max(others)
+            # beyond the ratio of every peer: of the fastest for slow_is_low, else the slowest
+            ref = low if slow_is_low else high
+            limit = ratio * ref
+            if not (value < limit if slow_is_low else value > limit):
+                self._in_line_now[who] = (value, ref)  # in line: its figure and its peers'
+                continue
+            before = self._in_line.get(who)
+            if before is None:
+                continue  # never seen in line: its spread may be its normal
+            self._in_line_now[who] = before
+            own, peers_ref = before
+            # How much it slowed against how much its peers sped up since it was in line: a
+            # rank its peer merely overtook has not slowed at all.
+            slowed = own / value if slow_is_low else value / own
+            sped_up = ref / peers_ref if slow_is_low else peers_ref / ref
+            if slowed <= 1.0 or slowed < sped_up or high > cfg.small_group_agreement * low:
+                continue
+            since = self.sticky_since(who, world.now, open_ended=True)
+            if world.now - since >= cfg.sustain_seconds:
+                median = _median(others)
+                out.append(self._signal(world, who, value, median, limit, len(others), since,
+                                        small_group=True))
+        return out
+
+    def _smoothed(self, world: World, group: _Group, i: int) -> float:
+        """Figure ``i`` of ``group``: a series' median of its last fresh samples, a pace as is."""
+        points = group.rings[i]
+        if points is None:
+            return group.values[i]
+        oldest = world.now - self.policy.detection.stale_sample_seconds * 4
+        want = self.policy.detection.straggler.small_group_samples
+        recent = [v for ts, v in islice(reversed(points), want) if ts >= oldest and v > 0]
+        return _median(recent) if recent else group.values[i]
+
     def _signal(
         self,
         world: World,
@@ -187,9 +257,13 @@ class StragglerDetector(Detector):
         limit: float,
         peers: int,
         since: float,
+        small_group: bool = False,
     ) -> FaultSignal:
         cfg = self.policy.detection.straggler
         held = f"for {world.now - since:.0f}s; {peers} peers"
+        if small_group:
+            held += (" (a small group: beyond every peer, who agree with each other, and "
+                     "in line with them before)")
         values: tuple[tuple[float, float], ...] = ((world.now, value),)
         if isinstance(who, SeriesKey):
             sub = subject_of(who)
@@ -232,6 +306,7 @@ class StragglerDetector(Detector):
             figure=round(value, 3),
             peer_median=round(median, 3),
             peers=peers,
+            **({"small_group": True} if small_group else {}),
         )
 
 

@@ -99,11 +99,19 @@
     };
   }
 
+  // The legend shows the value under the cursor; with no cursor over the chart (idx null) it
+  // shows the series' latest sample instead of a dash, so a reader sees a value at once.
+  function lastValue(u, si) {
+    var d = u.data[si] || [];
+    for (var i = d.length - 1; i >= 0; i--) { if (d[i] != null) { return d[i]; } }
+    return null;
+  }
+
   function buildOptions(el, spec, width) {
     var spark = spec.kind === "spark";
     var height = parseInt(el.getAttribute("data-height") || (spark ? "24" : "180"), 10);
     var unit = spec.unit ? " " + spec.unit : "";
-    var series = [{ label: "time", value: function (u, v) { return v == null ? "–" : utcStamp(v); } }].concat((spec.series || []).map(function (s, i) {
+    var series = [{ label: "time", value: function (u, v, si, idx) { if (idx == null) { v = lastValue(u, 0); } return v == null ? "–" : utcStamp(v); } }].concat((spec.series || []).map(function (s, i) {
       var color = s.color || PALETTE[i % PALETTE.length];
       return {
         label: s.label,
@@ -112,7 +120,7 @@
         fill: spark ? color + "22" : undefined,
         spanGaps: false,
         points: { show: false },
-        value: function (u, v) { return v == null ? "–" : (+v.toFixed(3)) + unit; }
+        value: function (u, v, si, idx) { if (idx == null) { v = lastValue(u, si); } return v == null ? "–" : (+v.toFixed(3)) + unit; }
       };
     }));
     var opts = {

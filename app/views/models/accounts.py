@@ -15,7 +15,7 @@ from app.auth.users import (
     name_for_log,
     throttle_login_name,
 )
-from app.core.ratelimit import TokenBucketLimiter
+from app.core.ratelimit import LoginNameThrottle
 
 log = logging.getLogger("rlguard.views.auth")
 
@@ -27,7 +27,7 @@ class LoginRefused(ValueError):
 
 
 def sign_in(
-    session: Session, *, name: str, password: str, client: str, throttle: TokenBucketLimiter
+    session: Session, *, name: str, password: str, client: str, throttle: LoginNameThrottle
 ) -> str:
     """A new session id for the user, if ``password`` is theirs; every attempt is audited.
 
@@ -41,9 +41,10 @@ def sign_in(
         raise LoginRefused(f"User names are at most {MAX_NAME_LENGTH} characters.")
     if len(password) > MAX_PASSWORD_LENGTH:
         raise LoginRefused(f"Passwords are at most {MAX_PASSWORD_LENGTH} characters.")
-    throttle_login_name(throttle, name)
+    throttle_login_name(throttle, name, client)
     user = authenticate_password(session, name=name, password=password)
     if user is None or user.id is None:
+        throttle.failed(name, client)
         shown = name_for_log(session, name)
         record_audit(
             session, actor=f"web:{client}", action="web.login_failed", target=f"user:{shown}"

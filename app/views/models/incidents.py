@@ -15,14 +15,18 @@ from typing import Any
 
 from sqlmodel import Session, col, func, select
 
+from app.core.errors import NotFound
 from app.incidents import queries as incident_queries
 from app.ingest.series_store import SeriesStore
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.incident_public import IncidentDetail
+from app.policy.policy_file import Policy, default_policy
 from app.policy.signals import Tier
 from app.views.models.charts import ChartSpec, Threshold, aligned_chart, golden_bands
+from app.views.models.evidence import STUCK_KINDS, EvidencePanel, evidence_panel
 from app.views.models.health import TIER_LEVEL
+from app.views.models.phases import phase_timeline
 
 TIERS = tuple(Tier)
 
@@ -58,6 +62,7 @@ EVENT_LABELS: dict[str, tuple[str, str]] = {
     IncidentEventType.ACTION_COVERED: ("idle", "Action already in flight for the job"),
     IncidentEventType.ACTION_SUPERSEDED: ("idle", "Not run: the approved action ran first"),
     IncidentEventType.STACKS_CAPTURED: ("idle", "Python stacks captured"),
+    IncidentEventType.DRILL: ("warn", "Drill: fault injected on purpose (not counted in ETTR)"),
 }
 
 # A stacks block longer than this many lines starts collapsed (the timeline stays readable).
@@ -215,7 +220,12 @@ def timeline_entries(events: list[Any]) -> list[TimelineEntry]:
         }
         out.append(
             TimelineEntry(
-                at=e.at, level=level, title=title, actor=e.actor, detail=detail, stacks=stacks,
+                at=e.at,
+                level=level,
+                title=title,
+                actor=e.actor,
+                detail=detail,
+                stacks=stacks,
                 # A row's time and process never change: the same id on every poll (one
                 # capture of several ranks writes its rows at one time, each of its own pid).
                 stacks_id=(
@@ -239,6 +249,7 @@ class IncidentPage:
     evidence: ChartSpec | None
     evidence_data: dict[str, Any]
     timeline: list[TimelineEntry]
+    panel: EvidencePanel
 
     @property
     def final(self) -> bool:
@@ -297,8 +308,35 @@ def evidence_from_store(
     return spec
 
 
+def participant_phases(
+    session: Session, subject: dict[str, Any], *, now: float, limit: int = 8
+) -> list[tuple[str, str]]:
+    """The subject's last phase changes (newest last) as (when, what), for a stuck process."""
+    job, role, rank = subject.get("job"), subject.get("role"), subject.get("rank")
+    if not job or role is None:
+        return []
+    try:
+        timeline = phase_timeline(session, job=str(job), now=now, minutes=30)
+    except NotFound:
+        return []
+    who = f"{role}/{rank}" if rank is not None else None
+    lanes = [lane for lane in timeline.lanes if who is None or lane.who == who]
+    bands = sorted((b for lane in lanes for b in lane.bands), key=lambda b: b.start)[-limit:]
+    return [
+        (
+            datetime.fromtimestamp(b.start, UTC).strftime("%H:%M:%S UTC"),
+            f"{b.phase} at step {b.step} for {b.seconds:.0f} s",
+        )
+        for b in bands
+    ]
+
+
 def incident_page(
-    session: Session, *, incident_id: int, store: SeriesStore | None = None
+    session: Session,
+    *,
+    incident_id: int,
+    store: SeriesStore | None = None,
+    policy: Policy | None = None,
 ) -> IncidentPage:
     """Raises ``NotFound`` (from the incidents service) for an unknown id."""
     detail = incident_queries.incident_detail(session, incident_id=incident_id)
@@ -310,10 +348,25 @@ def incident_page(
         opened = detail.opened_at.timestamp()
         from_store = evidence_from_store(store, data, detail.subject, opened_at=opened, end=end)
         evidence = from_store or evidence
+    now = time.time()
+    phases = (
+        participant_phases(session, detail.subject, now=now)
+        if detail.kind in {k.value for k in STUCK_KINDS}
+        else []
+    )
+    panel = evidence_panel(
+        detail.evidence,
+        kind=detail.kind,
+        policy=policy or default_policy(),
+        now=now,
+        chart=evidence,
+        phases=phases,
+    )
     return IncidentPage(
         incident=detail,
         level=tier_level(detail.tier),
-        evidence=evidence,
+        evidence=panel.chart,
         evidence_data=data,
         timeline=timeline_entries(detail.timeline),
+        panel=panel,
     )

@@ -23,6 +23,13 @@ from app.models import Role
 from app.models.guardrails import CircuitBreaker
 from tests.harness import Api, AppClient, auth, batch, free_port, make_settings
 from tests.harness.dashboard import PASSWORD, DashboardApp, csrf_from, seed_heavy_incident
+from tests.integration.silences.test_alertmanager_v2_api import NODE_N1
+from tests.integration.silences.test_alertmanager_v2_api import am_silence as _am_silence
+
+
+def am_silence() -> dict[str, Any]:
+    """A silence in Alertmanager's ``postableSilence`` shape, on a node nothing reports."""
+    return _am_silence({**NODE_N1, "value": "n9"}, comment="audit")
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -137,7 +144,19 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             s.commit()
         return c.post("/breakers/job:j7/reset", data={"csrf_token": web_login()})
 
+    def plan_drill() -> Any:
+        part = {"job": "j8", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1,
+                "ts": time.time()}
+        known = c.post("/api/v1/ingest", json=batch("n1", 0, agent="agent-j8", participants=[part]),
+                       headers=auth(node_tok))
+        assert known.status_code == 200, known.text
+        # No worker serves n1 here: the drill is sent and answered 202 (not answered yet).
+        api.app.state.settings.drills.answer_wait_seconds = 0.2
+        return c.post("/api/v1/drills", json={"job": "j8", "fault": "kill", "role": "trainer",
+                                              "plan": True}, headers=auth(admin))
+
     cases: dict[tuple[str, str], tuple[Callable[[], Any], str]] = {
+        ("POST", "/api/v1/drills"): (plan_drill, "drill.plan"),
         ("PUT", "/api/v1/jobs/{job}/automation"): (set_automation, "job.automation"),
         ("POST", "/api/v1/breakers/{scope}/reset"): (reset_breaker, "breaker.reset"),
         ("POST", "/api/v1/tokens"): (create_token, "token.create"),
@@ -208,6 +227,17 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
                 "/api/v1/silences", headers=auth(admin), json={
                     "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5},
             ).json()["id"]), headers=auth(admin)),
+            "silence.expire",
+        ),
+        # Alertmanager's API v2 (amtool, Grafana) writes the same silences, audited alike.
+        ("POST", "/api/v2/silences"): (
+            lambda: c.post("/api/v2/silences", headers=auth(admin), json=am_silence()),
+            "silence.create",
+        ),
+        ("DELETE", "/api/v2/silence/{silence_id}"): (
+            lambda: c.delete("/api/v2/silence/{}".format(c.post(
+                "/api/v2/silences", headers=auth(admin), json=am_silence(),
+            ).json()["silenceID"]), headers=auth(admin)),
             "silence.expire",
         ),
         ("POST", "/api/v1/maintenance-windows"): (

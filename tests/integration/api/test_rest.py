@@ -83,7 +83,7 @@ def test_read_endpoints(api: Api) -> None:
 
 def test_health_and_ready(api: Api) -> None:
     assert api.client.get("/healthz").json() == {"status": "ok"}
-    assert api.client.get("/readyz").json() == {"status": "ok", "database": "ok"}
+    assert api.client.get("/readyz").json() == {"status": "ok", "database": "ok", "ingest": "ok"}
     ingest = api.app.state.ingest  # type: ignore[attr-defined]
     assert ingest.committer_alive()
     api.client._portal.call(ingest.stop)  # what a dead committer looks like to a probe

@@ -70,14 +70,41 @@ def test_many_addresses_guessing_one_name_are_limited_per_name(
     add_user(api, "root", Role.admin)
     add_user(api, "lena", Role.viewer)
     codes = [login(api, "lena", "guess", f"192.0.2.{i}") for i in range(1, 7)]
-    assert codes == [401] * 5 + [429]
-    # A fresh address is refused for that name, and only for that name.
-    assert login(api, "lena", PASSWORD, "192.0.2.50") == 429
+    # The name's budget (5) is spent; the 6th address had no failure yet: one guess, then out.
+    assert codes == [401] * 6
+    assert login(api, "lena", "guess", "192.0.2.6") == 429
+    # An address that failed for the name is refused even with the right password...
+    assert login(api, "lena", PASSWORD, "192.0.2.1") == 429
+    # ...one with no failure signs in (the user, from their own machine), and other names
+    # are not touched.
+    assert login(api, "lena", PASSWORD, "192.0.2.50") == 201
     assert login(api, "root", PASSWORD, "192.0.2.51") == 201
     # The dashboard's form shares the name's budget: the page says why, with Retry-After.
-    page = Browser(api).login("lena")
+    browser = Browser(api)  # from the proxy itself, 127.0.0.1
+    assert browser.login("lena", "guess").status_code == 401
+    page = browser.login("lena")
     assert page.status_code == 429 and int(page.headers["retry-after"]) >= 1
     assert "too many login attempts for this user name" in page.text
+
+
+def test_thirty_wrong_guesses_from_elsewhere_do_not_lock_the_admin_out(
+    make_replica: Callable[..., Api],
+) -> None:
+    """Issue 41 item 6, with the shipped budget per name (30; refilled slowly here, so that
+    the machine's speed at hashing 30 passwords does not matter): 30 wrong guesses for
+    ``root`` from 30 other addresses spend it, and the real admin still signs in, by the API
+    and by the dashboard's form; a guesser's address stays refused."""
+    burst = HardeningSettings().login_name_burst
+    assert burst == 30
+    slow_refill = HardeningSettings(login_attempts_per_name_per_minute=0.01)
+    api = make_replica(hardening=slow_refill, trusted_proxies=["127.0.0.1"])
+    add_user(api, "root", Role.admin)
+    codes = [login(api, "root", f"guess-{i}", f"203.0.113.{i}") for i in range(1, burst + 1)]
+    assert codes == [401] * burst
+    assert login(api, "root", "guess-again", "203.0.113.1") == 429
+    assert login(api, "root", PASSWORD, "203.0.113.2") == 429
+    assert login(api, "root", PASSWORD, ADMIN_ADDR) == 201
+    assert Browser(api).login("root").status_code == 303
 
 
 def test_forwarded_for_from_an_untrusted_peer_is_ignored(

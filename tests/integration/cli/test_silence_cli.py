@@ -36,6 +36,8 @@ def test_add_list_expire_and_bad_values_named(database_url: str, tmp_path: Path)
     for args, named in [
         (["hostname=n1", "--duration", "1h"], "unknown label 'hostname'"),
         (["job=~(grpo", "--duration", "1h"], "bad regex"),
+        (["job=~grpo-(?=a).*", "--duration", "1h"], "uses a lookahead (?=...)"),
+        (["job=~(grpo)-\\1", "--duration", "1h"], "uses a backreference \\1"),
         (["node=n1", "--duration", "two hours"], "--duration 'two hours'"),
         (["node=n1", "--duration", "30d"], "longer than the maximum"),
         (["node=n1", "--ends", "2026-12-01T08:00:00"], "--ends '2026-12-01T08:00:00'"),
@@ -45,6 +47,11 @@ def test_add_list_expire_and_bad_values_named(database_url: str, tmp_path: Path)
         bad = run_cli("silence", "add", *args, "--comment", "x", env=env)
         assert bad.returncode == 2, (args, bad.stderr)
         assert named in bad.stderr and bad.stderr.startswith("rlguard: error: "), bad.stderr
+    short = {**env, "RLGUARD_SILENCES__MAX_REGEX_CHARS": "8"}
+    long = run_cli("silence", "add", "job=~grpo-a.*bc", "--duration", "1h", "--comment", "x",
+                   env=short)  # fmt: skip
+    assert long.returncode == 2 and "RLGUARD_SILENCES__MAX_REGEX_CHARS" in long.stderr, long.stderr
+    assert "10 characters is over the limit of 8" in long.stderr
     with sa.create_engine(database_url).connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM silence")).scalar_one() == 1
         actions = [r[0] for r in conn.execute(sa.text("SELECT action FROM audit_event"))]

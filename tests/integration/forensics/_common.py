@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from app.cli.demo import DemoStack
+from tests.harness.chromium import sign_in_as
 
 
 class HangStack(DemoStack):
@@ -41,11 +42,7 @@ def shown_in_chromium(stack: DemoStack, browser: object, incident_id: int, funct
     ctx = browser.new_context(viewport={"width": 1440, "height": 900})  # type: ignore[attr-defined]
     page = ctx.new_page()
     page.set_default_timeout(15_000)
-    page.goto(f"{stack.url}/login")
-    page.fill("#username", stack.user)
-    page.fill("#password", stack.password)
-    with page.expect_navigation():
-        page.click("button[type=submit]")
+    sign_in_as(page, stack.url, stack.user, stack.password)
     page.goto(f"{stack.url}/incidents/{incident_id}")
     from playwright.sync_api import expect
 

@@ -95,6 +95,9 @@ def test_every_figure_of_the_ledger_to_the_second(history: tuple[Api, float, dic
         "gpu_count": 8,
         "gpu_count_source": "default",
         "checkpoint_source": "assumed every 15 steps",
+        # none of these kinds has a counterfactual class of its own (policy.yaml)
+        "classes": [],
+        "summary": "a person notices after 100 s and the job restarts in its measured 60 s",
     }
     assert cf["lost_seconds"] == 490  # [200, 425) and [450, 715)
     assert cf["ettr"] == pytest.approx(650 / 1140)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import yaml
 from app.cli.demo import DemoStack
 from integrations.trl.checkpoints import MARKER_NAME, newest_complete_checkpoint
 from recovery.report import heartbeat_path, read_heartbeat
-from tests.harness import wait_for
+from tests.harness import kill_group, spawn, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trl_grpo" / "train.py"
@@ -46,6 +47,7 @@ class TRLJob:
         max_steps: int,
         save_steps: int,
         extra: tuple[str, ...] = (),
+        snapshots: bool = False,
     ) -> None:
         self.stack = stack
         self.job = job
@@ -59,7 +61,10 @@ class TRLJob:
             "--run-dir", str(self.run_dir), "--integration", "trl", "--max-restarts", "4",
             "--backoff", "0.2", "--timeout", "400", "--",
             sys.executable, str(EXAMPLE), "--output_dir", str(self.out), "--max_steps", str(max_steps),
-            "--save_steps", str(save_steps), "--size", "tiny", "--min_step_seconds", "0.2", *extra,
+            "--save_steps", str(save_steps), "--size", "tiny", "--min_step_seconds", "0.2",
+            # Without memory snapshots a restart resumes from checkpoint-N, the path these
+            # tests are about; test_trl_snapshots.py turns them on.
+            "--snapshots", "on" if snapshots else "off", *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -181,3 +186,117 @@ class TRLStack(DemoStack):
         data["detection"]["heartbeat"].update(suspect_seconds=15, confirm_seconds=105)
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
         return env
+
+
+class LaunchedRun:
+    """One ``rlguard launch --integration trl`` of the example (tiny size) with memory
+    snapshots, on its own: RLGuard's restart request is made with the real launcher hook
+    (``python -m integrations.launch hook restart_role``), the command the server's worker runs,
+    so the kill tests need no server. What a run did is read from its files."""
+
+    def __init__(
+        self,
+        root: Path,
+        job: str,
+        *,
+        max_steps: int = 6,
+        save_steps: int = 3,
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.root = root
+        self.job = job
+        self.run_dir = root / job
+        self.out = root / f"{job}-out"
+        self.log = root / f"launch-{job}.log"
+        self.max_steps = max_steps
+        self.argv = [
+            sys.executable, "-m", "integrations.launch", "--job", job, "--role", "trainer",
+            "--run-dir", str(self.run_dir), "--integration", "trl", "--max-restarts", "4",
+            "--backoff", "0.2", "--timeout", "400", "--",
+            sys.executable, str(EXAMPLE), "--output_dir", str(self.out), "--max_steps", str(max_steps),
+            "--save_steps", str(save_steps), "--size", "tiny", "--snapshots", "on", *extra,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._restarts = 0
+
+    def start(self) -> None:
+        from integrations.snapshot_owner import segment_path
+
+        self.segment = segment_path(Path("/dev/shm"), self.job, self.run_dir)
+        self.proc = spawn(self.argv, log=self.log, cwd=ROOT)
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        path = self.run_dir / "events.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [e for e in (json.loads(x) for x in lines if x.strip()) if e.get("kind") == kind]
+
+    def wait_exits(self, count: int, timeout: float = 240) -> None:
+        wait_for(lambda: len(self.events("child_exit")) >= count, timeout,
+                 f"{count} trainer exit(s)", interval=0.05, context=self.logs)  # fmt: skip
+
+    def restart(self) -> None:
+        """Ask the launcher to restart the trainer, as RLGuard's restart_role action does."""
+        self._restarts += 1
+        done = subprocess.run(
+            [sys.executable, "-m", "integrations.launch", "hook", "restart_role",
+             f"--job={self.job}", "--role=trainer", "--rank=0",
+             f"--idempotency-key={self.job}-restart-{self._restarts}",
+             f"--run-root={self.root}", "--wait=120"],
+            cwd=ROOT, capture_output=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+
+    def finish(self, timeout: float = 300) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launch did not finish\n{self.logs()}") from None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            kill_group(self.proc)
+        pid = (read_heartbeat(heartbeat_path(self.run_dir, "trainer", 0)) or {}).get("pid")
+        if isinstance(pid, int):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(getattr(self, "segment", self.root / "none"), ignore_errors=True)
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def heartbeat(self) -> dict[str, Any]:
+        return read_heartbeat(heartbeat_path(self.run_dir, "trainer", 0)) or {}
+
+    def steps(self) -> list[tuple[int, int]]:
+        """``(step, pid)`` of every optimizer step that finished, in order."""
+        path = self.out / "steps.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [(d["step"], d["pid"]) for d in (json.loads(x) for x in lines if x.strip())]
+
+    def trainer_log(self) -> str:
+        path = self.run_dir / "logs" / "trainer-0.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self) -> str:
+        launch = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+        return f"--- launch\n{launch}\n--- trainer\n{self.trainer_log()[-5000:]}"
+
+    def final(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The final parameters and the per-step log (step, loss, reward) of the run."""
+        from safetensors.torch import load_file
+
+        last = self.out / f"checkpoint-{self.max_steps}"
+        params = load_file(str(last / "model.safetensors"))
+        history = json.loads((last / "trainer_state.json").read_text(encoding="utf-8"))
+        logged = [
+            {k: entry.get(k) for k in ("step", "loss", "reward", "reward_std", "kl")}
+            for entry in history["log_history"]
+            if "loss" in entry
+        ]
+        return params, logged

@@ -10,7 +10,7 @@ import pytest
 
 from app.cli.demo import DemoStack
 from tests.harness import free_port
-from tests.integration.integrations._trl import TRLStack, use_launch_hook
+from tests.integration.integrations._trl import LaunchedRun, TRLStack, use_launch_hook
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +23,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture
+def runs() -> Iterator[list[LaunchedRun]]:
+    """The launched runs a test started, stopped after it whatever happened."""
+    started: list[LaunchedRun] = []
+    yield started
+    for run in started:
+        run.stop()

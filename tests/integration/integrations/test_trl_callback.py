@@ -88,6 +88,48 @@ def test_phases_tokens_signals_and_sealed_checkpoints(tmp_path: Path) -> None:
     assert "generate" not in vars(trainer.model)  # the wrapper is gone after training
 
 
+def _example_trainer(out: Path, *extra: str) -> Any:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import train as example
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    args = example.parse_args(["--output_dir", str(out), "--save_steps", "100", "--size", "tiny",
+                               "--rlguard", "off", *extra])  # fmt: skip
+    return example.build_trainer(args)
+
+
+@pytest.mark.filterwarnings(
+    "ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning"
+)
+def test_completions_that_come_back_empty_are_counted_as_failed_samples(tmp_path: Path) -> None:
+    """A policy collapsed into empty answers (every token but the end of sequence suppressed):
+    each step trains on nothing and reports success; the heartbeat counts every completion and
+    every one as failed (rollout_failed_samples_total, the rollout_samples_failing signal). The
+    same job generating normally counts its completions and not all of them as failed."""
+    counts = {}
+    for name, collapsed in (("healthy", False), ("collapsed", True)):
+        trainer = _example_trainer(tmp_path / f"{name}-out", "--max_steps", "2")
+        if collapsed:
+            eos = trainer.generation_config.eos_token_id
+            ends = set(eos if isinstance(eos, list) else [eos])
+            others = [i for i in range(trainer.model.config.vocab_size) if i not in ends]
+            # TRL's two generation paths read one or the other; without the example's floor
+            # on the completion length (its model "soon learns to stop at once" otherwise).
+            trainer.generation_config.suppress_tokens = others
+            trainer.generation_config.min_new_tokens = None
+            trainer.generation_kwargs["suppress_tokens"] = others
+            trainer.generation_kwargs.pop("min_new_tokens", None)
+        run_dir = tmp_path / f"{name}-run"
+        trainer.add_callback(RLGuardCallback(run_dir))
+        trainer.train()
+        beat = _beat(run_dir)
+        counts[name] = (beat["rollout_samples_total"], beat["rollout_failed_samples_total"])
+    (total, failed), (c_total, c_failed) = counts["healthy"], counts["collapsed"]
+    assert total > 0 and (failed or 0) < total, counts
+    assert c_total == total and c_failed == c_total, counts  # the same completions, all empty
+
+
 def test_a_step_that_raises_is_counted_with_its_step_also_after_a_restart(tmp_path: Path) -> None:
     out, run_dir = tmp_path / "out", tmp_path / "run"
     first = _train(out, run_dir, "--max_steps", "5", "--save_steps", "2", "--fail_at_step", "3")

@@ -28,7 +28,8 @@ from app.core.db import make_engine
 from app.main import create_app
 from app.models.action import RecoveryAction
 from app.models.incident import Incident
-from app.scheduler import PolicyScheduler, participants_from_ingest
+from app.policy.world import participants_from_ingest
+from app.scheduler import PolicyScheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -152,3 +152,38 @@ def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_inciden
     finally:
         trainer.close()
         rollout.close()
+
+
+def test_snapshot_persist_errors_open_checkpoint_write_errors_and_the_job_goes_on(
+    embedded_stack: Stack
+) -> None:
+    """The every-step snapshot path (integrations/trl/snapshots.py) reports a persist directory
+    that is full: a medium, alert-only checkpoint_write_errors with the count, the directory and
+    the last error, and no storage_unwritable (whose SAFE_MODE would stop the job)."""
+    stack = embedded_stack
+    stack.start_server()
+    run_dir = stack.run_dir(JOB)
+    trainer = HeartbeatReporter(run_dir, "trainer", 0, job=JOB, interval=0.5)
+    trainer.update(phase="TRAIN", step=5, force=True)
+    trainer.start_keepalive()
+    persist_dir = str(run_dir / "snapshots" / "rank-0")
+    try:
+        stack.start_agent("n1", run_dir)
+        for name in ("snapshot_persist_errors_total", "checkpoint_write_errors_total"):
+            stack.wait(lambda n=name: _held(stack, n, 0), 40, f"baseline of {name}")
+        for _ in range(3):  # one per snapshot: the disk stays full
+            trainer.record_snapshot_persist_error(persist_dir, "[Errno 28] No space left on device")
+        inc = stack.wait(lambda: stack.incident("checkpoint_write_errors"), 30, "the incident")
+        assert inc["tier"] == "medium" and inc["actions"] == [], inc
+        assert inc["subject"]["role"] == "trainer" and not inc["safe_mode"], inc
+        extra = inc["evidence"]["extra"]
+        # the count when it opened: the agent may have sent the three rises in one batch or more
+        assert 1 <= extra["failed_persists"] <= 3, extra
+        stack.wait(lambda: _latest(stack, "snapshot_persist_errors_total") == 3, 30, "all three")
+        assert extra["directory"] == persist_dir[-120:]
+        assert extra["last_error"] == "[Errno 28] No space left on device"
+        assert persist_dir[-120:] in inc["evidence"]["evidence"]["detail"]
+        assert _latest(stack, "checkpoint_write_errors_total") == 0
+        assert stack.incident("storage_unwritable") is None
+    finally:
+        trainer.close()

@@ -2,13 +2,14 @@
 
 Half-open connections (a request whose headers never end) are answered 408 and closed after
 the header timeout, while /healthz keeps answering; trickling bytes does not extend the
-deadline; beyond the concurrency limit a request gets 503 at once instead of hanging.
-Bounded: a few hundred sockets, header timeouts of a few seconds.
+deadline; near the concurrency limit the oldest half-open connections make room (issue 41
+item 4) instead of every request getting 503. The cap per client address is raised out of
+the way here (test_connections_per_client.py tests it). Bounded: a few hundred sockets, header
+timeouts of a few seconds.
 """
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import stat
@@ -23,12 +24,12 @@ from app.core import migrate
 from tests.harness import free_port, wait_for
 
 from ._procs import clean_env, healthy, rlguard
+from ._sockets import PARTIAL_REQUEST, half_open, open_fds, read_until_closed, still_open
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 HEADER_TIMEOUT = 4.0
 LIMIT = 400
-PARTIAL_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     db.chmod(0o644)  # as `rlguard db upgrade` under the usual umask leaves it
     port = free_port()
     env = clean_env(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(tmp_path / "data"),
-                    RLGUARD_DATABASE_URL=f"sqlite:///{db}", RLGUARD_POLICY_SCHEDULER="0")
+                    RLGUARD_DATABASE_URL=f"sqlite:///{db}", RLGUARD_POLICY_SCHEDULER="0",
+                    RLGUARD_SERVER__MAX_CONNECTIONS_PER_CLIENT="100000")
     log = tmp_path / "server.log"
     args = ["server", "--port", str(port), "--header-timeout", str(HEADER_TIMEOUT),
             "--limit-concurrency", str(LIMIT)]
@@ -49,42 +51,6 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         healthy(url, proc, log)
         assert stat.S_IMODE(db.stat().st_mode) == 0o600  # `server` made the database private
         yield url, proc.pid
-
-
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def half_open(port: int, n: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        s.sendall(PARTIAL_REQUEST)
-        socks.append(s)
-    return socks
-
-
-def wait_closed_by_server(socks: list[socket.socket], timeout: float) -> dict[socket.socket, bytes]:
-    """Read every socket until the server closes it; what each received."""
-    got = {s: b"" for s in socks}
-    sel = selectors.DefaultSelector()
-    for s in socks:
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    try:
-        while sel.get_map() and time.monotonic() < deadline:
-            for key, _ in sel.select(timeout=0.5):
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                data = sock.recv(4096)
-                got[sock] += data
-                if not data:
-                    sel.unregister(sock)
-        assert not sel.get_map(), f"{len(sel.get_map())} connections still open after {timeout} s"
-    finally:
-        sel.close()
-    return got
 
 
 def test_half_open_connections_are_closed_and_healthz_keeps_answering(
@@ -107,7 +73,7 @@ def test_half_open_connections_are_closed_and_healthz_keeps_answering(
                 sel.register(sock, selectors.EVENT_READ)
             assert sel.select(timeout=0) == [], "a half-open connection was answered early"
             sel.close()
-            got = wait_closed_by_server(socks, timeout + 15)
+            got = read_until_closed(socks, timeout + 15)
             took = time.monotonic() - started
         finally:
             for sock in socks:
@@ -145,24 +111,33 @@ def trickle_until_closed(port: int, timeout: float) -> float:
     raise AssertionError("a trickling client kept its connection open")
 
 
-def test_beyond_the_concurrency_limit_requests_get_503_at_once(
+def test_near_the_concurrency_limit_the_oldest_half_open_connections_make_room(
     slow_server: tuple[str, int],
 ) -> None:
+    """Before issue 41, LIMIT half-open connections made every request 503 until the header
+    timeout closed them; now the oldest of them are closed (408) to keep the total under the
+    limit, and requests are served."""
     url, pid = slow_server
     port = int(url.rsplit(":", 1)[1])
     baseline = open_fds(pid)
     started = time.monotonic()
     socks = half_open(port, LIMIT + 50)
     try:
-        # (the count of other descriptors moves by one or two meanwhile)
-        wait_for(lambda: open_fds(pid) >= baseline + LIMIT + 45, 10, "the server to accept them")
-        t0 = time.monotonic()
-        assert t0 - started < HEADER_TIMEOUT - 1, "too slow to test: raise the timeout"
-        r = httpx.get(url + "/healthz", timeout=5)
-        assert r.status_code == 503 and time.monotonic() - t0 < 2
-        # once the header timeout has closed the half-open ones, requests pass again
-        wait_closed_by_server(socks, HEADER_TIMEOUT + 15)
-        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - started < HEADER_TIMEOUT - 1, "too slow to test: raise the timeout"
+        for _ in range(5):
+            r = httpx.get(url + "/healthz", timeout=5)
+            assert r.status_code == 200, r.text
+        kept, oldest = still_open(socks[-200:]), still_open(socks[:100])
+        fds = open_fds(pid)
+        # (all before the header timeout could have closed any of them)
+        assert time.monotonic() - started < HEADER_TIMEOUT, "too slow to test: raise the timeout"
+        assert len(kept) == 200  # the newest are kept...
+        assert fds < baseline + LIMIT
+        gone = [s for s in socks[:100] if s not in oldest]  # ...the oldest went
+        made_room = read_until_closed(gone, 5)
+        assert len(made_room) >= 50 and all(
+            data.startswith(b"HTTP/1.1 408 ") and b"make room" in data for data in made_room.values()
+        )
     finally:
         for s in socks:
             s.close()

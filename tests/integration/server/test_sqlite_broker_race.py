@@ -44,7 +44,7 @@ def _declare_all(url: str, transport: str, start: object, errors: object) -> Non
 
 def race_declarers(broker: Path, transport: str) -> list[str]:
     """Run DECLARERS processes against a fresh broker file; the tracebacks of those that died."""
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no inherited threads or locks
     start, errors = ctx.Barrier(DECLARERS), ctx.Queue()
     procs = [
         ctx.Process(target=_declare_all, args=(broker_file_url(broker), transport, start, errors))

@@ -76,6 +76,14 @@ BAD_SILENCES: list[tuple[dict[str, Any], str]] = [
     ({**GOOD, "matchers": [{"label": "job", "op": "=~", "value": ".*"}]}, "match an empty"),
     ({**GOOD, "duration_minutes": None, "starts_at": iso(60), "ends_at": iso(0)}, "is not after"),
     ({**GOOD, "matchers": [{"label": "job", "op": "=~", "value": "(grpo"}]}, "bad regex"),
+    (
+        {**GOOD, "matchers": [{"label": "job", "op": "=~", "value": "grpo-(?!b).*"}]},
+        "uses a negative lookahead (?!...)",
+    ),
+    (
+        {**GOOD, "matchers": [{"label": "job", "op": "!~", "value": "(grpo)-\\1"}]},
+        "matcher job!~: bad regex: regex '(grpo)-\\\\1' uses a backreference \\1",
+    ),
     ({**GOOD, "matchers": [{"label": "hostname", "value": "n1"}]}, "unknown label 'hostname'"),
     ({**GOOD, "duration_minutes": 15 * 24 * 60}, "longer than the maximum of 336 h"),
     ({**GOOD, "duration_minutes": 1e300}, "longer than the maximum"),
@@ -111,6 +119,20 @@ def test_the_maximum_length_is_a_setting(
     ok = api.client.post("/api/v1/silences", json={**GOOD, "duration_minutes": 120},
                          headers=auth(op))
     assert ok.status_code == 201, ok.text
+
+
+def test_the_longest_regex_is_a_setting_named_in_the_refusal(
+    migrated_url: str, make_api: Callable[..., Api]
+) -> None:
+    api = make_api(migrated_url, silences={"max_regex_chars": 8})
+    op = api.user_token("olga", Role.operator)
+    body = {**GOOD, "matchers": [{"label": "job", "op": "=~", "value": "grpo-a.*bc"}]}
+    r = api.client.post("/api/v1/silences", json=body, headers=auth(op))
+    assert r.status_code == 422, r.text
+    assert "10 characters is over the limit of 8 (silences.max_regex_chars" in r.json()["detail"]
+    assert count(api, "silence") == 0 and audit(api) == []
+    body["matchers"][0]["value"] = "grpo-a.*"
+    assert api.client.post("/api/v1/silences", json=body, headers=auth(op)).status_code == 201
 
 
 def test_maintenance_windows_one_off_and_weekly(api: Api) -> None:

@@ -99,9 +99,14 @@ def test_source_killed_mid_transfer_resumes_from_another_relay_with_only_missing
         # The survivor's own counter: it served exactly the chunks the receiver was missing.
         # (For shm the bytes do not go through its server loop's payload path, but the chunk
         # stream and its counter do.)
+        # The source counts a chunk once its send returned, which may be just after the
+        # receiver already has it: wait for the count to settle, then it must be exact.
+        missing = report.chunks_total - got_before  # type: ignore[attr-defined]
         with SourceSession(transport, survivor.address, timeout=5) as session:
+            wait_for(lambda: session.stats()[f"{NAME}@1"]["served_chunks"] >= missing, 10,
+                     "the survivor's served count")
             served = session.stats()[f"{NAME}@1"]["served_chunks"]
-        assert served == report.chunks_total - got_before  # type: ignore[attr-defined]
+        assert served == missing
     finally:
         thread.join(60)
         recv.close()

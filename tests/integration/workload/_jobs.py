@@ -92,10 +92,11 @@ def consumed(job: Job | RunDir) -> dict[tuple[int, str], str]:
     return {(e["step"], e["batch"]): e["sha256"] for e in read_events(run) if e["kind"] == "consumed"}
 
 
-def assert_same_end(faulty: Job, clean: Job, steps: int) -> None:
-    """Both runs to their end: the same final step (``steps``) and parameters, bit for bit, and
-    every batch the faulty run's trainer consumed byte-identical to the clean run's."""
-    final_faulty, final_clean = faulty.finish(), clean.finish()
+def assert_same_end(faulty: Job, clean: Job, steps: int, *, timeout: float = 180.0) -> None:
+    """Both runs to their end (each within ``timeout`` s from here): the same final step
+    (``steps``) and parameters, bit for bit, and every batch the faulty run's trainer consumed
+    byte-identical to the clean run's."""
+    final_faulty, final_clean = faulty.finish(timeout), clean.finish(timeout)
     assert final_faulty["step"] == final_clean["step"] == steps
     assert final_faulty["params_sha256"] == final_clean["params_sha256"]
     assert consumed(faulty) == consumed(clean)

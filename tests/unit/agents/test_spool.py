@@ -179,7 +179,7 @@ def _append_forever(directory: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_kill_9_while_appending_leaves_a_clean_ordered_spool(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no inherited threads or locks
     rng = random.Random(7)
     highest = -1
     for kills in range(1, 13):

@@ -99,3 +99,24 @@ def test_the_server_tick_plans_under_the_global_dry_run_setting(tmp_path: Path, 
             return sched.dry_run
 
     assert asyncio.run(scheduler_dry_run()) is dry_run
+
+
+def test_the_server_tick_takes_turns_with_ingest_and_its_jobs_are_named(tmp_path: Path) -> None:
+    from apscheduler.util import get_callable_name
+
+    url = f"sqlite:///{tmp_path / 'rlguard.db'}"
+    migrate.upgrade(url)
+    app = create_app(Settings(dev=True, database_url=url, data_dir=tmp_path / "data"))  # type: ignore[call-arg]
+
+    async def wiring() -> tuple[bool, list[str]]:
+        async with app.router.lifespan_context(app):
+            sched: PolicyScheduler = app.state.policy_scheduler
+            shared = sched.write_turns is not None and sched.write_turns is app.state.ingest.write_turns
+            assert sched._scheduler is not None  # noqa: SLF001
+            return shared, sorted(job.name for job in sched._scheduler.get_jobs())  # noqa: SLF001
+
+    shared, names = asyncio.run(wiring())
+    assert shared  # SQLite: the tick's incident writes let ingest's commits go between them
+    # APScheduler's "skipped: maximum number of running instances" warning names the job.
+    assert "tick" in names and "dispatch" in names
+    assert get_callable_name(PolicyScheduler._safe(lambda: None)) == "<lambda>"  # noqa: SLF001

@@ -34,13 +34,13 @@ class Launch:
     """``python -m integrations.launch ARGS -- python _script.py SCRIPT_ARGS`` in its own group."""
 
     def __init__(self, run_dir: Path, *args: str, script_args: tuple[str, ...] = (),
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, script: Path = SCRIPT) -> None:
         self.run_dir = run_dir
         self.stderr_path = run_dir.parent / f"{run_dir.name}-launch.err"
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115
         self.proc = spawn(
             [sys.executable, "-m", "integrations.launch", "--run-dir", str(run_dir), *args,
-             "--", sys.executable, str(SCRIPT), *script_args],
+             "--", sys.executable, str(script), *script_args],
             cwd=ROOT, env=environ or env(), stdout=subprocess.DEVNULL, stderr=self._err,
             start_new_session=True,
         )

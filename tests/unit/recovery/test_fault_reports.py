@@ -69,6 +69,23 @@ def test_checkpoint_errors_are_counted_and_written_at_once(tmp_path: Path) -> No
     assert faults(doc) == (0, None, 0, [], 0)  # the other counters are not touched
 
 
+def test_snapshot_persist_errors_are_counted_apart_with_the_last_dir_and_error(
+    tmp_path: Path,
+) -> None:
+    rep = HeartbeatReporter(tmp_path, "trainer", 0, clock=FakeClock(), interval=60)
+    rep.update(step=5)
+    assert rep.record_snapshot_persist_error("/runs/a/snapshots/rank-0", "[Errno 13] denied")
+    assert rep.record_snapshot_persist_error("/x" * 100, "e" * 300)
+    doc = read(rep)
+    assert doc["snapshot_persist_errors_total"] == 2
+    assert doc["checkpoint_write_errors_total"] == 0  # the job's own checkpoints: untouched
+    last = doc["snapshot_persist_last_error"]
+    assert last == {"dir": ("/x" * 100)[-120:], "error": "e" * 120}  # label values: bounded
+    restarted = HeartbeatReporter(tmp_path, "trainer", 0, clock=FakeClock(), interval=60)
+    restarted.carry_over(doc)
+    assert read(restarted)["snapshot_persist_errors_total"] == 2  # not a new error
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [

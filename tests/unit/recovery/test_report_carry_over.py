@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recovery.report import HeartbeatReporter, heartbeat_path, read_heartbeat, report_starting
+from recovery.launcher_reports import report_starting
+from recovery.report import HeartbeatReporter, heartbeat_path, read_heartbeat
 
 
 def test_report_starting_keeps_the_previous_counts_and_the_process_takes_them_over(

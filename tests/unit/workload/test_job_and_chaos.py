@@ -16,6 +16,7 @@ from workload.chaos import (
 from workload.file_lease import FileLease
 from workload.job import JobConfig, JobConfigError, RunDir, read_events
 from workload.launch import main as launch_main
+from workload.rollout import _starved
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,17 @@ def test_simulated_gpu_faults_become_agent_fault_files(tmp_path: Path) -> None:
     bodies = sorted(json.loads(p.read_text())["fault"] for p in (tmp_path / "rlguard-simulate").glob("*.json"))
     assert bodies == ["ecc_uncorrectable", "xid"]
     assert [e["fault"] for e in read_events(run)] == ["xid", "ecc"]
+
+
+def test_starve_starves_the_rollouts_started_before_it_not_their_successors(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    before = time.time()
+    assert not _starved(run, before)  # nothing injected
+    info = inject(run, Fault("starve"))
+    assert info["role"] == "rollout" and info["at"] >= before
+    assert _starved(run, before)  # a worker started before the injection generates nothing
+    assert not _starved(run, info["at"] + 1.0)  # a restarted one does
+    assert [e["fault"] for e in read_events(run)] == ["starve"]
 
 
 def test_unwritable_checkpoints_and_back(tmp_path: Path) -> None:

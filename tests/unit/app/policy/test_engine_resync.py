@@ -200,7 +200,7 @@ def test_an_open_the_database_never_got_is_made_again_after_the_resync(
 ) -> None:
     from sqlalchemy.exc import OperationalError
 
-    import app.scheduler as scheduler_module
+    import app.incidents.tick_writes as scheduler_module
 
     c = Cluster()
     sched = _scheduler(db, c)

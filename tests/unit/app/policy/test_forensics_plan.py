@@ -74,3 +74,34 @@ def test_the_policy_sets_the_kinds_and_bounds(cluster: Cluster, tmp_path) -> Non
 def test_bad_forensics_keys_are_refused_by_name(tmp_path, key: str, value: object) -> None:
     with pytest.raises(PolicyFileError, match=key):
         _policy(tmp_path, **{key: value})
+
+
+def test_a_first_step_hang_held_for_a_person_is_dumped_when_safe_mode_is_entered(
+    cluster: Cluster,  # noqa: F811
+) -> None:
+    """A hang in the job's first step escalates (SAFE_MODE, restart_job waiting for an
+    approver): no restart_role to capture before, so SAFE_MODE on the hung rank's node does,
+    at once; the other nodes' SAFE_MODE and the approved restart_job ask for nothing."""
+    cluster.participant("rollout", 0, "n1", phase="ROLLOUT", step=0)
+    s = sig(FaultKind.TRAIN_HANG, TRAINER, step=0)
+    cls = Classifier(cluster.policy).classify(s, job_step=0)
+    acts = plan_actions(policy=cluster.policy, classification=cls, signal=s,
+                        world=cluster.world())
+    safe = {a.node: a for a in acts if a.action is ActionName.ENTER_SAFE_MODE}
+    assert safe["n0"].params == {"reason": "train_hang", "role": "trainer", "rank": 1,
+                                 "capture_stacks": {"timeout_seconds": 10, "max_bytes": 65536}}
+    assert not safe["n0"].needs_approval  # automatic: taken now, not when a person approves
+    assert all("capture_stacks" not in a.params for a in acts if a.node != "n0")
+    [job] = [a for a in acts if a.action is ActionName.RESTART_JOB]
+    assert "capture_stacks" not in job.params and job.needs_approval
+
+
+def test_a_heavy_fault_that_wants_no_stacks_enters_safe_mode_plainly(
+    cluster: Cluster,  # noqa: F811
+) -> None:
+    s = sig(FaultKind.STEP_FAILED, TRAINER, step=0)
+    cls = Classifier(cluster.policy).classify(s, job_step=0)
+    acts = plan_actions(policy=cluster.policy, classification=cls, signal=s,
+                        world=cluster.world())
+    safe = [a for a in acts if a.action is ActionName.ENTER_SAFE_MODE]
+    assert safe and all(a.params == {"reason": "step_failed"} for a in safe)

@@ -175,3 +175,38 @@ def test_custom_policy_file_changes_thresholds(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(data))
     assert load_policy(f).detection.heartbeat.suspect_seconds == 5
+
+
+def test_a_file_from_an_earlier_release_takes_the_shipped_rule_for_a_new_fault_kind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's file that does not name a fault kind (or XID bucket) added since it was
+    written still loads; the shipped rule applies and a warning names each key taken."""
+    data = _data()
+    data["tiers"]["node_silent"]["tier"] = "heavy"  # the operator's own rule stays theirs
+    own_tier = data["tiers"]["node_silent"]["tier"]
+    del data["tiers"]["gpu_lost"]
+    del data["xid_buckets"]["RESET_GPU"]
+    f = tmp_path / "old.yaml"
+    f.write_text(yaml.safe_dump(data))
+    shipped = load_policy()
+    with caplog.at_level("WARNING", logger="rlguard.policy"):
+        policy = load_policy(f)
+    assert policy.tier_rule(FaultKind.GPU_LOST) == shipped.tier_rule(FaultKind.GPU_LOST)
+    assert policy.tier_rule(FaultKind.NODE_SILENT).tier.value == own_tier
+    assert "tiers.gpu_lost" in caplog.text and "xid_buckets.RESET_GPU" in caplog.text
+    assert str(f) in caplog.text
+
+
+def test_a_file_whose_tiers_are_not_a_mapping_is_still_refused(tmp_path: Path) -> None:
+    data = _data()
+    data["tiers"] = ["gpu_lost"]
+    f = tmp_path / "bad-tiers.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(PolicyFileError, match="tiers"):
+        load_policy(f)
+    data = _data()
+    del data["tiers"]
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(PolicyFileError, match="tiers: Field required"):
+        load_policy(f)

@@ -25,7 +25,9 @@ CORPUS = Path(make_traces.__file__).parent
 TRACES = sorted(CORPUS.glob("*.jsonl.gz"))
 
 
-@pytest.mark.timeout(120)
+# The whole corpus (150+ traces, the longest ten minutes of cluster time) takes about 70 s on
+# an idle 2-core machine; twice that and more on a loaded one.
+@pytest.mark.timeout(400)
 def test_corpus_precision_recall_and_delay() -> None:
     corpus = replay_corpus([CORPUS])
     total = corpus.total
@@ -37,13 +39,16 @@ def test_corpus_precision_recall_and_delay() -> None:
         negatives += not labels["expect"]
     assert corpus.traces == len(TRACES) and not corpus.unlabelled
     assert total.expected >= 40 and negatives >= 10
-    # every kind a detector can raise from the agent's data is in the corpus
-    assert kinds == {k.value for k in FaultKind} - {"external_alert"}
+    # every kind a detector can raise from the agent's data is in the corpus (incident_flood is
+    # the engine's own, about too many incidents: tests/unit/app/policy/test_open_budget.py)
+    assert kinds == {k.value for k in FaultKind} - {"external_alert", "incident_flood"}
     assert total.precision >= 0.98, total.false_positive
     assert total.recall >= 0.98, total.missed
     assert total.false_heavy == []
     assert total.late == []  # every delay ≤ the configured window + 2 s
-    assert max(total.delays) <= 300 + 2
+    # the longest window: a first step hung after a restart (start-up grace 120 s + first-step
+    # budget 420 s)
+    assert max(total.delays) <= 540 + 2
     assert corpus.passes
 
 
@@ -103,7 +108,9 @@ def test_compressed_stamps_and_labels_move_alike() -> None:
     assert scaled.detection.straggler.pace_steps == default_policy().detection.straggler.pace_steps
 
 
-@pytest.mark.timeout(120)
+# Generating the 187 traces takes ~40 s of CPU; on the shared 2-core machine (load ~10) that was
+# 122 s of wall time, past a 120 s bound: the bound catches a generator that hangs, not load.
+@pytest.mark.timeout(360)
 def test_corpus_matches_its_generator(tmp_path: Path) -> None:
     n = make_traces.main(tmp_path)
     assert n == len(TRACES)

@@ -86,3 +86,27 @@ def test_a_narrowing_matcher_makes_broad_ones_acceptable() -> None:
 def test_text_form_names_a_bad_matcher() -> None:
     with pytest.raises(InvalidInput, match="'nodes1'"):
         Matcher.parse_text("nodes1")
+
+
+def test_a_nested_quantifier_against_a_long_label_is_answered() -> None:
+    # On Python's backtracking engine this is 2^100 steps; RE2 answers in linear time.
+    matcher = Matcher.parse_text("job=~(a+)+")
+    assert not matcher.matches({"job": "a" * 100 + "-b"})
+    assert matcher.matches({"job": "a" * 100})
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("grpo-(?=a).*", "a lookahead"), (r"(grpo)-\1", "a backreference \\1"), ("(?<!x)y", "lookbehind")],
+)
+def test_a_regex_re2_cannot_run_is_refused_naming_it(value: str, named: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        Matcher.parse({"label": "job", "op": "=~", "value": value})
+    assert str(err.value).startswith("matcher job=~: bad regex: ") and named in str(err.value)
+
+
+def test_a_new_silences_regex_is_bounded_by_the_setting() -> None:
+    raw = [{"label": "job", "op": "=~", "value": "grpo-" + "a" * 20}]
+    assert parse_matchers(raw, max_regex_chars=25)
+    with pytest.raises(InvalidInput, match="26 characters is over the limit of 25 .*MAX_REGEX_CHARS"):
+        parse_matchers([{**raw[0], "value": raw[0]["value"] + "b"}], max_regex_chars=25)

@@ -11,6 +11,7 @@ import pytest
 from app.actions.machine import ActionSnapshot
 from app.tasks import recovery_adapters as ra
 from recovery.control import ControlMode, read_control
+from recovery.supervision import hook
 from recovery.wal import WALStatus, WriteAheadLog
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,18 +87,58 @@ def test_launcher_hook_exit_codes_and_timeouts(tmp_path: Path, ctx: ra.ActionCon
         ra.restart_role(ctx, snap("restart_role", role="trainer", rank=1))
     hook = tmp_path / "hook.py"
     hook.write_text(
-        "import sys, time\nif 'slow' in sys.argv: time.sleep(5)\n"
-        "print(' '.join(sys.argv[1:]))\nsys.exit(3 if 'bad' in sys.argv else 0)\n"
+        "import json, sys, time\nif '--role=slow' in sys.argv: time.sleep(5)\n"
+        "print(json.dumps(sys.argv[1:]))\nsys.exit(3 if '--role=bad' in sys.argv else 0)\n"
     )
     sh = tmp_path / "hook.sh"
     sh.write_text(f'#!/bin/sh\nexec {sys.executable} {hook} "$@"\n')
     sh.chmod(0o755)
     ok = ra.ActionContext(ctx.run_root, str(sh), 2)
     out = ra.restart_role(ok, snap("restart_role", role="trainer", rank=1))
-    assert out["stdout"].startswith(
-        "restart_role --job j --node n0 --role trainer --rank 1 --idempotency-key"
-    )
+    # Each value joined to its option, one argv element each.
+    assert json.loads(out["stdout"]) == [
+        "restart_role", "--job=j", "--node=n0", "--role=trainer", "--rank=1",
+        "--idempotency-key=inc7/s0/restart_role",
+    ]  # fmt: skip
+    # A value that looks like an option stays the value of its option.
+    odd = ra.restart_job(ok, snap("restart_job", job="-h", away_from="--run-root=/tmp/x"))
+    assert json.loads(odd["stdout"])[1:4] == ["--job=-h", "--node=n0", "--away-from=--run-root=/tmp/x"]
     with pytest.raises(ra.ActionError, match="launcher exited 3"):
         ra.restart_role(ok, snap("restart_role", role="bad"))
     with pytest.raises(ra.TransientActionError, match="timed out after 2s"):
         ra.restart_job(ok, snap("restart_job", role="slow"))
+
+
+def test_the_joined_argv_through_the_real_hook_executable(tmp_path: Path) -> None:
+    # RLGuard's own hook (argparse) takes --option=value; an option-looking role is its value.
+    launcher = tmp_path / "hook"
+    hook.write_hook(launcher, module="integrations.launch", run_root=tmp_path)
+    ctx = ra.ActionContext(run_root=tmp_path, launcher=str(launcher), launcher_timeout=60)
+    odd = ActionSnapshot(1, 7, "restart_role", "j", "n0", {"role": "-h", "rank": 0}, 1, "inc7/x")
+    with pytest.raises(ra.ActionError, match="(?s)launcher exited 2: .*--role '-h' must be"):
+        ra.restart_role(ctx, odd)
+    plain = ActionSnapshot(1, 7, "restart_job", "j", "n0", {"extra": 1}, 1, "inc7/y")
+    with pytest.raises(ra.ActionError, match="launcher exited 2: no running job 'j'"):
+        ra.restart_job(ctx, plain)
+
+
+def test_a_long_launcher_answer_keeps_its_end(tmp_path: Path, ctx: ra.ActionContext) -> None:
+    """The outcome is at the end of what a launcher prints (a healed engine's stage line): the
+    result keeps the last HOOK_OUTPUT_CHARS of stdout, a failure the last HOOK_ERROR_CHARS of
+    stderr, so the error still fits the action's 2,000-character column with its end."""
+    hook = tmp_path / "talky.py"
+    hook.write_text(
+        "import sys\nprint('x' * 9000)\nprint('rollout-1: readmitted at v7 0.1 s')\n"
+        "print('y' * 9000, file=sys.stderr)\nprint('the reason', file=sys.stderr)\n"
+        "sys.exit(1 if '--role=bad' in sys.argv else 0)\n"
+    )
+    sh = tmp_path / "talky.sh"
+    sh.write_text(f'#!/bin/sh\nexec {sys.executable} {hook} "$@"\n')
+    sh.chmod(0o755)
+    talky = ra.ActionContext(ctx.run_root, str(sh), 10)
+    out = ra.restart_role(talky, snap("restart_role", role="trainer", rank=1))
+    assert len(out["stdout"]) == ra.HOOK_OUTPUT_CHARS
+    assert out["stdout"].endswith("rollout-1: readmitted at v7 0.1 s")
+    with pytest.raises(ra.ActionError) as err:
+        ra.restart_role(talky, snap("restart_role", role="bad"))
+    assert str(err.value).endswith("the reason") and len(str(err.value)) < 2000

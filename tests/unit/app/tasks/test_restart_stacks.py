@@ -180,3 +180,33 @@ def test_a_launcher_that_gives_no_stacks_is_a_reason_and_the_restart_still_fails
         ra.restart_role(ctx, a)
     [[c]] = seen
     assert c["ok"] is False and c["reason"].startswith("the launcher gave no stacks: no running job")
+
+
+def test_safe_mode_of_a_hang_held_for_a_person_records_the_stacks_first(node) -> None:
+    """A first-step hang escalates to SAFE_MODE + an approved restart_job: the stacks are taken
+    as SAFE_MODE is entered, from the live process, which is left running (a person decides)."""
+    from recovery.control import ControlMode, read_control
+
+    n = node(PY_SPY)
+    _wait_readable(n)
+    hung = n.pid()
+    a = ActionSnapshot(4, 9, "enter_safe_mode", "j", "n0",
+                       {"reason": "train_hang", "role": "trainer", "rank": 0,
+                        "capture_stacks": OPTS}, 1, "inc9/s0/enter_safe_mode:j:n0:trainer:0")
+    result = ra.enter_safe_mode(n.ctx, a)
+    [(captures, pid_then, alive_then)] = n.recorded
+    assert (pid_then, alive_then) == (hung, True)
+    [c] = captures
+    assert c["ok"] and c["pid"] == hung and "stuck_in_a_collective" in c["text"]
+    assert result["mode"] == ControlMode.SAFE_MODE.value and result["stacks"]["attached"] is True
+    assert read_control(n.sup.run_dir).mode is ControlMode.SAFE_MODE
+    assert n.pid() == hung  # not restarted: SAFE_MODE holds it for the approver
+
+
+def test_plain_safe_mode_asks_the_launcher_for_nothing(node) -> None:
+    n = node(PY_SPY)
+    a = ActionSnapshot(4, 9, "enter_safe_mode", "j", "n0", {"reason": "step_failed"}, 1,
+                       "inc9/s0/enter_safe_mode:j:n0")
+    result = ra.enter_safe_mode(n.ctx, a)
+    assert n.recorded == [] and "stacks" not in result and result["already"] is False
+    assert [e for e in _events(n) if e["kind"] == "hook_request"] == []

@@ -19,7 +19,8 @@ from sqlmodel import Session
 from app.core.config import Settings
 from app.core.db import make_engine
 from app.core.migrate import upgrade
-from app.core.ratelimit import TokenBucketLimiter
+from app.core.ratelimit import LoginNameThrottle
+from app.ingest.quotas import NodeQuotas
 from app.ingest.series_store import SeriesStore
 from app.models import Role, User
 from app.runtime import load_running_policy
@@ -40,8 +41,9 @@ def dash(tmp_path: Path) -> Iterator[DashboardApp]:
     app.state.series_store = SeriesStore()
     app.state.policy = load_running_policy(settings)
     app.state.dashboard_caches = DashboardCaches()
+    app.state.node_quotas = NodeQuotas(settings.node_quotas)
     # The per-name login limit the login form applies (app.main sets all of them up).
-    app.state.rate_limiters = {"login_name": TokenBucketLimiter(rate=1.0, burst=1000)}
+    app.state.rate_limiters = {"login_name": LoginNameThrottle(rate=1.0, burst=1000)}
     mount_dashboard(app)
     with Session(engine) as s:
         for name, role in (

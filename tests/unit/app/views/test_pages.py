@@ -146,6 +146,10 @@ def test_node_page(client: Browser, dash: DashboardApp) -> None:
     temp = next(s for s in specs if s["unit"] == "°C")
     assert [t["value"] for t in temp["thresholds"]] == [83.0, 90.0]
     assert {s["label"] for s in temp["series"]} == {"GPU 0", "GPU 1"}
+    # the node's ingest quotas, each with the setting that raises it (app/ingest/quotas.py)
+    assert 'data-testid="node-quotas"' in html and "RLGUARD_NODE_QUOTAS__MAX_SERIES" in html
+    partial = client.get("/ui/nodes/node-1/quotas").text
+    assert partial.startswith("<section") and "RLGUARD_NODE_QUOTAS__MAX_JOBS" in partial
     r = client.get("/nodes/nope")
     assert r.status_code == 404 and "no node named &#39;nope&#39;" in r.text
 

@@ -50,6 +50,7 @@ def test_a_bad_form_is_refused_with_the_reason_and_nothing_is_stored(
         ({"matchers": "", "duration": "1h"}, "at least one matcher"),
         ({"matchers": "host=n1", "duration": "1h"}, "unknown label &#39;host&#39;"),
         ({"matchers": "job=~(x", "duration": "1h"}, "bad regex"),
+        ({"matchers": "job=~x(?=y)", "duration": "1h"}, "uses a lookahead (?=...)"),
         ({"matchers": "node=n1", "duration": "soon"}, "duration &#39;soon&#39;"),
         ({"matchers": "node=n1", "duration": "30d"}, "longer than the maximum"),
     ]:

@@ -93,6 +93,20 @@ def test_bad_preset_files_are_named(tmp_path: Path, doc: dict, message: str) -> 
         load_preset(str(path))
 
 
+def test_preset_patterns_run_on_re2(tmp_path: Path) -> None:
+    # A lookahead is refused by name; a nested quantifier against a long actor name answers
+    # (Python's backtracking engine would need 2^200 steps for it).
+    path = tmp_path / "lookahead.json"
+    path.write_text(json.dumps({"roles": [{"role": "t", "class": "^(?!Ref)Worker"}]}))
+    with pytest.raises(PresetError) as err:
+        load_preset(str(path))
+    assert "class '^(?!Ref)Worker'" in str(err.value)
+    assert "uses a negative lookahead (?!...)" in str(err.value)
+    nested = preset_from_dict({"roles": [{"role": "t", "class": "^(W+)+$"}]}, "nested")
+    assert nested.role_of("W" * 200 + "x", "") is None
+    assert nested.role_of("W" * 200, "") == ("t", {})
+
+
 def test_unknown_preset_and_unreadable_file_are_named(tmp_path: Path) -> None:
     with pytest.raises(PresetError, match="unknown Ray preset 'deepspeed'.*verl"):
         load_preset("deepspeed")

@@ -108,7 +108,8 @@ def test_resume_argv_unchanged_without_a_complete_checkpoint(tmp_path: Path) -> 
 
 
 def test_installed_versions_are_supported() -> None:
-    assert check_versions() == {"trl": "1.16.0", "transformers": "5.24.0"}
+    # the pins of the trl extra in pyproject.toml, which the dev install holds
+    assert check_versions() == {"trl": "1.16.0", "transformers": "5.19.0"}
     INTEGRATION.check_environment()
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from recovery.transfer.errors import (
@@ -9,6 +11,7 @@ from recovery.transfer.errors import (
     VersionDiscardedError,
 )
 from recovery.transfer.registry import ABORTED, COMMITTED, PUBLISHING, InMemoryRegistry
+from recovery.transfer.registry_net import RegistryClient, RegistryServer
 
 
 class Clock:
@@ -135,3 +138,49 @@ def test_begin_rejects_bad_values(kwargs: dict[str, object], match: str) -> None
 def test_keep_versions_must_leave_room_for_the_previous_version() -> None:
     with pytest.raises(TransferConfigError, match="keep_versions"):
         InMemoryRegistry(keep_versions=1)
+
+
+def _wait_in_thread(registry: object, **kwargs: object) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+    thread = threading.Thread(target=lambda: out.append(registry.wait(**kwargs)))  # type: ignore[attr-defined]
+    thread.start()
+    return thread, out
+
+
+@pytest.mark.parametrize("over_tcp", [False, True])
+def test_wait_wakes_on_the_change_it_waits_for_not_on_a_poll(over_tcp: bool) -> None:
+    registry = opened(Clock())
+    server = RegistryServer(registry) if over_tcp else None
+    client = RegistryClient(server.address, timeout=5.0) if server else registry
+    try:
+        # A publisher waiting for its first replica: an unrelated change does not end the wait.
+        waiter, out = _wait_in_thread(client, name="p", version=1, min_complete=2, timeout=30.0)
+        registry.announce(name="p", version=1, address="A", complete=False)
+        waiter.join(0.2)
+        assert waiter.is_alive() and not out
+        registry.announce(name="p", version=1, address="A", complete=True)
+        waiter.join(5.0)
+        assert not waiter.is_alive() and out[0].complete_sources == 2  # type: ignore[attr-defined]
+        # A receiver waiting for the commit; calls on the same client are not held up meanwhile.
+        waiter, out = _wait_in_thread(client, name="p", version=1, min_complete=None, timeout=30.0)
+        assert client.info(name="p", version=1).state == PUBLISHING
+        registry.commit(name="p", version=1)
+        waiter.join(5.0)
+        assert not waiter.is_alive() and out[0].state == COMMITTED  # type: ignore[attr-defined]
+    finally:
+        if server is not None:
+            client.close()  # type: ignore[union-attr]
+            server.close()
+
+
+def test_wait_returns_the_current_state_at_its_timeout_and_an_abort_at_once() -> None:
+    registry = opened()
+    info = registry.wait(name="p", version=1, min_complete=2, timeout=0.0)
+    assert info.state == PUBLISHING and info.complete_sources == 1
+    registry.abort(name="p", version=1, reason="trainer died")
+    info = registry.wait(name="p", version=1, min_complete=None, timeout=30.0)
+    assert info.state == ABORTED and info.reason == "trainer died"
+    with pytest.raises(UnknownVersionError):
+        registry.wait(name="p", version=9, min_complete=None, timeout=0.0)
+    with pytest.raises(TransferConfigError, match="timeout"):
+        registry.wait(name="p", version=1, min_complete=None, timeout=-1.0)

@@ -194,7 +194,7 @@ def _append_batches(directory: str, writer: int, batches: int) -> None:
 def test_batches_from_several_processes(tmp_path: Path) -> None:
     directory = tmp_path / "wal"
     WriteAheadLog(directory).close()
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # no inherited threads or locks
     procs = [ctx.Process(target=_append_batches, args=(str(directory), w, 25)) for w in range(3)]
     for proc in procs:
         proc.start()

@@ -18,7 +18,7 @@ from recovery.wal._combine import Call, CallQueue
 
 pytestmark = pytest.mark.timeout(120)
 
-_CTX = multiprocessing.get_context("fork")
+_CTX = multiprocessing.get_context("spawn")  # no inherited threads or locks
 
 
 def _run_threads(count: int, target: object) -> list[BaseException]:

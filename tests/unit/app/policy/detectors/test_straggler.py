@@ -72,7 +72,9 @@ def test_a_rollout_somewhat_slower_than_its_peers_is_no_straggler() -> None:
     assert first_firing(res) is None
 
 
-def test_fewer_peers_than_the_minimum_judge_nobody() -> None:
+def test_fewer_peers_than_the_minimum_judge_nobody_whose_spread_was_always_there() -> None:
+    """Two peers: the small-group rule, which fires only for one that fell behind; rank 2 was
+    never in line with its peers (its spread is its normal)."""
     c = Cluster()
     det = StragglerDetector(c.policy)
     res = c.run(SUSTAIN + 60, _rollouts({0: 1000, 1: 1000, 2: 100}), detector=det)  # 2 peers
@@ -212,9 +214,10 @@ def test_a_trainer_whose_step_stopped_is_no_peer() -> None:
 
     c.run(60, f, detector=det)
     rates[3] = 0.0  # rank 3 hangs (train_hang's case): its last pace is no figure any more
-    rates[1] = 1 / 9  # rank 1 slows down: 2 live peers left, under the minimum of 3
+    rates[1] = 1 / 9  # rank 1 slows down: 2 live peers left, a small group: its rule judges
     res = c.run(SUSTAIN + 60, f, detector=det)
-    assert first_firing(res) is None
+    assert _fired(res) == {("trainer", 1)}
+    assert all(s.extra.get("small_group") and s.extra["peers"] == 2 for sigs in res for s in sigs)
     rates[3] = 1 / 3  # rank 3 steps again: once paced, a third peer
     res = c.run(30 + SUSTAIN, f, detector=det)
     assert _fired(res) == {("trainer", 1)}

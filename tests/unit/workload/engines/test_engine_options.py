@@ -1,0 +1,86 @@
+"""Bad input to the job on vLLM engines is refused naming the bad value, and changes nothing:
+the launcher's options, a refit request to the worker extension, an order to the engine
+standby, the job's configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integrations.vllm.worker_extension import parse_source
+from workload.engines.engine_host import _rank_of
+from workload.job import JobConfig, JobConfigError
+from workload.launch import main
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--rollout-engine", "sglang"], "invalid choice: 'sglang'"),
+        (["--model", "/nowhere"], "--model: only with --rollout-engine vllm"),
+        (["--rollout-engine", "vllm", "--model", "/nowhere"],
+         "--model '/nowhere' is not a Hugging Face model directory"),
+        (["--rollout-engine", "vllm", "--ray", "--model", "/nowhere"],
+         "--model '/nowhere' is not a Hugging Face model directory"),
+        (["--transport", "ucx"], "invalid choice: 'ucx'"),
+    ],
+)
+def test_launcher_options_are_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--run-dir", str(tmp_path / "run"), "--steps", "2", *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err, err
+    assert not (tmp_path / "run").exists()
+
+
+GOOD: dict[str, Any] = {"registry": "127.0.0.1:5000", "version": 3,
+                        "specs": [["w", "float32", [2, 2]]]}
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"registry": "nowhere"}, "registry must be 'host:port', got 'nowhere'"),
+        ({"version": -1}, "version must be an int >= 0, got -1"),
+        ({"version": True}, "version must be an int >= 0, got True"),
+        ({"transport": "ucx"}, "transport must be tcp or shm, got 'ucx'"),
+        ({"specs": []}, "specs must be a non-empty list"),
+        ({"specs": [["w", "float32"]]}, "a spec must be [name, dtype, shape], got ['w', 'float32']"),
+        ({"weight_set": ""}, "weight_set must be a name, got ''"),
+    ],
+)
+def test_a_bad_refit_request_is_refused_naming_the_field(change: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_source({**GOOD, **change})
+    assert needle in str(info.value)
+
+
+def test_a_good_refit_request_parses() -> None:
+    registry, weight_set, transport, version, specs = parse_source(GOOD)
+    assert (registry, weight_set, transport, version) == ("127.0.0.1:5000", "policy", "tcp", 3)
+    assert [(s.name, s.dtype, s.shape) for s in specs] == [("w", "float32", (2, 2))]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [(["--run-dir", "D"], "must name --rank"), (["--run-dir", "D", "--rank", "-1"], "--rank must be >= 0")],
+)
+def test_an_order_to_the_engine_standby_must_name_its_rank(argv: list[str], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        _rank_of(argv)
+    assert _rank_of(["--run-dir", "D", "--rank", "1"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [({"rollout_engine": "vllm"}, "needs model_dir"), ({"rollout_engine": "trl"}, "rollout_engine must be"),
+     ({"transport": "ucx"}, "transport must be tcp or shm, got 'ucx'")],
+)
+def test_the_job_configuration_refuses_bad_engine_settings(kw: dict[str, Any], needle: str) -> None:
+    with pytest.raises(JobConfigError, match=needle):
+        JobConfig(job="j", steps=1, **kw)
