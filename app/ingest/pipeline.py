@@ -382,7 +382,7 @@ class IngestService:
             change = self._phases.observe(p.job, p.role, p.rank, batch.node, p.phase, p.step, p.ts)
             if change is not None:
                 phases.append(change)
-            moved = self._steps.observe(p.job, p.role, p.rank, p.step, p.ts)
+            moved = self._steps.observe(p.job, p.role, p.rank, p.step, p.ts, phase=p.phase)
             if moved is not None:
                 steps.append(moved)
         self._participants.report(batch.node, batch.participants)

@@ -12,6 +12,10 @@ a lost commit is re-sent by the agent, and the tracker, seeded from the ``partic
 Only rank 0 is recorded: data-parallel ranks move in lock-step, and one row per step per role
 keeps the table small for a 1,000-GPU job. A step that goes down (a restore from an older
 checkpoint) is a change like any other: the ledger reads it as the start of redone work.
+So a process that has no step of its own yet is not heard: while it is starting (``STARTING``,
+its launcher vouching for it, or ``INIT``, before it resumed) the agent reports step 0 (the
+wire's step is a count), and a restarted trainer's 0 read as a restore would count every step
+since the job began as redone (a TRL drill reported 22 steps redone for a resume from step 21).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from app.models.progress import StepProgress
 
 #: The rank whose step stands for its role.
 RECORDED_RANK = 0
+#: Phases of a process that has not reported a step of its own yet (recovery.report's
+#: heartbeat before the process's first update, the launcher's while it starts).
+UNSTARTED_PHASES = frozenset({"INIT", "STARTING"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,9 +61,11 @@ class StepTracker:
         for job, role, step, ts in rows:
             self._last[(job, role)] = (step, ts)
 
-    def observe(self, job: str, role: str, rank: int, step: int, ts: float) -> StepChange | None:
+    def observe(
+        self, job: str, role: str, rank: int, step: int, ts: float, *, phase: str | None = None
+    ) -> StepChange | None:
         """Record one report; returns the change it makes, if any."""
-        if rank != RECORDED_RANK:
+        if rank != RECORDED_RANK or phase in UNSTARTED_PHASES:
             return None
         key = (job, role)
         last = self._last.get(key)

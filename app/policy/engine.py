@@ -100,9 +100,15 @@ class Occurrence:
     newest: float | None = None
 
     def covers(self, sig: FaultSignal) -> bool:
-        """True if ``sig`` still reports this occurrence and nothing newer than it."""
-        if sig.since != self.since:
-            return False
+        """True if ``sig`` still reports this occurrence, or one that began before it (the
+        same fault seen by another detector: a trainer whose checkpoint save failed on a full
+        disk both exits with ENOSPC and counts a write error, one incident key, two
+        ``since``), and nothing newer than it."""
+        if sig.since is None or self.since is None:
+            if sig.since != self.since:
+                return False
+        elif sig.since > self.since:
+            return False  # it began after the closed occurrence: a new one
         newest = _newest(sig)
         return self.newest is None or newest is None or newest <= self.newest
 
@@ -175,8 +181,8 @@ class PolicyEngine:
     def forget(self, key: str) -> None:
         """The incident was closed outside the engine (its approved recovery completed, an
         operator closed it). The occurrence that opened it must not open it again: only a new
-        occurrence does (a signal with another ``since``, or newer evidence than the incident
-        had seen: more write errors after the restore), or the same one after a quiet tick."""
+        occurrence does (a signal that began after it, or newer evidence than the incident had
+        seen: more write errors after the restore), or the same one after a quiet tick."""
         inc = self._open.pop(key, None)
         if inc is not None:
             self._closed_occurrence[key] = Occurrence(inc.last_since, inc.last_newest)

@@ -15,9 +15,11 @@ One line in the training script, ``GRPOTrainer(..., callbacks=[RLGuardCallback()
 * counts its own faults for the policy engine: a step that raised (an OOM, a failing reward
   function) is ``record_step_failure(step)``, a checkpoint that could not be written is
   ``record_checkpoint_error()``;
-* declares its drill injection point (:mod:`recovery.drill_points`): ``rlguard drill --fault
+* declares its drill injection points (:mod:`recovery.drill_points`): ``rlguard drill --fault
   oom`` makes the next optimizer step raise ``torch.OutOfMemoryError`` (a CUDA-OOM message),
-  which ends the process as a real one would, for the launcher's exit-cause catalogue to see;
+  ``--fault disk-full`` makes the next step end save a checkpoint and that save fail with
+  ``ENOSPC`` before anything of it is written; either ends the process as a real fault would,
+  for the launcher's exit-cause catalogue to see;
 * seals every ``checkpoint-N`` TRL writes with the checkpoint engine's completion marker and
   publishes its version vector, so a restart resumes only from a complete checkpoint;
 * obeys the job's control file: at a step boundary under ``SAFE_MODE`` it saves (so nothing since
@@ -33,6 +35,7 @@ continuous batching the whole step is reported as ``TRAIN``.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import math
@@ -76,6 +79,8 @@ ROLLOUT, TRAIN, EVAL, SAVE, SAFE_MODE, DONE = (
 )
 
 DRILL_OOM_POINT = "its next optimizer step raises torch.OutOfMemoryError (RLGuard's TRL callback)"
+DRILL_DISK_FULL_POINT = ("its next step end saves a checkpoint and the save fails with ENOSPC, "
+                         "'No space left on device' (RLGuard's TRL callback)")
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -136,9 +141,10 @@ class RLGuardCallback(TrainerCallback):
         self._carry_fault_counts(previous)
         self._role, self._rank = role, rank
         try:
-            drill_points.declare(self._run_dir, role, rank, {"oom": DRILL_OOM_POINT})
-        except OSError as exc:  # drills of oom are refused then, training is not affected
-            log.warning("could not declare the drill injection point: %s", exc)
+            drill_points.declare(self._run_dir, role, rank,
+                                 {"oom": DRILL_OOM_POINT, "disk-full": DRILL_DISK_FULL_POINT})
+        except OSError as exc:  # those drills are refused then, training is not affected
+            log.warning("could not declare the drill injection points: %s", exc)
         self._safe_mode_poll = float(safe_mode_poll)
         self._lock = threading.Lock()
         self._phase = "INIT"
@@ -207,6 +213,7 @@ class RLGuardCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._step_in_progress = None
+        self._fire_drill_disk_full(state.global_step)
         # Not forced: a write costs ~0.3-2 ms, and the interval (0.5 s) bounds how late the
         # hang detector, which learns the pace from the step, sees a step advance.
         self._reporter.update(step=state.global_step)
@@ -393,6 +400,20 @@ class RLGuardCallback(TrainerCallback):
             "CUDA out of memory. Tried to allocate 2.00 GiB (injected by rlguard drill "
             f"{order.get('drill')}: not a real allocation failure)"
         )
+
+    def _fire_drill_disk_full(self, step: int) -> None:
+        """Fail this step's checkpoint save as a full disk would, when a drill asked for it:
+        the save is due now (a drill does not wait for ``save_steps``) and fails before the
+        Trainer writes anything of it, so the newest complete checkpoint stays the one before."""
+        order = drill_points.take(self._run_dir, self._role, self._rank, "disk-full")
+        if order is None:
+            return
+        self._saving_step = step  # the exception hook counts it as a checkpoint error
+        self._set_phase(SAVE, force=True)
+        log.error("rlguard drill %s: failing the checkpoint save of step %s with ENOSPC",
+                  order.get("drill"), step)
+        raise OSError(errno.ENOSPC, "No space left on device (injected by rlguard drill "
+                      f"{order.get('drill')}: checkpoint-{step} was not written)")
 
     def _excepthook(
         self, kind: type[BaseException], value: BaseException, tb: TracebackType | None

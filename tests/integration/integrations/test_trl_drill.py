@@ -1,19 +1,22 @@
 """``rlguard drill`` on the TRL example (examples/trl_grpo/train.py, tiny size) under the real
-``rlguard launch --integration trl``, node agent and ``rlguard up``: what a generic launcher
-cannot inject (disk-full: the callback declares no such point) is refused with its reason and
-nothing injected; a kill drill is injected by the launcher, healed by RLGuard (heartbeat_lost ->
-restart_role), reported with its numbers and marked as a drill; an oom drill uses the injection
-point RLGuard's TRL callback declared (its next optimizer step raises torch.OutOfMemoryError):
-the launcher's exit-cause catalogue names it, cuda_oom -> restart_role; and the run still
-completes. A hang drill (SIGSTOP) on a run
+``rlguard launch --integration trl``, node agent and ``rlguard up``: a kill drill is injected by
+the launcher, healed by RLGuard (heartbeat_lost -> restart_role), reported with its numbers and
+marked as a drill; an oom drill uses the injection point RLGuard's TRL callback declared (its
+next optimizer step raises torch.OutOfMemoryError): the launcher's exit-cause catalogue names
+it, cuda_oom -> restart_role; a disk-full drill uses the callback's other point (the next step
+end's checkpoint save fails with ENOSPC): disk_full, heavy (SAFE_MODE, which refuses the next
+drill; restore_checkpoint waits for a person), and once approved the run resumes from the
+newest sealed checkpoint and completes. A hang drill (SIGSTOP) on a run
 with TRL's generation log: seen hung, restarted, and the report counts the generation batches
 the restart did again and those it reused from the log (the run's own events say the same)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -31,8 +34,8 @@ def jobs(stack: DemoStack) -> Iterator[Callable[..., TRLJob]]:
     """Make a job of the example (stopped after the test whatever happened)."""
     made: list[TRLJob] = []
 
-    def make(name: str, *extra: str) -> TRLJob:
-        made.append(TRLJob(stack, name, max_steps=40, save_steps=3, extra=extra))
+    def make(name: str, *extra: str, max_steps: int = 40) -> TRLJob:
+        made.append(TRLJob(stack, name, max_steps=max_steps, save_steps=3, extra=extra))
         return made[-1]
 
     yield make
@@ -57,17 +60,12 @@ def _trains(job: TRLJob) -> int:
     return pid
 
 
-def test_kill_and_oom_drills_on_the_trl_example_and_what_it_cannot_inject(
+def test_kill_oom_and_disk_full_drills_on_the_trl_example(
     stack: DemoStack, jobs: Callable[..., TRLJob]
 ) -> None:
-    job = jobs("trl-drill")
+    # Long enough (a step is >= 0.2 s) to be still training at the third drill on a quiet host.
+    job = jobs("trl-drill", max_steps=150)
     pid = _trains(job)
-    for fault, why in (("disk-full", "cannot make the next checkpoint write of a generic"),):
-        r = _drill(stack, "--fault", fault)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and why in lines[0], r.stderr
-        assert f"the launcher refused: cannot inject {fault}: " in lines[0], lines
-    assert job.trainer_pid() == pid  # nothing injected
     r = _drill(stack, "--fault", "kill", "--timeout", "240")
     out = r.stdout
     assert r.returncode == 0, (r.stderr, out, job.logs())
@@ -81,19 +79,34 @@ def test_kill_and_oom_drills_on_the_trl_example_and_what_it_cannot_inject(
     assert [a["action"] for a in rep["actions"]] == ["restart_role"], rep
     assert 0 <= rep["detection_delay_seconds"] < rep["time_to_first_new_step_seconds"] < 240
     assert rep["whole_job_restart"]["seconds_lost"] > rep["seconds_lost"] >= 0
+    # Resumed from the newest sealed checkpoint (save_steps 3; one being sealed as the kill
+    # came is not one): not from the start (the restarted process's start-up reports are not a
+    # restore to step 0).
+    assert 0 <= rep["steps_redone"] <= 6, rep
     assert rep["counted_in_ettr"] is False
     # No generation log (it comes with snapshots, off here): nothing to count, and it says so.
     assert rep["generations_redone"] is None, rep
     assert rep["generations_note"].startswith("not measured: the job records no generations")
     assert "generations redone  not measured: the job records no generations" in out
-    _oom_drill(stack, job, pid)
+    oom_pid = _oom_drill(stack, job, pid)
+    _disk_full_drill(stack, job, oom_pid)
     assert job.wait_exit(200) == 0, job.logs()
 
 
-def _oom_drill(stack: DemoStack, job: TRLJob, killed_pid: int) -> None:
-    """The restarted trainer declared its oom point: drilled through it, healed as an OOM."""
+def _quiet(stack: DemoStack, job: TRLJob) -> None:
+    """Wait until the job has no open incident: the last drill's resolves after the policy's
+    quiet period, and a process with an open incident is not drilled (refused)."""
+    job.wait(lambda: not [i for i in stack.incidents()
+                          if i["status"] == "open" and i["subject"].get("job") == job.job],
+             120, "the last drill's incident to resolve")
+
+
+def _oom_drill(stack: DemoStack, job: TRLJob, killed_pid: int) -> int:
+    """The restarted trainer declared its oom point: drilled through it, healed as an OOM;
+    the pid it was drilled in."""
     pid: int = job.wait(lambda: (p := job.trainer_pid()) != killed_pid and p, 60,
                         "the restarted trainer's pid")
+    _quiet(stack, job)
     r = _drill(stack, "--fault", "oom", "--timeout", "240")
     out = r.stdout
     print(out)  # the printed report, for whoever runs this with -s
@@ -110,6 +123,7 @@ def _oom_drill(stack: DemoStack, job: TRLJob, killed_pid: int) -> None:
     assert rep["actions"][-1]["action"] in ("skip_failed_step", "restart_role"), rep
     assert rep["actions"][-1]["status"] == "succeeded", rep
     assert 0 <= rep["detection_delay_seconds"] < rep["time_to_first_new_step_seconds"] < 240
+    assert 0 <= rep["steps_redone"] <= 6, rep
     assert rep["counted_in_ettr"] is False
     injected = datetime.fromisoformat(d["injected_at"]).timestamp()
     after = [e for e in read_events(job.run_dir / "events.jsonl") if e["ts"] >= injected]
@@ -118,6 +132,54 @@ def _oom_drill(stack: DemoStack, job: TRLJob, killed_pid: int) -> None:
     assert "OutOfMemoryError: CUDA out of memory" in exit_["line"], exit_
     assert any(e.get("kind") == "hook_request" and e.get("action") == "restart_role"
                and e["ts"] >= exit_["ts"] for e in after), after  # RLGuard restarted it
+    return pid
+
+
+def _disk_full_drill(stack: DemoStack, job: TRLJob, oom_pid: int) -> None:
+    """The callback's disk-full point: the checkpoint save fails as a full disk's would, the
+    launcher names it (disk_full: storage_unwritable, heavy), SAFE_MODE refuses the next drill,
+    and a person's approval of restore_checkpoint resumes the run from its newest sealed
+    checkpoint (the one before the failed save)."""
+    pid: int = job.wait(lambda: (p := job.trainer_pid()) != oom_pid and p, 60,
+                        "the trainer restarted after the oom drill")
+    _quiet(stack, job)
+    r = _drill(stack, "--fault", "disk-full", "--no-wait")
+    assert r.returncode == 0, (r.stderr, r.stdout, job.logs())
+    assert (f"trainer-0 (pid {pid}), its own injection point: its next step end saves a "
+            "checkpoint and the save fails with ENOSPC") in r.stdout, r.stdout
+    drill_id = int(r.stdout.split(":")[0].split()[1])
+
+    def heavy() -> dict[str, Any] | None:
+        d = stack.api("GET", f"/api/v1/drills/{drill_id}").json()
+        inc = (d["report"] or {}).get("incident")
+        return d if inc and inc["kind"] == "storage_unwritable" else None
+
+    d = job.wait(heavy, 120, "storage_unwritable")
+    assert d["report"]["incident"]["tier"] == "heavy" and d["report"]["recovered"] is False, d
+    injected = datetime.fromisoformat(d["injected_at"]).timestamp()
+    exit_ = job.wait(lambda: next((e for e in read_events(job.run_dir / "events.jsonl")
+                                   if e["ts"] >= injected and e.get("kind") == "child_exit"),
+                                  None), 60, "the trainer's exit")
+    assert exit_["cause"] == "disk_full" and "No space left on device" in exit_["line"], exit_
+    # The failed save left nothing of itself: the newest sealed checkpoint is an older one.
+    failed = int(re.search(r"checkpoint-(\d+) was not written", exit_["line"]).group(1))
+    assert not (job.out / f"checkpoint-{failed}").exists()
+    assert (job.newest_complete() or 0) < failed
+
+    def refused_for_safe_mode() -> subprocess.CompletedProcess[str] | None:
+        r = _drill(stack, "--fault", "kill")
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        return r if "SAFE_MODE" in r.stderr else None
+
+    refused = job.wait(refused_for_safe_mode, 120, "SAFE_MODE")
+    assert f"job '{job.job}' is in SAFE_MODE (incident " in refused.stderr, refused.stderr
+    incident = d["report"]["incident"]["id"]
+    [approval] = job.wait(lambda: [a for a in stack.pending_approvals()
+                                   if a["incident_id"] == incident], 60, "the approval")
+    assert [a["action"] for a in approval["actions"]] == ["restore_checkpoint"], approval
+    r2 = stack.api("POST", f"/api/v1/approvals/{approval['id']}/approve",
+                   json={"comment": "disk-full drill: resume from the sealed checkpoint"})
+    assert r2.status_code == 200, r2.text
 
 
 def _events(job: TRLJob, kind: str, since: float, until: float) -> int:

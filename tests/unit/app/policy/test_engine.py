@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from app.policy import metric_names as m
-from app.policy.engine import DecisionType, OpenIncident, PolicyEngine
+from app.policy.engine import DecisionType, Occurrence, OpenIncident, PolicyEngine
 from app.policy.plans import ActionName
-from app.policy.signals import FaultKind, Subject, Tier
+from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 
 from ._helpers import JOB, Cluster
 
@@ -140,3 +140,24 @@ def test_incident_closed_elsewhere_is_not_reopened_by_the_same_occurrence() -> N
     c.run(70, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
     [again] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 3, **T)), engine=e)
     assert again.type is DecisionType.OPEN and again.key == opened.key
+
+
+def _storage_signal(since: float, newest: float | None = None) -> FaultSignal:
+    return FaultSignal(FaultKind.STORAGE_UNWRITABLE, Subject(job=JOB, role="trainer", rank=0),
+                       Evidence("m"), Tier.HEAVY, detected_at=since + 1, since=since,
+                       extra={} if newest is None else {"newest_at": newest})
+
+
+def test_a_closed_occurrence_covers_the_same_fault_seen_by_another_detector_earlier() -> None:
+    # A save that failed on a full disk: the trainer exits with ENOSPC (the exit cause, since
+    # the exit at 100.0) and counted a checkpoint write error just before (since 99.0): one
+    # incident key. Closed after the approved restore, the counter's signal, still in its
+    # window, is that fault; a write error after the closed occurrence began is a new one.
+    closed = Occurrence(100.0, None)
+    assert closed.covers(_storage_signal(100.0))
+    assert closed.covers(_storage_signal(99.0, newest=99.0))
+    assert not closed.covers(_storage_signal(130.0, newest=130.0))
+    assert not Occurrence(100.0, 99.5).covers(_storage_signal(99.0, newest=120.0))  # newer evidence
+    assert not Occurrence(None).covers(_storage_signal(99.0))
+    assert Occurrence(None).covers(FaultSignal(FaultKind.STORAGE_UNWRITABLE, Subject(job=JOB),
+                                               Evidence("m"), Tier.HEAVY, detected_at=1.0))

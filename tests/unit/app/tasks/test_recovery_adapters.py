@@ -65,6 +65,23 @@ def test_restore_needs_a_valid_checkpoint(ctx: ra.ActionContext) -> None:
         ra.restore_checkpoint(ctx, snap("restore_checkpoint"))
 
 
+def test_restore_of_a_job_whose_checkpoints_are_its_framework_s_goes_to_its_launcher(
+    tmp_path: Path, ctx: ra.ActionContext
+) -> None:
+    # A TRL job: no checkpoint engine directory; its launcher restarts it from the newest
+    # complete state its integration finds (the hook gets restore_checkpoint, no path).
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\nexec {sys.executable} -c "import json, sys; '
+                    f'print(json.dumps(sys.argv[1:]))" "$@"\n')
+    hook.chmod(0o755)
+    out = ra.restore_checkpoint(ra.ActionContext(ctx.run_root, str(hook), 5),
+                                snap("restore_checkpoint"))
+    assert out["checkpoint"] is None
+    assert json.loads(out["launcher"]["stdout"]) == [
+        "restore_checkpoint", "--job=j", "--node=n0", "--idempotency-key=inc7/s0/restore_checkpoint",
+    ]  # fmt: skip
+
+
 def test_rebuild_shard_without_snapshot_fails_clearly(ctx: ra.ActionContext) -> None:
     with pytest.raises(ra.ActionError, match="no verified snapshot|no shard snapshots"):
         ra.rebuild_shard(ctx, snap("rebuild_shard", rank=0))
