@@ -231,6 +231,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else {}
         if isinstance(exc, TooManyRequests):
             headers["Retry-After"] = str(exc.retry_after)
+        if exc.closes_connection:
+            headers["Connection"] = "close"
         return JSONResponse({"detail": str(exc)}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(OperationalError)

@@ -135,21 +135,23 @@ def flood_client(port: int, token: str, node: str, rps: float, stop_at: float, q
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     answers: Counter = Counter()
+    timed = []
     i = 0
     next_at = time.perf_counter()
     while time.time() < stop_at:
         text, number = templates[i % 3]
-        body = text.replace(number, str(i).encode()).replace(
-            TS_PLACEHOLDER, repr(time.time()).encode()
-        )
+        now = time.time()
+        body = text.replace(number, str(i).encode()).replace(TS_PLACEHOLDER, repr(now).encode())
+        t0 = time.perf_counter()
         conn.request("POST", "/api/v1/ingest", body, headers)
         resp = conn.getresponse()
         resp.read()
         answers[resp.status] += 1
+        timed.append((now, time.perf_counter() - t0, resp.status, i % 3))
         i += 1
         next_at += 1.0 / rps
         time.sleep(max(0.0, next_at - time.perf_counter()))
-    q.put(("flood", [], dict(answers)))
+    q.put(("flood", timed, dict(answers)))
 
 
 def rss_mib(pid: int) -> float:
@@ -185,6 +187,23 @@ def p99(sorted_values: list[float]) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * 0.99))]
 
 
+FLOOD_KINDS = ("5,000 new series", "5,000 new GPU ids", "240 exited processes")
+
+
+def _slowest(calm: list[tuple[float, float]], flood: list[tuple[float, float, int, int]],
+             count: int = 4) -> list[str]:
+    """The calm node's slowest requests, each with the flooder's requests that were in the
+    server at the same time (where a p99 comes from)."""
+    out = []
+    for start, took in sorted(calm, key=lambda x: -x[1])[:count]:
+        beside = [f"{status} {FLOOD_KINDS[kind]} ({f_took * 1000:.0f} ms)"
+                  for f_start, f_took, status, kind in flood
+                  if f_start < start + took and start < f_start + f_took]
+        out.append(f"{took * 1000:.1f} ms; flooder's requests beside it: "
+                   f"{', '.join(beside) or 'none'}")
+    return out
+
+
 def phase(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Namespace,
           *, flood: bool) -> dict:
     stop_at = time.time() + args.seconds
@@ -211,6 +230,7 @@ def phase(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Nam
     # validated and stored like any fresh agent's first batch) is behind it.
     steady = sorted(x for t, x in timed if t >= stop_at - args.seconds + 5.0) or lat
     return {
+        "slowest": _slowest(timed, results.get("flood", ([], {}))[0]),
         "p50_ms": statistics.median(lat) * 1000,
         "p99_ms": p99(lat) * 1000,
         "steady_p99_ms": p99(steady) * 1000,
@@ -306,6 +326,10 @@ def main() -> None:
               f"flood {flood['server_busy']:.2f}")
         print(f"policy ticks skipped: idle {skipped_idle}, flood {skipped_flood} (target 0)")
         print(f"flooder's answers: {dict(sorted(flood['flood_answers'].items()))}")
+        for name, ph in (("idle", idle), ("flood", flood)):
+            print(f"calm node's slowest requests, {name}:")
+            for line in ph["slowest"]:
+                print(f"  {line}")
         for name, value in sorted(metrics.items()):
             print(f"  {name} {value:g}")
 

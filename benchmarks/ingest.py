@@ -302,6 +302,12 @@ def measure(url: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float
         # the limiter, not the ingest path.
         "RLGUARD_HARDENING__INGEST_REQUESTS_PER_SECOND": "1000000",
         "RLGUARD_HARDENING__INGEST_BURST": "1000000",
+        # Likewise each node's share of the loop's CPU time (app/ingest/cpu_share.py: 2% of a
+        # core by default): a client posting back to back is in debt after ~100 batches and
+        # gets 429s (on a quiet machine; a loaded one sent too few to notice, so the smoke test
+        # passed in CI and failed on a quiet host). One whole core: the loop never owes.
+        "RLGUARD_NODE_QUOTAS__INGEST_CPU_SHARE": "1",
+        "RLGUARD_NODE_QUOTAS__INGEST_CPU_BURST_SECONDS": "10",
     }
     server = start_server(port, env)
     shared: subprocess.Popen | None = None

@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from recovery.supervision import hook
 from recovery.supervision.backends import BackendError, load_backend
@@ -111,6 +113,14 @@ def _supervise_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait-engines", action="store_true",
                    help="with --rollout-engine vllm: the first step waits until every engine serves")
     p.add_argument(
+        "--engine-probation",
+        metavar="SECONDS|off",
+        help="with --rollout-engine vllm: an engine quarantined for a transient reason (a failed "
+        "request or refit, its processes alive) is probed after this many seconds with /health "
+        "and a one-token completion, then refit and re-admitted if it answers (default 30; off: "
+        "it stays out until RLGuard's restart_role replaces it)",
+    )
+    p.add_argument(
         "--resume",
         choices=RESUME_MODES,
         default="auto",
@@ -158,6 +168,7 @@ def _checked_config(
         )
     if args.prompts_per_worker < 1:
         p.error(f"--prompts-per-worker must be >= 1, got {args.prompts_per_worker}")
+    probation = _engine_probation(p, args)
     try:
         config = JobConfig(
             job=job,
@@ -170,10 +181,29 @@ def _checked_config(
             model_dir=_model_dir(p, args, run_dir),
             transport=args.transport or _default_transport(args),
             wait_all_engines=args.wait_engines,
+            **probation,
         )
     except JobConfigError as exc:
         p.error(str(exc))
     return config, run_dir, standby
+
+
+def _engine_probation(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``--engine-probation`` as JobConfig's ``engine_probation_s`` (nothing: its default)."""
+    raw = args.engine_probation
+    if raw is None:
+        return {}
+    if args.rollout_engine != "vllm":
+        p.error("--engine-probation: only with --rollout-engine vllm")
+    if raw == "off":
+        return {"engine_probation_s": None}
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        p.error(f"--engine-probation must be seconds >= 0 or 'off', got {raw!r}")
+    return {"engine_probation_s": seconds}
 
 
 def _default_transport(args: argparse.Namespace) -> str:

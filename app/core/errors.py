@@ -7,6 +7,11 @@ class ServiceError(Exception):
     """Base of every error a service raises on purpose; the message is safe to show."""
 
     status_code = 400
+    #: Raised before the request's body was read: the answer closes the connection
+    #: (``Connection: close``), or the server would still receive and parse the unread body to
+    #: find the keep-alive connection's next request (RFC 9112, 9.6), on the event loop, for
+    #: a request it refused so as not to spend that time.
+    closes_connection = False
 
 
 class InvalidInput(ServiceError):

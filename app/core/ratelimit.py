@@ -184,6 +184,9 @@ async def _too_many(send: Send, what: str, wait: float) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"retry-after", str(retry_after).encode()),
+                # Answered before the body was read: closing spares the loop parsing it
+                # (app.core.errors.ServiceError.closes_connection).
+                (b"connection", b"close"),
             ],
         }
     )

@@ -95,6 +95,8 @@ class CpuShareExceeded(TooManyRequests, QuotaExceeded):
     """A request of a node whose batches took more than its share of the ingest CPU time:
     429 with ``Retry-After``, before its body is read."""
 
+    closes_connection = True
+
     def __init__(self, reason: str, *, retry_after: int) -> None:
         QuotaExceeded.__init__(self, Quota.INGEST_CPU_SHARE, reason, status_code=429)
         self.retry_after = retry_after
@@ -198,7 +200,8 @@ class NodeQuotas:
 
     def admit_request(self, node: str) -> None:
         """Raise ``CpuShareExceeded`` (429) while ``node``'s batches owe CPU time: asked before
-        a request's body is read, so a refusal costs the loop nothing of the body."""
+        a request's body is read, and the answer closes the connection, so a refusal costs the
+        loop nothing of the body."""
         with self._lock:
             now = self._clock()
             usage = self._nodes.get(node)

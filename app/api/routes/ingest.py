@@ -26,19 +26,23 @@ async def read_capped_body(request: Request, limit: int) -> bytes:
                 f"Content-Length {declared!r} is not a number", status_code=400, kind="bad_json"
             ) from None
         if size > limit:
-            raise IngestRejected(
+            refused = IngestRejected(
                 f"body is {size} bytes, more than the limit of {limit}",
                 status_code=413,
                 kind="too_large",
             )
+            refused.closes_connection = True  # none of it was read
+            raise refused
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise IngestRejected(
+            refused = IngestRejected(
                 f"body is more than the limit of {limit} bytes", status_code=413, kind="too_large"
             )
+            refused.closes_connection = True  # the rest of it was not read
+            raise refused
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -61,6 +61,7 @@ def test_ingest_is_limited_per_token_and_a_refused_batch_changes_nothing(
         assert r.status_code == 200 and r.json()["duplicate"] is False
     r = api.client.post("/api/v1/ingest", json=batch("n1", 2), headers=auth(t1))
     assert r.status_code == 429 and r.headers["retry-after"] == "2"
+    assert r.headers["connection"] == "close"  # its body was not read: not parsed either
     assert "ingest requests" in r.json()["detail"]
     # Another node's token has its own bucket.
     assert api.client.post("/api/v1/ingest", json=batch("n2", 0), headers=auth(t2)).status_code == 200

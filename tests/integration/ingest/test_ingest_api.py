@@ -204,7 +204,7 @@ def test_oversized_body_is_413(migrated_url: str, make_api) -> None:  # type: ig
     token = api.node_token("node-a")
     big = batch("node-a", 0, n=50)
     r = post(api, token, big)
-    assert r.status_code == 413
+    assert r.status_code == 413 and r.headers["connection"] == "close"  # the body unread
     assert "limit of 2000" in r.json()["detail"]
     # no Content-Length (chunked): refused while streaming
     async def chunks():  # type: ignore[no-untyped-def]
@@ -213,7 +213,7 @@ def test_oversized_body_is_413(migrated_url: str, make_api) -> None:  # type: ig
             yield data[i : i + 500]
 
     r = api.client.post("/api/v1/ingest", content=chunks(), headers=auth(token))
-    assert r.status_code == 413
+    assert r.status_code == 413 and r.headers["connection"] == "close"
     assert store_state(api) == []
     assert post(api, token, batch("node-a", 0, n=2)).status_code == 200
 

@@ -182,6 +182,8 @@ def test_a_node_over_its_cpu_share_is_refused_before_its_body_is_read(
     r = api.client.post("/api/v1/ingest", content=b"{not json", headers=auth(a))
     assert r.status_code == 429, r.text
     assert int(r.headers["Retry-After"]) >= 3
+    # The unread body is not parsed to find the connection's next request: it is closed.
+    assert r.headers["Connection"] == "close"
     detail = r.json()["detail"]
     assert "RLGUARD_NODE_QUOTAS__INGEST_CPU_SHARE" in detail and "body was not read" in detail
     r = post(api, a, gpu_batch("node-a", 1, range(4, 8)))

@@ -25,6 +25,13 @@ from workload.launch import main
         (["--rollout-engine", "vllm", "--ray", "--model", "/nowhere"],
          "--model '/nowhere' is not a Hugging Face model directory"),
         (["--transport", "ucx"], "invalid choice: 'ucx'"),
+        (["--engine-probation", "30"], "--engine-probation: only with --rollout-engine vllm"),
+        (["--rollout-engine", "vllm", "--engine-probation", "soon"],
+         "--engine-probation must be seconds >= 0 or 'off', got 'soon'"),
+        (["--rollout-engine", "vllm", "--engine-probation", "-1"],
+         "--engine-probation must be seconds >= 0 or 'off', got '-1'"),
+        (["--rollout-engine", "vllm", "--engine-probation", "nan"],
+         "--engine-probation must be seconds >= 0 or 'off', got 'nan'"),
     ],
 )
 def test_launcher_options_are_refused_by_name(
@@ -36,6 +43,24 @@ def test_launcher_options_are_refused_by_name(
     err = capsys.readouterr().err
     assert needle in err, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 30.0), ("off", None), ("0", 0.0),
+                                               ("12.5", 12.5)])
+def test_engine_probation_reaches_the_job_config(
+    tmp_path: Path, raw: str | None, expected: float | None
+) -> None:
+    from workload.launch import _checked_config, _supervise_parser
+
+    p = _supervise_parser()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    argv = ["--run-dir", str(tmp_path / "run"), "--steps", "2", "--rollout-engine", "vllm",
+            "--model", str(model)]
+    config, _, _ = _checked_config(p, p.parse_args(
+        argv + ([] if raw is None else ["--engine-probation", raw])))
+    assert config.engine_probation_s == expected
 
 
 GOOD: dict[str, Any] = {"registry": "127.0.0.1:5000", "version": 3,
