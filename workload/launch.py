@@ -89,6 +89,21 @@ def _supervise_parser() -> argparse.ArgumentParser:
         "RLGuard's restart_role through the job's restarter actor (max_restarts=0), or none: "
         "the job fails when one dies, as verl's does (to be resubmitted; max_restarts=0)",
     )
+    _add_engine_options(p)
+    p.add_argument(
+        "--resume",
+        choices=RESUME_MODES,
+        default="auto",
+        help="as verl's trainer.resume_mode: auto (the default) resumes a run directory that "
+        "holds a run of the job from its newest checkpoint and WAL; disable starts from step 0 "
+        "and refuses a run directory that holds a run (what a resubmission replaces with "
+        "--resume=auto: the reference preset's resume argument, workload.ray_mode.rlguard_preset)",
+    )
+    return p
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Who generates the rollouts, and the options of the vLLM engines."""
     p.add_argument(
         "--rollout-engine",
         choices=ROLLOUT_ENGINES,
@@ -120,16 +135,6 @@ def _supervise_parser() -> argparse.ArgumentParser:
         "and a one-token completion, then refit and re-admitted if it answers (default 30; off: "
         "it stays out until RLGuard's restart_role replaces it)",
     )
-    p.add_argument(
-        "--resume",
-        choices=RESUME_MODES,
-        default="auto",
-        help="as verl's trainer.resume_mode: auto (the default) resumes a run directory that "
-        "holds a run of the job from its newest checkpoint and WAL; disable starts from step 0 "
-        "and refuses a run directory that holds a run (what a resubmission replaces with "
-        "--resume=auto: the reference preset's resume argument, workload.ray_mode.rlguard_preset)",
-    )
-    return p
 
 
 def _checked_config(

@@ -6,6 +6,7 @@ it as a CUDA-OOM error the launcher's exit-cause catalogue names ``cuda_oom`` (n
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -98,7 +99,8 @@ def test_the_trl_callback_declares_oom_and_raises_a_cuda_oom_once(tmp_path: Path
     cb = callback_mod.RLGuardCallback(tmp_path, role="trainer", rank=0)
     try:
         points = drill_points.declared_points(tmp_path, "trainer", 0, os.getpid())
-        assert points == {"oom": callback_mod.DRILL_OOM_POINT}
+        assert points == {"oom": callback_mod.DRILL_OOM_POINT,
+                          "disk-full": callback_mod.DRILL_DISK_FULL_POINT}
         cb.on_pre_optimizer_step(None, None, None)  # nothing asked: nothing raised
         drill_points.request(tmp_path, "trainer", 0, "oom", pid=os.getpid(), drill="7")
         with pytest.raises(torch.OutOfMemoryError) as raised:
@@ -109,5 +111,28 @@ def test_the_trl_callback_declares_oom_and_raises_a_cuda_oom_once(tmp_path: Path
         cause = load_catalogue().match(lines, exit_signal=None)
         assert cause is not None and cause.cause == "cuda_oom", lines
         assert "rlguard drill 7" in str(raised.value)
+    finally:
+        cb.reporter.close()
+
+
+def test_the_trl_callback_fails_the_next_checkpoint_save_with_enospc_once(tmp_path: Path) -> None:
+    callback_mod = pytest.importorskip("integrations.trl.callback")
+    from transformers import TrainerControl, TrainerState
+
+    cb = callback_mod.RLGuardCallback(tmp_path, role="trainer", rank=0)
+    state = TrainerState()
+    state.global_step = 5
+    try:
+        cb.on_step_end(None, state, TrainerControl())  # nothing asked: nothing raised
+        drill_points.request(tmp_path, "trainer", 0, "disk-full", pid=os.getpid(), drill="8")
+        with pytest.raises(OSError) as raised:
+            cb.on_step_end(None, state, TrainerControl())
+        assert raised.value.errno == errno.ENOSPC
+        assert "checkpoint-5 was not written" in str(raised.value)
+        cb.on_step_end(None, state, TrainerControl())  # taken: once
+        # The launcher's catalogue names the exit from what the process prints as it dies.
+        lines = "".join(traceback.format_exception(raised.value)).splitlines()
+        cause = load_catalogue().match(lines, exit_signal=None)
+        assert cause is not None and cause.cause == "disk_full", lines
     finally:
         cb.reporter.close()
