@@ -13,9 +13,9 @@ The request's ``extra`` is ``{"fault": F, "drill": ID, "at_step": S|null, "dry_r
 * ``oom`` (its next step raises an out-of-memory error) and ``disk-full`` (its next checkpoint
   write fails) need an injection point inside the process. A launcher that has them (the
   reference job's) passes its own :class:`Injector`. A process may declare its own
-  (:mod:`recovery.drill_points`: RLGuard's TRL callback declares ``oom`` and ``disk-full``): the launcher then
-  asks it to fire that point (:class:`DeclaredPoints`). A generic command that declares none
-  is refused with the reason, nothing injected.
+  (:mod:`recovery.drill_points`: RLGuard's TRL callback declares ``oom`` and ``disk-full``):
+  the launcher then asks it to fire that point (:class:`DeclaredPoints`). A generic command
+  that declares none is refused with the reason, nothing injected.
 * ``at_step``: armed now, injected once the process's heartbeat reports that step; the answer
   waits until then (the hook's caller asks again with the same key: the protocol's retry).
 * ``dry_run``: checked and described, nothing injected.
