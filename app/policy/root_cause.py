@@ -4,7 +4,8 @@ Two ways signals that one fault raises become one:
 
 - A signal of one kind about a participant makes one of another kind about the same participant
   redundant (``SUPERSEDES``): a dead rollout is ``rollout_down``, a SIGSTOPped trainer is hung
-  (``train_hang``) though its heartbeat goes silent too. The redundant signal is dropped.
+  (``train_hang``) though its heartbeat goes silent too, a rollout whose engine died is
+  ``rollout_engine_dead`` though it exits too. The redundant signal is dropped.
 - Signals of kinds that share a cause about the same subject fold into one
   (``SAME_ROOT_CAUSE``): an XID 79 is the GPU falling off the bus, which the agent also
   reports as a lost GPU. The incident keeps one kind; the other signals ride in its evidence
@@ -20,6 +21,9 @@ from app.policy.signals import Evidence, FaultKind, FaultSignal
 SUPERSEDES = {
     FaultKind.ROLLOUT_DOWN: FaultKind.HEARTBEAT_LOST,
     FaultKind.TRAIN_HANG: FaultKind.HEARTBEAT_LOST,
+    # A rollout whose engine died exits (its host ends with its engine): its heartbeat_lost is
+    # that death again, and a second restart_role would kill the replacement the first started.
+    FaultKind.ROLLOUT_ENGINE_DEAD: FaultKind.HEARTBEAT_LOST,
 }
 
 # A job-level signal that explains per-participant ones of the same job: a trainer waiting in

@@ -161,3 +161,20 @@ def test_a_closed_occurrence_covers_the_same_fault_seen_by_another_detector_earl
     assert not Occurrence(None).covers(_storage_signal(99.0))
     assert Occurrence(None).covers(FaultSignal(FaultKind.STORAGE_UNWRITABLE, Subject(job=JOB),
                                                Evidence("m"), Tier.HEAVY, detected_at=1.0))
+
+
+def test_a_rollout_whose_engine_died_is_one_incident_not_also_heartbeat_lost() -> None:
+    # The engine's death ends its host process a second later: both signals about rollout-1,
+    # one fault, one restart_role (a second would kill the replacement the first started).
+    from app.policy.root_cause import drop_superseded
+
+    who = Subject(node="n1", job=JOB, role="rollout", rank=1)
+    dead = FaultSignal(FaultKind.ROLLOUT_ENGINE_DEAD, who, Evidence("m"), Tier.MEDIUM,
+                       detected_at=10.0, since=9.0)
+    lost = FaultSignal(FaultKind.HEARTBEAT_LOST, who, Evidence(None), Tier.MEDIUM,
+                       detected_at=11.0, since=10.0)
+    other = FaultSignal(FaultKind.HEARTBEAT_LOST, Subject(node="n1", job=JOB, role="rollout",
+                                                          rank=0),
+                        Evidence(None), Tier.MEDIUM, detected_at=11.0, since=10.0)
+    assert drop_superseded([dead, lost, other]) == [dead, other]
+    assert drop_superseded([lost]) == [lost]  # without the engine's death it is its own
