@@ -73,6 +73,9 @@ _UNSET: Any = object()
 # exited_phases), and for one it started that has not reported yet.
 EXITED_PHASE = "EXITED"
 STARTING_PHASE = "STARTING"
+# Phases of a process that has not reported a step of its own yet: the reporter's first
+# heartbeat (INIT) and its launcher's while it starts.
+START_PHASES = frozenset({"INIT", STARTING_PHASE})
 DONE_PHASE = "DONE"
 # Phases of a process that finished on purpose (app policy: detection.heartbeat.finished_phases).
 FINISHED_PHASES = ("DONE", "STOPPED", "FINISHED")

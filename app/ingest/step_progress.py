@@ -31,12 +31,10 @@ from sqlalchemy.engine import Connection, Engine
 from app.core.db import dialect_insert
 from app.models import Participant, from_epoch
 from app.models.progress import StepProgress
+from recovery.report import START_PHASES
 
 #: The rank whose step stands for its role.
 RECORDED_RANK = 0
-#: Phases of a process that has not reported a step of its own yet (recovery.report's
-#: heartbeat before the process's first update, the launcher's while it starts).
-UNSTARTED_PHASES = frozenset({"INIT", "STARTING"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,7 +63,7 @@ class StepTracker:
         self, job: str, role: str, rank: int, step: int, ts: float, *, phase: str | None = None
     ) -> StepChange | None:
         """Record one report; returns the change it makes, if any."""
-        if rank != RECORDED_RANK or phase in UNSTARTED_PHASES:
+        if rank != RECORDED_RANK or phase in START_PHASES:
             return None
         key = (job, role)
         last = self._last.get(key)

@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import RecoveryError
-from recovery.report import STARTING_PHASE
+from recovery.report import START_PHASES
 
 log = logging.getLogger("rlguard.recovery.supervision")
 
 # A process in these phases is still starting (importing, loading): standbys wait for it.
-_START_PHASES = frozenset({"INIT", STARTING_PHASE})
 
 
 def reports_steadily(
@@ -53,7 +52,7 @@ def reports_steadily(
     written by ``pid`` and no older than ``max_age`` seconds at ``now``. Standbys (each importing
     torch for seconds) start only once every process of a job reports steadily, never while the
     job starts or recovers, when CPU is what it lacks."""
-    if not beat or beat.get("phase") in _START_PHASES:
+    if not beat or beat.get("phase") in START_PHASES:
         return False
     if pid is not None and beat.get("pid") != pid:
         return False
