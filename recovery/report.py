@@ -10,20 +10,15 @@ files into the job's golden metrics (see ``docs/metrics.md``).
 training step does not look like a dead process (``updated_at`` still tells how old the progress
 is). Every public method is thread-safe.
 
-Faults the training process sees itself are counted here too and written at once (they are
-rare and the policy engine acts on them): failed train steps (``record_step_failure``, with the
-step number), rollout batches that timed out (``record_rollout_timeout``), actor shards marked
-stale (``set_shard_stale``), state-log appends that failed (``record_state_log_error``) and
-checkpoint saves that failed (``record_checkpoint_error``: the checkpoint storage refused) and
-snapshots that could not be persisted (``record_snapshot_persist_error``, training goes on). A
-:class:`recovery.phases.PhaseMachine` given this reporter feeds the first, second and fourth
-itself. The counters are cumulative; ``restore_fault_counts`` carries them over a restart.
-
-``record_checkpoint`` publishes the version vector (training_step, inference_version) of the
-last checkpoint that committed, so the operator sees how far back a restore would go.
-
-``set_signals`` publishes a framework's own training metrics (a GRPO trainer's reward, KL ...)
-under ``signals``; the agent forwards the names it knows (``agents/metric_names.py``).
+Faults the process sees itself are counted here and written at once (rare, and acted on):
+failed train steps (``record_step_failure``), timed-out rollout batches
+(``record_rollout_timeout``), stale actor shards (``set_shard_stale``), failed state-log appends
+(``record_state_log_error``), refused checkpoint saves (``record_checkpoint_error``) and
+unpersisted snapshots (``record_snapshot_persist_error``). A :class:`recovery.phases.PhaseMachine`
+feeds the first, second and fourth itself. The counters are cumulative; ``restore_fault_counts``
+carries them over a restart. ``record_checkpoint`` publishes the version vector of the last
+committed checkpoint (how far back a restore would go); ``set_signals`` a framework's own
+metrics (a GRPO trainer's reward, KL ...), forwarded by name (``agents/metric_names.py``).
 """
 
 from __future__ import annotations

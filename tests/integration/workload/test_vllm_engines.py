@@ -198,12 +198,16 @@ def test_an_engine_killed_mid_request_is_healed_and_the_run_ends_as_a_clean_run(
     failed = [e.entry_id for e in entries if e.status is WALStatus.FAILED]
     assert len(failed) == len(retried), (failed, retried)
     assert all(f.rsplit("-p", 1)[0] + ".done" in done for f in failed)
-    # Rollouts went on on engine 0 while engine 1 was out. (Not "a step was trained meanwhile":
-    # a warm heal can be done within one step.)
-    out = [e for e in entries if e.entry_id in done and quarantined[0]["ts"] < e.created_at < back]
+    # While engine 1 was out every request was sent to engine 0, the retries of the killed
+    # requests among them. Counted by attempts *sent* in that window (an attempt's entry is
+    # written as it is sent): a warm heal can take less than one request, so no request need
+    # have *finished* in it (the CI run of 58c5a8f: a 2.7 s heal, none finished).
+    sent = [e for e in entries if not e.entry_id.endswith(".done")
+            and quarantined[0]["ts"] < e.created_at < back]
     with WriteAheadLog(run.wal, lock_timeout=30.0) as wal:
-        engines = {json.loads(wal.read_data(e.entry_id))["engine"] for e in out}
-    assert engines == {0}, (len(out), engines, quarantined[0]["ts"], back)
+        engines = {json.loads(wal.read_data(e.entry_id))["engine"] for e in sent}
+    assert len(sent) >= len(retried) and engines == {0}, (
+        len(sent), engines, quarantined[0]["ts"], back)
 
 
 def test_an_engine_admitted_with_the_previous_weights_is_caught_within_two_steps(
