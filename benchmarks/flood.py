@@ -2,12 +2,14 @@
 tick must not notice much (issue 41, item 2). Baseline: the same node's ingest in the same run,
 before the flood.
 
-    .venv/bin/python benchmarks/flood.py                  # 60 s idle, then 60 s of flood
-    .venv/bin/python benchmarks/flood.py --seconds 8      # smoke
+    .venv/bin/python benchmarks/flood.py                  # 60 s idle, 60 s of flood, alternating
+    .venv/bin/python benchmarks/flood.py --seconds 8 --rounds 2   # smoke
     .venv/bin/python benchmarks/flood.py --database-url postgresql+psycopg://postgres@127.0.0.1/test
 
 Starts ``uvicorn app.main:create_app_from_env`` (policy scheduler on, default quotas and rate
 limits) on a fresh SQLite database (or the given one, migrated), then:
+
+in ``--rounds`` pairs of alternating windows (pooled by kind):
 
 * ``idle``: the calm node posts an 8-GPU agent batch (500 samples, 8 training processes)
   ``--calm-rate`` times a second; its request latency is the baseline;
@@ -16,7 +18,7 @@ limits) on a fresh SQLite database (or the given one, migrated), then:
   (new metric names), 5,000 new GPU ids of one metric, and 240 exited processes of 15 new jobs,
   in turn; what the quotas refuse it is told (422, 429) and goes on.
 
-Prints the calm node's p50/p99 in both phases and the ratio flood/idle (target <= 2.0), the
+Prints the calm node's p50/p99 of each kind (and each window's p99), the ratio flood/idle (target <= 2.0), the
 server's RSS (idle, peak, end; target: peak under idle + ``--rss-bound-mib``), policy ticks
 skipped (APScheduler's own warnings in the server's log; target 0), the flooder's answers by
 status, the quota refusals and the incidents open, from ``/metrics``.
@@ -204,9 +206,10 @@ def _slowest(calm: list[tuple[float, float]], flood: list[tuple[float, float, in
     return out
 
 
-def phase(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Namespace,
-          *, flood: bool) -> dict:
-    stop_at = time.time() + args.seconds
+def window(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Namespace,
+           seconds: float, *, flood: bool) -> dict:
+    """One window: the calm node alone, or beside the flooder. Raw figures; see ``summary``."""
+    stop_at = time.time() + seconds
     q: mp.Queue = mp.Queue()
     procs = [mp.Process(target=calm_client,
                         args=(port, tokens["calm"], "calm", args.calm_rate, stop_at, q))]
@@ -220,31 +223,51 @@ def phase(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Nam
     while any(p.is_alive() for p in procs) and time.time() < stop_at + 120:
         peak = max(peak, rss_mib(server_pid))
         time.sleep(0.25)
-    busy = (process_cpu_seconds(server_pid) - cpu0) / (time.monotonic() - t0)
+    cpu = process_cpu_seconds(server_pid) - cpu0
     results = {name: (lat, answers) for name, lat, answers in (q.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(30)
-    timed = results["calm"][0]
-    lat = sorted(x for _, x in timed)
-    # After the first 5 s: the flooder's burst (its one accepted batch of 5,000 new series,
-    # validated and stored like any fresh agent's first batch) is behind it.
-    steady = sorted(x for t, x in timed if t >= stop_at - args.seconds + 5.0) or lat
     return {
-        "slowest": _slowest(timed, results.get("flood", ([], {}))[0]),
+        "calm": results["calm"][0], "calm_errors": Counter(results["calm"][1]),
+        "flood": results.get("flood", ([], {}))[0],
+        "flood_answers": Counter(results.get("flood", ([], {}))[1]),
+        "rss_peak_mib": peak, "cpu_s": cpu, "wall_s": time.monotonic() - t0,
+    }
+
+
+def summary(windows: list[dict]) -> dict:
+    """The windows of one kind pooled: the calm node's latencies, the flooder's answers."""
+    timed = [x for w in windows for x in w["calm"]]
+    flood = [x for w in windows for x in w["flood"]]
+    lat = sorted(x for _, x in timed)
+    errors: Counter = Counter()
+    answers: Counter = Counter()
+    for w in windows:
+        errors.update(w["calm_errors"])
+        answers.update(w["flood_answers"])
+    return {
+        "slowest": _slowest(timed, flood),
         "p50_ms": statistics.median(lat) * 1000,
         "p99_ms": p99(lat) * 1000,
-        "steady_p99_ms": p99(steady) * 1000,
+        "per_window_p99_ms": [p99(sorted(x for _, x in w["calm"])) * 1000 for w in windows],
         "requests": len(lat),
-        "calm_errors": results["calm"][1],
-        "flood_answers": results.get("flood", ([], {}))[1],
-        "rss_peak_mib": peak,
-        "server_busy": busy,
+        "calm_errors": dict(errors),
+        "flood_answers": answers,
+        "rss_peak_mib": max(w["rss_peak_mib"] for w in windows),
+        "server_busy": sum(w["cpu_s"] for w in windows) / sum(w["wall_s"] for w in windows),
     }
+
+
+def _ms_list(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values) + " ms"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=60.0, help="length of each phase")
+    ap.add_argument("--seconds", type=float, default=60.0,
+                    help="idle seconds and flood seconds, each in all (split over --rounds)")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="alternating idle and flood windows of seconds/rounds each")
     ap.add_argument("--calm-rate", type=float, default=10.0, help="calm node's batches per second")
     ap.add_argument("--flood-rps", type=float, default=19.0,
                     help="flooder's requests per second (default: under the 20/s token limit)")
@@ -291,14 +314,22 @@ def main() -> None:
             print(f"== flood from one node token ({url.split(':', 1)[0]}, run {run})")
             print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
                   "(latencies mean little when it is well above the CPU count)")
-            warm = argparse.Namespace(**{**vars(args), "seconds": 3.0})
-            phase(port, server.pid, tokens, warm, flood=False)  # the calm node's series exist
+            window(port, server.pid, tokens, args, 3.0, flood=False)  # the calm node's series exist
             idle_rss = rss_mib(server.pid)
-            skipped0 = skipped_ticks(log)
-            idle = phase(port, server.pid, tokens, args, flood=False)
-            skipped_idle = skipped_ticks(log) - skipped0
-            flood = phase(port, server.pid, tokens, args, flood=True)
-            skipped_flood = skipped_ticks(log) - skipped0 - skipped_idle
+            # Idle and flood windows alternate and each kind is pooled: this VM's own noise
+            # drifts over a minute (an idle p99 moved between 6 and 42 ms from run to run), and
+            # one idle minute then one flood minute compared two different hosts as often as
+            # two different loads.
+            windows: dict[bool, list[dict]] = {False: [], True: []}
+            skipped = {False: 0, True: 0}
+            for _ in range(args.rounds):
+                for flooding in (False, True):
+                    before = skipped_ticks(log)
+                    windows[flooding].append(window(port, server.pid, tokens, args,
+                                                    args.seconds / args.rounds, flood=flooding))
+                    skipped[flooding] += skipped_ticks(log) - before
+            idle, flood = summary(windows[False]), summary(windows[True])
+            skipped_idle, skipped_flood = skipped[False], skipped[True]
             end_rss = rss_mib(server.pid)
             metrics = scrape(port)
         finally:
@@ -314,10 +345,8 @@ def main() -> None:
               f"({flood['requests']} requests, errors {flood['calm_errors'] or 0})")
         print(f"ratio p99 flood/idle: {ratio:.2f}x (target <= 2.0: "
               f"{'met' if ratio <= 2.0 else 'NOT met'})")
-        steady = flood["steady_p99_ms"] / idle["steady_p99_ms"]
-        print(f"after each phase's first 5 s (the flooder's one accepted burst behind it): p99 "
-              f"idle {idle['steady_p99_ms']:.1f} ms, flood {flood['steady_p99_ms']:.1f} ms, "
-              f"ratio {steady:.2f}x")
+        print(f"p99 per window, idle : {_ms_list(idle['per_window_p99_ms'])}")
+        print(f"p99 per window, flood: {_ms_list(flood['per_window_p99_ms'])}")
         growth = flood["rss_peak_mib"] - idle_rss
         print(f"server RSS: idle {idle_rss:.0f} MiB, peak during flood {flood['rss_peak_mib']:.0f} "
               f"MiB, end {end_rss:.0f} MiB; growth {growth:.0f} MiB (bound {args.rss_bound_mib:g}: "

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.core.errors import InvalidInput
-from app.ingest.validation import ID_PATTERN, IngestRejected, ValidBatch
+from app.ingest.validation import IngestRejected, ValidBatch
+from app.ingest.wire_rules import ID_PATTERN
 from app.policy.metric_names import LABEL_JOB
 from recovery.user_regex import UserRegex, compile_user_regex
 

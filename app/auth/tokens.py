@@ -15,7 +15,8 @@ from sqlmodel import Session, select
 from app.auth.audit import record_audit
 from app.auth.job_scope import JobScope, parse_job_patterns
 from app.core.errors import InvalidInput, NotFound
-from app.ingest.validation import ID_PATTERN, ValidBatch
+from app.ingest.validation import ValidBatch
+from app.ingest.wire_rules import ID_PATTERN
 from app.models import ApiToken, Node, TokenKind, User, utcnow
 
 _NODE_NAME_RE = re.compile(ID_PATTERN)

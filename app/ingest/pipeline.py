@@ -3,9 +3,10 @@
 How "acknowledged only after it is in the series store" and "a duplicate is refused also after a
 restart" fit together:
 
-1. A request is validated (``ingest_validation``) and checked against its agent's dedupe window
-   (``ingest_dedupe``), all on the event loop with no ``await`` in between, so two deliveries of
-   one (node, agent, seq) can never both pass.
+1. A request is validated (``ingest_validation``; a batch of many new series in slices, other
+   requests served between them), then checked against its agent's dedupe window and marked
+   (``ingest_dedupe``) on the event loop with no ``await`` between the check and the mark, so two
+   deliveries of one (node, agent, seq) can never both pass.
 2. A new batch is appended to the in-memory ``SeriesStore`` at once (the policy engine sees it on
    its next tick), its seq is marked in the in-memory window, and its durable effects (node
    last-seen and fingerprint, jobs, participants' phase/step/heartbeat, and the phase changes
@@ -258,7 +259,17 @@ class IngestService:
         cpu = time.thread_time()  # the loop's CPU the batch takes, charged to the token's node
         refused = True
         try:
-            batch = self.validator.validate(body, token_node=token_node)
+            slices = self.validator.validate_in_slices(body, token_node=token_node)
+            while True:
+                try:
+                    next(slices)
+                except StopIteration as done:
+                    batch = done.value
+                    break
+                # Between two slices of a batch's new series: other requests run meanwhile.
+                self.quotas.charge_cpu(token_node, time.thread_time() - cpu)
+                await asyncio.sleep(0)
+                cpu = time.thread_time()
             if batch.node != token_node:
                 raise IngestRejected(
                     f"node {batch.node!r} in the body does not match the token's node "

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.ingest.validation import ID_PATTERN, MAX_RANK
+from app.ingest.wire_rules import ID_PATTERN, MAX_RANK
 from app.policy.detectors.base import Detector
 from app.policy.policy_file import AlertmanagerMapping, Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 
 def test_flood_benchmark_smoke() -> None:
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "flood.py"), "--seconds", "3"],
+        [sys.executable, str(ROOT / "benchmarks" / "flood.py"), "--seconds", "4", "--rounds", "2"],
         capture_output=True, text=True, timeout=230, cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout + r.stderr
