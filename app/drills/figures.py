@@ -16,9 +16,12 @@ import subprocess
 from datetime import datetime
 from typing import Any
 
+from celery import Celery
+from kombu.exceptions import KombuError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from app.drills import dispatch
 from app.drills.launcher import HookSetup, _answer
 from app.drills.service import get_drill
 from app.models.drill import Drill, DrillStatus
@@ -82,20 +85,41 @@ def finish_drill(engine: Engine, drill_id: int, setup: HookSetup, *, now: dateti
     """Count, record and end the drill; False when it was not waiting for its count."""
     with Session(engine, expire_on_commit=False) as session:
         row = get_drill(session, drill_id)
-    outcome = (row.report or {}).get("outcome")
-    if row.status != DrillStatus.injected.value or outcome is None:
+    if not _waiting(row):
         return False
-    counted = ask_figures(setup, row)
+    return _end(engine, drill_id, ask_figures(setup, row), now)
+
+
+def request_figures(celery: Celery, engine: Engine, drill_id: int, node: str, *,
+                    now: datetime) -> bool:
+    """Ask ``node``'s worker to count and end the drill (the follow-up, when it is over). When
+    the broker refuses the task, the drill ends here without its count, saying why: otherwise
+    it would stay ``injected`` for good, its outcome never shown. True: sent."""
+    try:
+        dispatch.send_figures(celery, drill_id, node)
+    except (KombuError, OSError) as exc:
+        why = f"the count could not be sent to the worker of node {node!r} ({type(exc).__name__}: {exc})"
+        _end(engine, drill_id, _none(why[:500]), now)
+        return False
+    return True
+
+
+def _waiting(row: Drill) -> bool:
+    return row.status == DrillStatus.injected.value and "outcome" in (row.report or {})
+
+
+def _end(engine: Engine, drill_id: int, counted: dict[str, Any], now: datetime) -> bool:
+    """Record ``counted`` and end the drill with the follow-up's outcome (once)."""
     with Session(engine, expire_on_commit=False) as session:
         row = get_drill(session, drill_id)
-        if row.status != DrillStatus.injected.value:
+        if not _waiting(row):
             return False  # ended by another delivery of the task
         report = {k: v for k, v in (row.report or {}).items()
                   if k not in ("outcome", "generations_note")}
         report.update(counted)
         report["state"] = str(report.get("state", "")).split("; counting the generations")[0]
+        row.status = (row.report or {})["outcome"]
         row.report = report
-        row.status = outcome
         row.finished_at = now
         session.add(row)
         session.commit()

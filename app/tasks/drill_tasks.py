@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from app.core.config import get_settings
 from app.drills import dispatch
-from app.drills.figures import finish_drill
+from app.drills.figures import finish_drill, request_figures
 from app.drills.follow import awaiting_figures, follow_drill
 from app.drills.launcher import HookSetup, Next, ask_launcher
 from app.drills.service import get_drill
@@ -56,7 +56,7 @@ def follow(self: Task, drill_id: int) -> bool:
     with Session(_engine()) as session:
         node = awaiting_figures(session, drill_id)
     if node is not None:  # over: its node counts the generations redone and ends it
-        dispatch.send_figures(celery_app, drill_id, node)
+        request_figures(celery_app, _engine(), drill_id, node, now=utcnow())
     return done
 
 

@@ -239,3 +239,39 @@ def test_only_a_drill_that_is_over_and_not_yet_counted_waits_for_its_node(
     assert finish_drill(engine, over, setup, now=datetime.now(UTC))
     with Session(engine) as s:
         assert awaiting_figures(s, over) is None  # counted and ended
+
+
+def test_a_count_the_broker_refuses_ends_the_drill_uncounted_saying_why(
+    engine: Engine, run_root: Path, redis_url: str
+) -> None:
+    """The follow-up hands the count to the node's worker; when the broker refuses the task the
+    drill ends there, with its outcome and why it has no count (it stayed ``injected``). A task
+    the broker takes leaves the drill waiting for its node."""
+    import uuid
+
+    import redis
+    from celery import Celery
+
+    from app.drills.figures import request_figures
+
+    down = Celery(broker="redis://127.0.0.1:1/0")  # nothing listens on port 1
+    down.conf.broker_connection_retry = False
+    refused = _over(engine, run_root, outcome="unrecovered")
+    assert request_figures(down, engine, refused, "n1", now=datetime.now(UTC)) is False
+    row = _get(engine, refused)
+    assert row.status == "unrecovered" and row.finished_at is not None
+    assert "outcome" not in row.report and row.report["generations_redone"] is None
+    note = row.report["generations_note"]
+    assert note.startswith("not measured: the count could not be sent to the worker of node 'n1' ("), note
+    assert "counting the generations" not in row.report["state"]
+
+    node = f"figures-{uuid.uuid4().hex[:8]}"
+    up = Celery(broker=redis_url)
+    sent = _over(engine, run_root)
+    try:
+        assert request_figures(up, engine, sent, node, now=datetime.now(UTC)) is True
+        assert redis.Redis.from_url(redis_url).llen(f"node.{node}") == 1
+    finally:
+        redis.Redis.from_url(redis_url).delete(f"node.{node}")
+        up.close()
+    assert _get(engine, sent).status == DrillStatus.injected.value  # its node ends it
