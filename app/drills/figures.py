@@ -85,7 +85,7 @@ def finish_drill(engine: Engine, drill_id: int, setup: HookSetup, *, now: dateti
     """Count, record and end the drill; False when it was not waiting for its count."""
     with Session(engine, expire_on_commit=False) as session:
         row = get_drill(session, drill_id)
-    if not _waiting(row):
+    if not waits_for_count(row):
         return False
     return _end(engine, drill_id, ask_figures(setup, row), now)
 
@@ -104,7 +104,8 @@ def request_figures(celery: Celery, engine: Engine, drill_id: int, node: str, *,
     return True
 
 
-def _waiting(row: Drill) -> bool:
+def waits_for_count(row: Drill) -> bool:
+    """Over (the follow-up set its outcome) and not yet ended: its node is to count it."""
     return row.status == DrillStatus.injected.value and "outcome" in (row.report or {})
 
 
@@ -112,7 +113,7 @@ def _end(engine: Engine, drill_id: int, counted: dict[str, Any], now: datetime) 
     """Record ``counted`` and end the drill with the follow-up's outcome (once)."""
     with Session(engine, expire_on_commit=False) as session:
         row = get_drill(session, drill_id)
-        if not _waiting(row):
+        if not waits_for_count(row):
             return False  # ended by another delivery of the task
         report = {k: v for k, v in (row.report or {}).items()
                   if k not in ("outcome", "generations_note")}

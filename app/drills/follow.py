@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from sqlmodel import Session, col, select
 
 from app.core.config import Settings
+from app.drills.figures import waits_for_count
 from app.drills.report import build_report
 from app.drills.service import get_drill
 from app.incidents.timeline import add_event
@@ -82,6 +83,4 @@ def awaiting_figures(session: Session, drill_id: int) -> str | None:
     """The node that is to count the generations redone of this drill, when it is over and
     waits for them (:mod:`app.drills.figures` ends it); else None."""
     row = get_drill(session, drill_id)
-    if row.status == DrillStatus.injected.value and "outcome" in (row.report or {}):
-        return row.node
-    return None
+    return row.node if waits_for_count(row) else None
