@@ -12,9 +12,11 @@ SAFE_MODE, which then refuses the next drill).
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -269,9 +271,18 @@ def test_a_drill_armed_for_a_step_is_injected_at_that_step(stack: DemoStack) -> 
     # The launcher holds the request until the rollout reports the step; meanwhile the node's
     # worker asks again with the same key (its task re-scheduled, the worker never held).
     _quiet(stack, "rollout", "1")
-    # The rollout's own step (what its launcher watches), not the trainer's.
-    beat = read_heartbeat(heartbeat_path(stack.run_dir, "rollout", 1)) or {}
-    at = int(beat.get("step") or 0) + 4
+    # The rollout's own step (what its launcher watches), not the trainer's, far enough ahead
+    # that the request reaches the launcher before it: ~30 s of the job's own pace (the CLI's
+    # start and the worker's delivery took longer than 4 steps in a CI run under load, and the
+    # step was reached before the request came: injected at once, never armed).
+    def rollout_step() -> int:
+        beat = read_heartbeat(heartbeat_path(stack.run_dir, "rollout", 1)) or {}
+        return int(beat.get("step") or 0)
+
+    t0, s0 = time.monotonic(), rollout_step()
+    time.sleep(5.0)
+    s1 = rollout_step()
+    at = s1 + max(4, math.ceil((s1 - s0) / (time.monotonic() - t0) * 30.0))
     r = _cli(stack, "--job", JOB, "--fault", "kill", "--role", "rollout", "--rank", "1",
              "--at-step", str(at), "--timeout", "300")
     assert r.returncode == 0, (r.stderr, r.stdout, _logs(stack))

@@ -44,7 +44,11 @@ def _declare_all(url: str, transport: str, start: object, errors: object) -> Non
 
 def race_declarers(broker: Path, transport: str) -> list[str]:
     """Run DECLARERS processes against a fresh broker file; the tracebacks of those that died."""
-    ctx = multiprocessing.get_context("spawn")  # no inherited threads or locks
+    # Forked from a fresh single-threaded server (no inherited threads or locks) that imported
+    # kombu and the transport once: with "spawn" every declarer imported them itself, and on a
+    # loaded CI host 6 rounds of 8 such starts outran the test's time before any declared.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["kombu", "app.tasks.sqlite_broker"])
     start, errors = ctx.Barrier(DECLARERS), ctx.Queue()
     procs = [
         ctx.Process(target=_declare_all, args=(broker_file_url(broker), transport, start, errors))
