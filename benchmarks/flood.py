@@ -1,15 +1,14 @@
 """One node token floods the server; another node's ingest, the server's memory and the policy
 tick must not notice much (issue 41, item 2). Baseline: the same node's ingest in the same run,
-before the flood.
+in windows without the flood.
 
     .venv/bin/python benchmarks/flood.py                  # 60 s idle, 60 s of flood, alternating
     .venv/bin/python benchmarks/flood.py --seconds 8 --rounds 2   # smoke
     .venv/bin/python benchmarks/flood.py --database-url postgresql+psycopg://postgres@127.0.0.1/test
 
 Starts ``uvicorn app.main:create_app_from_env`` (policy scheduler on, default quotas and rate
-limits) on a fresh SQLite database (or the given one, migrated), then:
-
-in ``--rounds`` pairs of alternating windows (pooled by kind):
+limits) on a fresh SQLite database (or the given one, migrated), then runs ``--rounds`` pairs
+of alternating windows (pooled by kind):
 
 * ``idle``: the calm node posts an 8-GPU agent batch (500 samples, 8 training processes)
   ``--calm-rate`` times a second; its request latency is the baseline;
@@ -18,8 +17,8 @@ in ``--rounds`` pairs of alternating windows (pooled by kind):
   (new metric names), 5,000 new GPU ids of one metric, and 240 exited processes of 15 new jobs,
   in turn; what the quotas refuse it is told (422, 429) and goes on.
 
-Prints the calm node's p50/p99 of each kind (and each window's p99), the ratio flood/idle (target <= 2.0), the
-server's RSS (idle, peak, end; target: peak under idle + ``--rss-bound-mib``), policy ticks
+Prints the calm node's p50/p99 of each kind (and each window's p99), the ratio flood/idle
+(target <= 2.0), the server's RSS (idle, peak, end; target: peak under idle + ``--rss-bound-mib``), policy ticks
 skipped (APScheduler's own warnings in the server's log; target 0), the flooder's answers by
 status, the quota refusals and the incidents open, from ``/metrics``.
 """

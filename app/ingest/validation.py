@@ -146,6 +146,10 @@ def _pydantic_reason(exc: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+class _ManyNewSeries(Exception):
+    """The typed path met a batch with more new series than one slice: check them in slices."""
+
+
 class BatchValidator:
     """Parses and checks one ingest body against ``limits``; keeps a cache of valid series."""
 
@@ -194,10 +198,14 @@ class BatchValidator:
             doc: TypedBatch | None = self._typed.decode(body)
         except DECODE_FAILED:
             doc = None
-        if doc is not None and len(doc.samples) > NEW_SERIES_SLICE and self._typed_head(doc):
-            yield from self._new_series_in_slices(doc)
-            self._token_node = token_node  # other batches were validated between the slices
-        batch = None if doc is None else self._validate_typed(doc)
+        batch = None
+        if doc is not None:
+            try:
+                batch = self._validate_typed(doc, slice_new=True)
+            except _ManyNewSeries:
+                yield from self._new_series_in_slices(doc)
+                self._token_node = token_node  # other batches were validated between the slices
+                batch = self._validate_typed(doc)
         if batch is not None:
             self.typed_accepted += 1
             return batch
@@ -210,11 +218,7 @@ class BatchValidator:
         known = self._text_keys.get(doc.node, {})
         fresh = [s for k, s in {(s.name, bytes(s.labels)): s for s in doc.samples}.items()
                  if k not in known]
-        if len(fresh) <= NEW_SERIES_SLICE:
-            return
         gate = self._batch_gate
-        if gate is not None:
-            gate.expect_new(len(fresh))
         for at in range(0, len(fresh), NEW_SERIES_SLICE):
             if at:
                 yield
@@ -223,9 +227,10 @@ class BatchValidator:
                 if self._typed_series(doc.node, s) is None:
                     return
 
-    def _typed_head(self, doc: TypedBatch) -> tuple[list[ParticipantReport], float] | None:
-        """The batch's processes and the timestamp horizon, its quotas' early checks begun;
-        None sends the batch to the exact path."""
+    def _validate_typed(self, doc: TypedBatch, *, slice_new: bool = False) -> ValidBatch | None:
+        """The batch when the typed path accepts it; None sends it to the exact path. With
+        ``slice_new``, raises ``_ManyNewSeries`` at the first series new to the cache when the
+        batch holds more than ``NEW_SERIES_SLICE`` of them (after the quotas' count of them)."""
         horizon = self._horizon()
         if doc.sent_at > horizon:
             return None
@@ -234,33 +239,28 @@ class BatchValidator:
             if p.ts > horizon:
                 return None
             parts.append(ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts))
-        self._begin_batch(doc.node, parts)
-        return parts, horizon
-
-    def _validate_typed(self, doc: TypedBatch) -> ValidBatch | None:
-        """The batch when the typed path accepts it; None sends it to the exact path."""
-        head = self._typed_head(doc)
-        if head is None:
-            return None
-        parts, horizon = head
         node = doc.node
+        self._begin_batch(node, parts)
         keys = self._text_keys.get(node)
         if keys is None:
             keys = self._text_keys[node] = {}
         lookup = keys.get
         samples: list[tuple[SeriesKey, float, float]] = []
         append = samples.append
-        counted = self._batch_gate is None
+        counted = self._batch_gate is None and not slice_new
         for s in doc.samples:
             ts = s.ts
             if ts > horizon:
                 return None
             key = lookup((s.name, bytes(s.labels)))
             if key is None:
-                if not counted and self._batch_gate is not None:
+                if not counted:
                     counted = True  # at the first miss: how many, before validating any
                     unknown = {(t.name, bytes(t.labels)) for t in doc.samples}.difference(keys)
-                    self._batch_gate.expect_new(len(unknown))
+                    if self._batch_gate is not None:
+                        self._batch_gate.expect_new(len(unknown))
+                    if slice_new and len(unknown) > NEW_SERIES_SLICE:
+                        raise _ManyNewSeries
                 key = self._typed_series(node, s)
                 if key is None:
                     return None

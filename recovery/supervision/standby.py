@@ -38,8 +38,6 @@ from recovery.report import START_PHASES
 
 log = logging.getLogger("rlguard.recovery.supervision")
 
-# A process in these phases is still starting (importing, loading): standbys wait for it.
-
 
 def reports_steadily(
     beat: Mapping[str, Any] | None,
