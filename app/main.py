@@ -182,7 +182,11 @@ def _build_state(app: FastAPI, settings: Settings) -> None:
         quotas=state.node_quotas,
     )
     state.rollups = RollupWriter(
-        engine=engine, store=store, settings=settings.series, metrics=metrics
+        engine=engine,
+        store=store,
+        settings=settings.series,
+        metrics=metrics,
+        write_turns=state.ingest.write_turns,
     )
     state.node_tokens = NodeTokenCache(engine, ttl=settings.ingest.token_cache_seconds)
     state.readiness = ReadinessProbe(

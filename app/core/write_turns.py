@@ -1,19 +1,22 @@
-"""Turns at SQLite's one write lock between the policy tick's incident writes and ingest.
+"""Turns at SQLite's one write lock between ingest and the background writers (the policy
+tick's incident writes, the rollup pass).
 
 SQLite has one writer at a time. When a tick opened 21 incidents (a flooding node's budget for
 15 s, each with its timeline, plan and alert: ~20 statements), it held the write lock for its
 whole transaction, 0.45-1.3 s on the 2-core test machine, and every node's ingest commit waited
 behind it: the calm node's request took as long (``benchmarks/flood.py``, issue 41 item 2).
 
-So the tick writes its decisions in short transactions (``app.incidents.tick_writes``), and
-between two of them lets a waiting ingest commit go first. Waiting on SQLite itself would not
-do: a writer that finds the lock taken sleeps in SQLite's busy handler (up to 25 ms, then 50 and
-100 ms between tries) and a tick that starts its next transaction within a millisecond wins the
-lock again and again. Here an ingest commit that has to wait says so before it asks SQLite
-(``ingest_commit``): it waits for the tick's current transaction to end and is woken at once when
-it does, and the tick starts its next transaction only once no ingest commit waits
-(``tick_write``). Each wait is bounded (``MAX_WAIT_S``), so neither side can starve the other,
-and SQLite's busy timeout still guards against every other writer (the CLI, the workers).
+So the tick writes its decisions in short transactions (``app.incidents.tick_writes``), as the
+rollup pass writes its rows (``app.ingest.rollups``: a pass of 40,000 rows held the lock ~750 ms
+in one transaction), and between two of them each lets a waiting ingest commit go first.
+Waiting on SQLite itself would not do: a writer that finds the lock taken sleeps in SQLite's
+busy handler (up to 25 ms, then 50 and 100 ms between tries) and a background writer that starts
+its next transaction within a millisecond wins the lock again and again. Here an ingest commit
+that has to wait says so before it asks SQLite (``ingest_commit``): it waits for the background
+writer's current transaction to end and is woken at once when it does, and a background writer
+starts its next transaction only once no ingest commit waits (``background_write``). Each wait
+is bounded (``MAX_WAIT_S``), so neither side can starve the other, and SQLite's busy timeout
+still guards against every other writer (the CLI, the workers).
 
 Within one server process only; with PostgreSQL (row locks, no single writer) there are no
 turns to take and the server passes none.
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # The longest either side waits for the other before it goes on anyway (then SQLite's own busy
-# timeout decides): a tick's short transaction takes a few tens of milliseconds.
+# timeout decides): a background writer's short transaction takes a few tens of milliseconds.
 MAX_WAIT_S = 0.5
 
 
@@ -34,9 +37,9 @@ class WriteTurns:
     def __init__(self, max_wait_s: float = MAX_WAIT_S) -> None:
         self.max_wait_s = max_wait_s
         self._cond = threading.Condition()
-        self._tick_writing = False
+        self._background_writing = False
         self._ingest_waiting = 0
-        self.ingest_first = 0  # times a tick transaction waited for ingest (tests read it)
+        self.ingest_first = 0  # times a background transaction waited for ingest (tests read it)
 
     @property
     def ingest_waiting(self) -> int:
@@ -44,27 +47,28 @@ class WriteTurns:
         return self._ingest_waiting
 
     @contextmanager
-    def tick_write(self) -> Iterator[None]:
-        """Around one of the tick's transactions: after the ingest commits waiting now."""
+    def background_write(self) -> Iterator[None]:
+        """Around one of a background writer's transactions: after the ingest commits waiting
+        now."""
         with self._cond:
             if self._ingest_waiting:
                 self.ingest_first += 1
                 self._cond.wait_for(lambda: self._ingest_waiting == 0, timeout=self.max_wait_s)
-            self._tick_writing = True
+            self._background_writing = True
         try:
             yield
         finally:
             with self._cond:
-                self._tick_writing = False
+                self._background_writing = False
                 self._cond.notify_all()
 
     @contextmanager
     def ingest_commit(self) -> Iterator[None]:
         """Around an ingest commit that may wait for the lock (the group committer's thread
-        path): the tick's next transaction waits until it is done."""
+        path): the background writers' next transactions wait until it is done."""
         with self._cond:
             self._ingest_waiting += 1
-            self._cond.wait_for(lambda: not self._tick_writing, timeout=self.max_wait_s)
+            self._cond.wait_for(lambda: not self._background_writing, timeout=self.max_wait_s)
         try:
             yield
         finally:

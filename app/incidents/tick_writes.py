@@ -56,7 +56,7 @@ def write_decisions(
     new_rows = False
     transactions = 0
     for start in range(0, len(decisions), chunk):
-        turn: AbstractContextManager[None] = turns.tick_write() if turns else nullcontext()
+        turn: AbstractContextManager[None] = turns.background_write() if turns else nullcontext()
         with turn, Session(engine, expire_on_commit=False) as session:
             part = persist_decisions(
                 session,

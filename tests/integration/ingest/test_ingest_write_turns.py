@@ -36,7 +36,7 @@ def test_an_ingest_commit_finding_the_tick_writing_waits_for_its_turn(
         answers.append(r.status_code)
 
     writer = threading.Thread(target=post)
-    with turns.tick_write(), api.engine.connect() as tick:
+    with turns.background_write(), api.engine.connect() as tick:
         tick.exec_driver_sql("BEGIN IMMEDIATE")  # the tick's transaction holds the write lock
         writer.start()
         deadline = time.monotonic() + 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,8 @@ from sqlmodel import Session, select
 from app.core.config import SeriesSettings
 from app.core.db import make_engine
 from app.core.server_metrics import ServerMetrics
-from app.ingest.rollups import RollupWriter, series_id
+from app.core.write_turns import WriteTurns
+from app.ingest.rollups import WRITE_CHUNK_ROWS, LeaseLost, RollupWriter, series_id
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.models import MetricRollup, from_epoch, utcnow
 from tests.harness import wait_for
@@ -110,3 +112,51 @@ def test_the_running_server_writes_rollups_in_the_background(migrated_url: str, 
     assert api.client.post("/api/v1/ingest", json=body, headers=auth(token)).status_code == 200
     wait_for(lambda: rows(api.engine), 20, "a rollup row")
     assert sorted((r[2]["gpu"], r[4], r[8]) for r in rows(api.engine)) == [("0", 1, 0.0), ("1", 1, 1.0)]
+
+
+def test_a_large_pass_commits_in_short_transactions_and_a_failed_one_is_retried_once(
+    migrated_url: str,
+) -> None:
+    """1,200 series: three transactions. The lease is lost after the first: its 500 series
+    stay written and are not added again by the next pass; the other 700 are written then."""
+    engine = make_engine(migrated_url)
+    store = SeriesStore(window_seconds=900)
+    keys = [SeriesKey.of("n1", "gpu_util", {"gpu": str(g)}) for g in range(1200)]
+    store.extend([(k, T0 + s, 1.0) for k in keys for s in (0, 30)])  # 2 points each, minute 0
+    now = [T0 + 70]
+    w = writer(engine, store, now)
+    holds = iter([True])  # the first transaction's fence holds, the second finds it changed
+
+    with pytest.raises(LeaseLost):
+        w.run_once(fence=lambda _conn: next(holds, False))
+    first = rows(engine)
+    assert len(first) == WRITE_CHUNK_ROWS
+    assert {r[4] for r in first} == {2}
+
+    assert w.run_once(fence=lambda _conn: True) == 1200 - WRITE_CHUNK_ROWS
+    after = rows(engine)
+    assert len(after) == 1200
+    assert {r[4] for r in after} == {2}  # every series' 2 samples counted once
+    assert w.run_once() == 0
+    engine.dispose()
+
+
+def test_a_pass_lets_a_waiting_ingest_commit_go_between_its_transactions(
+    migrated_url: str,
+) -> None:
+    engine = make_engine(migrated_url)
+    store = SeriesStore(window_seconds=900)
+    store.extend([(SeriesKey.of("n1", "m", {"gpu": str(g)}), T0 + 1, 1.0) for g in range(600)])
+    turns = WriteTurns(max_wait_s=60)  # never goes on anyway while the test looks
+    w = writer(engine, store, [T0 + 70])
+    w.write_turns = turns
+    passed: list[int] = []
+    with turns.ingest_commit():  # an ingest commit is waiting for the write lock, or writing
+        pass_thread = threading.Thread(target=lambda: passed.append(w.run_once()))
+        pass_thread.start()
+        wait_for(lambda: turns.ingest_first == 1, 10, "the pass to wait for the ingest commit")
+        assert rows(engine) == []  # its first transaction has not begun
+    pass_thread.join(10)
+    assert passed == [600]
+    assert len(rows(engine)) == 600
+    engine.dispose()

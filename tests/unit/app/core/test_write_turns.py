@@ -26,7 +26,7 @@ def test_a_waiting_ingest_commit_goes_before_the_ticks_next_write() -> None:
             ingest_may_finish.wait(5)
             order.append("ingest ends")
 
-    with turns.tick_write():
+    with turns.background_write():
         order.append("tick write 1")
         t = threading.Thread(target=ingest)
         t.start()
@@ -35,7 +35,7 @@ def test_a_waiting_ingest_commit_goes_before_the_ticks_next_write() -> None:
         assert order == ["tick write 1"]
     # The ingest commit runs now; the tick's next write waits until it has ended.
     threading.Timer(0.1, ingest_may_finish.set).start()
-    with turns.tick_write():
+    with turns.background_write():
         order.append("tick write 2")
     t.join(5)
     assert order == ["tick write 1", "ingest starts", "ingest ends", "tick write 2"]
@@ -46,7 +46,7 @@ def test_without_a_waiting_ingest_commit_the_tick_goes_on_at_once() -> None:
     turns = WriteTurns(max_wait_s=5.0)
     started = time.monotonic()
     for _ in range(50):
-        with turns.tick_write():
+        with turns.background_write():
             pass
     assert time.monotonic() - started < 1.0
     assert turns.ingest_first == 0
@@ -64,7 +64,7 @@ def test_neither_side_waits_longer_than_the_bound() -> None:
     t.start()
     until(lambda: turns.ingest_waiting == 1)
     started = time.monotonic()
-    with turns.tick_write():  # goes on after the bound (SQLite's busy timeout decides then)
+    with turns.background_write():  # goes on after the bound (SQLite's busy timeout decides then)
         waited = time.monotonic() - started
         started = time.monotonic()
         with turns.ingest_commit():  # and an ingest commit does not wait past it for the tick
