@@ -8,6 +8,7 @@ workers read both. Everything else the processes share is files in the run direc
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,10 @@ class JobConfig:
     # or refit, its process tree alive) stays out before its probation probe; None: no
     # probation (only a replacement brings the rank back). See workload/engines/fleet.py.
     engine_probation_s: float | None = 30.0
+    # With vLLM engines: a rollout request that has not finished after this many seconds failed
+    # (the engine is quarantined as for any failed request, and the request retried elsewhere):
+    # what catches an engine that answers /health but never finishes a request.
+    engine_request_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or self.steps < 1:
@@ -79,6 +84,10 @@ class JobConfig:
                 isinstance(self.engine_probation_s, int | float) and self.engine_probation_s >= 0):
             raise JobConfigError(
                 f"engine_probation_s must be >= 0 or None, got {self.engine_probation_s!r}")
+        if not (isinstance(self.engine_request_timeout_s, int | float)
+                and 0 < self.engine_request_timeout_s < math.inf):
+            raise JobConfigError(f"engine_request_timeout_s must be > 0, got "
+                                 f"{self.engine_request_timeout_s!r}")
         if self.transport not in ("tcp", "shm"):
             raise JobConfigError(f"transport must be tcp or shm, got {self.transport!r}")
 

@@ -135,6 +135,13 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         "and a one-token completion, then refit and re-admitted if it answers (default 30; off: "
         "it stays out until RLGuard's restart_role replaces it)",
     )
+    p.add_argument(
+        "--engine-request-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --rollout-engine vllm: a rollout request not finished in this many seconds "
+        "failed; its engine is quarantined and the request retried on another (default 120)",
+    )
 
 
 def _checked_config(
@@ -173,7 +180,7 @@ def _checked_config(
         )
     if args.prompts_per_worker < 1:
         p.error(f"--prompts-per-worker must be >= 1, got {args.prompts_per_worker}")
-    probation = _engine_probation(p, args)
+    engines = {**_engine_probation(p, args), **_engine_request_timeout(p, args)}
     try:
         config = JobConfig(
             job=job,
@@ -186,7 +193,7 @@ def _checked_config(
             model_dir=_model_dir(p, args, run_dir),
             transport=args.transport or _default_transport(args),
             wait_all_engines=args.wait_engines,
-            **probation,
+            **engines,
         )
     except JobConfigError as exc:
         p.error(str(exc))
@@ -209,6 +216,18 @@ def _engine_probation(p: argparse.ArgumentParser, args: argparse.Namespace) -> d
     if not (math.isfinite(seconds) and seconds >= 0):
         p.error(f"--engine-probation must be seconds >= 0 or 'off', got {raw!r}")
     return {"engine_probation_s": seconds}
+
+
+def _engine_request_timeout(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``--engine-request-timeout`` as JobConfig's ``engine_request_timeout_s``."""
+    timeout = args.engine_request_timeout
+    if timeout is None:
+        return {}
+    if args.rollout_engine != "vllm":
+        p.error("--engine-request-timeout: only with --rollout-engine vllm")
+    if not (math.isfinite(timeout) and timeout > 0):
+        p.error(f"--engine-request-timeout must be seconds > 0, got {timeout!r}")
+    return {"engine_request_timeout_s": timeout}
 
 
 def _default_transport(args: argparse.Namespace) -> str:

@@ -55,10 +55,12 @@ class EngineTrainer(Trainer):
         self.fleet = EngineFleet(
             run, self.cfg.rollouts, refit_source=self._refit_source, refit_timeout=REFIT_TIMEOUT_S,
             probation_s=self.cfg.engine_probation_s,
+            request_timeout=self.cfg.engine_request_timeout_s,
         )
         self.fleet.start()
         self.wal = WriteAheadLog(run.wal, lock_timeout=30.0)
-        self.rollouts = EngineRollouts(run, self.cfg, self.vocab, self.fleet, self.wal)
+        self.rollouts = EngineRollouts(run, self.cfg, self.vocab, self.fleet, self.wal,
+                                       request_timeout=self.cfg.engine_request_timeout_s)
 
     def _make_policies(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         assert self.cfg.model_dir is not None

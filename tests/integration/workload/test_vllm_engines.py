@@ -1,6 +1,6 @@
 """The reference job on real vLLM engines (``--rollout-engine vllm``), healed by the real stack.
 
-One clean run and one run in which the Worker process of one engine is killed with SIGKILL in
+One clean run and runs in which the Worker process of one engine is killed with SIGKILL in
 the middle of its requests, watched by embedded ``rlguard up`` (server, policy engine, Celery
 worker) and a node agent, with the launcher as the launcher hook. The faulty run must:
 
@@ -55,9 +55,12 @@ def _step(run: RunDir) -> int:
     return max((e["step"] for e in _events(run, "step")), default=-1)
 
 
-@pytest.fixture
-def clean_final(model_dir: Path, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    run_dir = tmp_path / "clean"
+@pytest.fixture(scope="module")
+def clean_final(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """The clean run's final state (shared: every faulty run of the module must end there)."""
+    run_dir = tmp_path_factory.mktemp("vllm-clean") / "clean"
     run_dir.mkdir()
     job = Job(run_dir, STEPS, *JOB_ARGS, "--model", str(model_dir), "--no-standby",
               "--timeout", "900")
@@ -251,3 +254,65 @@ def test_an_engine_admitted_with_the_previous_weights_is_caught_within_two_steps
     # Only the stale engine was flagged.
     assert {str(i["subject"].get("rank")) for i in stack.incidents()
             if i["kind"] == "train_infer_mismatch"} == {"1"}
+
+
+def test_a_wedged_engine_is_quarantined_then_readmitted_on_probation_at_the_current_version(
+    model_dir: Path, clean_final: dict[str, Any], tmp_path: Path
+) -> None:
+    """The job's own router, nothing else watching: engine 1 is paused (vLLM's ``/pause``, its
+    requests frozen while ``/health`` answers 200). Its request times out and it is quarantined
+    with its process tree alive; its probation probe fails while it stays paused; once resumed,
+    the next probe passes, it is refit to the trainer's version (it missed steps meanwhile) and
+    re-admitted, and it serves again. The run ends with the clean run's parameters."""
+    import httpx
+
+    run_dir = tmp_path / "probation"
+    run_dir.mkdir()
+    job = Job(run_dir, STEPS, *JOB_ARGS, "--model", str(model_dir), "--no-standby",
+              "--timeout", "900", "--engine-probation", "1", "--engine-request-timeout", "6")
+    run = job.run
+    try:
+        # Paused as soon as both serve: the run (~1 s a step on a quiet host) must outlast the
+        # request's timeout, a failed probe and the re-admission (~13 s).
+        job.wait(lambda: {e["rank"] for e in _events(run, "engine_admitted")} >= {0, 1}, 400,
+                 "both engines admitted")
+        record = records.read_record(run, 1)
+        assert record is not None
+        paused_at = time.time()
+        httpx.post(f"{record.url}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
+        try:
+            quarantined = job.wait(lambda: _events(run, "engine_quarantined", rank=1), 60,
+                                   "engine 1 quarantined")[0]
+            assert quarantined["ts"] >= paused_at and "failed" in quarantined["why"], quarantined
+            failed = job.wait(lambda: _events(run, "engine_probation", rank=1, outcome="failed"),
+                              60, "a failed probation probe while engine 1 is paused")[0]
+            assert failed["ts"] > quarantined["ts"], failed
+            assert not _events(run, "engine_readmitted", rank=1)  # never while wedged
+        finally:
+            resumed_at = time.time()
+            httpx.post(f"{record.url}/resume", timeout=30).raise_for_status()
+        healthy = job.wait(lambda: _events(run, "engine_probation", rank=1, outcome="healthy"),
+                           60, "a passed probation probe once engine 1 is resumed")[0]
+        assert healthy["ts"] >= resumed_at and healthy["refit_first"] is True, healthy
+        back = job.wait(lambda: _events(run, "engine_readmitted", rank=1), 60,
+                        "engine 1 re-admitted")[0]
+        # At the trainer's version (the target may have moved on during the refit: refit again)
+        assert back["probation"] is True, back
+        assert back["version"] >= healthy["target"] > (healthy["version"] or 0), (back, healthy)
+        # The same process tree throughout: probation, not a replacement.
+        assert back["incarnation"] == record.incarnation, (back, record)
+        assert not _events(run, "engine_replaced")
+        final = job.finish(timeout=900)
+    finally:
+        job.close()
+        kill_job_engines(run, 2)
+    assert final["step"] == clean_final["step"] == STEPS
+    assert final["params_sha256"] == clean_final["params_sha256"]
+    # Engine 1 served again after its re-admission: attempts sent to it, finished.
+    with WriteAheadLog(run.wal, lock_timeout=30.0) as wal:
+        entries = wal.entries()
+        after = [json.loads(wal.read_data(e.entry_id)) for e in entries
+                 if not e.entry_id.endswith(".done") and e.created_at > back["ts"]
+                 and e.status is WALStatus.COMPLETED]
+    assert any(a["engine"] == 1 for a in after), "engine 1 got no request after re-admission"
+

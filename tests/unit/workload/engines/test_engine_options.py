@@ -32,6 +32,14 @@ from workload.launch import main
          "--engine-probation must be seconds >= 0 or 'off', got '-1'"),
         (["--rollout-engine", "vllm", "--engine-probation", "nan"],
          "--engine-probation must be seconds >= 0 or 'off', got 'nan'"),
+        (["--engine-request-timeout", "30"],
+         "--engine-request-timeout: only with --rollout-engine vllm"),
+        (["--rollout-engine", "vllm", "--engine-request-timeout", "0"],
+         "--engine-request-timeout must be seconds > 0, got 0.0"),
+        (["--rollout-engine", "vllm", "--engine-request-timeout", "inf"],
+         "--engine-request-timeout must be seconds > 0, got inf"),
+        (["--rollout-engine", "vllm", "--engine-request-timeout", "soon"],
+         "--engine-request-timeout: invalid float value: 'soon'"),
     ],
 )
 def test_launcher_options_are_refused_by_name(
@@ -61,6 +69,29 @@ def test_engine_probation_reaches_the_job_config(
     config, _, _ = _checked_config(p, p.parse_args(
         argv + ([] if raw is None else ["--engine-probation", raw])))
     assert config.engine_probation_s == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 120.0), ("15", 15.0), ("0.5", 0.5)])
+def test_engine_request_timeout_reaches_the_job_config(
+    tmp_path: Path, raw: str | None, expected: float
+) -> None:
+    from workload.launch import _checked_config, _supervise_parser
+
+    p = _supervise_parser()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    argv = ["--run-dir", str(tmp_path / "run"), "--steps", "2", "--rollout-engine", "vllm",
+            "--model", str(model)]
+    config, _, _ = _checked_config(p, p.parse_args(
+        argv + ([] if raw is None else ["--engine-request-timeout", raw])))
+    assert config.engine_request_timeout_s == expected
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "60"])
+def test_the_job_config_refuses_a_bad_request_timeout(bad: Any) -> None:
+    with pytest.raises(JobConfigError, match=f"engine_request_timeout_s must be > 0, got {bad!r}"):
+        JobConfig(job="j", steps=1, engine_request_timeout_s=bad)
 
 
 GOOD: dict[str, Any] = {"registry": "127.0.0.1:5000", "version": 3,
