@@ -30,7 +30,7 @@ from agents.collectors.dcgm import DEFAULT_DCGM_URL
 from agents.collectors.engines import EngineSpec, EngineSpecError
 from agents.fingerprint import DEFAULT_PACKAGES
 from agents.spool import SpoolError
-from recovery._pids import process_exists
+from recovery.pids import process_exists
 
 # The server's identifier rule for node names (ingest contract).
 _NODE_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]{0,127}$")

@@ -39,7 +39,7 @@ from agents.samples import Sample, make_sample
 from agents.sender import Sender
 from agents.simulate import apply_fault_files
 from agents.spool import Spool, SpoolError
-from recovery._fsio import replace_file
+from recovery.fsio import replace_file
 from recovery.report import safe_job_name
 
 log = logging.getLogger("rlguard.agent")

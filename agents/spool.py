@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from agents.metric_names import is_job_signal
-from recovery._fsio import replace_file
+from recovery.fsio import replace_file
 
 log = logging.getLogger("rlguard.agent.spool")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from integrations.snapshot_rounds import SnapshotRounds
 from recovery.checkpoint import atomic
-from recovery.checkpoint._layout import MARKER, list_dirs
 from recovery.checkpoint.errors import CheckpointCorrupt
+from recovery.checkpoint.layout import MARKER, list_dirs
 from recovery.checkpoint.persister import SnapshotPersister
 from recovery.checkpoint.segment_owner import write_owner
 

@@ -32,12 +32,12 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import write_json_atomic
 from recovery.checkpoint import atomic
-from recovery.checkpoint._layout import MARKER, list_dirs
 from recovery.checkpoint.coordinator import Coordinator
 from recovery.checkpoint.errors import CheckpointCorrupt
+from recovery.checkpoint.layout import MARKER, list_dirs
 from recovery.checkpoint.lease import LeaseGrant
+from recovery.fsio import write_json_atomic
 
 log = logging.getLogger("rlguard.launch.snapshot_rounds")
 

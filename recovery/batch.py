@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import fsync_directory, write_new_file
-from recovery._pids import process_exists
 from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
+from recovery.fsio import fsync_directory, write_new_file
+from recovery.pids import process_exists
 
 __all__ = [
     "BatchConflictError",

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from recovery._fsio import replace_file
 from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
+from recovery.fsio import replace_file
 
 __all__ = [
     "CONTROL_FILE",

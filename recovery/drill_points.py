@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import replace_file
+from recovery.fsio import replace_file
 
 __all__ = ["DIRNAME", "declare", "declared_points", "request", "take"]
 

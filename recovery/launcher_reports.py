@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import write_json_atomic
+from recovery.fsio import write_json_atomic
 from recovery.report import (
     DONE_PHASE,
     EXITED_PHASE,

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery._closing import ClosesOnExit
-from recovery._fsio import replace_file
 from recovery.errors import RecoveryError, RecoveryTimeout
+from recovery.fsio import replace_file
 
 log = logging.getLogger("rlguard.recovery.report")
 

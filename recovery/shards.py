@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from recovery._fsio import TMP_PREFIX
 from recovery.checkpoint.atomic import (
     commit_dir,
     make_tmp_dir,
@@ -44,6 +43,7 @@ from recovery.checkpoint.atomic import (
 )
 from recovery.checkpoint.errors import CheckpointCorrupt
 from recovery.errors import RecoveryError
+from recovery.fsio import TMP_PREFIX
 from recovery.transfer.errors import TransferConfigError
 from recovery.transfer.manifest import DEFAULT_CHECKSUM, Checksum, checksum_function
 

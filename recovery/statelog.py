@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery._closing import ClosesOnExit
-from recovery._fsio import fsync_directory
 from recovery._process_lock import ProcessLock
 from recovery.errors import RecoveryError, RecoveryTimeout
+from recovery.fsio import fsync_directory
 
 __all__ = [
     "StateLog",

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import replace_file
+from recovery.fsio import replace_file
 from recovery.report import heartbeat_path
 from workload.job import RunDir, read_json
 

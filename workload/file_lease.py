@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import replace_file
 from recovery.checkpoint.lease import LeaseGrant
+from recovery.fsio import replace_file
 
 
 class FileLease:

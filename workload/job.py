@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import replace_file
+from recovery.fsio import replace_file
 from recovery.supervision.events import EVENTS_FILE, append_event
 from recovery.supervision.events import read_events as _read_events
 from workload.task import TaskSpec

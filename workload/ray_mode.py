@@ -55,7 +55,7 @@ import threading
 import time
 from typing import Any
 
-from recovery._fsio import replace_file
+from recovery.fsio import replace_file
 from workload.job import JobConfig, RunDir
 
 log = logging.getLogger("rlguard.workload.ray")

@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 
-from recovery._pids import process_exists
 from recovery.batch import commit_batch
 from recovery.checkpoint.participant import Participant
 from recovery.checkpoint.version import VersionVector
 from recovery.control import ControlMode, read_control
 from recovery.errors import RecoveryError
+from recovery.pids import process_exists
 from recovery.report import HeartbeatReporter, heartbeat_path
 from recovery.transfer import RegistryClient, TensorSpec, WeightReceiver, make_transport
 from recovery.transfer.errors import TransferError

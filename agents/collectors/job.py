@@ -22,9 +22,9 @@ import orjson
 
 from agents.metric_names import TRAINER_SIGNALS
 from agents.samples import Participant, Sample, make_sample
-from recovery._tail import AppendedLines
 from recovery.launcher_reports import LAUNCH_DIRNAME
 from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
+from recovery.tail import AppendedLines
 
 log = logging.getLogger("rlguard.agent.job")
 

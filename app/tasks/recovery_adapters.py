@@ -25,7 +25,6 @@ from typing import Any
 from app.actions.errors import ActionError, TransientActionError
 from app.actions.machine import ActionSnapshot
 from app.policy.plans import ActionName
-from recovery._fsio import write_json_atomic
 from recovery.checkpoint.engine import CheckpointEngine
 from recovery.control import (
     ControlError,
@@ -35,6 +34,7 @@ from recovery.control import (
     write_control,
 )
 from recovery.errors import RecoveryError
+from recovery.fsio import write_json_atomic
 from recovery.supervision.backends.slurm import drain_reason_for_xid
 from recovery.wal import WALStatus, WriteAheadLog
 

@@ -54,8 +54,8 @@ from integrations.ray.mapping import MappedActor, job_name_of, map_actors
 from integrations.ray.presets import Preset, PresetError, load_preset, with_resume
 from integrations.ray.restarter import restarter_name
 from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
-from recovery._fsio import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
+from recovery.fsio import write_json_atomic
 from recovery.supervision.hook import (
     add_request_arguments,
     answer_drill_figures,

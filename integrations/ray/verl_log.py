@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from recovery._tail import AppendedLines
+from recovery.tail import AppendedLines
 
 log = logging.getLogger("rlguard.agent.verl")
 

@@ -59,9 +59,9 @@ from integrations.snapshot_owner import ENV_SNAPSHOT_SHM, disk_root, rank_dir
 from integrations.trl import SNAPSHOT_RESUME_PREFIX, _check_range, _installed
 from integrations.trl.rank_rounds import RankRounds, rank_rounds
 from recovery.checkpoint import atomic
-from recovery.checkpoint._layout import MARKER, list_dirs
 from recovery.checkpoint.engine import CheckpointEngine, SaveHandle
 from recovery.checkpoint.errors import CheckpointBusy, CheckpointCorrupt, CheckpointError
+from recovery.checkpoint.layout import MARKER, list_dirs
 from recovery.checkpoint.memory_snapshots import MemorySnapshotWriter, SnapshotSaved
 from recovery.checkpoint.persister import error_text, read_status
 from recovery.checkpoint.reader import CheckpointInfo, CheckpointReader

@@ -11,3 +11,5 @@
 
 Nothing is imported here, so a participant process does not pay for importing torch.
 """
+
+__all__: list[str] = []  # the modules above are the surface

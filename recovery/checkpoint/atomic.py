@@ -36,8 +36,8 @@ from typing import Any
 
 import crc32c
 
-from recovery._fsio import TMP_PREFIX, fsync_directory, write_json_atomic
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError, CheckpointWriteError
+from recovery.fsio import TMP_PREFIX, fsync_directory, write_json_atomic
 
 log = logging.getLogger("rlguard.recovery.checkpoint.atomic")
 

@@ -30,19 +30,18 @@ from typing import Any, Literal
 import torch
 
 from recovery._closing import ClosesOnExit
-from recovery._fsio import TMP_PREFIX
 from recovery.checkpoint import _serialize, atomic
-from recovery.checkpoint._layout import (
+from recovery.checkpoint.errors import (
+    CheckpointBusy,
+    CheckpointInputError,
+    CheckpointWriteError,
+)
+from recovery.checkpoint.layout import (
     MANIFEST,
     MARKER,
     apply_retention,
     list_dirs,
     mirror_committed,
-)
-from recovery.checkpoint.errors import (
-    CheckpointBusy,
-    CheckpointInputError,
-    CheckpointWriteError,
 )
 from recovery.checkpoint.reader import (
     PERSISTED_LAYERS,
@@ -53,6 +52,7 @@ from recovery.checkpoint.reader import (
 )
 from recovery.checkpoint.version import VersionVector, WeightVersionTable
 from recovery.errors import RecoveryTimeout
+from recovery.fsio import TMP_PREFIX
 
 log = logging.getLogger("rlguard.recovery.checkpoint")
 

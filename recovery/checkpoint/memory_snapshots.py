@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from recovery._fsio import TMP_PREFIX
 from recovery._process_lock import ProcessLock
 from recovery.checkpoint import _serialize, atomic
-from recovery.checkpoint._layout import MANIFEST, MARKER, list_dirs
 from recovery.checkpoint.errors import CheckpointError, CheckpointInputError
+from recovery.checkpoint.layout import MANIFEST, MARKER, list_dirs
 from recovery.checkpoint.version import VersionVector, WeightVersionTable
 from recovery.errors import RecoveryTimeout
+from recovery.fsio import TMP_PREFIX
 
 log = logging.getLogger("rlguard.recovery.checkpoint.memory")
 

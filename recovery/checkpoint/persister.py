@@ -2,7 +2,7 @@
 
 :class:`SnapshotPersister` watches snapshot directories on ``/dev/shm``
 (:mod:`recovery.checkpoint.memory_snapshots`) and copies each newly committed snapshot to its
-disk root through the checkpoint engine's own commit (:func:`recovery.checkpoint._layout.
+disk root through the checkpoint engine's own commit (:func:`recovery.checkpoint.layout.
 mirror_committed`: temporary directory, every file's checksum compared with the marker as it is
 copied, fsync, rename, marker), then keeps the newest ``keep`` there. It runs in the owner of
 the memory (the launcher), so the trainer never waits for a disk.
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import write_json_atomic
 from recovery.checkpoint import atomic
-from recovery.checkpoint._layout import MARKER, apply_retention, list_dirs, mirror_committed
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError
+from recovery.checkpoint.layout import MARKER, apply_retention, list_dirs, mirror_committed
+from recovery.fsio import write_json_atomic
 
 log = logging.getLogger("rlguard.recovery.checkpoint.persister")
 

@@ -26,9 +26,9 @@ from typing import Any, Literal
 import torch
 
 from recovery.checkpoint import _serialize, atomic
-from recovery.checkpoint._layout import MANIFEST, MARKER, list_dirs, stat_key
 from recovery.checkpoint._read import ReadFile, check_sizes, read_files
 from recovery.checkpoint.errors import CheckpointCorrupt, CheckpointInputError
+from recovery.checkpoint.layout import MANIFEST, MARKER, list_dirs, stat_key
 from recovery.checkpoint.version import Ordering, VersionVector, WeightVersionTable
 
 log = logging.getLogger("rlguard.recovery.checkpoint")

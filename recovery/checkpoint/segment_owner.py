@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from recovery._fsio import write_json_atomic
+from recovery.fsio import write_json_atomic
 
 OWNER_FILE = "OWNER"
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import write_json_atomic
-from recovery._pids import process_exists
 from recovery.errors import RecoveryError, RecoveryTimeout
+from recovery.fsio import write_json_atomic
+from recovery.pids import process_exists
 
 HOOK_ACTIONS = (
     "capture_stacks",  # hang forensics, asked for before restart_role (read-only)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery._pids import process_exists
+from recovery.pids import process_exists
 
 #: The default bound on one process's stacks (the incident keeps at most this much text).
 DEFAULT_MAX_BYTES = 64 * 1024

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery._fsio import write_json_atomic
 from recovery.control import ControlError, ControlMode, read_control, write_control
 from recovery.errors import RecoveryError
+from recovery.fsio import write_json_atomic
 from recovery.launcher_reports import declare_launch, report_process_exit, report_starting
 from recovery.redaction import environment_secrets
 from recovery.report import (

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from recovery._pids import process_exists
+from recovery.pids import process_exists
 from recovery.transfer.copy_digest import NATIVE_CRC32C, CopyDigest, copy_digest_function
 from recovery.transfer.errors import ProtocolError, TransferConfigError
 from recovery.transfer.manifest import DTYPES, TensorSpec, byte_view

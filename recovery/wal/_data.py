@@ -7,7 +7,7 @@ import secrets
 import time
 from pathlib import Path
 
-from recovery._fsio import fsync_directory, write_new_file
+from recovery.fsio import fsync_directory, write_new_file
 from recovery.wal._errors import WALDataError
 
 

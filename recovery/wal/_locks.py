@@ -15,7 +15,7 @@ import os
 import struct
 from pathlib import Path
 
-from recovery._pids import process_exists
+from recovery.pids import process_exists
 from recovery.wal._futex import SharedCounter
 
 

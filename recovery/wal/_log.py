@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from recovery._closing import ClosesOnExit
-from recovery._fsio import fsync_file
 from recovery._process_lock import ProcessLock
+from recovery.fsio import fsync_file
 from recovery.wal._args import (
     ChangeChecked,
     NewChecked,

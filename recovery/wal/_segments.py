@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery._fsio import fsync_directory
+from recovery.fsio import fsync_directory
 from recovery.wal._errors import WALCorruptionError
 from recovery.wal._format import HEADER, MAX_PAYLOAD_BYTES, DecodedRecord, decode_at, scan
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery._pids import process_exists
+from recovery.pids import process_exists
 from workload.job import RunDir, read_json, write_json_atomic
 
 # An engine's admission states (the router's view; the DESIGN's engine life, job side).

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from integrations.snapshot_owner import newest_verified, rank_dir
-from recovery.checkpoint._layout import MARKER, list_dirs
+from recovery.checkpoint.layout import MARKER, list_dirs
 from tests.harness import wait_for
 from tests.integration.integrations._trl import LaunchedRun
 

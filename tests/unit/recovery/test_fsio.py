@@ -12,7 +12,7 @@ import pytest
 
 # White-box: the shared writer behind every public writer of the library (control file,
 # checkpoint markers, heartbeats, WAL data files, batches).
-from recovery import _fsio
+from recovery import fsio
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,7 +35,7 @@ def test_replace_file_swaps_content_and_leaves_no_temporary(
     target = tmp_path / "state.json"
     target.write_bytes(b"old")
     syncs = _Syncs(monkeypatch)
-    _fsio.replace_file(target, b"new")
+    fsio.replace_file(target, b"new")
     assert target.read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
     assert len(syncs.files) == 2  # the file before the rename, the directory after it
@@ -45,7 +45,7 @@ def test_replace_file_without_sync_never_fsyncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     syncs = _Syncs(monkeypatch)
-    _fsio.replace_file(tmp_path / "hb.json", b"{}", sync=False)
+    fsio.replace_file(tmp_path / "hb.json", b"{}", sync=False)
     assert (tmp_path / "hb.json").read_bytes() == b"{}"
     assert syncs.files == []
 
@@ -61,7 +61,7 @@ def test_a_failed_rename_keeps_the_old_file_and_removes_the_temporary(
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(OSError, match="Read-only"):
-        _fsio.replace_file(target, b"new")
+        fsio.replace_file(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["control.json"]
 
@@ -74,23 +74,23 @@ def test_a_failed_write_removes_the_partial_file(
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(OSError, match="No space"):
-        _fsio.write_new_file(tmp_path / "data.bin", b"x")
+        fsio.write_new_file(tmp_path / "data.bin", b"x")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_write_new_file_never_overwrites(tmp_path: Path) -> None:
     (tmp_path / "data.bin").write_bytes(b"kept")
     with pytest.raises(FileExistsError):
-        _fsio.write_new_file(tmp_path / "data.bin", b"other")
+        fsio.write_new_file(tmp_path / "data.bin", b"other")
     assert (tmp_path / "data.bin").read_bytes() == b"kept"
 
 
 def test_write_json_atomic_writes_sorted_json_and_refuses_nan(tmp_path: Path) -> None:
     target = tmp_path / "marker.json"
-    _fsio.write_json_atomic(target, {"b": 1, "a": [2]})
+    fsio.write_json_atomic(target, {"b": 1, "a": [2]})
     assert json.loads(target.read_text()) == {"a": [2], "b": 1}
     assert target.read_text().index('"a"') < target.read_text().index('"b"')
     with pytest.raises(ValueError):
-        _fsio.write_json_atomic(target, {"loss": float("nan")})
+        fsio.write_json_atomic(target, {"loss": float("nan")})
     assert json.loads(target.read_text()) == {"a": [2], "b": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["marker.json"]

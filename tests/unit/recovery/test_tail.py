@@ -1,11 +1,11 @@
-"""recovery._tail.AppendedLines: the log follower the agent's state-log tail and the Ray
+"""recovery.tail.AppendedLines: the log follower the agent's state-log tail and the Ray
 integration's verl log reader share."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from recovery._tail import AppendedLines
+from recovery.tail import AppendedLines
 
 
 def test_missing_file_is_no_lines_and_a_partial_line_waits_for_its_newline(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from recovery.checkpoint import atomic
-from recovery.checkpoint._layout import MARKER, list_dirs
 from recovery.checkpoint.errors import CheckpointInputError
+from recovery.checkpoint.layout import MARKER, list_dirs
 from recovery.checkpoint.memory_snapshots import MemorySnapshotWriter, SnapshotSpaceError
 from recovery.checkpoint.persister import STATUS_FILE, SnapshotPersister, read_status
 from recovery.checkpoint.reader import CheckpointReader
