@@ -47,6 +47,7 @@ from sqlmodel import Session, col, select
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
+from app.core.db import table_of
 from app.core.gc_tuning import FreezeOnGrowth
 from app.core.wakeup import WakeThread
 from app.core.write_turns import WriteTurns
@@ -86,7 +87,7 @@ CERTAIN_FAULT_GAUGES = (m.GPU_LOST, m.ROLLOUT_ENGINE_PROCESS_DEAD)
 def try_lease(engine: Engine, *, holder: str, ttl: float, name: str = LEASE_NAME) -> bool:
     """Take or renew the lease; True while ``holder`` has it."""
     now = utcnow()
-    t = SchedulerLease.__table__  # type: ignore[attr-defined]
+    t = table_of(SchedulerLease)
     with Session(engine) as session:
         res = session.execute(
             sa.update(t)
@@ -122,7 +123,7 @@ def try_lease(engine: Engine, *, holder: str, ttl: float, name: str = LEASE_NAME
 
 def lease_token(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> int | None:
     """The lease's fencing token while ``holder`` holds it (None otherwise)."""
-    t = SchedulerLease.__table__  # type: ignore[attr-defined]
+    t = table_of(SchedulerLease)
     with engine.connect() as conn:
         row = conn.execute(sa.select(t.c.holder, t.c.fencing_token).where(t.c.name == name)).first()
     return int(row.fencing_token) if row is not None and row.holder == holder else None
@@ -135,7 +136,7 @@ def lease_fence(*, holder: str, token: int, name: str = LEASE_NAME) -> Callable[
     so a replica taking the lease over waits until this transaction has ended and then sees
     everything it wrote; a takeover that committed first makes the check fail.
     """
-    t = SchedulerLease.__table__  # type: ignore[attr-defined]
+    t = table_of(SchedulerLease)
 
     def holds(conn: Connection) -> bool:
         row = conn.execute(
@@ -147,7 +148,7 @@ def lease_fence(*, holder: str, token: int, name: str = LEASE_NAME) -> Callable[
 
 
 def release_lease(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> None:
-    t = SchedulerLease.__table__  # type: ignore[attr-defined]
+    t = table_of(SchedulerLease)
     with Session(engine) as session:
         session.execute(sa.delete(t).where(t.c.name == name, t.c.holder == holder))
         session.commit()

@@ -22,7 +22,7 @@ from sqlmodel import Session, select
 
 from app.actions.kinds import kind_of
 from app.actions.plan_order import earlier_to_run_first, superseded_by
-from app.core.db import begin_write
+from app.core.db import begin_write, table_of
 from app.incidents.persist import resolve_incident
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
@@ -105,7 +105,7 @@ def claim_action(
     ordered = _in_plan_order(session, row, worker, now)
     if ordered is not None:
         return ordered
-    t = RecoveryAction.__table__  # type: ignore[attr-defined]
+    t = table_of(RecoveryAction)
     result = session.execute(
         sa.update(t)
         .where(
@@ -185,7 +185,7 @@ def finish_action(
 ) -> bool:
     """Record the outcome; False when the worker no longer holds the action (nothing written)."""
     now = now or utcnow()
-    t = RecoveryAction.__table__  # type: ignore[attr-defined]
+    t = table_of(RecoveryAction)
     status = ActionStatus.succeeded if ok else ActionStatus.failed
     res = session.execute(
         sa.update(t)
@@ -250,7 +250,7 @@ def renew_action_lease(
     redelivered task. The caller commits.
     """
     now = now or utcnow()
-    t = RecoveryAction.__table__  # type: ignore[attr-defined]
+    t = table_of(RecoveryAction)
     res = session.execute(
         sa.update(t)
         .where(t.c.id == action_id, t.c.status == ActionStatus.running.value, t.c.worker == worker)
@@ -264,7 +264,7 @@ def release_for_retry(
 ) -> None:
     """A transient error: give the action back so the retried task can claim it again."""
     now = now or utcnow()
-    t = RecoveryAction.__table__  # type: ignore[attr-defined]
+    t = table_of(RecoveryAction)
     session.execute(
         sa.update(t)
         .where(t.c.id == action_id, t.c.status == ActionStatus.running.value, t.c.worker == worker)

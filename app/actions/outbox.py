@@ -23,6 +23,7 @@ from sqlmodel import Session, col, select
 
 from app.actions.kinds import task_name
 from app.alerts import queue as alert_queue
+from app.core.db import table_of
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.policy.plans import CLUSTER_QUEUE
@@ -83,7 +84,7 @@ def due_for_dispatch(
 
 def mark_dispatched(session: Session, *, action_id: int, now: datetime | None = None) -> None:
     now = now or utcnow()
-    t = RecoveryAction.__table__  # type: ignore[attr-defined]
+    t = table_of(RecoveryAction)
     session.execute(
         sa.update(t)
         .where(

@@ -37,7 +37,7 @@ from app.alerts.events import (
     reminders_due,
 )
 from app.alerts.grouping import AlertBatch, dedupe_key, group_events
-from app.core.db import dialect_insert
+from app.core.db import dialect_insert, table_of
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.alert import OPEN_STATES, AlertDelivery, DeliveryState
 from app.models.incident import Incident
@@ -91,7 +91,7 @@ class Wait:
 
 
 def _insert(session: Session) -> Any:
-    return dialect_insert(session.get_bind().dialect.name, AlertDelivery.__table__)  # type: ignore[attr-defined]
+    return dialect_insert(session.get_bind().dialect.name, table_of(AlertDelivery))
 
 
 def queue_events(
@@ -135,7 +135,7 @@ def queue_events(
                 _insert(session)
                 .values(**values)
                 .on_conflict_do_nothing(index_elements=["dedupe_key"])
-                .returning(AlertDelivery.__table__.c.id)  # type: ignore[attr-defined]
+                .returning(table_of(AlertDelivery).c.id)
             )
             new_id = session.execute(stmt).scalar_one_or_none()
             if new_id is None:
@@ -180,7 +180,7 @@ def dispatch(
     caller commits.
     """
     sent = 0
-    table = AlertDelivery.__table__  # type: ignore[attr-defined]
+    table = table_of(AlertDelivery)
     for delivery_id in ids:
         row = session.get(AlertDelivery, delivery_id)
         if row is None:
@@ -210,7 +210,7 @@ def dispatch(
 def _cas(
     session: Session, delivery_id: int, expect: Sequence[str], now: datetime, **values: Any
 ) -> bool:
-    table = AlertDelivery.__table__  # type: ignore[attr-defined]
+    table = table_of(AlertDelivery)
     stmt = (
         sa.update(table)
         .where(table.c.id == delivery_id, table.c.state.in_(list(expect)))
@@ -511,7 +511,7 @@ def current_view(session: Session, batch: AlertBatch) -> AlertBatch:
 
 def purge_old_deliveries(session: Session, *, before: datetime) -> int:
     """Delete finished rows last touched before `before`; the caller commits."""
-    table = AlertDelivery.__table__  # type: ignore[attr-defined]
+    table = table_of(AlertDelivery)
     final = [s.value for s in DeliveryState if s not in OPEN_STATES]
     # Grouped rows point at their lead: delete them first, then the leads.
     total = 0

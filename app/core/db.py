@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import SessionTransaction
-from sqlmodel import Session
+from sqlmodel import Session, SQLModel
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -32,6 +32,13 @@ def sqlite_file(url: str) -> Path | None:
         return None
     return Path(parsed.database)
 
+
+
+def table_of(model: type[SQLModel]) -> sa.Table:
+    """The Core table of a table model, typed (SQLModel declares ``__table__`` on the class it
+    builds, where type checkers cannot see it): for the conditional updates (``UPDATE ... WHERE
+    status = ...``, whose row count decides) and the bulk upserts written in Core."""
+    return cast(sa.Table, model.__table__)  # type: ignore[attr-defined]
 
 
 def dialect_insert(dialect: str, table: sa.Table) -> Any:

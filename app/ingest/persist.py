@@ -20,7 +20,7 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from app.core.db import dialect_insert
+from app.core.db import dialect_insert, table_of
 from app.ingest.dedupe import WINDOW, DedupeWindow
 from app.ingest.phases import PhaseChange, PhaseRetention, write_phase_changes
 from app.ingest.step_progress import StepChange, prune_step_progress, write_step_changes
@@ -77,8 +77,8 @@ class _Statements:
     statement costs more than executing it for a small group)."""
 
     def __init__(self, dialect: str) -> None:
-        node_t = Node.__table__  # type: ignore[attr-defined]
-        job_i = dialect_insert(dialect, Job.__table__)  # type: ignore[attr-defined]
+        node_t = table_of(Node)
+        job_i = dialect_insert(dialect, table_of(Job))
         self.jobs = job_i.on_conflict_do_update(
             index_elements=["name"], set_={"last_seen_at": job_i.excluded.last_seen_at}
         )
@@ -92,7 +92,7 @@ class _Statements:
             .where(node_t.c.name == sa.bindparam("b_name"))
             .values(fingerprint=sa.bindparam("b_fp"), fingerprint_hash=sa.bindparam("b_h"))
         )
-        part_t = Participant.__table__  # type: ignore[attr-defined]
+        part_t = table_of(Participant)
         part_i = dialect_insert(dialect, part_t)
         self.participants = part_i.on_conflict_do_update(
             index_elements=["job_name", "role", "rank"],
@@ -104,7 +104,7 @@ class _Statements:
             # current phase back; the phase tracker is seeded from these rows at start.
             where=part_i.excluded.last_heartbeat_at >= part_t.c.last_heartbeat_at,
         )
-        cur_t = IngestCursor.__table__  # type: ignore[attr-defined]
+        cur_t = table_of(IngestCursor)
         cur_i = dialect_insert(dialect, cur_t)
         # Merge, never overwrite: with several server replicas each writes its own view of an
         # agent's window, and the row must end up holding every seq any of them committed.
@@ -248,7 +248,7 @@ def load_cursors(
     engine: Engine, *, forget_before: datetime | None = None
 ) -> dict[tuple[str, str], DedupeWindow]:
     """All agents' dedupe windows; those not updated since ``forget_before`` are deleted first."""
-    cursor_t = IngestCursor.__table__  # type: ignore[attr-defined]
+    cursor_t = table_of(IngestCursor)
     if forget_before is not None:
         with engine.begin() as conn:
             conn.execute(sa.delete(cursor_t).where(cursor_t.c.updated_at < forget_before))

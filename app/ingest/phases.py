@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from app.core.db import dialect_insert
+from app.core.db import dialect_insert, table_of
 from app.models import Participant, from_epoch
 from app.models.phase import PhaseTransition
 
@@ -85,7 +85,7 @@ class PhaseTracker:
 
 def load_tracker(engine: Engine) -> PhaseTracker:
     """A tracker seeded with every participant's last committed phase (blocking: a thread)."""
-    t = Participant.__table__  # type: ignore[attr-defined]
+    t = table_of(Participant)
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(t.c.job_name, t.c.role, t.c.rank, t.c.phase, t.c.last_heartbeat_at)
@@ -99,7 +99,7 @@ class _Insert:
     """The insert, built once per dialect (as the group commit's other statements are)."""
 
     def __init__(self, dialect: str) -> None:
-        table = PhaseTransition.__table__  # type: ignore[attr-defined]
+        table = table_of(PhaseTransition)
         self.statement = dialect_insert(dialect, table).on_conflict_do_nothing(
             index_elements=["job_name", "role", "rank", "at"]
         )

@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from app.core.db import table_of
 from app.ingest.dedupe import WINDOW, DedupeWindow
 from app.models import IngestCursor
 
@@ -117,7 +118,7 @@ def merge_windows(a: DedupeWindow, b: DedupeWindow) -> DedupeWindow:
 
 def load_cursor(engine: Engine, node: str, agent: str) -> DedupeWindow | None:
     """The agent's window as the database holds it (what is committed, by any replica)."""
-    t = IngestCursor.__table__  # type: ignore[attr-defined]
+    t = table_of(IngestCursor)
     with engine.connect() as conn:
         row = conn.execute(
             sa.select(t.c.high_seq, t.c.window_mask).where(

@@ -59,7 +59,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from app.core.config import SeriesSettings
-from app.core.db import dialect_insert
+from app.core.db import dialect_insert, table_of
 from app.core.server_metrics import ServerMetrics
 from app.core.write_turns import WriteTurns
 from app.ingest.series_store import SeriesKey, SeriesStore
@@ -140,7 +140,7 @@ class RollupWriter:
         self._written = {}
         if not self.shared:
             return  # a local window never overlaps another process's rows: merge them
-        t = MetricRollup.__table__  # type: ignore[attr-defined]
+        t = table_of(MetricRollup)
         horizon = from_epoch(self._clock() - self.settings.window_seconds - 120)
         with self.engine.connect() as conn:
             found = conn.execute(
@@ -212,7 +212,7 @@ class RollupWriter:
         only while it holds. The series of each committed transaction join ``_committed``."""
         if not rows:
             return
-        table = MetricRollup.__table__  # type: ignore[attr-defined]
+        table = table_of(MetricRollup)
         ins = dialect_insert(self.engine.dialect.name, table)
         ex = ins.excluded
         stmt = ins.on_conflict_do_update(
@@ -267,7 +267,7 @@ class RollupWriter:
 
     def delete_expired_rows(self) -> None:
         cutoff = utcnow() - timedelta(days=self.settings.rollup_retention_days)
-        table = MetricRollup.__table__  # type: ignore[attr-defined]
+        table = table_of(MetricRollup)
         expired = sa.select(table.c.id).where(table.c.minute < cutoff).limit(WRITE_CHUNK_ROWS)
         deleted = WRITE_CHUNK_ROWS
         while deleted == WRITE_CHUNK_ROWS:  # in short transactions, as the rows are written

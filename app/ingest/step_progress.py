@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from app.core.db import dialect_insert
+from app.core.db import dialect_insert, table_of
 from app.models import Participant, from_epoch
 from app.models.progress import StepProgress
 from recovery.report import START_PHASES
@@ -81,7 +81,7 @@ class StepTracker:
 
 def load_step_tracker(engine: Engine) -> StepTracker:
     """A tracker seeded with every rank 0's last committed step (blocking: a thread)."""
-    t = Participant.__table__  # type: ignore[attr-defined]
+    t = table_of(Participant)
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(t.c.job_name, t.c.role, t.c.step, t.c.last_heartbeat_at).where(
@@ -93,7 +93,7 @@ def load_step_tracker(engine: Engine) -> StepTracker:
     return tracker
 
 
-_TABLE = StepProgress.__table__  # type: ignore[attr-defined]
+_TABLE = table_of(StepProgress)
 _INSERTS: dict[str, Any] = {}
 
 
