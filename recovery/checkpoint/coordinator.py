@@ -35,6 +35,7 @@ from typing import Any
 from recovery.checkpoint import _http
 from recovery.checkpoint._http import ProtocolInputError
 from recovery.checkpoint._http import field as body_field
+from recovery.checkpoint._round_log import AbortStreak
 from recovery.checkpoint.detector import FailureDetector, Health, HealthChange
 from recovery.checkpoint.errors import CheckpointInputError, CoordinatorError, LeaseError
 from recovery.checkpoint.lease import Lease
@@ -138,6 +139,7 @@ class Coordinator:
         self.require_sync_boundary = require_sync_boundary
         self.tick = tick
         self._clock = clock
+        self._aborts = AbortStreak(log, clock)
         self._on_health_change = on_health_change
         self._on_round = on_round
         self.detector = FailureDetector(
@@ -459,7 +461,7 @@ class Coordinator:
                     raise _Abort("lost the lease before the global version could be published")
             except RecoveryError as exc:  # _Abort, lease trouble, a malformed answer
                 outcome = RoundOutcome(round_id, False, previous, str(exc), names)
-                log.warning("round %s aborted: %s", round_id, exc)
+                self._aborts.aborted(round_id, exc)
                 self._broadcast_finish(members, round_id, committed=False, reason=str(exc))
                 self._publish_round_id(round_id)
                 with self._lock:
@@ -472,7 +474,7 @@ class Coordinator:
                     self._global = target
                     self._last_outcome = outcome
                     self._last_round_at = self._clock()
-                log.info("round %s committed: global version %s", round_id, target)
+                self._aborts.committed(round_id, target)
                 self._broadcast_finish(
                     members, round_id, committed=True, reason=reason, version=target
                 )
