@@ -21,12 +21,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.core.config import Settings
+from app.core.config import Settings, policy_variable
 from app.core.supervisor import ChildSpec
 from app.policy.policy_file import (
     DEFAULT_POLICY_PATH,
     Policy,
-    PolicyFileError,
     load_policy,
     parse_policy,
 )
@@ -59,20 +58,9 @@ def load_running_policy(settings: Settings) -> Policy:
     overrides = settings.policy.file_overrides()
     if not overrides:
         return policy
-    named = ", ".join(
-        f"RLGUARD_POLICY__{name.upper().replace('.', '__')}"
-        for name in settings.policy.overridden()
-    )
+    named = ", ".join(policy_variable(path) for path in settings.policy.overridden())
     source = f"{path or DEFAULT_POLICY_PATH} with {named}"
-    merged = parse_policy(_merge(policy.model_dump(mode="json"), overrides), source=source)
-    heartbeat = merged.detection.heartbeat
-    if heartbeat.confirm_seconds < heartbeat.suspect_seconds:
-        raise PolicyFileError(
-            f"invalid policy file {source}: detection.heartbeat.confirm_seconds "
-            f"({heartbeat.confirm_seconds}) must not be shorter than suspect_seconds "
-            f"({heartbeat.suspect_seconds})"
-        )
-    return merged
+    return parse_policy(_merge(policy.model_dump(mode="json"), overrides), source=source)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -5,8 +5,9 @@ Nested groups (``ingest``, ``policy``, ``series``, ...) are set with a double un
 ``RLGUARD_INGEST__MAX_SAMPLES=1000``; two older groups keep their single-underscore names:
 ``recovery`` (``RLGUARD_RECOVERY_RUN_ROOT``) and ``alerts`` (``RLGUARD_ALERTS_FILE``).
 
-``RLGUARD_POLICY__*`` override the policy file's thresholds (``PolicySettings``); the merged
-policy is what the engine runs and the dashboard draws (app/runtime.py).
+``RLGUARD_POLICY__<PATH>`` override the policy file's thresholds, each named by its path in the
+file (``PolicySettings``); the merged policy is what the engine runs and the dashboard draws
+(app/runtime.py).
 
 The secret key comes from ``RLGUARD_SECRET_KEY``, else from ``<data_dir>/secret_key`` (written by
 ``rlguard up``), else it stays the public default, which :meth:`Settings.check_secret` refuses
@@ -15,14 +16,17 @@ outside dev mode (``RLGUARD_DEV=1``).
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.core.forwarded import parse_trusted_proxies
+
+log = logging.getLogger("rlguard.config")
 
 DEFAULT_SECRET_KEY = "rlguard-insecure-default-secret"
 SECRET_FILE_NAME = "secret_key"
@@ -35,80 +39,180 @@ class ConfigError(RuntimeError):
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
-class GoldenThresholds(BaseModel):
-    """Overrides of the golden metrics' healthy / warning bounds
-    (``RLGUARD_POLICY__SEVERITY_THRESHOLDS__<METRIC>_HEALTHY``); unset: the policy file's."""
+class _Overrides(BaseModel):
+    """A group of ``RLGUARD_POLICY__*`` overrides: a field names its key in the policy file."""
 
-    rollout_pending_ratio_healthy: float | None = None
-    rollout_pending_ratio_warning: float | None = None
-    actor_shard_rebuild_count_5m_healthy: float | None = None
-    actor_shard_rebuild_count_5m_warning: float | None = None
-    state_log_write_latency_ms_healthy: float | None = None
-    state_log_write_latency_ms_warning: float | None = None
+    model_config = ConfigDict(extra="forbid")
 
 
-# Where each ``RLGUARD_POLICY__<NAME>`` lands in the policy file (app/policy/policy.yaml).
-POLICY_FILE_PATHS: dict[str, tuple[str, ...]] = {
-    "tick_seconds": ("tick_seconds",),
+class TrainerOverrides(_Overrides):
+    idle_timeout_seconds: PositiveSeconds | None = None
+
+
+class RolloutOverrides(_Overrides):
+    stall_timeout_seconds: PositiveSeconds | None = None
+
+
+class HeartbeatOverrides(_Overrides):
+    suspect_seconds: PositiveSeconds | None = None
+    confirm_seconds: PositiveSeconds | None = None
+
+
+class DetectionOverrides(_Overrides):
+    trainer: TrainerOverrides = TrainerOverrides()
+    rollout: RolloutOverrides = RolloutOverrides()
+    heartbeat: HeartbeatOverrides = HeartbeatOverrides()
+
+
+class RecoveryOverrides(_Overrides):
+    rollout_retry_times: Annotated[int, Field(ge=0)] | None = None
+    rollout_timeout_sec: PositiveSeconds | None = None
+
+
+class BoundOverrides(_Overrides):
+    healthy: float | None = None
+    warning: float | None = None
+
+
+class GoldenOverrides(_Overrides):
+    rollout_pending_ratio: BoundOverrides = BoundOverrides()
+    actor_shard_rebuild_count_5m: BoundOverrides = BoundOverrides()
+    state_log_write_latency_ms: BoundOverrides = BoundOverrides()
+
+
+# The groups of PolicySettings that mirror the policy file (app/policy/policy.yaml).
+POLICY_FILE_GROUPS = ("tick_seconds", "detection", "recovery", "golden_metrics")
+
+# The names of the previous release, each with its path in the policy file: still read for one
+# release, with a warning naming the new variable (``_move_deprecated``).
+DEPRECATED_POLICY_NAMES: dict[str, tuple[str, ...]] = {
     "trainer_idle_timeout": ("detection", "trainer", "idle_timeout_seconds"),
     "rollout_stall_timeout": ("detection", "rollout", "stall_timeout_seconds"),
     "heartbeat_suspect_after": ("detection", "heartbeat", "suspect_seconds"),
     "heartbeat_confirm_after": ("detection", "heartbeat", "confirm_seconds"),
     "rollout_retry_times": ("recovery", "rollout_retry_times"),
     "rollout_timeout_sec": ("recovery", "rollout_timeout_sec"),
+    **{
+        f"severity_thresholds__{metric}_{bound}": ("golden_metrics", metric, bound)
+        for metric in GoldenOverrides.model_fields
+        for bound in ("healthy", "warning")
+    },
 }
 
 
+def _paths(model: type[BaseModel], prefix: str) -> list[str]:
+    out: list[str] = []
+    for name, info in model.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out.extend(_paths(kind, f"{prefix}{name}."))
+        else:
+            out.append(prefix + name)
+    return out
+
+
+#: Every policy-file path an ``RLGUARD_POLICY__*`` variable may override.
+POLICY_OVERRIDE_PATHS: tuple[str, ...] = (
+    "tick_seconds",
+    *_paths(DetectionOverrides, "detection."),
+    *_paths(RecoveryOverrides, "recovery."),
+    *_paths(GoldenOverrides, "golden_metrics."),
+)
+
+
+def policy_variable(path: str) -> str:
+    """The environment variable of a policy-file path (``detection.heartbeat.suspect_seconds``
+    -> ``RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS``)."""
+    return "RLGUARD_POLICY__" + path.upper().replace(".", "__")
+
+
 class PolicySettings(BaseModel):
-    """Overrides of the policy file's thresholds (``RLGUARD_POLICY__*``, in seconds unless
-    named). Unset values keep the file's; set ones replace it for the engine and the dashboard
-    alike (app/runtime.py loads the one policy both read)."""
+    """Overrides of the policy file's thresholds. Each variable is the policy file's path
+    (``RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS`` for
+    ``detection.heartbeat.suspect_seconds``); unset values keep the file's, set ones replace it
+    for the engine and the dashboard alike (app/runtime.py loads the one policy both read, and
+    validates it with the policy file's own rules)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt variable is refused, naming it
 
     tick_seconds: PositiveSeconds | None = None
+    detection: DetectionOverrides = DetectionOverrides()
+    recovery: RecoveryOverrides = RecoveryOverrides()
+    golden_metrics: GoldenOverrides = GoldenOverrides()
+    # Not in the policy file: the goodput ledger's assumed checkpoint cadence (app/goodput).
+    checkpoint_interval_steps: Annotated[int, Field(gt=0)] = 50
+    # Deprecated names (DEPRECATED_POLICY_NAMES), moved to their path once read.
     trainer_idle_timeout: PositiveSeconds | None = None
     rollout_stall_timeout: PositiveSeconds | None = None
     heartbeat_suspect_after: PositiveSeconds | None = None
     heartbeat_confirm_after: PositiveSeconds | None = None
     rollout_retry_times: Annotated[int, Field(ge=0)] | None = None
     rollout_timeout_sec: PositiveSeconds | None = None
-    # Not a detector threshold: the goodput ledger's assumed checkpoint cadence (app/goodput).
-    checkpoint_interval_steps: Annotated[int, Field(gt=0)] = 50
-    severity_thresholds: GoldenThresholds = GoldenThresholds()
+    severity_thresholds: dict[str, float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _confirm_after_suspect(self) -> PolicySettings:
-        suspect, confirm = self.heartbeat_suspect_after, self.heartbeat_confirm_after
-        if suspect is not None and confirm is not None and confirm < suspect:
-            raise ValueError(
-                f"heartbeat_confirm_after ({confirm}) must not be shorter "
-                f"than heartbeat_suspect_after ({suspect})"
+    def _move_deprecated(self) -> PolicySettings:
+        old = {
+            name: value
+            for name in DEPRECATED_POLICY_NAMES
+            if not name.startswith("severity_thresholds__")
+            and (value := getattr(self, name)) is not None
+        }
+        for key, value in self.severity_thresholds.items():
+            name = f"severity_thresholds__{key.lower()}"
+            if name not in DEPRECATED_POLICY_NAMES:
+                raise ValueError(f"severity_thresholds: unknown threshold {key!r}")
+            old[name] = value
+        for name, value in old.items():
+            path = DEPRECATED_POLICY_NAMES[name]
+            new = policy_variable(".".join(path))
+            group: Any = self
+            for part in path[:-1]:
+                group = getattr(group, part)
+            current = getattr(group, path[-1])
+            if current is not None and current != value:
+                raise ValueError(
+                    f"RLGUARD_POLICY__{name.upper()} ({value}) and {new} ({current}) disagree: "
+                    f"set only {new}"
+                )
+            setattr(group, path[-1], value)
+            log.warning(
+                "RLGUARD_POLICY__%s is deprecated and goes in the next release: use %s",
+                name.upper(),
+                new,
             )
+            if not name.startswith("severity_thresholds__"):
+                setattr(self, name, None)
+        self.severity_thresholds = {}
         return self
 
     def overridden(self) -> dict[str, float]:
-        """The set overrides, by setting name (``severity_thresholds.<metric>_<bound>``)."""
-        values: dict[str, float] = {
-            name: value for name in POLICY_FILE_PATHS if (value := getattr(self, name)) is not None
-        }
-        for name, value in self.severity_thresholds.model_dump().items():
-            if value is not None:
-                values[f"severity_thresholds.{name}"] = value
-        return values
+        """The set overrides, by their path in the policy file."""
+        return dict(_leaves(self.file_overrides()))
 
     def file_overrides(self) -> dict[str, Any]:
         """The set overrides in the policy file's shape, to merge over the file's data."""
-        tree: dict[str, Any] = {}
-        for name, value in self.overridden().items():
-            if name.startswith("severity_thresholds."):
-                metric, _, bound = name.removeprefix("severity_thresholds.").rpartition("_")
-                path: tuple[str, ...] = ("golden_metrics", metric, bound)
-            else:
-                path = POLICY_FILE_PATHS[name]
-            node = tree
-            for part in path[:-1]:
-                node = node.setdefault(part, {})
-            node[path[-1]] = value
-        return tree
+        return _pruned(self.model_dump(include=set(POLICY_FILE_GROUPS), exclude_none=True))
+
+
+def _pruned(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` without its empty groups."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            value = _pruned(value)
+            if not value:
+                continue
+        out[key] = value
+    return out
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else key
+        out.extend(_leaves(value, path) if isinstance(value, dict) else [(path, value)])
+    return out
 
 
 class IngestLimits(BaseModel):

@@ -134,6 +134,15 @@ class HeartbeatDetection(_Strict):
             raise ValueError(f"phase(s) {both} cannot be both finished and exited")
         return self
 
+    @model_validator(mode="after")
+    def _confirm_after_suspect(self) -> HeartbeatDetection:
+        if self.confirm_seconds < self.suspect_seconds:
+            raise ValueError(
+                f"confirm_seconds ({self.confirm_seconds}) must not be shorter than "
+                f"suspect_seconds ({self.suspect_seconds})"
+            )
+        return self
+
 
 
 class StartupDetection(_Strict):

@@ -3,7 +3,7 @@ node's batch through ``POST /api/v1/ingest`` as its agent would send it.
 
 The heat map renders (one cell per GPU, 250 nodes a page), problem nodes come first, the state
 filter narrows it, the pager moves to the next page, and a click on a cell opens the node's page.
-Heartbeat bounds are raised for this server (``RLGUARD_POLICY__HEARTBEAT_*``) so that 1,000 nodes
+Heartbeat bounds are raised for this server (``RLGUARD_POLICY__DETECTION__HEARTBEAT__*``) so that 1,000 nodes
 reporting once stay alive for the test; the policy scheduler is off (the overview is the subject,
 and a 1,000-node tick would only slow a shared machine). The screenshot lands in
 ``artifacts/screenshots/overview-fleet-desktop.png`` (the committed copy is in docs/screenshots/).
@@ -120,8 +120,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "RLGUARD_HOST": "127.0.0.1",
         "RLGUARD_PORT": str(port),
         "RLGUARD_POLICY_SCHEDULER": "0",
-        "RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER": "3600",
-        "RLGUARD_POLICY__HEARTBEAT_CONFIRM_AFTER": "7200",
+        "RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS": "3600",
+        "RLGUARD_POLICY__DETECTION__HEARTBEAT__CONFIRM_SECONDS": "7200",
     }
     for key in ("RLGUARD_DATABASE_URL", "RLGUARD_REDIS_URL", "RLGUARD_DEV", "RLGUARD_ALERTS_FILE"):
         env.pop(key, None)

@@ -15,7 +15,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlmodel import Session, col, select
 
-from app.core.config import DEFAULT_SECRET_KEY, POLICY_FILE_PATHS, Settings
+from app.core.config import (
+    DEFAULT_SECRET_KEY,
+    POLICY_OVERRIDE_PATHS,
+    Settings,
+    policy_variable,
+)
 from app.models import AuditEvent
 from app.policy.policy_file import Policy
 from app.views.models.jobs import golden_thresholds
@@ -95,12 +100,14 @@ def _policy_rows(settings: Settings, policy: Policy) -> list[tuple[str, str]]:
     overridden = settings.policy.overridden()
     dumped = policy.model_dump(mode="json")
     rows = []
-    for name, path in POLICY_FILE_PATHS.items():
+    for path in POLICY_OVERRIDE_PATHS:
+        if path.startswith("golden_metrics."):
+            continue  # the golden metrics' table shows them
         value: Any = dumped
-        for part in path:
+        for part in path.split("."):
             value = value[part]
-        source = f" (RLGUARD_POLICY__{name.upper()})" if name in overridden else ""
-        rows.append((name, f"{value}{source}"))
+        source = f" ({policy_variable(path)})" if path in overridden else ""
+        rows.append((path, f"{value}{source}"))
     rows.append(("checkpoint_interval_steps", str(settings.policy.checkpoint_interval_steps)))
     return rows
 

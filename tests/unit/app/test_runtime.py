@@ -35,9 +35,9 @@ def test_without_overrides_the_policy_file_stands(tmp_path: Path) -> None:
 
 
 def test_overrides_reach_the_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "5")
-    monkeypatch.setenv("RLGUARD_POLICY__TRAINER_IDLE_TIMEOUT", "120")
-    monkeypatch.setenv("RLGUARD_POLICY__SEVERITY_THRESHOLDS__ROLLOUT_PENDING_RATIO_WARNING", "0.5")
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "5")
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__TRAINER__IDLE_TIMEOUT_SECONDS", "120")
+    monkeypatch.setenv("RLGUARD_POLICY__GOLDEN_METRICS__ROLLOUT_PENDING_RATIO__WARNING", "0.5")
     policy = load_running_policy(Settings(data_dir=tmp_path))
     assert policy.detection.heartbeat.suspect_seconds == 5
     assert policy.detection.heartbeat.confirm_seconds == 60  # the file's, not overridden
@@ -49,18 +49,20 @@ def test_overrides_reach_the_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_an_override_that_breaks_the_policy_names_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(
-        "RLGUARD_POLICY__SEVERITY_THRESHOLDS__STATE_LOG_WRITE_LATENCY_MS_HEALTHY", "500"
-    )
+    variable = "RLGUARD_POLICY__GOLDEN_METRICS__STATE_LOG_WRITE_LATENCY_MS__HEALTHY"
+    monkeypatch.setenv(variable, "500")
     with pytest.raises(PolicyFileError) as err:
         load_running_policy(Settings(data_dir=tmp_path))
     message = str(err.value)
-    assert "RLGUARD_POLICY__SEVERITY_THRESHOLDS__STATE_LOG_WRITE_LATENCY_MS_HEALTHY" in message
+    assert variable in message
     assert "golden_metrics.state_log_write_latency_ms" in message and "must not exceed" in message
-    monkeypatch.delenv("RLGUARD_POLICY__SEVERITY_THRESHOLDS__STATE_LOG_WRITE_LATENCY_MS_HEALTHY")
-    monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_CONFIRM_AFTER", "5")  # the file suspects at 15
+    monkeypatch.delenv(variable)
+    # the file suspects at 15 s: the policy file's own rule refuses the merged policy
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__CONFIRM_SECONDS", "5")
     with pytest.raises(
-        PolicyFileError, match="RLGUARD_POLICY__HEARTBEAT_CONFIRM_AFTER.*confirm_seconds"
+        PolicyFileError,
+        match="RLGUARD_POLICY__DETECTION__HEARTBEAT__CONFIRM_SECONDS.*confirm_seconds "
+        "\\(5.0\\) must not be shorter than suspect_seconds \\(15.0\\)",
     ):
         load_running_policy(Settings(data_dir=tmp_path))
 
@@ -68,8 +70,8 @@ def test_an_override_that_breaks_the_policy_names_itself(
 def test_the_dashboard_and_the_engine_read_one_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "7")
-    monkeypatch.setenv("RLGUARD_POLICY__SEVERITY_THRESHOLDS__ROLLOUT_PENDING_RATIO_WARNING", "0.45")
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "7")
+    monkeypatch.setenv("RLGUARD_POLICY__GOLDEN_METRICS__ROLLOUT_PENDING_RATIO__WARNING", "0.45")
     url = f"sqlite:///{tmp_path / 'rlguard.db'}"
     migrate.upgrade(url)
     settings = Settings(dev=True, database_url=url, data_dir=tmp_path / "data")
@@ -87,10 +89,10 @@ def test_the_dashboard_and_the_engine_read_one_policy(
     assert ("rollout_pending_ratio", 0.1, 0.45) in view.golden
     assert view.golden == golden_thresholds(app.state.policy)
     assert (
-        "heartbeat_suspect_after",
-        "7.0 (RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER)",
+        "detection.heartbeat.suspect_seconds",
+        "7.0 (RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS)",
     ) in view.policy
-    assert ("heartbeat_confirm_after", "60.0") in view.policy
+    assert ("detection.heartbeat.confirm_seconds", "60.0") in view.policy
 
 
 def test_each_command_runs_what_the_wiring_file_lists(tmp_path: Path) -> None:

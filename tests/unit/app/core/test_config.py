@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from app.core.config import DEFAULT_SECRET_KEY, ConfigError, Settings, get_settings
+from app.core.config import (
+    DEFAULT_SECRET_KEY,
+    POLICY_OVERRIDE_PATHS,
+    ConfigError,
+    Settings,
+    get_settings,
+    policy_variable,
+)
+from app.policy.policy_file import default_policy
 
 
 @pytest.fixture(autouse=True)
@@ -46,17 +55,73 @@ def test_worker_and_alert_variables_keep_their_names(
     assert s.policy_scheduler is False
 
 
-def test_policy_overrides_in_the_policy_files_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+SHAPE = {
+    "detection": {"heartbeat": {"suspect_seconds": 5}},
+    "recovery": {"rollout_retry_times": 1},
+    "golden_metrics": {"actor_shard_rebuild_count_5m": {"warning": 4}},
+}
+
+
+def test_a_policy_override_is_named_by_its_path_in_the_policy_file(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "5")
+    monkeypatch.setenv("RLGUARD_POLICY__RECOVERY__ROLLOUT_RETRY_TIMES", "1")
+    monkeypatch.setenv("RLGUARD_POLICY__GOLDEN_METRICS__ACTOR_SHARD_REBUILD_COUNT_5M__WARNING", "4")
+    policy = Settings().policy
+    assert policy.file_overrides() == SHAPE
+    assert policy.overridden() == {
+        "detection.heartbeat.suspect_seconds": 5,
+        "recovery.rollout_retry_times": 1,
+        "golden_metrics.actor_shard_rebuild_count_5m.warning": 4,
+    }
+    assert [policy_variable(p) for p in policy.overridden()] == [
+        "RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS",
+        "RLGUARD_POLICY__RECOVERY__ROLLOUT_RETRY_TIMES",
+        "RLGUARD_POLICY__GOLDEN_METRICS__ACTOR_SHARD_REBUILD_COUNT_5M__WARNING",
+    ]
+    assert "deprecated" not in caplog.text
+    # every overridable path is a path of the shipped policy file
+    shipped = default_policy().model_dump(mode="json")
+    for path in POLICY_OVERRIDE_PATHS:
+        node = shipped
+        for part in path.split("."):
+            node = node[part]
+        assert isinstance(node, int | float), path
+
+
+def test_the_previous_names_still_work_for_a_release_with_a_warning_naming_the_new_one(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "5")
     monkeypatch.setenv("RLGUARD_POLICY__ROLLOUT_RETRY_TIMES", "1")
     monkeypatch.setenv(
         "RLGUARD_POLICY__SEVERITY_THRESHOLDS__ACTOR_SHARD_REBUILD_COUNT_5M_WARNING", "4"
     )
-    assert Settings().policy.file_overrides() == {
-        "detection": {"heartbeat": {"suspect_seconds": 5}},
-        "recovery": {"rollout_retry_times": 1},
-        "golden_metrics": {"actor_shard_rebuild_count_5m": {"warning": 4}},
-    }
+    with caplog.at_level(logging.WARNING, logger="rlguard.config"):
+        policy = Settings().policy
+    assert policy.file_overrides() == SHAPE
+    assert policy.heartbeat_suspect_after is None  # moved to its path, read from there only
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER is deprecated and goes in the next release: "
+        "use RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS",
+        "RLGUARD_POLICY__ROLLOUT_RETRY_TIMES is deprecated and goes in the next release: "
+        "use RLGUARD_POLICY__RECOVERY__ROLLOUT_RETRY_TIMES",
+        "RLGUARD_POLICY__SEVERITY_THRESHOLDS__ACTOR_SHARD_REBUILD_COUNT_5M_WARNING is "
+        "deprecated and goes in the next release: use "
+        "RLGUARD_POLICY__GOLDEN_METRICS__ACTOR_SHARD_REBUILD_COUNT_5M__WARNING",
+    ]
+
+
+def test_an_old_and_a_new_name_that_disagree_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "5")
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "6")
+    with pytest.raises(ValidationError, match=(
+        "RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER \\(5.0\\) and "
+        "RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS \\(6.0\\) disagree")):
+        Settings()
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "5")
+    assert Settings().policy.overridden() == {"detection.heartbeat.suspect_seconds": 5}
 
 
 def test_environment_with_prefix_and_nesting(
@@ -66,14 +131,14 @@ def test_environment_with_prefix_and_nesting(
     monkeypatch.setenv("RLGUARD_DATABASE_URL", "postgresql+psycopg://u@h/db")
     monkeypatch.setenv("RLGUARD_REDIS_URL", "redis://h:6379/0")
     monkeypatch.setenv("RLGUARD_PORT", "9000")
-    monkeypatch.setenv("RLGUARD_POLICY__TRAINER_IDLE_TIMEOUT", "120")
+    monkeypatch.setenv("RLGUARD_POLICY__DETECTION__TRAINER__IDLE_TIMEOUT_SECONDS", "120")
     monkeypatch.setenv("RLGUARD_INGEST__MAX_SAMPLES", "10")
     s = get_settings()
     assert get_settings() is s  # cached
     assert s.db_url == "postgresql+psycopg://u@h/db"
     assert s.redis_url == "redis://h:6379/0"
     assert s.port == 9000
-    assert s.policy.trainer_idle_timeout == 120
+    assert s.policy.detection.trainer.idle_timeout_seconds == 120
     assert s.ingest.max_samples == 10
 
 
@@ -82,6 +147,11 @@ def test_environment_with_prefix_and_nesting(
     [
         ("RLGUARD_PORT", "70000", "port"),
         ("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "-1", "heartbeat_suspect_after"),
+        ("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "0", "suspect_seconds"),
+        ("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECOND", "5", "suspect_second\\b"),
+        ("RLGUARD_POLICY__TICK_SECOND", "5", "tick_second\\b"),
+        ("RLGUARD_POLICY__SEVERITY_THRESHOLDS__ROLLOUT_PENDING_RATIO_WARN", "1",
+         "unknown threshold 'rollout_pending_ratio_warn'"),
         ("RLGUARD_POLICY__TICK_SECONDS", "0", "tick_seconds"),
         ("RLGUARD_INGEST__MAX_SAMPLES", "0", "max_samples"),
         ("RLGUARD_SQLITE_SYNCHRONOUS", "sometimes", "sqlite_synchronous"),

@@ -145,6 +145,11 @@ def test_shipped_policy_has_design_defaults() -> None:
             lambda d: d["detection"]["startup"].__setitem__("phases", ["STARTING", "EXITED"]),
             "startup.phases: phase(s) ['EXITED'] cannot be start-up and finished or exited",
         ),
+        (  # the file alone, not only the environment's overrides (suspects at 15 s)
+            lambda d: d["detection"]["heartbeat"].__setitem__("confirm_seconds", 10),
+            "detection.heartbeat: confirm_seconds (10.0) must not be shorter than "
+            "suspect_seconds (15.0)",
+        ),
     ],
 )
 def test_bad_policy_is_refused_naming_the_key(mutate, needle: str) -> None:

@@ -238,7 +238,7 @@ def test_settings_page_masks_secrets(client: Browser, dash: DashboardApp) -> Non
     html = client.get("/settings").text
     assert "hunter2secret" not in html and "***" in html
     assert dash.settings.secret_key not in html and "set (hidden)" in html
-    assert "rollout_pending_ratio" in html and "heartbeat_suspect_after" in html
+    assert "rollout_pending_ratio" in html and "detection.heartbeat.suspect_seconds" in html
 
 
 def test_alerts_page_lists_deliveries_and_refuses_bad_state(
