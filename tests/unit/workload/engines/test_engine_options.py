@@ -53,11 +53,8 @@ def test_launcher_options_are_refused_by_name(
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, 30.0), ("off", None), ("0", 0.0),
-                                               ("12.5", 12.5)])
-def test_engine_probation_reaches_the_job_config(
-    tmp_path: Path, raw: str | None, expected: float | None
-) -> None:
+def _engine_config(tmp_path: Path, *extra: str) -> JobConfig:
+    """The job's configuration from the launcher's options, a vLLM job plus ``extra``."""
     from workload.launch import _checked_config, _supervise_parser
 
     p = _supervise_parser()
@@ -65,27 +62,26 @@ def test_engine_probation_reaches_the_job_config(
     model.mkdir()
     (model / "config.json").write_text("{}")
     argv = ["--run-dir", str(tmp_path / "run"), "--steps", "2", "--rollout-engine", "vllm",
-            "--model", str(model)]
-    config, _, _ = _checked_config(p, p.parse_args(
-        argv + ([] if raw is None else ["--engine-probation", raw])))
-    assert config.engine_probation_s == expected
+            "--model", str(model), *extra]
+    config, _, _ = _checked_config(p, p.parse_args(argv))
+    return config
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 30.0), ("off", None), ("0", 0.0),
+                                               ("12.5", 12.5)])
+def test_engine_probation_reaches_the_job_config(
+    tmp_path: Path, raw: str | None, expected: float | None
+) -> None:
+    extra = [] if raw is None else ["--engine-probation", raw]
+    assert _engine_config(tmp_path, *extra).engine_probation_s == expected
 
 
 @pytest.mark.parametrize(("raw", "expected"), [(None, 120.0), ("15", 15.0), ("0.5", 0.5)])
 def test_engine_request_timeout_reaches_the_job_config(
     tmp_path: Path, raw: str | None, expected: float
 ) -> None:
-    from workload.launch import _checked_config, _supervise_parser
-
-    p = _supervise_parser()
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    argv = ["--run-dir", str(tmp_path / "run"), "--steps", "2", "--rollout-engine", "vllm",
-            "--model", str(model)]
-    config, _, _ = _checked_config(p, p.parse_args(
-        argv + ([] if raw is None else ["--engine-request-timeout", raw])))
-    assert config.engine_request_timeout_s == expected
+    extra = [] if raw is None else ["--engine-request-timeout", raw]
+    assert _engine_config(tmp_path, *extra).engine_request_timeout_s == expected
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), "60"])
