@@ -38,6 +38,10 @@ log = logging.getLogger("rlguard.workload.engines")
 
 # Requests in flight per engine: enough to keep an engine's batch full on a small machine.
 IN_FLIGHT_PER_ENGINE = 8
+# The least a request waits, in all, for an admitted engine before the step fails: a cold engine
+# compiles for 20-60 s here and for minutes on a loaded host (RLGuard's start-up grace for vLLM
+# is 300 s). A short request timeout bounds each attempt, not this wait.
+MIN_REQUEST_DEADLINE_S = 300.0
 
 
 class EngineRollouts:
@@ -122,7 +126,7 @@ class EngineRollouts:
 
     def _generate(self, req: Request) -> dict[str, Any]:
         attempt = 0
-        deadline = time.monotonic() + self.request_timeout * 3
+        deadline = time.monotonic() + max(self.request_timeout * 3, MIN_REQUEST_DEADLINE_S)
         while True:
             left = max(1.0, deadline - time.monotonic())
             slot = self.fleet.acquire(req.worker, timeout=left)

@@ -129,6 +129,11 @@ def test_a_trainer_spinning_from_its_first_step_is_train_hang_within_the_budget_
     assert "_spin_in_collective" in d["text"] and "_train" in d["text"], d["text"]
     safe = [a for a in inc["actions"] if a["action"] == "enter_safe_mode"]
     assert safe and safe[0]["params"]["capture_stacks"], inc["actions"]
+    # The action records the stacks first, then writes SAFE_MODE: once it has succeeded the
+    # control file says so (read at once, it raced the write under load).
+    wait_for(lambda: [a for a in stack.incident(inc["id"])["actions"]
+                      if a["action"] == "enter_safe_mode" and a["status"] == "succeeded"], 60,
+             "enter_safe_mode to succeed", context=logs)
     assert read_control(run.root).mode is ControlMode.SAFE_MODE
     assert (read_json(run.root / "pids.json") or {}).get("trainer-0") == spinning
 
