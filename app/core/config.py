@@ -111,15 +111,6 @@ def _paths(model: type[BaseModel], prefix: str) -> list[str]:
     return out
 
 
-#: Every policy-file path an ``RLGUARD_POLICY__*`` variable may override.
-POLICY_OVERRIDE_PATHS: tuple[str, ...] = (
-    "tick_seconds",
-    *_paths(DetectionOverrides, "detection."),
-    *_paths(RecoveryOverrides, "recovery."),
-    *_paths(GoldenOverrides, "golden_metrics."),
-)
-
-
 def policy_variable(path: str) -> str:
     """The environment variable of a policy-file path (``detection.heartbeat.suspect_seconds``
     -> ``RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS``)."""
@@ -193,6 +184,12 @@ class PolicySettings(BaseModel):
     def file_overrides(self) -> dict[str, Any]:
         """The set overrides in the policy file's shape, to merge over the file's data."""
         return _pruned(self.model_dump(include=set(POLICY_FILE_GROUPS), exclude_none=True))
+
+
+#: Every policy-file path an ``RLGUARD_POLICY__*`` variable may override.
+POLICY_OVERRIDE_PATHS: tuple[str, ...] = tuple(
+    path for path in _paths(PolicySettings, "") if path.split(".")[0] in POLICY_FILE_GROUPS
+)
 
 
 def _pruned(tree: dict[str, Any]) -> dict[str, Any]:

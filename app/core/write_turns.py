@@ -26,11 +26,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 # The longest either side waits for the other before it goes on anyway (then SQLite's own busy
 # timeout decides): a background writer's short transaction takes a few tens of milliseconds.
 MAX_WAIT_S = 0.5
+
+
+def background_turn(turns: WriteTurns | None) -> AbstractContextManager[None]:
+    """``turns.background_write()``, or nothing to wait for where there are no turns
+    (PostgreSQL)."""
+    return turns.background_write() if turns is not None else nullcontext()
 
 
 class WriteTurns:

@@ -16,14 +16,13 @@ chunk failed is made again by the next tick.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from app.alerts.queue import took_queued_rows
-from app.core.write_turns import WriteTurns
+from app.core.write_turns import WriteTurns, background_turn
 from app.incidents.persist import PersistResult, persist_decisions
 from app.models._types import utcnow
 from app.policy.engine import IncidentDecision
@@ -56,8 +55,7 @@ def write_decisions(
     new_rows = False
     transactions = 0
     for start in range(0, len(decisions), chunk):
-        turn: AbstractContextManager[None] = turns.background_write() if turns else nullcontext()
-        with turn, Session(engine, expire_on_commit=False) as session:
+        with background_turn(turns), Session(engine, expire_on_commit=False) as session:
             part = persist_decisions(
                 session,
                 decisions=decisions[start : start + chunk],

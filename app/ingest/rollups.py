@@ -49,7 +49,6 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from operator import itemgetter
@@ -61,7 +60,7 @@ from sqlalchemy.engine import Connection, Engine
 from app.core.config import SeriesSettings
 from app.core.db import dialect_insert, table_of
 from app.core.server_metrics import ServerMetrics
-from app.core.write_turns import WriteTurns
+from app.core.write_turns import WriteTurns, background_turn
 from app.ingest.series_store import SeriesKey, SeriesStore
 from app.models import MetricRollup, from_epoch, utcnow
 
@@ -230,7 +229,7 @@ class RollupWriter:
             },
         )
         for chunk in _by_series(rows, WRITE_CHUNK_ROWS):
-            with self._turn(), self.engine.begin() as conn:
+            with background_turn(self.write_turns), self.engine.begin() as conn:
                 conn.execute(
                     stmt,
                     [
@@ -258,9 +257,6 @@ class RollupWriter:
             self._committed.update(r.series_id for r in chunk)
             self.metrics.rollup_rows.inc(len(chunk))
 
-    def _turn(self) -> AbstractContextManager[None]:
-        return self.write_turns.background_write() if self.write_turns else nullcontext()
-
     def prune(self) -> None:
         self.delete_expired_rows()
         self.forget_silent_series()
@@ -271,7 +267,7 @@ class RollupWriter:
         expired = sa.select(table.c.id).where(table.c.minute < cutoff).limit(WRITE_CHUNK_ROWS)
         deleted = WRITE_CHUNK_ROWS
         while deleted == WRITE_CHUNK_ROWS:  # in short transactions, as the rows are written
-            with self._turn(), self.engine.begin() as conn:
+            with background_turn(self.write_turns), self.engine.begin() as conn:
                 deleted = conn.execute(sa.delete(table).where(table.c.id.in_(expired))).rowcount
 
     def forget_silent_series(self) -> None:
