@@ -49,6 +49,10 @@ NCCL only). The engine serves the example's initial model with RLGuard's worker 
         --worker-extension-cls integrations.vllm.worker_extension.RLGuardWeightLoader &
     python examples/trl_grpo/train.py --output_dir /tmp/ckpt/g --size engine \\
         --vllm_server http://127.0.0.1:8000 --max_steps 20
+
+For RLGuard to heal the engine, run it as the job's rollout role (``rlguard launch --role
+rollout -- python -m integrations.vllm.host --model $MODEL --port 8000 ...``) and give the
+trainer ``--vllm_engine_wait``: docs/integrations.md, "RLGuard heals the engine".
 """
 
 from __future__ import annotations

@@ -43,7 +43,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -77,12 +79,33 @@ ROLLOUT, TRAIN, EVAL, SAVE, SAFE_MODE, DONE = (
     "SAFE_MODE",
     "DONE",
 )
+# Waiting for the rollout engine to answer again (dead, being replaced, compiling): not one of
+# the hang detector's phases (detection.trainer.hang_phases), so a trainer whose engine is
+# being healed is not taken for a hung one and restarted too.
+WAIT_ENGINE = "WAIT_ENGINE"
 
 DRILL_OOM_POINT = "its next optimizer step raises torch.OutOfMemoryError (RLGuard's TRL callback)"
 DRILL_DISK_FULL_POINT = ("its next step end saves a checkpoint and the save fails with ENOSPC, "
                          "'No space left on device' (RLGuard's TRL callback)")
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+# The callbacks of this process, for waiting_for_engine (the weight sync does not hold them).
+_LIVE: weakref.WeakSet[RLGuardCallback] = weakref.WeakSet()
+
+
+@contextmanager
+def waiting_for_engine() -> Iterator[None]:
+    """Report this process's trainer as ``WAIT_ENGINE`` for the block (the weight sync's wait
+    for a dead engine, :mod:`integrations.trl.vllm_weights`); its phase before is put back
+    after. Does nothing without a live callback, or outside a training step."""
+    waiting = [cb for cb in list(_LIVE) if cb._enter_wait()]
+    try:
+        yield
+    finally:
+        for cb in waiting:
+            cb._leave_wait()
 
 
 def _env_int(name: str, default: int) -> int:
@@ -156,8 +179,10 @@ class RLGuardCallback(TrainerCallback):
         self._control_warned = False
         self._model: Any = None
         self._previous_excepthook: ExceptHook | None = None
+        self._before_wait: str | None = None
         self._reporter.update(phase="INIT", force=True)
         self._reporter.start_keepalive()
+        _LIVE.add(self)
 
     # ---- what the heartbeat says -------------------------------------------------------------
 
@@ -170,6 +195,22 @@ class RLGuardCallback(TrainerCallback):
         with self._lock:
             self._phase = phase
         self._reporter.update(phase=phase, force=force)
+
+    def _enter_wait(self) -> bool:
+        with self._lock:
+            if self._phase not in (TRAIN, ROLLOUT):
+                return False
+            self._before_wait, self._phase = self._phase, WAIT_ENGINE
+        self._reporter.update(phase=WAIT_ENGINE, force=True)
+        return True
+
+    def _leave_wait(self) -> None:
+        with self._lock:
+            if self._phase != WAIT_ENGINE or self._before_wait is None:
+                return
+            self._phase, self._before_wait = self._before_wait, None
+            phase = self._phase
+        self._reporter.update(phase=phase, force=True)
 
     def _carry_fault_counts(self, previous: dict[str, Any] | None) -> None:
         """A restarted trainer keeps the counts of the process before it, so the policy engine

@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 import torch
 
 from integrations import IntegrationError
+from integrations.trl.callback import waiting_for_engine
 from integrations.vllm.client import EngineClient, EngineError, EngineRequestError
 from integrations.vllm.worker_extension import DEFAULT_WEIGHT_SET, specs_of
 from recovery.transfer import (
@@ -249,8 +250,10 @@ class RLGuardWeightSync:
                 self._wait_healthy(deadline)
 
     def _wait_healthy(self, deadline: float) -> None:
-        while time.monotonic() < deadline and not self.engine.healthy(timeout=2.0):
-            time.sleep(0.5)
+        # The trainer is waiting, not hung: its heartbeat says so (RLGuard heals the engine).
+        with waiting_for_engine():
+            while time.monotonic() < deadline and not self.engine.healthy(timeout=2.0):
+                time.sleep(0.5)
 
     def _refit(self, version: int) -> None:
         started = time.monotonic()

@@ -22,6 +22,7 @@ without AVX-512 BF16), and ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ import httpx
 import psutil
 
 ENGINE_CORE_TITLE = "VLLM::EngineCore"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WORKER_TITLE_PREFIX = "VLLM::Worker"
 
 # Nothing may reach a hub or phone home: the model is a local directory.
@@ -128,8 +130,9 @@ def find_engine_tree(api_server_pid: int) -> EngineTree:
     except psutil.NoSuchProcess:
         below = []
     workers = tuple(sorted(p.pid for p in below if _title(p).startswith(WORKER_TITLE_PREFIX)))
-    return EngineTree(api_server=api_server_pid, engine_core=None if core is None else core.pid,
-                      workers=workers)
+    return EngineTree(
+        api_server=api_server_pid, engine_core=None if core is None else core.pid, workers=workers
+    )
 
 
 def api_server_of(pid: int) -> int:
@@ -139,6 +142,50 @@ def api_server_of(pid: int) -> int:
     while _title(proc).startswith("VLLM::") and (parent := proc.parent()) is not None:
         proc = parent
     return int(proc.pid)
+
+
+def popen_dying_with_parent(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """Start ``argv`` so that the kernel SIGKILLs it when the calling process dies, however
+    (a host killed by its launcher while its engine still starts): an engine runs in a session
+    of its own, out of reach of the signals to its launcher's group, and would be left behind.
+    A ``popen`` for :func:`start_server`."""
+
+    def die_with_parent() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return subprocess.Popen(argv, preexec_fn=die_with_parent, **kwargs)  # noqa: PLW1509
+
+
+def checkout_pythonpath(base: Mapping[str, str] | None = None) -> str:
+    """``PYTHONPATH`` with this checkout first: the engine's workers import RLGuard's worker
+    extension (:mod:`integrations.vllm.worker_extension`) from it."""
+    root = str(Path(__file__).resolve().parents[2])
+    current = (os.environ if base is None else base).get("PYTHONPATH", "")
+    return root if not current else f"{root}{os.pathsep}{current}"
+
+
+def kill_leftovers(
+    pids: list[int], *, spare: set[int], created_before: float | None = None, timeout: float = 10.0
+) -> list[int]:
+    """SIGKILL what is left of an engine's process tree (a SIGSTOPped one too), except the pids
+    in ``spare``; the pids killed. With ``created_before`` (a wall-clock time), a process
+    created after it is not one of the tree's but a stranger that was given a reused pid, and
+    is left alone. Waits until the killed ones are gone (or ``timeout``)."""
+    killed = []
+    for pid in pids:
+        if pid in spare or pid <= 1:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if created_before is not None and proc.create_time() > created_before:
+                continue
+            proc.kill()
+            killed.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(killed, timeout=timeout)
+    return [p.pid for p in killed]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -25,20 +25,24 @@ serves (``workload.engines.fleet``).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from integrations.vllm.client import EngineClient
-from integrations.vllm.server import EngineError, EngineSettings, VLLMServer, start_server
+from integrations.vllm.server import (
+    EngineError,
+    EngineSettings,
+    VLLMServer,
+    checkout_pythonpath,
+    popen_dying_with_parent,
+    start_server,
+)
 from recovery.report import HeartbeatReporter
 from recovery.supervision.standby import OrderError, parse_order, redirect_output
 from workload.engines import records
@@ -48,7 +52,6 @@ from workload.job import JobConfig, RunDir
 log = logging.getLogger("rlguard.workload.engines")
 EXTENSION = "integrations.vllm.worker_extension.RLGuardWeightLoader"
 START_TIMEOUT_S = 300.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The router's admission state -> the heartbeat phase the agent reports.
 PHASES = {
     records.STARTING: "STARTING",
@@ -77,29 +80,10 @@ def _start(run: RunDir, cfg: JobConfig, name: str) -> VLLMServer:
         Path(cfg.model_dir),
         settings=engine_settings(cfg),
         log_path=logs / f"engine-{name}-{os.getpid()}.log",
-        env={**os.environ, "PYTHONPATH": _pythonpath()},
-        popen=_popen_dying_with_host,
+        env={**os.environ, "PYTHONPATH": checkout_pythonpath()},
+        popen=popen_dying_with_parent,
     )
     return server
-
-
-def _popen_dying_with_host(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-    """Start the API server so that the kernel kills it when this host dies, however (a
-    standby killed by its launcher while its engine still starts): an engine runs in a session
-    of its own, out of reach of the signals to its launcher's group, and would be left behind."""
-
-    def die_with_parent() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    return subprocess.Popen(argv, preexec_fn=die_with_parent, **kwargs)  # noqa: PLW1509
-
-
-def _pythonpath() -> str:
-    # The workers import the extension from this checkout.
-    root = str(Path(__file__).resolve().parents[2])
-    current = os.environ.get("PYTHONPATH", "")
-    return root if not current else f"{root}{os.pathsep}{current}"
 
 
 def _record(run: RunDir, rank: int, server: VLLMServer, *, warm: bool, ready: bool) -> EngineRecord:
@@ -154,8 +138,12 @@ def _serve(run: RunDir, cfg: JobConfig, rank: int, server: VLLMServer) -> int:
             version = view.get("version")
             diff = view.get("disagreement") or {}
             if "mean" in diff and diff.get("incarnation") == view.get("incarnations"):
-                hb.set_signals({"rollout_logprob_diff_mean": float(diff["mean"]),
-                                "rollout_logprob_diff_max": float(diff["max"])})
+                hb.set_signals(
+                    {
+                        "rollout_logprob_diff_mean": float(diff["mean"]),
+                        "rollout_logprob_diff_max": float(diff["max"]),
+                    }
+                )
             hb.update(
                 phase=PHASES.get(state, "STARTING"),
                 step=None if version is None else int(version) % 1_000_000,
@@ -212,8 +200,13 @@ def run_standby(run: RunDir) -> int:
         log.error("standby engine did not start: %s", exc)
         server.stop(timeout=5.0)
         return 1
-    run.event("standby_ready", role="rollout", engine=True, seconds=round(seconds, 3),
-              api_server=server.pid)
+    run.event(
+        "standby_ready",
+        role="rollout",
+        engine=True,
+        seconds=round(seconds, 3),
+        api_server=server.pid,
+    )
     line = sys.stdin.readline()
     if not line.strip():
         server.stop(timeout=10.0)
@@ -235,8 +228,13 @@ def run_standby(run: RunDir) -> int:
         server.stop(timeout=5.0)
         return 1
     _record(run, rank, server, warm=True, ready=True)
-    run.event("engine_up", rank=rank, warm=True, seconds=round(time.monotonic() - woken, 3),
-              url=server.url)
+    run.event(
+        "engine_up",
+        rank=rank,
+        warm=True,
+        seconds=round(time.monotonic() - woken, 3),
+        url=server.url,
+    )
     return _serve(run, cfg, rank, server)
 
 

@@ -11,14 +11,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recovery.pids import process_exists
+from integrations.vllm.server import kill_leftovers as kill_tree
 from workload.job import RunDir, read_json, write_json_atomic
 
 # An engine's admission states (the router's view; the DESIGN's engine life, job side).
@@ -106,21 +103,17 @@ def read_record(run: RunDir, rank: int) -> EngineRecord | None:
 
 
 def kill_leftovers(record: EngineRecord, *, spare: set[int], timeout: float = 10.0) -> list[int]:
-    """SIGKILL what is left of ``record``'s process tree (a SIGSTOPped engine too), except the
-    pids in ``spare``; the pids killed. Waits until they are gone (or ``timeout``)."""
-    killed = []
-    for pid in [record.host_pid, *record.pids.values()]:
-        if pid in spare or pid <= 1 or not process_exists(pid):
-            continue
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_running(pid) for pid in killed):
-        time.sleep(0.05)
-    return killed
+    """SIGKILL what is left of ``record``'s process tree, its host included (a SIGSTOPped engine
+    too), except the pids in ``spare``; the pids killed (:func:`integrations.vllm.server.
+    kill_leftovers`). A process created after the record's last write (its pids were all
+    running then; 1 s for the clocks' granularity) holds a reused pid and is spared."""
+    written = (record.ready_at or record.started) + 1.0
+    return kill_tree(
+        [record.host_pid, *record.pids.values()],
+        spare=spare,
+        created_before=written,
+        timeout=timeout,
+    )
 
 
 def _running(pid: int) -> bool:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.timeout(60)
 
 HOST = (
     "import sys, time\n"
-    "from workload.engines.engine_host import _popen_dying_with_host\n"
-    "p = _popen_dying_with_host(['sleep', '60'], start_new_session=True)\n"
+    "from integrations.vllm.server import popen_dying_with_parent\n"
+    "p = popen_dying_with_parent(['sleep', '60'], start_new_session=True)\n"
     "print(p.pid, flush=True)\n"
     "time.sleep(60)\n"
 )
