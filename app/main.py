@@ -74,16 +74,16 @@ from app.ingest.loop_commit import LoopPostgresCommitter, supports_loop_commits
 from app.ingest.pipeline import IngestService
 from app.ingest.quotas import NodeQuotas
 from app.ingest.redis_dedupe import RedisDedupe
-from app.ingest.rollups import RollupWriter
-from app.ingest.series_backend import (
+from app.metrics import GoodputCollector, IncidentCollector, build_registry
+from app.runtime import SERVER_LIFESPANS, LifespanFactory, load_running_policy
+from app.series.backend import (
     LocalSeriesBackend,
     RedisSeriesBackend,
     SeriesBackend,
     key_prefix,
 )
-from app.ingest.series_store import SeriesStore
-from app.metrics import GoodputCollector, IncidentCollector, build_registry
-from app.runtime import SERVER_LIFESPANS, LifespanFactory, load_running_policy
+from app.series.rollups import RollupWriter
+from app.series.store import SeriesStore
 from app.views import mount_dashboard
 from app.views.models.overview import DashboardCaches
 
@@ -211,7 +211,7 @@ def _lifespan(
                 for hook in hooks:
                     await stack.enter_async_context(hook(app))
                 if state.rollups.scheduled_by is None:
-                    # No policy scheduler took the rollups as a leased job (app.ingest.rollups).
+                    # No policy scheduler took the rollups as a leased job (app.series.rollups).
                     await stack.enter_async_context(state.rollups.running_alone())
                 backend_name = state.engine.url.get_backend_name()
                 log.info("rlguard server ready", extra={"database": backend_name})

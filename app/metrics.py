@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from app.core.server_metrics import ServerMetrics
-from app.ingest.series_store import SeriesStore
+from app.series.store import SeriesStore
 
 PREFIX = "rlguard_"
 

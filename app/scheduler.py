@@ -16,7 +16,7 @@ carries a fault needing no window (``app.ingest.certain``), it calls :meth:`Poli
 and the event thread runs the tick itself at once, on the lease holder, under the tick's lock:
 the same decision path and keys, so the early tick and the interval tick never both plan a fault.
 
-The per-minute rollups (``app.ingest.rollups``) are one of these jobs: only the holder writes
+The per-minute rollups (``app.series.rollups``) are one of these jobs: only the holder writes
 them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
 takes the lease over first reads what the previous holder wrote (``RollupWriter.take_over``) so
 that no minute is rolled twice. The rollup job of a replica that is not the holder only forgets
@@ -60,8 +60,6 @@ from app.incidents.queries import (
 )
 from app.incidents.tick_writes import write_decisions
 from app.ingest.certain import CertainFaultWatch
-from app.ingest.rollups import LeaseLost, RollupWriter
-from app.ingest.series_store import SeriesStore
 from app.models._types import utcnow
 from app.models.action import SchedulerLease
 from app.models.cluster import Node
@@ -72,6 +70,8 @@ from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_
 from app.policy.engine import PolicyEngine, TickResult
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantSource, World, participants_from_ingest
+from app.series.rollups import LeaseLost, RollupWriter
+from app.series.store import SeriesStore
 from app.silences.windows import maintenance_at
 
 log = logging.getLogger("rlguard.scheduler")

@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy.engine import Engine  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
-from app.ingest.series_store import SeriesKey, SeriesStore  # noqa: E402
 from app.models import Job, MetricRollup, Node, Participant, from_epoch  # noqa: E402
+from app.series.store import SeriesKey, SeriesStore  # noqa: E402
 from app.views.models.overview import DashboardCaches  # noqa: E402
 
 GIB = 2**30

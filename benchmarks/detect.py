@@ -15,7 +15,7 @@ v2, ``DETECTION_V2``), timed interleaved with the full one. Also timed: the part
 server does before each tick (8,000 views built), printed with read + tick. Target: tick <= 100 ms.
 
 Part ``ingest-share``: the detectors' filters are standing questions that ingest answers as
-samples arrive (``app.ingest.series_watch``), so part of the tick's old work is now paid in
+samples arrive (``app.series.watch``), so part of the tick's old work is now paid in
 ``SeriesStore.extend``. Same store: one new sample for every series added per round, rounds
 alternating between no policy engine and the server's one; prints both and their ratio.
 
@@ -55,14 +55,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.core.gc_tuning import FreezeOnGrowth, freeze_startup_heap  # noqa: E402
-from app.ingest.series_backend import ParticipantHeartbeat  # noqa: E402
-from app.ingest.series_store import SeriesKey, SeriesStore  # noqa: E402
 from app.policy import metric_names as m  # noqa: E402
 from app.policy.detectors import default_detectors  # noqa: E402
 from app.policy.engine import PolicyEngine  # noqa: E402
 from app.policy.policy_file import default_policy  # noqa: E402
 from app.policy.world import ParticipantView, World  # noqa: E402
 from app.scheduler import participants_from_ingest  # noqa: E402
+from app.series.backend import ParticipantHeartbeat  # noqa: E402
+from app.series.store import SeriesKey, SeriesStore  # noqa: E402
 
 GPU_METRICS = [m.GPU_UTILIZATION_RATIO, m.GPU_XID_CRITICAL_EVENTS_TOTAL, m.GPU_ECC_UNCORRECTED_TOTAL,
                m.GPU_REMAPPED_ROWS_FAILURE, m.GPU_THROTTLE_THERMAL, m.GPU_THROTTLE_POWER, m.GPU_LOST,
@@ -195,7 +195,7 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
 
 
 def bench_ingest_share(nodes: int, gpus: int, history: int, rounds: int) -> None:
-    """What the tick's standing questions cost ingest (``app.ingest.series_watch``): the same
+    """What the tick's standing questions cost ingest (``app.series.watch``): the same
     store, one new sample for every series per round, added by ``SeriesStore.extend`` in rounds
     alternating between no policy engine registered (the baseline) and the server's one."""
     t0 = 1_800_000_000.0

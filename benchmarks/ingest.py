@@ -421,7 +421,7 @@ def measure(url: str, args: argparse.Namespace, tmp: Path) -> tuple[float, float
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         if args.redis_url:
-            from app.ingest.series_backend import forget_shared_window
+            from app.series.backend import forget_shared_window
 
             forget_shared_window(args.redis_url, url)
 

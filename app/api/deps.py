@@ -23,8 +23,8 @@ from app.core.config import Settings
 from app.core.errors import Forbidden, NotAuthenticated
 from app.core.ratelimit import LoginNameThrottle
 from app.ingest.pipeline import IngestService
-from app.ingest.series_store import SeriesStore
 from app.models import Role, User
+from app.series.store import SeriesStore
 
 
 def get_db(request: Request) -> Iterator[Session]:

@@ -9,7 +9,6 @@ from datetime import datetime
 from sqlmodel import Session, func, select
 
 from app.core.errors import InvalidInput, NotFound
-from app.ingest.series_store import SeriesStore
 from app.models import ApiToken, AuditEvent, Job, Node, Participant, User
 from app.models.public import (
     AuditEventPublic,
@@ -23,6 +22,7 @@ from app.models.public import (
     TokenPublic,
     UserPublic,
 )
+from app.series.store import SeriesStore
 
 
 def _age(at: datetime | None, now: float) -> float | None:

@@ -269,7 +269,7 @@ class SeriesSettings(BaseModel):
     # Labels kept on the exported /metrics series (node is always kept); see app/metrics.py.
     export_labels: list[str] = ["gpu", "job", "role"]
     # Share the window and participant heartbeats between server replicas through Redis
-    # (RLGUARD_REDIS_URL), so that any replica can take ingest: app/ingest/series_backend.py.
+    # (RLGUARD_REDIS_URL), so that any replica can take ingest: app/series/backend.py.
     shared_window: bool = False
     shared_follow_interval_seconds: Annotated[float, Field(gt=0)] = 0.5
 

@@ -7,7 +7,7 @@ whole transaction, 0.45-1.3 s on the 2-core test machine, and every node's inges
 behind it: the calm node's request took as long (``benchmarks/flood.py``, issue 41 item 2).
 
 So the tick writes its decisions in short transactions (``app.incidents.tick_writes``), as the
-rollup pass writes its rows (``app.ingest.rollups``: a pass of 40,000 rows held the lock ~750 ms
+rollup pass writes its rows (``app.series.rollups``: a pass of 40,000 rows held the lock ~750 ms
 in one transaction), and between two of them each lets a waiting ingest commit go first.
 Waiting on SQLite itself would not do: a writer that finds the lock taken sleeps in SQLite's
 busy handler (up to 25 ms, then 50 and 100 ms between tries) and a background writer that starts

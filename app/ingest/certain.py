@@ -23,8 +23,8 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from app.ingest.phases import PhaseChange
-from app.ingest.series_backend import Sample
-from app.ingest.series_store import SeriesKey
+from app.series.backend import Sample
+from app.series.store import SeriesKey
 
 log = logging.getLogger("rlguard.ingest")
 

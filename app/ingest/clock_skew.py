@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from app.ingest.series_store import SeriesKey
 from app.ingest.validation import ParticipantReport, ValidBatch
+from app.series.store import SeriesKey
 
 # Measured by the server, never sent by an agent (the policy's metric_names re-exports it).
 CLOCK_OFFSET_METRIC = "agent_clock_offset_seconds"

@@ -29,9 +29,9 @@ from redis.exceptions import RedisError
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.persist import IngestGroup, NodeSeen, ParticipantSeen, part_of
 from app.ingest.phases import PhaseChange
-from app.ingest.series_backend import ParticipantHeartbeat, Sample
 from app.ingest.step_progress import StepChange
 from app.ingest.validation import ParticipantReport
+from app.series.backend import ParticipantHeartbeat, Sample
 
 log = logging.getLogger("rlguard.ingest")
 

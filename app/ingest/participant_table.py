@@ -12,8 +12,8 @@ that finished (or died) longest ago, long after their faults were detected. The 
 
 from __future__ import annotations
 
-from app.ingest.series_backend import ParticipantHeartbeat
 from app.ingest.validation import ParticipantReport
+from app.series.backend import ParticipantHeartbeat
 
 ParticipantKey = tuple[str, str, int]  # (job, role, rank)
 

@@ -34,7 +34,7 @@ nothing of it reaches the database. The in-memory window of samples itself is vo
 design (it is a cache for the policy engine; ``MetricRollup`` keeps history).
 
 Alone, this holds for ONE process per database (the windows live in its memory). With a shared
-window (``app.ingest.series_backend``, several replicas), two more steps make it hold across
+window (``app.series.backend``, several replicas), two more steps make it hold across
 replicas: a new batch must also win an atomic claim in Redis (``app.ingest.redis_dedupe``), and
 a commit group is appended to the shared Redis stream after its database commit and before any
 of its requests is answered. A delivery another replica claimed is answered "duplicate" only once
@@ -79,18 +79,18 @@ from app.ingest.persist import IngestGroup, load_cursors, write_ingest_group
 from app.ingest.phases import PhaseRetention, PhaseTracker, load_tracker
 from app.ingest.quotas import NodeQuotas, QuotaExceeded
 from app.ingest.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
-from app.ingest.series_backend import (
+from app.ingest.step_progress import StepTracker, load_step_tracker
+from app.ingest.storage_full import StorageFullCircuit
+from app.ingest.validation import BatchValidator, IngestRejected, ValidBatch
+from app.models import utcnow
+from app.series.backend import (
     LocalSeriesBackend,
     ParticipantHeartbeat,
     Sample,
     SeriesBackend,
     participants_of,
 )
-from app.ingest.series_store import SeriesStore
-from app.ingest.step_progress import StepTracker, load_step_tracker
-from app.ingest.storage_full import StorageFullCircuit
-from app.ingest.validation import BatchValidator, IngestRejected, ValidBatch
-from app.models import utcnow
+from app.series.store import SeriesStore
 
 log = logging.getLogger("rlguard.ingest")
 

@@ -47,8 +47,8 @@ from prometheus_client import Counter
 from app.core.config import NodeQuotaSettings
 from app.core.errors import TooManyRequests
 from app.ingest.cpu_share import CpuBucket, CpuShare
-from app.ingest.series_store import SeriesKey
 from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
+from app.series.store import SeriesKey
 
 _key_of_sample = itemgetter(0)
 

@@ -41,7 +41,6 @@ from pydantic import ValidationError
 
 from app.core.config import IngestLimits
 from app.core.errors import InvalidInput, PayloadTooLarge, ServiceError
-from app.ingest.series_store import SeriesKey
 from app.ingest.typed_decode import (
     DECODE_FAILED,
     NO_LABELS,
@@ -58,6 +57,7 @@ from app.ingest.wire_rules import (
     MIN_TIMESTAMP,
     build_models,
 )
+from app.series.store import SeriesKey
 
 _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)

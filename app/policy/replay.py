@@ -26,13 +26,13 @@ from typing import Any
 
 from app.core.config import IngestLimits
 from app.ingest.clock_skew import ClockOffsets, offset_sample
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.ingest.validation import ParticipantReport, ValidBatch
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, IncidentDecision, PolicyEngine
 from app.policy.policy_file import Policy, default_policy
 from app.policy.signals import Tier
 from app.policy.world import ParticipantView, World
+from app.series.store import SeriesKey, SeriesStore
 
 
 class TraceError(ValueError):

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.ingest.series_store import Point, SeriesKey, SeriesStore
-from app.ingest.series_watch import RunRule, SeriesWatch
 from app.policy.signals import FaultKind, FaultSignal
+from app.series.store import Point, SeriesKey, SeriesStore
+from app.series.watch import RunRule, SeriesWatch
 
 # The silence kinds: what a node or job being worked on looks like from here (the heartbeat and
 # node-silence detectors, and a scheduler taking a node out).
@@ -232,7 +232,7 @@ class LatestIndex:
     Two ways of reading, by what a name's filter asks (``Detector.filters``):
 
     - A filtered name (a :class:`Threshold`, ``CHANGED``, or a :class:`BreachRun`) is a
-      standing question to the store (``app.ingest.series_watch``): ingest keeps its answer up
+      standing question to the store (``app.series.watch``): ingest keeps its answer up
       to date as samples arrive, and the snapshot reads only the series in it. At 1,000 nodes
       x 8 GPUs a pass over every series' newest sample was most of the tick (a memory read per
       buffer, sample and value, 144,000 times), almost always to find nothing.

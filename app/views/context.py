@@ -23,9 +23,9 @@ from app.auth import web as web_auth
 from app.auth.audit import AUDIT_READER_ROLE
 from app.core.config import Settings
 from app.ingest.quotas import NodeQuotas
-from app.ingest.series_store import SeriesStore
 from app.models import Role
 from app.policy.policy_file import Policy
+from app.series.store import SeriesStore
 from app.views.models.incidents import pending_approvals_count
 from app.views.models.overview import DashboardCaches
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from sqlmodel import Session
 
 from app.core.config import Settings
-from app.ingest.series_store import SeriesStore
+from app.series.store import SeriesStore
 
 PASSWORD = "correct horse battery"
 

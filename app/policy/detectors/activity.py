@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from app.ingest.series_store import Point, SeriesKey
 from app.policy import metric_names as m
 from app.policy.detectors.base import (
     Detector,
@@ -16,6 +15,7 @@ from app.policy.detectors.base import (
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, cap_points
 from app.policy.world import ParticipantView, Threshold, World
+from app.series.store import Point, SeriesKey
 
 
 class _PhaseTracker:

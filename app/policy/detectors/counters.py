@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.ingest.series_store import Point, SeriesKey
 from app.policy.detectors.base import Detector, subject_of
 from app.policy.signals import Evidence, FaultKind, FaultSignal
 from app.policy.world import World
+from app.series.store import Point, SeriesKey
 
 
 @dataclass(slots=True)

@@ -13,11 +13,11 @@ over and over (``golden_metrics`` in policy.yaml):
 
 from __future__ import annotations
 
-from app.ingest.series_store import SeriesKey
 from app.policy.detectors.base import Detector, breach_run, subject_of
 from app.policy.policy_file import GoldenMetricRule, Policy
 from app.policy.signals import Evidence, FaultSignal, cap_points
 from app.policy.world import BreachRun, World
+from app.series.store import SeriesKey
 
 
 class GoldenMetricDetector(Detector):

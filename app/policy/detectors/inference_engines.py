@@ -23,7 +23,6 @@ nothing piles up at its engine (pending flat at zero, or its step moving): it st
 
 from __future__ import annotations
 
-from app.ingest.series_store import Point, SeriesKey
 from app.policy import metric_names as m
 from app.policy.detectors.base import (
     AT_LEAST_ONE,
@@ -38,6 +37,7 @@ from app.policy.detectors.base import (
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
 from app.policy.world import ParticipantView, Threshold, World
+from app.series.store import Point, SeriesKey
 
 
 def engine_key(key: SeriesKey, name: str, **labels: str) -> SeriesKey:

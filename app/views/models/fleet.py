@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from sqlmodel import Session
 
-from app.ingest.series_store import SeriesStore
+from app.series.store import SeriesStore
 from app.views.models.overview import DashboardCaches, NodeCard, NodeStates, node_states
 
 StateFilter = Literal["", "bad", "warn", "idle", "ok"]

@@ -17,12 +17,12 @@ from sqlmodel import Session, col, func, select
 
 from app.core.errors import NotFound
 from app.incidents import queries as incident_queries
-from app.ingest.series_store import SeriesStore
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
 from app.models.incident_public import IncidentDetail
 from app.policy.policy_file import Policy, default_policy
 from app.policy.signals import Tier
+from app.series.store import SeriesStore
 from app.views.models.charts import ChartSpec, Threshold, aligned_chart, golden_bands
 from app.views.models.evidence import STUCK_KINDS, EvidencePanel, evidence_panel
 from app.views.models.health import TIER_LEVEL

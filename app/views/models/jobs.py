@@ -9,9 +9,9 @@ from datetime import timedelta
 from sqlmodel import Session, select
 
 from app.cluster import queries as cluster
-from app.ingest.series_store import SeriesStore
 from app.models import Job, MetricRollup, from_epoch
 from app.policy.policy_file import Policy
+from app.series.store import SeriesStore
 from app.views.models.charts import Band, ChartSpec, Threshold, aligned_chart, golden_bands
 from app.views.models.health import liveness_level, liveness_mark
 from app.views.models.phases import PhaseTimeline, phase_timeline

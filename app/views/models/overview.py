@@ -20,8 +20,8 @@ from markupsafe import Markup
 from sqlmodel import Session, select
 
 from app.guardrails.automation import Switches
-from app.ingest.series_store import Buffer, SeriesStore
 from app.models import Job, MetricRollup, Node, Participant, from_epoch
+from app.series.store import Buffer, SeriesStore
 from app.views.models.charts import safe_json
 from app.views.models.health import (
     GPU_LOST,

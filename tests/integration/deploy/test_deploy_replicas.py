@@ -22,8 +22,8 @@ from app.auth.tokens import create_node_token
 from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
-from app.ingest.series_backend import forget_shared_window, key_prefix
 from app.models import Role
+from app.series.backend import forget_shared_window, key_prefix
 from tests.harness import RLGUARD, ServerProcess, batch, free_port, rlguard_env, wait_for
 
 LEASE_S = 3.0

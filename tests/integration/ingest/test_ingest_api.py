@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import Session, select
 
-from app.ingest.series_store import SeriesKey
 from app.models import IngestCursor, Job, Node, Participant
+from app.series.store import SeriesKey
 from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

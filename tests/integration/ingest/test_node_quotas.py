@@ -13,8 +13,8 @@ from sqlmodel import Session, select
 
 from app.auth.users import create_user
 from app.core.config import NodeQuotaSettings
-from app.ingest.series_store import SeriesKey
 from app.models import IngestCursor, Job, Participant, Role
+from app.series.store import SeriesKey
 from tests.harness import Api, auth, batch, wait_for
 from tests.harness.dashboard import PASSWORD, login
 

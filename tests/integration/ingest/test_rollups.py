@@ -13,9 +13,9 @@ from app.core.config import SeriesSettings
 from app.core.db import make_engine
 from app.core.server_metrics import ServerMetrics
 from app.core.write_turns import WriteTurns
-from app.ingest.rollups import WRITE_CHUNK_ROWS, LeaseLost, RollupWriter, series_id
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.models import MetricRollup, from_epoch, utcnow
+from app.series.rollups import WRITE_CHUNK_ROWS, LeaseLost, RollupWriter, series_id
+from app.series.store import SeriesKey, SeriesStore
 from tests.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

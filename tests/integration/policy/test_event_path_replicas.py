@@ -18,10 +18,10 @@ import redis
 from sqlmodel import Session, select
 
 from app.core import migrate
-from app.ingest.series_backend import key_prefix
 from app.main import create_app
 from app.models.action import RecoveryAction
 from app.models.incident import Incident
+from app.series.backend import key_prefix
 from tests.harness import Api, AppClient, RedisServer, auth, make_settings, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -25,12 +25,12 @@ from app.core import migrate
 from app.core.config import SeriesSettings
 from app.core.db import make_engine
 from app.core.server_metrics import ServerMetrics
-from app.ingest.rollups import LeaseLost, RollupWriter, series_id
-from app.ingest.series_backend import RedisSeriesBackend, forget_shared_window
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.main import create_app
 from app.models import MetricRollup
 from app.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
+from app.series.backend import RedisSeriesBackend, forget_shared_window
+from app.series.rollups import LeaseLost, RollupWriter, series_id
+from app.series.store import SeriesKey, SeriesStore
 from tests.harness import AppClient, auth, make_settings, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

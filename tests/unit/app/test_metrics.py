@@ -3,8 +3,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.metrics import build_registry
+from app.series.store import SeriesKey, SeriesStore
 
 
 def families(store: SeriesStore, labels: list[str] | None = None) -> dict[str, list]:

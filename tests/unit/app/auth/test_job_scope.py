@@ -7,8 +7,8 @@ import pytest
 from app.auth.job_scope import MAX_JOB_PATTERNS, JobScope, parse_job_patterns
 from app.auth.tokens import NodeIdentity
 from app.core.errors import InvalidInput
-from app.ingest.series_store import SeriesKey
 from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
+from app.series.store import SeriesKey
 
 pytestmark = pytest.mark.timeout(30)
 

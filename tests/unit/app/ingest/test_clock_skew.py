@@ -5,8 +5,8 @@ from __future__ import annotations
 from pytest import approx
 
 from app.ingest.clock_skew import AGREE, KEPT, ClockOffsets, offset_sample, shifted
-from app.ingest.series_store import SeriesKey
 from app.ingest.validation import ParticipantReport, ValidBatch
+from app.series.store import SeriesKey
 
 KEY = SeriesKey.of("n1", "gpu_util", {"gpu": "0"})
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from app.core.config import IngestLimits
-from app.ingest.series_store import SeriesKey
 from app.ingest.validation import BatchValidator, IngestRejected
+from app.series.store import SeriesKey
 
 NOW = 1_800_000_000.0
 LIMITS = IngestLimits(max_samples=20, max_labels=3, max_label_value_length=8, max_name_length=12)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.policy.engine import PolicyEngine, _build_index
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import Maintenance, ParticipantView, World
+from app.series.store import SeriesKey, SeriesStore
 
 T0 = 1_000_000.0
 JOB = "job-x"

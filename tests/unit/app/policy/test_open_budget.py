@@ -4,12 +4,12 @@ other nodes keep their own budget."""
 
 from __future__ import annotations
 
-from app.ingest.series_store import SeriesStore
 from app.policy.detectors import Detector
 from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.policy.world import World
+from app.series.store import SeriesStore
 
 
 class Reported(Detector):

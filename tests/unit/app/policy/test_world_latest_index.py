@@ -4,7 +4,7 @@ For a CHANGED name (a counter) the snapshot returns the series that received a s
 value differs from the newest one before it (NaN never equals itself) since the previous
 snapshot, and those new to it (every series at the first snapshot; a series dropped and
 recreated is a new one). Ingest keeps that answer as samples arrive (a standing question to the
-store, ``app.ingest.series_watch``). Randomized sequences of appends, new series and drops are
+store, ``app.series.watch``). Randomized sequences of appends, new series and drops are
 checked against that definition, kept here from the same operations.
 """
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.policy.world import CHANGED, LatestIndex, Threshold
+from app.series.store import SeriesKey, SeriesStore
 
 pytestmark = pytest.mark.timeout(120)
 

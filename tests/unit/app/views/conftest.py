@@ -21,9 +21,9 @@ from app.core.db import make_engine
 from app.core.migrate import upgrade
 from app.core.ratelimit import LoginNameThrottle
 from app.ingest.quotas import NodeQuotas
-from app.ingest.series_store import SeriesStore
 from app.models import Role, User
 from app.runtime import load_running_policy
+from app.series.store import SeriesStore
 from app.views import mount_dashboard
 from app.views.models.overview import DashboardCaches
 from tests.harness.dashboard import SECRET, Browser, DashboardApp, password_hash

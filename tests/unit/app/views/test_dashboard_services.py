@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.ingest.series_store import SeriesKey, SeriesStore
+from app.series.store import SeriesKey, SeriesStore
 from app.views.models import overview
 from app.views.models.charts import Band, ChartSpec, aligned_chart, safe_json
 from app.views.models.health import GpuNow, gpu_level, liveness_level

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from app.core.config import DashboardSettings
-from app.ingest.series_store import SeriesKey
 from app.models import Job, Node, Participant, from_epoch
 from app.models.incident import Incident
+from app.series.store import SeriesKey
 from tests.harness.dashboard import Browser, DashboardApp, login
 from tests.harness.waiting import wait_for
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from app.ingest.series_store import SeriesKey
 from app.models import Job, Node, Participant, from_epoch
+from app.series.store import SeriesKey
 from tests.harness.dashboard import Browser, DashboardApp, login
 
 HX = {"HX-Request": "true"}

@@ -10,9 +10,9 @@ import pytest
 
 from app.cluster.phase_history import phase_history
 from app.core.errors import InvalidInput, NotFound
-from app.ingest.series_store import SeriesKey
 from app.models import Job, MetricRollup, from_epoch
 from app.models.phase import PhaseTransition
+from app.series.store import SeriesKey
 from app.views.models.phases import phase_timeline
 from tests.harness.dashboard import Browser, DashboardApp, login
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.ingest.series_store import SeriesKey
+from app.series.store import SeriesKey
 from tests.harness.dashboard import Browser, DashboardApp, login
 from tests.unit.app.views.test_pages import _chart_specs, _fleet
 

@@ -3,7 +3,7 @@ drops no series, built again when it does, even when their count stays the same.
 
 from __future__ import annotations
 
-from app.ingest.series_store import SeriesKey, SeriesStore
+from app.series.store import SeriesKey, SeriesStore
 from app.views.models import overview
 from app.views.models.health import GPU_TEMP, GPU_UTIL
 

@@ -8,9 +8,9 @@ import time
 from datetime import timedelta
 
 from app.incidents.timeline import add_event
-from app.ingest.series_store import SeriesKey
 from app.models import Job, MetricRollup, Node, Participant, from_epoch, utcnow
 from app.models.incident import Incident, IncidentEventType
+from app.series.store import SeriesKey
 from tests.harness.dashboard import Browser, DashboardApp, login, seed_heavy_incident
 
 HX = {"HX-Request": "true"}

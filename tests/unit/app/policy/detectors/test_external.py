@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from app.ingest.series_store import SeriesStore
 from app.policy.detectors.external import (
     AlertmanagerPayload,
     AlertMappingError,
@@ -18,6 +17,7 @@ from app.policy.detectors.external import (
 from app.policy.policy_file import default_policy
 from app.policy.signals import FaultKind
 from app.policy.world import World
+from app.series.store import SeriesStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.ingest.series_store import SeriesKey, SeriesStore
-from app.ingest.series_watch import RunRule, SeriesWatch
+from app.series.store import SeriesKey, SeriesStore
+from app.series.watch import RunRule, SeriesWatch
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core.config import SeriesSettings
-from app.ingest.rollups import RollupWriter
-from app.ingest.series_store import SeriesKey, SeriesStore
+from app.series.rollups import RollupWriter
+from app.series.store import SeriesKey, SeriesStore
 
 
 def reference(points: list[tuple[float, float]], complete_before: float) -> list[tuple]:

@@ -61,8 +61,8 @@ from app.core.config import SeriesSettings
 from app.core.db import dialect_insert, table_of
 from app.core.server_metrics import ServerMetrics
 from app.core.write_turns import WriteTurns, background_turn
-from app.ingest.series_store import SeriesKey, SeriesStore
 from app.models import MetricRollup, from_epoch, utcnow
+from app.series.store import SeriesKey, SeriesStore
 
 _ts_of = itemgetter(0)
 _value_of = itemgetter(1)

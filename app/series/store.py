@@ -5,7 +5,7 @@ This is the hot store the policy engine reads every tick. A series is identified
 older than ``window_seconds`` (relative to the newest sample), so memory stays bounded whatever
 the agents send. It is thread-safe: ingest appends from request handlers while the policy tick
 and the rollup job read. The questions the tick asks of every series are answered here, as
-samples arrive (``watch``, ``app.ingest.series_watch``).
+samples arrive (``watch``, ``app.series.watch``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from app.ingest.series_watch import CHANGED, PASSING, Handler, SeriesWatch
+from app.series.watch import CHANGED, PASSING, Handler, SeriesWatch
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -104,7 +104,7 @@ class SeriesStore:
 
     def watch(self, watch: SeriesWatch) -> SeriesWatch:
         """Register ``watch``: answered from the series present now, then kept up to date by
-        every extend (see ``app.ingest.series_watch``). Held weakly: drop the watch to stop it."""
+        every extend (see ``app.series.watch``). Held weakly: drop the watch to stop it."""
         with self._lock:
             watch._lock = self._lock  # noqa: SLF001 - the watch reads its answers under it
             watch.start(self._series)

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from app.ingest.series_store import SeriesKey, SeriesStore
+from app.series.store import SeriesKey, SeriesStore
 
 
 def test_latest_since_and_window_trim() -> None:

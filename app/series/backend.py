@@ -1,7 +1,7 @@
 """Where the hot series window lives: in this process only, or shared through Redis.
 
 The policy engine, the dashboard and ``/metrics`` always read the in-process
-:class:`~app.ingest.series_store.SeriesStore`. What differs is how samples get there:
+:class:`~app.series.store.SeriesStore`. What differs is how samples get there:
 
 * ``LocalSeriesBackend`` (the embedded default): ingest appends to the store and that is all.
 * ``RedisSeriesBackend`` (``RLGUARD_SERIES__SHARED_WINDOW=true`` with ``RLGUARD_REDIS_URL``):
@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import orjson
 import redis
 
-from app.ingest.series_store import SeriesKey, SeriesStore
+from app.series.store import SeriesKey, SeriesStore
 
 log = logging.getLogger("rlguard.series.redis")
 
