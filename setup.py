@@ -4,9 +4,9 @@ Both are optional: where one cannot be built the install goes on and a Python fa
 
 - ``recovery.transfer._copycrc`` (copy and CRC-32C in one pass, x86-64 with SSE4.2): elsewhere
   ``recovery.transfer.copy_digest`` copies and checksums in two steps.
-- ``app.ingest._fsyncd`` (fsync on a native thread, reported on a socket; Linux and other POSIX
+- ``app.ingest.commit._fsyncd`` (fsync on a native thread, reported on a socket; Linux and other POSIX
   systems): elsewhere the ingest committer fsyncs on a Python thread
-  (``app.ingest.loop_fsync``).
+  (``app.ingest.commit.loop_fsync``).
 """
 
 import os
@@ -18,8 +18,8 @@ native = []
 if os.name == "posix":
     native.append(
         Extension(
-            "app.ingest._fsyncd",
-            ["app/ingest/_fsyncd.c"],
+            "app.ingest.commit._fsyncd",
+            ["app/ingest/commit/_fsyncd.c"],
             extra_compile_args=["-O2"],
             optional=True,
         )

@@ -53,7 +53,7 @@ from app.api.routes import (
 )
 from app.auth.tokens import NodeTokenCache
 from app.core.config import Settings, get_settings
-from app.core.db import is_sqlite, make_engine
+from app.core.db import make_engine
 from app.core.errors import ServiceError, TooManyRequests
 from app.core.forwarded import TrustedProxyMiddleware, parse_trusted_proxies
 from app.core.gc_tuning import freeze_startup_heap, thaw_heap
@@ -69,8 +69,7 @@ from app.core.readiness import ReadinessProbe
 from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeadersMiddleware
 from app.goodput.queries import metrics_source as goodput_metrics_source
 from app.incidents.queries import open_incident_counts_source
-from app.ingest.inline import InlineSqliteCommitter
-from app.ingest.loop_commit import LoopPostgresCommitter, supports_loop_commits
+from app.ingest.commit import choose_committer
 from app.ingest.pipeline import IngestService
 from app.ingest.quotas import NodeQuotas
 from app.ingest.redis_dedupe import RedisDedupe
@@ -177,8 +176,7 @@ def _build_state(app: FastAPI, settings: Settings) -> None:
         dedupe=dedupe,
         # Phase history is kept as long as the rollups it is drawn beside.
         phase_retention_days=settings.series.rollup_retention_days,
-        inline=_inline_committer(settings),
-        loop_commits=_loop_committer(settings),
+        committer=choose_committer(settings, engine, backend),
         quotas=state.node_quotas,
     )
     state.rollups = RollupWriter(
@@ -259,32 +257,6 @@ def _add_error_handlers(app: FastAPI) -> None:
             {"detail": f"a value in the request does not fit the database: {reason}"},
             status_code=422,
         )
-
-
-def _inline_committer(settings: Settings) -> InlineSqliteCommitter | None:
-    """SQLite ingest commits on the event loop when safe (app.ingest.inline)."""
-    if (
-        not is_sqlite(settings.db_url)
-        or settings.ingest.inline_commit_max_ms <= 0
-        or settings.series.shared_window  # its commits also publish to Redis: never inline
-    ):
-        return None
-    return InlineSqliteCommitter(
-        settings.db_url,
-        sqlite_synchronous=settings.sqlite_synchronous,
-        max_ms=settings.ingest.inline_commit_max_ms,
-    )
-
-
-def _loop_committer(settings: Settings) -> LoopPostgresCommitter | None:
-    """PostgreSQL ingest commits awaited on the event loop (app.ingest.loop_commit)."""
-    if (
-        not settings.ingest.postgres_commits_on_loop
-        or not supports_loop_commits(settings.db_url)
-        or settings.series.shared_window  # its commits also publish to Redis: on the thread
-    ):
-        return None
-    return LoopPostgresCommitter(settings.db_url)
 
 
 def _window_backend(settings: Settings) -> tuple[SeriesBackend, RedisDedupe | None]:

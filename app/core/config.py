@@ -249,10 +249,10 @@ class IngestLimits(BaseModel):
     # and commits wait (on the disk: wall time less CPU time) under this many milliseconds on
     # average (0 turns it off). Handing a commit to a
     # thread costs more than the commit itself while the loop is busy (GIL hand-offs; see
-    # app/ingest/inline.py); a slow or locked commit falls back to the thread.
+    # app/ingest/commit/sqlite_loop.py); a slow or locked commit falls back to the thread.
     inline_commit_max_ms: Annotated[float, Field(ge=0, le=200)] = 20.0
     # PostgreSQL (psycopg) only: await group commits on the event loop through an asyncio
-    # connection instead of a worker thread, for the same reason (app/ingest/loop_commit.py).
+    # connection instead of a worker thread, for the same reason (app/ingest/commit/postgres_loop.py).
     # false: every commit on a thread, as before.
     postgres_commits_on_loop: bool = True
 

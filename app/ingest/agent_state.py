@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from app.core.server_metrics import ServerMetrics
 from app.ingest.certain import CertainFaultWatch
-from app.ingest.committer import QueuedBatch, Rejection
+from app.ingest.commit.groups import QueuedBatch, Rejection
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.validation import IngestRejected
 

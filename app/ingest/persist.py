@@ -138,7 +138,7 @@ def write_ingest_group_in(
     conn: Connection, group: IngestGroup, *, phase_retention: PhaseRetention | None = None
 ) -> None:
     """``write_ingest_group`` inside the caller's transaction (the loop committer's, which
-    runs it on an asyncio connection: ``app.ingest.loop_commit``)."""
+    runs it on an asyncio connection: ``app.ingest.commit.postgres_loop``)."""
     dialect = conn.dialect.name
     st = _STATEMENTS.get(dialect)
     if st is None:

@@ -49,7 +49,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -64,18 +63,18 @@ from app.ingest.agent_state import AgentState as _AgentState
 from app.ingest.agent_state import resolve_requests
 from app.ingest.certain import CertainFaultWatch
 from app.ingest.clock_skew import ClockOffsets, offset_sample
-from app.ingest.committer import (
+from app.ingest.commit import Committer
+from app.ingest.commit.groups import (
     QueuedBatch,
     Rejection,
     group_of,
     is_transient,
     isolate,
 )
+from app.ingest.commit.thread import ThreadCommitter
 from app.ingest.dedupe import DedupeWindow
-from app.ingest.inline import InlineSqliteCommitter
-from app.ingest.loop_commit import LoopPostgresCommitter
 from app.ingest.participant_table import ParticipantTable
-from app.ingest.persist import IngestGroup, load_cursors, write_ingest_group
+from app.ingest.persist import load_cursors
 from app.ingest.phases import PhaseRetention, PhaseTracker, load_tracker
 from app.ingest.quotas import NodeQuotas, QuotaExceeded
 from app.ingest.redis_dedupe import NEEDS_RELOAD, RedisDedupe, load_cursor, merge_windows
@@ -86,7 +85,6 @@ from app.models import utcnow
 from app.series.backend import (
     LocalSeriesBackend,
     ParticipantHeartbeat,
-    Sample,
     SeriesBackend,
     participants_of,
 )
@@ -124,23 +122,18 @@ class IngestService:
         backend: SeriesBackend | None = None,
         dedupe: RedisDedupe | None = None,
         phase_retention_days: float = 30.0,
-        inline: InlineSqliteCommitter | None = None,
-        loop_commits: LoopPostgresCommitter | None = None,
+        committer: Committer | None = None,
         quotas: NodeQuotas | None = None,
     ) -> None:
         self.engine = engine
-        # SQLite's one write lock: the tick's incident writes let this service's commits go
-        # between them (app.core.write_turns); PostgreSQL has no such lock.
-        self.write_turns = WriteTurns() if engine.dialect.name == "sqlite" else None
-        # SQLite: commit on the loop when it is safe and fast (app.ingest.inline).
-        if inline is not None and backend is not None and backend.shared:
-            raise ValueError("a shared window publishes every commit to Redis: never inline")
-        self.inline = inline
-        # PostgreSQL: commit through an asyncio connection (app.ingest.loop_commit).
-        if loop_commits is not None and (inline is not None or (backend and backend.shared)):
-            raise ValueError("loop commits are for PostgreSQL without the shared window")
-        self.loop_commits = loop_commits
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
+        # How a group reaches the database (app.ingest.commit): on a worker thread unless the
+        # server chose a path on the event loop (main.py, choose_committer).
+        self.committer: Committer = committer or ThreadCommitter(
+            engine, self.backend, WriteTurns() if engine.dialect.name == "sqlite" else None
+        )
+        if self.backend.shared and not isinstance(self.committer, ThreadCommitter):
+            raise ValueError("a shared window publishes every commit to Redis: on the thread")
         self.dedupe = dedupe
         self.store = store
         self.limits = limits
@@ -189,8 +182,7 @@ class IngestService:
         self._agents = {k: _AgentState(window=w) for k, w in windows.items()}
         self._phases = await asyncio.to_thread(load_tracker, self.engine)
         self._steps = await asyncio.to_thread(load_step_tracker, self.engine)
-        if self.inline is not None:
-            await asyncio.to_thread(self.inline.connect)
+        await self.committer.start()
         if self.dedupe is not None:
             try:
                 await self.dedupe.ensure_epoch()
@@ -228,11 +220,7 @@ class IngestService:
                 log.error("ingest committer did not flush in time; pending batches not acked")
                 self._task.cancel()
             self._task = None
-        if self.inline is not None:
-            await self.inline.checkpoint_finished()
-            self.inline.close()
-        if self.loop_commits is not None:
-            await self.loop_commits.close()
+        await self.committer.stop()
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -488,17 +476,8 @@ class IngestService:
         batch(es) at fault. Returns the transient failure that left batches queued, or None."""
         group = group_of(batches)
         try:
-            if self.inline is not None and self.inline.try_commit(group, self._phase_retention):
-                if self.inline.syncs_wal:  # FULL: the WAL's fsync, off the loop (inline.py)
-                    await self.inline.make_durable()
-                self.inline.maybe_checkpoint()  # on a thread, never in a commit on the loop
-                self.metrics.ingest_commits.labels(path="inline").inc()
-            elif self.loop_commits is not None:
-                await self.loop_commits.commit(group, self._phase_retention)
-                self.metrics.ingest_commits.labels(path="loop").inc()
-            else:
-                await asyncio.to_thread(self._write_and_publish, group, batches)
-                self.metrics.ingest_commits.labels(path="thread").inc()
+            path = await self.committer.commit(group, batches, self._phase_retention)
+            self.metrics.ingest_commits.labels(path=path).inc()
         except Exception as exc:
             self.metrics.ingest_commit_failures.inc()
             if is_transient(exc):
@@ -534,21 +513,7 @@ class IngestService:
         self.metrics.ingest_rejections.labels(reason="storage_full").inc(answered)
 
     def _commit_batches(self, batches: Sequence[QueuedBatch]) -> None:
-        self._write_and_publish(group_of(batches), batches)
-
-    def _write_and_publish(self, group: IngestGroup, batches: Sequence[QueuedBatch]) -> None:
-        # SQLite: the policy tick's next write waits for this one (app.core.write_turns).
-        with self.write_turns.ingest_commit() if self.write_turns else nullcontext():
-            write_ingest_group(self.engine, group, phase_retention=self._phase_retention)
-        # After the database: a retry after a failed publish rewrites the same (idempotent)
-        # upserts, and never appends the samples to the shared stream twice.
-        samples: list[Sample] = []
-        shared: list[ParticipantHeartbeat] = []
-        if self.backend.shared:
-            for b in batches:
-                samples.extend(b.samples)
-                shared.extend(b.shared)
-        self.backend.publish(samples, shared, certain=any(b.certain for b in batches))
+        self.committer.commit_on_this_thread(batches, self._phase_retention)
 
     def _resolve(self, committed: list[QueuedBatch], rejected: list[Rejection]) -> None:
         resolve_requests(
@@ -574,3 +539,9 @@ class IngestService:
 
     def agents(self) -> int:
         return len(self._agents)
+
+    @property
+    def write_turns(self) -> WriteTurns | None:
+        """SQLite's turns between ingest commits and the background writers (the tick, the
+        rollup pass): app.core.write_turns; None on PostgreSQL."""
+        return self.committer.write_turns

@@ -1,4 +1,4 @@
-"""SQLite group commits on the event loop (app.ingest.inline): used when the database is
+"""SQLite group commits on the event loop (app.ingest.commit.sqlite_loop): used when the database is
 free, never waiting on a lock on the loop, paused after a slow commit, never for PostgreSQL."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from pydantic import ValidationError
 
 from app.core import migrate
 from app.core.config import Settings
-from app.ingest import inline as inline_module
-from app.ingest.inline import InlineSqliteCommitter
+from app.ingest.commit import choose_committer
+from app.ingest.commit import sqlite_loop as inline_module
+from app.ingest.commit.sqlite_loop import InlineSqliteCommitter, SqliteLoopCommitter
 from app.ingest.persist import IngestGroup, NodeSeen
-from app.main import _inline_committer
 from app.models import IngestCursor, utcnow
+from app.series.backend import LocalSeriesBackend
 from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -46,7 +47,7 @@ def test_free_database_commits_inline_and_durably(sqlite_api: Api) -> None:
     token = sqlite_api.node_token("node-a")
     for seq in range(3):
         assert _post(sqlite_api, token, "node-a", seq).json() == {"accepted": 4, "duplicate": False}
-    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.committer.inline  # type: ignore[attr-defined]
     assert inline is not None
     assert inline.inline_commits >= 1 and inline.fallbacks == 0
     assert _cursors(sqlite_api) == [("node-a", 2)]
@@ -77,7 +78,7 @@ def test_locked_database_falls_back_to_the_thread_and_the_loop_keeps_answering(
         blocker.close()
     sender.join(30)
     assert result["response"].json() == {"accepted": 4, "duplicate": False}  # type: ignore[attr-defined]
-    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.committer.inline  # type: ignore[attr-defined]
     assert inline.fallbacks >= 1
     assert _cursors(sqlite_api) == [("node-a", 7)]
 
@@ -115,9 +116,15 @@ def test_a_slow_inline_commit_sends_commits_to_the_thread_for_the_cooldown(
 def test_never_for_postgresql_or_when_turned_off(postgres_url: str, sqlite_url: str) -> None:
     with pytest.raises(ValueError, match="SQLite only"):
         InlineSqliteCommitter(postgres_url, sqlite_synchronous="FULL", max_ms=3)
-    assert _inline_committer(Settings(dev=True, database_url=postgres_url)) is None
+    def inline(settings: Settings) -> bool:
+        engine = sa.create_engine(settings.db_url)
+        return isinstance(choose_committer(settings, engine, LocalSeriesBackend()),
+                          SqliteLoopCommitter)  # fmt: skip
+
+    assert inline(Settings(dev=True, database_url=sqlite_url))
+    assert not inline(Settings(dev=True, database_url=postgres_url))
     off = Settings(dev=True, database_url=sqlite_url, ingest={"inline_commit_max_ms": 0})  # type: ignore[arg-type]
-    assert _inline_committer(off) is None
+    assert not inline(off)
 
 
 @pytest.mark.parametrize("bad", [-1, 201, "fast"])
@@ -209,7 +216,7 @@ def test_the_server_checkpoints_in_the_background_as_it_commits(
     token = sqlite_api.node_token("node-a")
     for seq in range(5):
         assert _post(sqlite_api, token, "node-a", seq).status_code == 200
-    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.committer.inline  # type: ignore[attr-defined]
     wait_for(lambda: inline.checkpoints >= 2, timeout=20, what="two background checkpoints")
     assert _cursors(sqlite_api) == [("node-a", 4)]
 

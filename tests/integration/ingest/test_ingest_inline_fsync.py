@@ -1,4 +1,4 @@
-"""synchronous=FULL with inline commits (app.ingest.inline): the commit runs on the loop without
+"""synchronous=FULL with inline commits (app.ingest.commit.sqlite_loop): the commit runs on the loop without
 an fsync, the WAL is fsynced on a thread, and no request of the group is answered before that
 fsync returned; a failed fsync leaves the group unacknowledged and it is committed again."""
 
@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from app.core import migrate
-from app.ingest.inline import fsync_path
+from app.ingest.commit.sqlite_loop import fsync_path
 from app.models import IngestCursor
 from tests.harness import Api, auth, batch, wait_for
 
@@ -34,7 +34,7 @@ def _high_seq(api: Api) -> int | None:
 def test_no_answer_before_the_wal_is_fsynced_and_the_loop_runs_meanwhile(
     sqlite_api: Api, sqlite_url: str
 ) -> None:
-    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.committer.inline  # type: ignore[attr-defined]
     assert inline.syncs_wal
     with inline.engine.connect() as conn:  # the inline connection itself commits without fsync
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == 1  # NORMAL
@@ -73,7 +73,7 @@ def test_no_answer_before_the_wal_is_fsynced_and_the_loop_runs_meanwhile(
 def test_a_failed_fsync_is_not_acknowledged_and_the_group_is_committed_again(
     sqlite_api: Api,
 ) -> None:
-    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.committer.inline  # type: ignore[attr-defined]
     calls: list[str] = []
 
     def failing_once(path: str) -> None:
@@ -96,7 +96,7 @@ def test_a_failed_fsync_is_not_acknowledged_and_the_group_is_committed_again(
 def test_the_real_fsync_runs_on_a_native_thread_and_the_batch_is_durable_when_answered(
     sqlite_api: Api, sqlite_url: str
 ) -> None:
-    inline = sqlite_api.app.state.ingest.inline  # type: ignore[attr-defined]
+    inline = sqlite_api.app.state.ingest.committer.inline  # type: ignore[attr-defined]
     assert inline.fsync is fsync_path  # nothing injected: the production path
     token = sqlite_api.node_token("node-a")
     for seq in range(3):

@@ -1,4 +1,4 @@
-"""PostgreSQL group commits awaited on the event loop (app.ingest.loop_commit): used for
+"""PostgreSQL group commits awaited on the event loop (app.ingest.commit.postgres_loop): used for
 postgresql+psycopg, durable when answered, back after the server drops the connection, off by
 setting, never for SQLite or the shared window, and bad input refused by name."""
 
@@ -12,9 +12,15 @@ from pydantic import ValidationError
 
 from app.core import migrate
 from app.core.config import Settings
-from app.ingest.loop_commit import APPLICATION_NAME, LoopPostgresCommitter, supports_loop_commits
-from app.main import _loop_committer
+from app.ingest.commit import Committer, choose_committer
+from app.ingest.commit.postgres_loop import (
+    APPLICATION_NAME,
+    LoopPostgresCommitter,
+    supports_loop_commits,
+)
+from app.ingest.commit.thread import ThreadCommitter
 from app.models import IngestCursor
+from app.series.backend import LocalSeriesBackend
 from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -36,6 +42,10 @@ def _commits(api: Api, path: str) -> float:
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line))
 
 
+def _chosen(settings: Settings) -> Committer:
+    return choose_committer(settings, sa.create_engine(settings.db_url), LocalSeriesBackend())
+
+
 @pytest.fixture
 def pg_api(postgres_url: str, make_api: Callable[..., Api]) -> Api:
     migrate.upgrade(postgres_url)
@@ -45,7 +55,7 @@ def pg_api(postgres_url: str, make_api: Callable[..., Api]) -> Api:
 def test_postgres_commits_are_awaited_on_the_loop_and_durable_when_answered(
     pg_api: Api,
 ) -> None:
-    committer = pg_api.app.state.ingest.loop_commits
+    committer = pg_api.app.state.ingest.committer
     assert isinstance(committer, LoopPostgresCommitter)
     token = pg_api.node_token("node-a")
     for seq in range(3):
@@ -91,13 +101,14 @@ def test_used_only_for_postgres_with_psycopg_and_not_when_turned_off(
     assert supports_loop_commits(postgres_url)
     assert not supports_loop_commits(sqlite_url)
     assert not supports_loop_commits("postgresql+psycopg2://u@h/db")
-    assert _loop_committer(Settings(dev=True, database_url=sqlite_url)) is None
+    assert isinstance(_chosen(Settings(dev=True, database_url=postgres_url)), LoopPostgresCommitter)
+    assert not isinstance(_chosen(Settings(dev=True, database_url=sqlite_url)), LoopPostgresCommitter)
     off = Settings(
         dev=True,
         database_url=postgres_url,
         ingest={"postgres_commits_on_loop": False},  # type: ignore[arg-type]
     )
-    assert _loop_committer(off) is None
+    assert isinstance(_chosen(off), ThreadCommitter)
 
 
 def test_turned_off_commits_go_to_the_thread(
@@ -105,7 +116,7 @@ def test_turned_off_commits_go_to_the_thread(
 ) -> None:
     migrate.upgrade(postgres_url)
     api = make_api(postgres_url, ingest={"postgres_commits_on_loop": False})
-    assert api.app.state.ingest.loop_commits is None
+    assert isinstance(api.app.state.ingest.committer, ThreadCommitter)
     token = api.node_token("node-a")
     assert _post(api, token, 0).json() == {"accepted": 4, "duplicate": False}
     assert _commits(api, "thread") == 1 and _commits(api, "loop") == 0
@@ -113,7 +124,8 @@ def test_turned_off_commits_go_to_the_thread(
 
 def test_a_url_it_cannot_serve_is_refused_without_showing_the_password() -> None:
     with pytest.raises(ValueError, match="postgresql\\+psycopg URL") as info:
-        LoopPostgresCommitter("postgresql+psycopg2://rlguard:s3cret@db/rlguard")
+        thread = ThreadCommitter(sa.create_engine("sqlite://"), LocalSeriesBackend(), None)
+        LoopPostgresCommitter("postgresql+psycopg2://rlguard:s3cret@db/rlguard", thread)
     assert "s3cret" not in str(info.value) and "***" in str(info.value)
 
 

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy.exc as sa_exc
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from app.ingest.committer import (
+from app.ingest.commit.groups import (
     QueuedBatch,
     group_of,
     is_transient,

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from app.core.db import make_engine
 from app.core.migrate import upgrade
-from app.ingest.committer import QueuedBatch, group_of
+from app.ingest.commit.groups import QueuedBatch, group_of
 from app.ingest.persist import IngestGroup, write_ingest_group
 from app.ingest.phases import (
     PhaseChange,

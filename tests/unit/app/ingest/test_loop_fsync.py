@@ -1,4 +1,4 @@
-"""``LoopFsync``: fsyncs on native threads, awaited on the event loop (app.ingest.loop_fsync).
+"""``LoopFsync``: fsyncs on native threads, awaited on the event loop (app.ingest.commit.loop_fsync).
 
 A FIFO stands in for a stalled disk: the native thread's ``open`` of it blocks until a writer
 opens the other end, and ``fsync`` of a FIFO then fails with EINVAL, so one file gives both a
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ingest.loop_fsync import LoopFsync, native_fsync_available
+from app.ingest.commit.loop_fsync import LoopFsync, native_fsync_available
 
 pytestmark = pytest.mark.timeout(30)
 

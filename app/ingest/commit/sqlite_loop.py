@@ -25,7 +25,7 @@ When it would not be safe, the commit goes to the thread as before:
 With ``synchronous=FULL`` (the default) the fsync stays off the loop: the inline connection
 commits with ``synchronous=NORMAL`` (in WAL mode: the commit appends its frames to the WAL
 without an fsync), and the group committer then fsyncs the WAL file (``make_durable``: on a
-native thread that reports on a socket, ``app.ingest.loop_fsync``; on a Python thread where that
+native thread that reports on a socket, ``app.ingest.commit.loop_fsync``; on a Python thread where that
 module is not built) before it answers any request of the group. The loop goes on parsing the
 next requests during the fsync, which also lets more batches join the next group. Acknowledged
 batches are exactly as durable as with FULL, which does the same fsync of the WAL inside the
@@ -53,7 +53,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -61,7 +61,9 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from app.core.db import is_sqlite, make_engine
-from app.ingest.loop_fsync import LoopFsync, native_fsync_available
+from app.ingest.commit.groups import QueuedBatch
+from app.ingest.commit.loop_fsync import LoopFsync, native_fsync_available
+from app.ingest.commit.thread import ThreadCommitter
 from app.ingest.persist import IngestGroup, write_ingest_group
 from app.ingest.phases import PhaseRetention
 
@@ -188,7 +190,7 @@ class InlineSqliteCommitter:
     async def make_durable(self) -> None:
         """Make the groups committed so far durable (``syncs_wal`` only: after ``try_commit``
         returned True and before any of the group's requests is answered), without blocking
-        the loop: on a native thread (``app.ingest.loop_fsync``), or on a Python thread where
+        the loop: on a native thread (``app.ingest.commit.loop_fsync``), or on a Python thread where
         that module is not built or a test has put its own ``fsync`` at the disk boundary."""
         if self.fsync is fsync_path and native_fsync_available():
             if self._loop_fsync is None:
@@ -240,3 +242,37 @@ class InlineSqliteCommitter:
             self._loop_fsync.close()
         self.engine.dispose()
         self._checkpoint_engine.dispose()
+
+
+class SqliteLoopCommitter:
+    """The ``inline`` path, with the thread path behind it for when inline is not safe."""
+
+    def __init__(self, inline: InlineSqliteCommitter, thread: ThreadCommitter) -> None:
+        self.inline = inline
+        self.thread = thread
+        self.write_turns = thread.write_turns
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.inline.connect)
+
+    async def commit(
+        self,
+        group: IngestGroup,
+        batches: Sequence[QueuedBatch],
+        phase_retention: PhaseRetention | None,
+    ) -> str:
+        if not self.inline.try_commit(group, phase_retention):
+            return await self.thread.commit(group, batches, phase_retention)
+        if self.inline.syncs_wal:  # FULL: the WAL's fsync, off the loop (see the docstring)
+            await self.inline.make_durable()
+        self.inline.maybe_checkpoint()  # on a thread, never in a commit on the loop
+        return "inline"
+
+    def commit_on_this_thread(
+        self, batches: Sequence[QueuedBatch], phase_retention: PhaseRetention | None
+    ) -> None:
+        self.thread.commit_on_this_thread(batches, phase_retention)
+
+    async def stop(self) -> None:
+        await self.inline.checkpoint_finished()
+        self.inline.close()

@@ -26,7 +26,7 @@ from types import ModuleType
 
 def _native() -> ModuleType | None:
     try:
-        from app.ingest import _fsyncd
+        from app.ingest.commit import _fsyncd
     except ImportError:  # built by setup.py where a C compiler was found
         return None
     return _fsyncd
@@ -46,7 +46,7 @@ class LoopFsync:
 
     def __init__(self) -> None:
         if _fsyncd is None:
-            raise RuntimeError("app.ingest._fsyncd is not built (see setup.py)")
+            raise RuntimeError("app.ingest.commit._fsyncd is not built (see setup.py)")
         self._reader, self._writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._reader.setblocking(False)
         self._loop: asyncio.AbstractEventLoop | None = None

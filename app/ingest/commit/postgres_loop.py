@@ -17,10 +17,13 @@ Failures are the same SQLAlchemy exceptions as on the thread path (``is_transien
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
+from app.ingest.commit.groups import QueuedBatch
+from app.ingest.commit.thread import ThreadCommitter
 from app.ingest.persist import IngestGroup, write_ingest_group_in
 from app.ingest.phases import PhaseRetention
 
@@ -35,9 +38,10 @@ def supports_loop_commits(url: str) -> bool:
 
 
 class LoopPostgresCommitter:
-    """Commits ingest groups on an asyncio connection of its own (one event loop)."""
+    """Commits ingest groups on an asyncio connection of its own (one event loop); bisecting a
+    refused group runs on ``thread``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, thread: ThreadCommitter) -> None:
         if not supports_loop_commits(url):
             shown = make_url(url).render_as_string(hide_password=True)
             raise ValueError(f"loop commits need a postgresql+psycopg URL, not {shown!r}")
@@ -51,8 +55,18 @@ class LoopPostgresCommitter:
         )
         self.commits = 0
         self._conn: AsyncConnection | None = None
+        self.thread = thread
+        self.write_turns = None  # PostgreSQL has no single write lock to share
 
-    async def commit(self, group: IngestGroup, phase_retention: PhaseRetention | None) -> None:
+    async def start(self) -> None:
+        return None  # connected at the first commit
+
+    async def commit(
+        self,
+        group: IngestGroup,
+        batches: Sequence[QueuedBatch],
+        phase_retention: PhaseRetention | None,
+    ) -> str:
         """Write ``group`` in one transaction; raises what the thread path would."""
         conn = self._conn
         if conn is None:
@@ -68,8 +82,14 @@ class LoopPostgresCommitter:
                 await conn.invalidate()
             raise
         self.commits += 1
+        return "loop"
 
-    async def close(self) -> None:
+    def commit_on_this_thread(
+        self, batches: Sequence[QueuedBatch], phase_retention: PhaseRetention | None
+    ) -> None:
+        self.thread.commit_on_this_thread(batches, phase_retention)
+
+    async def stop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):  # a server already gone: nothing to close

@@ -5,7 +5,7 @@
  * every switch interval (5 ms). That wait, not the fsync (0.2 ms on a local disk), was most of
  * an ingest group commit. This thread never touches the interpreter: it opens, fsyncs, closes
  * and writes one fixed-size record to its own duplicate of the report socket; the loop reads
- * the record when it next looks at its file descriptors (app/ingest/loop_fsync.py).
+ * the record when it next looks at its file descriptors (app/ingest/commit/loop_fsync.py).
  *
  * start(path, fallback, report_fd, tag): returns at once; the record is, in native byte order,
  *   uint64 tag, int32 errno (0: synced), int32 which (0: path, 1: fallback).
@@ -152,7 +152,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fsyncd", "fsync on a native thread (see app/ingest/loop_fsync.py)",
+    PyModuleDef_HEAD_INIT, "_fsyncd", "fsync on a native thread (see app/ingest/commit/loop_fsync.py)",
     -1, methods,
 };
 
