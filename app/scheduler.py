@@ -1,9 +1,9 @@
 """The server's scheduled work: the policy tick, outbox dispatch, approval expiry, rollups,
 alert reminders, retention.
 
-Only one server replica runs it: each tick renews a lease row in the database (the
-``scheduler_lease`` table; a conditional UPDATE is atomic on SQLite and PostgreSQL). A replica
-that is not the holder skips every job until the lease expires.
+The schedule is a table (:meth:`PolicyScheduler.schedule`); each job's body lives in its
+subsystem. Only one server replica runs them: each tick renews the lease (``app.core.lease``).
+A replica that is not the holder skips every job until the lease expires.
 
 The tick builds the engine's :class:`World` from the in-process series store, the ingest
 service's participant table and the node table, runs :class:`PolicyEngine`, writes its
@@ -17,8 +17,8 @@ and the event thread runs the tick itself at once, on the lease holder, under th
 the same decision path and keys, so the early tick and the interval tick never both plan a fault.
 
 The per-minute rollups (``app.series.rollups``) are one of these jobs: only the holder writes
-them, fenced by the lease's holder and fencing token (``lease_fence``), and a replica that
-takes the lease over first reads what the previous holder wrote (``RollupWriter.take_over``) so
+them, fenced by the lease's holder and fencing token (``RollupWriter.run_scheduled``), and a
+replica that takes the lease over first reads what the previous holder wrote (``take_over``) so
 that no minute is rolled twice. The rollup job of a replica that is not the holder only forgets
 series gone silent (memory), and the holder runs a last pass when it stops, before it lets the
 lease go.
@@ -37,18 +37,17 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import sqlalchemy as sa
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from app.actions.outbox import OutboxDispatcher
 from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
-from app.core.db import table_of
 from app.core.gc_tuning import FreezeOnGrowth
+from app.core.lease import HeldLease
 from app.core.wakeup import WakeThread
 from app.core.write_turns import WriteTurns
 from app.incidents.approvals import expire_approvals
@@ -58,10 +57,10 @@ from app.incidents.queries import (
     open_incidents_for_engine,
     open_incidents_whose_plan_succeeded,
 )
+from app.incidents.retention import delete_resolved_before
 from app.incidents.tick_writes import write_decisions
 from app.ingest.certain import CertainFaultWatch
 from app.models._types import utcnow
-from app.models.action import SchedulerLease
 from app.models.cluster import Node
 from app.models.incident import Incident, IncidentStatus
 from app.policy import metric_names as m
@@ -70,88 +69,16 @@ from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_
 from app.policy.engine import PolicyEngine, TickResult
 from app.policy.policy_file import Policy, default_policy
 from app.policy.world import ParticipantSource, World, participants_from_ingest
-from app.series.rollups import LeaseLost, RollupWriter
+from app.series.rollups import RollupWriter
 from app.series.store import SeriesStore
 from app.silences.windows import maintenance_at
 
 log = logging.getLogger("rlguard.scheduler")
 
-LEASE_NAME = "policy-scheduler"
-
 # 0/1 gauges whose rise to 1 is a fault with no window to wait for (the event path), an engine's
 # process gone among them; exits and Ray deaths come as participant phases (the policy's
 # ``detection.heartbeat.exited_phases``).
 CERTAIN_FAULT_GAUGES = (m.GPU_LOST, m.ROLLOUT_ENGINE_PROCESS_DEAD)
-
-
-def try_lease(engine: Engine, *, holder: str, ttl: float, name: str = LEASE_NAME) -> bool:
-    """Take or renew the lease; True while ``holder`` has it."""
-    now = utcnow()
-    t = table_of(SchedulerLease)
-    with Session(engine) as session:
-        res = session.execute(
-            sa.update(t)
-            .where(t.c.name == name, sa.or_(t.c.holder == holder, t.c.expires_at < now))
-            .values(
-                holder=holder,
-                expires_at=now + timedelta(seconds=ttl),
-                fencing_token=sa.case(
-                    (t.c.holder == holder, t.c.fencing_token), else_=t.c.fencing_token + 1
-                ),
-            )
-        )
-        if res.rowcount == 1:  # type: ignore[attr-defined]
-            session.commit()
-            return True
-        exists = session.get(SchedulerLease, name) is not None
-        if exists:
-            return False
-        try:
-            session.add(
-                SchedulerLease(
-                    name=name,
-                    holder=holder,
-                    expires_at=now + timedelta(seconds=ttl),
-                    fencing_token=1,
-                )
-            )
-            session.commit()
-            return True
-        except IntegrityError:
-            return False
-
-
-def lease_token(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> int | None:
-    """The lease's fencing token while ``holder`` holds it (None otherwise)."""
-    t = table_of(SchedulerLease)
-    with engine.connect() as conn:
-        row = conn.execute(sa.select(t.c.holder, t.c.fencing_token).where(t.c.name == name)).first()
-    return int(row.fencing_token) if row is not None and row.holder == holder else None
-
-
-def lease_fence(*, holder: str, token: int, name: str = LEASE_NAME) -> Callable[[Connection], bool]:
-    """A check for a write transaction: does ``holder`` still hold the lease under ``token``?
-
-    The lease row is read FOR UPDATE (on PostgreSQL; SQLite has one writer at a time anyway),
-    so a replica taking the lease over waits until this transaction has ended and then sees
-    everything it wrote; a takeover that committed first makes the check fail.
-    """
-    t = table_of(SchedulerLease)
-
-    def holds(conn: Connection) -> bool:
-        row = conn.execute(
-            sa.select(t.c.holder, t.c.fencing_token).where(t.c.name == name).with_for_update()
-        ).first()
-        return row is not None and row.holder == holder and row.fencing_token == token
-
-    return holds
-
-
-def release_lease(engine: Engine, *, holder: str, name: str = LEASE_NAME) -> None:
-    t = table_of(SchedulerLease)
-    with Session(engine) as session:
-        session.execute(sa.delete(t).where(t.c.name == name, t.c.holder == holder))
-        session.commit()
 
 
 class PolicyScheduler:
@@ -178,15 +105,13 @@ class PolicyScheduler:
         self.dispatcher = dispatcher
         self.policy = policy or default_policy()
         self.clock = clock or WallClock()
-        self.lease_seconds = lease_seconds
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.lease = HeldLease(engine, holder=self.holder, seconds=lease_seconds)
         self.dispatch_interval = dispatch_interval
         self.retention_days = retention_days
         self.rollups = rollups
         self.dry_run = dry_run  # Settings.automation.dry_run: plans are shown, never run
         self.write_turns = write_turns  # SQLite: ingest's commits go between the tick's writes
-        self._rollup_token: int | None = None  # the lease's token when the writer took over
-        self._warned_unrolled = False
-        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.external = ExternalAlerts()
         self.policy_engine = PolicyEngine(
             self.policy,
@@ -195,8 +120,6 @@ class PolicyScheduler:
                 ExternalAlertDetector(self.policy, self.external),
             ],
         )
-        self._leader_until = 0.0
-        self._renew_after = 0.0
         self._needs_restore = True
         self._lock = threading.Lock()
         self._heap = FreezeOnGrowth()  # the series store out of the collector's full passes
@@ -212,33 +135,13 @@ class PolicyScheduler:
     # -- lease ----------------------------------------------------------------------------
 
     def is_leader(self) -> bool:
-        return time.monotonic() < self._leader_until
+        return self.lease.held()
 
     def _renew(self) -> bool:
-        """Take or renew the lease, writing it only once a third of it has passed.
-
-        Renewing on every tick made each tick an fsync'd write that queued for SQLite's one
-        write lock behind ingest commits: most of a tick's time, and what made it overrun its
-        interval on a busy disk. The holder still renews well before the lease can expire
-        (and stops acting as the holder at 80 % of it, see ``is_leader``).
-        """
-        started = time.monotonic()
-        if self.is_leader() and started < self._renew_after:
-            return True
-        try:
-            ok = try_lease(self.engine, holder=self.holder, ttl=self.lease_seconds)
-        except SQLAlchemyError as exc:
-            log.warning("scheduler lease not renewed: %s", exc)
-            ok = False
-        if ok:
-            if not self.is_leader():
-                log.info("scheduler lease taken by %s", self.holder)
-                self._needs_restore = True
-            self._leader_until = started + self.lease_seconds * 0.8
-            self._renew_after = started + self.lease_seconds / 3
-        else:
-            self._leader_until = 0.0
-        return ok
+        held, taken = self.lease.renew()
+        if taken:
+            self._needs_restore = True  # the database is the truth after a change of holder
+        return held
 
     # -- the tick -------------------------------------------------------------------------
 
@@ -397,55 +300,30 @@ class PolicyScheduler:
     def retention(self) -> None:
         if not self.is_leader():
             return
-        cutoff = utcnow() - timedelta(days=self.retention_days)
-        with Session(self.engine) as session:
-            old = session.exec(
-                select(Incident).where(
-                    Incident.status == IncidentStatus.resolved.value,
-                    col(Incident.resolved_at) < cutoff,
-                )
-            ).all()
-            for inc in old:
-                session.delete(inc)
-            session.commit()
-        if old:
-            log.info("retention removed %d resolved incident(s)", len(old))
+        removed = delete_resolved_before(self.engine, utcnow() - timedelta(days=self.retention_days))
+        if removed:
+            log.info("retention removed %d resolved incident(s)", removed)
 
     def rollup(self) -> int:
         """One rollup pass if this replica holds the lease; returns the rows written."""
-        writer = self.rollups
-        if writer is None:
-            return 0
-        token = lease_token(self.engine, holder=self.holder) if self.is_leader() else None
-        if token is None:
-            writer.forget_silent_series()
-            self._warn_unrolled(writer)
-            return 0
-        if token != self._rollup_token:
-            writer.take_over()
-            self._rollup_token = token
-        try:
-            return writer.run_once(fence=lease_fence(holder=self.holder, token=token))
-        except LeaseLost:
-            self._rollup_token = None  # take over again (re-read the rows) if it comes back
-            log.info("scheduler lease lost during a rollup pass; the new holder rolls up")
-            return 0
-        except Exception:
-            writer.metrics.rollup_failures.inc()
-            raise
-
-    def _warn_unrolled(self, writer: RollupWriter) -> None:
-        if writer.shared or self._warned_unrolled or not len(self.store):
-            return
-        self._warned_unrolled = True
-        log.warning(
-            "this replica does not hold the scheduler lease and its series window is not "
-            "shared: the samples it ingests are rolled up only if it takes the lease while they "
-            "are in its window; run one server per database or set "
-            "RLGUARD_SERIES__SHARED_WINDOW=true"
-        )
+        return 0 if self.rollups is None else self.rollups.run_scheduled(self.lease)
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def schedule(self) -> list[tuple[str, Callable[[], Any], float]]:
+        """The jobs and their intervals (seconds); each body lives in its subsystem."""
+        jobs: list[tuple[str, Callable[[], Any], float]] = [
+            ("tick", self.tick, self.policy.tick_seconds),  # the policy engine, its decisions
+            ("dispatch", self.dispatch, self.dispatch_interval),  # app.actions.outbox
+            ("expire", self.expire, 10),  # app.incidents.approvals
+            ("unmuted", self.resume_unmuted, 5),  # app.incidents.mute_ended
+            ("retention", self.retention, 6 * 3600),  # app.incidents.retention
+            # alerts: purge old deliveries, queue repeat reminders (app.alerts.service)
+            ("alerts", self.alert_maintenance, 5),
+        ]
+        if self.rollups is not None:  # app.series.rollups
+            jobs.append(("rollups", self.rollup, self.rollups.settings.rollup_interval_seconds))
+        return jobs
 
     def start(self, *, tick_now: bool = True) -> None:
         """Run the jobs; the first tick at once, or one interval from now (``tick_now=False``,
@@ -455,30 +333,16 @@ class PolicyScheduler:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 5},
             timezone=UTC,
         )
-        sched.add_job(
-            self._safe(self.tick),
-            "interval",
-            seconds=self.policy.tick_seconds,
-            id="tick",
-            next_run_time=datetime.now(UTC)
-            + timedelta(seconds=0 if tick_now else self.policy.tick_seconds),
-        )
-        sched.add_job(
-            self._safe(self.dispatch), "interval", seconds=self.dispatch_interval, id="dispatch"
-        )
-        sched.add_job(self._safe(self.expire), "interval", seconds=10, id="expire")
-        sched.add_job(self._safe(self.resume_unmuted), "interval", seconds=5, id="unmuted")
-        sched.add_job(self._safe(self.retention), "interval", hours=6, id="retention")
+        for job_id, job, seconds in self.schedule():
+            # APScheduler reads next_run_time=None as "paused": only the tick is given one.
+            first: dict[str, Any] = {}
+            if job_id == "tick":
+                first["next_run_time"] = datetime.now(UTC) + timedelta(
+                    seconds=0 if tick_now else seconds
+                )
+            sched.add_job(self._safe(job), "interval", seconds=seconds, id=job_id, **first)
         if self.rollups is not None:
-            sched.add_job(
-                self._safe(self.rollup),
-                "interval",
-                seconds=self.rollups.settings.rollup_interval_seconds,
-                id="rollups",
-            )
             self.rollups.scheduled_by = self.holder
-        # Alerts: purge old deliveries, queue repeat reminders (the dispatcher sends them).
-        sched.add_job(self._safe(self.alert_maintenance), "interval", seconds=5, id="alerts")
         sched.start()
         self._scheduler = sched
         self._event_path.start()
@@ -494,11 +358,8 @@ class PolicyScheduler:
             self._safe(self.rollup)()
             if self.rollups.scheduled_by == self.holder:
                 self.rollups.scheduled_by = None
-        self._rollup_token = None
-        try:
-            release_lease(self.engine, holder=self.holder)
-        except SQLAlchemyError as exc:
-            log.warning("scheduler lease not released: %s", exc)
+            self.rollups.lease_released()
+        self.lease.release()
 
     @staticmethod
     def _safe(fn: Callable[[], Any]) -> Callable[[], None]:

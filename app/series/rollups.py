@@ -59,6 +59,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.core.config import SeriesSettings
 from app.core.db import dialect_insert, table_of
+from app.core.lease import HeldLease
 from app.core.server_metrics import ServerMetrics
 from app.core.write_turns import WriteTurns, background_turn
 from app.models import MetricRollup, from_epoch, utcnow
@@ -128,6 +129,8 @@ class RollupWriter:
         self._task: asyncio.Task[None] | None = None
         #: The scheduler that runs the passes under its lease (None: nobody does yet).
         self.scheduled_by: str | None = None
+        self._lease_token: int | None = None  # the lease's token when this writer took over
+        self._warned_unrolled = False
 
     @property
     def shared(self) -> bool:
@@ -269,6 +272,43 @@ class RollupWriter:
         while deleted == WRITE_CHUNK_ROWS:  # in short transactions, as the rows are written
             with background_turn(self.write_turns), self.engine.begin() as conn:
                 deleted = conn.execute(sa.delete(table).where(table.c.id.in_(expired))).rowcount
+
+    def run_scheduled(self, lease: HeldLease) -> int:
+        """The scheduler's rollup job; the rows written. A pass only on the replica holding
+        ``lease``, fenced by its token (a new token is a takeover: :meth:`take_over` first); the
+        others only forget series gone silent."""
+        token = lease.token()
+        if token is None:
+            self.forget_silent_series()
+            self._warn_unrolled()
+            return 0
+        if token != self._lease_token:
+            self.take_over()
+            self._lease_token = token
+        try:
+            return self.run_once(fence=lease.fence(token))
+        except LeaseLost:
+            self._lease_token = None  # take over again (re-read the rows) if it comes back
+            log.info("scheduler lease lost during a rollup pass; the new holder rolls up")
+            return 0
+        except Exception:
+            self.metrics.rollup_failures.inc()
+            raise
+
+    def lease_released(self) -> None:
+        """The scheduler let the lease go: a later hold is a takeover again."""
+        self._lease_token = None
+
+    def _warn_unrolled(self) -> None:
+        if self.shared or self._warned_unrolled or not len(self.store):
+            return
+        self._warned_unrolled = True
+        log.warning(
+            "this replica does not hold the scheduler lease and its series window is not "
+            "shared: the samples it ingests are rolled up only if it takes the lease while they "
+            "are in its window; run one server per database or set "
+            "RLGUARD_SERIES__SHARED_WINDOW=true"
+        )
 
     def forget_silent_series(self) -> None:
         """Drop series silent for longer than the window (every replica, leader or not)."""

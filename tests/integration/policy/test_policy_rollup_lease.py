@@ -24,10 +24,11 @@ from sqlmodel import Session, select
 from app.core import migrate
 from app.core.config import SeriesSettings
 from app.core.db import make_engine
+from app.core.lease import LEASE_NAME, lease_fence, lease_token
 from app.core.server_metrics import ServerMetrics
 from app.main import create_app
 from app.models import MetricRollup
-from app.scheduler import LEASE_NAME, PolicyScheduler, lease_fence, lease_token
+from app.scheduler import PolicyScheduler
 from app.series.backend import RedisSeriesBackend, forget_shared_window
 from app.series.rollups import LeaseLost, RollupWriter, series_id
 from app.series.store import SeriesKey, SeriesStore

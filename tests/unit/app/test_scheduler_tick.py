@@ -18,9 +18,10 @@ from sqlalchemy.engine import Engine
 from app.core import migrate
 from app.core.config import Settings
 from app.core.db import make_engine
+from app.core.lease import LEASE_NAME
 from app.main import create_app
 from app.models._types import utcnow
-from app.scheduler import LEASE_NAME, PolicyScheduler
+from app.scheduler import PolicyScheduler
 from app.series.store import SeriesStore
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,6 +13,7 @@ from app.auth.users import create_user
 from app.core import migrate
 from app.core.db import make_engine
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
+from app.core.lease import release_lease, try_lease
 from app.incidents import approvals
 from app.incidents.persist import PersistResult, persist_decisions
 from app.incidents.queries import incident_detail, list_incidents, open_incident_failures
@@ -24,7 +25,6 @@ from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
-from app.scheduler import release_lease, try_lease
 
 pytestmark = pytest.mark.timeout(60)
 
