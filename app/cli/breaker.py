@@ -18,7 +18,7 @@ breaker_cli = typer.Typer(
 @breaker_cli.command("list")
 def breaker_list() -> None:
     """List breakers that ever tripped (scope, state, when, why), open ones first."""
-    from app.cli import load_settings, run_db
+    from app.cli.common import load_settings, run_db
     from app.guardrails.breaker import list_breakers
 
     rows = run_db(load_settings(), list_breakers)
@@ -39,7 +39,7 @@ def breaker_reset(
     comment: Annotated[str, typer.Option(help="Why it is safe to resume (audited).")] = "",
 ) -> None:
     """Reset an open breaker: automation resumes for the scope, counting afresh from now."""
-    from app.cli import fail, info, load_settings, run_db
+    from app.cli.common import fail, info, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.guardrails.breaker import check_scope
     from app.incidents.breaker_reset import reset_breaker

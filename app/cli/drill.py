@@ -29,7 +29,7 @@ POLL_SECONDS = 2.0
 
 
 def _int(flag: str, text: str | None) -> int | None:
-    from app.cli import fail
+    from app.cli.common import fail
 
     if text is None:
         return None
@@ -39,7 +39,7 @@ def _int(flag: str, text: str | None) -> int | None:
 
 
 def _token(token_file: Path | None) -> str:
-    from app.cli import fail
+    from app.cli.common import fail
 
     if token_file is not None:
         try:
@@ -64,7 +64,7 @@ class _Api:
     def call(self, method: str, path: str, **kw: Any) -> Any:
         import httpx
 
-        from app.cli import fail
+        from app.cli.common import fail
 
         try:
             r = self._http.request(method, path, **kw)
@@ -135,7 +135,7 @@ def drill(
     ] = None,
 ) -> None:
     """Inject a fault into a running job on purpose and report its recovery and its cost."""
-    from app.cli import fail, info
+    from app.cli.common import fail, info
     from recovery.supervision.drills import DRILL_FAULTS
 
     url = server or os.environ.get("RLGUARD_URL") or "http://127.0.0.1:8000"

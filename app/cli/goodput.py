@@ -24,7 +24,7 @@ def report(
     from rich.console import Console
     from rich.table import Table
 
-    from app.cli import fail, load_settings, run_db
+    from app.cli.common import fail, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.goodput import report as text
     from app.goodput.queries import job_goodput

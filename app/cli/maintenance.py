@@ -24,7 +24,7 @@ _WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 def _weekday(text: str) -> int:
-    from app.cli import fail
+    from app.cli.common import fail
 
     key = text.strip().lower()[:3]
     if key not in _WEEKDAYS:
@@ -55,7 +55,7 @@ def maintenance_add(
     """Create a maintenance window; prints its id."""
     from datetime import timedelta
 
-    from app.cli import fail, load_settings, run_db
+    from app.cli.common import fail, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.models import utcnow
     from app.models.silence import MaintenanceWindowCreate
@@ -107,7 +107,7 @@ def maintenance_list(
     all_: Annotated[bool, typer.Option("--all", help="Also the expired ones.")] = False,
 ) -> None:
     """Windows, newest first: id, state, what, when, author, comment."""
-    from app.cli import load_settings, run_db
+    from app.cli.common import load_settings, run_db
     from app.models import utcnow
     from app.silences.store import list_windows
     from app.silences.windows import window_state
@@ -131,7 +131,7 @@ def maintenance_expire(
     window_id: Annotated[int, typer.Argument(help="The window's id (from `maintenance list`).")],
 ) -> None:
     """End a maintenance window now (and its future occurrences)."""
-    from app.cli import fail, info, load_settings, run_db
+    from app.cli.common import fail, info, load_settings, run_db
     from app.models import utcnow
     from app.silences.store import expire_window
 

@@ -18,7 +18,7 @@ silence_cli = typer.Typer(
 )
 
 def parse_instant(option: str, text: str | None) -> datetime | None:
-    from app.cli import fail
+    from app.cli.common import fail
 
     if text is None:
         return None
@@ -49,7 +49,7 @@ def silence_add(
     ] = False,
 ) -> None:
     """Create a silence; prints its id."""
-    from app.cli import fail, load_settings, run_db
+    from app.cli.common import fail, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.models import utcnow
     from app.models.silence import SilenceCreate
@@ -89,7 +89,7 @@ def silence_list(
     all_: Annotated[bool, typer.Option("--all", help="Also the expired ones.")] = False,
 ) -> None:
     """Silences, newest first: id, state, start, end, matchers, author, comment."""
-    from app.cli import load_settings, run_db
+    from app.cli.common import load_settings, run_db
     from app.models import utcnow
     from app.silences.matchers import Matcher
     from app.silences.store import list_silences, silence_state
@@ -110,7 +110,7 @@ def silence_expire(
     silence_id: Annotated[int, typer.Argument(help="The silence's id (from `silence list`).")],
 ) -> None:
     """End a silence now."""
-    from app.cli import fail, info, load_settings, run_db
+    from app.cli.common import fail, info, load_settings, run_db
     from app.models import utcnow
     from app.silences.store import expire_silence
 
