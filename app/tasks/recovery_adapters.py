@@ -35,6 +35,7 @@ from recovery.control import (
 )
 from recovery.errors import RecoveryError
 from recovery.fsio import write_json_atomic
+from recovery.protocol.hook_request import HookRequest
 from recovery.supervision.backends.slurm import drain_reason_for_xid
 from recovery.wal import WALStatus, WriteAheadLog
 
@@ -242,8 +243,10 @@ def restore_checkpoint(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
             # sealed checkpoint-N under its output_dir, its memory snapshots): its launcher
             # restarts it from the newest complete state its integration finds.
             return {"checkpoint": None, "launcher": _launch(ctx, a)}
-        raise ActionError(f"no checkpoint directory {root} and no launcher hook to restore "
-                          "the job's own checkpoints")
+        raise ActionError(
+            f"no checkpoint directory {root} and no launcher hook to restore "
+            "the job's own checkpoints"
+        )
     # Verified by streaming: the job loads it, this worker must not hold its bytes.
     info = CheckpointEngine(root).latest(keep_bytes=False)
     if info is None:
@@ -268,25 +271,35 @@ def restore_checkpoint(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
 
 
 def _hook_argv(
-    ctx: ActionContext, a: ActionSnapshot, action: str, key: str, extra: dict[str, Any] | None
+    ctx: ActionContext,
+    a: ActionSnapshot,
+    action: str,
+    key: str,
+    extra: dict[str, Any] | None,
+    *,
+    wait: float | None = None,
 ) -> list[str]:
     if not ctx.launcher:
         raise ActionError(
             f"{a.action} needs a launcher hook (RLGUARD_RECOVERY_LAUNCHER is not set)"
         )
-    # Every value is joined to its option (``--job=VALUE``, one element): a value that looks
-    # like an option (``-h``, ``--run-root=/x``) can then never be read as one by a site's
-    # launcher, whatever parser it uses. RLGuard's own hooks (argparse) take this form.
-    argv = [ctx.launcher, action, f"--job={a.job or ''}"]
-    if a.node:
-        argv.append(f"--node={a.node}")
-    for name in ("role", "rank", "away_from"):
-        if a.params.get(name) is not None:
-            argv.append(f"--{name.replace('_', '-')}={a.params[name]}")
-    argv.append(f"--idempotency-key={key}")
-    if extra:
-        argv.append(f"--extra={json.dumps(extra, sort_keys=True)}")
-    return argv
+
+    def param(name: str) -> str | None:
+        value = a.params.get(name)
+        return None if value is None else str(value)
+
+    request = HookRequest(
+        action=action,
+        job=a.job or "",
+        idempotency_key=key,
+        node=a.node or None,
+        role=param("role"),
+        rank=param("rank"),
+        away_from=param("away_from"),
+        extra=extra or {},
+        wait=wait,
+    )
+    return request.argv(ctx.launcher)
 
 
 def _run_hook(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -304,7 +317,9 @@ def _launch(
     argv = _hook_argv(ctx, a, a.action, a.idempotency_key, extra)
     proc = _run_hook(argv, ctx.launcher_timeout)
     if proc.returncode != 0:
-        raise ActionError(f"launcher exited {proc.returncode}: {proc.stderr.strip()[-HOOK_ERROR_CHARS:]}")
+        raise ActionError(
+            f"launcher exited {proc.returncode}: {proc.stderr.strip()[-HOOK_ERROR_CHARS:]}"
+        )
     return {"exit": 0, "stdout": proc.stdout.strip()[-HOOK_OUTPUT_CHARS:]}
 
 
@@ -316,8 +331,9 @@ def _captures(ctx: ActionContext, a: ActionSnapshot, opts: dict[str, Any]) -> li
     held); whatever goes wrong becomes a capture that says why."""
     timeout = float(opts.get("timeout_seconds", 10))
     # Its own key: the restart's answer is another request; a retried task gets the same one.
-    argv = _hook_argv(ctx, a, "capture_stacks", f"{a.idempotency_key}/stacks", opts)
-    argv.append(f"--wait={timeout + 5:g}")
+    argv = _hook_argv(
+        ctx, a, "capture_stacks", f"{a.idempotency_key}/stacks", opts, wait=timeout + 5
+    )
     try:
         proc = _run_hook(argv, timeout + 15)
         answer = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
@@ -326,12 +342,20 @@ def _captures(ctx: ActionContext, a: ActionSnapshot, opts: dict[str, Any]) -> li
         stacks = answer.get("stacks")
         if answer.get("ok") and isinstance(stacks, list) and stacks:
             return [c for c in stacks if isinstance(c, dict)]
-        why = answer.get("error") or proc.stderr.strip()[-HOOK_ERROR_CHARS:] or f"hook exited {proc.returncode}"
+        why = (
+            answer.get("error")
+            or proc.stderr.strip()[-HOOK_ERROR_CHARS:]
+            or f"hook exited {proc.returncode}"
+        )
     except (ActionError, TransientActionError, json.JSONDecodeError) as exc:
         why = str(exc)
     return [
-        {"role": a.params.get("role"), "rank": a.params.get("rank"), "ok": False,
-         "reason": f"the launcher gave no stacks: {why}"}
+        {
+            "role": a.params.get("role"),
+            "rank": a.params.get("rank"),
+            "ok": False,
+            "reason": f"the launcher gave no stacks: {why}",
+        }
     ]
 
 
@@ -343,8 +367,12 @@ def _capture_first(ctx: ActionContext, a: ActionSnapshot) -> dict[str, Any]:
     return {
         "attached": attached,
         "processes": [
-            {"pid": c.get("pid"), "ok": bool(c.get("ok")), "reason": c.get("reason") or "",
-             "bytes": len(str(c.get("text") or "").encode("utf-8"))}
+            {
+                "pid": c.get("pid"),
+                "ok": bool(c.get("ok")),
+                "reason": c.get("reason") or "",
+                "bytes": len(str(c.get("text") or "").encode("utf-8")),
+            }
             for c in captures
         ],
     }

@@ -56,11 +56,8 @@ from integrations.ray.restarter import restarter_name
 from integrations.ray.state import ActorRecord, JobRecord, RayStateReader, RayUnavailable
 from recovery.control import ControlError, ControlMode, read_control, write_control
 from recovery.fsio import write_json_atomic
-from recovery.supervision.hook import (
-    add_request_arguments,
-    answer_drill_figures,
-    write_hook_script,
-)
+from recovery.protocol.hook_request import add_request_arguments
+from recovery.supervision.hook import answer_drill_figures, write_hook_script
 from recovery.supervision.requests import JOB_DIR_PATTERN, KEY_PATTERN
 
 PROG = "python -m integrations.ray.hook"

@@ -14,9 +14,8 @@ counts the generations the job did again since ``--extra='{"since": EPOCH}'``
 (:mod:`recovery.supervision.drill_figures`).
 
 ``rlguard launch`` and the reference job's ``python -m workload.launch`` both serve this one
-protocol, so one hook executable serves every job on a node. The server's action worker joins
-every value to its option (one argv element), so a value such as ``-h`` or ``--run-root=/x``
-is never read as an option; a site's own launcher should parse that form (``--job=VALUE``).
+protocol, so one hook executable serves every job on a node. How a request is spelt is
+:mod:`recovery.protocol.hook_request`, which the server's action worker builds it with.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recovery.protocol.hook_request import add_request_arguments
 from recovery.supervision.drill_figures import figures_answer
 from recovery.supervision.requests import (
     HOOK_ACTIONS,
@@ -44,19 +44,6 @@ from recovery.supervision.requests import (
 LOCAL_ACTIONS = ("withdraw", "drill_figures")
 
 ROLE_PATTERN = re.compile(r"[A-Za-z0-9_.]{1,64}")  # recovery.report's rule for heartbeat roles
-
-
-def add_request_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of a recovery request, as the server's action worker passes them to every
-    launcher hook (this one, the Ray hook): the hooks differ in what they do with them and in
-    their own options, never in how a request is spelt."""
-    p.add_argument("--job", required=True)
-    p.add_argument("--node")
-    p.add_argument("--role")
-    p.add_argument("--rank")
-    p.add_argument("--away-from")
-    p.add_argument("--idempotency-key", required=True)
-    p.add_argument("--extra")
 
 
 def write_hook_script(path: Path, *, comment: str, command: str) -> None:

@@ -13,8 +13,14 @@ import inspect
 
 import pytest
 
-PACKAGES = ["recovery", "recovery.checkpoint", "recovery.supervision", "recovery.transfer",
-            "recovery.wal"]
+PACKAGES = [
+    "recovery",
+    "recovery.checkpoint",
+    "recovery.protocol",
+    "recovery.supervision",
+    "recovery.transfer",
+    "recovery.wal",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
