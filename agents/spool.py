@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 
-from agents.metric_names import is_job_signal
 from recovery.fsio import replace_file
+from recovery.protocol.metric_names import is_job_signal
 
 log = logging.getLogger("rlguard.agent.spool")
 

@@ -63,7 +63,6 @@ from app.ingest.certain import CertainFaultWatch
 from app.models._types import utcnow
 from app.models.cluster import Node
 from app.models.incident import Incident, IncidentStatus
-from app.policy import metric_names as m
 from app.policy.clock import Clock, WallClock
 from app.policy.detectors import ExternalAlertDetector, ExternalAlerts, default_detectors
 from app.policy.engine import PolicyEngine, TickResult
@@ -72,6 +71,7 @@ from app.policy.world import ParticipantSource, World, participants_from_ingest
 from app.series.rollups import RollupWriter
 from app.series.store import SeriesStore
 from app.silences.windows import maintenance_at
+from recovery.protocol import metric_names as m
 
 log = logging.getLogger("rlguard.scheduler")
 

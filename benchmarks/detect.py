@@ -55,7 +55,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.core.gc_tuning import FreezeOnGrowth, freeze_startup_heap  # noqa: E402
-from app.policy import metric_names as m  # noqa: E402
 from app.policy.detectors import default_detectors  # noqa: E402
 from app.policy.engine import PolicyEngine  # noqa: E402
 from app.policy.policy_file import default_policy  # noqa: E402
@@ -63,6 +62,7 @@ from app.policy.world import ParticipantView, World  # noqa: E402
 from app.scheduler import participants_from_ingest  # noqa: E402
 from app.series.backend import ParticipantHeartbeat  # noqa: E402
 from app.series.store import SeriesKey, SeriesStore  # noqa: E402
+from recovery.protocol import metric_names as m  # noqa: E402
 
 GPU_METRICS = [m.GPU_UTILIZATION_RATIO, m.GPU_XID_CRITICAL_EVENTS_TOTAL, m.GPU_ECC_UNCORRECTED_TOTAL,
                m.GPU_REMAPPED_ROWS_FAILURE, m.GPU_THROTTLE_THERMAL, m.GPU_THROTTLE_POWER, m.GPU_LOST,

@@ -18,7 +18,7 @@ unpersisted snapshots (``record_snapshot_persist_error``). A :class:`recovery.ph
 feeds the first, second and fourth itself. The counters are cumulative; ``restore_fault_counts``
 carries them over a restart. ``record_checkpoint`` publishes the version vector of the last
 committed checkpoint (how far back a restore would go); ``set_signals`` a framework's own
-metrics (a GRPO trainer's reward, KL ...), forwarded by name (``agents/metric_names.py``).
+metrics (a GRPO trainer's reward, KL ...), forwarded by name (``recovery/protocol/metric_names.py``).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ DEFAULT_DCGM_URL = "http://127.0.0.1:9400/metrics"
 _BLANK_FROM = float(0x7FFFFFF0)
 _MIB = 1024 * 1024
 
-# DCGM field → (our name, scale). Every name here is in agents.metric_names.GPU_METRICS.
+# DCGM field → (our name, scale). Every name here is in recovery.protocol.metric_names.GPU_METRICS.
 _DIRECT: dict[str, tuple[str, float]] = {
     "DCGM_FI_DEV_GPU_UTIL": ("gpu_utilization_ratio", 0.01),
     "DCGM_FI_DEV_MEM_COPY_UTIL": ("gpu_memory_utilization_ratio", 0.01),

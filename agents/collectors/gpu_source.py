@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from agents.metric_names import CRITICAL_XIDS
 from agents.samples import Sample, make_sample
+from recovery.protocol.metric_names import CRITICAL_XIDS
 
 # The clock-event (formerly throttle) reason bits: NVML's constants, the same bits in DCGM's field.
 _THERMAL = (

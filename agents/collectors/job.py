@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from agents.metric_names import TRAINER_SIGNALS
 from agents.samples import Participant, Sample, make_sample
 from recovery.launcher_reports import LAUNCH_DIRNAME
+from recovery.protocol.metric_names import TRAINER_SIGNALS
 from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
 from recovery.tail import AppendedLines
 

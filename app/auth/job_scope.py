@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from app.core.errors import InvalidInput
 from app.ingest.validation import IngestRejected, ValidBatch
 from app.ingest.wire_rules import ID_PATTERN
-from app.policy.metric_names import LABEL_JOB
+from recovery.protocol.metric_names import LABEL_JOB
 from recovery.user_regex import UserRegex, compile_user_regex
 
 # Every job a token may be scoped to is checked on every batch: keep the list short.

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from app.policy import metric_names as m
 from app.policy.classifier import Classification, Classifier, plan_actions
 from app.policy.correlated import fold_node_gpu_failures
 from app.policy.detectors import (
@@ -35,6 +34,7 @@ from app.policy.policy_file import Policy
 from app.policy.root_cause import drop_superseded, fold_same_root_cause
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.policy.world import LatestIndex, NodeReturns, ParticipantView, World
+from recovery.protocol import metric_names as m
 
 log = logging.getLogger("rlguard.policy")
 

@@ -13,13 +13,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.policy import metric_names as m
 from app.policy.exit_causes import ExitCauseCatalogueError, catalogue_rules
 from app.policy.plans import ActionName
 from app.policy.shipped_rules import DEFAULT_POLICY_PATH as DEFAULT_POLICY_PATH  # re-exported
 from app.policy.shipped_rules import with_shipped_rules
 from app.policy.signals import FaultKind, FaultSignal, Tier
 from app.policy.xid_catalog import XidBucket, bucket_of
+from recovery.protocol import metric_names as m
 
 GOLDEN_METRICS = (
     m.ROLLOUT_PENDING_RATIO,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.metric_names import CRITICAL_XIDS
+from recovery.protocol.metric_names import CRITICAL_XIDS
 
 HERE = Path(__file__).parent
 T0 = 1_700_000_000.0

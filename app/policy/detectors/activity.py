@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import (
     Detector,
     ParticipantSeries,
@@ -16,6 +15,7 @@ from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, cap_points
 from app.policy.world import ParticipantView, Threshold, World
 from app.series.store import Point, SeriesKey
+from recovery.protocol import metric_names as m
 
 
 class _PhaseTracker:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from app.policy import metric_names as m
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.policy.world import ParticipantView, Threshold, World
 from app.series.store import Point, SeriesKey
+from recovery.protocol import metric_names as m
 
 
 def subject_of(key: SeriesKey) -> Subject:

@@ -10,7 +10,7 @@ under the correction threshold, and the stale sample ends the signal.
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
+from app.ingest.clock_skew import CLOCK_OFFSET_METRIC
 from app.policy.detectors.base import Detector, breach_run
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import World
@@ -22,12 +22,12 @@ LOOKBACK_SECONDS = 3600
 class ClockSkewDetector(Detector):
     """``agent_clock_offset_seconds`` at ``skew_seconds`` or more, sustained."""
 
-    metrics = (m.AGENT_CLOCK_OFFSET,)
+    metrics = (CLOCK_OFFSET_METRIC,)
 
     def detect(self, world: World) -> list[FaultSignal]:
         cfg = self.policy.detection.clock
         out: list[FaultSignal] = []
-        for key, latest in world.series(m.AGENT_CLOCK_OFFSET):
+        for key, latest in world.series(CLOCK_OFFSET_METRIC):
             if abs(latest.value) < cfg.skew_seconds or not self.fresh(world, latest):
                 continue
             run = breach_run(
@@ -39,7 +39,7 @@ class ClockSkewDetector(Detector):
                 continue
             way = "behind" if latest.value > 0 else "ahead of"
             evidence = Evidence(
-                metric=m.AGENT_CLOCK_OFFSET,
+                metric=CLOCK_OFFSET_METRIC,
                 values=tuple((p.ts, p.value) for p in run[-10:]) or ((latest.ts, latest.value),),
                 window_seconds=cfg.sustain_seconds,
                 threshold=cfg.skew_seconds,

@@ -19,11 +19,11 @@ work queued (an engine dead inside a live worker is ``rollout_engine_down``'s).
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, ParticipantSeries
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import ParticipantView, World
+from recovery.protocol import metric_names as m
 
 
 class StarvedRollouts:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from app.policy import metric_names as m
 from app.policy.signals import Evidence, FaultKind, Subject
 from app.policy.world import ParticipantView, World
+from recovery.protocol import metric_names as m
 
 # Exits remembered per (participant, cause) for "the same step again" (bounded: an LRU).
 _REMEMBERED = 4096

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import AT_LEAST_ONE, Detector, at_least_one, breach_run, subject_of
 from app.policy.detectors.counters import CounterWatch, Episode, NodeMemory
 from app.policy.policy_file import Policy
@@ -14,6 +13,7 @@ from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
 from app.policy.world import CHANGED, World
 from app.policy.xid_catalog import bucket_of, entry_of
 from app.series.store import Point, SeriesKey
+from recovery.protocol import metric_names as m
 
 
 def xid_text(code: int) -> str:

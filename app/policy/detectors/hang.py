@@ -43,7 +43,6 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import (
     Detector,
     ParticipantSeries,
@@ -55,6 +54,7 @@ from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal
 from app.policy.world import ParticipantView, World
 from app.series.store import SeriesKey
+from recovery.protocol import metric_names as m
 
 # Step times kept per participant for its median (recent pace matters, not the whole run's).
 _STEP_TIMES_KEPT = 64

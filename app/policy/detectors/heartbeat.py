@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, StartupGrace, participant_subject
 from app.policy.detectors.exit_cause import ExitCauses
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import ParticipantView, World
+from recovery.protocol import metric_names as m
 
 _RAY_PHASES = frozenset({"RAY_DEAD", "RAY_RESTARTING"})
 

@@ -23,7 +23,6 @@ nothing piles up at its engine (pending flat at zero, or its step moving): it st
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import (
     AT_LEAST_ONE,
     Detector,
@@ -38,6 +37,7 @@ from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
 from app.policy.world import ParticipantView, Threshold, World
 from app.series.store import Point, SeriesKey
+from recovery.protocol import metric_names as m
 
 
 def engine_key(key: SeriesKey, name: str, **labels: str) -> SeriesKey:

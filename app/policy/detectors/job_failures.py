@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import AT_LEAST_ONE, Detector, at_least_one, breach_run, subject_of
 from app.policy.detectors.counters import CounterWatch, NodeMemory, counter_signal
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal
 from app.policy.world import CHANGED, World
 from app.series.store import SeriesKey
+from recovery.protocol import metric_names as m
 
 # (node, job, role, rank) of a series: what ties a failure counter to its step gauges.
 _Ident = tuple[str, str | None, str | None, str | None]

@@ -10,10 +10,10 @@ and the fault is the same kind, about the Ray node and the job. The job's actors
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, breach_run
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import Threshold, World
+from recovery.protocol import metric_names as m
 
 _DEAD = Threshold("le", 0.0)
 

@@ -14,11 +14,11 @@ number of failures is a small share of a large enough total (the series is still
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import World
 from app.series.store import SeriesKey
+from recovery.protocol import metric_names as m
 
 
 class RolloutSampleFailureDetector(Detector):

@@ -11,10 +11,10 @@ detector's case.
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import AT_LEAST_ONE, Detector, at_least_one, breach_run
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject
 from app.policy.world import World
+from recovery.protocol import metric_names as m
 
 
 class SchedulerNodeDetector(Detector):

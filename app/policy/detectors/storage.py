@@ -10,13 +10,13 @@ nothing.
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, subject_of
 from app.policy.detectors.counters import CounterWatch, NodeMemory, counter_signal
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal
 from app.policy.world import CHANGED, World
 from app.series.store import SeriesKey
+from recovery.protocol import metric_names as m
 
 
 class StorageDetector(Detector):

@@ -49,13 +49,13 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, ParticipantKey, ParticipantSeries, subject_of
 from app.policy.detectors.hang import TrainHangDetector
 from app.policy.policy_file import Policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, cap_points
 from app.policy.world import World
 from app.series.store import SeriesKey
+from recovery.protocol import metric_names as m
 
 
 @dataclass(slots=True)

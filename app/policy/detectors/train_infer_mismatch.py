@@ -24,11 +24,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
-from app.policy import metric_names as m
 from app.policy.detectors.base import Detector, subject_of
 from app.policy.signals import Evidence, FaultKind, FaultSignal, cap_points
 from app.policy.world import World
 from app.series.store import SeriesKey
+from recovery.protocol import metric_names as m
 
 
 class TrainInferMismatchDetector(Detector):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from sqlmodel import Session
 
 from app.cluster import queries as cluster
-from app.policy import metric_names as m
 from app.series.store import SeriesStore
+from recovery.protocol import metric_names as m
 
 # The host's heartbeat phase -> (what the router did with the engine, badge level)
 ADMISSION = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.metric_names import ALL_METRICS
+from recovery.protocol.metric_names import ALL_METRICS
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "deploy" / "grafana" / "rlguard-golden.json"

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 
 from app.ingest.certain import CertainFaultWatch
 from app.models import Participant
-from app.policy import metric_names as m
+from recovery.protocol import metric_names as m
 from tests.harness import Api, auth
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

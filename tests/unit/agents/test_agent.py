@@ -11,7 +11,7 @@ import pytest
 
 from agents.agent import Agent, AgentConfig
 from agents.fake_nvml import FakeNVML
-from agents.metric_names import ALL_METRICS
+from recovery.protocol.metric_names import ALL_METRICS
 from recovery.report import HeartbeatReporter
 
 ENVELOPE = {"agent_id", "node", "seq", "samples", "participants", "fingerprint"}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
-from agents.metric_names import JOB_METRICS
+from recovery.protocol.metric_names import JOB_METRICS
 from recovery.report import HeartbeatError, HeartbeatReporter
 
 NAMES = ("checkpoint_committed_step", "checkpoint_inference_version")

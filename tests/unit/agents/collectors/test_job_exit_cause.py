@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
-from agents.metric_names import JOB_METRICS
-from app.policy import metric_names as policy_names
 from recovery.launcher_reports import report_process_exit
+from recovery.protocol import metric_names as policy_names
+from recovery.protocol.metric_names import JOB_METRICS
 
 LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB " + "x" * 200
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
-from agents.metric_names import JOB_METRICS
-from app.policy import metric_names as policy_names
+from recovery.protocol import metric_names as policy_names
+from recovery.protocol.metric_names import JOB_METRICS
 from recovery.report import HeartbeatReporter
 
 FAULT_SERIES = (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
-from agents.metric_names import JOB_METRICS, TRAINER_SIGNALS
+from recovery.protocol.metric_names import JOB_METRICS, TRAINER_SIGNALS
 from recovery.report import HeartbeatReporter
 
 

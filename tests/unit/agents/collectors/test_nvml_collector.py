@@ -9,7 +9,7 @@ import pytest
 
 from agents.collectors.nvml import NvmlCollector
 from agents.fake_nvml import FakeNVML
-from agents.metric_names import GPU_METRICS
+from recovery.protocol.metric_names import GPU_METRICS
 
 
 class Clock:

@@ -8,11 +8,11 @@ from collections.abc import Iterable
 import pytest
 import yaml
 
-from app.policy import metric_names as m
 from app.policy.engine import DecisionType, IncidentDecision, PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.policy_file import DEFAULT_POLICY_PATH, Policy, PolicyFileError, parse_policy
 from app.policy.signals import FaultKind, Subject, Tier
+from recovery.protocol import metric_names as m
 
 from ._helpers import JOB, Cluster
 

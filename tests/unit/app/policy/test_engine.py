@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.engine import DecisionType, Occurrence, OpenIncident, PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
+from recovery.protocol import metric_names as m
 
 from ._helpers import JOB, Cluster
 

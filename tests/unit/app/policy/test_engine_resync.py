@@ -21,11 +21,11 @@ from app.incidents.persist import resolve_incident
 from app.incidents.queries import open_incidents_for_engine
 from app.models._types import utcnow
 from app.models.incident import Incident
-from app.policy import metric_names as m
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, Occurrence, PolicyEngine
 from app.policy.signals import FaultKind, Tier
 from app.scheduler import PolicyScheduler
+from recovery.protocol import metric_names as m
 
 from ._helpers import JOB, Cluster
 

@@ -28,12 +28,12 @@ from app.core import migrate
 from app.core.db import make_engine
 from app.models.action import RecoveryAction
 from app.models.incident import Incident, IncidentEvent
-from app.policy import metric_names as m
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.signals import Tier
 from app.scheduler import PolicyScheduler
+from recovery.protocol import metric_names as m
 
 from ._helpers import Cluster
 

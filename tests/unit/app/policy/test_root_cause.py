@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.classifier import Classifier
 from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
+from recovery.protocol import metric_names as m
 
 from ._helpers import JOB, Cluster
 

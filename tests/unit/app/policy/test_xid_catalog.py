@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from app.policy import metric_names as m
 from app.policy.detectors import GpuHealthDetector
 from app.policy.engine import PolicyEngine
 from app.policy.plans import ActionName
@@ -19,6 +18,7 @@ from app.policy.policy_file import (
 )
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.policy.xid_catalog import XID_CATALOG, XidBucket, bucket_of, entry_of
+from recovery.protocol import metric_names as m
 
 from ._helpers import Cluster
 

@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.classifier import Classifier, plan_actions
 from app.policy.detectors.deadlock import CrossRoleDeadlockDetector
 from app.policy.detectors.hang import TrainHangDetector
 from app.policy.engine import PolicyEngine
 from app.policy.signals import FaultKind, Tier
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster, first_firing
 

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.policy import metric_names as m
 from app.policy.detectors import GoldenMetricDetector
 from app.policy.engine import _build_index
 from app.policy.policy_file import default_policy
 from app.policy.signals import FaultSignal
 from app.policy.world import World
 from app.series.store import SeriesKey, SeriesStore
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, T0
 

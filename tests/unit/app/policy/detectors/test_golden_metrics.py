@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.detectors import GoldenMetricDetector
 from app.policy.signals import FaultKind, Tier
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster, first_firing
 

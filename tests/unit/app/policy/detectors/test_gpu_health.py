@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.detectors import GpuHealthDetector
 from app.policy.signals import FaultKind
+from recovery.protocol import metric_names as m
 
 from .._helpers import Cluster, first_firing
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.detectors import (
     HeartbeatDetector,
     NodeSilenceDetector,
 )
 from app.policy.engine import DecisionType, PolicyEngine
 from app.policy.signals import FaultKind, Tier
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster, first_firing
 

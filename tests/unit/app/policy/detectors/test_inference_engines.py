@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.policy import metric_names as m
 from app.policy.detectors import EngineStalledDetector
 from app.policy.engine import PolicyEngine
 from app.policy.plans import ActionName
 from app.policy.replay import replay
 from app.policy.signals import FaultKind, Tier
+from recovery.protocol import metric_names as m
 from tests.policy_traces import make_traces
 
 from .._helpers import JOB, Cluster, first_firing

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.policy import metric_names as m
 from app.policy.detectors.ray_nodes import RayNodeDeadDetector
 from app.policy.signals import FaultKind
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster
 

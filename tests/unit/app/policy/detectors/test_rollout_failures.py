@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.detectors.rollout_failures import RolloutSampleFailureDetector
 from app.policy.signals import FaultKind, Tier
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster, first_firing
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from app.policy import metric_names as m
 from app.policy.detectors import (
     HeartbeatDetector,
     InferenceEngineDownDetector,
@@ -16,6 +15,7 @@ from app.policy.detectors import (
 from app.policy.policy_file import DEFAULT_POLICY_PATH, Policy, parse_policy
 from app.policy.replay import replay
 from app.policy.signals import FaultKind
+from recovery.protocol import metric_names as m
 from tests.policy_traces import make_traces
 
 from .._helpers import JOB, Cluster, first_firing

@@ -9,12 +9,12 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.detectors import StragglerDetector
 from app.policy.detectors.straggler import _median_without
 from app.policy.engine import PolicyEngine
 from app.policy.policy_file import default_policy
 from app.policy.signals import FaultKind, FaultSignal, Tier
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster, first_firing
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-from app.policy import metric_names as m
 from app.policy.detectors.train_infer_mismatch import TrainInferMismatchDetector
 from app.policy.signals import FaultKind, FaultSignal, Tier
+from recovery.protocol import metric_names as m
 
 from .._helpers import JOB, Cluster, first_firing
 
