@@ -2,7 +2,11 @@
 import (the server, the agents, the integrations and the jobs all import :mod:`recovery`):
 
 - :mod:`recovery.protocol.hook_request`: the launcher hook's command line, built by the server's
-  action worker and parsed by every hook (``rlguard launch``'s, the reference job's, Ray's).
+  action worker and parsed by every hook (``rlguard launch``'s, the reference job's, Ray's);
+- :mod:`recovery.protocol.metric_names`: the metric names on the wire, what the agents send and
+  what the policy engine reads;
+- :mod:`recovery.protocol.heartbeat`: the heartbeat document as the node agent reads it (written
+  by :class:`recovery.report.HeartbeatReporter` and the launcher's exit reports).
 
 A test pins each contract (``tests/unit/recovery/protocol/``): a renamed option fails there, not
 on a node at 3 a.m.
