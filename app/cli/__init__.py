@@ -1,12 +1,5 @@
-"""The ``rlguard`` command line: the table of its commands and groups.
-
-Each group or command lives in a module of its own (``database``, ``tokens``, ``users``,
-``serving``, ``breaker``, ``silences``, ``maintenance``, ``policy``, ``goodput``, ``drill``,
-``demo``); what they share is :mod:`app.cli.common`. Commands print only what the contract says
-on stdout (a token for ``token create`` and ``user create``); everything else goes to stderr. A
-bad value ends with one line ``rlguard: error: ...`` and exit status 2; an unreachable or
-unmigrated database with status 1.
-"""
+"""The ``rlguard`` command line: the table of its groups and commands, each in a module of its
+own; what they share (one-line errors, settings, a database session) is :mod:`app.cli.common`."""
 
 from __future__ import annotations
 
@@ -14,7 +7,7 @@ import typer
 
 from app.cli import demo, drill, goodput, policy, serving
 from app.cli.breaker import breaker_cli
-from app.cli.common import fail, info, load_settings, run_db
+from app.cli.common import fail, info, load_settings, run, run_db
 from app.cli.database import db_cli
 from app.cli.maintenance import maintenance_cli
 from app.cli.silences import silence_cli
@@ -30,33 +23,17 @@ cli = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-# `rlguard --help` lists the commands in this order, then the groups in theirs.
-cli.add_typer(db_cli, name="db")
-cli.add_typer(token_cli, name="token")
-cli.add_typer(user_cli, name="user")
-cli.add_typer(breaker_cli, name="breaker")
-cli.add_typer(silence_cli, name="silence")
-cli.add_typer(maintenance_cli, name="maintenance")
-cli.command("server")(serving.server)
-cli.command("up")(serving.up)
-cli.command("agent", **serving.PASS_THROUGH)(serving.agent)
+for name, group in (("db", db_cli), ("token", token_cli), ("user", user_cli),
+                    ("breaker", breaker_cli), ("silence", silence_cli),
+                    ("maintenance", maintenance_cli)):  # fmt: skip
+    cli.add_typer(group, name=name)
+for name, command in (("server", serving.server), ("up", serving.up),
+                      ("worker", serving.worker), ("replay", policy.replay),
+                      ("report", goodput.report), ("drill", drill.drill), ("demo", demo.demo)):  # fmt: skip
+    cli.command(name)(command)
+cli.command("agent", **serving.PASS_THROUGH)(serving.agent)  # every argument passed through
 cli.command("launch", **serving.PASS_THROUGH)(serving.launch)
-cli.command("worker")(policy.worker)
-cli.command("replay")(policy.replay)
-cli.command("report")(goodput.report)
-cli.command("drill")(drill.drill)
-cli.command("demo")(demo.demo)
 
 
 def main() -> None:
-    from pydantic import ValidationError
-
-    try:
-        # A bad RLGUARD_* value must end in one line, not a traceback.
-        cli()
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = "RLGUARD_" + "__".join(str(p) for p in err["loc"]).upper()
-        typer.echo(f"rlguard: error: {where}: {err['msg']} (got {err.get('input')!r})", err=True)
-        raise SystemExit(2) from None
+    run(cli)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 import typer
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlmodel import Session
@@ -33,16 +34,28 @@ def safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def load_settings() -> Settings:
-    from pydantic import ValidationError
+def _setting_error(exc: ValidationError) -> str:
+    """A bad RLGUARD_* value as one line naming the variable and the value."""
+    err = exc.errors()[0]
+    where = "RLGUARD_" + "__".join(str(p) for p in err["loc"]).upper()
+    return f"{where}: {err['msg']} (got {err.get('input')!r})"
 
+
+def load_settings() -> Settings:
     get_settings.cache_clear()
     try:
         return get_settings()
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = "RLGUARD_" + "__".join(str(p) for p in err["loc"]).upper()
-        fail(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        fail(_setting_error(exc))
+
+
+def run(cli: typer.Typer) -> None:
+    """Run ``cli``; a bad RLGUARD_* value met anywhere ends in one line, not a traceback."""
+    try:
+        cli()
+    except ValidationError as exc:
+        typer.echo(f"rlguard: error: {_setting_error(exc)}", err=True)
+        raise SystemExit(2) from None
 
 
 def run_db(settings: Settings, action: Callable[[Session], T]) -> T:

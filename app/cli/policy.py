@@ -1,4 +1,4 @@
-"""``rlguard worker`` and ``rlguard replay`` (registered on the main CLI in app/cli/__init__.py)."""
+"""``rlguard replay``: recorded traces through a fresh policy engine (registered in app/cli)."""
 
 from __future__ import annotations
 
@@ -8,37 +8,7 @@ from typing import Annotated
 
 import typer
 
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"rlguard: error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def worker(
-    node: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--node", help="Consume queue node.NODE (repeatable); without it: the cluster queue."
-        ),
-    ] = None,
-    cluster: Annotated[
-        bool, typer.Option("--cluster", help="Also consume the cluster queue.")
-    ] = False,
-    concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 1,
-    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
-) -> None:
-    """Run a recovery worker (Celery) for the cluster queue or a node's queue."""
-    from app.tasks.worker import queues_for, run_worker
-
-    if concurrency < 1:
-        _fail(f"--concurrency {concurrency} must be at least 1")
-    nodes = node or []
-    try:
-        queues = queues_for(nodes, cluster=cluster or not nodes)
-    except ValueError as exc:
-        _fail(str(exc))
-    name = f"node-{nodes[0]}" if nodes else "cluster"
-    run_worker(queues, name=name, concurrency=concurrency, loglevel=loglevel.upper())
+from app.cli.common import fail
 
 
 def replay(
@@ -89,34 +59,36 @@ def replay(
     )
 
     if speed is not None and (not math.isfinite(speed) or speed <= 0):
-        _fail(f"--speed {speed} must be a positive number")
+        fail(f"--speed {speed} must be a positive number")
     if not math.isfinite(tail) or tail < 0:
-        _fail(f"--tail {tail} must not be negative")
+        fail(f"--tail {tail} must not be negative")
     if not math.isfinite(compress) or compress < 1:
-        _fail(f"--compress {compress} must be a number of at least 1")
+        fail(f"--compress {compress} must be a number of at least 1")
     try:
         files = trace_files(traces)
         if len(files) == 1 and not traces[0].is_dir():
             if speed is not None and compress != 1:
-                _fail("--speed and --compress cannot be combined")
+                fail("--speed and --compress cannot be combined")
             result, score = replay_file(
-                files[0], speed=speed, policy_path=policy, tail_seconds=tail,
+                files[0],
+                speed=speed,
+                policy_path=policy,
+                tail_seconds=tail,
                 compress_by=compress,
             )
             for line in format_report(result, score):
                 typer.echo(line)
             if check and score is None:
-                _fail(f"--check: {files[0]} has no labels file beside it", code=1)
+                fail(f"--check: {files[0]} has no labels file beside it", code=1)
             if check and score is not None and not score.clears_bar:
                 raise typer.Exit(1)
             return
         if speed is not None or tail:
-            _fail("--speed and --tail apply to a single trace, not a corpus")
+            fail("--speed and --tail apply to a single trace, not a corpus")
         corpus = replay_corpus(files, policy_path=policy, compress_by=compress)
     except (TraceError, PolicyFileError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for line in format_corpus(corpus, compress):
         typer.echo(line)
     if check and not corpus.passes:
         raise typer.Exit(1)
-

@@ -1,4 +1,4 @@
-"""``rlguard server``, ``rlguard up``, ``rlguard agent``, ``rlguard launch``: what runs."""
+"""``rlguard server``, ``up``, ``worker``, ``agent``, ``launch``: the processes RLGuard runs."""
 
 from __future__ import annotations
 
@@ -208,3 +208,30 @@ def launch(ctx: typer.Context) -> None:
     see docs/integrations.md); every argument is passed through."""
     argv = [sys.executable, "-m", "integrations.launch", *ctx.args]
     os.execv(sys.executable, argv)
+
+
+def worker(
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node", help="Consume queue node.NODE (repeatable); without it: the cluster queue."
+        ),
+    ] = None,
+    cluster: Annotated[
+        bool, typer.Option("--cluster", help="Also consume the cluster queue.")
+    ] = False,
+    concurrency: Annotated[int, typer.Option(help="Worker processes.")] = 1,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Run a recovery worker (Celery) for the cluster queue or a node's queue."""
+    from app.tasks.worker import queues_for, run_worker
+
+    if concurrency < 1:
+        fail(f"--concurrency {concurrency} must be at least 1")
+    nodes = node or []
+    try:
+        queues = queues_for(nodes, cluster=cluster or not nodes)
+    except ValueError as exc:
+        fail(str(exc))
+    name = f"node-{nodes[0]}" if nodes else "cluster"
+    run_worker(queues, name=name, concurrency=concurrency, loglevel=loglevel.upper())

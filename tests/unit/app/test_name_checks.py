@@ -15,7 +15,6 @@ from sqlmodel import Session
 from typer.testing import CliRunner
 
 from agents.__main__ import _node, _packages, _size
-from agents.collectors.job import JOB_PATTERN, PHASE_PATTERN
 from app.auth.tokens import create_node_token, validate_node_name
 from app.auth.users import create_user
 from app.cli import cli
@@ -26,7 +25,7 @@ from app.core.errors import InvalidInput
 from app.ingest.validation import BatchValidator, IngestRejected
 from app.models import Role
 from recovery.batch import _BATCH_ID
-from recovery.report import safe_job_name
+from recovery.report import JOB_PATTERN, PHASE_PATTERN, safe_job_name
 
 TRAILING = ["n9\n", "n9\r\n", "\nn9", "n9\n\n"]
 

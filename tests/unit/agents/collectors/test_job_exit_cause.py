@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
+from agents.collectors.job import JobCollector
 from recovery.launcher_reports import report_process_exit
 from recovery.protocol import metric_names as policy_names
+from recovery.protocol.heartbeat import HeartbeatInvalid, parse_heartbeat
 from recovery.protocol.metric_names import JOB_METRICS
 
 LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB " + "x" * 200

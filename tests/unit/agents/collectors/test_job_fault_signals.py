@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
+from agents.collectors.job import JobCollector
 from recovery.protocol import metric_names as policy_names
+from recovery.protocol.heartbeat import HeartbeatInvalid, parse_heartbeat
 from recovery.protocol.metric_names import JOB_METRICS
 from recovery.report import HeartbeatReporter
 

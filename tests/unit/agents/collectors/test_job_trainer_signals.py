@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.collectors.job import HeartbeatInvalid, JobCollector, parse_heartbeat
+from agents.collectors.job import JobCollector
+from recovery.protocol.heartbeat import HeartbeatInvalid, parse_heartbeat
 from recovery.protocol.metric_names import JOB_METRICS, TRAINER_SIGNALS
 from recovery.report import HeartbeatReporter
 
