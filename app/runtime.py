@@ -4,7 +4,7 @@
   the rollups, the REST API and the dashboard), and inside it :data:`SERVER_LIFESPANS`, entered
   in order once ingest has started and left before it stops.
 - ``rlguard up``: the same server, plus :data:`UP_CHILDREN`, processes that
-  :class:`app.core.supervisor.ChildSupervisor` runs beside it and restarts when they die.
+  :class:`app.core.child_processes.ChildSupervisor` runs beside it and restarts when they die.
 - ``rlguard worker``: a Celery worker (:mod:`app.tasks.worker`) consuming the queues it is given,
   with the task modules of :data:`app.tasks.celery_app.TASK_MODULES`.
 
@@ -21,8 +21,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.core.child_processes import ChildSpec
 from app.core.config import Settings, policy_variable
-from app.core.supervisor import ChildSpec
 from app.policy.policy_file import (
     DEFAULT_POLICY_PATH,
     Policy,

@@ -279,7 +279,7 @@ def _supervise(argv: list[str]) -> int:
         p.error(f"--backend: {exc}")
     # Imported here: the hook and write-hook commands below must not pay for torch (the
     # recovery worker starts the hook for every action, on the recovery path).
-    from workload.supervisor import Supervisor
+    from workload.job_supervisor import Supervisor
 
     sup = Supervisor(
         RunDir(run_dir),

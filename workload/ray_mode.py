@@ -1,7 +1,7 @@
 """The reference job on Ray: ``python -m workload.launch --run-dir D --steps N --ray``.
 
 A single controller, as verl's is: this process (the Ray driver) hosts what the job's processes
-share (:func:`workload.supervisor.start_job_services`: config, weight registry, checkpoint
+share (:func:`workload.job_supervisor.start_job_services`: config, weight registry, checkpoint
 coordinator) and runs the trainer and each rollout worker as a Ray actor,
 ``ReferenceWorker`` named ``<job>_<role>_<rank>``. Each actor runs its role's ``main`` (the same
 code, WAL, batch commits, checkpoints and weight transfer as under the process supervisor), so
@@ -337,7 +337,7 @@ def run_on_ray(
     import ray
 
     from integrations.ray.restarter import restarter_name
-    from workload.supervisor import start_job_services
+    from workload.job_supervisor import start_job_services
 
     run.root.mkdir(parents=True, exist_ok=True)
     if address is None:

@@ -10,6 +10,15 @@ import typer
 
 from app.cli.common import fail
 
+CheckOption = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        help="Exit 1 unless the labelled traces clear the bar: precision and recall >= "
+        "0.98, no false heavy tier, every delay within its window.",
+    ),
+]
+
 
 def replay(
     traces: Annotated[
@@ -35,14 +44,7 @@ def replay(
             help="Replay time-compressed by this factor, the policy's durations scaled alike."
         ),
     ] = 1.0,
-    check: Annotated[
-        bool,
-        typer.Option(
-            "--check",
-            help="Exit 1 unless the labelled traces clear the bar: precision and recall >= "
-            "0.98, no false heavy tier, every delay within its window.",
-        ),
-    ] = False,
+    check: CheckOption = False,
 ) -> None:
     """Replay recorded traces through a fresh policy engine; print incidents, tiers, delays.
 

@@ -157,9 +157,9 @@ def up(
     _apply_serving_options(host, port, header_timeout, limit_concurrency)
     from app.cli import bootstrap
     from app.core import migrate
+    from app.core.child_processes import ChildSupervisor, exit_on_sigterm
     from app.core.db import make_engine
     from app.core.private_files import keep_private
-    from app.core.supervisor import ChildSupervisor, exit_on_sigterm
     from app.runtime import up_children
 
     exit_on_sigterm()  # so that the `finally` below stops the embedded worker

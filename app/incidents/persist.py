@@ -2,7 +2,7 @@
 
 ``persist_decisions`` writes, in the caller's transaction, everything one tick decided: the
 incident rows, their timeline, the signal that caused each decision, the recovery actions (the
-outbox, through ``app.incidents.planning.plan_actions``) and, for heavy plans, the approval they
+outbox, through ``app.incidents.planning.write_plan``) and, for heavy plans, the approval they
 wait for. Actions are handed to Celery only after that transaction commits
 (``app.actions.outbox``).
 """
@@ -19,7 +19,7 @@ from sqlmodel import Session, col, func, select
 
 from app.core.db import begin_savepoint
 from app.guardrails.gate import GateDecision, Verdict, gate
-from app.incidents.planning import plan_actions
+from app.incidents.planning import write_plan
 from app.incidents.timeline import add_event
 from app.incidents.whole_job import drop_covered
 from app.models._types import utcnow
@@ -343,7 +343,7 @@ def plan_incident(
                 "expires_at": approval.expires_at.isoformat(),
             },
         )
-    rows = plan_actions(
+    rows = write_plan(
         session,
         incident=inc,
         actions=actions,

@@ -1,4 +1,4 @@
-"""Writing recovery plans to the outbox: ``plan_actions`` is the only writer of action rows.
+"""Writing recovery plans to the outbox: ``write_plan`` is the only writer of action rows.
 
 Every action row belongs to an incident and to one batch of it, the actions planned together:
 the planner's stages (``s0`` for the opening plan, ``s<n>`` for each escalation or retry) and
@@ -28,7 +28,7 @@ def batch_of(idempotency_key: str) -> str:
     return idempotency_key.rsplit("/", 1)[0]
 
 
-def plan_actions(
+def write_plan(
     session: Session,
     *,
     incident: Incident,

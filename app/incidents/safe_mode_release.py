@@ -34,7 +34,7 @@ from app.auth.audit import record_audit
 from app.core.db import begin_write
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.incidents.persist import insert_open_incident, resolve_incident
-from app.incidents.planning import batch_of, plan_actions
+from app.incidents.planning import batch_of, write_plan
 from app.incidents.public import action_public
 from app.incidents.timeline import add_event
 from app.models import Role, User
@@ -202,7 +202,7 @@ def _plan_release(
         "released_by": user.name,
         "comment": comment,
     }
-    planned = plan_actions(
+    planned = write_plan(
         session,
         incident=inc,
         actions=[

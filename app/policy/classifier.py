@@ -82,7 +82,7 @@ def _stacks_wanted(policy: Policy, signal: FaultSignal) -> dict[str, float | int
     return {"timeout_seconds": f.stacks_timeout_seconds, "max_bytes": f.stacks_max_bytes}
 
 
-def plan_actions(
+def choose_actions(
     *, policy: Policy, classification: Classification, signal: FaultSignal, world: World
 ) -> list[PlannedAction]:
     """Expand the classification's action names into concrete actions with their targets."""

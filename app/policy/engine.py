@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from app.policy.classifier import Classification, Classifier, plan_actions
+from app.policy.classifier import Classification, Classifier, choose_actions
 from app.policy.correlated import fold_node_gpu_failures
 from app.policy.detectors import (
     Detector,
@@ -406,7 +406,7 @@ class PolicyEngine:
     def _decision(
         self, type_: DecisionType, key: str, sig: FaultSignal, cls: Classification, world: World
     ) -> IncidentDecision:
-        actions = plan_actions(policy=self.policy, classification=cls, signal=sig, world=world)
+        actions = choose_actions(policy=self.policy, classification=cls, signal=sig, world=world)
         return IncidentDecision(
             type_, key, sig.kind, sig.subject, cls.tier, world.now, sig, tuple(actions), cls.reasons
         )

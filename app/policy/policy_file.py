@@ -214,7 +214,7 @@ class EnvDriftDetection(_Strict):
 
 
 class ClockDetection(_Strict):
-    # clock_skew (app/policy/detectors/clock.py): a node's clock off by at least skew_seconds
+    # clock_skew (app/policy/detectors/clock_skew.py): a node's clock off by at least skew_seconds
     # for sustain_seconds.
     skew_seconds: float = Field(default=10, gt=0)
     sustain_seconds: float = Field(default=60, ge=0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import sys
 
+from app.core.child_processes import ChildSpec, exit_with_parent
 from app.core.config import Settings
-from app.core.supervisor import ChildSpec, exit_with_parent
 from app.policy.plans import CLUSTER_QUEUE
 
 _NODE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")

@@ -1,7 +1,7 @@
 """The stages of one engine's healing, read back from the run's timeline (``events.jsonl``).
 
 RLGuard's ``restart_role`` of a rollout rank is answered only once the new engine is admitted
-(``workload.supervisor``): the answer carries these stages, and the recovery worker puts the
+(``workload.job_supervisor``): the answer carries these stages, and the recovery worker puts the
 answer on the incident's timeline. Times are seconds after the engine was quarantined (or, when
 the router never saw it fail, after its replacement was spawned).
 """

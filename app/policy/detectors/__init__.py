@@ -15,7 +15,7 @@ from app.policy.detectors.base import (
     participant_subject,
     subject_of,
 )
-from app.policy.detectors.clock import ClockSkewDetector
+from app.policy.detectors.clock_skew import ClockSkewDetector
 from app.policy.detectors.deadlock import CrossRoleDeadlockDetector
 from app.policy.detectors.drift import EnvDriftDetector
 from app.policy.detectors.external import ExternalAlertDetector, ExternalAlerts

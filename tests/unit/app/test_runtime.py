@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.core import migrate
+from app.core.child_processes import ChildSpec
 from app.core.config import Settings
-from app.core.supervisor import ChildSpec
 from app.main import create_app
 from app.policy.policy_file import PolicyFileError, default_policy
 from app.runtime import SERVER_LIFESPANS, UP_CHILDREN, load_running_policy, up_children

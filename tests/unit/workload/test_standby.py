@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from workload.job import JobConfig, RunDir, read_events
+from workload.job_supervisor import Supervisor
 from workload.standby import OrderError, parse_order
-from workload.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""plan_actions, the one writer of action rows, and add_event's vocabulary, on a migrated SQLite
+"""write_plan, the one writer of action rows, and add_event's vocabulary, on a migrated SQLite
 database (no network)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 from app.core import migrate
 from app.core.db import make_engine
 from app.incidents.persist import insert_open_incident
-from app.incidents.planning import action_key, batch_of, plan_actions
+from app.incidents.planning import action_key, batch_of, write_plan
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
 from app.models.action import RecoveryAction
@@ -50,7 +50,7 @@ def test_plan_actions_writes_pending_rows_keyed_by_batch_and_identity(engine: En
     restart = PlannedAction(ActionName.RESTART_ROLE, "j", None, False, {"role": "rollout"})
     with Session(engine) as s:
         inc = _incident(s)
-        rows = plan_actions(s, incident=inc, actions=[skip, restart], batch="s0", now=utcnow())
+        rows = write_plan(s, incident=inc, actions=[skip, restart], batch="s0", now=utcnow())
         s.commit()
         assert [r.id for r in rows] == sorted(r.id for r in rows if r.id is not None)
         assert [(r.idempotency_key, r.status, r.queue, r.approval_id) for r in rows] == [
@@ -64,11 +64,11 @@ def test_an_action_needing_approval_waits_for_it(engine: Engine) -> None:
     with Session(engine) as s:
         inc = _incident(s)
         with pytest.raises(ValueError, match="restore_checkpoint needs approval"):
-            plan_actions(s, incident=inc, actions=[restore], batch="s0", now=utcnow())
+            write_plan(s, incident=inc, actions=[restore], batch="s0", now=utcnow())
         appr = Approval(incident_id=inc.id, summary="x", expires_at=utcnow() + timedelta(hours=1))
         s.add(appr)
         s.flush()
-        [row] = plan_actions(
+        [row] = write_plan(
             s, incident=inc, actions=[restore], batch="s0", now=utcnow(), approval_id=appr.id
         )
         assert (row.status, row.approval_id) == ("pending_approval", appr.id)
@@ -78,9 +78,9 @@ def test_the_same_batch_written_twice_collides_on_its_key(engine: Engine) -> Non
     skip = PlannedAction(ActionName.SKIP_FAILED_STEP, "j", "n0", False, {"step": 3})
     with Session(engine) as s:
         inc = _incident(s)
-        plan_actions(s, incident=inc, actions=[skip], batch="s0", now=utcnow())
+        write_plan(s, incident=inc, actions=[skip], batch="s0", now=utcnow())
         with pytest.raises(Exception, match="UNIQUE"):
-            plan_actions(s, incident=inc, actions=[skip], batch="s0", now=utcnow())
+            write_plan(s, incident=inc, actions=[skip], batch="s0", now=utcnow())
 
 
 def test_a_second_open_incident_with_the_same_key_is_refused(engine: Engine) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.policy.classifier import Classifier, plan_actions
+from app.policy.classifier import Classifier, choose_actions
 from app.policy.plans import ActionName, queue_for
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
@@ -66,7 +66,7 @@ def test_light_plan_targets_the_failing_node(cluster: Cluster) -> None:
     p = cluster.policy
     s = sig(FaultKind.STEP_FAILED, Subject(node="n0", job=JOB, role="trainer", rank=1), step=42)
     cls = Classifier(p).classify(s, job_step=42)
-    [a] = plan_actions(policy=p, classification=cls, signal=s, world=cluster.world())
+    [a] = choose_actions(policy=p, classification=cls, signal=s, world=cluster.world())
     assert a.action is ActionName.SKIP_FAILED_STEP and a.queue == "node.n0"
     assert a.params == {"step": 42, "role": "trainer", "rank": 1} and not a.needs_approval
 
@@ -74,7 +74,7 @@ def test_light_plan_targets_the_failing_node(cluster: Cluster) -> None:
 def test_retry_batch_carries_the_retry_bounds(cluster: Cluster) -> None:
     p = cluster.policy
     s = sig(FaultKind.ROLLOUT_BATCH_TIMEOUT, Subject(node="n1", job=JOB, role="rollout", rank=0))
-    [a] = plan_actions(
+    [a] = choose_actions(
         policy=p,
         classification=Classifier(p).classify(s, job_step=20),
         signal=s,
@@ -87,7 +87,7 @@ def test_heavy_plan_safe_mode_everywhere_now_restore_after_approval(cluster: Clu
     p = cluster.policy
     s = sig(FaultKind.NODES_LOST, Subject(job=JOB), nodes=["n1", "n2"])
     cls = Classifier(p).classify(s, job_step=20)
-    acts = plan_actions(policy=p, classification=cls, signal=s, world=cluster.world())
+    acts = choose_actions(policy=p, classification=cls, signal=s, world=cluster.world())
     safe = [a for a in acts if a.action is ActionName.ENTER_SAFE_MODE]
     assert sorted(a.node for a in safe) == ["n0", "n1", "n2"]
     assert all(not a.needs_approval and a.queue == f"node.{a.node}" for a in safe)
@@ -98,7 +98,7 @@ def test_heavy_plan_safe_mode_everywhere_now_restore_after_approval(cluster: Clu
 def test_node_level_signal_restarts_each_role_on_the_node(cluster: Cluster) -> None:
     p = cluster.policy
     s = sig(FaultKind.GPU_LOST, Subject(node="n0", gpu="1"))
-    acts = plan_actions(
+    acts = choose_actions(
         policy=p,
         classification=Classifier(p).classify(s, job_step=20),
         signal=s,

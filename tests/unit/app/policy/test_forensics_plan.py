@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from app.policy.classifier import Classifier, plan_actions
+from app.policy.classifier import Classifier, choose_actions
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import DEFAULT_POLICY_PATH, Policy, PolicyFileError, load_policy
 from app.policy.signals import FaultKind, FaultSignal, Subject
@@ -21,7 +21,7 @@ TRAINER = Subject(node="n0", job=JOB, role="trainer", rank=1)
 
 def _restarts(c: Cluster, s: FaultSignal, policy: Policy | None = None) -> list[PlannedAction]:
     p = policy or c.policy
-    acts = plan_actions(policy=p, classification=Classifier(p).classify(s, job_step=20), signal=s,
+    acts = choose_actions(policy=p, classification=Classifier(p).classify(s, job_step=20), signal=s,
                         world=c.world())
     return [a for a in acts if a.action is ActionName.RESTART_ROLE]
 
@@ -85,7 +85,7 @@ def test_a_first_step_hang_held_for_a_person_is_dumped_when_safe_mode_is_entered
     cluster.participant("rollout", 0, "n1", phase="ROLLOUT", step=0)
     s = sig(FaultKind.TRAIN_HANG, TRAINER, step=0)
     cls = Classifier(cluster.policy).classify(s, job_step=0)
-    acts = plan_actions(policy=cluster.policy, classification=cls, signal=s,
+    acts = choose_actions(policy=cluster.policy, classification=cls, signal=s,
                         world=cluster.world())
     safe = {a.node: a for a in acts if a.action is ActionName.ENTER_SAFE_MODE}
     assert safe["n0"].params == {"reason": "train_hang", "role": "trainer", "rank": 1,
@@ -101,7 +101,7 @@ def test_a_heavy_fault_that_wants_no_stacks_enters_safe_mode_plainly(
 ) -> None:
     s = sig(FaultKind.STEP_FAILED, TRAINER, step=0)
     cls = Classifier(cluster.policy).classify(s, job_step=0)
-    acts = plan_actions(policy=cluster.policy, classification=cls, signal=s,
+    acts = choose_actions(policy=cluster.policy, classification=cls, signal=s,
                         world=cluster.world())
     safe = [a for a in acts if a.action is ActionName.ENTER_SAFE_MODE]
     assert safe and all(a.params == {"reason": "step_failed"} for a in safe)

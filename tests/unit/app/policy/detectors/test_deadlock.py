@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.policy.classifier import Classifier, plan_actions
+from app.policy.classifier import Classifier, choose_actions
 from app.policy.detectors.deadlock import CrossRoleDeadlockDetector
 from app.policy.detectors.hang import TrainHangDetector
 from app.policy.engine import PolicyEngine
@@ -65,7 +65,7 @@ def test_the_deadlock_is_one_job_incident_naming_both_sides_restarting_the_rollo
     assert sig.extra["rollouts"] == ["rollout-0", "rollout-1"]
     assert "waiting for rollout data" in sig.evidence.detail
     verdict = Classifier(c.policy).classify(sig, job_step=20)
-    actions = plan_actions(policy=c.policy, classification=verdict, signal=sig, world=c.world())
+    actions = choose_actions(policy=c.policy, classification=verdict, signal=sig, world=c.world())
     assert [(a.action.value, a.params.get("role"), a.params.get("rank")) for a in actions] == [
         ("restart_role", "rollout", None)]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.supervisor import ChildSpec, ChildSupervisor
+from app.core.child_processes import ChildSpec, ChildSupervisor
 
 
 @pytest.mark.timeout(60)
