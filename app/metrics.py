@@ -31,6 +31,7 @@ from app.series.store import SeriesStore
 
 PREFIX = "rlguard_"
 
+
 def exported_name(name: str) -> str:
     return name if name.startswith(PREFIX) else PREFIX + name
 

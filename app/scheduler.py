@@ -300,7 +300,9 @@ class PolicyScheduler:
     def retention(self) -> None:
         if not self.is_leader():
             return
-        removed = delete_resolved_before(self.engine, utcnow() - timedelta(days=self.retention_days))
+        removed = delete_resolved_before(
+            self.engine, utcnow() - timedelta(days=self.retention_days)
+        )
         if removed:
             log.info("retention removed %d resolved incident(s)", removed)
 

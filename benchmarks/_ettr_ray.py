@@ -91,7 +91,9 @@ class Faults(threading.Thread):
             self.kills.append((step, time.time()))
 
 
-def _launch_argv(run_dir: Path, steps: int, decode_ms: float, restart_by: str, address: str) -> list[str]:
+def _launch_argv(
+    run_dir: Path, steps: int, decode_ms: float, restart_by: str, address: str
+) -> list[str]:
     return [
         sys.executable, "-m", "workload.launch", "--run-dir", str(run_dir), "--steps", str(steps),
         "--rollouts", "1", "--decode-ms", str(decode_ms), "--ray", "--ray-address", address,
@@ -109,7 +111,9 @@ def _run_launcher(argv: list[str], log: Path, env: dict[str, str], timeout: floa
     return time.monotonic() - started
 
 
-def _whole_job(dashboard: str, argv: list[str], env: dict[str, str], timeout: float) -> tuple[float, int]:
+def _whole_job(
+    dashboard: str, argv: list[str], env: dict[str, str], timeout: float
+) -> tuple[float, int]:
     """Submit through the Jobs API; resubmit on FAILED. (wall seconds, submissions)."""
     from ray.job_submission import JobSubmissionClient
 
@@ -128,7 +132,9 @@ def _whole_job(dashboard: str, argv: list[str], env: dict[str, str], timeout: fl
         if status == "SUCCEEDED":
             return time.monotonic() - started, submissions
         if submissions > 50:
-            raise RuntimeError(f"the job failed {submissions} times: {client.get_job_logs(sid)[-2000:]}")
+            raise RuntimeError(
+                f"the job failed {submissions} times: {client.get_job_logs(sid)[-2000:]}"
+            )
     raise RuntimeError(f"the whole-job way did not finish within {timeout:g} s")
 
 
@@ -136,7 +142,9 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def _reactions(stack: DemoStack, job: str, kills: list[tuple[int, float]]) -> dict[str, list[float]]:
+def _reactions(
+    stack: DemoStack, job: str, kills: list[tuple[int, float]]
+) -> dict[str, list[float]]:
     """Per kill, seconds to the incident (a kill while the previous one's incident is still
     open is an update of it: no new incident) and to RLGuard's restart_role (requested, and
     done: the restarter created the actor)."""
@@ -157,7 +165,9 @@ def _reactions(stack: DemoStack, job: str, kills: list[tuple[int, float]]) -> di
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/ettr.py --ray", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="benchmarks/ettr.py --ray", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--fault-every", type=int, default=10)
     p.add_argument("--decode-ms", type=float, default=15.0)
@@ -168,13 +178,17 @@ def main(argv: list[str]) -> int:
     if args.steps < 4:
         p.error(f"--steps {args.steps} is too short (at least 4)")
     if not 2 <= args.fault_every < args.steps:
-        p.error(f"--fault-every {args.fault_every} must be in 2..steps-1 (a fault in step 0-1 is "
-                f"a heavy first-step anomaly)")
+        p.error(
+            f"--fault-every {args.fault_every} must be in 2..steps-1 (a fault in step 0-1 is "
+            f"a heavy first-step anomaly)"
+        )
     import ray
 
     fault_steps = list(range(args.fault_every, args.steps, args.fault_every))
     workdir = Path(tempfile.mkdtemp(prefix="rlguard-ettr-ray-"))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
     port = _free_port()
     ctx = ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
                    dashboard_port=port, object_store_memory=80 * 1024 * 1024, logging_level="ERROR",
@@ -182,6 +196,7 @@ def main(argv: list[str]) -> int:
     gcs, dashboard = ctx.address_info["gcs_address"], f"http://127.0.0.1:{port}"
     # After ray.init: it sets what its clients need (the cluster's auth token) in os.environ.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
+
     def allow_every_kill(policy: dict[str, Any]) -> None:
         # The same rollout rank is killed every ~30 s here; the shipped restart budget (3 per
         # rank in 30 min) would rightly hand the 4th kill to an approver, and this benchmark
@@ -207,7 +222,9 @@ def main(argv: list[str]) -> int:
 
         walls["clean"] = _run_launcher(
             _launch_argv(runs["clean"].root, args.steps, args.decode_ms, "rlguard", gcs),
-            workdir / "clean.log", env, args.timeout,
+            workdir / "clean.log",
+            env,
+            args.timeout,
         )
         print(f"clean: {walls['clean']:.1f} s", flush=True)
 
@@ -225,11 +242,16 @@ def main(argv: list[str]) -> int:
         try:
             walls["rlguard"] = _run_launcher(
                 _launch_argv(runs["rlguard"].root, args.steps, args.decode_ms, "rlguard", gcs),
-                workdir / "rlguard.log", {**env, "VERL_FILE_LOGGER_PATH": str(verl_log)}, args.timeout,
+                workdir / "rlguard.log",
+                {**env, "VERL_FILE_LOGGER_PATH": str(verl_log)},
+                args.timeout,
             )
         finally:
             faults.stop.set()
-        info["rlguard"] = {"kills": faults.kills, "react": _reactions(stack, "rlguard", faults.kills)}
+        info["rlguard"] = {
+            "kills": faults.kills,
+            "react": _reactions(stack, "rlguard", faults.kills),
+        }
         stack.stop_one("agent")
         print(f"rlguard: {walls['rlguard']:.1f} s, {len(faults.kills)} kills", flush=True)
 
@@ -237,8 +259,10 @@ def main(argv: list[str]) -> int:
         faults.start()
         try:
             walls["whole-job"], submissions = _whole_job(
-                dashboard, _launch_argv(runs["wholejob"].root, args.steps, args.decode_ms, "none", "auto"),
-                env, args.timeout,
+                dashboard,
+                _launch_argv(runs["wholejob"].root, args.steps, args.decode_ms, "none", "auto"),
+                env,
+                args.timeout,
             )
         finally:
             faults.stop.set()
@@ -263,7 +287,9 @@ def _step_times(run: RunDir) -> list[float]:
     return sorted(e["ts"] for e in read_events(run) if e["kind"] == "step")
 
 
-def own_ettr(run: RunDir, kills: list[tuple[int, float]], clean_step_s: float, wall: float) -> float:
+def own_ettr(
+    run: RunDir, kills: list[tuple[int, float]], clean_step_s: float, wall: float
+) -> float:
     """The same run measured from its own event log, blind to load changes between runs: its
     wall time less each kill's loss (last step before the kill -> first step after it, less
     one clean step), over its wall time."""
@@ -280,7 +306,9 @@ def own_ettr(run: RunDir, kills: list[tuple[int, float]], clean_step_s: float, w
 def _report(walls: dict[str, float], info: dict[str, Any], runs: dict[str, RunDir]) -> None:
     clean_params = (read_json(runs["clean"].final) or {}).get("params_sha256")
     clean_steps = _step_times(runs["clean"])
-    clean_step_s = statistics.median(b - a for a, b in zip(clean_steps, clean_steps[1:], strict=False))
+    clean_step_s = statistics.median(
+        b - a for a, b in zip(clean_steps, clean_steps[1:], strict=False)
+    )
     print()
     print(f"{'way':<10} {'wall s':>8} {'ETTR':>6} {'kills':>6} {'params=clean':>13}")
     ettr = {}

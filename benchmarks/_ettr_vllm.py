@@ -59,8 +59,15 @@ from workload.job import RunDir, read_events, read_json
 
 # --wait-engines: both runs start on the whole fleet (under load an engine may come up tens of
 # seconds after the other, and the job would otherwise run its steps on one).
-JOB_ARGS = ("--rollout-engine", "vllm", "--group-size", "4", "--prompts-per-worker", "2",
-            "--wait-engines")
+JOB_ARGS = (
+    "--rollout-engine",
+    "vllm",
+    "--group-size",
+    "4",
+    "--prompts-per-worker",
+    "2",
+    "--wait-engines",
+)
 # Two rollout workers, each 2 prompts x a group of 4 per step.
 SAMPLES_PER_STEP = 2 * 2 * 4
 
@@ -74,7 +81,9 @@ def _free_port() -> int:
 # ---- part 1: refit through RLGuard's transfer vs the engine's reload from disk ---------------
 
 
-def measure_refit(workdir: Path, spec: TinyModelSpec, rounds: int, transport: str) -> dict[str, Any]:
+def measure_refit(
+    workdir: Path, spec: TinyModelSpec, rounds: int, transport: str
+) -> dict[str, Any]:
     model_dir = save_tiny_model(workdir / "model", spec)
     server = start_server(
         model_dir,
@@ -82,16 +91,36 @@ def measure_refit(workdir: Path, spec: TinyModelSpec, rounds: int, transport: st
         log_path=workdir / "refit-engine.log",
     )
     registry = RegistryServer(InMemoryRegistry())
-    publisher = WeightPublisher("policy", transport=make_transport(transport),
-                                registry=RegistryClient(registry.address, timeout=5.0), lease_s=10.0)
+    publisher = WeightPublisher(
+        "policy",
+        transport=make_transport(transport),
+        registry=RegistryClient(registry.address, timeout=5.0),
+        lease_s=10.0,
+    )
     try:
         server.wait_healthy(300)
         client = EngineClient(server.url, server.model_name, timeout=120.0)
         policy = load_policy(model_dir)
-        times: dict[str, list[float]] = {k: [] for k in (
-            "refit_s", "disk_s", "save_s", "publish_s", "transfer_s", "commit_wait_s", "load_s",
-            "worker_s", "noop_rpc_s", "call_s", "stream_s", "plan_s", "copy_s", "process_s",
-            "disk_worker_s")}
+        times: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "refit_s",
+                "disk_s",
+                "save_s",
+                "publish_s",
+                "transfer_s",
+                "commit_wait_s",
+                "load_s",
+                "worker_s",
+                "noop_rpc_s",
+                "call_s",
+                "stream_s",
+                "plan_s",
+                "copy_s",
+                "process_s",
+                "disk_worker_s",
+            )
+        }
         nbytes, paths, max_diff = 0, set(), 0.0
         for version in range(1, rounds + 1):
             with torch.no_grad():
@@ -106,13 +135,29 @@ def measure_refit(workdir: Path, spec: TinyModelSpec, rounds: int, transport: st
             publisher.publish(2 * version, tensors)
             times["publish_s"].append(time.monotonic() - started)
             called = time.monotonic()
-            [done] = client.collective_rpc("rlguard_refit", {
-                "registry": registry.address, "version": 2 * version, "transport": transport,
-                "specs": specs_of(tensors), "timeout": 120.0}, timeout=120.0)
+            [done] = client.collective_rpc(
+                "rlguard_refit",
+                {
+                    "registry": registry.address,
+                    "version": 2 * version,
+                    "transport": transport,
+                    "specs": specs_of(tensors),
+                    "timeout": 120.0,
+                },
+                timeout=120.0,
+            )
             times["refit_s"].append(time.monotonic() - started)
             times["call_s"].append(time.monotonic() - called)
-            for name in ("transfer_s", "commit_wait_s", "load_s", "worker_s", "stream_s",
-                         "plan_s", "copy_s", "process_s"):
+            for name in (
+                "transfer_s",
+                "commit_wait_s",
+                "load_s",
+                "worker_s",
+                "stream_s",
+                "plan_s",
+                "copy_s",
+                "process_s",
+            ):
                 times[name].append(float(done.get(name, 0.0)))
             paths.add(str(done["load_path"]))
             refit_sample = _sample(client)
@@ -125,22 +170,35 @@ def measure_refit(workdir: Path, spec: TinyModelSpec, rounds: int, transport: st
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 shutil.copy(model_dir / name, on_disk / name)
             started = time.monotonic()
-            [loaded] = client.collective_rpc("rlguard_load_from_disk", str(on_disk),
-                                             2 * version + 1, timeout=120.0)
+            [loaded] = client.collective_rpc(
+                "rlguard_load_from_disk", str(on_disk), 2 * version + 1, timeout=120.0
+            )
             times["disk_s"].append(time.monotonic() - started)
             times["disk_worker_s"].append(float(loaded["load_s"]))
             disk_sample = _sample(client)
             # Both paths must serve the same model: the same seeded request, the same answer.
             if refit_sample.token_ids != disk_sample.token_ids:
-                raise RuntimeError(f"round {version}: the refit and the reload from disk sample "
-                                   f"different tokens")
-            max_diff = max(max_diff, *(abs(a - b) for a, b in zip(
-                refit_sample.logprobs, disk_sample.logprobs, strict=True)))
+                raise RuntimeError(
+                    f"round {version}: the refit and the reload from disk sample different tokens"
+                )
+            max_diff = max(
+                max_diff,
+                *(
+                    abs(a - b)
+                    for a, b in zip(refit_sample.logprobs, disk_sample.logprobs, strict=True)
+                ),
+            )
             shutil.rmtree(on_disk)
         best = max(d / r for d, r in zip(times["disk_s"], times["refit_s"], strict=True))
-        return {"bytes": nbytes, "rounds": rounds, "transport": transport, "best_ratio": best,
-                "load_path": ", ".join(sorted(paths)), "max_logprob_diff": max_diff,
-                **{name: statistics.median(v) for name, v in times.items()}}
+        return {
+            "bytes": nbytes,
+            "rounds": rounds,
+            "transport": transport,
+            "best_ratio": best,
+            "load_path": ", ".join(sorted(paths)),
+            "max_logprob_diff": max_diff,
+            **{name: statistics.median(v) for name, v in times.items()},
+        }
     finally:
         publisher.close()
         registry.close()
@@ -156,30 +214,36 @@ def print_refit(refit: dict[str, Any], spec: TinyModelSpec) -> None:
     """Part 1's figures, with the time split of the refit."""
     ratio = refit["disk_s"] / refit["refit_s"]
     inside = refit["transfer_s"] + refit["commit_wait_s"] + refit["load_s"]
-    print(f"refit, hidden {spec.hidden} x {spec.layers} layers ({refit['bytes'] / 2**20:.1f} MiB "
-          f"float32, {refit['transport']}, median of {refit['rounds']}): RLGuard publish + transfer "
-          f"+ load {refit['refit_s'] * 1000:.1f} ms; vLLM's reload of the same weights from disk "
-          f"(Worker.reload_weights(weights_path=...), safetensors from save_pretrained, page cache "
-          f"warm) {refit['disk_s'] * 1000:.1f} ms: {ratio:.2f}x (target >= 2x; best round "
-          f"{refit['best_ratio']:.2f}x); with the trainer's "
-          f"save to disk counted ({refit['save_s'] * 1000:.0f} ms): "
-          f"{(refit['disk_s'] + refit['save_s']) / refit['refit_s']:.2f}x; the engine's side "
-          f"alone (the refit call against the reload call, neither the publish nor the save): "
-          f"{refit['disk_s'] / refit['call_s']:.2f}x", flush=True)
-    print(f"  split: publish (manifest, checksums) {refit['publish_s'] * 1000:.1f} ms, transfer "
-          f"{refit['transfer_s'] * 1000:.1f} ms (of which copies and checksums "
-          f"{refit['stream_s'] * 1000:.1f} ms, the rest registry calls and connecting), wait for "
-          f"the commit {refit['commit_wait_s'] * 1000:.1f} ms, load ({refit['load_path']}) "
-          f"{refit['load_s'] * 1000:.1f} ms (plan {refit['plan_s'] * 1000:.1f} ms, copies into "
-          f"the parameters {refit['copy_s'] * 1000:.1f} ms, packing layers again "
-          f"{refit['process_s'] * 1000:.1f} ms; the reload from disk inside the worker "
-          f"{refit['disk_worker_s'] * 1000:.1f} ms), the rest of the call in the worker "
-          f"{max(0.0, refit['worker_s'] - inside) * 1000:.1f} ms, the /collective_rpc round "
-          f"trip {(refit['refit_s'] - refit['publish_s'] - refit['worker_s']) * 1000:.1f} ms "
-          f"(each a median on its own; a call that does nothing takes "
-          f"{refit['noop_rpc_s'] * 1000:.1f} ms, the reload from disk pays it too); same seeded "
-          f"sample after both, max |d logprob| "
-          f"{refit['max_logprob_diff']:.2g}", flush=True)
+    print(
+        f"refit, hidden {spec.hidden} x {spec.layers} layers ({refit['bytes'] / 2**20:.1f} MiB "
+        f"float32, {refit['transport']}, median of {refit['rounds']}): RLGuard publish + transfer "
+        f"+ load {refit['refit_s'] * 1000:.1f} ms; vLLM's reload of the same weights from disk "
+        f"(Worker.reload_weights(weights_path=...), safetensors from save_pretrained, page cache "
+        f"warm) {refit['disk_s'] * 1000:.1f} ms: {ratio:.2f}x (target >= 2x; best round "
+        f"{refit['best_ratio']:.2f}x); with the trainer's "
+        f"save to disk counted ({refit['save_s'] * 1000:.0f} ms): "
+        f"{(refit['disk_s'] + refit['save_s']) / refit['refit_s']:.2f}x; the engine's side "
+        f"alone (the refit call against the reload call, neither the publish nor the save): "
+        f"{refit['disk_s'] / refit['call_s']:.2f}x",
+        flush=True,
+    )
+    print(
+        f"  split: publish (manifest, checksums) {refit['publish_s'] * 1000:.1f} ms, transfer "
+        f"{refit['transfer_s'] * 1000:.1f} ms (of which copies and checksums "
+        f"{refit['stream_s'] * 1000:.1f} ms, the rest registry calls and connecting), wait for "
+        f"the commit {refit['commit_wait_s'] * 1000:.1f} ms, load ({refit['load_path']}) "
+        f"{refit['load_s'] * 1000:.1f} ms (plan {refit['plan_s'] * 1000:.1f} ms, copies into "
+        f"the parameters {refit['copy_s'] * 1000:.1f} ms, packing layers again "
+        f"{refit['process_s'] * 1000:.1f} ms; the reload from disk inside the worker "
+        f"{refit['disk_worker_s'] * 1000:.1f} ms), the rest of the call in the worker "
+        f"{max(0.0, refit['worker_s'] - inside) * 1000:.1f} ms, the /collective_rpc round "
+        f"trip {(refit['refit_s'] - refit['publish_s'] - refit['worker_s']) * 1000:.1f} ms "
+        f"(each a median on its own; a call that does nothing takes "
+        f"{refit['noop_rpc_s'] * 1000:.1f} ms, the reload from disk pays it too); same seeded "
+        f"sample after both, max |d logprob| "
+        f"{refit['max_logprob_diff']:.2g}",
+        flush=True,
+    )
 
 
 # ---- part 2: healing under the real stack ----------------------------------------------------
@@ -188,7 +252,10 @@ def print_refit(refit: dict[str, Any], spec: TinyModelSpec) -> None:
 def _fire(run: RunDir, kills: list[float], rank: int) -> None:
     # Armed here, fired by the job's router as it sends the engine a request, so the kill
     # always lands mid-request (from outside it would be a matter of luck).
-    if records.read_fleet(run).get("engines", {}).get(str(rank), {}).get("state") == records.ADMITTED:
+    if (
+        records.read_fleet(run).get("engines", {}).get(str(rank), {}).get("state")
+        == records.ADMITTED
+    ):
         kills.append(time.time())
         inject(run, Fault("kill-engine", rank=rank))
 
@@ -198,13 +265,21 @@ def _cold_due(events: list[dict[str, Any]], since: float) -> bool:
     ready was taken by a warm replacement): a fault now is healed by a cold start."""
     back = any(e["kind"] == "engine_readmitted" and e["ts"] >= since for e in events)
     ready = sum(1 for e in events if e["kind"] == "standby_ready" and e.get("engine"))
-    taken = sum(1 for e in events if e["kind"] == "spawn" and e.get("role") == "rollout"
-                and e.get("warm"))
+    taken = sum(
+        1 for e in events if e["kind"] == "spawn" and e.get("role") == "rollout" and e.get("warm")
+    )
     return back and ready <= taken
 
 
-def _run(stack: DemoStack, job: str, model_dir: Path, steps: int, every: int | None,
-         extra: tuple[str, ...] = (), cold_fault: bool = False) -> dict[str, Any]:
+def _run(
+    stack: DemoStack,
+    job: str,
+    model_dir: Path,
+    steps: int,
+    every: int | None,
+    extra: tuple[str, ...] = (),
+    cold_fault: bool = False,
+) -> dict[str, Any]:
     """One run of the job; with ``every`` an engine fault every that many steps (alternating
     engines) and, with ``cold_fault``, one more right after the first fault's engine is back,
     before a new standby is up (healed cold)."""
@@ -248,11 +323,15 @@ def _run(stack: DemoStack, job: str, model_dir: Path, steps: int, every: int | N
         raise RuntimeError(f"job {job}: the two engines never served at once; see {run.root}")
     steps_ts = [t for t in every_step if t >= both]
     fleet = records.read_fleet(run).get("engines", {})
-    return {"run": run, "wall": steps_ts[-1] - steps_ts[0], "steps": steps_ts,
-            "per_step": (steps_ts[-1] - steps_ts[0]) / max(1, len(steps_ts) - 1),
-            "startup_s": every_step[0] - launched,
-            "tokens_per_step": sum(int(v.get("tokens") or 0) for v in fleet.values())
-            / max(1, len(every_step))}
+    return {
+        "run": run,
+        "wall": steps_ts[-1] - steps_ts[0],
+        "steps": steps_ts,
+        "per_step": (steps_ts[-1] - steps_ts[0]) / max(1, len(steps_ts) - 1),
+        "startup_s": every_step[0] - launched,
+        "tokens_per_step": sum(int(v.get("tokens") or 0) for v in fleet.values())
+        / max(1, len(every_step)),
+    }
 
 
 def _all_admitted(run: RunDir) -> bool:
@@ -274,7 +353,9 @@ def fmt(value: float | None) -> str:
 
 
 def _after(events: list[dict[str, Any]], kind: str, t0: float, rank: int) -> float | None:
-    hits = [e["ts"] for e in events if e["kind"] == kind and e.get("rank") == rank and e["ts"] >= t0]
+    hits = [
+        e["ts"] for e in events if e["kind"] == kind and e.get("rank") == rank and e["ts"] >= t0
+    ]
     return round(min(hits) - t0, 2) if hits else None
 
 
@@ -284,8 +365,14 @@ def heal_rows(run: RunDir, stack: DemoStack) -> list[dict[str, Any]]:
     rows = []
     for fault in [e for e in events if e["kind"] == "fault"]:
         t0, rank = fault["ts"], fault["rank"]
-        spawned = [e for e in events if e["kind"] == "spawn" and e.get("role") == "rollout"
-                   and e.get("rank") == rank and e["ts"] >= t0]
+        spawned = [
+            e
+            for e in events
+            if e["kind"] == "spawn"
+            and e.get("role") == "rollout"
+            and e.get("rank") == rank
+            and e["ts"] >= t0
+        ]
         opened = [
             datetime.fromisoformat(i["opened_at"].replace("Z", "+00:00")).timestamp()
             for i in incidents
@@ -296,21 +383,33 @@ def heal_rows(run: RunDir, stack: DemoStack) -> list[dict[str, Any]]:
         if warm:
             # A standby still starting its engine when it was taken is no warm start.
             at = spawned[0]["ts"]
-            ready = sum(1 for e in events if e["kind"] == "standby_ready" and e.get("engine")
-                        and e["ts"] < at)
-            taken = sum(1 for e in events if e["kind"] == "spawn" and e.get("role") == "rollout"
-                        and e.get("warm") and e["ts"] < at)
+            ready = sum(
+                1
+                for e in events
+                if e["kind"] == "standby_ready" and e.get("engine") and e["ts"] < at
+            )
+            taken = sum(
+                1
+                for e in events
+                if e["kind"] == "spawn"
+                and e.get("role") == "rollout"
+                and e.get("warm")
+                and e["ts"] < at
+            )
             warm = ready > taken
-        rows.append({
-            "rank": rank, "ts": t0,
-            "warm": warm,
-            "quarantine_s": _after(events, "engine_quarantined", t0, rank),
-            "incident_s": round(min(opened) - t0, 2) if opened else None,
-            "replaced_s": round(spawned[0]["ts"] - t0, 2) if spawned else None,
-            "up_s": _after(events, "engine_up", t0, rank),
-            "refit_s": _after(events, "engine_refit", t0, rank),
-            "readmitted_s": _after(events, "engine_readmitted", t0, rank),
-        })
+        rows.append(
+            {
+                "rank": rank,
+                "ts": t0,
+                "warm": warm,
+                "quarantine_s": _after(events, "engine_quarantined", t0, rank),
+                "incident_s": round(min(opened) - t0, 2) if opened else None,
+                "replaced_s": round(spawned[0]["ts"] - t0, 2) if spawned else None,
+                "up_s": _after(events, "engine_up", t0, rank),
+                "refit_s": _after(events, "engine_refit", t0, rank),
+                "readmitted_s": _after(events, "engine_readmitted", t0, rank),
+            }
+        )
     return rows
 
 
@@ -320,29 +419,44 @@ def _minus(a: float | None, b: float | None) -> float | None:
 
 def print_faults(rows: list[dict[str, Any]]) -> None:
     """Per fault: when each stage was reached after the kill, then the stages' own lengths."""
-    print("per engine fault (kill -9 of its Worker mid-request), seconds after the kill: "
-          "detect = the router quarantines it (the server's incident beside it), replace = to "
-          "the replacement engine answering (warm: the standby woken from /sleep; cold: a new "
-          "engine, or a standby taken while its engine was still starting), refit = pull and load "
-          "of the trainer's version, re-admit = to the router admitting it at that version")
-    print(f"{'rank':>4} {'kind':>5} {'detect':>7} {'incident':>9} {'replace':>8} {'refit':>6} "
-          f"{'re-admit':>9} {'total':>6}")
+    print(
+        "per engine fault (kill -9 of its Worker mid-request), seconds after the kill: "
+        "detect = the router quarantines it (the server's incident beside it), replace = to "
+        "the replacement engine answering (warm: the standby woken from /sleep; cold: a new "
+        "engine, or a standby taken while its engine was still starting), refit = pull and load "
+        "of the trainer's version, re-admit = to the router admitting it at that version"
+    )
+    print(
+        f"{'rank':>4} {'kind':>5} {'detect':>7} {'incident':>9} {'replace':>8} {'refit':>6} "
+        f"{'re-admit':>9} {'total':>6}"
+    )
     for r in rows:
-        print(f"{r['rank']:>4} {'warm' if r['warm'] else 'cold':>5} {fmt(r['quarantine_s']):>7} "
-              f"{fmt(r['incident_s']):>9} {fmt(_minus(r['up_s'], r['quarantine_s'])):>8} "
-              f"{fmt(_minus(r['refit_s'], r['up_s'])):>6} "
-              f"{fmt(_minus(r['readmitted_s'], r['refit_s'])):>9} {fmt(r['readmitted_s']):>6}")
+        print(
+            f"{r['rank']:>4} {'warm' if r['warm'] else 'cold':>5} {fmt(r['quarantine_s']):>7} "
+            f"{fmt(r['incident_s']):>9} {fmt(_minus(r['up_s'], r['quarantine_s'])):>8} "
+            f"{fmt(_minus(r['refit_s'], r['up_s'])):>6} "
+            f"{fmt(_minus(r['readmitted_s'], r['refit_s'])):>9} {fmt(r['readmitted_s']):>6}"
+        )
     for kind in (True, False):
-        done = [r["readmitted_s"] for r in rows if r["warm"] is kind and r["readmitted_s"] is not None]
+        done = [
+            r["readmitted_s"] for r in rows if r["warm"] is kind and r["readmitted_s"] is not None
+        ]
         if done:
-            print(f"  {'warm standby' if kind else 'cold start'}: fault to serving current weights "
-                  f"{statistics.median(done):.2f} s (median of {len(done)})")
+            print(
+                f"  {'warm standby' if kind else 'cold start'}: fault to serving current weights "
+                f"{statistics.median(done):.2f} s (median of {len(done)})"
+            )
     if not any(r["warm"] for r in rows) or all(r["warm"] for r in rows):
         print("  (this run healed every fault the same way: --cold-fault forces one cold start)")
 
 
-def print_throughput(rows: list[dict[str, Any]], steps: list[float], clean_step: float,
-                     tokens_per_step: float, samples_per_step: int) -> None:
+def print_throughput(
+    rows: list[dict[str, Any]],
+    steps: list[float],
+    clean_step: float,
+    tokens_per_step: float,
+    samples_per_step: int,
+) -> None:
     """The job's rollout throughput while an engine was out, against the clean run's."""
     inside, secs = 0, 0.0
     for r in rows:
@@ -354,15 +468,22 @@ def print_throughput(rows: list[dict[str, Any]], steps: list[float], clean_step:
         print("throughput while an engine was out: no engine was re-admitted")
         return
     rate, clean = inside / secs, 1 / clean_step
-    print(f"rollout throughput while an engine was out ({secs:.1f} s in all): "
-          f"{rate * samples_per_step:.1f} samples/s, {rate * tokens_per_step:.0f} tokens/s against "
-          f"the clean run's {clean * samples_per_step:.1f} samples/s, {clean * tokens_per_step:.0f} "
-          f"tokens/s ({rate / clean:.0%}; steps completed in the window, {tokens_per_step:.0f} "
-          f"tokens and {samples_per_step} samples a step)")
+    print(
+        f"rollout throughput while an engine was out ({secs:.1f} s in all): "
+        f"{rate * samples_per_step:.1f} samples/s, {rate * tokens_per_step:.0f} tokens/s against "
+        f"the clean run's {clean * samples_per_step:.1f} samples/s, {clean * tokens_per_step:.0f} "
+        f"tokens/s ({rate / clean:.0%}; steps completed in the window, {tokens_per_step:.0f} "
+        f"tokens and {samples_per_step} samples a step)"
+    )
 
 
-def print_ettr(faulty: dict[str, Any], rows: list[dict[str, Any]], startup_s: float, every: int,
-               clean_step: float) -> None:
+def print_ettr(
+    faulty: dict[str, Any],
+    rows: list[dict[str, Any]],
+    startup_s: float,
+    every: int,
+    clean_step: float,
+) -> None:
     """ETTR of the run with faults, against a whole-job restart of the same faults (computed).
 
     On this host the engines share the same CPU cores, so the job's pace hardly depends on how
@@ -373,38 +494,52 @@ def print_ettr(faulty: dict[str, Any], rows: list[dict[str, Any]], startup_s: fl
     gaps = list(zip(steps, steps[1:], strict=False))
     median_gap = statistics.median(b - a for a, b in gaps) if gaps else per_step
     windows = [(r["ts"], r["ts"] + (r["readmitted_s"] or 60.0)) for r in rows]
-    lost = sum(max(0.0, b - a - median_gap) for a, b in gaps
-               if any(a < hi and b > lo for lo, hi in windows))
+    lost = sum(
+        max(0.0, b - a - median_gap)
+        for a, b in gaps
+        if any(a < hi and b > lo for lo, hi in windows)
+    )
     wall = faulty["wall"]
     # The whole-job restart, computed from this run's measured figures (not run): per fault
     # NeMo-RL's ~15 s to notice a dead engine, the job's own measured cold start (its engines
     # included) and the step in flight redone (the reference job snapshots every step).
     whole_lost = len(rows) * (15.0 + startup_s + clean_step)
-    print(f"ETTR with {len(rows)} engine faults in {len(steps)} steps (every {every} and "
-          f"--cold-fault's): RLGuard {(wall - lost) / wall:.3f} ({lost:.1f} s of {wall:.1f} s "
-          f"lost to the faults); a whole-job restart of the same faults "
-          f"{wall / (wall + whole_lost):.3f} (computed, not run: per fault 15 s to notice "
-          f"(NeMo-RL's probes) + the job's measured cold start {startup_s:.1f} s + one step "
-          f"redone {clean_step:.2f} s)")
+    print(
+        f"ETTR with {len(rows)} engine faults in {len(steps)} steps (every {every} and "
+        f"--cold-fault's): RLGuard {(wall - lost) / wall:.3f} ({lost:.1f} s of {wall:.1f} s "
+        f"lost to the faults); a whole-job restart of the same faults "
+        f"{wall / (wall + whole_lost):.3f} (computed, not run: per fault 15 s to notice "
+        f"(NeMo-RL's probes) + the job's measured cold start {startup_s:.1f} s + one step "
+        f"redone {clean_step:.2f} s)"
+    )
 
 
-def report_healing(args: argparse.Namespace, clean: dict[str, Any], faulty: dict[str, Any],
-                   rows: list[dict[str, Any]]) -> None:
+def report_healing(
+    args: argparse.Namespace,
+    clean: dict[str, Any],
+    faulty: dict[str, Any],
+    rows: list[dict[str, Any]],
+) -> None:
     """Part 2's figures, each with its anchor."""
     clean_step = clean["per_step"]
-    print(f"measured from the step both engines first served: clean {len(clean['steps'])} steps "
-          f"in {clean['wall']:.1f} s ({clean_step:.2f} s a step; the job's cold start to its "
-          f"first step {clean['startup_s']:.1f} s); with faults {len(faulty['steps'])} steps in "
-          f"{faulty['wall']:.1f} s ({faulty['per_step']:.2f} s a step)")
+    print(
+        f"measured from the step both engines first served: clean {len(clean['steps'])} steps "
+        f"in {clean['wall']:.1f} s ({clean_step:.2f} s a step; the job's cold start to its "
+        f"first step {clean['startup_s']:.1f} s); with faults {len(faulty['steps'])} steps in "
+        f"{faulty['wall']:.1f} s ({faulty['per_step']:.2f} s a step)"
+    )
     print_faults(rows)
     print_throughput(rows, faulty["steps"], clean_step, clean["tokens_per_step"], SAMPLES_PER_STEP)
     print_ettr(faulty, rows, clean["startup_s"], args.fault_every, clean_step)
     same = (read_json(faulty["run"].final) or {}).get("params_sha256") == (
-        read_json(clean["run"].final) or {}).get("params_sha256")
+        read_json(clean["run"].final) or {}
+    ).get("params_sha256")
     print(f"final parameters equal to the clean run's: {same}")
-    print("anchors: NeMo-RL detects a dead engine in ~15 s (5 s probes x 3), slime in up to "
-          "~60 s; a vLLM engine restart costs 35-280 s on GPUs (vLLM #20264, #19824). Targets: "
-          "detect <= 2 s, a warm standby serving current weights <= 3 s + the refit's transfer")
+    print(
+        "anchors: NeMo-RL detects a dead engine in ~15 s (5 s probes x 3), slime in up to "
+        "~60 s; a vLLM engine restart costs 35-280 s on GPUs (vLLM #20264, #19824). Targets: "
+        "detect <= 2 s, a warm standby serving current weights <= 3 s + the refit's transfer"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -414,12 +549,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=9, help="refit rounds (part 1)")
     p.add_argument("--hidden", type=int, default=256, help="the refit model's hidden size")
     p.add_argument("--layers", type=int, default=4, help="the refit model's layers")
-    p.add_argument("--transport", choices=("tcp", "shm"), default="shm",
-                   help="part 1's transport (shm: the trainer and the engine share a host)")
+    p.add_argument(
+        "--transport",
+        choices=("tcp", "shm"),
+        default="shm",
+        help="part 1's transport (shm: the trainer and the engine share a host)",
+    )
     p.add_argument("--refit-only", action="store_true")
-    p.add_argument("--cold-fault", action=argparse.BooleanOptionalAction, default=True,
-                   help="one more fault right after the first fault's engine is back, before a "
-                   "new standby is up, so the run heals one fault cold (default: on)")
+    p.add_argument(
+        "--cold-fault",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="one more fault right after the first fault's engine is back, before a "
+        "new standby is up, so the run heals one fault cold (default: on)",
+    )
     p.add_argument("--keep", action="store_true")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -428,19 +571,23 @@ def main(argv: list[str]) -> int:
         p.error(f"--fault-every {args.fault_every} must be in 2..steps-1")
     workdir = Path(tempfile.mkdtemp(prefix="rlguard-ettr-vllm-"))
     try:
-        spec = TinyModelSpec(hidden=args.hidden, layers=args.layers, heads=max(2, args.hidden // 32))
+        spec = TinyModelSpec(
+            hidden=args.hidden, layers=args.layers, heads=max(2, args.hidden // 32)
+        )
         refit = measure_refit(workdir / "refit", spec, args.rounds, args.transport)
         print_refit(refit, spec)
         if args.refit_only:
             return 0
         model_dir = save_tiny_model(workdir / "job-model")
-        stack = DemoStack(workdir / "stack", _free_port(), steps=args.steps, decode_ms=0.0,
-                          schedule=None)
+        stack = DemoStack(
+            workdir / "stack", _free_port(), steps=args.steps, decode_ms=0.0, schedule=None
+        )
         try:
             stack.start_server()
             clean = _run(stack, "clean", model_dir, args.steps, None, ("--no-standby",))
-            faulty = _run(stack, "faulty", model_dir, args.steps, args.fault_every,
-                          cold_fault=args.cold_fault)
+            faulty = _run(
+                stack, "faulty", model_dir, args.steps, args.fault_every, cold_fault=args.cold_fault
+            )
             rows = heal_rows(faulty["run"], stack)
         finally:
             stack.stop()

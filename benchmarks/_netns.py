@@ -32,8 +32,23 @@ def namespaces_available() -> tuple[bool, str]:
         return False, str(exc)
     try:
         run("ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1")
-        run("tc", "-n", probe, "qdisc", "add", "dev", "p0", "root", "tbf", "rate", "10mbit",
-            "burst", "32kb", "latency", "50ms")
+        run(
+            "tc",
+            "-n",
+            probe,
+            "qdisc",
+            "add",
+            "dev",
+            "p0",
+            "root",
+            "tbf",
+            "rate",
+            "10mbit",
+            "burst",
+            "32kb",
+            "latency",
+            "50ms",
+        )
         return True, ""
     except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
@@ -65,8 +80,9 @@ class Topology:
             raise
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def _add_ns(self, name: str) -> None:
@@ -91,8 +107,23 @@ class Topology:
             run("ip", "-n", self.switch, "link", "set", port, "up")
             run("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
             run("ip", "-n", ns, "link", "set", "eth0", "up")
-            run("tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf",
-                "rate", f"{self.rate_mbit}mbit", "burst", f"{burst_kb}kb", "latency", "100ms")
+            run(
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                "eth0",
+                "root",
+                "tbf",
+                "rate",
+                f"{self.rate_mbit}mbit",
+                "burst",
+                f"{burst_kb}kb",
+                "latency",
+                "100ms",
+            )
 
     def exec_prefix(self, ns: str) -> list[str]:
         """Command prefix that runs a program inside namespace ``ns``."""

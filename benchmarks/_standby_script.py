@@ -17,8 +17,13 @@ for name in ("torch", "transformers", "trl"):
 from recovery.report import HeartbeatReporter  # noqa: E402
 
 run_dir = Path(os.environ["RLGUARD_RUN_DIR"])
-beat = HeartbeatReporter(run_dir, os.environ["RLGUARD_ROLE"], int(os.environ["RANK"]),
-                         job=os.environ["RLGUARD_JOB"], interval=0.1)
+beat = HeartbeatReporter(
+    run_dir,
+    os.environ["RLGUARD_ROLE"],
+    int(os.environ["RANK"]),
+    job=os.environ["RLGUARD_JOB"],
+    interval=0.1,
+)
 step = 0
 while not (run_dir / "stop").exists():
     beat.update(phase="TRAIN", step=step, force=step == 0)

@@ -237,9 +237,14 @@ def fresh_process_seconds(kind: str, path: Path) -> float:
         text=True,
         # The repo first, then whatever the caller's PYTHONPATH already held (where the
         # dependencies may live, as on a machine without the project's virtualenv).
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p
-        )},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p
+                for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH"))
+                if p
+            ),
+        },
     )
     return float(out.stdout.strip().splitlines()[-1])
 

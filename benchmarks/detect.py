@@ -64,12 +64,28 @@ from app.series.backend import ParticipantHeartbeat  # noqa: E402
 from app.series.store import SeriesKey, SeriesStore  # noqa: E402
 from recovery.protocol import metric_names as m  # noqa: E402
 
-GPU_METRICS = [m.GPU_UTILIZATION_RATIO, m.GPU_XID_CRITICAL_EVENTS_TOTAL, m.GPU_ECC_UNCORRECTED_TOTAL,
-               m.GPU_REMAPPED_ROWS_FAILURE, m.GPU_THROTTLE_THERMAL, m.GPU_THROTTLE_POWER, m.GPU_LOST,
-               "gpu_temperature_celsius", "gpu_power_watts", "gpu_memory_used_bytes"]
-JOB_METRICS = [m.ROLLOUT_PENDING_RATIO, m.ACTOR_SHARD_REBUILD_COUNT_5M, m.STATE_LOG_WRITE_LATENCY_MS,
-               m.ROLLOUT_TOKENS_PER_SECOND, m.TRAIN_STEP, m.TRAIN_STEP_FAILURES_TOTAL,
-               m.STATE_LOG_WRITE_ERRORS_TOTAL, m.PARTICIPANT_HEARTBEAT_AGE_SECONDS]
+GPU_METRICS = [
+    m.GPU_UTILIZATION_RATIO,
+    m.GPU_XID_CRITICAL_EVENTS_TOTAL,
+    m.GPU_ECC_UNCORRECTED_TOTAL,
+    m.GPU_REMAPPED_ROWS_FAILURE,
+    m.GPU_THROTTLE_THERMAL,
+    m.GPU_THROTTLE_POWER,
+    m.GPU_LOST,
+    "gpu_temperature_celsius",
+    "gpu_power_watts",
+    "gpu_memory_used_bytes",
+]
+JOB_METRICS = [
+    m.ROLLOUT_PENDING_RATIO,
+    m.ACTOR_SHARD_REBUILD_COUNT_5M,
+    m.STATE_LOG_WRITE_LATENCY_MS,
+    m.ROLLOUT_TOKENS_PER_SECOND,
+    m.TRAIN_STEP,
+    m.TRAIN_STEP_FAILURES_TOTAL,
+    m.STATE_LOG_WRITE_ERRORS_TOTAL,
+    m.PARTICIPANT_HEARTBEAT_AGE_SECONDS,
+]
 
 # Detectors added by issue 21 (Detection v2): the tick is also timed without them.
 DETECTION_V2 = {"StragglerDetector", "EngineStalledDetector"}
@@ -83,7 +99,9 @@ def pct(values: list[float], q: float) -> float:
 # -- part 1: tick cost ---------------------------------------------------------------------------
 
 
-def fill(store: SeriesStore, nodes: int, gpus: int, history: int, t0: float) -> list[ParticipantView]:
+def fill(
+    store: SeriesStore, nodes: int, gpus: int, history: int, t0: float
+) -> list[ParticipantView]:
     parts: list[ParticipantView] = []
     for n in range(nodes):
         node = f"node{n:04d}"
@@ -120,22 +138,29 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
     # (app/main.py), before any sample arrives: the same here, before the fill.
     freeze_startup_heap()
     full_passes: list[float] = []  # when each full (oldest-generation) collection began
-    gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2
-                        and full_passes.append(time.perf_counter()))
+    gc.callbacks.append(
+        lambda phase, info: (
+            phase == "start" and info["generation"] == 2 and full_passes.append(time.perf_counter())
+        )
+    )
     store = SeriesStore(window_seconds=900, max_points=max(history, 10))
     started = time.perf_counter()
     parts = fill(store, nodes, gpus, history, t0)
-    print(f"tick: {nodes} nodes x {gpus} GPUs: {len(store):,} series, {len(parts):,} participants "
-          f"(filled in {time.perf_counter() - started:.1f}s); "
-          f"{'a new sample for every series before each tick' if arrivals else 'nothing arrives between ticks'}")
+    print(
+        f"tick: {nodes} nodes x {gpus} GPUs: {len(store):,} series, {len(parts):,} participants "
+        f"(filled in {time.perf_counter() - started:.1f}s); "
+        f"{'a new sample for every series before each tick' if arrivals else 'nothing arrives between ticks'}"
+    )
     seen = {f"node{n:04d}": t0 for n in range(nodes)}
     heap = FreezeOnGrowth()  # the server's scheduler freezes the grown store (app.core.gc_tuning)
     policy = default_policy()
     engine = PolicyEngine(policy)
     # The same tick without the detectors of issue 21 (Detection v2), measured interleaved with
     # the full tick in this run, so that a loaded machine weighs on both alike.
-    older = PolicyEngine(policy, detectors=[d for d in default_detectors(policy)
-                                            if type(d).__name__ not in DETECTION_V2])
+    older = PolicyEngine(
+        policy,
+        detectors=[d for d in default_detectors(policy) if type(d).__name__ not in DETECTION_V2],
+    )
     base: list[float] = []
     cost: list[float] = []
     old_cost: list[float] = []
@@ -154,15 +179,21 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
         if arrivals:
             store.extend([(key, now - 0.25, value) for key, value in newest])
             seen = dict.fromkeys(seen, now - 0.25)
-            parts = [p if t0 - p.last_heartbeat_ts > 10 else replace(p, last_heartbeat_ts=now - 0.25)
-                     for p in parts]  # the silent one stays silent
+            parts = [
+                p if t0 - p.last_heartbeat_ts > 10 else replace(p, last_heartbeat_ts=now - 0.25)
+                for p in parts
+            ]  # the silent one stays silent
         s = time.perf_counter()
         for ring in list(store._series.values()):  # noqa: SLF001 - the floor: read each newest point
             if ring.points:
                 ring.points[-1]  # noqa: B018
         base.append(time.perf_counter() - s)
-        heartbeats = [ParticipantHeartbeat(p.job, p.role, p.rank, p.node, p.phase, p.step,
-                                           p.last_heartbeat_ts) for p in parts]
+        heartbeats = [
+            ParticipantHeartbeat(
+                p.job, p.role, p.rank, p.node, p.phase, p.step, p.last_heartbeat_ts
+            )
+            for p in parts
+        ]
         s = time.perf_counter()
         read_participants()  # the server's tick reads them first (app.scheduler)
         read_cost.append(time.perf_counter() - s)
@@ -177,21 +208,35 @@ def bench_tick(nodes: int, gpus: int, history: int, ticks: int, arrivals: bool =
         old_cost.append(time.perf_counter() - s)
     warm = cost[2:] or cost
     old_warm = old_cost[2:] or old_cost
-    print(f"tick: baseline (bare read of every series' newest point) p50 {pct(base, 50) * 1e3:.1f} ms")
-    print(f"tick: without the Detection v2 detectors ({', '.join(sorted(DETECTION_V2))}) p50 "
-          f"{pct(old_warm, 50) * 1e3:.1f} ms  p99 {pct(old_warm, 99) * 1e3:.1f} ms")
-    print(f"tick: policy tick p50 {pct(warm, 50) * 1e3:.1f} ms  p99 {pct(warm, 99) * 1e3:.1f} ms  "
-          f"max {max(warm) * 1e3:.1f} ms  ({decisions} decisions over {ticks} ticks)")
+    print(
+        f"tick: baseline (bare read of every series' newest point) p50 {pct(base, 50) * 1e3:.1f} ms"
+    )
+    print(
+        f"tick: without the Detection v2 detectors ({', '.join(sorted(DETECTION_V2))}) p50 "
+        f"{pct(old_warm, 50) * 1e3:.1f} ms  p99 {pct(old_warm, 99) * 1e3:.1f} ms"
+    )
+    print(
+        f"tick: policy tick p50 {pct(warm, 50) * 1e3:.1f} ms  p99 {pct(warm, 99) * 1e3:.1f} ms  "
+        f"max {max(warm) * 1e3:.1f} ms  ({decisions} decisions over {ticks} ticks)"
+    )
     whole = [r + c for r, c in zip(read_cost[2:] or read_cost, warm, strict=False)]
-    print(f"tick: the server's participant read before each tick ({len(parts):,}, "
-          f"app.scheduler.participants_from_ingest) p50 {pct(read_cost, 50) * 1e3:.1f} ms; "
-          f"read + tick p99 {pct(whole, 99) * 1e3:.1f} ms")
-    print(f"tick: ratio with/without the Detection v2 detectors p50 "
-          f"{pct(warm, 50) / pct(old_warm, 50):.2f}x  p99 {pct(warm, 99) / pct(old_warm, 99):.2f}x")
-    print(f"tick: full GC passes during the {ticks} ticks (both engines and the baseline): "
-          f"{len(full_passes) - passes_before}")
-    print(f"tick: ratio tick/baseline {pct(warm, 50) / pct(base, 50):.2f}x   target tick <= 100 ms: "
-          f"{'MET' if pct(warm, 99) <= 0.1 else 'NOT MET'}")
+    print(
+        f"tick: the server's participant read before each tick ({len(parts):,}, "
+        f"app.scheduler.participants_from_ingest) p50 {pct(read_cost, 50) * 1e3:.1f} ms; "
+        f"read + tick p99 {pct(whole, 99) * 1e3:.1f} ms"
+    )
+    print(
+        f"tick: ratio with/without the Detection v2 detectors p50 "
+        f"{pct(warm, 50) / pct(old_warm, 50):.2f}x  p99 {pct(warm, 99) / pct(old_warm, 99):.2f}x"
+    )
+    print(
+        f"tick: full GC passes during the {ticks} ticks (both engines and the baseline): "
+        f"{len(full_passes) - passes_before}"
+    )
+    print(
+        f"tick: ratio tick/baseline {pct(warm, 50) / pct(base, 50):.2f}x   target tick <= 100 ms: "
+        f"{'MET' if pct(warm, 99) <= 0.1 else 'NOT MET'}"
+    )
 
 
 def bench_ingest_share(nodes: int, gpus: int, history: int, rounds: int) -> None:
@@ -218,10 +263,12 @@ def bench_ingest_share(nodes: int, gpus: int, history: int, rounds: int) -> None
         store.extend(batch)
         cost[watched].append(time.perf_counter() - s)
     bare, watched_cost = pct(cost[False], 50), pct(cost[True], 50)
-    print(f"ingest share: store.extend of {len(newest):,} samples (one per series), {rounds} rounds each: "
-          f"no engine p50 {bare * 1e3:.1f} ms, with the engine's standing questions p50 "
-          f"{watched_cost * 1e3:.1f} ms  ({(watched_cost - bare) / len(newest) * 1e6:.2f} us a sample); "
-          f"ratio {watched_cost / bare:.2f}x")
+    print(
+        f"ingest share: store.extend of {len(newest):,} samples (one per series), {rounds} rounds each: "
+        f"no engine p50 {bare * 1e3:.1f} ms, with the engine's standing questions p50 "
+        f"{watched_cost * 1e3:.1f} ms  ({(watched_cost - bare) / len(newest) * 1e6:.2f} us a sample); "
+        f"ratio {watched_cost / bare:.2f}x"
+    )
 
 
 # -- part 2: fault -> task latency ---------------------------------------------------------------
@@ -247,23 +294,44 @@ class Stack:
         (self.dir / "policy.yaml").write_text(yaml.safe_dump(policy))
         from app.policy.policy_file import load_policy
 
-        self.policy = load_policy(self.dir / "policy.yaml")  # the server's, for the baseline's plans
+        self.policy = load_policy(
+            self.dir / "policy.yaml"
+        )  # the server's, for the baseline's plans
         self.port = _free_port()
-        env = {**os.environ, "RLGUARD_DEV": "1", "RLGUARD_DATA_DIR": str(self.dir / "data"),
-               "RLGUARD_RECOVERY_POLICY_FILE": str(self.dir / "policy.yaml"),
-               "RLGUARD_RECOVERY_RUN_ROOT": str(self.dir / "runs"), "PYTHONPATH": str(ROOT),
-               # restart_role succeeds at once (a failed one is retried, a second action per trial)
-               "RLGUARD_RECOVERY_LAUNCHER": shutil.which("true") or "/bin/true"}
+        env = {
+            **os.environ,
+            "RLGUARD_DEV": "1",
+            "RLGUARD_DATA_DIR": str(self.dir / "data"),
+            "RLGUARD_RECOVERY_POLICY_FILE": str(self.dir / "policy.yaml"),
+            "RLGUARD_RECOVERY_RUN_ROOT": str(self.dir / "runs"),
+            "PYTHONPATH": str(ROOT),
+            # restart_role succeeds at once (a failed one is retried, a second action per trial)
+            "RLGUARD_RECOVERY_LAUNCHER": shutil.which("true") or "/bin/true",
+        }
         env.pop("RLGUARD_REDIS_URL", None)
         self.admin_db: str | None = None
         if mode == "redis":
             rport = _free_port()
-            self.procs.append(subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(rport),
-                                                "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        shutil.which("redis-server") or "redis-server",
+                        "--port",
+                        str(rport),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
             env["RLGUARD_REDIS_URL"] = f"redis://127.0.0.1:{rport}/0"
             import sqlalchemy as sa
 
-            admin = os.environ.get("RLGUARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+            admin = os.environ.get(
+                "RLGUARD_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+            )
             name = f"rlg_bench_{uuid.uuid4().hex[:8]}"
             eng = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
             with eng.connect() as c:
@@ -287,10 +355,24 @@ class Stack:
             s.commit()
         rl = str(Path(sys.executable).with_name("rlguard"))
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115
-        self.procs.append(subprocess.Popen([rl, "server", "--host", "127.0.0.1", "--port", str(self.port)],
-                                           env=env, stdout=log, stderr=log, start_new_session=True))
-        self.procs.append(subprocess.Popen([rl, "worker", "--node", "n0", "--cluster", "--loglevel", "WARNING"],
-                                           env=env, stdout=log, stderr=log, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                [rl, "server", "--host", "127.0.0.1", "--port", str(self.port)],
+                env=env,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        )
+        self.procs.append(
+            subprocess.Popen(
+                [rl, "worker", "--node", "n0", "--cluster", "--loglevel", "WARNING"],
+                env=env,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        )
         import httpx
 
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
@@ -305,9 +387,18 @@ class Stack:
 
     def post(self, samples: list[dict], participants: list[dict]) -> float:
         self.seq += 1
-        body = {"agent_id": "bench", "node": "n0", "seq": self.seq, "sent_at": time.time(),
-                "samples": samples, "participants": participants, "fingerprint": None}
-        r = self.http.post("/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {self.token}"})
+        body = {
+            "agent_id": "bench",
+            "node": "n0",
+            "seq": self.seq,
+            "sent_at": time.time(),
+            "samples": samples,
+            "participants": participants,
+            "fingerprint": None,
+        }
+        r = self.http.post(
+            "/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {self.token}"}
+        )
         r.raise_for_status()
         return time.time()
 
@@ -331,12 +422,19 @@ class Stack:
         labels = {"job": job, "role": "trainer", "rank": "0"}
         now = time.time()
         part = [{"job": job, "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 50, "ts": now}]
-        self.post([{"name": m.TRAIN_STEP_FAILURES_TOTAL, "value": 0, "ts": now, "labels": labels}], part)
+        self.post(
+            [{"name": m.TRAIN_STEP_FAILURES_TOTAL, "value": 0, "ts": now, "labels": labels}], part
+        )
         time.sleep(0.3)
         now = time.time()
         part[0]["ts"] = now
-        acked = self.post([{"name": m.TRAIN_STEP_FAILURES_TOTAL, "value": 1, "ts": now, "labels": labels},
-                           {"name": m.TRAIN_LAST_FAILED_STEP, "value": 50, "ts": now, "labels": labels}], part)
+        acked = self.post(
+            [
+                {"name": m.TRAIN_STEP_FAILURES_TOTAL, "value": 1, "ts": now, "labels": labels},
+                {"name": m.TRAIN_LAST_FAILED_STEP, "value": 50, "ts": now, "labels": labels},
+            ],
+            part,
+        )
         started = self.started_at(job)
         return None if started is None else started - acked
 
@@ -344,7 +442,16 @@ class Stack:
         """The event path: a trainer reported by its launcher as EXITED (no window needed)."""
         job = f"exit{i:04d}"
         (self.dir / "runs" / job).mkdir(parents=True, exist_ok=True)
-        part = [{"job": job, "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 50, "ts": time.time()}]
+        part = [
+            {
+                "job": job,
+                "role": "trainer",
+                "rank": 0,
+                "phase": "TRAIN",
+                "step": 50,
+                "ts": time.time(),
+            }
+        ]
         self.post([], part)
         time.sleep(0.3)
         part[0].update(phase="EXITED", ts=time.time())
@@ -367,11 +474,27 @@ class Stack:
         job = f"direct{i:04d}"
         (self.dir / "runs" / job).mkdir(parents=True, exist_ok=True)
         subj = Subject(node="n0", job=job, role="trainer", rank=0)
-        sig = FaultSignal(FaultKind.STEP_FAILED, subj, Evidence(metric=None), Tier.LIGHT, 0.0, step=5)
+        sig = FaultSignal(
+            FaultKind.STEP_FAILED, subj, Evidence(metric=None), Tier.LIGHT, 0.0, step=5
+        )
         act = PlannedAction(ActionName.SKIP_FAILED_STEP, job, "n0", False, {"step": 5})
         with Session(self.engine) as s:
-            out = persist_decisions(s, decisions=[IncidentDecision(DecisionType.OPEN, sig.incident_key,
-                                    sig.kind, subj, Tier.LIGHT, 0.0, sig, (act,))], policy=self.policy)
+            out = persist_decisions(
+                s,
+                decisions=[
+                    IncidentDecision(
+                        DecisionType.OPEN,
+                        sig.incident_key,
+                        sig.kind,
+                        subj,
+                        Tier.LIGHT,
+                        0.0,
+                        sig,
+                        (act,),
+                    )
+                ],
+                policy=self.policy,
+            )
             [aid] = out.new_actions
             mark_dispatched(s, action_id=aid)  # keep the server's dispatcher off this row
             s.commit()
@@ -381,8 +504,14 @@ class Stack:
         if not hasattr(self, "_celery"):
             from app.core.config import Settings
 
-            self._celery = make_celery(Settings(dev=True, database_url=self.url, data_dir=self.dir / "data",
-                                                redis_url=self.env.get("RLGUARD_REDIS_URL")))
+            self._celery = make_celery(
+                Settings(
+                    dev=True,
+                    database_url=self.url,
+                    data_dir=self.dir / "data",
+                    redis_url=self.env.get("RLGUARD_REDIS_URL"),
+                )
+            )
         sent = time.time()
         self._celery.send_task(task_name("skip_failed_step"), args=[aid, key], queue="node.n0")
         started = self.started_at(job)
@@ -430,35 +559,58 @@ def bench_latency(modes: list[str], trials: int, tick: float) -> None:
                         lat.append(x)
                     if (x := stack.exit_trial(i)) is not None:
                         event.append(x)
-                base = [x for x in (stack.direct(i) for i in range(max(5, trials // 3))) if x is not None]
+                base = [
+                    x
+                    for x in (stack.direct(i) for i in range(max(5, trials // 3)))
+                    if x is not None
+                ]
             finally:
                 stack.close()
             if not lat or not base or not event:
                 print(f"latency[{mode}]: no task started (see {stack.dir}/server.log)")
                 continue
-            print(f"latency[{mode}] tick {tick:g}s: tick path (step failure): ingest ack -> task start "
-                  f"p50 {pct(lat, 50) * 1e3:.0f} ms  p99 {pct(lat, 99) * 1e3:.0f} ms  (n={len(lat)}/{trials})")
-            print(f"latency[{mode}]: event path (launcher-seen exit): ingest ack -> task start "
-                  f"p50 {pct(event, 50) * 1e3:.0f} ms  p99 {pct(event, 99) * 1e3:.0f} ms  "
-                  f"max {max(event) * 1e3:.0f} ms  (n={len(event)}/{trials})")
-            print(f"latency[{mode}]: baseline outbox row -> broker -> task start p50 {pct(base, 50) * 1e3:.0f} ms  "
-                  f"p99 {pct(base, 99) * 1e3:.0f} ms  (n={len(base)})")
-            verdict = "" if mode != "redis" else f"   target p99 <= 1 s: {'MET' if pct(lat, 99) <= 1.0 else 'NOT MET'}"
-            print(f"latency[{mode}]: ratio p50 detection-path/baseline {statistics.median(lat) / statistics.median(base):.1f}x{verdict}")
-            print(f"latency[{mode}]: ratio p50 event-path/baseline {statistics.median(event) / statistics.median(base):.1f}x  "
-                  f"event/tick path p99 {pct(event, 99) / pct(lat, 99):.2f}x   target event path p99 <= 150 ms: "
-                  f"{'MET' if pct(event, 99) <= 0.15 else 'NOT MET'}")
+            print(
+                f"latency[{mode}] tick {tick:g}s: tick path (step failure): ingest ack -> task start "
+                f"p50 {pct(lat, 50) * 1e3:.0f} ms  p99 {pct(lat, 99) * 1e3:.0f} ms  (n={len(lat)}/{trials})"
+            )
+            print(
+                f"latency[{mode}]: event path (launcher-seen exit): ingest ack -> task start "
+                f"p50 {pct(event, 50) * 1e3:.0f} ms  p99 {pct(event, 99) * 1e3:.0f} ms  "
+                f"max {max(event) * 1e3:.0f} ms  (n={len(event)}/{trials})"
+            )
+            print(
+                f"latency[{mode}]: baseline outbox row -> broker -> task start p50 {pct(base, 50) * 1e3:.0f} ms  "
+                f"p99 {pct(base, 99) * 1e3:.0f} ms  (n={len(base)})"
+            )
+            verdict = (
+                ""
+                if mode != "redis"
+                else f"   target p99 <= 1 s: {'MET' if pct(lat, 99) <= 1.0 else 'NOT MET'}"
+            )
+            print(
+                f"latency[{mode}]: ratio p50 detection-path/baseline {statistics.median(lat) / statistics.median(base):.1f}x{verdict}"
+            )
+            print(
+                f"latency[{mode}]: ratio p50 event-path/baseline {statistics.median(event) / statistics.median(base):.1f}x  "
+                f"event/tick path p99 {pct(event, 99) / pct(lat, 99):.2f}x   target event path p99 <= 150 ms: "
+                f"{'MET' if pct(event, 99) <= 0.15 else 'NOT MET'}"
+            )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--part", choices=["tick", "ingest-share", "latency", "all"], default="all")
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--history", type=int, default=10)
     ap.add_argument("--ticks", type=int, default=12)
-    ap.add_argument("--arrivals", action="store_true",
-                    help="tick part: a new sample for every series before each tick (agents at 1 s)")
+    ap.add_argument(
+        "--arrivals",
+        action="store_true",
+        help="tick part: a new sample for every series before each tick (agents at 1 s)",
+    )
     ap.add_argument("--trials", type=int, default=15)
     ap.add_argument("--tick", type=float, default=1.0, help="policy tick for the latency part (s)")
     ap.add_argument("--modes", default="redis,embedded")

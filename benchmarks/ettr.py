@@ -295,7 +295,7 @@ def main() -> int:
         value = engine[0].partition("=")[2] or (argv[at + 1] if at + 1 < len(argv) else "")
         if value != "vllm":
             sys.exit(f"--rollout-engine {value!r}: only vllm has a benchmark of its own")
-        rest = argv[:at] + argv[at + (1 if "=" in engine[0] else 2):]
+        rest = argv[:at] + argv[at + (1 if "=" in engine[0] else 2) :]
         import _ettr_vllm
 
         return _ettr_vllm.main(rest)

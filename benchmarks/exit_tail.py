@@ -60,8 +60,13 @@ def _env() -> dict[str, str]:
 def baseline(work: Path, nbytes: int) -> float:
     script, result = work / "child.py", work / "base.mbps"
     with open(work / "base.log", "ab") as log:
-        subprocess.run([sys.executable, str(script), str(nbytes), str(result)], stdout=log,
-                       stderr=log, check=False, timeout=600)
+        subprocess.run(
+            [sys.executable, str(script), str(nbytes), str(result)],
+            stdout=log,
+            stderr=log,
+            check=False,
+            timeout=600,
+        )
     return float(result.read_text())
 
 
@@ -76,9 +81,24 @@ def under_launcher(work: Path, nbytes: int, name: str) -> tuple[float, int, str 
     """(child MB/s, launcher VmHWM in kB once it handled the exit, the cause it found)."""
     script, result, run_dir = work / "child.py", work / f"{name}.mbps", work / name
     proc = subprocess.Popen(
-        [sys.executable, "-m", "integrations.launch", "--run-dir", str(run_dir), "--role",
-         "trainer", "--", sys.executable, str(script), str(nbytes), str(result)],
-        cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "integrations.launch",
+            "--run-dir",
+            str(run_dir),
+            "--role",
+            "trainer",
+            "--",
+            sys.executable,
+            str(script),
+            str(nbytes),
+            str(result),
+        ],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     beat = run_dir / "heartbeat" / "trainer-0.json"
@@ -117,15 +137,21 @@ def main() -> int:
         _, small, _ = under_launcher(work, 1024 * 1024, "small")
         _, big, _ = under_launcher(work, nbytes, "big")
     b, o = statistics.median(base), statistics.median(ours)
-    print(f"child throughput, baseline (stdout to a file): median {b:,.0f} MB/s "
-          f"({', '.join(f'{x:,.0f}' for x in base)})")
-    print(f"child throughput, under rlguard launch:        median {o:,.0f} MB/s "
-          f"({', '.join(f'{x:,.0f}' for x in ours)})")
+    print(
+        f"child throughput, baseline (stdout to a file): median {b:,.0f} MB/s "
+        f"({', '.join(f'{x:,.0f}' for x in base)})"
+    )
+    print(
+        f"child throughput, under rlguard launch:        median {o:,.0f} MB/s "
+        f"({', '.join(f'{x:,.0f}' for x in ours)})"
+    )
     print(f"ratio rlguard / baseline: {o / b:.3f} (target >= 0.95)")
     print(f"cause found: {sorted(str(c) for c in causes)}")
-    print(f"launcher peak memory (VmHWM): {small / 1024:.1f} MiB after 1 MB of child output, "
-          f"{big / 1024:.1f} MiB after {args.mb} MB (difference {(big - small) / 1024:+.1f} MiB; "
-          f"target under 8 MiB)")
+    print(
+        f"launcher peak memory (VmHWM): {small / 1024:.1f} MiB after 1 MB of child output, "
+        f"{big / 1024:.1f} MiB after {args.mb} MB (difference {(big - small) / 1024:+.1f} MiB; "
+        f"target under 8 MiB)"
+    )
     return 0
 
 

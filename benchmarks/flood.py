@@ -54,7 +54,7 @@ from benchmarks.ingest import (  # noqa: E402
 TS_PLACEHOLDER = b"1000000000.5"
 # APScheduler's warnings when the tick job overran its interval (one instance at a time) or
 # started too late: each is a tick that did not run on time, for every node.
-SKIPPED_TICK = re.compile(r'(skipped: maximum number of running instances|was missed by)')
+SKIPPED_TICK = re.compile(r"(skipped: maximum number of running instances|was missed by)")
 TICK_JOB = 'job "tick '
 
 
@@ -70,8 +70,14 @@ def calm_client(port: int, token: str, node: str, rate: float, stop_at: float, q
         body = (prefix + str(seq).encode() + suffix).replace(TS_PLACEHOLDER, repr(now).encode())
         doc = orjson.loads(body)
         doc["participants"] = [
-            {"job": "calm-job", "role": "trainer", "rank": r, "phase": "TRAIN", "step": 10,
-             "ts": now}
+            {
+                "job": "calm-job",
+                "role": "trainer",
+                "rank": r,
+                "phase": "TRAIN",
+                "step": 10,
+                "ts": now,
+            }
             for r in range(8)
         ]
         t0 = time.perf_counter()
@@ -100,15 +106,25 @@ def flood_bodies(node: str, i: int) -> dict:
         ]
     elif kind == 1:  # 5,000 new GPU ids of one metric
         doc["samples"] = [
-            {"name": "gpu_utilization_ratio", "value": 0.5, "ts": now,
-             "labels": {"gpu": f"{i}-{g}"}}
+            {
+                "name": "gpu_utilization_ratio",
+                "value": 0.5,
+                "ts": now,
+                "labels": {"gpu": f"{i}-{g}"},
+            }
             for g in range(5000)
         ]
     else:  # 240 exited processes in 15 new jobs: an incident each, were it not for the budget
         doc["samples"] = []
         doc["participants"] = [
-            {"job": f"flood-{i}-{j}", "role": "rollout", "rank": r, "phase": "EXITED",
-             "step": 3, "ts": now}
+            {
+                "job": f"flood-{i}-{j}",
+                "role": "rollout",
+                "rank": r,
+                "phase": "EXITED",
+                "step": 3,
+                "ts": now,
+            }
             for j in range(15)
             for r in range(16)
         ]
@@ -191,30 +207,48 @@ def p99(sorted_values: list[float]) -> float:
 FLOOD_KINDS = ("5,000 new series", "5,000 new GPU ids", "240 exited processes")
 
 
-def _slowest(calm: list[tuple[float, float]], flood: list[tuple[float, float, int, int]],
-             count: int = 4) -> list[str]:
+def _slowest(
+    calm: list[tuple[float, float]], flood: list[tuple[float, float, int, int]], count: int = 4
+) -> list[str]:
     """The calm node's slowest requests, each with the flooder's requests that were in the
     server at the same time (where a p99 comes from)."""
     out = []
     for start, took in sorted(calm, key=lambda x: -x[1])[:count]:
-        beside = [f"{status} {FLOOD_KINDS[kind]} ({f_took * 1000:.0f} ms)"
-                  for f_start, f_took, status, kind in flood
-                  if f_start < start + took and start < f_start + f_took]
-        out.append(f"{took * 1000:.1f} ms; flooder's requests beside it: "
-                   f"{', '.join(beside) or 'none'}")
+        beside = [
+            f"{status} {FLOOD_KINDS[kind]} ({f_took * 1000:.0f} ms)"
+            for f_start, f_took, status, kind in flood
+            if f_start < start + took and start < f_start + f_took
+        ]
+        out.append(
+            f"{took * 1000:.1f} ms; flooder's requests beside it: {', '.join(beside) or 'none'}"
+        )
     return out
 
 
-def window(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Namespace,
-           seconds: float, *, flood: bool) -> dict:
+def window(
+    port: int,
+    server_pid: int,
+    tokens: dict[str, str],
+    args: argparse.Namespace,
+    seconds: float,
+    *,
+    flood: bool,
+) -> dict:
     """One window: the calm node alone, or beside the flooder. Raw figures; see ``summary``."""
     stop_at = time.time() + seconds
     q: mp.Queue = mp.Queue()
-    procs = [mp.Process(target=calm_client,
-                        args=(port, tokens["calm"], "calm", args.calm_rate, stop_at, q))]
+    procs = [
+        mp.Process(
+            target=calm_client, args=(port, tokens["calm"], "calm", args.calm_rate, stop_at, q)
+        )
+    ]
     if flood:
-        procs.append(mp.Process(target=flood_client,
-                                args=(port, tokens["flood"], "flood", args.flood_rps, stop_at, q)))
+        procs.append(
+            mp.Process(
+                target=flood_client,
+                args=(port, tokens["flood"], "flood", args.flood_rps, stop_at, q),
+            )
+        )
     cpu0, t0 = process_cpu_seconds(server_pid), time.monotonic()
     for p in procs:
         p.start()
@@ -227,10 +261,13 @@ def window(port: int, server_pid: int, tokens: dict[str, str], args: argparse.Na
     for p in procs:
         p.join(30)
     return {
-        "calm": results["calm"][0], "calm_errors": Counter(results["calm"][1]),
+        "calm": results["calm"][0],
+        "calm_errors": Counter(results["calm"][1]),
         "flood": results.get("flood", ([], {}))[0],
         "flood_answers": Counter(results.get("flood", ([], {}))[1]),
-        "rss_peak_mib": peak, "cpu_s": cpu, "wall_s": time.monotonic() - t0,
+        "rss_peak_mib": peak,
+        "cpu_s": cpu,
+        "wall_s": time.monotonic() - t0,
     }
 
 
@@ -263,18 +300,39 @@ def _ms_list(values: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seconds", type=float, default=60.0,
-                    help="idle seconds and flood seconds, each in all (split over --rounds)")
-    ap.add_argument("--rounds", type=int, default=6,
-                    help="alternating idle and flood windows of seconds/rounds each")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=60.0,
+        help="idle seconds and flood seconds, each in all (split over --rounds)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="alternating idle and flood windows of seconds/rounds each",
+    )
     ap.add_argument("--calm-rate", type=float, default=10.0, help="calm node's batches per second")
-    ap.add_argument("--flood-rps", type=float, default=19.0,
-                    help="flooder's requests per second (default: under the 20/s token limit)")
-    ap.add_argument("--rss-bound-mib", type=float, default=256.0,
-                    help="the flood may add at most this much to the server's idle RSS")
+    ap.add_argument(
+        "--flood-rps",
+        type=float,
+        default=19.0,
+        help="flooder's requests per second (default: under the 20/s token limit)",
+    )
+    ap.add_argument(
+        "--rss-bound-mib",
+        type=float,
+        default=256.0,
+        help="the flood may add at most this much to the server's idle RSS",
+    )
     ap.add_argument("--database-url", default=None)
-    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
-                    help="a setting for the server, e.g. RLGUARD_NODE_QUOTAS__MAX_SERIES=2000")
+    ap.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the server, e.g. RLGUARD_NODE_QUOTAS__MAX_SERIES=2000",
+    )
     args = ap.parse_args()
 
     from sqlmodel import Session
@@ -298,21 +356,43 @@ def main() -> None:
         engine.dispose()
         port = free_port()
         log = tmp / "server.log"
-        env = {**os.environ, "RLGUARD_DATABASE_URL": url, "RLGUARD_DATA_DIR": str(tmp),
-               "RLGUARD_DEV": "1", "RLGUARD_LOG_LEVEL": "warning",
-               **dict(item.split("=", 1) for item in args.server_env)}
+        env = {
+            **os.environ,
+            "RLGUARD_DATABASE_URL": url,
+            "RLGUARD_DATA_DIR": str(tmp),
+            "RLGUARD_DEV": "1",
+            "RLGUARD_LOG_LEVEL": "warning",
+            **dict(item.split("=", 1) for item in args.server_env),
+        }
         with log.open("wb") as log_file:
             server = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "app.main:create_app_from_env", "--factory",
-                 "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-                 "--log-level", "warning"],
-                env=env, cwd=ROOT, start_new_session=True, stdout=log_file, stderr=log_file,
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "app.main:create_app_from_env",
+                    "--factory",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--no-access-log",
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+                stdout=log_file,
+                stderr=log_file,
             )
         try:
             wait_ready(port, server)
             print(f"== flood from one node token ({url.split(':', 1)[0]}, run {run})")
-            print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
-                  "(latencies mean little when it is well above the CPU count)")
+            print(
+                f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+                "(latencies mean little when it is well above the CPU count)"
+            )
             window(port, server.pid, tokens, args, 3.0, flood=False)  # the calm node's series exist
             idle_rss = rss_mib(server.pid)
             # Idle and flood windows alternate and each kind is pooled: this VM's own noise
@@ -324,8 +404,16 @@ def main() -> None:
             for _ in range(args.rounds):
                 for flooding in (False, True):
                     before = skipped_ticks(log)
-                    windows[flooding].append(window(port, server.pid, tokens, args,
-                                                    args.seconds / args.rounds, flood=flooding))
+                    windows[flooding].append(
+                        window(
+                            port,
+                            server.pid,
+                            tokens,
+                            args,
+                            args.seconds / args.rounds,
+                            flood=flooding,
+                        )
+                    )
                     skipped[flooding] += skipped_ticks(log) - before
             idle, flood = summary(windows[False]), summary(windows[True])
             skipped_idle, skipped_flood = skipped[False], skipped[True]
@@ -338,20 +426,30 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(server.pid, signal.SIGKILL)
         ratio = flood["p99_ms"] / idle["p99_ms"]
-        print(f"calm node, idle : p50 {idle['p50_ms']:.1f} ms, p99 {idle['p99_ms']:.1f} ms "
-              f"({idle['requests']} requests, errors {idle['calm_errors'] or 0})")
-        print(f"calm node, flood: p50 {flood['p50_ms']:.1f} ms, p99 {flood['p99_ms']:.1f} ms "
-              f"({flood['requests']} requests, errors {flood['calm_errors'] or 0})")
-        print(f"ratio p99 flood/idle: {ratio:.2f}x (target <= 2.0: "
-              f"{'met' if ratio <= 2.0 else 'NOT met'})")
+        print(
+            f"calm node, idle : p50 {idle['p50_ms']:.1f} ms, p99 {idle['p99_ms']:.1f} ms "
+            f"({idle['requests']} requests, errors {idle['calm_errors'] or 0})"
+        )
+        print(
+            f"calm node, flood: p50 {flood['p50_ms']:.1f} ms, p99 {flood['p99_ms']:.1f} ms "
+            f"({flood['requests']} requests, errors {flood['calm_errors'] or 0})"
+        )
+        print(
+            f"ratio p99 flood/idle: {ratio:.2f}x (target <= 2.0: "
+            f"{'met' if ratio <= 2.0 else 'NOT met'})"
+        )
         print(f"p99 per window, idle : {_ms_list(idle['per_window_p99_ms'])}")
         print(f"p99 per window, flood: {_ms_list(flood['per_window_p99_ms'])}")
         growth = flood["rss_peak_mib"] - idle_rss
-        print(f"server RSS: idle {idle_rss:.0f} MiB, peak during flood {flood['rss_peak_mib']:.0f} "
-              f"MiB, end {end_rss:.0f} MiB; growth {growth:.0f} MiB (bound {args.rss_bound_mib:g}: "
-              f"{'met' if growth <= args.rss_bound_mib else 'NOT met'})")
-        print(f"server CPU (all threads, cores busy): idle {idle['server_busy']:.2f}, "
-              f"flood {flood['server_busy']:.2f}")
+        print(
+            f"server RSS: idle {idle_rss:.0f} MiB, peak during flood {flood['rss_peak_mib']:.0f} "
+            f"MiB, end {end_rss:.0f} MiB; growth {growth:.0f} MiB (bound {args.rss_bound_mib:g}: "
+            f"{'met' if growth <= args.rss_bound_mib else 'NOT met'})"
+        )
+        print(
+            f"server CPU (all threads, cores busy): idle {idle['server_busy']:.2f}, "
+            f"flood {flood['server_busy']:.2f}"
+        )
         print(f"policy ticks skipped: idle {skipped_idle}, flood {skipped_flood} (target 0)")
         print(f"flooder's answers: {dict(sorted(flood['flood_answers'].items()))}")
         for name, ph in (("idle", idle), ("flood", flood)):

@@ -89,8 +89,10 @@ def checkpoint_figures(size_mb: int, repeat: int, scratch: Path) -> None:
     torch_save_fsync(state, torch_path)
     baseline = best_of(repeat, lambda: torch_save_fsync(state, torch_path))
     print(f"  torch.save + fsync            min {baseline[0]:.3f} s  median {baseline[1]:.3f} s")
-    print(f"  bare D2H copy, pinned         min {floor[0]:.3f} s  median {floor[1]:.3f} s"
-          f"  ({nbytes / floor[0] / 1e9:.1f} GB/s)")
+    print(
+        f"  bare D2H copy, pinned         min {floor[0]:.3f} s  median {floor[1]:.3f} s"
+        f"  ({nbytes / floor[0] / 1e9:.1f} GB/s)"
+    )
     engines = {}
     for label, pinned in (("pinned", True), ("pageable", False)):
         engine = CheckpointEngine(scratch / label, pin_memory=pinned, keep=2)
@@ -107,9 +109,11 @@ def checkpoint_figures(size_mb: int, repeat: int, scratch: Path) -> None:
 
         save()  # the first save allocates (and faults in) the host buffers
         blocking = best_of(repeat, save)
-        print(f"  engine.save blocking, {label:8s} min {blocking[0]:.3f} s  median {blocking[1]:.3f} s"
-              f"  -> {baseline[1] / blocking[1]:.1f}x shorter than torch.save (median),"
-              f" {floor[1] / blocking[1]:.2f}x of the bare copy's speed")
+        print(
+            f"  engine.save blocking, {label:8s} min {blocking[0]:.3f} s  median {blocking[1]:.3f} s"
+            f"  -> {baseline[1] / blocking[1]:.1f}x shorter than torch.save (median),"
+            f" {floor[1] / blocking[1]:.2f}x of the bare copy's speed"
+        )
 
     reference = tensors[0]
 
@@ -139,9 +143,11 @@ def checkpoint_figures(size_mb: int, repeat: int, scratch: Path) -> None:
         ratios.append(base / ours)
         bases.append(base)
         ours_all.append(ours)
-    print(f"  restore to GPU: torch.load median {statistics.median(bases):.3f} s, latest()+load()"
-          f" median {statistics.median(ours_all):.3f} s; ratio min {min(ratios):.2f}x"
-          f"  median {statistics.median(ratios):.2f}x  max {max(ratios):.2f}x  (target >= 1.0x)")
+    print(
+        f"  restore to GPU: torch.load median {statistics.median(bases):.3f} s, latest()+load()"
+        f" median {statistics.median(ours_all):.3f} s; ratio min {min(ratios):.2f}x"
+        f"  median {statistics.median(ratios):.2f}x  max {max(ratios):.2f}x  (target >= 1.0x)"
+    )
 
 
 def transfer_figures(size_mb: int, repeat: int) -> None:
@@ -167,8 +173,10 @@ def transfer_figures(size_mb: int, repeat: int) -> None:
 
     bare_copies()
     floor = best_of(repeat, bare_copies)
-    print(f"transfer: {nbytes / GIB:.2f} GiB of bf16 weights GPU -> GPU; bare D2H + H2D copies"
-          f" median {floor[1]:.3f} s")
+    print(
+        f"transfer: {nbytes / GIB:.2f} GiB of bf16 weights GPU -> GPU; bare D2H + H2D copies"
+        f" median {floor[1]:.3f} s"
+    )
     specs = [TensorSpec.of(k, v.cpu()) for k, v in weights.items()]
     for kind in ("tcp", "ucx"):
         try:
@@ -178,12 +186,18 @@ def transfer_figures(size_mb: int, repeat: int) -> None:
             continue
         registry = InMemoryRegistry()
         publisher = WeightPublisher("bench", transport=transport, registry=registry)
-        receiver = WeightReceiver("bench", specs, transport=transport, registry=registry, timeout=60)
+        receiver = WeightReceiver(
+            "bench", specs, transport=transport, registry=registry, timeout=60
+        )
         version = [0]
         stages: dict[str, list[float]] = {"publish": [], "pull": [], "to GPU": []}
 
-        def one(publisher: WeightPublisher = publisher, receiver: WeightReceiver = receiver,
-                version: list[int] = version, stages: dict[str, list[float]] = stages) -> float:
+        def one(
+            publisher: WeightPublisher = publisher,
+            receiver: WeightReceiver = receiver,
+            version: list[int] = version,
+            stages: dict[str, list[float]] = stages,
+        ) -> float:
             version[0] += 1
             t0 = time.perf_counter()
             publication = publisher.publish(version[0], weights)
@@ -213,11 +227,17 @@ def transfer_figures(size_mb: int, repeat: int) -> None:
         finally:
             receiver.close()
             publisher.close()
-        print(f"  {kind}: publish + pull + H2D min {ours[0]:.3f} s  median {ours[1]:.3f} s"
-              f"  ({nbytes / ours[1] / 1e9:.2f} GB/s; bare copies / ours {floor[1] / ours[1]:.2f}x)")
-        print(f"  {kind}: medians per stage: " + ", ".join(
-            f"{stage} {statistics.median(seconds):.3f} s" for stage, seconds in stages.items()
-        ) + " (publish = stage to pinned memory + checksum every chunk)")
+        print(
+            f"  {kind}: publish + pull + H2D min {ours[0]:.3f} s  median {ours[1]:.3f} s"
+            f"  ({nbytes / ours[1] / 1e9:.2f} GB/s; bare copies / ours {floor[1] / ours[1]:.2f}x)"
+        )
+        print(
+            f"  {kind}: medians per stage: "
+            + ", ".join(
+                f"{stage} {statistics.median(seconds):.3f} s" for stage, seconds in stages.items()
+            )
+            + " (publish = stage to pinned memory + checksum every chunk)"
+        )
 
 
 def main() -> None:

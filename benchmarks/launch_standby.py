@@ -60,32 +60,81 @@ def run_way(workdir: Path, warm: bool, rounds: int) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_DISABLE_TELEMETRY": "1"}
     extra = ["--standby", "--preload", _preload()] if warm else []
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "integrations.launch", "--run-dir", str(run_dir), "--role",
-         "trainer", "--backoff", "0", *extra, "--", sys.executable, str(SCRIPT)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "integrations.launch",
+            "--run-dir",
+            str(run_dir),
+            "--role",
+            "trainer",
+            "--backoff",
+            "0",
+            *extra,
+            "--",
+            sys.executable,
+            str(SCRIPT),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
     )
     times = []
     try:
         for r in range(rounds):
             _wait(lambda: _beat(run_dir).get("phase") == "TRAIN", 300, "the script to train")
             if warm:
-                _wait(lambda r=r: len([e for e in read_events(run_dir / "events.jsonl")
-                                       if e["kind"] == "standby_ready"]) > r, 300, "a warm standby")
+                _wait(
+                    lambda r=r: (
+                        len(
+                            [
+                                e
+                                for e in read_events(run_dir / "events.jsonl")
+                                if e["kind"] == "standby_ready"
+                            ]
+                        )
+                        > r
+                    ),
+                    300,
+                    "a warm standby",
+                )
             os.kill(int(_beat(run_dir)["pid"]), signal.SIGKILL)
             _wait(lambda: _beat(run_dir).get("phase") == "EXITED", 30, "the exit")
             asked = time.monotonic()
             hook = subprocess.run(
-                [sys.executable, "-m", "integrations.launch", "hook", "restart_role", "--job",
-                 run_dir.name, "--run-root", str(workdir), "--role", "trainer",
-                 "--idempotency-key", f"bench/{r}"],
-                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "integrations.launch",
+                    "hook",
+                    "restart_role",
+                    "--job",
+                    run_dir.name,
+                    "--run-root",
+                    str(workdir),
+                    "--role",
+                    "trainer",
+                    "--idempotency-key",
+                    f"bench/{r}",
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
             )
             if not json.loads(hook.stdout)["ok"]:
                 raise SystemExit(f"the launcher refused the restart: {hook.stdout}")
             pid = _spawned_pid(run_dir, r + 2)
-            _wait(lambda pid=pid: _beat(run_dir).get("pid") == pid
-                  and _beat(run_dir).get("phase") == "TRAIN",
-                  300, "the restarted script's first heartbeat")
+            _wait(
+                lambda pid=pid: (
+                    _beat(run_dir).get("pid") == pid and _beat(run_dir).get("phase") == "TRAIN"
+                ),
+                300,
+                "the restarted script's first heartbeat",
+            )
             times.append(time.monotonic() - asked)
             print(f"  {'warm' if warm else 'cold'} round {r + 1}: {times[-1]:.2f} s", flush=True)
         (run_dir / "stop").touch()
@@ -113,8 +162,10 @@ def main() -> int:
         cold = run_way(Path(tmp), warm=False, rounds=args.rounds)
         warm = run_way(Path(tmp), warm=True, rounds=args.rounds)
     c, w = statistics.median(cold), statistics.median(warm)
-    print(f"restart request -> first heartbeat, median of {args.rounds}: "
-          f"cold {c:.2f} s, warm standby {w:.2f} s, warm / cold = {w / c:.2f}")
+    print(
+        f"restart request -> first heartbeat, median of {args.rounds}: "
+        f"cold {c:.2f} s, warm standby {w:.2f} s, warm / cold = {w / c:.2f}"
+    )
     return 0
 
 

@@ -64,9 +64,15 @@ def record(path: Path) -> None:
     from tests.conftest import free_port
 
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1", dashboard_port=port,
-             object_store_memory=80 * 1024 * 1024, logging_level="ERROR",
-             _temp_dir=tempfile.mkdtemp(prefix="rlgray-", dir="/tmp"))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
+        dashboard_port=port,
+        object_store_memory=80 * 1024 * 1024,
+        logging_level="ERROR",
+        _temp_dir=tempfile.mkdtemp(prefix="rlgray-", dir="/tmp"),
+    )
     try:
         from tests.integration.ray.actors import WorkerDict, vLLMHttpServer
 
@@ -155,8 +161,10 @@ def main() -> int:
     print(f"actors: {args.actors}, rounds: {args.rounds} (median per answer)")
     print(f"collector (records + verl mapping + phases + samples): {got['collector_ms']:.2f} ms")
     print(f"baseline (json decode of the same answer):             {got['baseline_ms']:.2f} ms")
-    print(f"collector / baseline: {ratio:.2f}x; target < {TARGET_MS:g} ms: "
-          f"{'met' if got['collector_ms'] < TARGET_MS else 'NOT met'}")
+    print(
+        f"collector / baseline: {ratio:.2f}x; target < {TARGET_MS:g} ms: "
+        f"{'met' if got['collector_ms'] < TARGET_MS else 'NOT met'}"
+    )
     return 0
 
 

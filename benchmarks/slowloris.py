@@ -93,8 +93,10 @@ def still_open(socks: list[socket.socket]) -> int:
 
 def quantiles(took: list[float]) -> str:
     q = statistics.quantiles(took, n=100, method="inclusive")
-    return (f"p50 {q[49] * 1000:7.2f} ms  p99 {q[98] * 1000:7.2f} ms  "
-            f"slowest {max(took) * 1000:7.2f} ms")
+    return (
+        f"p50 {q[49] * 1000:7.2f} ms  p99 {q[98] * 1000:7.2f} ms  "
+        f"slowest {max(took) * 1000:7.2f} ms"
+    )
 
 
 def main() -> None:
@@ -106,14 +108,23 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="rlguard-slowloris-"))
     url = f"sqlite:///{work / 'rlguard.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
-    env.update(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(work / "data"), RLGUARD_DATABASE_URL=url,
-               PYTHONPATH=str(ROOT))
+    env.update(
+        RLGUARD_DEV="1",
+        RLGUARD_DATA_DIR=str(work / "data"),
+        RLGUARD_DATABASE_URL=url,
+        PYTHONPATH=str(ROOT),
+    )
     rlguard = str(Path(sys.executable).with_name("rlguard"))
     subprocess.run([rlguard, "db", "upgrade"], env=env, check=True, capture_output=True)
     port = free_port()
     log = (work / "server.log").open("wb")
-    proc = subprocess.Popen([rlguard, "server", "--port", str(port)], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [rlguard, "server", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     socks: list[socket.socket] = []
     try:
         wait_ready(port, proc)
@@ -128,8 +139,10 @@ def main() -> None:
         ready = probe(port, "127.0.0.2", "/readyz")[0]
         kept = still_open(socks)
         fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
-        print(f"attack  {args.connections} half-open from 127.0.0.1 opened in {opened:.1f} s; "
-              f"the server kept {kept}, closed {args.connections - kept}; its open fds: {fds}")
+        print(
+            f"attack  {args.connections} half-open from 127.0.0.1 opened in {opened:.1f} s; "
+            f"the server kept {kept}, closed {args.connections - kept}; its open fds: {fds}"
+        )
         print(f"attack  /healthz from 127.0.0.2: {dict(attack_status)}  {quantiles(attack)}")
         print(f"attack  /healthz from 127.0.0.1: {dict(same_status)}  {quantiles(same)}")
         print(f"attack  /readyz from 127.0.0.2: {ready}")
@@ -140,8 +153,10 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
-            print(f"stop    SIGTERM under the attack: gone after {time.perf_counter() - started:.1f} s "
-                  f"(exit {proc.returncode})")
+            print(
+                f"stop    SIGTERM under the attack: gone after {time.perf_counter() - started:.1f} s "
+                f"(exit {proc.returncode})"
+            )
         except subprocess.TimeoutExpired:
             print("stop    SIGTERM under the attack: still running after 60 s")
     finally:

@@ -161,13 +161,28 @@ def child_node(args: argparse.Namespace) -> None:
     egress = args.egress or None
     node: WeightPublisher | WeightReceiver
     if args.node == "publisher":
-        node = WeightPublisher(NAME, transport=transport, registry=registry, host=args.host,
-                               chunk_bytes=args.chunk_bytes, egress_bytes_per_s=egress,
-                               lease_s=30, poll_interval=0.01)
+        node = WeightPublisher(
+            NAME,
+            transport=transport,
+            registry=registry,
+            host=args.host,
+            chunk_bytes=args.chunk_bytes,
+            egress_bytes_per_s=egress,
+            lease_s=30,
+            poll_interval=0.01,
+        )
     else:
-        node = WeightReceiver(NAME, set_specs(args.bytes), transport=transport, registry=registry,
-                              host=args.host, use_relays=args.relays, timeout=30, poll_interval=0.01,
-                              egress_bytes_per_s=egress)
+        node = WeightReceiver(
+            NAME,
+            set_specs(args.bytes),
+            transport=transport,
+            registry=registry,
+            host=args.host,
+            use_relays=args.relays,
+            timeout=30,
+            poll_interval=0.01,
+            egress_bytes_per_s=egress,
+        )
     emit(event="ready", address=node.address)
     sets: dict[int, dict[str, torch.Tensor]] = {}
     spare: dict[str, torch.Tensor] = {}
@@ -188,14 +203,23 @@ def child_node(args: argparse.Namespace) -> None:
             sets[version] = tensors
             publication = node.publish(version, tensors)
             emit(event="published", version=version)
-            threading.Thread(target=lambda p=publication: (p.wait_committed(timeout=600),
-                                                           emit(event="committed", version=p.version)),
-                             daemon=True).start()
+            threading.Thread(
+                target=lambda p=publication: (
+                    p.wait_committed(timeout=600),
+                    emit(event="committed", version=p.version),
+                ),
+                daemon=True,
+            ).start()
         elif command == "pull" and isinstance(node, WeightReceiver):
             report = node.pull(version, timeout=600)
-            emit(event="pulled", version=version, seconds=report.seconds,
-                 transfer_seconds=report.transfer_seconds, end=time.time(),
-                 sources=len(report.chunks_by_source))
+            emit(
+                event="pulled",
+                version=version,
+                seconds=report.seconds,
+                transfer_seconds=report.transfer_seconds,
+                end=time.time(),
+                sources=len(report.chunks_by_source),
+            )
 
 
 class Child:
@@ -204,7 +228,11 @@ class Child:
     def __init__(self, argv: list[str], prefix: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [*(prefix or []), sys.executable, str(Path(__file__).resolve()), *argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -271,8 +299,20 @@ class RawTcp:
         self.buffer = torch.ones(nbytes, dtype=torch.uint8)  # pages faulted in, like warm slots
         self.view = self.buffer.numpy().data
         self.server = socket.create_server(("127.0.0.1", 0))
-        kids.append(Child(["--child", "raw-sender", "--bytes", str(nbytes), "--repeat", str(rounds),
-                           "--port", str(self.server.getsockname()[1])]))
+        kids.append(
+            Child(
+                [
+                    "--child",
+                    "raw-sender",
+                    "--bytes",
+                    str(nbytes),
+                    "--repeat",
+                    str(rounds),
+                    "--port",
+                    str(self.server.getsockname()[1]),
+                ]
+            )
+        )
         self.server.settimeout(120)
         self.conn, _ = self.server.accept()
         self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -332,8 +372,20 @@ class RawUcx:
         self.chunk_bytes = chunk_bytes
         self.buffer = torch.ones(nbytes, dtype=torch.uint8)
         self.view = self.buffer.numpy().data
-        kids.append(Child(["--child", "ucxx-sender", "--bytes", str(nbytes), "--repeat", str(rounds),
-                           "--chunk-bytes", str(chunk_bytes)]))
+        kids.append(
+            Child(
+                [
+                    "--child",
+                    "ucxx-sender",
+                    "--bytes",
+                    str(nbytes),
+                    "--repeat",
+                    str(rounds),
+                    "--chunk-bytes",
+                    str(chunk_bytes),
+                ]
+            )
+        )
         port = kids[-1].wait("ready", timeout=120)["port"]
         self._transport = UcxTransport()
         self._loop = self._transport._loop
@@ -391,8 +443,15 @@ def part_throughput(transport: str, args: argparse.Namespace) -> None:
             return
     registry = RegistryServer(InMemoryRegistry())
     client = RegistryClient(registry.address)
-    recv = WeightReceiver(NAME, set_specs(nbytes), transport=make_transport(transport), registry=client,
-                          timeout=60, poll_interval=0.005, verify_threads=args.verify_threads)
+    recv = WeightReceiver(
+        NAME,
+        set_specs(nbytes),
+        transport=make_transport(transport),
+        registry=client,
+        timeout=60,
+        poll_interval=0.005,
+        verify_threads=args.verify_threads,
+    )
     raw: RawTcp | RawShm | RawUcx | None = None
     raw_s: list[float] = []
     data_s: list[float] = []
@@ -406,9 +465,22 @@ def part_throughput(transport: str, args: argparse.Namespace) -> None:
     rounds = args.repeat + warmup
     try:
         with children() as kids:
-            pub = Child(["--child", "node", "--node", "publisher", "--transport", transport,
-                         "--registry", registry.address, "--bytes", str(nbytes),
-                         "--chunk-bytes", str(args.chunk_mib * MiB)])
+            pub = Child(
+                [
+                    "--child",
+                    "node",
+                    "--node",
+                    "publisher",
+                    "--transport",
+                    transport,
+                    "--registry",
+                    registry.address,
+                    "--bytes",
+                    str(nbytes),
+                    "--chunk-bytes",
+                    str(args.chunk_mib * MiB),
+                ]
+            )
             kids.append(pub)
             if transport == "shm":
                 raw = RawShm(nbytes, rounds, kids)
@@ -441,29 +513,42 @@ def part_throughput(transport: str, args: argparse.Namespace) -> None:
 
             ShmTransport(sweep=False).sweep_stale()  # the killed publisher's segments
     target = {"tcp": 0.85, "shm": 0.8, "ucx": 0.8}[transport]
-    name = {"tcp": "raw sendall/recv_into", "ucx": f"bare ucxx send/recv loop ({args.chunk_mib} MiB messages)",
-            "shm": "raw shm memcpy"}[transport]
+    name = {
+        "tcp": "raw sendall/recv_into",
+        "ucx": f"bare ucxx send/recv loop ({args.chunk_mib} MiB messages)",
+        "shm": "raw shm memcpy",
+    }[transport]
     ratios = [r / d for r, d in zip(raw_s, data_s, strict=True)]
     ratios_total = [r / t for r, t in zip(raw_s, total_s, strict=True)]
     gib = nbytes / (1 << 30)
-    print(f"{transport:6s}: {args.size_mib} MiB x {args.repeat} rounds (min/median/max): "
-          f"ours {spread([gbps(nbytes, d) for d in data_s])} GB/s (all chunks verified) vs {name} "
-          f"{spread([gbps(nbytes, r) for r in raw_s])} GB/s -> ratio {spread(ratios)} "
-          f"(incl. commit {spread(ratios_total)}); target >= {target} in every round: "
-          f"{'MET' if min(ratios) >= target else 'NOT MET'}")
-    print(f"{transport:6s}: ratio per round, in order: {' '.join(f'{r:.2f}' for r in ratios)} "
-          f"(seconds, baseline/ours: {' '.join(f'{r:.3f}/{d:.3f}' for r, d in zip(raw_s, data_s, strict=True))})")
-    if transport != "shm":  # shm's checksum rides in its copy (one pass); here it is a pass of its own
+    print(
+        f"{transport:6s}: {args.size_mib} MiB x {args.repeat} rounds (min/median/max): "
+        f"ours {spread([gbps(nbytes, d) for d in data_s])} GB/s (all chunks verified) vs {name} "
+        f"{spread([gbps(nbytes, r) for r in raw_s])} GB/s -> ratio {spread(ratios)} "
+        f"(incl. commit {spread(ratios_total)}); target >= {target} in every round: "
+        f"{'MET' if min(ratios) >= target else 'NOT MET'}"
+    )
+    print(
+        f"{transport:6s}: ratio per round, in order: {' '.join(f'{r:.2f}' for r in ratios)} "
+        f"(seconds, baseline/ours: {' '.join(f'{r:.3f}/{d:.3f}' for r, d in zip(raw_s, data_s, strict=True))})"
+    )
+    if (
+        transport != "shm"
+    ):  # shm's checksum rides in its copy (one pass); here it is a pass of its own
         verify_s = verification_seconds(nbytes, args.chunk_mib * MiB)
-        print(f"{transport:6s}: what verifying costs: the checksum ({DEFAULT_CHECKSUM}) of {args.size_mib} MiB alone, "
-              f"in {args.chunk_mib} MiB chunks, best of 3: {verify_s:.3f} s = "
-              f"{verify_s / statistics.median(raw_s):.2f} x the baseline's median time (ours verifies "
-              "every chunk, the baseline nothing)")
+        print(
+            f"{transport:6s}: what verifying costs: the checksum ({DEFAULT_CHECKSUM}) of {args.size_mib} MiB alone, "
+            f"in {args.chunk_mib} MiB chunks, best of 3: {verify_s:.3f} s = "
+            f"{verify_s / statistics.median(raw_s):.2f} x the baseline's median time (ours verifies "
+            "every chunk, the baseline nothing)"
+        )
     # Wall-clock figures swing with other load on a 2-core machine; CPU time does much less.
     # This process's CPU only: the sender's (a child) is not counted on either side.
     cpu_ratio = [o / r for o, r in zip(cpu_ours, cpu_raw, strict=True)]
-    line = (f"{transport:6s}: receiver CPU seconds per GiB: ours {spread([c / gib for c in cpu_ours], '.3f')} "
-            f"vs {name} {spread([c / gib for c in cpu_raw], '.3f')} -> ours/raw {spread(cpu_ratio)}")
+    line = (
+        f"{transport:6s}: receiver CPU seconds per GiB: ours {spread([c / gib for c in cpu_ours], '.3f')} "
+        f"vs {name} {spread([c / gib for c in cpu_raw], '.3f')} -> ours/raw {spread(cpu_ratio)}"
+    )
     if transport == "shm":
         line += f"; target <= 1.5 in every round: {'MET' if max(cpu_ratio) <= 1.5 else 'NOT MET'}"
     print(line)
@@ -477,8 +562,11 @@ def part_fanout(args: argparse.Namespace) -> None:
     usable, why = _netns.namespaces_available() if not args.no_netns else (False, "--no-netns")
     prefix = f"rlgb-{os.getpid() % 100000}-"
     topology = _netns.Topology(prefix, hosts, args.rate_mbit) if usable else None
-    method = (f"network namespaces + veth + tc tbf {args.rate_mbit} Mbit/s egress per host" if usable
-              else f"transport egress limiter {args.rate_mbit} Mbit/s per server on loopback ({why})")
+    method = (
+        f"network namespaces + veth + tc tbf {args.rate_mbit} Mbit/s egress per host"
+        if usable
+        else f"transport egress limiter {args.rate_mbit} Mbit/s per server on loopback ({why})"
+    )
     print(f"fanout: {args.fanout_mib} MiB set, {args.fanout_chunk_kib} KiB chunks, links: {method}")
     with topology if topology is not None else _nullcontext(), children() as kids:
         if topology is not None:
@@ -497,8 +585,22 @@ def part_fanout(args: argparse.Namespace) -> None:
                 host = topology.ip(i) if topology is not None else "127.0.0.1"
                 prefix_cmd = topology.exec_prefix(topology.ns(i)) if topology is not None else []
                 role = "publisher" if i == 0 else "receiver"
-                argv = ["--child", "node", "--node", role, "--transport", "tcp", "--registry", registry_address,
-                        "--bytes", str(nbytes), "--host", host, "--chunk-bytes", str(args.fanout_chunk_kib * 1024)]
+                argv = [
+                    "--child",
+                    "node",
+                    "--node",
+                    role,
+                    "--transport",
+                    "tcp",
+                    "--registry",
+                    registry_address,
+                    "--bytes",
+                    str(nbytes),
+                    "--host",
+                    host,
+                    "--chunk-bytes",
+                    str(args.fanout_chunk_kib * 1024),
+                ]
                 if topology is None:
                     argv += ["--egress", str(rate)]
                 if not relays:
@@ -523,16 +625,20 @@ def part_fanout(args: argparse.Namespace) -> None:
     print(f"        one link moves the set in {one_link:.2f} s (theory)")
     for mode in ("relays", "trainer"):
         base = results[(mode, counts[0])]
-        row = "  ".join(f"{n}: {results[(mode, n)]:.2f}s ({results[(mode, n)] / base:.2f}x)" for n in counts)
+        row = "  ".join(
+            f"{n}: {results[(mode, n)]:.2f}s ({results[(mode, n)] / base:.2f}x)" for n in counts
+        )
         label = "with relays      " if mode == "relays" else "trainer only     "
         print(f"        {label} {row}")
     top = counts[-1]
     r_ratio = results[("relays", top)] / results[("relays", counts[0])]
     t_ratio = results[("trainer", top)] / results[("trainer", counts[0])]
-    print(f"        {top} receivers vs {counts[0]}: relays {r_ratio:.2f}x (target <= 2), trainer-only {t_ratio:.2f}x "
-          f"(expected ~{top / counts[0]:.0f}x); relays vs trainer-only at {top}: "
-          f"{results[('trainer', top)] / results[('relays', top)]:.2f}x faster -> "
-          f"{'MET' if r_ratio <= 2 else 'NOT MET'}")
+    print(
+        f"        {top} receivers vs {counts[0]}: relays {r_ratio:.2f}x (target <= 2), trainer-only {t_ratio:.2f}x "
+        f"(expected ~{top / counts[0]:.0f}x); relays vs trainer-only at {top}: "
+        f"{results[('trainer', top)] / results[('relays', top)]:.2f}x faster -> "
+        f"{'MET' if r_ratio <= 2 else 'NOT MET'}"
+    )
 
 
 def part_rebuild(args: argparse.Namespace) -> None:
@@ -565,10 +671,12 @@ def part_rebuild(args: argparse.Namespace) -> None:
             full = torch.load(work / "full_at_25.pt", weights_only=True)
             full_s = min(full_s, time.perf_counter() - t0)
         assert all(torch.equal(rebuilt.params[k], full["params"][k]) for k in trained)
-        print(f"rebuild: {args.rebuild_mib} MiB shard, every tensor changed ({info.diff_bytes / MiB:.0f} MiB diff; "
-              f"snapshot written in {snapshot_s:.2f} s): rebuild from checkpoint + snapshot {rebuild_s:.2f} s "
-              f"(incl. loading the base and verifying) vs loading the whole shard saved at that step "
-              f"{full_s:.2f} s -> ratio {rebuild_s / full_s:.2f}x; bit-exact: yes")
+        print(
+            f"rebuild: {args.rebuild_mib} MiB shard, every tensor changed ({info.diff_bytes / MiB:.0f} MiB diff; "
+            f"snapshot written in {snapshot_s:.2f} s): rebuild from checkpoint + snapshot {rebuild_s:.2f} s "
+            f"(incl. loading the base and verifying) vs loading the whole shard saved at that step "
+            f"{full_s:.2f} s -> ratio {rebuild_s / full_s:.2f}x; bit-exact: yes"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -597,20 +705,30 @@ CHILDREN: dict[str, Callable[[argparse.Namespace], None]] = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--parts", default="tcp,shm,ucx,fanout,rebuild")
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--chunk-mib", type=int, default=4)
-    parser.add_argument("--verify-threads", type=int, default=None,
-                        help="the receiver's verifier threads (default: the transport's; 0 = inline)")
+    parser.add_argument(
+        "--verify-threads",
+        type=int,
+        default=None,
+        help="the receiver's verifier threads (default: the transport's; 0 = inline)",
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--fanout-mib", type=int, default=24)
     parser.add_argument("--fanout-chunk-kib", type=int, default=512)
     parser.add_argument("--rate-mbit", type=float, default=200.0)
     parser.add_argument("--receivers", default="1,2,4,8")
-    parser.add_argument("--no-netns", action="store_true", help="use the transport's own rate limiter")
+    parser.add_argument(
+        "--no-netns", action="store_true", help="use the transport's own rate limiter"
+    )
     parser.add_argument("--rebuild-mib", type=int, default=256)
-    parser.add_argument("--cleanup", action="store_true", help="delete namespaces left by a killed run")
+    parser.add_argument(
+        "--cleanup", action="store_true", help="delete namespaces left by a killed run"
+    )
     # Children (internal).
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)

@@ -164,9 +164,7 @@ def plan(argv: list[str]) -> LaunchPlan:
     """Check ``argv``; exits 2 with one line naming the bad value (nothing started)."""
     p = _parser()
     args = p.parse_args(argv)
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = list(args.command[1:] if args.command[:1] == ["--"] else args.command)
     if not command:
         p.error("no command to run: put it after --, e.g. rlguard launch ... -- python train.py")
     if shutil.which(command[0]) is None:
@@ -191,8 +189,10 @@ def plan(argv: list[str]) -> LaunchPlan:
     if args.first_step_budget is not None:
         first_step_budget = _number(p, "--first-step-budget", args.first_step_budget)
         if not 0 < first_step_budget < float("inf"):
-            p.error(f"--first-step-budget must be a positive number of seconds, "
-                    f"got {args.first_step_budget!r}")
+            p.error(
+                f"--first-step-budget must be a positive number of seconds, "
+                f"got {args.first_step_budget!r}"
+            )
     try:
         backend = load_backend(args.backend)
         backend.check()

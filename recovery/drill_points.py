@@ -34,8 +34,14 @@ def _base(run_dir: str | os.PathLike[str], role: str, rank: int) -> Path:
     return Path(run_dir) / DIRNAME / f"{role}-{rank}"
 
 
-def declare(run_dir: str | os.PathLike[str], role: str, rank: int,
-            points: dict[str, str], *, pid: int | None = None) -> Path:
+def declare(
+    run_dir: str | os.PathLike[str],
+    role: str,
+    rank: int,
+    points: dict[str, str],
+    *,
+    pid: int | None = None,
+) -> Path:
     """Declare this process's injection points (``{fault: what firing it does}``)."""
     path = _base(run_dir, role, rank).with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,21 +50,27 @@ def declare(run_dir: str | os.PathLike[str], role: str, rank: int,
     return path
 
 
-def declared_points(run_dir: str | os.PathLike[str], role: str, rank: int,
-                    pid: int) -> dict[str, str]:
+def declared_points(
+    run_dir: str | os.PathLike[str], role: str, rank: int, pid: int
+) -> dict[str, str]:
     """The points the process ``pid`` declared for ``role``/``rank`` (empty: none, or the
     declaration is an earlier process's, or unreadable)."""
     try:
         doc = json.loads(_base(run_dir, role, rank).with_suffix(".json").read_text("utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(doc, dict) or doc.get("pid") != pid or not isinstance(doc.get("points"), dict):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("pid") != pid
+        or not isinstance(doc.get("points"), dict)
+    ):
         return {}
     return {str(k): str(v) for k, v in doc["points"].items()}
 
 
-def request(run_dir: str | os.PathLike[str], role: str, rank: int, fault: str,
-            *, pid: int, drill: str) -> Path:
+def request(
+    run_dir: str | os.PathLike[str], role: str, rank: int, fault: str, *, pid: int, drill: str
+) -> Path:
     """Ask the process ``pid`` to fire its ``fault`` point (once)."""
     path = Path(f"{_base(run_dir, role, rank)}.{fault}.request")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +78,9 @@ def request(run_dir: str | os.PathLike[str], role: str, rank: int, fault: str,
     return path
 
 
-def take(run_dir: str | os.PathLike[str], role: str, rank: int, fault: str,
-         *, pid: int | None = None) -> dict[str, Any] | None:
+def take(
+    run_dir: str | os.PathLike[str], role: str, rank: int, fault: str, *, pid: int | None = None
+) -> dict[str, Any] | None:
     """Consume the request to fire ``fault``, if there is one for this process (``pid``,
     default this one): its body, else None. A request for another pid is consumed too (it was
     an earlier process's), and None is returned."""

@@ -459,8 +459,9 @@ class HeartbeatReporter(ClosesOnExit):
         if seconds is not None:
             checked = _check_finite(seconds)
             if checked is None or checked <= 0:
-                raise HeartbeatError(f"first-step budget must be a positive number of seconds, "
-                                     f"got {seconds!r}")
+                raise HeartbeatError(
+                    f"first-step budget must be a positive number of seconds, got {seconds!r}"
+                )
             seconds = checked
         with self._holding_lock():
             self._state["first_step_budget_seconds"] = seconds
@@ -595,4 +596,3 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
     return data if isinstance(data, dict) else None
-

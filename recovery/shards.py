@@ -150,7 +150,9 @@ class ShardSnapshotter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(snapshot_interval_steps, int) or snapshot_interval_steps < 1:
-            raise ShardInputError(f"snapshot_interval_steps must be an int >= 1, got {snapshot_interval_steps!r}")
+            raise ShardInputError(
+                f"snapshot_interval_steps must be an int >= 1, got {snapshot_interval_steps!r}"
+            )
         if not isinstance(keep, int) or keep < 1:
             raise ShardInputError(f"keep must be an int >= 1, got {keep!r}")
         self.root = Path(root)
@@ -253,11 +255,15 @@ class ShardSnapshotter:
         return SnapshotInfo(shard_id, step, base.step, final, len(changed), total)
 
     @staticmethod
-    def _check_snapshot_input(step: int, params: Mapping[str, torch.Tensor], base: BaseShard) -> None:
+    def _check_snapshot_input(
+        step: int, params: Mapping[str, torch.Tensor], base: BaseShard
+    ) -> None:
         if not isinstance(step, int) or step < 0:
             raise ShardInputError(f"step must be a non-negative int, got {step!r}")
         if step < base.step:
-            raise ShardInputError(f"step {step} is older than the base checkpoint's step {base.step}")
+            raise ShardInputError(
+                f"step {step} is older than the base checkpoint's step {base.step}"
+            )
         if set(params) != set(base.params):
             raise ShardInputError(
                 f"params and base differ in tensors: only in params {sorted(set(params) - set(base.params))}, "
@@ -301,10 +307,19 @@ class ShardSnapshotter:
             try:
                 body = read_marker(path, MARKER)
                 meta = body["metadata"]
-                info = SnapshotInfo(shard_id, int(meta["step"]), int(meta["base_step"]), path,
-                                    len(meta["diff_index"]), int(body["files"][DIFF_FILE]["size"]))
+                info = SnapshotInfo(
+                    shard_id,
+                    int(meta["step"]),
+                    int(meta["base_step"]),
+                    path,
+                    len(meta["diff_index"]),
+                    int(body["files"][DIFF_FILE]["size"]),
+                )
             except (CheckpointCorrupt, KeyError, TypeError, ValueError) as exc:
-                log.warning("skipping snapshot without a valid marker", extra={"path": str(path), "error": str(exc)})
+                log.warning(
+                    "skipping snapshot without a valid marker",
+                    extra={"path": str(path), "error": str(exc)},
+                )
                 continue
             found.append(info)
         return found
@@ -317,7 +332,9 @@ class ShardSnapshotter:
             try:
                 verify_committed_dir(info.path, MARKER)
             except CheckpointCorrupt as exc:
-                log.warning("skipping corrupt snapshot", extra={"path": str(info.path), "error": str(exc)})
+                log.warning(
+                    "skipping corrupt snapshot", extra={"path": str(info.path), "error": str(exc)}
+                )
                 continue
             return info
         return None
@@ -371,7 +388,9 @@ class ShardSnapshotter:
                     raise CheckpointCorrupt(f"{snapshot.path.name}: {DIFF_FILE} has the wrong size")
                 optimizer_state = self._apply(snapshot.path, body["metadata"], params)
             except (CheckpointCorrupt, FileNotFoundError, _ResultMismatch) as exc:
-                log.warning("skipping snapshot", extra={"path": str(snapshot.path), "error": str(exc)})
+                log.warning(
+                    "skipping snapshot", extra={"path": str(snapshot.path), "error": str(exc)}
+                )
                 failures.append(f"{snapshot.path.name}: {exc}")
                 if isinstance(exc, _ResultMismatch):
                     base = self._load(shard_id, load_base)  # the failed attempt changed the tensors
@@ -380,7 +399,9 @@ class ShardSnapshotter:
             step, from_snapshot = snapshot.step, True
             break
         if failures and not from_snapshot:
-            raise ShardRebuildError(f"no snapshot of shard {shard_id!r} rebuilds correctly: {'; '.join(failures)}")
+            raise ShardRebuildError(
+                f"no snapshot of shard {shard_id!r} rebuilds correctly: {'; '.join(failures)}"
+            )
         with self._lock:
             self._state[shard_id] = LIVE
             now = self._clock()
@@ -395,10 +416,14 @@ class ShardSnapshotter:
         try:
             return load_base(shard_id)
         except (RecoveryError, OSError) as exc:
-            raise ShardRebuildError(f"could not load the base checkpoint of shard {shard_id!r}: {exc}") from exc
+            raise ShardRebuildError(
+                f"could not load the base checkpoint of shard {shard_id!r}: {exc}"
+            ) from exc
 
     @staticmethod
-    def _apply(path: Path, meta: Mapping[str, Any], params: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def _apply(
+        path: Path, meta: Mapping[str, Any], params: dict[str, torch.Tensor]
+    ) -> dict[str, Any]:
         for name, (dtype, shape) in meta["tensors"].items():
             have = params.get(name)
             if have is None or _spec(have) != [dtype, shape]:
@@ -407,7 +432,9 @@ class ShardSnapshotter:
                     f"snapshot expects {[dtype, shape]}"
                 )
         if set(params) != set(meta["tensors"]):
-            raise ShardRebuildError(f"base has extra tensors {sorted(set(params) - set(meta['tensors']))}")
+            raise ShardRebuildError(
+                f"base has extra tensors {sorted(set(params) - set(meta['tensors']))}"
+            )
         try:
             digest_of = checksum_function(str(meta.get("checksum", "crc32")))
         except TransferConfigError as exc:

@@ -9,6 +9,7 @@ bash scripts/system-deps.sh
 # Lint and type check are part of the suite: the tree is clean, and a change that breaks that
 # fails here (recovery/ and agents/ are type-checked strictly, see pyproject.toml).
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .  # the tree stays formatted: `ruff format .` before committing
 .venv/bin/mypy app agents workload recovery integrations
 # Detection quality over the labelled trace corpus (precision, recall >= 0.98, no false heavy
 # tier, every delay within its window): its verdict printed, and a failure stops here.

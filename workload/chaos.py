@@ -44,8 +44,20 @@ from recovery.fsio import replace_file
 from recovery.report import heartbeat_path
 from workload.job import RunDir, read_json
 
-FAULTS = ("kill", "hang", "oom", "spin", "starve", "slow-statelog", "ckpt-unwritable", "xid", "ecc",
-          "thermal", "skip-refit", "kill-engine")
+FAULTS = (
+    "kill",
+    "hang",
+    "oom",
+    "spin",
+    "starve",
+    "slow-statelog",
+    "ckpt-unwritable",
+    "xid",
+    "ecc",
+    "thermal",
+    "skip-refit",
+    "kill-engine",
+)
 STARVE_FILE = "starve"  # under the run's chaos directory: when the rollouts were starved
 SIMULATE_DIR = "rlguard-simulate"
 ENGINE_KILL_DELAY_S = 0.02  # kill-engine: after the router sent the request, before it finishes  # the agent's fake NVML reads fault files here
@@ -235,8 +247,15 @@ def fire_armed_engine_kill(run: RunDir, rank: int, worker_pid: int, in_flight: i
         return False
 
     def kill() -> None:
-        run.event("fault", fault="kill-engine", role="rollout", rank=rank, target_pid=worker_pid,
-                  in_flight=in_flight, step=current_step(run))
+        run.event(
+            "fault",
+            fault="kill-engine",
+            role="rollout",
+            rank=rank,
+            target_pid=worker_pid,
+            in_flight=in_flight,
+            step=current_step(run),
+        )
         try:
             os.kill(worker_pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -39,8 +39,10 @@ class ReferenceInjector(Injector):
     def refusal(self, fault: str, child: Child) -> str | None:
         if fault in ("oom", "disk-full") and child.role != "trainer":
             what = "an out-of-memory point" if fault == "oom" else "checkpoints to write"
-            return (f"the reference job's {child.role} has no {fault} injection point ({what} "
-                    f"is the trainer's): drill {fault} on --role trainer, or kill/hang here")
+            return (
+                f"the reference job's {child.role} has no {fault} injection point ({what} "
+                f"is the trainer's): drill {fault} on --role trainer, or kill/hang here"
+            )
         if fault == "disk-full" and self._disk_back_at is not None:
             return "the checkpoint directory is already held unwritable by a drill"
         return super().refusal(fault, child) if fault in ("kill", "hang") else None
@@ -49,8 +51,10 @@ class ReferenceInjector(Injector):
         if fault == "oom":
             return f"{child.name}'s next train step (pid {pid}) raises a CUDA out-of-memory error"
         if fault == "disk-full":
-            return (f"the job's checkpoint directory {self.run.checkpoints} is unwritable for "
-                    f"{self.disk_full_seconds:g} s: {child.name}'s next checkpoint write fails")
+            return (
+                f"the job's checkpoint directory {self.run.checkpoints} is unwritable for "
+                f"{self.disk_full_seconds:g} s: {child.name}'s next checkpoint write fails"
+            )
         return super().describe(fault, child, pid)
 
     def inject(self, sup: Supervisor, fault: str, child: Child, pid: int) -> dict[str, Any]:

@@ -81,13 +81,18 @@ class JobConfig:
         if self.rollout_engine == "vllm" and not self.model_dir:
             raise JobConfigError("rollout_engine 'vllm' needs model_dir (the model it serves)")
         if self.engine_probation_s is not None and not (
-                isinstance(self.engine_probation_s, int | float) and self.engine_probation_s >= 0):
+            isinstance(self.engine_probation_s, int | float) and self.engine_probation_s >= 0
+        ):
             raise JobConfigError(
-                f"engine_probation_s must be >= 0 or None, got {self.engine_probation_s!r}")
-        if not (isinstance(self.engine_request_timeout_s, int | float)
-                and 0 < self.engine_request_timeout_s < math.inf):
-            raise JobConfigError(f"engine_request_timeout_s must be > 0, got "
-                                 f"{self.engine_request_timeout_s!r}")
+                f"engine_probation_s must be >= 0 or None, got {self.engine_probation_s!r}"
+            )
+        if not (
+            isinstance(self.engine_request_timeout_s, int | float)
+            and 0 < self.engine_request_timeout_s < math.inf
+        ):
+            raise JobConfigError(
+                f"engine_request_timeout_s must be > 0, got {self.engine_request_timeout_s!r}"
+            )
         if self.transport not in ("tcp", "shm"):
             raise JobConfigError(f"transport must be tcp or shm, got {self.transport!r}")
 

@@ -136,9 +136,10 @@ class Supervisor(_Supervisor):
     def _role_module(self, role: str) -> str:
         if self.config.rollout_engine == "vllm":
             # The trainer drives the engines; a rollout process is one engine (workload/engines/).
-            return {"trainer": "workload.engines.trainer", "rollout": "workload.engines.engine_host"}[
-                role
-            ]
+            return {
+                "trainer": "workload.engines.trainer",
+                "rollout": "workload.engines.engine_host",
+            }[role]
         return f"workload.{role}"
 
     def _role_command(self, child: Child) -> list[str]:
@@ -147,10 +148,25 @@ class Supervisor(_Supervisor):
     def _standby_command(self, role: str) -> list[str]:
         if self.config.rollout_engine == "vllm" and role == "rollout":
             # A whole engine, started ahead and put to sleep (woken on its order).
-            return [sys.executable, "-m", self._role_module(role), "--standby",
-                    "--run-dir", str(self.run.root)]
-        return [sys.executable, "-m", "workload.standby", "--role", role,
-                "--module", self._role_module(role), "--run-dir", str(self.run.root)]
+            return [
+                sys.executable,
+                "-m",
+                self._role_module(role),
+                "--standby",
+                "--run-dir",
+                str(self.run.root),
+            ]
+        return [
+            sys.executable,
+            "-m",
+            "workload.standby",
+            "--role",
+            role,
+            "--module",
+            self._role_module(role),
+            "--run-dir",
+            str(self.run.root),
+        ]
 
     @staticmethod
     def _standby_order(child: Child, argv: list[str], env: Mapping[str, str], log: Path) -> bytes:

@@ -125,8 +125,11 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         "default: shm with --rollout-engine vllm, whose engines run on the trainer's host, "
         "unless --ray-address names a cluster; else tcp)",
     )
-    p.add_argument("--wait-engines", action="store_true",
-                   help="with --rollout-engine vllm: the first step waits until every engine serves")
+    p.add_argument(
+        "--wait-engines",
+        action="store_true",
+        help="with --rollout-engine vllm: the first step waits until every engine serves",
+    )
     p.add_argument(
         "--engine-probation",
         metavar="SECONDS|off",
@@ -246,7 +249,9 @@ def _model_dir(p: argparse.ArgumentParser, args: argparse.Namespace, run_dir: Pa
     if args.model is not None:
         model = Path(args.model).resolve()
         if not (model / "config.json").is_file():
-            p.error(f"--model {args.model!r} is not a Hugging Face model directory (no config.json)")
+            p.error(
+                f"--model {args.model!r} is not a Hugging Face model directory (no config.json)"
+            )
         return str(model)
     from integrations.vllm.tiny_model import save_tiny_model
 

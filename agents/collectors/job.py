@@ -298,7 +298,11 @@ class JobCollector:
             try:
                 doc = orjson.loads(path.read_bytes()[:4096])
                 pid, raw = doc.get("pid"), doc.get("first_step_budget_seconds")
-                if isinstance(raw, int | float) and not isinstance(raw, bool) and 0 < raw < math.inf:
+                if (
+                    isinstance(raw, int | float)
+                    and not isinstance(raw, bool)
+                    and 0 < raw < math.inf
+                ):
                     budget = float(raw)
             except (OSError, orjson.JSONDecodeError, AttributeError):
                 pass  # a declaration being replaced or broken: the policy's budget meanwhile

@@ -33,9 +33,7 @@ def _hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
-def start_session(
-    db: Session, *, user: User, client: str, now: datetime | None = None
-) -> str:
+def start_session(db: Session, *, user: User, client: str, now: datetime | None = None) -> str:
     """Open a session for ``user``; returns the id to put in the cookie (shown only here).
 
     Also deletes sessions that ended long enough ago to be of no use, so the table stays as

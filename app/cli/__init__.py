@@ -31,8 +31,8 @@ for name, command in (("server", serving.server), ("up", serving.up),
                       ("worker", serving.worker), ("replay", policy.replay),
                       ("report", goodput.report), ("drill", drill.drill), ("demo", demo.demo)):  # fmt: skip
     cli.command(name)(command)
-cli.command("agent", **serving.PASS_THROUGH)(serving.agent)  # every argument passed through
-cli.command("launch", **serving.PASS_THROUGH)(serving.launch)
+for name, passing in (("agent", serving.agent), ("launch", serving.launch)):
+    cli.command(name, context_settings=serving.PASS_THROUGH, add_help_option=False)(passing)
 
 
 def main() -> None:

@@ -57,8 +57,9 @@ class _Api:
     def __init__(self, server: str, token: str) -> None:
         import httpx
 
-        self._http = httpx.Client(base_url=server.rstrip("/"), timeout=60.0,
-                                  headers={"Authorization": f"Bearer {token}"})
+        self._http = httpx.Client(
+            base_url=server.rstrip("/"), timeout=60.0, headers={"Authorization": f"Bearer {token}"}
+        )
         self.server = server
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
@@ -91,8 +92,9 @@ def report_lines(d: dict[str, Any]) -> list[str]:
     worded: dict[str, Callable[[str], str]] = {
         "first new step": lambda t: t if t == "—" else f"after {t}",
         "seconds lost": lambda t: f"{t} (a drill: not counted in the job's ETTR)",
-        "whole-job restart": lambda t: t if t == "—" else (
-            f"{t} ({rep.get('counterfactual_assumptions', '')})"),
+        "whole-job restart": lambda t: (
+            t if t == "—" else (f"{t} ({rep.get('counterfactual_assumptions', '')})")
+        ),
     }
     lines = [
         f"drill {d['id']}: {d['fault']} {d['role']}-{d['rank']} of job {d['job']} "
@@ -100,8 +102,7 @@ def report_lines(d: dict[str, Any]) -> list[str]:
         f"  injected            {d.get('injected_at') or '—'}"
         f"{'' if step is None else f' at step {step}'}: {d.get('what') or ''}",
     ]
-    lines += [f"  {label:<20}{worded.get(label, str)(text)}"
-              for label, text in report_figures(rep)]
+    lines += [f"  {label:<20}{worded.get(label, str)(text)}" for label, text in report_figures(rep)]
     if rep.get("state"):
         lines.append(f"  state               {rep['state']}")
     if d.get("reason"):
@@ -114,12 +115,18 @@ def drill(
     fault: Annotated[
         str | None, typer.Option("--fault", help="kill, hang, oom or disk-full.")
     ] = None,
-    role: Annotated[str | None, typer.Option("--role", help="The role to drill, e.g. trainer.")] = None,
-    rank: Annotated[str | None, typer.Option("--rank", help="Its rank (default: the lowest).")] = None,
+    role: Annotated[
+        str | None, typer.Option("--role", help="The role to drill, e.g. trainer.")
+    ] = None,
+    rank: Annotated[
+        str | None, typer.Option("--rank", help="Its rank (default: the lowest).")
+    ] = None,
     at_step: Annotated[
         str | None, typer.Option("--at-step", help="Inject once the process reports this step.")
     ] = None,
-    plan: Annotated[bool, typer.Option("--plan", help="Say what would happen; inject nothing.")] = False,
+    plan: Annotated[
+        bool, typer.Option("--plan", help="Say what would happen; inject nothing.")
+    ] = False,
     report: Annotated[bool, typer.Option("--report", help="List past drills.")] = False,
     wait: Annotated[
         bool, typer.Option("--wait/--no-wait", help="Follow the recovery and print the report.")
@@ -153,8 +160,14 @@ def drill(
     if fault not in DRILL_FAULTS:
         fail(f"--fault {fault!r} is not one of {', '.join(DRILL_FAULTS)}")
     follow_for = _int("--timeout", timeout)
-    body = {"job": job, "fault": fault, "role": role, "rank": _int("--rank", rank),
-            "at_step": _int("--at-step", at_step), "plan": plan}
+    body = {
+        "job": job,
+        "fault": fault,
+        "role": role,
+        "rank": _int("--rank", rank),
+        "at_step": _int("--at-step", at_step),
+        "plan": plan,
+    }
     api = _Api(url, _token(token_file))
     d = api.call("POST", "/api/v1/drills", json=body)
     if plan:

@@ -40,8 +40,10 @@ def maintenance_add(
     starts: Annotated[str | None, typer.Option(help="ISO 8601 start; default now.")] = None,
     ends: Annotated[
         str | None,
-        typer.Option(help="ISO 8601 end (a one-off window needs it or --duration; weekly: the "
-                     "last day it recurs, open-ended without)."),
+        typer.Option(
+            help="ISO 8601 end (a one-off window needs it or --duration; weekly: the "
+            "last day it recurs, open-ended without)."
+        ),
     ] = None,
     duration: Annotated[
         str | None,

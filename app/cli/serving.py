@@ -13,10 +13,7 @@ from app.cli.common import fail, info, load_settings, safe_url
 from app.core.config import ConfigError, Settings
 
 # How `agent` and `launch` are registered: every argument goes through to the module they run.
-PASS_THROUGH = {
-    "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
-    "add_help_option": False,
-}
+PASS_THROUGH: dict[str, bool] = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 # The serving options `rlguard server` and `rlguard up` share.
 HostOption = Annotated[str | None, typer.Option(help="Bind address (default RLGUARD_HOST).")]

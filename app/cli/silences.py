@@ -17,6 +17,7 @@ silence_cli = typer.Typer(
     no_args_is_help=True,
 )
 
+
 def parse_instant(option: str, text: str | None) -> datetime | None:
     from app.cli.common import fail
 
@@ -35,8 +36,10 @@ def parse_instant(option: str, text: str | None) -> datetime | None:
 def silence_add(
     matchers: Annotated[
         list[str],
-        typer.Argument(help="label=value, label!=value, label=~regex, label!~regex; labels: "
-                       "job, node, role, rank, kind, tier."),
+        typer.Argument(
+            help="label=value, label!=value, label=~regex, label!~regex; labels: "
+            "job, node, role, rank, kind, tier."
+        ),
     ],
     comment: Annotated[str, typer.Option(help="Why (shown on every muted incident).")],
     duration: Annotated[

@@ -147,7 +147,9 @@ def exit_with_parent(grace_seconds: float = ORPHAN_GRACE_SECONDS) -> None:
         return
     fd = int(fd_text)
     threading.Thread(
-        target=_wait_for_parent_exit, args=(fd, grace_seconds), name="rlguard-lifeline",
+        target=_wait_for_parent_exit,
+        args=(fd, grace_seconds),
+        name="rlguard-lifeline",
         daemon=True,
     ).start()
 

@@ -33,7 +33,6 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-
 def table_of(model: type[SQLModel]) -> sa.Table:
     """The Core table of a table model, typed (SQLModel declares ``__table__`` on the class it
     builds, where type checkers cannot see it): for the conditional updates (``UPDATE ... WHERE
@@ -51,7 +50,9 @@ def dialect_insert(dialect: str, table: sa.Table) -> Any:
         return postgresql.insert(table)
     if dialect == "sqlite":
         return sqlite.insert(table)
-    raise RuntimeError(f"unsupported database dialect {dialect!r}: RLGuard needs SQLite or PostgreSQL")
+    raise RuntimeError(
+        f"unsupported database dialect {dialect!r}: RLGuard needs SQLite or PostgreSQL"
+    )
 
 
 def make_engine(

@@ -55,8 +55,13 @@ log = logging.getLogger("rlguard.http")
 
 def _plain_response(status: str, body: str, *extra_headers: str) -> bytes:
     encoded = body.encode()
-    head = [f"HTTP/1.1 {status}", "content-type: text/plain", f"content-length: {len(encoded)}",
-            *extra_headers, "connection: close"]
+    head = [
+        f"HTTP/1.1 {status}",
+        "content-type: text/plain",
+        f"content-length: {len(encoded)}",
+        *extra_headers,
+        "connection: close",
+    ]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + encoded
 
 
@@ -155,8 +160,9 @@ class _GuardedConnection:
         self._header_timer = None
         if self.transport.is_closing() or not self._awaiting_headers():
             return
-        log.debug("closing a connection whose request headers took over %.1f s",
-                  self.header_timeout)
+        log.debug(
+            "closing a connection whose request headers took over %.1f s", self.header_timeout
+        )
         self.clients.forget(self)
         self.transport.write(_TIMEOUT_RESPONSE)
         self.transport.close()
@@ -200,7 +206,9 @@ def raise_descriptor_limit(limits: ServerLimits) -> int:
         log.warning(
             "open-file limit %d is below RLGUARD_SERVER__LIMIT_CONCURRENCY (%d) + %d spare: a "
             "flood of connections can exhaust descriptors before the limit answers 503",
-            soft, limits.limit_concurrency, _SPARE_DESCRIPTORS,
+            soft,
+            limits.limit_concurrency,
+            _SPARE_DESCRIPTORS,
         )
     return soft
 
@@ -249,7 +257,11 @@ def serve(
     with ``limits``; ``config``: more ``uvicorn.Config`` arguments (log level, access log)."""
     server = _DeadlineServer(
         uvicorn.Config(
-            app, factory=True, host=host, port=port, **config,
+            app,
+            factory=True,
+            host=host,
+            port=port,
+            **config,
             **uvicorn_options(limits, uncapped),
         ),
         limits.shutdown_deadline_seconds,

@@ -48,4 +48,3 @@ def _restrict(path: Path) -> None:
         path.chmod(private)
     except PermissionError as exc:  # someone else's file: say so, the server still runs
         log.warning("cannot make %s private (mode %o): %s", path, mode, exc.strerror)
-

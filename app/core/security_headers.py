@@ -75,12 +75,18 @@ class RequestSizeLimitMiddleware:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _refuse(send, 400, f"Content-Length {value.decode(errors='replace')!r} "
-                                  "is not a number")
+                    await _refuse(
+                        send,
+                        400,
+                        f"Content-Length {value.decode(errors='replace')!r} is not a number",
+                    )
                     return
                 if declared > self.max_bytes:
-                    await _refuse(send, 413, f"body is {declared} bytes, more than the limit "
-                                  f"of {self.max_bytes}")
+                    await _refuse(
+                        send,
+                        413,
+                        f"body is {declared} bytes, more than the limit of {self.max_bytes}",
+                    )
                     return
         messages: list[Message] = []
         total = 0

@@ -24,14 +24,20 @@ def node_queue(node: str) -> str:
 def send_injection(celery: Celery, drill_id: int, node: str, *, countdown: float = 0.0) -> None:
     """Send the drill to its node's worker (after the row is committed). Raises whatever the
     broker raises when it cannot take the message (the caller marks the drill refused)."""
-    celery.send_task(INJECT_TASK, args=[drill_id], queue=node_queue(node),
-                     countdown=countdown or None, retry=False)
+    celery.send_task(
+        INJECT_TASK,
+        args=[drill_id],
+        queue=node_queue(node),
+        countdown=countdown or None,
+        retry=False,
+    )
 
 
 def send_follow(celery: Celery, drill_id: int, *, countdown: float) -> None:
     """Look at the drill again in ``countdown`` seconds (from a worker)."""
-    celery.send_task(FOLLOW_TASK, args=[drill_id], queue=CLUSTER_QUEUE, countdown=countdown,
-                     retry=False)
+    celery.send_task(
+        FOLLOW_TASK, args=[drill_id], queue=CLUSTER_QUEUE, countdown=countdown, retry=False
+    )
 
 
 def send_figures(celery: Celery, drill_id: int, node: str) -> None:

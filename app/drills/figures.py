@@ -32,9 +32,16 @@ _FIELDS = ("generations_redone", "generations_reused", "unit", "batches_redone",
 def figures_argv(setup: HookSetup, row: Drill) -> list[str]:
     assert setup.launcher is not None
     since = (row.injected_at or row.requested_at).timestamp()
-    return [setup.launcher, "drill_figures", f"--job={row.job}", f"--node={row.node}",
-            f"--role={row.role}", f"--rank={row.rank}", f"--idempotency-key=drill-{row.id}-figures",
-            f"--extra={json.dumps({'since': since})}"]
+    return [
+        setup.launcher,
+        "drill_figures",
+        f"--job={row.job}",
+        f"--node={row.node}",
+        f"--role={row.role}",
+        f"--rank={row.rank}",
+        f"--idempotency-key=drill-{row.id}-figures",
+        f"--extra={json.dumps({'since': since})}",
+    ]
 
 
 def ask_figures(setup: HookSetup, row: Drill) -> dict[str, Any]:
@@ -42,8 +49,9 @@ def ask_figures(setup: HookSetup, row: Drill) -> dict[str, Any]:
     if not setup.launcher:
         return _none(f"the worker of node {row.node!r} has no launcher hook to count them")
     try:
-        proc = subprocess.run(figures_argv(setup, row), capture_output=True, text=True,
-                              timeout=60, check=False)
+        proc = subprocess.run(
+            figures_argv(setup, row), capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _none(f"cannot run the launcher hook: {exc}")
     answer = _answer(proc.stdout)
@@ -90,8 +98,9 @@ def finish_drill(engine: Engine, drill_id: int, setup: HookSetup, *, now: dateti
     return _end(engine, drill_id, ask_figures(setup, row), now)
 
 
-def request_figures(celery: Celery, engine: Engine, drill_id: int, node: str, *,
-                    now: datetime) -> bool:
+def request_figures(
+    celery: Celery, engine: Engine, drill_id: int, node: str, *, now: datetime
+) -> bool:
     """Ask ``node``'s worker to count and end the drill (the follow-up, when it is over). When
     the broker refuses the task, the drill ends here without its count, saying why: otherwise
     it would stay ``injected`` for good, its outcome never shown. True: sent."""
@@ -115,8 +124,9 @@ def _end(engine: Engine, drill_id: int, counted: dict[str, Any], now: datetime) 
         row = get_drill(session, drill_id)
         if not waits_for_count(row):
             return False  # ended by another delivery of the task
-        report = {k: v for k, v in (row.report or {}).items()
-                  if k not in ("outcome", "generations_note")}
+        report = {
+            k: v for k, v in (row.report or {}).items() if k not in ("outcome", "generations_note")
+        }
         report.update(counted)
         report["state"] = str(report.get("state", "")).split("; counting the generations")[0]
         row.status = (row.report or {})["outcome"]

@@ -40,19 +40,31 @@ def link_incidents(session: Session, row: Drill, *, now: datetime) -> list[int]:
     """Link and mark the incidents the drill's fault opened since the last pass; their ids."""
     injected = row.injected_at or row.requested_at
     found = session.exec(
-        select(Incident).where(
+        select(Incident)
+        .where(
             Incident.job == row.job,
             col(Incident.opened_at) >= injected - CLOCK_SLACK,
             col(Incident.opened_at) <= now,
-        ).order_by(col(Incident.id))
+        )
+        .order_by(col(Incident.id))
     ).all()
     known = set(row.incident_ids or [])
     new = [i for i in found if i.id not in known and _caused_by(row, i)]
     for inc in new:
-        add_event(session, incident_id=inc.id, type_=IncidentEventType.DRILL,
-                  actor=f"drill:{row.id}", at=now,
-                  detail={"drill": row.id, "fault": row.fault, "role": row.role,
-                          "rank": row.rank, "requested_by": row.requested_by})
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_=IncidentEventType.DRILL,
+            actor=f"drill:{row.id}",
+            at=now,
+            detail={
+                "drill": row.id,
+                "fault": row.fault,
+                "role": row.role,
+                "rank": row.rank,
+                "requested_by": row.requested_by,
+            },
+        )
     if new:
         row.incident_ids = [*(row.incident_ids or []), *(i.id for i in new if i.id is not None)]
     return [i.id for i in new if i.id is not None]
@@ -72,9 +84,12 @@ def follow_drill(session: Session, drill_id: int, *, now: datetime, settings: Se
         # Not finished yet: the generations redone are counted on the node next
         # (:mod:`app.drills.figures`), which sets this outcome.
         outcome = DrillStatus.recovered if report["recovered"] else DrillStatus.unrecovered
-        row.report = {**report, "outcome": outcome.value,
-                      "state": f"{report.get('state', outcome.value)}; counting the "
-                               f"generations redone on node {row.node}"}
+        row.report = {
+            **report,
+            "outcome": outcome.value,
+            "state": f"{report.get('state', outcome.value)}; counting the "
+            f"generations redone on node {row.node}",
+        }
     session.add(row)
     return "outcome" in row.report
 

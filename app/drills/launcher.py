@@ -23,8 +23,17 @@ from app.drills.service import get_drill
 from app.models.drill import Drill, DrillStatus
 
 # What of the launcher's answer is kept on the row (its own words, bounded).
-_ANSWER_FIELDS = ("what", "target", "target_pid", "step", "injected_at", "fault", "oom_step",
-                  "unwritable_seconds", "dry_run")
+_ANSWER_FIELDS = (
+    "what",
+    "target",
+    "target_pid",
+    "step",
+    "injected_at",
+    "fault",
+    "oom_step",
+    "unwritable_seconds",
+    "dry_run",
+)
 # A launcher asked for an immediate injection answers within a supervision round; one that
 # has not within this long is stuck (or gone) and the drill is refused.
 _IMMEDIATE_GIVE_UP = timedelta(seconds=60)
@@ -47,8 +56,11 @@ class HookSetup:
 
 def give_up_after(setup: HookSetup, row: Drill) -> timedelta:
     """How long after its request the worker stops asking for the drill's answer."""
-    return (timedelta(seconds=setup.arm_timeout_seconds) if row.at_step is not None
-            else _IMMEDIATE_GIVE_UP)
+    return (
+        timedelta(seconds=setup.arm_timeout_seconds)
+        if row.at_step is not None
+        else _IMMEDIATE_GIVE_UP
+    )
 
 
 def hook_argv(setup: HookSetup, row: Drill) -> list[str]:
@@ -57,11 +69,24 @@ def hook_argv(setup: HookSetup, row: Drill) -> list[str]:
     or back from a pause) refuses it as stale instead of injecting a fault nobody follows."""
     assert setup.launcher is not None
     expires = (row.requested_at.astimezone(UTC) + give_up_after(setup, row)).timestamp()
-    extra = {"fault": row.fault, "drill": f"drill-{row.id}", "at_step": row.at_step,
-             "dry_run": row.plan, "expires_at": round(expires, 3)}
-    return [setup.launcher, "inject_fault", f"--job={row.job}", f"--node={row.node}",
-            f"--role={row.role}", f"--rank={row.rank}", f"--idempotency-key=drill-{row.id}",
-            f"--extra={json.dumps(extra, sort_keys=True)}", f"--wait={setup.wait_seconds:g}"]
+    extra = {
+        "fault": row.fault,
+        "drill": f"drill-{row.id}",
+        "at_step": row.at_step,
+        "dry_run": row.plan,
+        "expires_at": round(expires, 3),
+    }
+    return [
+        setup.launcher,
+        "inject_fault",
+        f"--job={row.job}",
+        f"--node={row.node}",
+        f"--role={row.role}",
+        f"--rank={row.rank}",
+        f"--idempotency-key=drill-{row.id}",
+        f"--extra={json.dumps(extra, sort_keys=True)}",
+        f"--wait={setup.wait_seconds:g}",
+    ]
 
 
 def ask_launcher(engine: Engine, drill_id: int, setup: HookSetup, *, now: datetime) -> Next:
@@ -71,20 +96,31 @@ def ask_launcher(engine: Engine, drill_id: int, setup: HookSetup, *, now: dateti
     if row.status != DrillStatus.requested.value:
         return Next.DONE
     if not setup.launcher:
-        return _record(engine, drill_id, refused=f"the worker of node {row.node!r} has no "
-                       "launcher hook (RLGUARD_RECOVERY_LAUNCHER is not set there)")
+        return _record(
+            engine,
+            drill_id,
+            refused=f"the worker of node {row.node!r} has no "
+            "launcher hook (RLGUARD_RECOVERY_LAUNCHER is not set there)",
+        )
     try:
-        proc = subprocess.run(hook_argv(setup, row), capture_output=True, text=True,
-                              timeout=setup.wait_seconds + 15, check=False)
+        proc = subprocess.run(
+            hook_argv(setup, row),
+            capture_output=True,
+            text=True,
+            timeout=setup.wait_seconds + 15,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return _record(engine, drill_id, refused=f"cannot run the launcher hook: {exc}")
     if proc.returncode == 3:  # not answered within the wait: armed for its step, or busy
         limit = give_up_after(setup, row)
         if now - row.requested_at.astimezone(UTC) < limit:
             return Next.ASK_AGAIN
-        why = (f"step {row.at_step} did not come within {limit.total_seconds():g} s"
-               if row.at_step is not None else "the launcher did not answer within "
-               f"{limit.total_seconds():g} s")
+        why = (
+            f"step {row.at_step} did not come within {limit.total_seconds():g} s"
+            if row.at_step is not None
+            else f"the launcher did not answer within {limit.total_seconds():g} s"
+        )
         return _give_up(engine, setup, row, why, now=now)
     return _recorded_answer(engine, drill_id, proc)
 
@@ -95,7 +131,9 @@ def _recorded_answer(engine: Engine, drill_id: int, proc: subprocess.CompletedPr
         return _record(engine, drill_id, answer=answer)
     lines = proc.stderr.strip().splitlines()
     why = str(answer.get("error") or (lines[-1] if lines else f"exit {proc.returncode}"))
-    return _record(engine, drill_id, refused=f"the launcher refused: {why.removeprefix('refused: ')}")
+    return _record(
+        engine, drill_id, refused=f"the launcher refused: {why.removeprefix('refused: ')}"
+    )
 
 
 def _give_up(engine: Engine, setup: HookSetup, row: Drill, why: str, *, now: datetime) -> Next:
@@ -103,30 +141,54 @@ def _give_up(engine: Engine, setup: HookSetup, row: Drill, why: str, *, now: dat
     the launcher cannot inject it later. The withdrawal and the launcher's claim are atomic
     (one file created once): when the launcher took it first, its answer is the drill's."""
     assert setup.launcher is not None
-    argv = [setup.launcher, "withdraw", f"--job={row.job}", f"--node={row.node}",
-            f"--idempotency-key=drill-{row.id}", f"--extra={json.dumps({'why': why})}"]
+    argv = [
+        setup.launcher,
+        "withdraw",
+        f"--job={row.job}",
+        f"--node={row.node}",
+        f"--idempotency-key=drill-{row.id}",
+        f"--extra={json.dumps({'why': why})}",
+    ]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return _record(engine, row.id or 0, refused=f"{why}; withdrawing it failed ({exc}): "
-                       "the launcher refuses it as stale once it expired")
+        return _record(
+            engine,
+            row.id or 0,
+            refused=f"{why}; withdrawing it failed ({exc}): "
+            "the launcher refuses it as stale once it expired",
+        )
     body = _answer(proc.stdout)
     if body.get("withdrawn") is True:
         return _record(engine, row.id or 0, refused=f"{why}: the request was withdrawn")
     answered = body.get("answer")
     if isinstance(answered, dict):  # the launcher answered just before: that is the drill's
-        return _recorded_answer(engine, row.id or 0, subprocess.CompletedProcess(
-            argv, 0 if answered.get("ok") else 1, json.dumps(answered), ""))
+        return _recorded_answer(
+            engine,
+            row.id or 0,
+            subprocess.CompletedProcess(
+                argv, 0 if answered.get("ok") else 1, json.dumps(answered), ""
+            ),
+        )
     if body.get("taken") is True and now - row.requested_at.astimezone(UTC) < (
-            give_up_after(setup, row) + _IMMEDIATE_GIVE_UP):
+        give_up_after(setup, row) + _IMMEDIATE_GIVE_UP
+    ):
         return Next.ASK_AGAIN  # the launcher is injecting it now: its answer follows
     if body.get("taken") is True:
-        return _record(engine, row.id or 0, refused=f"{why}; the launcher took the request and "
-                       "never answered: whether it injected the fault is unknown, check the process")
+        return _record(
+            engine,
+            row.id or 0,
+            refused=f"{why}; the launcher took the request and "
+            "never answered: whether it injected the fault is unknown, check the process",
+        )
     lines = proc.stderr.strip().splitlines()
     detail = lines[-1] if lines else f"exit {proc.returncode}"
-    return _record(engine, row.id or 0, refused=f"{why}; it could not be withdrawn ({detail}): "
-                   "the launcher refuses it as stale once it expired")
+    return _record(
+        engine,
+        row.id or 0,
+        refused=f"{why}; it could not be withdrawn ({detail}): "
+        "the launcher refuses it as stale once it expired",
+    )
 
 
 def _answer(stdout: str) -> dict[str, Any]:
@@ -139,7 +201,10 @@ def _answer(stdout: str) -> dict[str, Any]:
 
 
 def _record(
-    engine: Engine, drill_id: int, *, refused: str | None = None,
+    engine: Engine,
+    drill_id: int,
+    *,
+    refused: str | None = None,
     answer: dict[str, Any] | None = None,
 ) -> Next:
     with Session(engine, expire_on_commit=False) as session:
@@ -157,8 +222,9 @@ def _record(
             else:
                 row.status = DrillStatus.injected.value
                 at = answer.get("injected_at")
-                row.injected_at = (datetime.fromtimestamp(float(at), UTC)
-                                   if isinstance(at, int | float) else None)
+                row.injected_at = (
+                    datetime.fromtimestamp(float(at), UTC) if isinstance(at, int | float) else None
+                )
                 pid, step = answer.get("target_pid"), answer.get("step")
                 row.target_pid = pid if isinstance(pid, int) else None
                 row.step_at_injection = step if isinstance(step, int) else None

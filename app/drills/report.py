@@ -24,8 +24,15 @@ from app.models.incident import Incident, IncidentStatus
 # newest checkpoint at the fault come from the steps before it.
 LEDGER_LOOKBACK = timedelta(hours=1)
 # Action states of a plan that is not through yet.
-_UNFINISHED = tuple(s.value for s in (ActionStatus.pending_approval, ActionStatus.pending,
-                                       ActionStatus.dispatched, ActionStatus.running))
+_UNFINISHED = tuple(
+    s.value
+    for s in (
+        ActionStatus.pending_approval,
+        ActionStatus.pending,
+        ActionStatus.dispatched,
+        ActionStatus.running,
+    )
+)
 
 
 def primary_incident(session: Session, row: Drill) -> Incident | None:
@@ -42,7 +49,9 @@ def _seconds(later: datetime | None, earlier: datetime) -> float | None:
     return None if later is None else round((later - earlier).total_seconds(), 3)
 
 
-def build_report(session: Session, row: Drill, *, now: datetime, settings: Settings) -> dict[str, Any]:
+def build_report(
+    session: Session, row: Drill, *, now: datetime, settings: Settings
+) -> dict[str, Any]:
     """The report as far as the drill got by ``now`` (``recovered``: the job made a new step)."""
     injected = row.injected_at or row.requested_at
     inc = primary_incident(session, row)
@@ -66,18 +75,35 @@ def build_report(session: Session, row: Drill, *, now: datetime, settings: Setti
         base["state"] = "no incident yet: RLGuard has not detected the fault"
         return base
     assert inc.id is not None
-    base["incident"] = {"id": inc.id, "kind": inc.kind, "tier": inc.tier, "status": inc.status,
-                        "summary": inc.summary}
+    base["incident"] = {
+        "id": inc.id,
+        "kind": inc.kind,
+        "tier": inc.tier,
+        "status": inc.status,
+        "summary": inc.summary,
+    }
     base["detection_delay_seconds"] = _seconds(inc.opened_at, injected)
     actions = session.exec(
-        select(RecoveryAction).where(RecoveryAction.incident_id == inc.id)
+        select(RecoveryAction)
+        .where(RecoveryAction.incident_id == inc.id)
         .order_by(col(RecoveryAction.id))
     ).all()
-    base["actions"] = [{"action": a.action, "status": a.status,
-                        "finished_after_seconds": _seconds(a.finished_at, injected)}
-                       for a in actions]
-    ledger = job_goodput(session, job=row.job, since=injected - LEDGER_LOOKBACK, until=now,
-                         now=now, settings=settings)
+    base["actions"] = [
+        {
+            "action": a.action,
+            "status": a.status,
+            "finished_after_seconds": _seconds(a.finished_at, injected),
+        }
+        for a in actions
+    ]
+    ledger = job_goodput(
+        session,
+        job=row.job,
+        since=injected - LEDGER_LOOKBACK,
+        until=now,
+        now=now,
+        settings=settings,
+    )
     cost = next((r for r in ledger.incidents if r.id == inc.id), None)
     if cost is None:
         base["state"] = f"incident {inc.id} is not in the ledger yet"
@@ -86,7 +112,8 @@ def build_report(session: Session, row: Drill, *, now: datetime, settings: Setti
     # A new step alone is not a recovery while the plan still waits (a heavy plan for an
     # approver, SAFE_MODE reached a step later): the job may step once more before it holds.
     waiting = any(a.status in _UNFINISHED for a in actions) or (
-        inc.safe_mode and inc.status == IncidentStatus.open.value)
+        inc.safe_mode and inc.status == IncidentStatus.open.value
+    )
     if waiting:
         base.update(recovered=False, time_to_first_new_step_seconds=None)
     base["job_ettr"] = ledger.ettr

@@ -67,14 +67,18 @@ def check_request(
     of_role = [p for p in members if p.role == body.role]
     if not of_role:
         roles = ", ".join(sorted({p.role for p in members})) or "none reported"
-        raise InvalidInput(f"job {body.job!r} has no role {body.role!r} (its roles: {roles}): "
-                           "nothing injected")
-    target = of_role[0] if body.rank is None else next(
-        (p for p in of_role if p.rank == body.rank), None)
+        raise InvalidInput(
+            f"job {body.job!r} has no role {body.role!r} (its roles: {roles}): nothing injected"
+        )
+    target = (
+        of_role[0] if body.rank is None else next((p for p in of_role if p.rank == body.rank), None)
+    )
     if target is None:
         ranks = ", ".join(str(p.rank) for p in of_role)
-        raise InvalidInput(f"job {body.job!r} has no {body.role} rank {body.rank} (ranks: "
-                           f"{ranks}): nothing injected")
+        raise InvalidInput(
+            f"job {body.job!r} has no {body.role} rank {body.rank} (ranks: "
+            f"{ranks}): nothing injected"
+        )
     held = session.exec(
         select(Incident.id).where(
             Incident.job == body.job,
@@ -83,8 +87,10 @@ def check_request(
         )
     ).first()
     if held is not None:
-        raise Conflict(f"job {body.job!r} is in SAFE_MODE (incident {held}): no drill until an "
-                       "approver releases it; nothing injected")
+        raise Conflict(
+            f"job {body.job!r} is in SAFE_MODE (incident {held}): no drill until an "
+            "approver releases it; nothing injected"
+        )
     running = session.exec(
         select(Drill.id).where(
             Drill.job == body.job,
@@ -94,21 +100,28 @@ def check_request(
         )
     ).first()
     if running is not None:
-        raise Conflict(f"drill {running} is still running on job {body.job!r}: one drill at a "
-                       "time per job; nothing injected")
+        raise Conflict(
+            f"drill {running} is still running on job {body.job!r}: one drill at a "
+            "time per job; nothing injected"
+        )
     busy = _open_incident_of(session, body.job, body.role, target.rank)
     if busy is not None:
-        raise Conflict(f"incident {busy} is still open for {body.role}-{target.rank} of job "
-                       f"{body.job!r}: drill a process once its last incident resolved (the "
-                       "drill's own incident could not be told apart); nothing injected")
+        raise Conflict(
+            f"incident {busy} is still open for {body.role}-{target.rank} of job "
+            f"{body.job!r}: drill a process once its last incident resolved (the "
+            "drill's own incident could not be told apart); nothing injected"
+        )
     if target.node_name is None:
-        raise Conflict(f"no node reported {body.job}/{body.role}-{target.rank}: its node's "
-                       "launcher cannot be reached; nothing injected")
+        raise Conflict(
+            f"no node reported {body.job}/{body.role}-{target.rank}: its node's "
+            "launcher cannot be reached; nothing injected"
+        )
     if target.phase in (EXITED_PHASE, *FINISHED_PHASES):
-        raise Conflict(f"{body.role}-{target.rank} of job {body.job!r} is not running (phase "
-                       f"{target.phase}): nothing injected")
-    return DrillTarget(body.job, body.role, target.rank, target.node_name, body.fault,
-                       body.at_step)
+        raise Conflict(
+            f"{body.role}-{target.rank} of job {body.job!r} is not running (phase "
+            f"{target.phase}): nothing injected"
+        )
+    return DrillTarget(body.job, body.role, target.rank, target.node_name, body.fault, body.at_step)
 
 
 def _open_incident_of(session: Session, job: str, role: str, rank: int) -> int | None:

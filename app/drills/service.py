@@ -21,15 +21,15 @@ from app.models.drill import Drill, DrillStatus
 # what really happened.
 EXPECTED = {
     "kill": "its launcher reports the exit at once: heartbeat_lost (medium) opens and RLGuard "
-            "restarts only that process (restart_role); in the job's first step it is heavy "
-            "instead (first-step anomaly: SAFE_MODE, a whole-job restart waits for an approver)",
+    "restarts only that process (restart_role); in the job's first step it is heavy "
+    "instead (first-step anomaly: SAFE_MODE, a whole-job restart waits for an approver)",
     "hang": "its heartbeat goes silent: suspected, then confirmed after the policy's windows: "
-            "heartbeat_lost (medium) opens, its Python stacks are captured and the process is "
-            "restarted (restart_role)",
+    "heartbeat_lost (medium) opens, its Python stacks are captured and the process is "
+    "restarted (restart_role)",
     "oom": "the step fails with a CUDA out-of-memory error: the step is recorded and skipped "
-           "(light), training goes on without a restart",
+    "(light), training goes on without a restart",
     "disk-full": "the checkpoint write fails: storage_unwritable (heavy) puts the job in "
-                 "SAFE_MODE and the restore waits for an approver",
+    "SAFE_MODE and the restore waits for an approver",
 }
 _POLL_SECONDS = 0.2
 
@@ -60,8 +60,14 @@ def request_drill(
         actor=actor,
         action="drill.plan" if body.plan else "drill.request",
         target=f"job:{target.job}",
-        detail={"drill": row.id, "fault": target.fault, "role": target.role,
-                "rank": target.rank, "node": target.node, "at_step": target.at_step},
+        detail={
+            "drill": row.id,
+            "fault": target.fault,
+            "role": target.role,
+            "rank": target.rank,
+            "node": target.node,
+            "at_step": target.at_step,
+        },
     )
     return row
 

@@ -16,8 +16,14 @@ from app.models import Job
 from recovery.supervision.requests import JOB_DIR_PATTERN
 
 # A status's colour on the page (the dashboard's badge levels).
-STATUS_LEVELS = {"recovered": "ok", "unrecovered": "bad", "refused": "idle",
-                 "requested": "warn", "injected": "warn", "planned": "idle"}
+STATUS_LEVELS = {
+    "recovered": "ok",
+    "unrecovered": "bad",
+    "refused": "idle",
+    "requested": "warn",
+    "injected": "warn",
+    "planned": "idle",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +45,22 @@ def report_figures(rep: dict[str, Any]) -> list[tuple[str, str]]:
     actions = ", ".join(f"{a['action']}: {a['status']}" for a in rep.get("actions") or [])
     redone = rep.get("steps_redone")
     return [
-        ("incident", f"#{inc['id']} {inc['kind']} ({inc['tier']}, {inc['status']})" if inc
-         else "none"),
+        (
+            "incident",
+            f"#{inc['id']} {inc['kind']} ({inc['tier']}, {inc['status']})" if inc else "none",
+        ),
         ("detection delay", _seconds(rep.get("detection_delay_seconds"))),
         ("action", actions or "none"),
         ("first new step", _seconds(rep.get("time_to_first_new_step_seconds"))),
         ("steps redone", "—" if redone is None else str(redone)),
         ("generations redone", generations_text(rep)),
         ("seconds lost", _seconds(rep.get("seconds_lost"))),
-        ("whole-job restart", f"{_seconds(cf['seconds_lost'])} lost, {cf['steps_redone']} steps "
-         "redone" if cf else "—"),
+        (
+            "whole-job restart",
+            f"{_seconds(cf['seconds_lost'])} lost, {cf['steps_redone']} steps redone"
+            if cf
+            else "—",
+        ),
     ]
 
 
@@ -69,6 +81,9 @@ def drill_summaries(session: Session, *, job: str | None, limit: int = 100) -> l
     out = []
     for row in list_drills(session, job=job, limit=limit):
         public = drill_public(row)
-        out.append(DrillSummary(public, STATUS_LEVELS.get(public.status, "idle"),
-                                report_figures(public.report)))
+        out.append(
+            DrillSummary(
+                public, STATUS_LEVELS.get(public.status, "idle"), report_figures(public.report)
+            )
+        )
     return out

@@ -105,9 +105,7 @@ def incident_cost(
         "recover": subtract(Interval(detected, recovered), waits),
         "redo": [Interval(start, fault), Interval(recovered, max(recovered, span_end))],
     }
-    segments = {
-        name: measure(clip_all(ivs, lost.start, lost.end)) for name, ivs in pieces.items()
-    }
+    segments = {name: measure(clip_all(ivs, lost.start, lost.end)) for name, ivs in pieces.items()}
     mark = history.mark_at(fault)
     lowest = history.lowest_step_between(fault, span_end)
     redone = max(0, mark - lowest) if mark is not None and lowest is not None else 0

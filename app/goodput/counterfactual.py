@@ -73,7 +73,9 @@ def class_costs(classes: Mapping[str, object]) -> dict[str, ClassCost]:
     return out
 
 
-def startup_seconds(history: StepHistory, *, started_at: float, typical_step: float | None) -> float | None:
+def startup_seconds(
+    history: StepHistory, *, started_at: float, typical_step: float | None
+) -> float | None:
     """First report → first new step, less one typical step; None when not seen."""
     if not history.completions:
         return None
@@ -96,10 +98,7 @@ def whole_job_restart(
     redone = max(0, (mark or 0) - checkpoint_step) if checkpoint_step is not None else 0
     start = cost.lost.start
     seconds = (
-        (cost.fault_at - start)
-        + human_detection_seconds
-        + startup
-        + redone * (typical_step or 0.0)
+        (cost.fault_at - start) + human_detection_seconds + startup + redone * (typical_step or 0.0)
     )
     return Counterfactual(cost.id, Interval(start, start + seconds), redone)
 

@@ -77,7 +77,9 @@ def build_ledger(data: LedgerInput) -> JobGoodput:
         key=lambda c: (c.lost.start, c.id),
     )
     startup = startup_seconds(history, started_at=data.first_seen, typical_step=typical)
-    ckpt_source = "reported" if data.checkpoints else f"assumed every {data.checkpoint_every_steps} steps"
+    ckpt_source = (
+        "reported" if data.checkpoints else f"assumed every {data.checkpoint_every_steps} steps"
+    )
     rows, lost_spans, cf_spans, used = _in_window(data, costs, history, active, typical, startup)
     wall = active.seconds
     lost = measure(clip_all(lost_spans, active.start, active.end))

@@ -46,7 +46,9 @@ def check_window(since: datetime, until: datetime, *, now: datetime) -> None:
     """Raises InvalidInput naming the bad bound (naive, reversed, future, too long)."""
     for name, value in (("since", since), ("until", until)):
         if value.tzinfo is None:
-            raise InvalidInput(f"{name} must carry a time zone (e.g. ...Z), got {value.isoformat()!r}")
+            raise InvalidInput(
+                f"{name} must carry a time zone (e.g. ...Z), got {value.isoformat()!r}"
+            )
     if since >= until:
         raise InvalidInput(
             f"since ({since.isoformat()}) must be before until ({until.isoformat()})"
@@ -61,7 +63,13 @@ def check_window(since: datetime, until: datetime, *, now: datetime) -> None:
 
 
 def job_goodput(
-    session: Session, *, job: str, since: datetime, until: datetime, now: datetime, settings: Settings
+    session: Session,
+    *,
+    job: str,
+    since: datetime,
+    until: datetime,
+    now: datetime,
+    settings: Settings,
 ) -> JobGoodput:
     """The ledger of ``job`` over ``[since, until)`` (``until`` is capped at ``now``).
 
@@ -89,8 +97,9 @@ def _ledger_input(
 ) -> LedgerInput:
     g = settings.goodput
     steps, started = _steps(session, job.name, roles=g.trainer_roles, since=since, until=until)
-    first_seen = min(started if started is not None else job.created_at.timestamp(),
-                     job.created_at.timestamp())
+    first_seen = min(
+        started if started is not None else job.created_at.timestamp(), job.created_at.timestamp()
+    )
     last_seen = max(
         (job.last_seen_at or job.created_at).timestamp(),
         steps[-1].at if steps else first_seen,
@@ -209,9 +218,7 @@ def _drill_incidents(session: Session, job: str) -> set[int]:
     return out
 
 
-def _approval_wait(
-    ap: Approval, *, held: bool, releases: list[float], until: datetime
-) -> Interval:
+def _approval_wait(ap: Approval, *, held: bool, releases: list[float], until: datetime) -> Interval:
     """From the request until an approver let the job go on.
 
     Approved: the decision. Rejected or expired while the job is held in SAFE_MODE: the job
@@ -277,7 +284,11 @@ def _gpu_count(
         seen[node].add((labels or {}).get("gpu"))
     reported = sum(len(seen[n]) for n in nodes if seen.get(n))
     missing = [n for n in nodes if not seen.get(n)]
-    source = "reported" if not missing else ("default" if len(missing) == len(nodes) else "partly default")
+    source = (
+        "reported"
+        if not missing
+        else ("default" if len(missing) == len(nodes) else "partly default")
+    )
     return reported + default_per_node * len(missing), source
 
 
@@ -306,7 +317,9 @@ def metrics_snapshot(
     return out
 
 
-def metrics_source(engine: Engine, settings: Settings) -> Callable[[], list[tuple[str, float, float]]]:
+def metrics_source(
+    engine: Engine, settings: Settings
+) -> Callable[[], list[tuple[str, float, float]]]:
     """What ``app.metrics.GoodputCollector`` calls (in the scrape's thread)."""
 
     def compute() -> list[tuple[str, float, float]]:

@@ -61,7 +61,14 @@ def assumption_rows(g: JobGoodput) -> list[tuple[str, str]]:
 
 
 INCIDENT_HEADER = (
-    "#", "kind", "tier", "fault (UTC)", *SEGMENTS, "lost", "counted", "redone steps",
+    "#",
+    "kind",
+    "tier",
+    "fault (UTC)",
+    *SEGMENTS,
+    "lost",
+    "counted",
+    "redone steps",
     "whole-job restart",
 )
 

@@ -388,9 +388,7 @@ def _record_verdicts(
     for v in verdicts:
         if v.verdict == Verdict.RUN:
             continue
-        type_ = (
-            IncidentEventType.BREAKER_TRIPPED if v.tripped else _VERDICT_EVENT[v.verdict]
-        )
+        type_ = IncidentEventType.BREAKER_TRIPPED if v.tripped else _VERDICT_EVENT[v.verdict]
         add_event(
             session,
             incident_id=inc.id,

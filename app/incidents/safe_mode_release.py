@@ -382,7 +382,8 @@ def on_release_succeeded(session: Session, *, action: RecoveryAction, now: datet
         r
         for r in session.exec(
             select(RecoveryAction).where(
-                RecoveryAction.incident_id == inc.id, RecoveryAction.action == ActionName.RELEASE_SAFE_MODE
+                RecoveryAction.incident_id == inc.id,
+                RecoveryAction.action == ActionName.RELEASE_SAFE_MODE,
             )
         ).all()
         if r.idempotency_key.startswith(key)

@@ -55,7 +55,12 @@ class IngestGroup:
 
     def __bool__(self) -> bool:
         return bool(
-            self.cursors or self.nodes or self.jobs or self.participants or self.phases or self.steps
+            self.cursors
+            or self.nodes
+            or self.jobs
+            or self.participants
+            or self.phases
+            or self.steps
         )
 
 

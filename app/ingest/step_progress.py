@@ -113,7 +113,13 @@ def write_step_changes(conn: Connection, changes: list[StepChange]) -> None:
     conn.execute(
         _insert(conn.dialect.name),
         [
-            {"job_name": c.job, "role": c.role, "rank": c.rank, "step": c.step, "at": from_epoch(c.ts)}
+            {
+                "job_name": c.job,
+                "role": c.role,
+                "rank": c.rank,
+                "step": c.step,
+                "at": from_epoch(c.ts),
+            }
             for c in changes
         ],
     )

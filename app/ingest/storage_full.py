@@ -65,9 +65,7 @@ def _first_line(exc: BaseException) -> str:
 class StorageFullCircuit:
     """Open for ``hold_seconds`` after a commit failed because storage is full."""
 
-    def __init__(
-        self, hold_seconds: float, *, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, hold_seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.hold_seconds = hold_seconds
         self._clock = clock
         self._cause: str | None = None

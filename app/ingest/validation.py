@@ -216,8 +216,11 @@ class BatchValidator:
         batch's early quota checks as ``_validate_typed`` would; anything in doubt is left to
         ``_validate_typed``, which then judges the whole batch."""
         known = self._text_keys.get(doc.node, {})
-        fresh = [s for k, s in {(s.name, bytes(s.labels)): s for s in doc.samples}.items()
-                 if k not in known]
+        fresh = [
+            s
+            for k, s in {(s.name, bytes(s.labels)): s for s in doc.samples}.items()
+            if k not in known
+        ]
         gate = self._batch_gate
         for at in range(0, len(fresh), NEW_SERIES_SLICE):
             if at:

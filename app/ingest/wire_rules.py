@@ -32,7 +32,10 @@ MAX_SEQ = 2**62  # below the bigint column's 2^63 - 1, with room for the window 
 MAX_STEP = 2**31 - 1  # the column is INTEGER (32-bit) on PostgreSQL
 MAX_RANK = 1_000_000
 # In DecodeBounds' field order (each constant is named after its field).
-DECODE_BOUNDS = DecodeBounds(MIN_TIMESTAMP, MAX_TIMESTAMP, MAX_ABS_VALUE, MAX_SEQ, MAX_STEP, MAX_RANK)
+DECODE_BOUNDS = DecodeBounds(
+    MIN_TIMESTAMP, MAX_TIMESTAMP, MAX_ABS_VALUE, MAX_SEQ, MAX_STEP, MAX_RANK
+)
+
 
 def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]]:
     """(envelope model, full documentation model) for these limits."""

@@ -89,6 +89,12 @@ def choose_actions(
     heavy = classification.tier is Tier.HEAVY
     automatic = set(policy.approval.automatic_actions)
     subj = signal.subject
+    who = {"role": subj.role, "rank": subj.rank}  # the participant the signal is about
+    kind = signal.kind.value
+    retry = {
+        "max_retries": policy.recovery.rollout_retry_times,
+        "timeout_sec": policy.recovery.rollout_timeout_sec,
+    }
     out: list[PlannedAction] = []
 
     def add(action: ActionName, job: str | None, node: str | None, **params: object) -> None:
@@ -114,24 +120,15 @@ def choose_actions(
                 nodes = sorted({p.node for p in members}) or ([subj.node] if subj.node else [])
                 for node in nodes:
                     if held_stacks is not None and node == subj.node and job == subj.job:
-                        add(action, job, node, reason=signal.kind.value, role=subj.role,
-                            rank=subj.rank, capture_stacks=held_stacks)
+                        add(action, job, node, reason=kind, capture_stacks=held_stacks, **who)
                     else:
-                        add(action, job, node, reason=signal.kind.value)
+                        add(action, job, node, reason=kind)
             elif action is ActionName.RETRY_ROLLOUT_BATCH:
                 if subj.node:
-                    add(
-                        action,
-                        job,
-                        subj.node,
-                        role=subj.role,
-                        rank=subj.rank,
-                        max_retries=policy.recovery.rollout_retry_times,
-                        timeout_sec=policy.recovery.rollout_timeout_sec,
-                    )
+                    add(action, job, subj.node, **who, **retry)
             elif action is ActionName.SKIP_FAILED_STEP:
                 if subj.node:
-                    add(action, job, subj.node, step=signal.step, role=subj.role, rank=subj.rank)
+                    add(action, job, subj.node, step=signal.step, **who)
             elif action is ActionName.REBUILD_SHARD:
                 if subj.node:
                     add(action, job, subj.node, rank=subj.rank)
@@ -140,13 +137,11 @@ def choose_actions(
             elif action is ActionName.RESTART_ROLE:
                 stacks = _stacks_wanted(policy, signal)
                 if subj.role is not None:
-                    add(action, job, subj.node, role=subj.role, rank=subj.rank,
-                        capture_stacks=stacks)
+                    add(action, job, subj.node, capture_stacks=stacks, **who)
                 else:
                     on_node = [p for p in members if subj.node is None or p.node == subj.node]
                     for p in sorted(on_node, key=lambda p: (p.role, p.rank)):
-                        add(action, job, p.node, role=p.role, rank=p.rank,
-                            capture_stacks=stacks)
+                        add(action, job, p.node, role=p.role, rank=p.rank, capture_stacks=stacks)
             elif action is ActionName.DRAIN_NODE:
                 xid = signal.extra.get("xid")
                 if subj.node and isinstance(xid, int) and xid in policy.detection.gpu.drain_xids:

@@ -144,7 +144,6 @@ class HeartbeatDetection(_Strict):
         return self
 
 
-
 class StartupDetection(_Strict):
     """Start-up grace (issue 20): a participant in one of ``phases`` (its launcher started it
     and it has not reported for itself yet), or within ``startup_grace_seconds[role]`` of the
@@ -411,9 +410,7 @@ class Guardrails(_Strict):
         default_factory=lambda: {ActionName.RESTART_ROLE: ActionBudget()}
     )
     job_breaker: BreakerLimits = BreakerLimits(max_actions=20, max_nodes=8, window_seconds=600)
-    cluster_breaker: BreakerLimits = BreakerLimits(
-        max_actions=60, max_nodes=16, window_seconds=600
-    )
+    cluster_breaker: BreakerLimits = BreakerLimits(max_actions=60, max_nodes=16, window_seconds=600)
 
     @model_validator(mode="after")
     def _automatic_kinds_only(self) -> Guardrails:

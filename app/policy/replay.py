@@ -126,9 +126,7 @@ class ReplayIngest:
         self.participants: dict[tuple[str, str, int], ParticipantView] = {}
         self.node_last_seen: dict[str, float] = {}
         self.fingerprints: dict[str, dict[str, str]] = {}
-        self.clock_offsets = ClockOffsets(
-            IngestLimits().clock_correct_above_seconds / time_scale
-        )
+        self.clock_offsets = ClockOffsets(IngestLimits().clock_correct_above_seconds / time_scale)
 
     def apply(self, batch: dict[str, Any]) -> None:
         node = batch["node"]
@@ -171,12 +169,17 @@ def _as_valid(batch: dict[str, Any]) -> ValidBatch:
         seq=int(batch.get("seq", 0)),
         sent_at=float(batch["sent_at"]),
         samples=[
-            (SeriesKey.of(node, s["name"], s.get("labels") or {}), float(s["ts"]), float(s["value"]))
+            (
+                SeriesKey.of(node, s["name"], s.get("labels") or {}),
+                float(s["ts"]),
+                float(s["value"]),
+            )
             for s in batch["samples"]
         ],
         participants=[
-            ParticipantReport(p["job"], p["role"], int(p["rank"]), p["phase"], int(p["step"]),
-                              float(p["ts"]))
+            ParticipantReport(
+                p["job"], p["role"], int(p["rank"]), p["phase"], int(p["step"]), float(p["ts"])
+            )
             for p in batch.get("participants") or []
         ],  # fmt: skip
         fingerprint=batch.get("fingerprint"),
@@ -418,8 +421,12 @@ def format_report(result: ReplayResult, sc: Score | None = None) -> list[str]:
 
 
 def replay_file(
-    trace: str | Path, *, speed: float | None = None, policy_path: str | Path | None = None,
-    tail_seconds: float = 0.0, compress_by: float = 1.0,
+    trace: str | Path,
+    *,
+    speed: float | None = None,
+    policy_path: str | Path | None = None,
+    tail_seconds: float = 0.0,
+    compress_by: float = 1.0,
 ) -> tuple[ReplayResult, Score | None]:
     """Replay one trace file (and score it when a labels file sits beside it).
 
@@ -457,6 +464,7 @@ def replay_file(
 
 # -- a corpus: many labelled traces, one verdict ----------------------------------------------
 
+
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """The trace files named: a file as given, a directory as its ``*.jsonl[.gz]`` files."""
     out: list[Path] = []
@@ -487,7 +495,9 @@ class CorpusResult:
 
 
 def replay_corpus(
-    paths: Iterable[str | Path], *, policy_path: str | Path | None = None,
+    paths: Iterable[str | Path],
+    *,
+    policy_path: str | Path | None = None,
     compress_by: float = 1.0,
 ) -> CorpusResult:
     """Replay and score every trace named (each must have its labels file)."""
@@ -501,7 +511,9 @@ def replay_corpus(
             continue
         out.total.add(sc)
         worst = max(sc.delays, default=0.0)
-        verdict = "ok" if not (sc.missed or sc.false_positive or sc.false_heavy or sc.late) else "FAIL"
+        verdict = (
+            "ok" if not (sc.missed or sc.false_positive or sc.false_heavy or sc.late) else "FAIL"
+        )
         out.lines.append(
             f"{verdict:4} {trace.name}: expected {sc.expected}, found {sc.matched}, opened "
             f"{sc.opened}" + (f", longest delay {worst:.3f}s" if sc.delays else "")

@@ -39,9 +39,7 @@ SAME_ROOT_CAUSE: tuple[tuple[FaultKind, ...], ...] = ((FaultKind.GPU_XID, FaultK
 def drop_superseded(signals: list[FaultSignal]) -> list[FaultSignal]:
     present = {(s.kind, s.subject.job, s.subject.role, s.subject.rank) for s in signals}
     explained = {
-        (loser, s.subject.job)
-        for s in signals
-        for loser in JOB_SUPERSEDES.get(s.kind, ())
+        (loser, s.subject.job) for s in signals for loser in JOB_SUPERSEDES.get(s.kind, ())
     }
     out = []
     for s in signals:

@@ -143,8 +143,7 @@ def alert_mute(session: Session, incident: Incident, now: datetime) -> Mute | No
     if node_incident is not None:
         return Mute(
             IncidentEventType.INHIBITED,
-            f"inhibited by incident #{node_incident.id} ({node_incident.kind} on "
-            f"{incident.node})",
+            f"inhibited by incident #{node_incident.id} ({node_incident.kind} on {incident.node})",
             {"incident_id": node_incident.id, "kind": node_incident.kind},
             inhibitor=node_incident,
         )

@@ -26,8 +26,13 @@ ASK_AGAIN_SECONDS = 2.0
 
 
 @celery_app.task(  # type: ignore[untyped-decorator]
-    bind=True, name=dispatch.INJECT_TASK, acks_late=True, reject_on_worker_lost=True,
-    autoretry_for=(OperationalError,), retry_backoff=True, max_retries=8,
+    bind=True,
+    name=dispatch.INJECT_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=8,
 )
 def inject(self: Task, drill_id: int) -> str:
     settings = get_settings()
@@ -37,13 +42,20 @@ def inject(self: Task, drill_id: int) -> str:
             node = get_drill(session, drill_id).node
         dispatch.send_injection(celery_app, drill_id, node, countdown=ASK_AGAIN_SECONDS)
     elif nxt is Next.FOLLOW:
-        dispatch.send_follow(celery_app, drill_id, countdown=settings.drills.follow_interval_seconds)
+        dispatch.send_follow(
+            celery_app, drill_id, countdown=settings.drills.follow_interval_seconds
+        )
     return nxt.value
 
 
 @celery_app.task(  # type: ignore[untyped-decorator]
-    bind=True, name=dispatch.FOLLOW_TASK, acks_late=True, reject_on_worker_lost=True,
-    autoretry_for=(OperationalError,), retry_backoff=True, max_retries=8,
+    bind=True,
+    name=dispatch.FOLLOW_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=8,
 )
 def follow(self: Task, drill_id: int) -> bool:
     settings = get_settings()
@@ -51,7 +63,9 @@ def follow(self: Task, drill_id: int) -> bool:
         done = follow_drill(session, drill_id, now=utcnow(), settings=settings)
         session.commit()
     if not done:
-        dispatch.send_follow(celery_app, drill_id, countdown=settings.drills.follow_interval_seconds)
+        dispatch.send_follow(
+            celery_app, drill_id, countdown=settings.drills.follow_interval_seconds
+        )
         return done
     with Session(_engine()) as session:
         node = awaiting_figures(session, drill_id)
@@ -61,8 +75,13 @@ def follow(self: Task, drill_id: int) -> bool:
 
 
 @celery_app.task(  # type: ignore[untyped-decorator]
-    bind=True, name=dispatch.FIGURES_TASK, acks_late=True, reject_on_worker_lost=True,
-    autoretry_for=(OperationalError,), retry_backoff=True, max_retries=8,
+    bind=True,
+    name=dispatch.FIGURES_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=8,
 )
 def figures(self: Task, drill_id: int) -> bool:
     return finish_drill(_engine(), drill_id, _hook_setup(), now=utcnow())
@@ -70,5 +89,6 @@ def figures(self: Task, drill_id: int) -> bool:
 
 def _hook_setup() -> HookSetup:
     settings = get_settings()
-    return HookSetup(settings.recovery.launcher, HOOK_WAIT_SECONDS,
-                     settings.drills.arm_timeout_seconds)
+    return HookSetup(
+        settings.recovery.launcher, HOOK_WAIT_SECONDS, settings.drills.arm_timeout_seconds
+    )

@@ -27,9 +27,14 @@ def drills_page(
         return error_page(request, page, "Bad request", str(exc), status_code=422)
     except NotFound as exc:
         return error_page(request, page, "No such job", str(exc), status_code=404)
-    return render(request, page, "pages/drills.html", {
-        "drills": drill_summaries(session, job=name),
-        "job": name,
-        "poll_seconds": POLL_SECONDS,
-        "active_nav": "drills",
-    })
+    return render(
+        request,
+        page,
+        "pages/drills.html",
+        {
+            "drills": drill_summaries(session, job=name),
+            "job": name,
+            "poll_seconds": POLL_SECONDS,
+            "active_nav": "drills",
+        },
+    )

@@ -172,7 +172,9 @@ class RayCollector:
             participants.append(
                 {"job": m.job, "role": m.role, "rank": m.rank, "phase": phase, "step": 0, "ts": now}
             )
-            samples.append(_sample("ray_actor_alive", 1 if phase == PHASE_RUNNING else 0, now, labels))
+            samples.append(
+                _sample("ray_actor_alive", 1 if phase == PHASE_RUNNING else 0, now, labels)
+            )
             samples.append(_sample("ray_actor_restarts_total", m.actor.num_restarts, now, labels))
             if phase in (PHASE_DEAD, PHASE_RESTARTING):
                 reason = m.actor.death_reason or "UNKNOWN"

@@ -193,31 +193,59 @@ class RayHook:
         hook does not have, and are refused."""
         fault, dry_run = extra.get("fault"), extra.get("dry_run") is True
         if fault not in ("kill", "hang"):
-            raise Refused(f"the Ray hook cannot inject {fault!r} into an actor: it signals the "
-                          "actor's process from outside (drill kill or hang)")
+            raise Refused(
+                f"the Ray hook cannot inject {fault!r} into an actor: it signals the "
+                "actor's process from outside (drill kill or hang)"
+            )
         if extra.get("at_step") is not None:
-            raise Refused("the Ray hook cannot wait for a step (it does not watch the actor): "
-                          "drill without --at-step")
+            raise Refused(
+                "the Ray hook cannot wait for a step (it does not watch the actor): "
+                "drill without --at-step"
+            )
         recorded = self._recorded(key)
         if recorded is not None and recorded.get("action") == "inject_fault":
             return {**recorded, "already": True}
         actor = self._find(job, role, rank)[0].actor
         pid = actor.pid
         try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            title = (
+                Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            )
         except OSError:
             title = ""
-        if actor.state != "ALIVE" or pid is None or not title.startswith(f"ray::{actor.class_name}"):
-            raise Refused(f"Ray actor {actor.name or actor.actor_id} ({actor.state}, pid {pid}) "
-                          "is not an alive actor process on this node: a drill signals a local "
-                          "process only")
-        what = (f"SIGKILL {role}-{rank} (Ray actor {actor.name}, pid {pid})" if fault == "kill"
-                else f"SIGSTOP {role}-{rank} (Ray actor {actor.name}, pid {pid}): alive, silent")
+        if (
+            actor.state != "ALIVE"
+            or pid is None
+            or not title.startswith(f"ray::{actor.class_name}")
+        ):
+            raise Refused(
+                f"Ray actor {actor.name or actor.actor_id} ({actor.state}, pid {pid}) "
+                "is not an alive actor process on this node: a drill signals a local "
+                "process only"
+            )
+        what = (
+            f"SIGKILL {role}-{rank} (Ray actor {actor.name}, pid {pid})"
+            if fault == "kill"
+            else f"SIGSTOP {role}-{rank} (Ray actor {actor.name}, pid {pid}): alive, silent"
+        )
         if dry_run:
-            return {"ok": True, "dry_run": True, "target": f"{role}-{rank}", "target_pid": pid,
-                    "what": what + " now"}
-        record = {"ok": True, "action": "inject_fault", "fault": fault, "target": f"{role}-{rank}",
-                  "target_pid": pid, "injected_at": time.time(), "step": None, "what": what}
+            return {
+                "ok": True,
+                "dry_run": True,
+                "target": f"{role}-{rank}",
+                "target_pid": pid,
+                "what": what + " now",
+            }
+        record = {
+            "ok": True,
+            "action": "inject_fault",
+            "fault": fault,
+            "target": f"{role}-{rank}",
+            "target_pid": pid,
+            "injected_at": time.time(),
+            "step": None,
+            "what": what,
+        }
         write_json_atomic(self._ledger(key), record)  # recorded before the signal
         os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         return {**record, "already": False}
@@ -269,7 +297,7 @@ class RayHook:
             raise Refused(
                 f"job {job!r} has no Ray job submitted through the Jobs API (submitted: "
                 f"{', '.join(seen) or 'none'}): it cannot be resubmitted (submit it with ray job "
-                f"submit --metadata-json '{{\"rlguard_job\": \"{job}\"}}')"
+                f'submit --metadata-json \'{{"rlguard_job": "{job}"}}\')'
             )
         running = [r for r in mine if r.status not in _TERMINAL]
         return (running or mine)[-1]
@@ -394,7 +422,9 @@ def write_hook(path: Path, argv: list[str], python: str = sys.executable) -> Non
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG)
-    p.add_argument("action", choices=[*_ACTIONS, "inject_fault", "drill_figures", *_NOT_THROUGH_RAY])
+    p.add_argument(
+        "action", choices=[*_ACTIONS, "inject_fault", "drill_figures", *_NOT_THROUGH_RAY]
+    )
     add_request_arguments(p)
     p.add_argument("--wait", type=float, help="accepted for the drill worker; answered at once")
     p.add_argument("--dashboard", required=True, help="the Ray dashboard, http://HEAD:8265")
@@ -471,8 +501,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "restart_role":
             answer = hook.restart_role(args.job, args.role, int(args.rank), args.idempotency_key)
         elif args.action == "inject_fault":
-            answer = hook.inject_fault(args.job, args.role, int(args.rank), args.idempotency_key,
-                                       extra if isinstance(extra, dict) else {})
+            answer = hook.inject_fault(
+                args.job,
+                args.role,
+                int(args.rank),
+                args.idempotency_key,
+                extra if isinstance(extra, dict) else {},
+            )
         else:
             answer = hook.restart_job(args.job, args.idempotency_key)
     except Refused as exc:

@@ -144,16 +144,24 @@ class RayStateReader:
         try:
             from ray.util.state import list_actors, list_jobs, list_nodes
         except ImportError as exc:
-            raise RayUnavailable(f"ray is not installed: pip install 'rlguard[ray]' ({exc})") from None
+            raise RayUnavailable(
+                f"ray is not installed: pip install 'rlguard[ray]' ({exc})"
+            ) from None
         address = None if self.address == "auto" else self.address
         timeout = max(1, round(self.timeout))  # the state API takes whole seconds
         try:
             actors = list_actors(
-                address=address, limit=self.limit, timeout=timeout, detail=True,
+                address=address,
+                limit=self.limit,
+                timeout=timeout,
+                detail=True,
                 raise_on_missing_output=False,
             )
             nodes = list_nodes(
-                address=address, limit=self.limit, timeout=timeout, detail=True,
+                address=address,
+                limit=self.limit,
+                timeout=timeout,
+                detail=True,
                 raise_on_missing_output=False,
             )
             jobs = list_jobs(address=address, limit=self.limit, timeout=timeout, detail=True)

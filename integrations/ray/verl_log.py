@@ -74,7 +74,12 @@ class VerlLogTail:
     """Follows verl's file logger and hands out the newest signals with the job's labels."""
 
     def __init__(
-        self, path: Path, *, job: str, role: str = "trainer", rank: int = 0,
+        self,
+        path: Path,
+        *,
+        job: str,
+        role: str = "trainer",
+        rank: int = 0,
         clock: Callable[[], float] | None = None,
     ) -> None:
         import time

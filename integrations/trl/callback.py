@@ -85,8 +85,10 @@ ROLLOUT, TRAIN, EVAL, SAVE, SAFE_MODE, DONE = (
 WAIT_ENGINE = "WAIT_ENGINE"
 
 DRILL_OOM_POINT = "its next optimizer step raises torch.OutOfMemoryError (RLGuard's TRL callback)"
-DRILL_DISK_FULL_POINT = ("its next step end saves a checkpoint and the save fails with ENOSPC, "
-                         "'No space left on device' (RLGuard's TRL callback)")
+DRILL_DISK_FULL_POINT = (
+    "its next step end saves a checkpoint and the save fails with ENOSPC, "
+    "'No space left on device' (RLGuard's TRL callback)"
+)
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
@@ -164,8 +166,12 @@ class RLGuardCallback(TrainerCallback):
         self._carry_fault_counts(previous)
         self._role, self._rank = role, rank
         try:
-            drill_points.declare(self._run_dir, role, rank,
-                                 {"oom": DRILL_OOM_POINT, "disk-full": DRILL_DISK_FULL_POINT})
+            drill_points.declare(
+                self._run_dir,
+                role,
+                rank,
+                {"oom": DRILL_OOM_POINT, "disk-full": DRILL_DISK_FULL_POINT},
+            )
         except OSError as exc:  # those drills are refused then, training is not affected
             log.warning("could not declare the drill injection points: %s", exc)
         self._safe_mode_poll = float(safe_mode_poll)
@@ -371,8 +377,9 @@ class RLGuardCallback(TrainerCallback):
         config = getattr(model, "generation_config", None)
         pad_id = getattr(config, "pad_token_id", None)
         eos = getattr(config, "eos_token_id", None)
-        ends = tuple(i for i in (eos if isinstance(eos, list | tuple) else [eos])
-                     if isinstance(i, int))
+        ends = tuple(
+            i for i in (eos if isinstance(eos, list | tuple) else [eos]) if isinstance(i, int)
+        )
 
         @functools.wraps(original)
         def generate(*call_args: Any, **call_kwargs: Any) -> Any:
@@ -435,8 +442,11 @@ class RLGuardCallback(TrainerCallback):
             return
         import torch  # the Trainer has imported it already
 
-        log.error("rlguard drill %s: raising an out-of-memory error at step %s",
-                  order.get("drill"), self._step_in_progress)
+        log.error(
+            "rlguard drill %s: raising an out-of-memory error at step %s",
+            order.get("drill"),
+            self._step_in_progress,
+        )
         raise torch.OutOfMemoryError(
             "CUDA out of memory. Tried to allocate 2.00 GiB (injected by rlguard drill "
             f"{order.get('drill')}: not a real allocation failure)"
@@ -451,10 +461,16 @@ class RLGuardCallback(TrainerCallback):
             return
         self._saving_step = step  # the exception hook counts it as a checkpoint error
         self._set_phase(SAVE, force=True)
-        log.error("rlguard drill %s: failing the checkpoint save of step %s with ENOSPC",
-                  order.get("drill"), step)
-        raise OSError(errno.ENOSPC, "No space left on device (injected by rlguard drill "
-                      f"{order.get('drill')}: checkpoint-{step} was not written)")
+        log.error(
+            "rlguard drill %s: failing the checkpoint save of step %s with ENOSPC",
+            order.get("drill"),
+            step,
+        )
+        raise OSError(
+            errno.ENOSPC,
+            "No space left on device (injected by rlguard drill "
+            f"{order.get('drill')}: checkpoint-{step} was not written)",
+        )
 
     def _excepthook(
         self, kind: type[BaseException], value: BaseException, tb: TracebackType | None

@@ -61,8 +61,9 @@ def _throwaway_step() -> None:
     from integrations.vllm.tiny_model import TinyModelSpec, build_model, build_tokenizer
 
     # The project's tiny Qwen2 (pad 0, eos 1, bos 2), at the warm-up's size.
-    spec = TinyModelSpec(hidden=_HIDDEN, layers=_LAYERS, heads=_HEADS, max_positions=64,
-                         alphabet=_ALPHABET)
+    spec = TinyModelSpec(
+        hidden=_HIDDEN, layers=_LAYERS, heads=_HEADS, max_positions=64, alphabet=_ALPHABET
+    )
     model: Any = build_model(spec, build_tokenizer(spec.alphabet))
     prompts = torch.randint(3, _VOCAB, (4, 4))
     mask = torch.ones_like(prompts)

@@ -63,7 +63,9 @@ class EngineClient:
         if resp.status_code >= 500:
             raise EngineUnavailable(f"{self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
         if resp.status_code >= 400:
-            raise EngineRequestError(f"{self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}")
+            raise EngineRequestError(
+                f"{self.url}{path}: HTTP {resp.status_code}: {resp.text[:300]}"
+            )
         return resp.json() if resp.content else None
 
     def healthy(self, timeout: float = 2.0) -> bool:
@@ -108,9 +110,7 @@ class EngineClient:
             )
         return Completion(tokens, logprobs, choice.get("finish_reason"))
 
-    def collective_rpc(
-        self, method: str, *args: Any, timeout: float | None = None
-    ) -> list[Any]:
+    def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """Run ``method`` of the worker extension on every worker; their results."""
         body: dict[str, Any] = {"method": method, "args": list(args)}
         if timeout is not None:

@@ -109,13 +109,19 @@ class DirectLoad:
                     # A fresh tensor the layer owns, the parts copied in as its row blocks.
                     shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
                     weight = target.buffer
-                    if weight is None or tuple(weight.shape) != shape or weight.dtype != parts[0].dtype:
+                    if (
+                        weight is None
+                        or tuple(weight.shape) != shape
+                        or weight.dtype != parts[0].dtype
+                    ):
                         weight = torch.empty(shape, dtype=parts[0].dtype)
                     size = weight.numel() * weight.element_size()
                     target.buffer = weight if kept + size <= KEEP_BUFFER_BYTES else None
                     kept += size if target.buffer is not None else 0
                     _copy_rows(weight, parts)
-                    setattr(target.module, target.leaf, torch.nn.Parameter(weight, requires_grad=False))
+                    setattr(
+                        target.module, target.leaf, torch.nn.Parameter(weight, requires_grad=False)
+                    )
                     copied = time.perf_counter()
                     target.module.quant_method.process_weights_after_loading(target.module)  # type: ignore[union-attr,operator]
                     copy_s += copied - started
@@ -141,10 +147,17 @@ def _copy_rows(dest: torch.Tensor, parts: Sequence[torch.Tensor]) -> None:
     for part in parts:
         block = dest.narrow(0, row, part.shape[0])
         row += part.shape[0]
-        if (block.device.type == part.device.type == "cpu" and block.dtype == part.dtype
-                and block.is_contiguous() and part.is_contiguous() and part.numel()):
-            np.copyto(np.frombuffer(byte_view(block), dtype=np.uint8),
-                      np.frombuffer(byte_view(part), dtype=np.uint8))
+        if (
+            block.device.type == part.device.type == "cpu"
+            and block.dtype == part.dtype
+            and block.is_contiguous()
+            and part.is_contiguous()
+            and part.numel()
+        ):
+            np.copyto(
+                np.frombuffer(byte_view(block), dtype=np.uint8),
+                np.frombuffer(byte_view(part), dtype=np.uint8),
+            )
         else:
             block.copy_(part)
 
@@ -174,12 +187,14 @@ def plan_direct_load(
         for i, part in enumerate(parts):
             for fused, shards in packed.items():
                 if part in shards:
-                    index, fused_parts = shards.index(part), [*parts[:i], fused, *parts[i + 1:]]
+                    index, fused_parts = shards.index(part), [*parts[:i], fused, *parts[i + 1 :]]
         param_name = ".".join(fused_parts)
         if param_name not in params:
             return None, f"{spec.name} maps to no parameter of the model ({param_name})"
         module_name, _, leaf = param_name.rpartition(".")
-        target = targets.setdefault(param_name, _Target(param_name, model.get_submodule(module_name), leaf))
+        target = targets.setdefault(
+            param_name, _Target(param_name, model.get_submodule(module_name), leaf)
+        )
         target.sources.append((index, spec.name))
     uncovered = sorted(set(params) - set(targets))
     if uncovered:
@@ -190,18 +205,25 @@ def plan_direct_load(
             return None, f"{target.param_name}: shards missing ({[n for _, n in target.sources]})"
         shapes = [by_spec[name].shape for _, name in target.sources]
         rows, tails = sum(s[0] for s in shapes), {tuple(s[1:]) for s in shapes}
-        if len(tails) != 1 or any(by_spec[n].dtype != by_spec[target.sources[0][1]].dtype
-                                  for _, n in target.sources):
+        if len(tails) != 1 or any(
+            by_spec[n].dtype != by_spec[target.sources[0][1]].dtype for _, n in target.sources
+        ):
             return None, f"{target.param_name}: parts differ in shape or dtype"
         module, param = target.module, params[target.param_name]
         method = getattr(module, "quant_method", None)
         if param.numel() == 0:
             # Packed and dropped at load: only an unquantized CPU linear is rebuilt here.
-            expected = (getattr(module, "output_size_per_partition", None),
-                        getattr(module, "input_size_per_partition", None))
-            if not (platform_cpu and isinstance(module, LinearBase)
-                    and type(method) is UnquantizedLinearMethod and target.leaf == "weight"
-                    and (rows, *tails.pop()) == expected):
+            expected = (
+                getattr(module, "output_size_per_partition", None),
+                getattr(module, "input_size_per_partition", None),
+            )
+            if not (
+                platform_cpu
+                and isinstance(module, LinearBase)
+                and type(method) is UnquantizedLinearMethod
+                and target.leaf == "weight"
+                and (rows, *tails.pop()) == expected
+            ):
                 return None, f"{target.param_name} is packed in a way not planned for"
             target.repack = True
             continue
@@ -210,12 +232,27 @@ def plan_direct_load(
             rows == param.shape[0] or (padded and rows < param.shape[0])
         ):
             return None, f"{target.param_name}: {rows} rows do not fit {tuple(param.shape)}"
-        if method is not None and not isinstance(method, UnquantizedLinearMethod | UnquantizedEmbeddingMethod):
+        if method is not None and not isinstance(
+            method, UnquantizedLinearMethod | UnquantizedEmbeddingMethod
+        ):
             return None, f"{target.param_name}: quantized ({type(method).__name__})"
     loaded = {params[name].data_ptr() for name in targets}
-    reprocess: list[torch.nn.Module] = [
-        m for m in model.modules() if platform_cpu and isinstance(m, VocabParallelEmbedding)
+    reprocess = _embeddings_to_reprocess(model, loaded) if platform_cpu else []
+    return DirectLoad(list(targets.values()), reprocess), "direct"
+
+
+def _embeddings_to_reprocess(model: torch.nn.Module, loaded: set[int]) -> list[torch.nn.Module]:
+    """The unquantized embeddings among the parameters loaded (CPU: their packed copies are
+    rebuilt after a load)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, VocabParallelEmbedding)
         and isinstance(getattr(m, "quant_method", None), UnquantizedEmbeddingMethod)
         and getattr(m, "weight").data_ptr() in loaded  # noqa: B009  # a Parameter, not a method
     ]
-    return DirectLoad(list(targets.values()), reprocess), "direct"

@@ -57,7 +57,9 @@ def parse_source(source: Mapping[str, Any]) -> tuple[str, str, str, int, list[Te
         raise ValueError(f"refit: version must be an int >= 0, got {version!r}")
     raw = source.get("specs")
     if not isinstance(raw, list) or not raw:
-        raise ValueError(f"refit: specs must be a non-empty list of [name, dtype, shape], got {raw!r}")
+        raise ValueError(
+            f"refit: specs must be a non-empty list of [name, dtype, shape], got {raw!r}"
+        )
     specs = []
     for item in raw:
         if not (isinstance(item, list | tuple) and len(item) == 3):
@@ -85,7 +87,9 @@ class RLGuardWeightLoader:
     # The direct load's plan, for the model and the specs it was made for: made at the first
     # refit, not at each. It names modules, which vLLM's reloads keep (they load in place), and
     # is used again only while the parameters' shapes are still those it planned for.
-    _rlguard_plan: tuple[torch.nn.Module, tuple[TensorSpec, ...], DirectLoad | None, str] | None = None
+    _rlguard_plan: tuple[torch.nn.Module, tuple[TensorSpec, ...], DirectLoad | None, str] | None = (
+        None
+    )
 
     def _rlguard_receiver_for(
         self, registry: str, weight_set: str, transport: str, specs: Sequence[TensorSpec]
@@ -116,8 +120,9 @@ class RLGuardWeightLoader:
         started = time.monotonic()
         report = receiver.pull(version, timeout=timeout)
         pulled = time.monotonic()
-        load_path, stages = self._rlguard_load_live(receiver, specs,
-                                                    direct=bool(source.get("direct", True)))
+        load_path, stages = self._rlguard_load_live(
+            receiver, specs, direct=bool(source.get("direct", True))
+        )
         self._rlguard_version = version
         return {
             "version": version,
@@ -136,8 +141,9 @@ class RLGuardWeightLoader:
             "relay": receiver.address,
         }
 
-    def _rlguard_load_live(self, receiver: WeightReceiver, specs: Sequence[TensorSpec], *,
-                           direct: bool) -> tuple[str, dict[str, float]]:
+    def _rlguard_load_live(
+        self, receiver: WeightReceiver, specs: Sequence[TensorSpec], *, direct: bool
+    ) -> tuple[str, dict[str, float]]:
         """Load the receiver's live version: straight into the parameters when the layout is
         one :mod:`integrations.vllm.direct_load` plans for, else through vLLM's in-place
         reload; which path it took ("direct", or why not) and the seconds of its stages."""
@@ -149,12 +155,18 @@ class RLGuardWeightLoader:
         if direct:
             model = self.model_runner.get_model()  # type: ignore[attr-defined]  # the Worker's
             cached = self._rlguard_plan
-            if cached is not None and cached[0] is model and cached[1] == tuple(specs) and (
-                    cached[2] is None or cached[2].still_fits()):
+            if (
+                cached is not None
+                and cached[0] is model
+                and cached[1] == tuple(specs)
+                and (cached[2] is None or cached[2].still_fits())
+            ):
                 plan, why = cached[2], cached[3]
             else:
                 plan, why = plan_direct_load(
-                    model, specs, tensor_parallel=get_tensor_model_parallel_world_size(),
+                    model,
+                    specs,
+                    tensor_parallel=get_tensor_model_parallel_world_size(),
                     platform_cpu=current_platform.is_cpu(),
                 )
                 self._rlguard_plan = (model, tuple(specs), plan, why)

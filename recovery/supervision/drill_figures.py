@@ -45,20 +45,31 @@ def generation_figures(run_dir: Path, since: float) -> dict[str, Any]:
     if (run_dir / "wal").is_dir():
         lost = [e for e in events if e.get("kind") == "lost_rollout"]
         samples = sum(int(e.get("samples") or 0) for e in lost)
-        return {"ok": True, "generations_redone": samples, "unit": "rollouts",
-                "batches_redone": len(lost),
-                "source": "the rollout write-ahead log: batches lost mid-generation "
-                          "(lost_rollout) are generated again, finished ones never"}
+        return {
+            "ok": True,
+            "generations_redone": samples,
+            "unit": "rollouts",
+            "batches_redone": len(lost),
+            "source": "the rollout write-ahead log: batches lost mid-generation "
+            "(lost_rollout) are generated again, finished ones never",
+        }
     if (run_dir / "generations").is_dir():
         redone = sum(1 for e in events if e.get("kind") == "generation_redone")
         reused = sum(1 for e in events if e.get("kind") == "generation_reused")
-        return {"ok": True, "generations_redone": redone, "generations_reused": reused,
-                "unit": "batches",
-                "source": "TRL's generation log: generation_redone and generation_reused events"}
-    return {"ok": True, "generations_redone": None,
-            "note": "not measured: the job records no generations in its run directory (no "
-                    "rollout write-ahead log wal/, no TRL generation log generations/), so "
-                    "which ones a restart generated again is not known"}
+        return {
+            "ok": True,
+            "generations_redone": redone,
+            "generations_reused": reused,
+            "unit": "batches",
+            "source": "TRL's generation log: generation_redone and generation_reused events",
+        }
+    return {
+        "ok": True,
+        "generations_redone": None,
+        "note": "not measured: the job records no generations in its run directory (no "
+        "rollout write-ahead log wal/, no TRL generation log generations/), so "
+        "which ones a restart generated again is not known",
+    }
 
 
 def figures_answer(run_dir: Path | None, extra: Any) -> dict[str, Any]:
@@ -67,9 +78,14 @@ def figures_answer(run_dir: Path | None, extra: Any) -> dict[str, Any]:
     ``--extra``."""
     since = extra.get("since") if isinstance(extra, dict) else None
     if isinstance(since, bool) or not isinstance(since, int | float):
-        raise ValueError(f"drill_figures needs --extra='{{\"since\": EPOCH_SECONDS}}', got {extra!r}")
+        raise ValueError(
+            f"drill_figures needs --extra='{{\"since\": EPOCH_SECONDS}}', got {extra!r}"
+        )
     if run_dir is None:
-        return {"ok": True, "generations_redone": None,
-                "note": "not measured: the launcher hook knows no run directory for the job "
-                        "(give it --run-root), where the job records its generations"}
+        return {
+            "ok": True,
+            "generations_redone": None,
+            "note": "not measured: the launcher hook knows no run directory for the job "
+            "(give it --run-root), where the job records its generations",
+        }
     return generation_figures(run_dir, float(since))

@@ -95,18 +95,29 @@ class DrillOrder:
         if not drill or len(drill) > _MAX_DRILL_ID_CHARS:
             raise DrillRefused(f"drill id {drill!r} must be 1-{_MAX_DRILL_ID_CHARS} characters")
         expires = extra.get("expires_at")
-        if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)):
+        if expires is not None and (
+            isinstance(expires, bool) or not isinstance(expires, int | float)
+        ):
             raise DrillRefused(f"expires_at must be epoch seconds, got {expires!r}")
-        return cls(str(body.get("key")), drill, fault, role,
-                   None if rank is None else int(rank), at_step, dry_run,
-                   None if expires is None else float(expires))
+        return cls(
+            str(body.get("key")),
+            drill,
+            fault,
+            role,
+            None if rank is None else int(rank),
+            at_step,
+            dry_run,
+            None if expires is None else float(expires),
+        )
 
     def stale(self, now: float) -> str | None:
         """Why the request is too old to inject (its requester gave up); None: it is not."""
         if self.expires_at is None or now <= self.expires_at:
             return None
-        return (f"the request expired {now - self.expires_at:.0f} s ago (its requester gave "
-                "up waiting): a fault nobody follows is not injected")
+        return (
+            f"the request expired {now - self.expires_at:.0f} s ago (its requester gave "
+            "up waiting): a fault nobody follows is not injected"
+        )
 
 
 def heartbeat_step(run_dir: Path, child: Child) -> int | None:
@@ -126,14 +137,18 @@ class Injector:
         if fault in ("kill", "hang"):
             return None
         if fault == "oom":
-            return ("cannot inject oom: rlguard launch cannot make the next step of a generic "
-                    "command raise an out-of-memory error: the launcher runs outside the process "
-                    "and the command has no injection point (drill kill or hang, or use a "
-                    "launcher that has one, as the reference job's)")
-        return ("cannot inject disk-full: rlguard launch cannot make the next checkpoint write "
-                "of a generic command fail: it does not know where the command writes (drill "
-                "kill or hang, or use a launcher that has an injection point, as the reference "
-                "job's)")
+            return (
+                "cannot inject oom: rlguard launch cannot make the next step of a generic "
+                "command raise an out-of-memory error: the launcher runs outside the process "
+                "and the command has no injection point (drill kill or hang, or use a "
+                "launcher that has one, as the reference job's)"
+            )
+        return (
+            "cannot inject disk-full: rlguard launch cannot make the next checkpoint write "
+            "of a generic command fail: it does not know where the command writes (drill "
+            "kill or hang, or use a launcher that has an injection point, as the reference "
+            "job's)"
+        )
 
     def describe(self, fault: str, child: Child, pid: int) -> str:
         """What injecting ``fault`` does, in words (the dry run's answer)."""
@@ -169,8 +184,7 @@ class DeclaredPoints(Injector):
     def inject(self, sup: Supervisor, fault: str, child: Child, pid: int) -> dict[str, Any]:
         if fault not in self.points:
             return super().inject(sup, fault, child, pid)
-        drill_points.request(self.run_dir, child.role, child.rank, fault, pid=pid,
-                             drill=self.drill)
+        drill_points.request(self.run_dir, child.role, child.rank, fault, pid=pid, drill=self.drill)
         return {"injection_point": "declared"}
 
 
@@ -186,8 +200,7 @@ class DrillDesk:
         cannot inject ``order``'s fault and the process running now declared it."""
         if self.injector.refusal(order.fault, child) is None or child.proc is None:
             return self.injector
-        points = drill_points.declared_points(sup.run_dir, child.role, child.rank,
-                                              child.proc.pid)
+        points = drill_points.declared_points(sup.run_dir, child.role, child.rank, child.proc.pid)
         if order.fault not in points:
             return self.injector
         return DeclaredPoints(sup.run_dir, points, order.drill)
@@ -215,12 +228,23 @@ class DrillDesk:
         what = injector.describe(order.fault, child, pid)
         if order.dry_run:
             step = " at step " + str(order.at_step) if order.at_step is not None else " now"
-            return {"ok": True, "dry_run": True, "target": child.name, "target_pid": pid,
-                    "what": what + step}
+            return {
+                "ok": True,
+                "dry_run": True,
+                "target": child.name,
+                "target_pid": pid,
+                "what": what + step,
+            }
         if order.at_step is not None and (heartbeat_step(sup.run_dir, child) or -1) < order.at_step:
             self._armed[key] = (req, order)
-            sup.event("drill_armed", drill=order.drill, fault=order.fault, role=child.role,
-                      rank=child.rank, at_step=order.at_step)
+            sup.event(
+                "drill_armed",
+                drill=order.drill,
+                fault=order.fault,
+                role=child.role,
+                rank=child.rank,
+                at_step=order.at_step,
+            )
             return None
         return self._inject(sup, order, child, req)
 
@@ -245,17 +269,24 @@ class DrillDesk:
                 answer(req, self._inject(sup, order, child, req))
 
     def _target(self, sup: Supervisor, order: DrillOrder) -> Child:
-        targets = [c for c in sup.children if c.role == order.role
-                   and (order.rank is None or c.rank == order.rank)]
+        targets = [
+            c
+            for c in sup.children
+            if c.role == order.role and (order.rank is None or c.rank == order.rank)
+        ]
         if not targets:
             roles = sorted({f"{c.role}-{c.rank}" for c in sup.children})
-            raise DrillRefused(f"this launcher runs no process {order.role}"
-                               f"{'' if order.rank is None else '-' + str(order.rank)} "
-                               f"(it runs {', '.join(roles)})")
+            raise DrillRefused(
+                f"this launcher runs no process {order.role}"
+                f"{'' if order.rank is None else '-' + str(order.rank)} "
+                f"(it runs {', '.join(roles)})"
+            )
         child = min(targets, key=lambda c: c.rank)
         if child.proc is None or child.proc.poll() is not None:
-            raise DrillRefused(f"{child.name} is not running now (its process exited): "
-                               "a drill needs a running process")
+            raise DrillRefused(
+                f"{child.name} is not running now (its process exited): "
+                "a drill needs a running process"
+            )
         return child
 
     def _inject(
@@ -265,9 +296,12 @@ class DrillDesk:
 
         holder = claim(req)
         if holder is not None:  # withdrawn by its requester, or an earlier launcher's
-            why = ("withdrawn by its requester (it gave up waiting): nothing injected"
-                   if holder == WITHDRAWN else "an earlier launcher took this drill and did not "
-                   "answer (it may have injected it before it stopped): not injected again")
+            why = (
+                "withdrawn by its requester (it gave up waiting): nothing injected"
+                if holder == WITHDRAWN
+                else "an earlier launcher took this drill and did not "
+                "answer (it may have injected it before it stopped): not injected again"
+            )
             sup.event("drill_refused", drill=order.drill, error=why)
             return {"ok": False, "withdrawn": holder == WITHDRAWN, "error": why}
         pid = child.proc.pid if child.proc is not None else 0
@@ -283,9 +317,29 @@ class DrillDesk:
             fields = injector.inject(sup, order.fault, child, pid)
         except (OSError, DrillRefused) as exc:
             sup.event("drill_refused", drill=order.drill, error=str(exc))
-            return {"ok": False, "error": f"injecting {order.fault} into {child.name} failed: {exc}"}
-        sup.event("drill_injected", drill=order.drill, fault=order.fault, role=child.role,
-                  rank=child.rank, child_pid=pid, step=step, injected_at=at)
-        return {"ok": True, "fault": order.fault, "target": child.name, "role": child.role,
-                "rank": child.rank, "target_pid": pid, "injected_at": at, "step": step,
-                "what": what, **fields}
+            return {
+                "ok": False,
+                "error": f"injecting {order.fault} into {child.name} failed: {exc}",
+            }
+        sup.event(
+            "drill_injected",
+            drill=order.drill,
+            fault=order.fault,
+            role=child.role,
+            rank=child.rank,
+            child_pid=pid,
+            step=step,
+            injected_at=at,
+        )
+        return {
+            "ok": True,
+            "fault": order.fault,
+            "target": child.name,
+            "role": child.role,
+            "rank": child.rank,
+            "target_pid": pid,
+            "injected_at": at,
+            "step": step,
+            "what": what,
+            **fields,
+        }

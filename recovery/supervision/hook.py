@@ -62,7 +62,9 @@ def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
     p.add_argument("--wait", type=float, default=60.0)
     args = p.parse_args(argv)
     if args.action not in (*HOOK_ACTIONS, *LOCAL_ACTIONS):
-        p.error(f"action {args.action!r} is not one of {', '.join((*HOOK_ACTIONS, *LOCAL_ACTIONS))}")
+        p.error(
+            f"action {args.action!r} is not one of {', '.join((*HOOK_ACTIONS, *LOCAL_ACTIONS))}"
+        )
     if not JOB_DIR_PATTERN.fullmatch(args.job):
         p.error(f"--job {args.job!r} cannot name a run directory")
     if not KEY_PATTERN.fullmatch(args.idempotency_key):
@@ -104,9 +106,7 @@ def main(argv: list[str], *, prog: str, default_run_root: str | None) -> int:
     return 0 if answer.get("ok") else 1
 
 
-def _local(
-    p: argparse.ArgumentParser, action: str, run_dir: Path, key: str, extra: Any
-) -> int:
+def _local(p: argparse.ArgumentParser, action: str, run_dir: Path, key: str, extra: Any) -> int:
     if action == "withdraw":
         why = extra.get("why") if isinstance(extra, dict) else None
         answer = withdraw(run_dir, key, why=str(why or "withdrawn by its requester"))

@@ -38,7 +38,9 @@ class OutputTail:
         max_lines: int = DEFAULT_MAX_LINES,
     ) -> None:
         if max_bytes <= 0 or max_lines <= 0:
-            raise ValueError(f"max_bytes and max_lines must be positive, got {max_bytes}, {max_lines}")
+            raise ValueError(
+                f"max_bytes and max_lines must be positive, got {max_bytes}, {max_lines}"
+            )
         self.path = path
         self.max_bytes = max_bytes
         self.max_lines = max_lines

@@ -196,9 +196,10 @@ def withdraw(run_dir: Path, key: str, *, why: str) -> dict[str, Any]:
     holder = _create_once(_taken_path(req), WITHDRAWN)
     if holder is None or holder == WITHDRAWN:
         if holder is None:  # answer first, then remove: a submit in between reads the answer
-            write_json_atomic(req.with_suffix(".done"), {
-                "key": key, "ok": False, "withdrawn": True, "error": why,
-                "done_at": time.time()})
+            write_json_atomic(
+                req.with_suffix(".done"),
+                {"key": key, "ok": False, "withdrawn": True, "error": why, "done_at": time.time()},
+            )
             req.unlink(missing_ok=True)
         return {"withdrawn": True}
     answer = _read(req.with_suffix(".done"))

@@ -29,8 +29,10 @@ class RestartBudget:
     used: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or (
-            self.max_restarts < 0
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or (self.max_restarts < 0)
         ):
             raise RestartBudgetError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
         for name in ("backoff", "backoff_max", "stable_seconds"):

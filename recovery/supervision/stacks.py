@@ -49,6 +49,30 @@ class StackCapture:
         """The capture as JSON-ready fields (what the launcher hook answers)."""
         return asdict(self)
 
+    @staticmethod
+    def gone(pid: int, code: int | None) -> StackCapture:
+        """No stacks: the process exited before the capture."""
+        reason = f"process gone: it exited ({code}) before the capture"
+        return StackCapture(pid, False, reason=reason, captured_at=time.time())
+
+
+# A capture_stacks request's bounds, whatever it says: the launcher's loop waits for the dumps.
+_MAX_CAPTURE_SECONDS = 60.0
+_MAX_CAPTURE_BYTES = 1024 * 1024
+
+
+def capture_limits(options: Any) -> tuple[float, int]:
+    """``(timeout, max_bytes)`` of a ``capture_stacks`` request's options, within the bounds;
+    ValueError naming them when they are not numbers."""
+    opts = options if isinstance(options, dict) else {}
+    try:
+        timeout = float(opts.get("timeout_seconds", DEFAULT_TIMEOUT))
+        max_bytes = int(opts.get("max_bytes", DEFAULT_MAX_BYTES))
+    except (TypeError, ValueError):
+        raise ValueError(f"capture_stacks: bad timeout or size in {opts!r}") from None
+    timeout = min(max(timeout, 0.1), _MAX_CAPTURE_SECONDS)
+    return timeout, min(max(max_bytes, 1024), _MAX_CAPTURE_BYTES)
+
 
 def find_py_spy() -> str | None:
     """The py-spy executable: the one installed beside this Python (a virtual environment's
@@ -95,7 +119,12 @@ def _dump(
         argv.append("--nonblocking")
     env = {**os.environ, "RUST_BACKTRACE": "0", "RUST_LIB_BACKTRACE": "0"}
     return subprocess.run(
-        argv, capture_output=True, text=True, errors="replace", timeout=timeout, env=env,
+        argv,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        env=env,
         check=False,
     )
 
@@ -117,8 +146,13 @@ def capture_stacks(
     start, started_at = time.monotonic(), time.time()
 
     def failed(reason: str) -> StackCapture:
-        return StackCapture(pid, False, reason=reason, captured_at=started_at,
-                            duration_s=round(time.monotonic() - start, 3))
+        return StackCapture(
+            pid,
+            False,
+            reason=reason,
+            captured_at=started_at,
+            duration_s=round(time.monotonic() - start, 3),
+        )
 
     if py_spy is None:
         return failed("py-spy is not installed (pip install py-spy, or rlguard launch --py-spy)")
@@ -138,9 +172,15 @@ def capture_stacks(
             return failed(f"cannot run py-spy {py_spy}: {exc.strerror or exc}")
         if proc.returncode == 0 and proc.stdout.strip():
             text, cut = truncate(proc.stdout, max_bytes)
-            return StackCapture(pid, True, text=text, truncated=cut, captured_at=started_at,
-                                duration_s=round(time.monotonic() - start, 3),
-                                nonblocking=nonblocking)
+            return StackCapture(
+                pid,
+                True,
+                text=text,
+                truncated=cut,
+                captured_at=started_at,
+                duration_s=round(time.monotonic() - start, 3),
+                nonblocking=nonblocking,
+            )
         if not process_exists(pid):
             return failed(f"process {pid} is gone")
         if "ermission" in proc.stderr or "EPERM" in proc.stderr:
@@ -149,6 +189,8 @@ def capture_stacks(
         return failed(f"py-spy did not finish within {timeout:g}s")
     reason = _reason(proc)
     if "ermission" in proc.stderr or "EPERM" in proc.stderr:
-        reason = ("ptrace denied (py-spy needs CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0; "
-                  f"in a container --cap-add SYS_PTRACE): {reason}")
+        reason = (
+            "ptrace denied (py-spy needs CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0; "
+            f"in a container --cap-add SYS_PTRACE): {reason}"
+        )
     return failed(reason)

@@ -59,12 +59,7 @@ from recovery.supervision.exit_causes import Catalogue, ExitCause
 from recovery.supervision.kernel_oom import memory_events_path, oom_kill_line, oom_kills
 from recovery.supervision.output_tail import OutputTail
 from recovery.supervision.restarts import RestartBudget
-from recovery.supervision.stacks import (
-    DEFAULT_MAX_BYTES,
-    DEFAULT_TIMEOUT,
-    StackCapture,
-    capture_stacks,
-)
+from recovery.supervision.stacks import StackCapture, capture_limits, capture_stacks
 from recovery.supervision.standby import StandbyPool, reports_steadily
 
 log = logging.getLogger("rlguard.recovery.supervision")
@@ -72,9 +67,6 @@ log = logging.getLogger("rlguard.recovery.supervision")
 # Heavy-tier actions reach the launcher only after an approver said so.
 APPROVED_HEAVY_ACTIONS = ("restart_job", "restore_checkpoint")
 _KILL_TIMEOUT = 10.0
-# A capture_stacks request's bounds, whatever it says: the loop waits for the dumps.
-_MAX_CAPTURE_SECONDS = 60.0
-_MAX_CAPTURE_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -206,8 +198,13 @@ class Supervisor:
         child.vouched_at = 0.0
         child.last_pid = child.proc.pid
         if self.first_step_budget is not None:  # for this process: replaced at each start
-            declare_launch(self.run_dir, child.role, child.rank, pid=child.proc.pid,
-                           first_step_budget_seconds=self.first_step_budget)
+            declare_launch(
+                self.run_dir,
+                child.role,
+                child.rank,
+                pid=child.proc.pid,
+                first_step_budget_seconds=self.first_step_budget,
+            )
         self.event(
             "spawn",
             role=child.role,
@@ -407,8 +404,9 @@ class Supervisor:
             if self.backend.requeue_job(f"{action} requested"):
                 self.event("requeued", action=action, backend=self.backend.name)
                 return {"ok": True, "requeued": True, "released_safe_mode": released}
-            return self._schedule(req, self.children, f"{action} requested",
-                                  {"released_safe_mode": released})
+            return self._schedule(
+                req, self.children, f"{action} requested", {"released_safe_mode": released}
+            )
         if action == "drain_node":
             return self._drain_node(body)
         if action in ("restart_role", "reschedule_batches"):
@@ -446,25 +444,16 @@ class Supervisor:
         targets = self._targets(role, rank)
         if not targets:
             return {"ok": False, "error": f"no process with role {role!r} rank {rank!r}"}
-        opts = extra if isinstance(extra, dict) else {}
         try:
-            timeout = float(opts.get("timeout_seconds", DEFAULT_TIMEOUT))
-            max_bytes = int(opts.get("max_bytes", DEFAULT_MAX_BYTES))
-        except (TypeError, ValueError):
-            return {"ok": False, "error": f"capture_stacks: bad timeout or size in {opts!r}"}
-        timeout = min(max(timeout, 0.1), _MAX_CAPTURE_SECONDS)
-        max_bytes = min(max(max_bytes, 1024), _MAX_CAPTURE_BYTES)
+            timeout, max_bytes = capture_limits(extra)
+        except ValueError as exc:
+            return {"ok": False, "error": str(exc)}
         deadline = time.monotonic() + timeout
         stacks = []
         for c in targets:
             code = c.returncode
             if c.proc is None or code is not None:
-                capture = StackCapture(
-                    c.last_pid or 0,
-                    False,
-                    reason=f"process gone: it exited ({code}) before the capture",
-                    captured_at=time.time(),
-                )
+                capture = StackCapture.gone(c.last_pid or 0, code)
             else:
                 left = max(0.1, deadline - time.monotonic())
                 capture = capture_stacks(
@@ -549,9 +538,15 @@ class Supervisor:
             self.event("restart", roles=[c.name for c in restart.children], why=restart.why)
             for child in restart.children:
                 self.spawn(child)
-            answer = {"ok": True, "restarted": [c.name for c in restart.children],
-                      "budget_left": self.budget.left, **restart.extra}
-            self._held.append(_Restart(restart.children, now, restart.why, restart.asked_by, answer))
+            answer = {
+                "ok": True,
+                "restarted": [c.name for c in restart.children],
+                "budget_left": self.budget.left,
+                **restart.extra,
+            }
+            self._held.append(
+                _Restart(restart.children, now, restart.why, restart.asked_by, answer)
+            )
         self._answer_held()
 
     def restart_answer(

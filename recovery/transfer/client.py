@@ -111,15 +111,11 @@ class SourceSession(ClosesOnExit):
         pool: Executor | None = None,
         window: int = 8,
     ) -> StreamResult:
-        """Receive chunks ``ids`` into ``dest`` (in place) and verify each against the manifest.
-
-        A verified chunk is reported through ``on_verified`` as soon as it landed, so a relay can
-        serve it onwards while the rest still arrives. With a ``pool``, checksums (and, for
-        shm, the copies) run on its threads while the next chunk is received, at most
-        ``window`` chunks ahead; results are still reported in order. If the source fails
-        mid-stream, the chunks that fully arrived are still verified and reported before the
-        error propagates, so they are not fetched again.
-        """
+        """Receive chunks ``ids`` into ``dest`` (in place), each verified against the manifest and
+        reported through ``on_verified`` as soon as it landed (a relay serves it onwards while
+        the rest arrives). With a ``pool``, checksums (and shm's copies) run on its threads up to
+        ``window`` chunks ahead, results still in order. If the source fails mid-stream, the
+        chunks that fully arrived are verified and reported before the error propagates."""
         result = StreamResult()
         if not ids:
             return result
@@ -166,8 +162,13 @@ class SourceSession(ClosesOnExit):
                 else:
                     assert copy_digest is not None
                     chunk = manifest.chunks[expected]
-                    work = partial(payload.read_and_digest, view,
-                                   manifest.tensors[chunk.tensor].name, chunk.offset, copy_digest)
+                    work = partial(
+                        payload.read_and_digest,
+                        view,
+                        manifest.tensors[chunk.tensor].name,
+                        chunk.offset,
+                        copy_digest,
+                    )
                 # A small chunk is verified here: handing it to a thread costs more than it.
                 if pool is None or len(view) < INLINE_VERIFY_BYTES:
                     pending.append((expected, work()))

@@ -57,7 +57,9 @@ class Publication:
     def wait_committed(self, *, timeout: float) -> None:
         """Block until committed; raises VersionDiscardedError or TransferTimeout."""
         if not self._done.wait(timeout):
-            raise TransferTimeout("registry", f"{self.name!r} v{self.version} not committed in {timeout}s")
+            raise TransferTimeout(
+                "registry", f"{self.name!r} v{self.version} not committed in {timeout}s"
+            )
         if self.state != COMMITTED:
             raise VersionDiscardedError(f"{self.name!r} v{self.version} was aborted: {self.error}")
 
@@ -80,9 +82,13 @@ class WeightPublisher:
         poll_interval: float = 0.05,
     ) -> None:
         if not lease_s > 0 or not poll_interval > 0:
-            raise TransferConfigError(f"lease_s and poll_interval must be positive, got {lease_s!r}, {poll_interval!r}")
+            raise TransferConfigError(
+                f"lease_s and poll_interval must be positive, got {lease_s!r}, {poll_interval!r}"
+            )
         if not isinstance(chunk_bytes, int) or not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
-            raise TransferConfigError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes!r}")
+            raise TransferConfigError(
+                f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES}, got {chunk_bytes!r}"
+            )
         self.name = name
         self.transport = transport
         self.registry = registry
@@ -91,11 +97,15 @@ class WeightPublisher:
         self.noncontiguous: NonContiguousPolicy = noncontiguous
         self.poll_interval = poll_interval
         self.store = WeightStore()
-        self.server = WeightServer(self.store, transport, host=host, port=port, egress_bytes_per_s=egress_bytes_per_s)
+        self.server = WeightServer(
+            self.store, transport, host=host, port=port, egress_bytes_per_s=egress_bytes_per_s
+        )
         self.address = self.server.address
         self._closed = threading.Event()
 
-    def publish(self, version: int, tensors: Mapping[str, torch.Tensor], *, min_replicas: int = 1) -> Publication:
+    def publish(
+        self, version: int, tensors: Mapping[str, torch.Tensor], *, min_replicas: int = 1
+    ) -> Publication:
         """Start serving ``tensors`` as ``version``; the caller must not modify CPU tensors until
         retired (they are served from where they are). CUDA tensors are copied to pinned host
         memory here, so the trainer may update its GPU weights as soon as this returns.
@@ -107,11 +117,15 @@ class WeightPublisher:
         ready = prepare_tensors(tensors, noncontiguous=self.noncontiguous)
         # The served copy's checksums, taken while it is made where the transport copies (shm).
         buffers, digests = self.transport.adopt_digested(
-            ready, tag=f"{self.name}-v{version}", chunk_bytes=self.chunk_bytes,
-            checksum=DEFAULT_CHECKSUM)
+            ready,
+            tag=f"{self.name}-v{version}",
+            chunk_bytes=self.chunk_bytes,
+            checksum=DEFAULT_CHECKSUM,
+        )
         try:
-            manifest = build_manifest(self.name, version, buffers.tensors,
-                                      chunk_bytes=self.chunk_bytes, digests=digests)
+            manifest = build_manifest(
+                self.name, version, buffers.tensors, chunk_bytes=self.chunk_bytes, digests=digests
+            )
         except BaseException:
             buffers.release()
             raise
@@ -119,12 +133,20 @@ class WeightPublisher:
         digest = manifest.digest()
         # The registry commits once min_replicas receivers are complete (the publisher too, at
         # its next wake-up: both are the same rule), so a receiver does not wait on this process.
-        self.registry.begin(name=self.name, version=version, manifest_digest=digest,
-                            publisher=self.address, lease_s=self.lease_s, commit_at=min_replicas + 1)
+        self.registry.begin(
+            name=self.name,
+            version=version,
+            manifest_digest=digest,
+            publisher=self.address,
+            lease_s=self.lease_s,
+            commit_at=min_replicas + 1,
+        )
         self.store.add(served)
         publication = Publication(self.name, version, digest)
         threading.Thread(
-            target=self._drive, args=(publication, served, min_replicas), name=f"publish-{self.name}-v{version}",
+            target=self._drive,
+            args=(publication, served, min_replicas),
+            name=f"publish-{self.name}-v{version}",
             daemon=True,
         ).start()
         return publication
@@ -136,15 +158,23 @@ class WeightPublisher:
         period = min(self.lease_s / 3, self.poll_interval)
         try:
             while not self._closed.is_set():
-                self.registry.wait(name=self.name, version=publication.version,
-                                   min_complete=min_replicas + 1, timeout=period)
+                self.registry.wait(
+                    name=self.name,
+                    version=publication.version,
+                    min_complete=min_replicas + 1,
+                    timeout=period,
+                )
                 if self._closed.is_set():
                     continue  # the loop's else: closed before the commit
-                info = self.registry.renew(name=self.name, version=publication.version, lease_s=self.lease_s)
+                info = self.registry.renew(
+                    name=self.name, version=publication.version, lease_s=self.lease_s
+                )
                 if info.state == COMMITTED or info.complete_sources - 1 >= min_replicas:
                     self.registry.commit(name=self.name, version=publication.version)
                     publication.state = COMMITTED
-                    log.info("committed", extra={"weight_set": self.name, "version": publication.version})
+                    log.info(
+                        "committed", extra={"weight_set": self.name, "version": publication.version}
+                    )
                     break
             else:
                 publication.state, publication.error = "aborted", "publisher closed before commit"
@@ -163,13 +193,18 @@ class WeightPublisher:
 
     def _keep_alive(self, version: int, served: ServedVersion) -> None:
         """Renew the committed ``version`` while this publisher serves it (see the module doc)."""
-        while not self._closed.wait(self.lease_s / 3) and self.store.get(self.name, version) is served:
+        while (
+            not self._closed.wait(self.lease_s / 3) and self.store.get(self.name, version) is served
+        ):
             try:
                 self.registry.renew(name=self.name, version=version, lease_s=self.lease_s)
             except UnknownVersionError:
                 return  # the registry dropped the version (it keeps only the newest few)
             except TransferError as exc:  # the registry is unreachable: it is asked again next time
-                log.warning("renewal of a committed version failed", extra={"version": version, "error": str(exc)})
+                log.warning(
+                    "renewal of a committed version failed",
+                    extra={"version": version, "error": str(exc)},
+                )
 
     def retire(self, version: int) -> None:
         """Stop serving ``version`` and free its buffers."""

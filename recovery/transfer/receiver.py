@@ -113,9 +113,13 @@ class WeightReceiver:
         if not isinstance(verify_threads, int) or verify_threads < 0:
             raise TransferConfigError(f"verify_threads must be an int >= 0, got {verify_threads!r}")
         if not timeout > 0 or not poll_interval > 0:
-            raise TransferConfigError(f"timeout and poll_interval must be positive, got {timeout!r}, {poll_interval!r}")
+            raise TransferConfigError(
+                f"timeout and poll_interval must be positive, got {timeout!r}, {poll_interval!r}"
+            )
         if not isinstance(max_chunk_attempts, int) or max_chunk_attempts < 1:
-            raise TransferConfigError(f"max_chunk_attempts must be an int >= 1, got {max_chunk_attempts!r}")
+            raise TransferConfigError(
+                f"max_chunk_attempts must be an int >= 1, got {max_chunk_attempts!r}"
+            )
         names = [s.name for s in specs]
         if not specs or len(set(names)) != len(names):
             raise TransferConfigError(f"specs must name each tensor once, got {names!r}")
@@ -127,7 +131,9 @@ class WeightReceiver:
         self.timeout = timeout
         self.max_chunk_attempts = max_chunk_attempts
         self.poll_interval = poll_interval
-        self._slots: list[Buffers] = [transport.allocate(self.specs, tag=f"{name}-slot{i}") for i in (0, 1)]
+        self._slots: list[Buffers] = [
+            transport.allocate(self.specs, tag=f"{name}-slot{i}") for i in (0, 1)
+        ]
         self._slot_version: list[int | None] = [None, None]
         # Each slot's chunk views for the last chunk layout it received (layouts repeat from
         # version to version: the same tensors cut the same way), made once, not per pull.
@@ -137,12 +143,17 @@ class WeightReceiver:
         self.current_source: str | None = None
         self.verified_chunks = 0
         # Checksums (and shm copies) run here while the next chunk arrives; 0 = inline.
-        self._pool = ThreadPoolExecutor(verify_threads, thread_name_prefix="verify") if verify_threads else None
+        self._pool = (
+            ThreadPoolExecutor(verify_threads, thread_name_prefix="verify")
+            if verify_threads
+            else None
+        )
         self.store = WeightStore()
         self.server: WeightServer | None = None
         if serve_as_relay:
-            self.server = WeightServer(self.store, transport, host=host, port=port,
-                                       egress_bytes_per_s=egress_bytes_per_s)
+            self.server = WeightServer(
+                self.store, transport, host=host, port=port, egress_bytes_per_s=egress_bytes_per_s
+            )
         # Without a server the receiver still needs a unique id for the registry's bookkeeping.
         self.address = self.server.address if self.server else f"receiver-{id(self):x}@{host}"
 
@@ -163,9 +174,13 @@ class WeightReceiver:
         slot = 0
         for spec in self.specs:
             if spec.name not in tensors or TensorSpec.of(spec.name, tensors[spec.name]) != spec:
-                raise ManifestMismatchError(f"initial tensor {spec.name!r} is missing or does not match {spec}")
+                raise ManifestMismatchError(
+                    f"initial tensor {spec.name!r} is missing or does not match {spec}"
+                )
         if set(tensors) - {s.name for s in self.specs}:
-            raise ManifestMismatchError(f"unexpected initial tensors {sorted(set(tensors) - {s.name for s in self.specs})}")
+            raise ManifestMismatchError(
+                f"unexpected initial tensors {sorted(set(tensors) - {s.name for s in self.specs})}"
+            )
         for spec in self.specs:
             self._slots[slot].tensors[spec.name].copy_(tensors[spec.name])
         self._slot_version[slot] = version
@@ -182,7 +197,9 @@ class WeightReceiver:
         if not timeout > 0:
             raise TransferConfigError(f"timeout must be positive, got {timeout!r}")
         if self.live_version is not None and version <= self.live_version:
-            raise TransferConfigError(f"version {version} is not newer than live v{self.live_version}")
+            raise TransferConfigError(
+                f"version {version} is not newer than live v{self.live_version}"
+            )
         start = time.monotonic()
         slot = 1 if self._live == 0 else 0
         pull = _Pull(self.name, version, start + timeout)
@@ -220,13 +237,20 @@ class WeightReceiver:
         for old in gone:
             try:
                 self.registry.withdraw(name=self.name, version=old, address=self.address)
-            except TransferError as exc:  # the pull already failed; the registry forgets us on abort
-                log.warning("could not withdraw discarded version", extra={"version": old, "error": str(exc)})
+            except (
+                TransferError
+            ) as exc:  # the pull already failed; the registry forgets us on abort
+                log.warning(
+                    "could not withdraw discarded version",
+                    extra={"version": old, "error": str(exc)},
+                )
 
     def _step_timeout(self, pull: _Pull) -> float:
         left = pull.left()
         if left <= 0:
-            raise TransferTimeout("sources", f"{self.name!r} v{pull.report.version} not complete in time")
+            raise TransferTimeout(
+                "sources", f"{self.name!r} v{pull.report.version} not complete in time"
+            )
         return min(self.timeout, left)
 
     def _one_source(self, pull: _Pull, slot: int) -> None:
@@ -235,8 +259,11 @@ class WeightReceiver:
         step = self._step_timeout(pull)
         try:
             source, pull.info = self.registry.open_pull(
-                name=self.name, version=version, receiver=self.address,
-                exclude=pull.dead | pull.suspect, relays=self.use_relays,
+                name=self.name,
+                version=version,
+                receiver=self.address,
+                exclude=pull.dead | pull.suspect,
+                relays=self.use_relays,
                 announce=self.server is not None and not pull.opened,
                 withdraw=None if pull.opened else pull.withdraw,
             )
@@ -279,7 +306,9 @@ class WeightReceiver:
     def _start(self, pull: _Pull, slot: int, manifest: WeightManifest, source: str) -> None:
         assert pull.info is not None  # from the open_pull that assigned this source
         if manifest.digest() != pull.info.manifest_digest:
-            raise ProtocolError(f"{source} sent a manifest whose digest differs from the publisher's")
+            raise ProtocolError(
+                f"{source} sent a manifest whose digest differs from the publisher's"
+            )
         buffers = self._slots[slot]
         layout = (manifest.tensors, tuple((c.tensor, c.offset, c.length) for c in manifest.chunks))
         cached = self._slot_views[slot]
@@ -313,12 +342,15 @@ class WeightReceiver:
             log.warning("corrupt chunk", extra={"chunk": index, "source": source})
             if pull.attempts[index] >= self.max_chunk_attempts:
                 assert pull.manifest is not None
-                raise ChunkChecksumError(index, pull.manifest.chunks[index].checksum, actual, source)
+                raise ChunkChecksumError(
+                    index, pull.manifest.chunks[index].checksum, actual, source
+                )
 
         started = time.monotonic()
         try:
-            session.stream(pull.manifest, sorted(pull.missing), pull.views, verified, corrupt,
-                           pool=self._pool)
+            session.stream(
+                pull.manifest, sorted(pull.missing), pull.views, verified, corrupt, pool=self._pool
+            )
         finally:
             pull.report.stream_seconds += time.monotonic() - started
         if pull.served is not None and not pull.missing:
@@ -333,15 +365,25 @@ class WeightReceiver:
         # Blocks on the registry (no polling): the version is committed as soon as this
         # receiver is complete (by the registry itself under protocol 2, else by the publisher
         # when it sees it), and the registry wakes this wait then.
-        info = self.registry.close_pull(name=self.name, version=pull.report.version,
-                                        receiver=self.address, timeout=self._step_timeout(pull))
+        info = self.registry.close_pull(
+            name=self.name,
+            version=pull.report.version,
+            receiver=self.address,
+            timeout=self._step_timeout(pull),
+        )
         while True:
             if info.state == COMMITTED:
                 return
             if info.state == ABORTED:
-                raise VersionDiscardedError(f"{self.name!r} v{info.version} was aborted: {info.reason}")
-            info = self.registry.wait(name=self.name, version=pull.report.version, min_complete=None,
-                                      timeout=self._step_timeout(pull))
+                raise VersionDiscardedError(
+                    f"{self.name!r} v{info.version} was aborted: {info.reason}"
+                )
+            info = self.registry.wait(
+                name=self.name,
+                version=pull.report.version,
+                min_complete=None,
+                timeout=self._step_timeout(pull),
+            )
 
     def close(self) -> None:
         """Stop serving and release both slots."""

@@ -47,8 +47,16 @@ class VersionInfo:
 class SourceRegistry(Protocol):
     """What publishers and receivers need from a registry (in-process or remote)."""
 
-    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float,
-              commit_at: int | None = None) -> None:
+    def begin(
+        self,
+        *,
+        name: str,
+        version: int,
+        manifest_digest: str,
+        publisher: str,
+        lease_s: float,
+        commit_at: int | None = None,
+    ) -> None:
         """Open ``version`` as publishing, held by ``publisher`` for ``lease_s`` seconds; with
         ``commit_at``, the registry commits it itself once that many complete sources (the
         publisher counted) hold it while the lease is live, which spares the receiver waiting
@@ -101,7 +109,9 @@ class SourceRegistry(Protocol):
         """``receiver`` stopped pulling from the source it was assigned."""
         ...
 
-    def wait(self, *, name: str, version: int, min_complete: int | None, timeout: float) -> VersionInfo:
+    def wait(
+        self, *, name: str, version: int, min_complete: int | None, timeout: float
+    ) -> VersionInfo:
         """The version's state once it is no longer publishing, or (with ``min_complete``) once
         that many complete sources hold it, or when ``timeout`` seconds have passed, whichever
         is first: what a publisher waiting to commit and a receiver waiting for the commit
@@ -109,8 +119,15 @@ class SourceRegistry(Protocol):
         ...
 
     def open_pull(
-        self, *, name: str, version: int, receiver: str, exclude: Iterable[str], relays: bool,
-        announce: bool, withdraw: int | None,
+        self,
+        *,
+        name: str,
+        version: int,
+        receiver: str,
+        exclude: Iterable[str],
+        relays: bool,
+        announce: bool,
+        withdraw: int | None,
     ) -> tuple[str, VersionInfo]:
         """The start of a pull in one call: :meth:`withdraw` ``receiver`` from version
         ``withdraw`` (what its staging slot held), :meth:`announce` it as a partial source of
@@ -145,7 +162,9 @@ class _Entry:
 class InMemoryRegistry:
     """Thread-safe :class:`SourceRegistry`; ``clock`` is injectable for lease tests."""
 
-    def __init__(self, *, keep_versions: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, keep_versions: int = 4, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if keep_versions < 2:
             raise TransferConfigError(f"keep_versions must be at least 2, got {keep_versions!r}")
         self._keep = keep_versions
@@ -172,18 +191,29 @@ class InMemoryRegistry:
             # lease was live (an expired one was turned into an abort before we got here).
             state = COMMITTED
         i = entry.info
-        info = VersionInfo(i.name, i.version, state, i.manifest_digest, i.publisher, complete, reason)
+        info = VersionInfo(
+            i.name, i.version, state, i.manifest_digest, i.publisher, complete, reason
+        )
         if info != i:
             entry.info = info
             self._changed.notify_all()
 
-    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float,
-              commit_at: int | None = None) -> None:
+    def begin(
+        self,
+        *,
+        name: str,
+        version: int,
+        manifest_digest: str,
+        publisher: str,
+        lease_s: float,
+        commit_at: int | None = None,
+    ) -> None:
         """Open ``version``; it must be newer than every version of ``name`` seen so far."""
         if not lease_s > 0:
             raise TransferConfigError(f"lease_s must be positive, got {lease_s!r}")
-        if commit_at is not None and (isinstance(commit_at, bool) or not isinstance(commit_at, int)
-                                      or commit_at < 2):
+        if commit_at is not None and (
+            isinstance(commit_at, bool) or not isinstance(commit_at, int) or commit_at < 2
+        ):
             raise TransferConfigError(f"commit_at must be an int >= 2 or None, got {commit_at!r}")
         if not isinstance(version, int) or version < 0:
             raise TransferConfigError(f"version must be a non-negative int, got {version!r}")
@@ -242,7 +272,9 @@ class InMemoryRegistry:
     def latest_committed(self, *, name: str) -> int | None:
         """Newest committed version of ``name``."""
         with self._lock:
-            done = [v for (n, v), e in self._entries.items() if n == name and e.info.state == COMMITTED]
+            done = [
+                v for (n, v), e in self._entries.items() if n == name and e.info.state == COMMITTED
+            ]
             return max(done) if done else None
 
     def announce(self, *, name: str, version: int, address: str, complete: bool) -> None:
@@ -275,12 +307,16 @@ class InMemoryRegistry:
                 entry.sources[address].dead = True
                 self._set_state(entry, entry.info.state, entry.info.reason)
 
-    def wait(self, *, name: str, version: int, min_complete: int | None, timeout: float) -> VersionInfo:
+    def wait(
+        self, *, name: str, version: int, min_complete: int | None, timeout: float
+    ) -> VersionInfo:
         """See :meth:`SourceRegistry.wait`. A lease that lapses while waiting ends the wait
         (the version is then aborted)."""
         if not timeout >= 0:
             raise TransferConfigError(f"timeout must be >= 0, got {timeout!r}")
-        if min_complete is not None and (isinstance(min_complete, bool) or not isinstance(min_complete, int)):
+        if min_complete is not None and (
+            isinstance(min_complete, bool) or not isinstance(min_complete, int)
+        ):
             raise TransferConfigError(f"min_complete must be an int or None, got {min_complete!r}")
         deadline = self._clock() + timeout
         with self._lock:
@@ -299,16 +335,24 @@ class InMemoryRegistry:
                 self._changed.wait(max(left, 0.001))
 
     def open_pull(
-        self, *, name: str, version: int, receiver: str, exclude: Iterable[str] = (),
-        relays: bool = True, announce: bool = False, withdraw: int | None = None,
+        self,
+        *,
+        name: str,
+        version: int,
+        receiver: str,
+        exclude: Iterable[str] = (),
+        relays: bool = True,
+        announce: bool = False,
+        withdraw: int | None = None,
     ) -> tuple[str, VersionInfo]:
         """See :meth:`SourceRegistry.open_pull` (each step as its own call would do it)."""
         if withdraw is not None:
             self.withdraw(name=name, version=withdraw, address=receiver)
         if announce:
             self.announce(name=name, version=version, address=receiver, complete=False)
-        source = self.assign_source(name=name, version=version, receiver=receiver,
-                                    exclude=exclude, relays=relays)
+        source = self.assign_source(
+            name=name, version=version, receiver=receiver, exclude=exclude, relays=relays
+        )
         return source, self.info(name=name, version=version)
 
     def close_pull(self, *, name: str, version: int, receiver: str, timeout: float) -> VersionInfo:
@@ -328,7 +372,13 @@ class InMemoryRegistry:
         return False
 
     def assign_source(
-        self, *, name: str, version: int, receiver: str, exclude: Iterable[str] = (), relays: bool = True
+        self,
+        *,
+        name: str,
+        version: int,
+        receiver: str,
+        exclude: Iterable[str] = (),
+        relays: bool = True,
     ) -> str:
         """Least-loaded live source, relays before the publisher, complete before partial."""
         excluded = set(exclude)

@@ -39,23 +39,45 @@ log = logging.getLogger("rlguard.recovery.transfer.registry")
 PROTOCOL = 2
 _METHODS = frozenset(
     {
-        "begin", "renew", "commit", "abort", "info", "latest_committed", "announce",
-        "withdraw", "report_dead", "assign_source", "release_source", "wait",
-        "open_pull", "close_pull",
+        "begin",
+        "renew",
+        "commit",
+        "abort",
+        "info",
+        "latest_committed",
+        "announce",
+        "withdraw",
+        "report_dead",
+        "assign_source",
+        "release_source",
+        "wait",
+        "open_pull",
+        "close_pull",
     }
 )
 _ERRORS: dict[str, type[TransferError]] = {
     cls.__name__: cls
-    for cls in (NoSourceError, UnknownVersionError, VersionDiscardedError, TransferConfigError,
-                RegistryProtocolError)
+    for cls in (
+        NoSourceError,
+        UnknownVersionError,
+        VersionDiscardedError,
+        TransferConfigError,
+        RegistryProtocolError,
+    )
 }
 
 
 class RegistryServer:
     """Serves ``registry`` on ``host:port`` (0 = a free port) until :meth:`close`."""
 
-    def __init__(self, registry: SourceRegistry, *, host: str = "127.0.0.1", port: int = 0,
-                 idle_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        registry: SourceRegistry,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        idle_timeout: float = 600.0,
+    ) -> None:
         self.registry = registry
         self._idle_timeout = idle_timeout
         self._listener = TcpTransport().listen(host, port, self._handle)
@@ -84,7 +106,11 @@ class RegistryServer:
     def _answer(self, request: dict[str, Any]) -> dict[str, Any]:
         method, kwargs = request.get("op"), request.get("kwargs")
         if method not in _METHODS or not isinstance(kwargs, dict):
-            return {"ok": False, "error": "TransferConfigError", "detail": f"unknown call {method!r}"}
+            return {
+                "ok": False,
+                "error": "TransferConfigError",
+                "detail": f"unknown call {method!r}",
+            }
         try:
             result = getattr(self.registry, method)(**kwargs)
         except TransferError as exc:
@@ -121,8 +147,9 @@ class RegistryClient:
             self._channel = None
             self._idle_wait_channels.clear()
 
-    def _exchange(self, channel: TcpChannel | None, request: dict[str, Any],
-                  timeout: float) -> tuple[TcpChannel, dict[str, Any]]:
+    def _exchange(
+        self, channel: TcpChannel | None, request: dict[str, Any], timeout: float
+    ) -> tuple[TcpChannel, dict[str, Any]]:
         """Send one request and read its reply on ``channel`` (connected first if None); the
         channel to use next time (None after a failure) and the reply."""
         try:
@@ -138,8 +165,9 @@ class RegistryClient:
     def _call(self, op: str, *, needs: int = 1, **kwargs: Any) -> Any:
         with self._lock:
             try:
-                self._channel, reply = self._exchange(self._channel, {"op": op, "kwargs": kwargs},
-                                                      self.timeout)
+                self._channel, reply = self._exchange(
+                    self._channel, {"op": op, "kwargs": kwargs}, self.timeout
+                )
             except TransferError:
                 self._channel = None
                 raise
@@ -153,7 +181,8 @@ class RegistryClient:
             raise RegistryProtocolError(
                 f"registry {self.address} speaks registry protocol {spoken!r}, and {op!r} as "
                 f"called here needs protocol {needs}: upgrade the registry server to this "
-                f"RLGuard (it answered: {reply.get('detail')})")
+                f"RLGuard (it answered: {reply.get('detail')})"
+            )
         error = _ERRORS.get(str(reply.get("error")), ProtocolError)
         raise error(f"registry {self.address}: {reply.get('detail')}")
 
@@ -162,18 +191,35 @@ class RegistryClient:
         own (see ``_idle_wait_channels``)."""
         with self._lock:
             idle = self._idle_wait_channels.pop() if self._idle_wait_channels else None
-        channel, reply = self._exchange(idle, {"op": op, "kwargs": kwargs},
-                                        self.timeout + max(timeout, 0.0))
+        channel, reply = self._exchange(
+            idle, {"op": op, "kwargs": kwargs}, self.timeout + max(timeout, 0.0)
+        )
         with self._lock:
             self._idle_wait_channels.append(channel)
         return self._result(reply, op, needs)
 
-    def begin(self, *, name: str, version: int, manifest_digest: str, publisher: str, lease_s: float,
-              commit_at: int | None = None) -> None:
+    def begin(
+        self,
+        *,
+        name: str,
+        version: int,
+        manifest_digest: str,
+        publisher: str,
+        lease_s: float,
+        commit_at: int | None = None,
+    ) -> None:
         """See :meth:`SourceRegistry.begin` (``commit_at`` needs protocol 2)."""
         extra = {} if commit_at is None else {"commit_at": commit_at}
-        self._call("begin", needs=1 if commit_at is None else 2, name=name, version=version,
-                   manifest_digest=manifest_digest, publisher=publisher, lease_s=lease_s, **extra)
+        self._call(
+            "begin",
+            needs=1 if commit_at is None else 2,
+            name=name,
+            version=version,
+            manifest_digest=manifest_digest,
+            publisher=publisher,
+            lease_s=lease_s,
+            **extra,
+        )
 
     def renew(self, *, name: str, version: int, lease_s: float) -> VersionInfo:
         """See :meth:`SourceRegistry.renew`."""
@@ -209,29 +255,65 @@ class RegistryClient:
         self._call("report_dead", name=name, version=version, address=address)
 
     def assign_source(
-        self, *, name: str, version: int, receiver: str, exclude: Iterable[str] = (), relays: bool = True
+        self,
+        *,
+        name: str,
+        version: int,
+        receiver: str,
+        exclude: Iterable[str] = (),
+        relays: bool = True,
     ) -> str:
         """See :meth:`SourceRegistry.assign_source`."""
-        return str(self._call("assign_source", name=name, version=version, receiver=receiver,
-                              exclude=sorted(exclude), relays=relays))
+        return str(
+            self._call(
+                "assign_source",
+                name=name,
+                version=version,
+                receiver=receiver,
+                exclude=sorted(exclude),
+                relays=relays,
+            )
+        )
 
     def release_source(self, *, name: str, version: int, receiver: str) -> None:
         """See :meth:`SourceRegistry.release_source`."""
         self._call("release_source", name=name, version=version, receiver=receiver)
 
-    def wait(self, *, name: str, version: int, min_complete: int | None, timeout: float) -> VersionInfo:
+    def wait(
+        self, *, name: str, version: int, min_complete: int | None, timeout: float
+    ) -> VersionInfo:
         """See :meth:`SourceRegistry.wait`; the reply may take ``timeout`` more than a call."""
-        kwargs = {"name": name, "version": version, "min_complete": min_complete, "timeout": timeout}
+        kwargs = {
+            "name": name,
+            "version": version,
+            "min_complete": min_complete,
+            "timeout": timeout,
+        }
         return VersionInfo(**self._blocking_call("wait", kwargs, timeout, needs=1))
 
     def open_pull(
-        self, *, name: str, version: int, receiver: str, exclude: Iterable[str] = (),
-        relays: bool = True, announce: bool = False, withdraw: int | None = None,
+        self,
+        *,
+        name: str,
+        version: int,
+        receiver: str,
+        exclude: Iterable[str] = (),
+        relays: bool = True,
+        announce: bool = False,
+        withdraw: int | None = None,
     ) -> tuple[str, VersionInfo]:
         """See :meth:`SourceRegistry.open_pull` (protocol 2)."""
-        source, info = self._call("open_pull", needs=2, name=name, version=version,
-                                  receiver=receiver, exclude=sorted(exclude), relays=relays,
-                                  announce=announce, withdraw=withdraw)
+        source, info = self._call(
+            "open_pull",
+            needs=2,
+            name=name,
+            version=version,
+            receiver=receiver,
+            exclude=sorted(exclude),
+            relays=relays,
+            announce=announce,
+            withdraw=withdraw,
+        )
         return str(source), VersionInfo(**info)
 
     def close_pull(self, *, name: str, version: int, receiver: str, timeout: float) -> VersionInfo:

@@ -27,7 +27,9 @@ class TensorParallelLayout:
             raise TransferConfigError(f"world_size must be an int >= 1, got {self.world_size!r}")
         for name, dim in self.split_dims.items():
             if dim is not None and not isinstance(dim, int):
-                raise TransferConfigError(f"split dim of {name!r} must be an int or None, got {dim!r}")
+                raise TransferConfigError(
+                    f"split dim of {name!r} must be an int or None, got {dim!r}"
+                )
 
 
 def _dim(layout: TensorParallelLayout, name: str, ndim: int, side: str) -> int | None:
@@ -37,18 +39,26 @@ def _dim(layout: TensorParallelLayout, name: str, ndim: int, side: str) -> int |
     if dim is None:
         return None
     if not -ndim <= dim < ndim:
-        raise TransferConfigError(f"{side} split dim {dim} of {name!r} is out of range for {ndim} dims")
+        raise TransferConfigError(
+            f"{side} split dim {dim} of {name!r} is out of range for {ndim} dims"
+        )
     return dim % ndim
 
 
-def gather_full(state: Sequence[Mapping[str, torch.Tensor]], layout: TensorParallelLayout) -> dict[str, torch.Tensor]:
+def gather_full(
+    state: Sequence[Mapping[str, torch.Tensor]], layout: TensorParallelLayout
+) -> dict[str, torch.Tensor]:
     """Reassemble the unsharded tensors from every rank's shards in ``layout``."""
     if len(state) != layout.world_size:
-        raise TransferConfigError(f"layout has {layout.world_size} ranks but {len(state)} shards were given")
+        raise TransferConfigError(
+            f"layout has {layout.world_size} ranks but {len(state)} shards were given"
+        )
     names = list(state[0])
     for rank, shard in enumerate(state):
         if list(shard) != names and set(shard) != set(names):
-            raise TransferConfigError(f"rank {rank} holds tensors {sorted(shard)}, rank 0 holds {sorted(names)}")
+            raise TransferConfigError(
+                f"rank {rank} holds tensors {sorted(shard)}, rank 0 holds {sorted(names)}"
+            )
     full: dict[str, torch.Tensor] = {}
     for name in names:
         parts = [shard[name] for shard in state]
@@ -56,13 +66,15 @@ def gather_full(state: Sequence[Mapping[str, torch.Tensor]], layout: TensorParal
         if dim is None:
             for rank, part in enumerate(parts[1:], start=1):
                 if part.shape != parts[0].shape or not torch.equal(part, parts[0]):
-                    raise TransferConfigError(f"replicated tensor {name!r} differs between rank 0 and rank {rank}")
+                    raise TransferConfigError(
+                        f"replicated tensor {name!r} differs between rank 0 and rank {rank}"
+                    )
             full[name] = parts[0]
             continue
         for rank, part in enumerate(parts):
-            if part.dtype != parts[0].dtype or [s for i, s in enumerate(part.shape) if i != dim] != [
-                s for i, s in enumerate(parts[0].shape) if i != dim
-            ]:
+            if part.dtype != parts[0].dtype or [
+                s for i, s in enumerate(part.shape) if i != dim
+            ] != [s for i, s in enumerate(parts[0].shape) if i != dim]:
                 raise TransferConfigError(
                     f"shard of {name!r} on rank {rank} has {part.dtype}{list(part.shape)}, "
                     f"incompatible with rank 0's {parts[0].dtype}{list(parts[0].shape)} along dim {dim}"
@@ -86,7 +98,9 @@ def reshard(
     ranks = list(range(dst_layout.world_size)) if dst_ranks is None else list(dst_ranks)
     for rank in ranks:
         if not isinstance(rank, int) or not 0 <= rank < dst_layout.world_size:
-            raise TransferConfigError(f"destination rank {rank!r} is outside 0..{dst_layout.world_size - 1}")
+            raise TransferConfigError(
+                f"destination rank {rank!r} is outside 0..{dst_layout.world_size - 1}"
+            )
     full = gather_full(state, src_layout)
     out: list[dict[str, torch.Tensor]] = [{} for _ in ranks]
     for name, tensor in full.items():

@@ -263,8 +263,9 @@ class ShmTransport(Transport):
                 np.copyto(dest, np.frombuffer(byte_view(tensor), dtype=np.uint8))
         return Buffers(segment.tensors, segment.extra, lambda: self._release(segment, recycle=True))
 
-    def adopt_digested(self, tensors: Mapping[str, torch.Tensor], *, tag: str, chunk_bytes: int,
-                       checksum: str) -> tuple[Buffers, list[int] | None]:
+    def adopt_digested(
+        self, tensors: Mapping[str, torch.Tensor], *, tag: str, chunk_bytes: int, checksum: str
+    ) -> tuple[Buffers, list[int] | None]:
         """:meth:`adopt`, checksumming each chunk of the segment's copy as it is written (one
         pass over the bytes instead of a checksum pass and a copy pass): what the manifest
         vouches for is what peers read."""
@@ -278,8 +279,9 @@ class ShmTransport(Transport):
             for start in range(0, len(dest), chunk_bytes):
                 stop = start + chunk_bytes
                 digests.append(copy_digest(dest[start:stop], source[start:stop]))
-        buffers = Buffers(segment.tensors, segment.extra,
-                          lambda: self._release(segment, recycle=True))
+        buffers = Buffers(
+            segment.tensors, segment.extra, lambda: self._release(segment, recycle=True)
+        )
         return buffers, digests
 
     def _segment_for(self, tensors: Mapping[str, torch.Tensor], tag: str) -> _Segment:

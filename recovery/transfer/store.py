@@ -37,8 +37,14 @@ class Buffers:
 class ServedVersion:
     """One version held by this process, with a per-chunk readiness map for partial serving."""
 
-    def __init__(self, manifest: WeightManifest, buffers: Buffers, *, complete: bool,
-                 views: list[memoryview] | None = None) -> None:
+    def __init__(
+        self,
+        manifest: WeightManifest,
+        buffers: Buffers,
+        *,
+        complete: bool,
+        views: list[memoryview] | None = None,
+    ) -> None:
         """``views``: the chunk views of ``buffers`` for ``manifest``, when the caller made
         them already (and so checked that the manifest fits)."""
         if views is None:

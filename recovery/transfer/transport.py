@@ -79,8 +79,9 @@ class Transport(ABC):
         """Serve a publisher's contiguous tensors (no copy unless the transport needs one)."""
         return Buffers(dict(tensors))
 
-    def adopt_digested(self, tensors: Mapping[str, torch.Tensor], *, tag: str, chunk_bytes: int,
-                       checksum: str) -> tuple[Buffers, list[int] | None]:
+    def adopt_digested(
+        self, tensors: Mapping[str, torch.Tensor], *, tag: str, chunk_bytes: int, checksum: str
+    ) -> tuple[Buffers, list[int] | None]:
         """:meth:`adopt`, and the checksums of the served bytes' chunks (cut as
         :func:`~recovery.transfer.manifest.build_manifest` cuts them) when the transport takes
         them in the same pass as its copy; None: the manifest checksums them itself."""

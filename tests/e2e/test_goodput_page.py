@@ -105,7 +105,13 @@ def test_job_page_shows_ettr_waterfall_and_savings(
     saved = page.inner_text("[data-testid=gpu-hours-saved]")  # type: ignore[attr-defined]
     assert float(saved.split()[0]) > 0
     assumptions = page.inner_text("[data-testid=goodput-assumptions]")  # type: ignore[attr-defined]
-    for words in ("human detection delay", "30m 00s", "price per GPU-hour", "$2.50", "job start-up"):
+    for words in (
+        "human detection delay",
+        "30m 00s",
+        "price per GPU-hour",
+        "$2.50",
+        "job start-up",
+    ):
         assert words in assumptions
     row.scroll_into_view_if_needed()
     screenshot(page, "job-goodput-desktop")

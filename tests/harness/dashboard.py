@@ -184,7 +184,10 @@ def seed_heavy_incident(dash: DashboardApp, *, job: str = "grpo-a", node: str = 
         for a in actions:
             s.add(a)
         add_event(
-            s, incident_id=inc.id, type_=IncidentEventType.APPROVAL_REQUESTED, detail={"approval_id": appr.id}
+            s,
+            incident_id=inc.id,
+            type_=IncidentEventType.APPROVAL_REQUESTED,
+            detail={"approval_id": appr.id},
         )
         s.commit()
         return Seeded(

@@ -19,7 +19,9 @@ def main() -> int:
     # separate value would be a regression that lets ``-h`` or ``--run-root=/x`` pass as options.
     loose = [a for a in args if not (a.startswith("--") and "=" in a)]
     if loose:
-        print(f"fake launcher: expected only --option=value arguments, got {loose!r}", file=sys.stderr)
+        print(
+            f"fake launcher: expected only --option=value arguments, got {loose!r}", file=sys.stderr
+        )
         return 2
     opts = dict(a.split("=", 1) for a in args)
     log = Path(os.environ["RLGUARD_TEST_LAUNCHER_LOG"])

@@ -25,7 +25,10 @@ def cuda_state(seed: int) -> dict[str, Any]:
         "model": params,
         "optimizer": {
             "state": {
-                0: {"step": torch.tensor(7.0), "exp_avg": torch.randn(4096, 4096, device="cuda", generator=g)},
+                0: {
+                    "step": torch.tensor(7.0),
+                    "exp_avg": torch.randn(4096, 4096, device="cuda", generator=g),
+                },
             },
             "param_groups": [{"lr": 1e-5, "params": [0]}],
         },
@@ -74,4 +77,6 @@ def test_pinned_and_pageable_engines_write_the_same_bytes(tmp_path: Path) -> Non
         assert info is not None
         roots[pinned] = info.path
     for layer_file in sorted(p.name for p in roots[True].iterdir() if p.suffix == ".bin"):
-        assert (roots[True] / layer_file).read_bytes() == (roots[False] / layer_file).read_bytes(), layer_file
+        assert (roots[True] / layer_file).read_bytes() == (
+            roots[False] / layer_file
+        ).read_bytes(), layer_file

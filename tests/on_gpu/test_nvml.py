@@ -108,6 +108,7 @@ def test_readings_follow_what_the_gpu_does(collector: NvmlCollector) -> None:
 
 # ---- the fake held to the real library ------------------------------------------------------
 
+
 def _calls(nvml: Any, handle: Any) -> dict[str, Callable[[], Any]]:
     """Every call the collector makes, with the arguments it makes it with."""
     return {
@@ -124,15 +125,21 @@ def _calls(nvml: Any, handle: Any) -> dict[str, Callable[[], Any]]:
         "nvmlDeviceGetPowerUsage": lambda: nvml.nvmlDeviceGetPowerUsage(handle),
         "nvmlDeviceGetEnforcedPowerLimit": lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle),
         "nvmlDeviceGetClockInfo": lambda: nvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle),
-        "nvmlDeviceGetCurrentClocksEventReasons": lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle),
+        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda: (
+            nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+        ),
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda: (
+            nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        ),
         "nvmlDeviceGetTotalEccErrors": lambda: nvml.nvmlDeviceGetTotalEccErrors(
             handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
         ),
         "nvmlDeviceGetRetiredPages": lambda: nvml.nvmlDeviceGetRetiredPages(
             handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
         ),
-        "nvmlDeviceGetRetiredPagesPendingStatus": lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle),
+        "nvmlDeviceGetRetiredPagesPendingStatus": lambda: (
+            nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
+        ),
         "nvmlDeviceGetRemappedRows": lambda: nvml.nvmlDeviceGetRemappedRows(handle),
         "nvmlDeviceGetPcieReplayCounter": lambda: nvml.nvmlDeviceGetPcieReplayCounter(handle),
         "nvmlDeviceGetNvLinkState": lambda: nvml.nvmlDeviceGetNvLinkState(handle, 0),
@@ -152,7 +159,11 @@ def _shape(value: Any) -> Any:
     if isinstance(value, ctypes.Structure):
         return (type(value).__name__, sorted(name for name, *_ in type(value)._fields_))
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, sorted({type(v).__name__ for v in value}), len(value) if isinstance(value, tuple) else None)
+        return (
+            type(value).__name__,
+            sorted({type(v).__name__ for v in value}),
+            len(value) if isinstance(value, tuple) else None,
+        )
     return type(value).__name__
 
 
@@ -165,8 +176,15 @@ def test_the_fake_answers_every_call_as_the_real_library_does() -> None:
         fake_calls = _calls(fake, fake.nvmlDeviceGetHandleByIndex(0))
         # Every nvml* function the fake offers is exercised here (nothing unchecked slips in).
         offered = {n for n in dir(fake) if n.startswith("nvml")}
-        lifecycle = {"nvmlInit", "nvmlShutdown", "nvmlDeviceGetHandleByIndex", "nvmlEventSetCreate",
-                     "nvmlDeviceRegisterEvents", "nvmlEventSetWait", "nvmlEventSetFree"}
+        lifecycle = {
+            "nvmlInit",
+            "nvmlShutdown",
+            "nvmlDeviceGetHandleByIndex",
+            "nvmlEventSetCreate",
+            "nvmlDeviceRegisterEvents",
+            "nvmlEventSetWait",
+            "nvmlEventSetFree",
+        }
         assert offered - lifecycle == set(real_calls), offered - lifecycle ^ set(real_calls)
         table = []
         for name, call in real_calls.items():
@@ -174,10 +192,14 @@ def test_the_fake_answers_every_call_as_the_real_library_does() -> None:
             try:
                 real_shape = _shape(call())
             except PERMANENT_ERRORS as exc:
-                table.append(f"{name}: real {type(exc).__name__} (the field is skipped on this GPU)")
+                table.append(
+                    f"{name}: real {type(exc).__name__} (the field is skipped on this GPU)"
+                )
                 continue
             table.append(f"{name}: {real_shape}")
-            assert real_shape == fake_shape, f"{name}: real returns {real_shape}, the fake {fake_shape}"
+            assert real_shape == fake_shape, (
+                f"{name}: real returns {real_shape}, the fake {fake_shape}"
+            )
         print("\n".join(table))
     finally:
         pynvml.nvmlShutdown()

@@ -33,7 +33,13 @@ PARTICIPANTS = {  # node → [(role, rank)]
     "n1": [("rollout", 0)],
     "n2": [("rollout", 1)],
 }
-FINGERPRINT = {"python": "3.11.9", "torch": "2.4.1", "cuda": "12.4", "driver": "550.54", "hash": "a1b2"}
+FINGERPRINT = {
+    "python": "3.11.9",
+    "torch": "2.4.1",
+    "cuda": "12.4",
+    "driver": "550.54",
+    "hash": "a1b2",
+}
 
 
 @dataclass
@@ -48,9 +54,13 @@ class Sim:
     phase: dict[tuple[str, int], str] = field(default_factory=dict)
     # per-second hook: (t, sim) → None, may change overrides below
     hooks: list[Callable[[float, Sim], None]] = field(default_factory=list)
-    gpu_override: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (node,gpu,metric)
+    gpu_override: dict[tuple[str, str, str], float] = field(
+        default_factory=dict
+    )  # (node,gpu,metric)
     gpu_missing: set[tuple[str, str]] = field(default_factory=set)  # lost GPUs: only gpu_lost sent
-    part_override: dict[tuple[int, str, str], float] = field(default_factory=dict)  # (rank, role, metric)
+    part_override: dict[tuple[int, str, str], float] = field(
+        default_factory=dict
+    )  # (rank, role, metric)
     dead: dict[tuple[str, int], float] = field(default_factory=dict)  # (role, rank) → died at
     hb_frozen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     fingerprints: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -145,7 +155,11 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
 
         add("rollout_pending_ratio", val("rollout_pending_ratio", r.uniform(0.0, 0.08)), **labels)
         add("actor_shard_rebuild_count_5m", val("actor_shard_rebuild_count_5m", 0), **labels)
-        add("state_log_write_latency_ms", val("state_log_write_latency_ms", r.uniform(5, 40)), **labels)
+        add(
+            "state_log_write_latency_ms",
+            val("state_log_write_latency_ms", r.uniform(5, 40)),
+            **labels,
+        )
         step = sim.rank_step.get((role, rank), sim.step)
         add("train_step", step, **labels)
         add("train_step_failures_total", val("train_step_failures_total", 0), **labels)
@@ -156,13 +170,28 @@ def _batch(sim: Sim, node: str, t: float, seq: int) -> dict[str, Any]:
         add("actor_shard_stale", val("actor_shard_stale", 0), **labels)
         add("participant_heartbeat_age_seconds", t - hb_ts, **labels)
         if role == "rollout" and fresh_heartbeat:
-            add("rollout_tokens_per_second", val("rollout_tokens_per_second", r.uniform(800, 1500)), **labels)
+            add(
+                "rollout_tokens_per_second",
+                val("rollout_tokens_per_second", r.uniform(800, 1500)),
+                **labels,
+            )
         for sample in sim.part_samples:
-            sample(sim, role, rank, t,
-                   lambda name, value, labels=labels, **more: add(name, value, **labels, **more))
+            sample(
+                sim,
+                role,
+                rank,
+                t,
+                lambda name, value, labels=labels, **more: add(name, value, **labels, **more),
+            )
         participants.append(
-            {"job": JOB, "role": role, "rank": rank, "phase": sim.phase[(role, rank)],
-             "step": step, "ts": hb_ts}
+            {
+                "job": JOB,
+                "role": role,
+                "rank": rank,
+                "phase": sim.phase[(role, rank)],
+                "step": step,
+                "ts": hb_ts,
+            }
         )
     _engine_samples(sim, node, t, add)
     if sim.slurm:
@@ -196,10 +225,16 @@ def _engine_samples(sim: Sim, node: str, t: float, add: Callable[..., None]) -> 
         if (role, rank) in sim.engine_idle:
             running, waiting, tokens_per_s = 0, 0, 0.0
         else:
-            running, waiting, tokens_per_s = r.randint(16, 32), r.randint(0, 2), r.uniform(800, 1500)
+            running, waiting, tokens_per_s = (
+                r.randint(16, 32),
+                r.randint(0, 2),
+                r.uniform(800, 1500),
+            )
         add("rollout_engine_requests_running", running, **labels)
         add("rollout_engine_requests_waiting", waiting, **labels)
-        add("rollout_engine_kv_cache_usage_ratio", r.uniform(0.2, 0.7) if running else 0.0, **labels)
+        add(
+            "rollout_engine_kv_cache_usage_ratio", r.uniform(0.2, 0.7) if running else 0.0, **labels
+        )
         if running + waiting:
             add("rollout_pending_ratio", waiting / (running + waiting), **labels)
         add("rollout_tokens_per_second", tokens_per_s, **labels)
@@ -225,8 +260,10 @@ def simulate(sim: Sim) -> list[dict[str, Any]]:
 def _on_a_wrong_clock(batch: dict[str, Any], behind: float) -> dict[str, Any]:
     """``batch`` as an agent whose clock is ``behind`` seconds late stamps it, with the time
     the server received it (its true send time)."""
+
     def moved(ts: float) -> float:
         return round(ts - behind, 3)
+
     return {
         **batch,
         "sent_at": moved(batch["sent_at"]),
@@ -241,7 +278,9 @@ def _on_a_wrong_clock(batch: dict[str, Any], behind: float) -> dict[str, Any]:
 Scenario = Callable[[int], tuple[Sim, list[dict[str, Any]], str]]
 
 
-def at(start: float, end: float, fn: Callable[[Sim], None], undo: Callable[[Sim], None] | None = None):
+def at(
+    start: float, end: float, fn: Callable[[Sim], None], undo: Callable[[Sim], None] | None = None
+):
     def hook(t: float, sim: Sim) -> None:
         if T0 + start <= t < T0 + end:
             fn(sim)
@@ -251,8 +290,20 @@ def at(start: float, end: float, fn: Callable[[Sim], None], undo: Callable[[Sim]
     return hook
 
 
-def exp(kind: str, start: float, window: float, tier: str | None = None, decision: str = "open", **subject: Any) -> dict[str, Any]:
-    e: dict[str, Any] = {"kind": kind, "start": T0 + start, "window": window, "subject": {"job": JOB, **subject} if "job" not in subject else subject}
+def exp(
+    kind: str,
+    start: float,
+    window: float,
+    tier: str | None = None,
+    decision: str = "open",
+    **subject: Any,
+) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "kind": kind,
+        "start": T0 + start,
+        "window": window,
+        "subject": {"job": JOB, **subject} if "job" not in subject else subject,
+    }
     if subject.get("job", JOB) is None:
         e["subject"] = {k: v for k, v in subject.items() if k != "job"}
     if tier:
@@ -268,38 +319,79 @@ def golden(metric: str, kind: str, value: float, window: float, hold: float):
         role, rank = (("rollout", 0), ("rollout", 1), ("trainer", 1))[v % 3]
         node = {("rollout", 0): "n1", ("rollout", 1): "n2", ("trainer", 1): "n0"}[(role, rank)]
         sim = Sim(seed=100 + v, duration=start + window + hold + 20)
-        sim.hooks.append(at(start, start + window + hold, lambda s: s.part_override.__setitem__((rank, role, metric), value),
-                            lambda s: s.part_override.pop((rank, role, metric), None)))
-        return sim, [exp(kind, start, window, role=role, rank=rank, node=node)], f"{metric} above warning on {role}-{rank}"
+        sim.hooks.append(
+            at(
+                start,
+                start + window + hold,
+                lambda s: s.part_override.__setitem__((rank, role, metric), value),
+                lambda s: s.part_override.pop((rank, role, metric), None),
+            )
+        )
+        return (
+            sim,
+            [exp(kind, start, window, role=role, rank=rank, node=node)],
+            f"{metric} above warning on {role}-{rank}",
+        )
+
     return make
 
 
-def counter_event(metric: str, kind: str, role: str, rank: int, tier: str | None = None, step_label: bool = False):
+def counter_event(
+    metric: str, kind: str, role: str, rank: int, tier: str | None = None, step_label: bool = False
+):
     def make(v: int) -> tuple[Sim, list[dict[str, Any]], str]:
         start = 40 + 9 * v
         sim = Sim(seed=200 + v, duration=start + 40)
+
         def bump(s: Sim) -> None:
             s.part_override[(rank, role, metric)] = 1
             if step_label:
                 s.part_override[(rank, role, "train_last_failed_step")] = s.step
+
         sim.hooks.append(at(start, 10_000, bump))
-        node = {("trainer", 0): "n0", ("trainer", 1): "n0", ("rollout", 0): "n1", ("rollout", 1): "n2"}[(role, rank)]
-        return sim, [exp(kind, start, 0, tier=tier, role=role, rank=rank, node=node)], f"{metric} rises once"
+        node = {
+            ("trainer", 0): "n0",
+            ("trainer", 1): "n0",
+            ("rollout", 0): "n1",
+            ("rollout", 1): "n2",
+        }[(role, rank)]
+        return (
+            sim,
+            [exp(kind, start, 0, tier=tier, role=role, rank=rank, node=node)],
+            f"{metric} rises once",
+        )
+
     return make
 
 
-def gpu_event(metric: str, kind: str, value: float, window: float, node: str, gpu: str, xid: int | None = None, until: float | None = None):
+def gpu_event(
+    metric: str,
+    kind: str,
+    value: float,
+    window: float,
+    node: str,
+    gpu: str,
+    xid: int | None = None,
+    until: float | None = None,
+):
     def make(v: int) -> tuple[Sim, list[dict[str, Any]], str]:
         start = 45 + 6 * v
         g = GPUS[(int(gpu) + v) % 2]
         sim = Sim(seed=300 + v, duration=start + window + 40)
+
         def on(s: Sim) -> None:
             s.gpu_override[(node, g, metric)] = value
             if xid is not None:
                 s.gpu_override[(node, g, "gpu_xid_last_code")] = xid
+
         end = start + until if until is not None else 10_000
         sim.hooks.append(at(start, end, on, lambda s: s.gpu_override.pop((node, g, metric), None)))
-        return sim, [exp(kind, start, window, job=None, node=node, gpu=g)], f"{metric} on {node}/gpu{g}"
+        return (
+            sim,
+            [exp(kind, start, window, job=None, node=node, gpu=g)],
+            f"{metric} on {node}/gpu{g}",
+        )
+
     return make
 
 
@@ -315,7 +407,11 @@ def trainer_idle(v: int):
     start = 40 + 10 * v
     sim = Sim(seed=500 + v, duration=start + 300 + 20)
     sim.hooks.append(at(start, 10_000, lambda s: setattr(s, "trainer_util", 0.01)))
-    return sim, [exp("trainer_idle", start, 300, role="trainer", node="n0")], "trainer hangs in TRAIN"
+    return (
+        sim,
+        [exp("trainer_idle", start, 300, role="trainer", node="n0")],
+        "trainer hangs in TRAIN",
+    )
 
 
 def rollout_down(v: int):
@@ -323,7 +419,11 @@ def rollout_down(v: int):
     role, rank, node = ("rollout", v % 2, "n1" if v % 2 == 0 else "n2")
     sim = Sim(seed=600 + v, duration=start + 60 + 40)
     sim.dead[(role, rank)] = T0 + start
-    return sim, [exp("rollout_down", start, 60, role=role, rank=rank, node=node)], "rollout process dies"
+    return (
+        sim,
+        [exp("rollout_down", start, 60, role=role, rank=rank, node=node)],
+        "rollout process dies",
+    )
 
 
 def heartbeat_lost(v: int):
@@ -331,7 +431,11 @@ def heartbeat_lost(v: int):
     rank = v % 2
     sim = Sim(seed=700 + v, duration=start + 75 + 30)
     sim.dead[("trainer", rank)] = T0 + start
-    return sim, [exp("heartbeat_lost", start, 75, role="trainer", rank=rank, node="n0")], "trainer process dies, node alive"
+    return (
+        sim,
+        [exp("heartbeat_lost", start, 75, role="trainer", rank=rank, node="n0")],
+        "trainer process dies, node alive",
+    )
 
 
 def node_silent(v: int):
@@ -356,7 +460,9 @@ def nodes_lost(v: int):
 
 def env_drift(v: int):
     sim = Sim(seed=1000 + v, duration=30)
-    sim.fingerprints["n2"] = dict(FINGERPRINT, torch="2.3.0" if v == 0 else "2.4.1", cuda="12.4" if v == 0 else "12.1")
+    sim.fingerprints["n2"] = dict(
+        FINGERPRINT, torch="2.3.0" if v == 0 else "2.4.1", cuda="12.4" if v == 0 else "12.1"
+    )
     return sim, [exp("env_drift", 0, 2)], "n2 runs another torch/CUDA"
 
 
@@ -364,28 +470,58 @@ def first_step(v: int):
     start = 30 + 5 * v
     sim = Sim(seed=1100 + v, duration=start + 40)
     sim.step = 1
-    sim.hooks.append(at(start, 10_000, lambda s: (s.part_override.__setitem__((0, "trainer", "train_step_failures_total"), 1), s.part_override.__setitem__((0, "trainer", "train_last_failed_step"), 1))))
-    return sim, [exp("step_failed", start, 0, tier="heavy", role="trainer", rank=0, node="n0")], "OOM in the job's first step"
+    sim.hooks.append(
+        at(
+            start,
+            10_000,
+            lambda s: (
+                s.part_override.__setitem__((0, "trainer", "train_step_failures_total"), 1),
+                s.part_override.__setitem__((0, "trainer", "train_last_failed_step"), 1),
+            ),
+        )
+    )
+    return (
+        sim,
+        [exp("step_failed", start, 0, tier="heavy", role="trainer", rank=0, node="n0")],
+        "OOM in the job's first step",
+    )
 
 
 def same_step_twice(v: int):
     start = 40 + 5 * v
     sim = Sim(seed=1200 + v, duration=start + 70)
+
     def fail(n: int) -> Callable[[Sim], None]:
         def f(s: Sim) -> None:
             s.part_override[(0, "trainer", "train_step_failures_total")] = n
             s.part_override[(0, "trainer", "train_last_failed_step")] = 20
+
         return f
+
     sim.hooks.append(at(start, start + 30, fail(1)))
     sim.hooks.append(at(start + 30, 10_000, fail(2)))
-    return sim, [
-        exp("step_failed", start, 0, role="trainer", rank=0, node="n0"),
-        exp("step_failed", start + 30, 0, tier="heavy", decision="escalate", role="trainer", rank=0, node="n0"),
-    ], "step 20 fails, is retried and fails again"
+    return (
+        sim,
+        [
+            exp("step_failed", start, 0, role="trainer", rank=0, node="n0"),
+            exp(
+                "step_failed",
+                start + 30,
+                0,
+                tier="heavy",
+                decision="escalate",
+                role="trainer",
+                rank=0,
+                node="n0",
+            ),
+        ],
+        "step 20 fails, is retried and fails again",
+    )
 
 
-def stepping(every: float, *, frozen: Callable[[float], bool] = lambda rel: False,
-             first: float | None = None) -> Callable[[float, Sim], None]:
+def stepping(
+    every: float, *, frozen: Callable[[float], bool] = lambda rel: False, first: float | None = None
+) -> Callable[[float, Sim], None]:
     """A hook that advances the job's step every ``every`` s of trace time, except while
     ``frozen(seconds since T0)``; the first step takes ``first`` s when given."""
     base: list[int] = []
@@ -407,6 +543,7 @@ def stepping(every: float, *, frozen: Callable[[float], bool] = lambda rel: Fals
 def _trainers(phase: str) -> Callable[[Sim], None]:
     def set_phase(s: Sim) -> None:
         s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = phase
+
     return set_phase
 
 
@@ -418,22 +555,45 @@ def train_hang(v: int):
     sim.hooks.append(stepping(every, frozen=lambda rel: rel >= start))
     # A hung collective spins the GPUs: utilisation stays high, only the step tells.
     sim.hooks.append(at(start, 10_000, lambda s: setattr(s, "trainer_util", 1.0)))
-    return sim, [exp("train_hang", start, 120, role="trainer", rank=r, node="n0") for r in (0, 1)], (
-        f"trainers hang in a collective in {phase} ({every} s steps), GPUs at 100 %")
+    return (
+        sim,
+        [exp("train_hang", start, 120, role="trainer", rank=r, node="n0") for r in (0, 1)],
+        (f"trainers hang in a collective in {phase} ({every} s steps), GPUs at 100 %"),
+    )
 
 
 POSITIVE: dict[str, tuple[Scenario, int]] = {
     "pending_ratio": (golden("rollout_pending_ratio", "rollout_pending_high", 0.55, 30, 20), 3),
     "shard_rebuilds": (golden("actor_shard_rebuild_count_5m", "shard_rebuild_storm", 2, 0, 30), 3),
     "state_log_latency": (golden("state_log_write_latency_ms", "state_log_slow", 450, 10, 20), 3),
-    "storage_unwritable": (counter_event("state_log_write_errors_total", "storage_unwritable", "trainer", 0, tier="heavy"), 2),
-    "step_failed": (counter_event("train_step_failures_total", "step_failed", "trainer", 1, step_label=True), 2),
-    "batch_timeout": (counter_event("rollout_batch_timeouts_total", "rollout_batch_timeout", "rollout", 0), 2),
+    "storage_unwritable": (
+        counter_event(
+            "state_log_write_errors_total", "storage_unwritable", "trainer", 0, tier="heavy"
+        ),
+        2,
+    ),
+    "step_failed": (
+        counter_event("train_step_failures_total", "step_failed", "trainer", 1, step_label=True),
+        2,
+    ),
+    "batch_timeout": (
+        counter_event("rollout_batch_timeouts_total", "rollout_batch_timeout", "rollout", 0),
+        2,
+    ),
     "shard_stale": (counter_event("actor_shard_stale", "shard_stale", "trainer", 1), 2),
     "gpu_xid": (gpu_event("gpu_xid_critical_events_total", "gpu_xid", 1, 0, "n1", "0", xid=79), 2),
-    "gpu_ecc": (gpu_event("gpu_ecc_uncorrected_errors_total", "gpu_ecc_uncorrectable", 2, 0, "n0", "1"), 2),
-    "gpu_remap": (gpu_event("gpu_remapped_rows_failure", "gpu_row_remap_failure", 1, 0, "n2", "0"), 2),
-    "gpu_throttle": (gpu_event("gpu_throttle_thermal_active", "gpu_throttled", 1, 60, "n1", "1", until=90), 2),
+    "gpu_ecc": (
+        gpu_event("gpu_ecc_uncorrected_errors_total", "gpu_ecc_uncorrectable", 2, 0, "n0", "1"),
+        2,
+    ),
+    "gpu_remap": (
+        gpu_event("gpu_remapped_rows_failure", "gpu_row_remap_failure", 1, 0, "n2", "0"),
+        2,
+    ),
+    "gpu_throttle": (
+        gpu_event("gpu_throttle_thermal_active", "gpu_throttled", 1, 60, "n1", "1", until=90),
+        2,
+    ),
     "gpu_lost": (gpu_lost, 2),
     "trainer_idle": (trainer_idle, 2),
     "rollout_down": (rollout_down, 2),
@@ -456,36 +616,57 @@ def healthy(v: int):
 
 def tool_wait(v: int):
     sim = Sim(seed=2100 + v, duration=220)
-    sim.hooks.append(at(40, 40 + 130, lambda s: s.part_override.__setitem__((v % 2, "rollout", "rollout_tokens_per_second"), 0),
-                        lambda s: s.part_override.pop((v % 2, "rollout", "rollout_tokens_per_second"), None)))
+    sim.hooks.append(
+        at(
+            40,
+            40 + 130,
+            lambda s: s.part_override.__setitem__(
+                (v % 2, "rollout", "rollout_tokens_per_second"), 0
+            ),
+            lambda s: s.part_override.pop((v % 2, "rollout", "rollout_tokens_per_second"), None),
+        )
+    )
     return sim, [], "rollout waits 130 s on a tool: zero tokens, heartbeat alive"
 
 
 def weight_sync_idle(v: int):
     sim = Sim(seed=2200 + v, duration=420)
+
     def sync(s: Sim) -> None:
         s.trainer_util = 0.0
         s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "WEIGHT_SYNC"
+
     def back(s: Sim) -> None:
         s.trainer_util = None
         s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "TRAIN"
+
     sim.hooks.append(at(30, 30 + 340, sync, back))
     return sim, [], "trainer idle 340 s during weight sync"
 
 
 def short_train_idle(v: int):
     sim = Sim(seed=2300 + v, duration=330)
-    sim.hooks.append(at(20, 20 + 270, lambda s: setattr(s, "trainer_util", 0.0), lambda s: setattr(s, "trainer_util", None)))
+    sim.hooks.append(
+        at(
+            20,
+            20 + 270,
+            lambda s: setattr(s, "trainer_util", 0.0),
+            lambda s: setattr(s, "trainer_util", None),
+        )
+    )
     return sim, [], "trainer idle 270 s in TRAIN (under the 300 s timeout)"
 
 
 def idle_across_phases(v: int):
     sim = Sim(seed=2400 + v, duration=400)
     sim.trainer_util = 0.0
+
     def rollout_phase(s: Sim) -> None:
         s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "ROLLOUT"
+
     def train_phase(s: Sim) -> None:
         s.phase[("trainer", 0)] = s.phase[("trainer", 1)] = "TRAIN"
+
     sim.hooks.append(at(0, 180, rollout_phase, train_phase))
     sim.hooks.append(at(180 + 250, 10_000, lambda s: setattr(s, "trainer_util", None)))
     sim.duration = 180 + 250 + 10
@@ -508,14 +689,42 @@ def heartbeat_gap(v: int):
 
 def brief_spikes(v: int):
     sim = Sim(seed=2700 + v, duration=200)
-    sim.hooks.append(at(40, 46, lambda s: s.part_override.__setitem__((0, "trainer", "state_log_write_latency_ms"), 600),
-                        lambda s: s.part_override.pop((0, "trainer", "state_log_write_latency_ms"), None)))
-    sim.hooks.append(at(70, 90, lambda s: s.part_override.__setitem__((0, "rollout", "rollout_pending_ratio"), 0.7),
-                        lambda s: s.part_override.pop((0, "rollout", "rollout_pending_ratio"), None)))
-    sim.hooks.append(at(100, 135, lambda s: s.gpu_override.__setitem__(("n1", "0", "gpu_throttle_thermal_active"), 1),
-                        lambda s: s.gpu_override.pop(("n1", "0", "gpu_throttle_thermal_active"), None)))
-    sim.hooks.append(at(140, 141, lambda s: s.part_override.__setitem__((1, "trainer", "actor_shard_rebuild_count_5m"), 1),
-                        lambda s: s.part_override.pop((1, "trainer", "actor_shard_rebuild_count_5m"), None)))
+    sim.hooks.append(
+        at(
+            40,
+            46,
+            lambda s: s.part_override.__setitem__(
+                (0, "trainer", "state_log_write_latency_ms"), 600
+            ),
+            lambda s: s.part_override.pop((0, "trainer", "state_log_write_latency_ms"), None),
+        )
+    )
+    sim.hooks.append(
+        at(
+            70,
+            90,
+            lambda s: s.part_override.__setitem__((0, "rollout", "rollout_pending_ratio"), 0.7),
+            lambda s: s.part_override.pop((0, "rollout", "rollout_pending_ratio"), None),
+        )
+    )
+    sim.hooks.append(
+        at(
+            100,
+            135,
+            lambda s: s.gpu_override.__setitem__(("n1", "0", "gpu_throttle_thermal_active"), 1),
+            lambda s: s.gpu_override.pop(("n1", "0", "gpu_throttle_thermal_active"), None),
+        )
+    )
+    sim.hooks.append(
+        at(
+            140,
+            141,
+            lambda s: s.part_override.__setitem__(
+                (1, "trainer", "actor_shard_rebuild_count_5m"), 1
+            ),
+            lambda s: s.part_override.pop((1, "trainer", "actor_shard_rebuild_count_5m"), None),
+        )
+    )
     return sim, [], "spikes shorter than their breach durations"
 
 
@@ -527,15 +736,24 @@ def preexisting_counters(v: int):
     return sim, [], "counters already non-zero when the agent starts reporting"
 
 
-def _paused(phase: str, start: float, length: float, seed: int, every: float, what: str, idle: bool):
+def _paused(
+    phase: str, start: float, length: float, seed: int, every: float, what: str, idle: bool
+):
     def make(v: int):
         sim = Sim(seed=seed + v, duration=start + length + 60)
         sim.hooks.append(stepping(every, frozen=lambda rel: start <= rel < start + length))
         sim.hooks.append(at(start, start + length, _trainers(phase), _trainers("TRAIN")))
         if idle:
-            sim.hooks.append(at(start, start + length, lambda s: setattr(s, "trainer_util", 0.0),
-                                lambda s: setattr(s, "trainer_util", None)))
+            sim.hooks.append(
+                at(
+                    start,
+                    start + length,
+                    lambda s: setattr(s, "trainer_util", 0.0),
+                    lambda s: setattr(s, "trainer_util", None),
+                )
+            )
         return sim, [], what
+
     return make
 
 
@@ -549,8 +767,14 @@ def long_first_step(v: int):
 def long_tail_step(v: int):
     sim = Sim(seed=3400 + v, duration=100 + 125 + 60)
     sim.hooks.append(stepping(15, frozen=lambda rel: 100 <= rel < 225))
-    return sim, [], ("15 s steps, one of 140 s in TRAIN (a long completion): over the 120 s "
-                     "minimum, under 10 x the median")
+    return (
+        sim,
+        [],
+        (
+            "15 s steps, one of 140 s in TRAIN (a long completion): over the 120 s "
+            "minimum, under 10 x the median"
+        ),
+    )
 
 
 NEGATIVE: dict[str, tuple[Scenario, int]] = {
@@ -563,9 +787,20 @@ NEGATIVE: dict[str, tuple[Scenario, int]] = {
     "heartbeat_gap": (heartbeat_gap, 2),
     "brief_spikes": (brief_spikes, 2),
     "preexisting_counters": (preexisting_counters, 1),
-    "long_weight_sync": (_paused("WEIGHT_SYNC", 40, 300, 3000, 3, "3 s steps, then a 300 s weight sync (GPUs idle)", True), 1),
-    "slow_eval": (_paused("EVAL", 40, 300, 3100, 3, "3 s steps, then a 300 s evaluation", False), 1),
-    "long_save": (_paused("SAVE", 40, 200, 3200, 3, "3 s steps, then a 200 s checkpoint save", True), 1),
+    "long_weight_sync": (
+        _paused(
+            "WEIGHT_SYNC", 40, 300, 3000, 3, "3 s steps, then a 300 s weight sync (GPUs idle)", True
+        ),
+        1,
+    ),
+    "slow_eval": (
+        _paused("EVAL", 40, 300, 3100, 3, "3 s steps, then a 300 s evaluation", False),
+        1,
+    ),
+    "long_save": (
+        _paused("SAVE", 40, 200, 3200, 3, "3 s steps, then a 200 s checkpoint save", True),
+        1,
+    ),
     "long_first_step": (long_first_step, 1),
     "long_tail_step": (long_tail_step, 1),
 }
@@ -582,8 +817,13 @@ def engine_down(v: int):
     sim = Sim(seed=5100 + v, duration=start + 30 + 30)
     sim.engines = ENGINES
     sim.engine_down[("rollout", rank)] = (T0 + start, T0 + 10_000)
-    return sim, [exp("rollout_engine_down", start, 30, role="rollout", rank=rank, node=node)], (
-        "an inference engine stops answering its health probe; its node and the rollout's heartbeat go on")
+    return (
+        sim,
+        [exp("rollout_engine_down", start, 30, role="rollout", rank=rank, node=node)],
+        (
+            "an inference engine stops answering its health probe; its node and the rollout's heartbeat go on"
+        ),
+    )
 
 
 def engine_tool_wait(v: int):
@@ -600,7 +840,11 @@ def engine_tool_wait(v: int):
         s.part_override.pop((rank, "rollout", "rollout_tokens_per_second"), None)
 
     sim.hooks.append(at(40, 40 + 130, wait, back))
-    return sim, [], "rollout waits 130 s on a tool: its engine answers, runs nothing, generates nothing"
+    return (
+        sim,
+        [],
+        "rollout waits 130 s on a tool: its engine answers, runs nothing, generates nothing",
+    )
 
 
 def engine_blip(v: int):
@@ -619,8 +863,11 @@ def node_unavailable(v: int):
     sim = Sim(seed=5400 + v, duration=start + 40)
     sim.slurm = True
     sim.slurm_unavailable[node] = (T0 + start, T0 + 10_000)
-    return sim, [exp("node_unavailable", start, 0, job=None, node=node)], (
-        f"Slurm drains {node} (its agent and processes go on reporting)")
+    return (
+        sim,
+        [exp("node_unavailable", start, 0, job=None, node=node)],
+        (f"Slurm drains {node} (its agent and processes go on reporting)"),
+    )
 
 
 def slurm_healthy(v: int):
@@ -648,7 +895,11 @@ def slow_start(v: int):
     sim.phase[(role, rank)] = "STARTING"
     sim.hb_frozen[(role, rank)] = (T0, T0 + 240)
     sim.hooks.append(at(180, 10_000, lambda s: s.phase.__setitem__((role, rank), "ROLLOUT")))
-    return sim, [], f"{role}-{rank} starts slowly (STARTING 180 s, silent until 240 s) within its grace"
+    return (
+        sim,
+        [],
+        f"{role}-{rank} starts slowly (STARTING 180 s, silent until 240 s) within its grace",
+    )
 
 
 def flapping(v: int):
@@ -679,8 +930,11 @@ def flapping(v: int):
 
     sim = Sim(seed=5700 + v, duration=start + 160)
     sim.hooks.append(cycle)
-    return sim, [exp("heartbeat_lost", start, 0, role=role, rank=rank, node=node)], (
-        f"{role}-{rank} crashes and is restarted every 25 s")
+    return (
+        sim,
+        [exp("heartbeat_lost", start, 0, role=role, rank=rank, node=node)],
+        (f"{role}-{rank} crashes and is restarted every 25 s"),
+    )
 
 
 POSITIVE["flapping"] = (flapping, 2)
@@ -705,8 +959,11 @@ def clock_off_healthy(v: int):
     behind = SKEWS[v]
     sim = Sim(seed=5800 + v, duration=240)
     sim.clock_behind["n1"] = behind
-    return sim, [exp("clock_skew", _skew_seen(behind), 60, tier="light", job=None, node="n1")], (
-        f"n1's clock {abs(behind):.0f} s {'behind' if behind > 0 else 'ahead'}, healthy")
+    return (
+        sim,
+        [exp("clock_skew", _skew_seen(behind), 60, tier="light", job=None, node="n1")],
+        (f"n1's clock {abs(behind):.0f} s {'behind' if behind > 0 else 'ahead'}, healthy"),
+    )
 
 
 def clock_off_rollout_dies(v: int):
@@ -716,10 +973,14 @@ def clock_off_rollout_dies(v: int):
     sim = Sim(seed=5900 + v, duration=start + 60 + 40)
     sim.clock_behind["n1"] = behind
     sim.dead[("rollout", 0)] = T0 + start
-    return sim, [
-        exp("clock_skew", _skew_seen(behind), 60, tier="light", job=None, node="n1"),
-        exp("rollout_down", start, 60, role="rollout", rank=0, node="n1"),
-    ], f"n1's clock {behind:.0f} s off; its rollout dies"
+    return (
+        sim,
+        [
+            exp("clock_skew", _skew_seen(behind), 60, tier="light", job=None, node="n1"),
+            exp("rollout_down", start, 60, role="rollout", rank=0, node="n1"),
+        ],
+        f"n1's clock {behind:.0f} s off; its rollout dies",
+    )
 
 
 def clock_ntp_jitter(v: int):
@@ -773,8 +1034,11 @@ def baseboard(v: int):
     sim.node_gpus[node] = EIGHT
     for g in EIGHT:
         sim.hooks.append(once(start, xid_on(node, g, 79)))
-    return sim, [exp("node_gpus_failed", start, 0, tier="heavy", job=None, node=node)], (
-        f"XID 79 on all 8 GPUs of {node} (a baseboard)")
+    return (
+        sim,
+        [exp("node_gpus_failed", start, 0, tier="heavy", job=None, node=node)],
+        (f"XID 79 on all 8 GPUs of {node} (a baseboard)"),
+    )
 
 
 def node_of_four(v: int):
@@ -785,8 +1049,11 @@ def node_of_four(v: int):
     sim.node_gpus["n2"] = EIGHT[:4]
     for i, g in enumerate(EIGHT[:4]):
         sim.hooks.append(once(start + i % 2, xid_on("n2", g, 95)))
-    return sim, [exp("node_gpus_failed", start, 1, tier="heavy", job=None, node="n2")], (
-        "XID 95 on all 4 GPUs of n2 within 2 s")
+    return (
+        sim,
+        [exp("node_gpus_failed", start, 1, tier="heavy", job=None, node="n2")],
+        ("XID 95 on all 4 GPUs of n2 within 2 s"),
+    )
 
 
 def gpus_partial(v: int):
@@ -832,18 +1099,22 @@ POSITIVE["gpus_unrelated"] = (gpus_unrelated, 2)
 
 # -- flapping and noise: a signal around its threshold opens one incident, short gaps none ----
 
+
 def _cycle(start: float, on: float, off: float, fn: Callable[[Sim, bool], None]):
     """From ``start`` (s into the trace): ``on`` s of fn(sim, True), ``off`` s of fn(sim, False)."""
+
     def hook(t: float, sim: Sim) -> None:
         rel = t - T0 - start
         if rel >= 0:
             fn(sim, rel % (on + off) < on)
+
     return hook
 
 
 def _pending_ratio(rank: int, high: float, low: float) -> Callable[[Sim, bool], None]:
     def set_(s: Sim, up: bool) -> None:
         s.part_override[(rank, "rollout", "rollout_pending_ratio")] = high if up else low
+
     return set_
 
 
@@ -854,8 +1125,11 @@ def pending_around_warning(v: int):
     start = 40 + 5 * v
     sim = Sim(seed=6100 + v, duration=start + 300)
     sim.hooks.append(_cycle(start, 10, 10, _pending_ratio(0, 0.36, 0.24)))
-    return sim, [exp("rollout_pending_high", start, 30, role="rollout", rank=0, node="n1")], (
-        "rollout-0's pending ratio swings between 0.24 and 0.36 every 10 s")
+    return (
+        sim,
+        [exp("rollout_pending_high", start, 30, role="rollout", rank=0, node="n1")],
+        ("rollout-0's pending ratio swings between 0.24 and 0.36 every 10 s"),
+    )
 
 
 def pending_on_and_off(v: int):
@@ -864,8 +1138,11 @@ def pending_on_and_off(v: int):
     start = 40 + 5 * v
     sim = Sim(seed=6200 + v, duration=start + 260)
     sim.hooks.append(_cycle(start, 40, 20, _pending_ratio(1, 0.6, 0.02)))
-    return sim, [exp("rollout_pending_high", start, 30, role="rollout", rank=1, node="n2")], (
-        "rollout-1's pending ratio high 40 s, healthy 20 s, four times")
+    return (
+        sim,
+        [exp("rollout_pending_high", start, 30, role="rollout", rank=1, node="n2")],
+        ("rollout-1's pending ratio high 40 s, healthy 20 s, four times"),
+    )
 
 
 def heartbeat_gaps_repeated(v: int):
@@ -912,15 +1189,38 @@ def _step_seconds(slow: dict[int, float]) -> Callable[..., None]:
     def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[[str, float], None]) -> None:
         if role == "trainer":
             add("train_step_seconds", slow.get(rank, 3.0) * rng.uniform(0.9, 1.1))
+
     return sample
 
 
 def straggler_rollout(v: int):
     start, rank = 40 + 7 * v, (2, 4)[v % 2]
     sim = Sim(seed=6000 + v, duration=start + STRAGGLER_SUSTAIN + 20, layout=STRAGGLER_LAYOUT)
-    sim.hooks.append(at(start, 10_000, lambda s: s.part_override.__setitem__((rank, "rollout", "rollout_tokens_per_second"), 300)))
-    return sim, [exp("straggler", start, STRAGGLER_SUSTAIN, role="rollout", rank=rank, node=f"n{rank + 1}")], (
-        f"rollout-{rank} generates 300 tokens/s, its 4 peers 800-1500 (a slow GPU or a throttled link)")
+    sim.hooks.append(
+        at(
+            start,
+            10_000,
+            lambda s: s.part_override.__setitem__(
+                (rank, "rollout", "rollout_tokens_per_second"), 300
+            ),
+        )
+    )
+    return (
+        sim,
+        [
+            exp(
+                "straggler",
+                start,
+                STRAGGLER_SUSTAIN,
+                role="rollout",
+                rank=rank,
+                node=f"n{rank + 1}",
+            )
+        ],
+        (
+            f"rollout-{rank} generates 300 tokens/s, its 4 peers 800-1500 (a slow GPU or a throttled link)"
+        ),
+    )
 
 
 def straggler_trainer(v: int):
@@ -929,8 +1229,11 @@ def straggler_trainer(v: int):
     sim = Sim(seed=6100 + v, duration=start + STRAGGLER_SUSTAIN + 20, layout=STRAGGLER_LAYOUT)
     sim.part_samples.append(_step_seconds(slow))
     sim.hooks.append(at(start, 10_000, lambda s: slow.__setitem__(rank, 9.0)))
-    return sim, [exp("straggler", start, STRAGGLER_SUSTAIN, role="trainer", rank=rank, node="n0")], (
-        f"trainer-{rank} reports 9 s steps, its 4 peers 3 s")
+    return (
+        sim,
+        [exp("straggler", start, STRAGGLER_SUSTAIN, role="trainer", rank=rank, node="n0")],
+        (f"trainer-{rank} reports 9 s steps, its 4 peers 3 s"),
+    )
 
 
 def uniform_slow_fleet(v: int):
@@ -938,14 +1241,22 @@ def uniform_slow_fleet(v: int):
     sim.part_samples.append(_step_seconds({r: 12.0 for r in range(5)}))
     for rank in range(5):  # every rollout slow alike: a smaller GPU, a longer prompt mix
         sim.part_override[(rank, "rollout", "rollout_tokens_per_second")] = 250 + 10 * rank
-    return sim, [], "every rollout at 250-290 tokens/s and every trainer at 12 s steps: slow, but uniform"
+    return (
+        sim,
+        [],
+        "every rollout at 250-290 tokens/s and every trainer at 12 s steps: slow, but uniform",
+    )
 
 
 def straggler_few_peers(v: int):
     sim = Sim(seed=6300 + v, duration=300)  # the corpus's usual cluster: 2 rollouts, 2 trainers
     sim.part_samples.append(_step_seconds({1: 9.0}))
     sim.part_override[(v % 2, "rollout", "rollout_tokens_per_second")] = 200
-    return sim, [], "one rollout at 200 tokens/s and one trainer at 9 s steps, with a single peer each"
+    return (
+        sim,
+        [],
+        "one rollout at 200 tokens/s and one trainer at 9 s steps, with a single peer each",
+    )
 
 
 def straggler_short_dip(v: int):
@@ -953,9 +1264,22 @@ def straggler_short_dip(v: int):
     slow: dict[int, float] = {}
     sim.part_samples.append(_step_seconds(slow))
     key = (1, "rollout", "rollout_tokens_per_second")
-    sim.hooks.append(at(40, 40 + 90, lambda s: s.part_override.__setitem__(key, 250), lambda s: s.part_override.pop(key, None)))
-    sim.hooks.append(at(150, 150 + 100, lambda s: slow.__setitem__(4, 9.0), lambda s: slow.pop(4, None)))
-    return sim, [], "rollout-1 slow for 90 s, trainer-4 slow for 100 s: under the 120 s sustain time"
+    sim.hooks.append(
+        at(
+            40,
+            40 + 90,
+            lambda s: s.part_override.__setitem__(key, 250),
+            lambda s: s.part_override.pop(key, None),
+        )
+    )
+    sim.hooks.append(
+        at(150, 150 + 100, lambda s: slow.__setitem__(4, 9.0), lambda s: slow.pop(4, None))
+    )
+    return (
+        sim,
+        [],
+        "rollout-1 slow for 90 s, trainer-4 slow for 100 s: under the 120 s sustain time",
+    )
 
 
 POSITIVE["straggler_rollout"] = (straggler_rollout, 2)
@@ -979,6 +1303,7 @@ def _pending(counts: dict[int, Callable[[float], float]]) -> Callable[..., None]
         if role == "rollout":
             f = counts.get(rank)
             add("rollout_pending_count", f(t) if f is not None else rng.randint(0, 2))
+
     return sample
 
 
@@ -997,8 +1322,11 @@ def engine_dead_in_worker(v: int):
 
     sim.hooks.append(at(start, 10_000, dead))
     how = "its pending rollouts grow" if v == 0 else "6 rollouts stay pending, its step frozen"
-    return sim, [exp("rollout_engine_down", start, ENGINE_STALL, role="rollout", rank=rank, node=node)], (
-        f"rollout-{rank}'s engine dies inside its live worker: no tokens, heartbeat alive, {how}")
+    return (
+        sim,
+        [exp("rollout_engine_down", start, ENGINE_STALL, role="rollout", rank=rank, node=node)],
+        (f"rollout-{rank}'s engine dies inside its live worker: no tokens, heartbeat alive, {how}"),
+    )
 
 
 def tool_wait_nothing_piling(v: int):
@@ -1017,7 +1345,11 @@ def tool_wait_nothing_piling(v: int):
         counts.pop(rank, None)
 
     sim.hooks.append(at(40, 40 + 170, wait, back))
-    return sim, [], "rollout waits 170 s on a tool: no tokens, heartbeat alive, nothing pending at its engine"
+    return (
+        sim,
+        [],
+        "rollout waits 170 s on a tool: no tokens, heartbeat alive, nothing pending at its engine",
+    )
 
 
 def busy_queue(v: int):
@@ -1046,6 +1378,7 @@ def _own_pace(every: dict[int, float]) -> Callable[[float, Sim], None]:
         for role, rank in sim.layout["n0"]:
             done[rank] = done.get(rank, 0.0) + 1.0 / every.get(rank, 3.0)
             sim.rank_step[(role, rank)] = 20 + int(done[rank])
+
     return hook
 
 
@@ -1060,8 +1393,13 @@ def straggler_trainer_pace(v: int):
     sim.hooks.append(_own_pace(every))
     sim.hooks.append(at(start, 10_000, lambda s: every.__setitem__(rank, 9.0)))
     window = (PACE_STEPS // 2 + 2) * 9 + STRAGGLER_SUSTAIN
-    return sim, [exp("straggler", start, window, role="trainer", rank=rank, node="n0")], (
-        f"trainer-{rank} steps every 9 s, its 4 peers every 3 s (no train_step_seconds: judged by pace)")
+    return (
+        sim,
+        [exp("straggler", start, window, role="trainer", rank=rank, node="n0")],
+        (
+            f"trainer-{rank} steps every 9 s, its 4 peers every 3 s (no train_step_seconds: judged by pace)"
+        ),
+    )
 
 
 def uniform_slow_pace(v: int):
@@ -1088,8 +1426,11 @@ def node_back_stale_heartbeat(v: int):
     sim.silent_nodes[node] = (T0 + start, T0 + back)
     for role, rank in sim.layout[node]:
         sim.hb_frozen[(role, rank)] = (T0 + start, T0 + back + 3 + v)
-    return sim, [exp("node_silent", start, 75, job=None, node=node)], (
-        f"{node} stalls 120 s with its processes; back, its heartbeats stay stale {3 + v} s more")
+    return (
+        sim,
+        [exp("node_silent", start, 75, job=None, node=node)],
+        (f"{node} stalls 120 s with its processes; back, its heartbeats stay stale {3 + v} s more"),
+    )
 
 
 def node_back_process_dead(v: int):
@@ -1101,9 +1442,14 @@ def node_back_process_dead(v: int):
     sim.silent_nodes["n0"] = (T0 + start, T0 + back)
     sim.hb_frozen[("trainer", 1 - v)] = (T0 + start, T0 + back + 2)
     sim.dead[("trainer", v)] = T0 + start + 30
-    return sim, [exp("node_silent", start, 75, job=None, node="n0"),
-                 exp("heartbeat_lost", back, 75, role="trainer", rank=v, node="n0")], (
-        f"n0 stalls 120 s; trainer-{v} died during it and stays silent after the node's return")
+    return (
+        sim,
+        [
+            exp("node_silent", start, 75, job=None, node="n0"),
+            exp("heartbeat_lost", back, 75, role="trainer", rank=v, node="n0"),
+        ],
+        (f"n0 stalls 120 s; trainer-{v} died during it and stays silent after the node's return"),
+    )
 
 
 NEGATIVE["node_back_stale_heartbeat"] = (node_back_stale_heartbeat, 3)
@@ -1111,14 +1457,24 @@ POSITIVE["node_back_process_dead"] = (node_back_process_dead, 2)
 
 # -- exit causes: a failed process's own output says why (the launcher's exit-cause catalogue) --
 
-OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
-            "total capacity of 79.15 GiB of which 1.06 GiB is free.")
-NCCL_LINE = ("[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, "
-             "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600021 milliseconds")
+OOM_LINE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+    "total capacity of 79.15 GiB of which 1.06 GiB is free."
+)
+NCCL_LINE = (
+    "[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, "
+    "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600021 milliseconds"
+)
 
 
-def _exit(sim: Sim, role: str, rank: int, at_s: float, cause: tuple[str, str, str] | None,
-          back_s: float | None = None) -> None:
+def _exit(
+    sim: Sim,
+    role: str,
+    rank: int,
+    at_s: float,
+    cause: tuple[str, str, str] | None,
+    back_s: float | None = None,
+) -> None:
     """``role``-``rank`` fails at ``at_s`` (its launcher writes EXITED, with the cause it read
     in the process's output, if any); ``back_s``: restarted then (its own heartbeats again,
     without a cause). The cause sample's value is the exit's heartbeat time, as the agent
@@ -1141,6 +1497,7 @@ def _exit(sim: Sim, role: str, rank: int, at_s: float, cause: tuple[str, str, st
         if (r, k) == (role, rank) and s.dead.get((role, rank)) == died:
             name, kind, line = cause
             add("participant_exit_cause", died - 1.0, cause=name, kind=kind, line=line[:120])
+
     sim.part_samples.append(sample)
 
 
@@ -1148,8 +1505,11 @@ def exit_cuda_oom(v: int):
     start, rank = 40 + 6 * v, v % 2
     sim = Sim(seed=7100 + v, duration=start + 30)
     _exit(sim, "trainer", rank, start, ("cuda_oom", "cuda_oom", OOM_LINE))
-    return sim, [exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0")], (
-        f"trainer-{rank} dies of a CUDA OOM its output names")
+    return (
+        sim,
+        [exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0")],
+        (f"trainer-{rank} dies of a CUDA OOM its output names"),
+    )
 
 
 def exit_cuda_oom_same_step(v: int):
@@ -1159,11 +1519,23 @@ def exit_cuda_oom_same_step(v: int):
     sim = Sim(seed=7200 + v, duration=start + 70)
     _exit(sim, "trainer", rank, start, ("cuda_oom", "cuda_oom", OOM_LINE), back_s=start + 15)
     _exit(sim, "trainer", rank, start + 30, ("cuda_oom", "cuda_oom", OOM_LINE))
-    return sim, [
-        exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0"),
-        exp("cuda_oom", start + 30, 0, tier="heavy", decision="escalate", role="trainer",
-            rank=rank, node="n0"),
-    ], f"trainer-{rank} dies of a CUDA OOM at step 20, is restarted and dies of it again"
+    return (
+        sim,
+        [
+            exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0"),
+            exp(
+                "cuda_oom",
+                start + 30,
+                0,
+                tier="heavy",
+                decision="escalate",
+                role="trainer",
+                rank=rank,
+                node="n0",
+            ),
+        ],
+        f"trainer-{rank} dies of a CUDA OOM at step 20, is restarted and dies of it again",
+    )
 
 
 def exit_collective_timeout(v: int):
@@ -1172,10 +1544,18 @@ def exit_collective_timeout(v: int):
     start = 40 + 6 * v
     sim = Sim(seed=7300 + v, duration=start + 30)
     for rank in (0, 1):
-        _exit(sim, "trainer", rank, start + rank * (1 + v),
-              ("collective_timeout", "collective_timeout", NCCL_LINE.format(rank=rank)))
-    return sim, [exp("collective_timeout", start, 0, role="trainer")], (
-        "both trainer ranks die of the NCCL watchdog's collective timeout")
+        _exit(
+            sim,
+            "trainer",
+            rank,
+            start + rank * (1 + v),
+            ("collective_timeout", "collective_timeout", NCCL_LINE.format(rank=rank)),
+        )
+    return (
+        sim,
+        [exp("collective_timeout", start, 0, role="trainer")],
+        ("both trainer ranks die of the NCCL watchdog's collective timeout"),
+    )
 
 
 def exit_disk_full(v: int):
@@ -1183,8 +1563,11 @@ def exit_disk_full(v: int):
     sim = Sim(seed=7400 + v, duration=start + 30)
     line = "OSError: [Errno 28] No space left on device: '/ckpt/step_20/model.safetensors.tmp'"
     _exit(sim, "trainer", rank, start, ("disk_full", "storage_unwritable", line))
-    return sim, [exp("storage_unwritable", start, 0, tier="heavy", role="trainer", rank=rank,
-                     node="n0")], f"trainer-{rank} dies writing a checkpoint to a full disk"
+    return (
+        sim,
+        [exp("storage_unwritable", start, 0, tier="heavy", role="trainer", rank=rank, node="n0")],
+        f"trainer-{rank} dies writing a checkpoint to a full disk",
+    )
 
 
 def exit_engine_fatal(v: int):
@@ -1194,18 +1577,26 @@ def exit_engine_fatal(v: int):
     sim = Sim(seed=7500 + v, duration=start + 30)
     line = "ERROR [core_client.py:564] EngineCore encountered a fatal error."
     _exit(sim, "rollout", rank, start, ("engine_fatal", "rollout_engine_down", line))
-    return sim, [exp("rollout_engine_down", start, 0, role="rollout", rank=rank, node=node)], (
-        f"rollout-{rank}'s vLLM engine core dies with a fatal error")
+    return (
+        sim,
+        [exp("rollout_engine_down", start, 0, role="rollout", rank=rank, node=node)],
+        (f"rollout-{rank}'s vLLM engine core dies with a fatal error"),
+    )
 
 
 def exit_host_oom(v: int):
     start, rank = 40 + 6 * v, v % 2
     sim = Sim(seed=7600 + v, duration=start + 30)
-    line = ("oom-kill: the kernel's OOM killer ended a process of this cgroup while it ran "
-            "(memory.events oom_kill 0 -> 1)")
+    line = (
+        "oom-kill: the kernel's OOM killer ended a process of this cgroup while it ran "
+        "(memory.events oom_kill 0 -> 1)"
+    )
     _exit(sim, "trainer", rank, start, ("host_oom_killed", "host_oom", line))
-    return sim, [exp("host_oom", start, 0, role="trainer", rank=rank, node="n0")], (
-        f"trainer-{rank} is SIGKILLed by the kernel's OOM killer")
+    return (
+        sim,
+        [exp("host_oom", start, 0, role="trainer", rank=rank, node="n0")],
+        (f"trainer-{rank} is SIGKILLed by the kernel's OOM killer"),
+    )
 
 
 def exit_unknown_after_known(v: int):
@@ -1216,10 +1607,14 @@ def exit_unknown_after_known(v: int):
     sim = Sim(seed=7700 + v, duration=start + 110)
     _exit(sim, "trainer", rank, start, ("cuda_oom", "cuda_oom", OOM_LINE), back_s=start + 15)
     _exit(sim, "trainer", rank, start + 75, None)
-    return sim, [
-        exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0"),
-        exp("heartbeat_lost", start + 75, 0, role="trainer", rank=rank, node="n0"),
-    ], f"trainer-{rank} dies of an OOM, is restarted, then is killed with no output"
+    return (
+        sim,
+        [
+            exp("cuda_oom", start, 0, role="trainer", rank=rank, node="n0"),
+            exp("heartbeat_lost", start + 75, 0, role="trainer", rank=rank, node="n0"),
+        ],
+        f"trainer-{rank} dies of an OOM, is restarted, then is killed with no output",
+    )
 
 
 POSITIVE["exit_cuda_oom"] = (exit_cuda_oom, 2)
@@ -1229,7 +1624,6 @@ POSITIVE["exit_disk_full"] = (exit_disk_full, 2)
 POSITIVE["exit_engine_fatal"] = (exit_engine_fatal, 2)
 POSITIVE["exit_host_oom"] = (exit_host_oom, 1)
 POSITIVE["exit_unknown_after_known"] = (exit_unknown_after_known, 2)
-
 
 
 # -- inference engines seen level by level (issue 44 item 2, issue 40 item 5) --------------------
@@ -1254,24 +1648,38 @@ class EngineLive:
     wedged: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)  # /pause
     idle: set[tuple[str, int]] = field(default_factory=set)
     # (from, to, errored per s, aborted per s, ok per s)
-    failing: dict[tuple[str, int], tuple[float, float, float, float, float]] = field(default_factory=dict)
-    preempting: dict[tuple[str, int], tuple[float, float, float]] = field(default_factory=dict)  # per s
+    failing: dict[tuple[str, int], tuple[float, float, float, float, float]] = field(
+        default_factory=dict
+    )
+    preempting: dict[tuple[str, int], tuple[float, float, float]] = field(
+        default_factory=dict
+    )  # per s
     counters: dict[tuple[tuple[str, int], str], float] = field(default_factory=dict)
-    gauges: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)  # last running, waiting
+    gauges: dict[tuple[str, int], tuple[int, int]] = field(
+        default_factory=dict
+    )  # last running, waiting
 
     def _bump(self, who: tuple[str, int], name: str, by: float) -> float:
         key = (who, name)
         self.counters[key] = self.counters.get(key, 0.0) + by
         return self.counters[key]
 
-    def samples(self, sim: Sim, who: tuple[str, int], t: float, labels: dict[str, str],
-                add: Callable[..., None]) -> None:
+    def samples(
+        self,
+        sim: Sim,
+        who: tuple[str, int],
+        t: float,
+        labels: dict[str, str],
+        add: Callable[..., None],
+    ) -> None:
         r = sim.rng
         rel = t - T0
         dead = self.dead.get(who)
         if dead is not None and rel >= dead[1]:
             # the killed level at once; the API server follows within a second (EngineDeadError)
-            gone = {dead[0]} | ({"api_server", "engine_core", "worker"} if rel >= dead[1] + 1 else set())
+            gone = {dead[0]} | (
+                {"api_server", "engine_core", "worker"} if rel >= dead[1] + 1 else set()
+            )
             for level in LIVE_LEVELS:
                 add("rollout_engine_process_dead", int(level in gone), **labels, process=level)
             add("rollout_engine_up", 0, **labels)
@@ -1296,7 +1704,11 @@ class EngineLive:
                 running, waiting, rate = r.randint(4, 24), r.randint(0, 2), r.uniform(800, 1500)
             self.gauges[who] = (running, waiting) if running else self.gauges.get(who, (8, 1))
             tokens = self._bump(who, "tokens", rate)
-        ok = 0.0 if who in self.idle or (wedged and wedged[0] <= rel < wedged[1]) else r.uniform(2, 6)
+        ok = (
+            0.0
+            if who in self.idle or (wedged and wedged[0] <= rel < wedged[1])
+            else r.uniform(2, 6)
+        )
         errored = aborted = 0.0
         failing = self.failing.get(who)
         if failing and failing[0] <= rel < failing[1]:
@@ -1305,12 +1717,17 @@ class EngineLive:
         preempted = preempt[2] if preempt and preempt[0] <= rel < preempt[1] else 0.0
         add("rollout_engine_requests_running", running, **labels)
         add("rollout_engine_requests_waiting", waiting, **labels)
-        add("rollout_engine_kv_cache_usage_ratio", r.uniform(0.2, 0.7) if running else 0.0, **labels)
+        add(
+            "rollout_engine_kv_cache_usage_ratio", r.uniform(0.2, 0.7) if running else 0.0, **labels
+        )
         add("rollout_tokens_generated_total", tokens, **labels)
         add("rollout_engine_requests_errored_total", self._bump(who, "errored", errored), **labels)
         add("rollout_engine_requests_aborted_total", self._bump(who, "aborted", aborted), **labels)
-        add("rollout_engine_requests_finished_total",
-            self._bump(who, "finished", ok + errored + aborted), **labels)
+        add(
+            "rollout_engine_requests_finished_total",
+            self._bump(who, "finished", ok + errored + aborted),
+            **labels,
+        )
         add("rollout_engine_preemptions_total", self._bump(who, "preempted", preempted), **labels)
 
 
@@ -1330,8 +1747,11 @@ def engine_process_killed(v: int):
     start = 40 + 3 * v
     sim, live = _live(6100 + v, start + 40)
     live.dead[("rollout", rank)] = (level, start)
-    return sim, [exp("rollout_engine_dead", start, 0, role="rollout", rank=rank, node=node)], (
-        f"kill -9 of the {level} of a vLLM engine (the API server exits a second later)")
+    return (
+        sim,
+        [exp("rollout_engine_dead", start, 0, role="rollout", rank=rank, node=node)],
+        (f"kill -9 of the {level} of a vLLM engine (the API server exits a second later)"),
+    )
 
 
 def engine_frozen(v: int):
@@ -1339,8 +1759,11 @@ def engine_frozen(v: int):
     start = 45 + 4 * v
     sim, live = _live(6200 + v, start + 40)
     live.frozen[("rollout", rank)] = (start, 10_000)
-    return sim, [exp("rollout_engine_hung", start, 10, role="rollout", rank=rank, node=node)], (
-        "SIGSTOP of a vLLM engine: every process alive, /health unanswered")
+    return (
+        sim,
+        [exp("rollout_engine_hung", start, 10, role="rollout", rank=rank, node=node)],
+        ("SIGSTOP of a vLLM engine: every process alive, /health unanswered"),
+    )
 
 
 def engine_paused(v: int):
@@ -1348,8 +1771,11 @@ def engine_paused(v: int):
     start = 50 + 5 * v
     sim, live = _live(6300 + v, start + 60)
     live.wedged[("rollout", rank)] = (start, 10_000)
-    return sim, [exp("rollout_engine_wedged", start, 30, role="rollout", rank=rank, node=node)], (
-        "a wedged vLLM engine (/pause): /health 200, requests running and waiting, no token")
+    return (
+        sim,
+        [exp("rollout_engine_wedged", start, 30, role="rollout", rank=rank, node=node)],
+        ("a wedged vLLM engine (/pause): /health 200, requests running and waiting, no token"),
+    )
 
 
 def engine_failing_requests(v: int):
@@ -1357,8 +1783,11 @@ def engine_failing_requests(v: int):
     start = 60 + 5 * v
     sim, live = _live(6400 + v, start + 40)
     live.failing[("rollout", rank)] = (start, 10_000, 2.0, 1.0, 1.0)
-    return sim, [exp("rollout_engine_requests_failing", start, 12, role="rollout", rank=rank, node=node)], (
-        "an engine whose requests finish in errors and aborts, 3 of 4 of them")
+    return (
+        sim,
+        [exp("rollout_engine_requests_failing", start, 12, role="rollout", rank=rank, node=node)],
+        ("an engine whose requests finish in errors and aborts, 3 of 4 of them"),
+    )
 
 
 def engine_preemption_storm(v: int):
@@ -1366,9 +1795,21 @@ def engine_preemption_storm(v: int):
     start = 50 + 5 * v
     sim, live = _live(6500 + v, start + 50)
     live.preempting[("rollout", rank)] = (start, 10_000, 3.0)
-    return sim, [exp("rollout_engine_preemption_storm", start, 20, tier="light", role="rollout",
-                     rank=rank, node=node)], (
-        "an engine preempting 3 requests a second (its KV cache exhausted)")
+    return (
+        sim,
+        [
+            exp(
+                "rollout_engine_preemption_storm",
+                start,
+                20,
+                tier="light",
+                role="rollout",
+                rank=rank,
+                node=node,
+            )
+        ],
+        ("an engine preempting 3 requests a second (its KV cache exhausted)"),
+    )
 
 
 def engine_compiling(v: int):
@@ -1384,7 +1825,11 @@ def engine_compiling(v: int):
 
 def engine_busy(v: int):
     sim, _ = _live(6700 + v, 200)
-    return sim, [], "two vLLM engines under steady load: requests running and waiting, tokens rising"
+    return (
+        sim,
+        [],
+        "two vLLM engines under steady load: requests running and waiting, tokens rising",
+    )
 
 
 def engine_idle(v: int):
@@ -1402,7 +1847,11 @@ def engine_probe_blip(v: int):
 def engine_few_aborts(v: int):
     sim, live = _live(7000 + v, 200)
     live.failing[("rollout", v % 2)] = (60, 64, 0.0, 1.0, 20.0)
-    return sim, [], "a client cancels 4 requests while 80 others finish (aborts, not a broken engine)"
+    return (
+        sim,
+        [],
+        "a client cancels 4 requests while 80 others finish (aborts, not a broken engine)",
+    )
 
 
 def engine_some_preemptions(v: int):
@@ -1447,15 +1896,23 @@ def first_step_hang(v: int):
     sim = Sim(seed=7800 + v, duration=FIRST_STEP_BUDGET + 30)
     sim.step = 0
     sim.trainer_util = 1.0
-    return sim, [exp("train_hang", 0, FIRST_STEP_BUDGET, tier="heavy", role="trainer", rank=r,
-                     node="n0") for r in (0, 1)], (
-        "both trainers hang in their first step (rendezvous collective), GPUs at 100 %")
+    return (
+        sim,
+        [
+            exp("train_hang", 0, FIRST_STEP_BUDGET, tier="heavy", role="trainer", rank=r, node="n0")
+            for r in (0, 1)
+        ],
+        ("both trainers hang in their first step (rendezvous collective), GPUs at 100 %"),
+    )
 
 
-def _restart_then(rank: int, restart: float, load: float, first_step: float | None, every: float = 3.0):
+def _restart_then(
+    rank: int, restart: float, load: float, first_step: float | None, every: float = 3.0
+):
     """Trainer ``rank`` steps every ``every`` s from step 20; at ``restart`` its launcher
     restarts it (STARTING for ``load`` s, resumed from the checkpoint of step 15), then its
     first step takes ``first_step`` s (None: it never finishes), then ``every`` s steps."""
+
     def hook(t: float, sim: Sim) -> None:
         rel = t - T0
         key = ("trainer", rank)
@@ -1472,6 +1929,7 @@ def _restart_then(rank: int, restart: float, load: float, first_step: float | No
                 sim.rank_step[key] = 15
             else:
                 sim.rank_step[key] = 16 + int((done - first_step) // every)
+
     return hook
 
 
@@ -1482,9 +1940,20 @@ def first_step_hang_after_restart(v: int):
     sim = Sim(seed=7900 + v, duration=restart + TRAINER_GRACE + FIRST_STEP_BUDGET + 30)
     sim.hooks.append(_restart_then(rank, restart, load, None))
     sim.hooks.append(_restart_then(1 - rank, 10_000, 0, None))  # its peer steps on
-    return sim, [exp("train_hang", restart, TRAINER_GRACE + FIRST_STEP_BUDGET, role="trainer",
-                     rank=rank, node="n0")], (
-        f"trainer-{rank} is restarted, loads for {load} s (STARTING) and hangs in its first step")
+    return (
+        sim,
+        [
+            exp(
+                "train_hang",
+                restart,
+                TRAINER_GRACE + FIRST_STEP_BUDGET,
+                role="trainer",
+                rank=rank,
+                node="n0",
+            )
+        ],
+        (f"trainer-{rank} is restarted, loads for {load} s (STARTING) and hangs in its first step"),
+    )
 
 
 def first_step_within_budget(v: int):
@@ -1494,8 +1963,14 @@ def first_step_within_budget(v: int):
     sim = Sim(seed=8000 + v, duration=restart + 100 + 20 + 380 + 90)
     sim.hooks.append(_restart_then(rank, restart, 100, 20 + 380))
     sim.hooks.append(_restart_then(1 - rank, 10_000, 0, None))
-    return sim, [], (f"trainer-{rank} restarts, loads 100 s, then a 380 s first step (budget "
-                     f"{FIRST_STEP_BUDGET} s) and steps on")
+    return (
+        sim,
+        [],
+        (
+            f"trainer-{rank} restarts, loads 100 s, then a 380 s first step (budget "
+            f"{FIRST_STEP_BUDGET} s) and steps on"
+        ),
+    )
 
 
 def long_load_starting(v: int):
@@ -1506,8 +1981,11 @@ def long_load_starting(v: int):
     sim = Sim(seed=8100 + v, duration=restart + 110 + 400 + 90)
     for rank in (0, 1):
         sim.hooks.append(_restart_then(rank, restart, 110, 400))
-    return sim, [], ("trainers restart, load for 110 s (STARTING), then a 400 s first step and "
-                     "3 s steps")
+    return (
+        sim,
+        [],
+        ("trainers restart, load for 110 s (STARTING), then a 400 s first step and 3 s steps"),
+    )
 
 
 def exit_cuda_error(v: int):
@@ -1515,8 +1993,11 @@ def exit_cuda_error(v: int):
     sim = Sim(seed=8200 + v, duration=start + 30)
     line = "RuntimeError: CUDA error: an illegal memory access was encountered"
     _exit(sim, "trainer", rank, start, ("cuda_illegal_access", "cuda_error", line))
-    return sim, [exp("cuda_error", start, 0, role="trainer", rank=rank, node="n0")], (
-        f"trainer-{rank} dies of an illegal memory access")
+    return (
+        sim,
+        [exp("cuda_error", start, 0, role="trainer", rank=rank, node="n0")],
+        (f"trainer-{rank} dies of an illegal memory access"),
+    )
 
 
 POSITIVE["exit_cuda_error"] = (exit_cuda_error, 1)
@@ -1526,12 +2007,15 @@ NEGATIVE["first_step_within_budget"] = (first_step_within_budget, 2)
 NEGATIVE["long_load_starting"] = (long_load_starting, 1)
 
 
-def _same_step_restart(sim: Sim, rank: int, restart: float, first_step: float | None, every: float = 3.0) -> None:
+def _same_step_restart(
+    sim: Sim, rank: int, restart: float, first_step: float | None, every: float = 3.0
+) -> None:
     """Trainer ``rank`` steps every ``every`` s from step 20; at ``restart`` its own launcher
     (torchrun, a site's retry loop, a warm standby) restarts it faster than the agent reports:
     no STARTING is seen and it resumes at the step it was on (checkpointed every step). Only
     the pid behind its heartbeat changes (``participant_pid``). Its first step then takes
     ``first_step`` s (None: it never finishes), then ``every`` s steps. The peer steps on."""
+
     def hook(t: float, sim: Sim) -> None:
         rel = t - T0
         for r in (0, 1):
@@ -1561,10 +2045,14 @@ def first_step_hang_after_same_step_restart(v: int):
     rank, restart = v % 2, 60 + 7 * v
     sim = Sim(seed=8300 + v, duration=restart + FIRST_STEP_BUDGET + 30)
     _same_step_restart(sim, rank, restart, None)
-    return sim, [exp("train_hang", restart, FIRST_STEP_BUDGET + 2, role="trainer", rank=rank,
-                     node="n0")], (
-        f"trainer-{rank} is restarted at the same step (a new pid, no STARTING) and hangs in "
-        "its first step")
+    return (
+        sim,
+        [exp("train_hang", restart, FIRST_STEP_BUDGET + 2, role="trainer", rank=rank, node="n0")],
+        (
+            f"trainer-{rank} is restarted at the same step (a new pid, no STARTING) and hangs in "
+            "its first step"
+        ),
+    )
 
 
 def long_first_step_after_same_step_restart(v: int):
@@ -1574,8 +2062,14 @@ def long_first_step_after_same_step_restart(v: int):
     rank, restart = v % 2, 60 + 7 * v
     sim = Sim(seed=8400 + v, duration=restart + 300 + 90)
     _same_step_restart(sim, rank, restart, 300)
-    return sim, [], (f"trainer-{rank} restarts at the same step (a new pid, no STARTING), a "
-                     f"300 s first step (budget {FIRST_STEP_BUDGET} s), then 3 s steps")
+    return (
+        sim,
+        [],
+        (
+            f"trainer-{rank} restarts at the same step (a new pid, no STARTING), a "
+            f"300 s first step (budget {FIRST_STEP_BUDGET} s), then 3 s steps"
+        ),
+    )
 
 
 POSITIVE["first_step_hang_after_same_step_restart"] = (first_step_hang_after_same_step_restart, 2)
@@ -1594,6 +2088,7 @@ def _rollout_rates(rates: dict[int, float], start: float) -> Callable[[Sim], Non
     def slow(s: Sim) -> None:
         for rank, rate in rates.items():
             s.part_override[(rank, "rollout", "rollout_tokens_per_second")] = rate
+
     return at(start, 10_000, slow)
 
 
@@ -1604,8 +2099,11 @@ def straggler_pair(v: int):
     sim = Sim(seed=8300 + v, duration=start + STRAGGLER_SUSTAIN + 40)
     sim.hooks.append(_rollout_rates({rank: 300.0}, start))
     node = ("n1", "n2")[rank]
-    return sim, [exp("straggler", start, STRAGGLER_SUSTAIN + 5, role="rollout", rank=rank,
-                     node=node)], f"rollout-{rank} of two falls to 300 tokens/s"
+    return (
+        sim,
+        [exp("straggler", start, STRAGGLER_SUSTAIN + 5, role="rollout", rank=rank, node=node)],
+        f"rollout-{rank} of two falls to 300 tokens/s",
+    )
 
 
 def straggler_trio_trainer(v: int):
@@ -1616,8 +2114,11 @@ def straggler_trio_trainer(v: int):
     sim.hooks.append(_own_pace(every))
     sim.hooks.append(at(start, 10_000, lambda s: every.__setitem__(rank, 9.0)))
     window = (PACE_STEPS // 2 + 2) * 9 + STRAGGLER_SUSTAIN
-    return sim, [exp("straggler", start, window, role="trainer", rank=rank, node="n0")], (
-        f"trainer-{rank} of three steps every 9 s, its 2 peers every 3 s")
+    return (
+        sim,
+        [exp("straggler", start, window, role="trainer", rank=rank, node="n0")],
+        (f"trainer-{rank} of three steps every 9 s, its 2 peers every 3 s"),
+    )
 
 
 def straggler_trio_two_slow(v: int):
@@ -1671,8 +2172,11 @@ def cross_role_deadlock(v: int):
     sim.hooks.append(stepping(3, frozen=lambda rel: rel >= start))
     sim.hooks.append(at(start, 10_000, _trainers(phase)))
     sim.hooks.append(at(start, 10_000, _rollouts_idle))
-    return sim, [exp("cross_role_deadlock", start, DEADLOCK_SUSTAIN, role="rollout")], (
-        f"trainers wait in {phase} for data while every rollout idles with nothing pending")
+    return (
+        sim,
+        [exp("cross_role_deadlock", start, DEADLOCK_SUSTAIN, role="rollout")],
+        (f"trainers wait in {phase} for data while every rollout idles with nothing pending"),
+    )
 
 
 def trainer_waits_rollouts_busy(v: int):
@@ -1710,9 +2214,14 @@ def deadlock_after_the_trainer_froze(v: int):
     sim.hooks.append(stepping(3, frozen=lambda rel: rel >= start))
     sim.hooks.append(at(start, 10_000, _trainers("ROLLOUT")))
     sim.hooks.append(at(start + busy, 10_000, _rollouts_idle))
-    return sim, [exp("cross_role_deadlock", start + busy, DEADLOCK_SUSTAIN, role="rollout")], (
-        f"trainers wait in ROLLOUT while the rollouts generate {busy} s more, then idle: "
-        "the deadlock, not train_hang")
+    return (
+        sim,
+        [exp("cross_role_deadlock", start + busy, DEADLOCK_SUSTAIN, role="rollout")],
+        (
+            f"trainers wait in ROLLOUT while the rollouts generate {busy} s more, then idle: "
+            "the deadlock, not train_hang"
+        ),
+    )
 
 
 POSITIVE["cross_role_deadlock"] = (cross_role_deadlock, 2)
@@ -1741,6 +2250,7 @@ def _samples(failing: Callable[[float], float], total: bool = True) -> Callable[
         if total:
             add("rollout_samples_total", int(acc[0]))
         add("rollout_failed_samples_total", int(acc[1]))
+
     return sample
 
 
@@ -1751,8 +2261,11 @@ def samples_failing(v: int):
     sim = Sim(seed=9200 + v, duration=start + 140)
     sim.part_samples.append(_samples(lambda rel: share if rel >= start else 0.01))
     # the window (120 s) must hold 30 % failures: most of it after the start
-    return sim, [exp("rollout_samples_failing", start, 120, role="rollout")], (
-        f"{share:.0%} of the rollouts' generations fail from t+{start}s")
+    return (
+        sim,
+        [exp("rollout_samples_failing", start, 120, role="rollout")],
+        (f"{share:.0%} of the rollouts' generations fail from t+{start}s"),
+    )
 
 
 def samples_few_failures(v: int):
@@ -1772,7 +2285,6 @@ NEGATIVE["samples_few_failures"] = (samples_few_failures, 1)
 NEGATIVE["samples_failures_without_total"] = (samples_failures_without_total, 1)
 
 
-
 # -- train/inference disagreement per rollout engine (workload/engines/: rollout_logprob_diff_mean) --
 
 
@@ -1790,6 +2302,7 @@ def _logprob_diffs(levels: dict[int, float]) -> Callable[..., None]:
         if held.get(rank, (-1, 0.0))[0] != step:
             held[rank] = (step, levels.get(rank, 1e-7) * rng.uniform(0.8, 1.2))
         add("rollout_logprob_diff_mean", held[rank][1])
+
     return sample
 
 
@@ -1799,15 +2312,24 @@ def train_infer_stale_engine(v: int):
     sim = Sim(seed=8400 + v, duration=start + 40)
     sim.part_samples.append(_logprob_diffs(levels))
     sim.hooks.append(at(start, 10_000, lambda s: levels.__setitem__(rank, 0.3)))
-    return sim, [exp("train_infer_mismatch", start, 6, role="rollout", rank=rank, node=("n1", "n2")[rank])], (
-        f"rollout engine {rank} is admitted with the previous step's weights: the trainer scores its "
-        f"tokens 0.3 nats off, its peer 1e-7")
+    return (
+        sim,
+        [exp("train_infer_mismatch", start, 6, role="rollout", rank=rank, node=("n1", "n2")[rank])],
+        (
+            f"rollout engine {rank} is admitted with the previous step's weights: the trainer scores its "
+            f"tokens 0.3 nats off, its peer 1e-7"
+        ),
+    )
 
 
 def train_infer_uniform(v: int):
     sim = Sim(seed=8500 + v, duration=200)
     sim.part_samples.append(_logprob_diffs({0: 0.05, 1: 0.06}))
-    return sim, [], "both engines disagree with the trainer alike (bf16 engines, an fp32 trainer): 0.05 nats"
+    return (
+        sim,
+        [],
+        "both engines disagree with the trainer alike (bf16 engines, an fp32 trainer): 0.05 nats",
+    )
 
 
 POSITIVE["train_infer_stale_engine"] = (train_infer_stale_engine, 2)
@@ -1817,19 +2339,29 @@ NEGATIVE["train_infer_uniform"] = (train_infer_uniform, 1)
 # -- every-step snapshots that cannot be persisted (integrations/trl/snapshots.py) -----------------
 
 
-def _persist_errors(first: float | None, carried: int = 0, every: float = 3.0) -> Callable[..., None]:
+def _persist_errors(
+    first: float | None, carried: int = 0, every: float = 3.0
+) -> Callable[..., None]:
     """Trainer 0's heartbeat: ``snapshot_persist_errors_total`` (``carried`` from the process
     before a restart), one more per snapshot every ``every`` s from ``first`` (the persist
     directory full), and the last error's directory and text."""
+
     def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[..., None]) -> None:
         if (role, rank) != ("trainer", 0):
             return
         rel = t - T0
-        total = carried + (int((rel - first) // every) + 1 if first is not None and rel >= first else 0)
+        total = carried + (
+            int((rel - first) // every) + 1 if first is not None and rel >= first else 0
+        )
         add("snapshot_persist_errors_total", total)
         if total:
-            add("snapshot_persist_last_error", total, dir=f"/runs/{JOB}/snapshots/rank-0",
-                error="[Errno 28] No space left on device")
+            add(
+                "snapshot_persist_last_error",
+                total,
+                dir=f"/runs/{JOB}/snapshots/rank-0",
+                error="[Errno 28] No space left on device",
+            )
+
     return sample
 
 
@@ -1837,9 +2369,24 @@ def snapshot_persist_errors(v: int):
     start = 50 + 8 * v
     sim = Sim(seed=9700 + v, duration=start + 60)
     sim.part_samples.append(_persist_errors(start, every=(3.0, 10.0)[v % 2]))
-    return sim, [exp("checkpoint_write_errors", start, 0, tier="medium", role="trainer", rank=0, node="n0")], (
-        "the persist directory of trainer 0's every-step snapshots is full: a medium, alert-only "
-        "checkpoint_write_errors, not storage_unwritable (training goes on)")
+    return (
+        sim,
+        [
+            exp(
+                "checkpoint_write_errors",
+                start,
+                0,
+                tier="medium",
+                role="trainer",
+                rank=0,
+                node="n0",
+            )
+        ],
+        (
+            "the persist directory of trainer 0's every-step snapshots is full: a medium, alert-only "
+            "checkpoint_write_errors, not storage_unwritable (training goes on)"
+        ),
+    )
 
 
 def snapshot_persist_errors_carried_over(v: int):
@@ -1855,9 +2402,15 @@ def reference_checkpoint_errors(v: int):
     def sample(sim: Sim, role: str, rank: int, t: float, add: Callable[..., None]) -> None:
         if (role, rank) == ("trainer", 0):
             add("checkpoint_write_errors_total", 1 if t - T0 >= start else 0)
+
     sim.part_samples.append(sample)
-    return sim, [exp("storage_unwritable", start, 0, tier="heavy", role="trainer", rank=0, node="n0")], (
-        "the job's own checkpoint save fails (checkpoint_write_errors_total): still storage_unwritable, heavy")
+    return (
+        sim,
+        [exp("storage_unwritable", start, 0, tier="heavy", role="trainer", rank=0, node="n0")],
+        (
+            "the job's own checkpoint save fails (checkpoint_write_errors_total): still storage_unwritable, heavy"
+        ),
+    )
 
 
 POSITIVE["snapshot_persist_errors"] = (snapshot_persist_errors, 2)
@@ -1895,4 +2448,3 @@ def main(out_dir: Path = HERE) -> int:
 
 if __name__ == "__main__":
     main()
-

@@ -41,5 +41,7 @@ def test_no_function_is_longer_than_the_limit() -> None:
                 assert node.end_lineno is not None
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+                    long.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines"
+                    )
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: split them"

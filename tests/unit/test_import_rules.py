@@ -45,4 +45,3 @@ def test_the_private_module_contract_names_every_private_module_of_recovery() ->
         if not p.name.startswith("__")
     }
     assert set(private["forbidden_modules"]) == found
-

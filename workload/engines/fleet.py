@@ -104,7 +104,9 @@ class EngineFleet:
         probation_s: float | None = 30.0,
     ) -> None:
         if probation_s is not None and not probation_s >= 0:
-            raise ValueError(f"probation_s must be >= 0 or None (no probation), got {probation_s!r}")
+            raise ValueError(
+                f"probation_s must be >= 0 or None (no probation), got {probation_s!r}"
+            )
         self.run = run
         self.probation_s = probation_s
         self.slots = [EngineSlot(k) for k in range(ranks)]
@@ -206,8 +208,12 @@ class EngineFleet:
                 return
             slot.quarantined_at, slot.transient = time.time(), True
             self._set(slot, QUARANTINED, why=why)
-            self.run.event("engine_quarantined", rank=rank, why=why[:300],
-                           incarnation=None if slot.record is None else slot.record.incarnation)
+            self.run.event(
+                "engine_quarantined",
+                rank=rank,
+                why=why[:300],
+                incarnation=None if slot.record is None else slot.record.incarnation,
+            )
 
     def record_disagreement(self, by_engine: dict[int, dict[str, float]], step: int) -> None:
         with self._lock:
@@ -215,8 +221,11 @@ class EngineFleet:
                 if 0 <= rank < len(self.slots):
                     slot = self.slots[rank]
                     # which incarnation sampled it: a replacement does not inherit the figure
-                    slot.disagreement = {**values, "step": float(step),
-                                         "incarnation": float(slot.incarnations)}
+                    slot.disagreement = {
+                        **values,
+                        "step": float(step),
+                        "incarnation": float(slot.incarnations),
+                    }
             self._write()
 
     def admitted(self) -> list[int]:
@@ -233,14 +242,20 @@ class EngineFleet:
             for slot in self.slots:
                 if self._probation_due(slot):
                     slot.probing = True
-                    threading.Thread(target=self._probe, args=(slot, slot.client),
-                                     name=f"probe-{slot.rank}", daemon=True).start()
+                    threading.Thread(
+                        target=self._probe,
+                        args=(slot, slot.client),
+                        name=f"probe-{slot.rank}",
+                        daemon=True,
+                    ).start()
             due = [s for s in self.slots if s.state == REFITTING and s.rank not in self._refits]
             target = self.target
             if target is not None:
                 for slot in due:
                     t = threading.Thread(
-                        target=self._refit, args=(slot, target), name=f"refit-{slot.rank}",
+                        target=self._refit,
+                        args=(slot, target),
+                        name=f"refit-{slot.rank}",
                         daemon=True,
                     )
                     self._refits[slot.rank] = t
@@ -265,8 +280,13 @@ class EngineFleet:
             slot.incarnations += 1
             self._set(slot, STARTING, why="new engine process tree")
             if replaced:
-                self.run.event("engine_replaced", rank=slot.rank, warm=record.warm,
-                               incarnation=record.incarnation, pids=record.pids)
+                self.run.event(
+                    "engine_replaced",
+                    rank=slot.rank,
+                    warm=record.warm,
+                    incarnation=record.incarnation,
+                    pids=record.pids,
+                )
         elif record.ready != (slot.record.ready if slot.record else False):
             slot.record = record
         if slot.state == STARTING and record.ready:
@@ -277,14 +297,24 @@ class EngineFleet:
         if slot.state in (ADMITTED, REFITTING) and not record.alive():
             slot.quarantined_at = time.time()
             self._set(slot, QUARANTINED, why="engine process tree gone")
-            self.run.event("engine_quarantined", rank=slot.rank, why="engine process tree gone",
-                           incarnation=record.incarnation)
+            self.run.event(
+                "engine_quarantined",
+                rank=slot.rank,
+                why="engine process tree gone",
+                incarnation=record.incarnation,
+            )
 
     def _probation_due(self, slot: EngineSlot) -> bool:
-        return (self.probation_s is not None and slot.state == QUARANTINED and slot.transient
-                and not slot.probing and slot.client is not None and self.target is not None
-                and slot.quarantined_at is not None
-                and time.time() - slot.quarantined_at >= self.probation_s)
+        return (
+            self.probation_s is not None
+            and slot.state == QUARANTINED
+            and slot.transient
+            and not slot.probing
+            and slot.client is not None
+            and self.target is not None
+            and slot.quarantined_at is not None
+            and time.time() - slot.quarantined_at >= self.probation_s
+        )
 
     def _probe(self, slot: EngineSlot, client: EngineClient | None) -> None:
         """A quarantined engine's probation probe (off the lock: it is an HTTP call). Healthy:
@@ -299,17 +329,32 @@ class EngineFleet:
             incarnation = None if slot.record is None else slot.record.incarnation
             if not healthy:
                 slot.quarantined_at = time.time()
-                self.run.event("engine_probation", rank=slot.rank, outcome="failed",
-                               why="health or one-token probe failed", quarantined_s=quarantined_s,
-                               incarnation=incarnation)
+                self.run.event(
+                    "engine_probation",
+                    rank=slot.rank,
+                    outcome="failed",
+                    why="health or one-token probe failed",
+                    quarantined_s=quarantined_s,
+                    incarnation=incarnation,
+                )
                 return
             slot.transient, slot.admitted_once, slot.on_probation = False, False, True
             stale = slot.version != self.target
-            self._set(slot, REFITTING, why=f"probation: healthy, {'refit to' if stale else 'serves'} "
-                                           f"v{self.target}")
-            self.run.event("engine_probation", rank=slot.rank, outcome="healthy",
-                           version=slot.version, target=self.target, refit_first=stale,
-                           quarantined_s=quarantined_s, incarnation=incarnation)
+            self._set(
+                slot,
+                REFITTING,
+                why=f"probation: healthy, {'refit to' if stale else 'serves'} v{self.target}",
+            )
+            self.run.event(
+                "engine_probation",
+                rank=slot.rank,
+                outcome="healthy",
+                version=slot.version,
+                target=self.target,
+                refit_first=stale,
+                quarantined_s=quarantined_s,
+                incarnation=incarnation,
+            )
         self.tick()
 
     def _refit(self, slot: EngineSlot, version: int) -> None:
@@ -348,17 +393,26 @@ class EngineFleet:
                 self._lock.notify_all()
                 return  # replaced or quarantined meanwhile
             slot.version = served if isinstance(served, int) else None
-            self.run.event("engine_refit", rank=slot.rank, version=version, served=slot.version,
-                           seconds=round(time.monotonic() - started, 4), detail=detail)
+            self.run.event(
+                "engine_refit",
+                rank=slot.rank,
+                version=version,
+                served=slot.version,
+                seconds=round(time.monotonic() - started, 4),
+                detail=detail,
+            )
             if slot.version == self.target:
                 self._set(slot, ADMITTED, why=f"serves v{slot.version}")
                 if not slot.admitted_once:
                     slot.admitted_once = True
                     again = slot.incarnations > 1 or slot.on_probation
-                    self.run.event("engine_readmitted" if again else "engine_admitted",
-                                   rank=slot.rank, version=slot.version,
-                                   probation=slot.on_probation,
-                                   incarnation=None if slot.record is None else slot.record.incarnation)
+                    self.run.event(
+                        "engine_readmitted" if again else "engine_admitted",
+                        rank=slot.rank,
+                        version=slot.version,
+                        probation=slot.on_probation,
+                        incarnation=None if slot.record is None else slot.record.incarnation,
+                    )
                     slot.on_probation = False
             # else: the target moved during the refit; the next tick refits again
             self._lock.notify_all()

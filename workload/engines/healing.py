@@ -31,7 +31,9 @@ def healing_stages(run: RunDir, rank: int, host_pid: int, since: float) -> dict[
             up = e
         elif kind == "engine_refit" and spawned is not None and readmitted is None:
             refit = e
-        elif kind == "engine_readmitted" and str(e.get("incarnation", "")).startswith(f"{host_pid}:"):
+        elif kind == "engine_readmitted" and str(e.get("incarnation", "")).startswith(
+            f"{host_pid}:"
+        ):
             readmitted = e
     origin = float((quarantined or spawned or {}).get("ts") or since)
 

@@ -73,7 +73,9 @@ class EngineRollouts:
 
     def generate_step(self, step: int, workers: list[int]) -> None:
         """Generate and commit the batches of ``workers`` for ``step``."""
-        plans = {w: requests_for(self.cfg.task, self.vocab, self.cfg.seed, step, w) for w in workers}
+        plans = {
+            w: requests_for(self.cfg.task, self.vocab, self.cfg.seed, step, w) for w in workers
+        }
         done: dict[str, dict[str, Any]] = {}
         for reqs in plans.values():
             done.update(self._recover(reqs))
@@ -95,8 +97,12 @@ class EngineRollouts:
                     "engines": sorted({int(s["engine"]) for s in samples}),
                 },
             )
-            self.run.event("batch_done", rank=w, step=step,
-                           reused=sum(1 for r in reqs if r.request_id in reused))
+            self.run.event(
+                "batch_done",
+                rank=w,
+                step=step,
+                reused=sum(1 for r in reqs if r.request_id in reused),
+            )
 
     def _recover(self, reqs: list[Request]) -> dict[str, dict[str, Any]]:
         """Finished samples of ``reqs`` already in the WAL; attempts a dead process left
@@ -135,7 +141,9 @@ class EngineRollouts:
             self.wal.append(eid, StepType.GENERATE, data=json.dumps(body).encode())
             self.wal.update_status(eid, WALStatus.EXECUTING)
             if slot.record is not None and "worker" in slot.record.pids:
-                fire_armed_engine_kill(self.run, slot.rank, slot.record.pids["worker"], slot.in_flight)
+                fire_armed_engine_kill(
+                    self.run, slot.rank, slot.record.pids["worker"], slot.in_flight
+                )
             tokens = 0
             try:
                 assert slot.client is not None  # an admitted engine has one
@@ -149,8 +157,13 @@ class EngineRollouts:
             except EngineUnavailable as exc:
                 self.fleet.quarantine(slot.rank, f"request {req.request_id} failed: {exc}")
                 self.wal.update_status(eid, WALStatus.FAILED, error=str(exc)[:500])
-                self.run.event("request_retried", request=req.request_id, engine=slot.rank,
-                               attempt=attempt, error=str(exc)[:200])
+                self.run.event(
+                    "request_retried",
+                    request=req.request_id,
+                    engine=slot.rank,
+                    attempt=attempt,
+                    error=str(exc)[:200],
+                )
                 self.retried += 1
                 attempt += 1
                 if time.monotonic() > deadline:
@@ -159,8 +172,13 @@ class EngineRollouts:
             finally:
                 self.fleet.release(slot, tokens)
             sample = sample_of(
-                req, self.vocab, self.cfg.task, c.token_ids, c.logprobs,
-                engine=slot.rank, weight_version=int(slot.version or 0),
+                req,
+                self.vocab,
+                self.cfg.task,
+                c.token_ids,
+                c.logprobs,
+                engine=slot.rank,
+                weight_version=int(slot.version or 0),
             )
             done = f"{req.request_id}.done"
             self.wal.append(done, StepType.REWARD, data=json.dumps(sample).encode())

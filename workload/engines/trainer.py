@@ -53,14 +53,23 @@ class EngineTrainer(Trainer):
         self._waited_for_all = False
         self._disagreement: dict[int, dict[str, float]] = {}
         self.fleet = EngineFleet(
-            run, self.cfg.rollouts, refit_source=self._refit_source, refit_timeout=REFIT_TIMEOUT_S,
+            run,
+            self.cfg.rollouts,
+            refit_source=self._refit_source,
+            refit_timeout=REFIT_TIMEOUT_S,
             probation_s=self.cfg.engine_probation_s,
             request_timeout=self.cfg.engine_request_timeout_s,
         )
         self.fleet.start()
         self.wal = WriteAheadLog(run.wal, lock_timeout=30.0)
-        self.rollouts = EngineRollouts(run, self.cfg, self.vocab, self.fleet, self.wal,
-                                       request_timeout=self.cfg.engine_request_timeout_s)
+        self.rollouts = EngineRollouts(
+            run,
+            self.cfg,
+            self.vocab,
+            self.fleet,
+            self.wal,
+            request_timeout=self.cfg.engine_request_timeout_s,
+        )
 
     def _make_policies(self) -> tuple[torch.nn.Module, torch.nn.Module]:
         assert self.cfg.model_dir is not None
@@ -118,8 +127,9 @@ class EngineTrainer(Trainer):
             # Once, before the first batch: later an engine out is healed while the job goes on.
             self._waited_for_all = True
             if not self.fleet.wait_all_admitted(timeout=ALL_ENGINES_TIMEOUT_S):
-                log.warning("not every engine was admitted in %s s; starting anyway",
-                            ALL_ENGINES_TIMEOUT_S)
+                log.warning(
+                    "not every engine was admitted in %s s; starting anyway", ALL_ENGINES_TIMEOUT_S
+                )
         self.rollouts.generate_step(self.step, missing)
         return super()._batches()
 

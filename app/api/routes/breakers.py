@@ -16,7 +16,9 @@ def _public(row: CircuitBreaker) -> BreakerPublic:
     return BreakerPublic.model_validate(row, from_attributes=True)
 
 
-@router.get("", response_model=list[BreakerPublic], summary="Breakers that ever tripped, open first")
+@router.get(
+    "", response_model=list[BreakerPublic], summary="Breakers that ever tripped, open first"
+)
 def list_breakers(session: SessionDep, _user: ViewerUser) -> list[BreakerPublic]:
     return [_public(r) for r in breaker.list_breakers(session)]
 

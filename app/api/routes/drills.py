@@ -31,8 +31,9 @@ def create_drill(
     settings: SettingsDep,
     operator: OperatorUser,
 ) -> DrillPublic:
-    row = service.request_drill(session, body, actor=f"user:{operator.name}", now=utcnow(),
-                                settings=settings.drills)
+    row = service.request_drill(
+        session, body, actor=f"user:{operator.name}", now=utcnow(), settings=settings.drills
+    )
     session.commit()
     assert row.id is not None
     try:
@@ -40,10 +41,12 @@ def create_drill(
     except Exception as exc:  # kombu/redis raise many types; all mean "not sent"
         service.mark_undeliverable(session, row.id, f"the task queue did not take it: {exc}")
         session.commit()
-        raise Unavailable(f"drill {row.id} not sent: the task queue is unreachable; "
-                          "nothing injected") from exc
-    row = service.wait_for_answer(request.app.state.engine, row.id,
-                                  timeout=settings.drills.answer_wait_seconds)
+        raise Unavailable(
+            f"drill {row.id} not sent: the task queue is unreachable; nothing injected"
+        ) from exc
+    row = service.wait_for_answer(
+        request.app.state.engine, row.id, timeout=settings.drills.answer_wait_seconds
+    )
     service.raise_if_refused(row)
     if row.status == DrillStatus.requested.value:
         response.status_code = 202

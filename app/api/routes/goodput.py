@@ -14,9 +14,7 @@ from app.models import utcnow
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
-_WHEN = (
-    "a duration before now (`7d`, `24h`, `30m`) or an ISO 8601 instant with a time zone"
-)
+_WHEN = "a duration before now (`7d`, `24h`, `30m`) or an ISO 8601 instant with a time zone"
 
 
 @router.get(

@@ -105,9 +105,7 @@ async def ingest(request: Request, identity: NodeAuth, service: IngestDep) -> Re
     except IngestRejected as exc:
         service.metrics.ingest_rejections.labels(reason=exc.kind).inc()
         raise
-    result = await service.ingest(
-        body, token_node=identity.node, authorize=identity.check_batch
-    )
+    result = await service.ingest(body, token_node=identity.node, authorize=identity.check_batch)
     return Response(
         orjson.dumps({"accepted": result.accepted, "duplicate": result.duplicate}),
         media_type="application/json",

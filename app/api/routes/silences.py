@@ -45,9 +45,7 @@ def create_silence(
 
 
 @router.post("/{silence_id}/expire", response_model=SilencePublic, summary="End a silence now")
-def expire_silence(
-    silence_id: RowId, session: SessionDep, operator: OperatorUser
-) -> SilencePublic:
+def expire_silence(silence_id: RowId, session: SessionDep, operator: OperatorUser) -> SilencePublic:
     now = utcnow()
     row = store.expire_silence(session, silence_id, actor=f"user:{operator.name}", now=now)
     session.commit()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
+from app.core.write_turns import WriteTurns
 from app.ingest.commit.groups import QueuedBatch
 from app.ingest.commit.thread import ThreadCommitter
 from app.ingest.persist import IngestGroup, write_ingest_group_in
@@ -56,7 +57,7 @@ class LoopPostgresCommitter:
         self.commits = 0
         self._conn: AsyncConnection | None = None
         self.thread = thread
-        self.write_turns = None  # PostgreSQL has no single write lock to share
+        self.write_turns: WriteTurns | None = None  # PostgreSQL: no single write lock to share
 
     async def start(self) -> None:
         return None  # connected at the first commit

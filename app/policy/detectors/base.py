@@ -233,9 +233,7 @@ class ParticipantSeries:
         self._refresh(world)
         return self._owner
 
-    def rings(
-        self, world: World, roles: tuple[str, ...]
-    ) -> dict[tuple[str, str], list[OwnedRing]]:
+    def rings(self, world: World, roles: tuple[str, ...]) -> dict[tuple[str, str], list[OwnedRing]]:
         """Per (job, role) in ``roles``, one series per participant with its sample buffer
         read in place (:meth:`World.rings`): for a loop over every series of a tick, with no
         key hashed and nothing allocated per series. Of a participant's several series (its

@@ -117,8 +117,9 @@ class CrossRoleDeadlockDetector(Detector):
                 continue  # a step moved (or the wait began) within the window
             if not self._starved.all_idle(world, rollouts[job], now - cfg.sustain_seconds):
                 continue
-            since = self.sticky_since(job, max(frozen_since, now - cfg.sustain_seconds),
-                                      open_ended=True)
+            since = self.sticky_since(
+                job, max(frozen_since, now - cfg.sustain_seconds), open_ended=True
+            )
             out.append(self._signal(world, job, trainers, rollouts[job], since))
         return out
 

@@ -119,7 +119,11 @@ class TrainHangDetector(Detector):
         check, now = self.startup.check, world.now
         wait_phases = self.policy.detection.deadlock.wait_phases
         roles, hang_phases, node_last_seen = cfg.roles, cfg.hang_phases, world.node_last_seen
-        grace, under_way, start_phases = StartupGrace.GRACE, self.startup.under_way, self.startup.phases
+        grace, under_way, start_phases = (
+            StartupGrace.GRACE,
+            self.startup.under_way,
+            self.startup.phases,
+        )
         self._tick_rollouts, self._tick_starved = None, {}
         pids = self._pids.by_participant(world)  # one refresh a tick, not one per participant
         kept = 0  # paces seen this tick: fewer than there are, and some are gone
@@ -140,8 +144,13 @@ class TrainHangDetector(Detector):
             )
             series = pids.get(key)
             pace = self._observe(
-                p, last, now, self._pid(world, series) if series else None, hang_phases,
-                counting=node_fresh and not waits_on_starved, in_grace=in_grace,
+                p,
+                last,
+                now,
+                self._pid(world, series) if series else None,
+                hang_phases,
+                counting=node_fresh and not waits_on_starved,
+                in_grace=in_grace,
             )
             if pace.tick != tick:
                 kept += 1
@@ -168,13 +177,25 @@ class TrainHangDetector(Detector):
         return out
 
     def _observe(
-        self, p: ParticipantView, pace: Pace | None, now: float, pid: float | None,
-        hang_phases: tuple[str, ...], *, counting: bool, in_grace: bool,
+        self,
+        p: ParticipantView,
+        pace: Pace | None,
+        now: float,
+        pid: float | None,
+        hang_phases: tuple[str, ...],
+        *,
+        counting: bool,
+        in_grace: bool,
     ) -> Pace:
         if pace is None:
             first_steps = p.step <= self.policy.escalation.first_step_max
-            return Pace(step=p.step, phase=p.phase, seen_at=now, pid=pid,
-                        start_seen=first_steps or p.phase in _STARTING_PHASES)
+            return Pace(
+                step=p.step,
+                phase=p.phase,
+                seen_at=now,
+                pid=pid,
+                start_seen=first_steps or p.phase in _STARTING_PHASES,
+            )
         if counting and pace.phase in hang_phases:
             pace.stalled += now - pace.seen_at  # spent in the phase it was in at the last look
             if not pace.advanced and not in_grace:

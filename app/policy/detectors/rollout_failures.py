@@ -59,9 +59,17 @@ class RolloutSampleFailureDetector(Detector):
                 f"({bad / total:.0%}; an incident from {cfg.failure_ratio:.0%} of at least "
                 f"{cfg.min_samples})",
             )
-            out.append(self.signal(world, FaultKind.ROLLOUT_SAMPLES_FAILING,
-                                   Subject(job=job, role=role), evidence, since=since,
-                                   failed=int(bad), samples=int(total)))
+            out.append(
+                self.signal(
+                    world,
+                    FaultKind.ROLLOUT_SAMPLES_FAILING,
+                    Subject(job=job, role=role),
+                    evidence,
+                    since=since,
+                    failed=int(bad),
+                    samples=int(total),
+                )
+            )
         return out
 
     @staticmethod

@@ -79,10 +79,18 @@ class SnapshotPersistDetector(Detector):
                     f"{error or 'not reported'}; training goes on with the snapshots it has"
                 ),
             )
-            out.append(self.signal(
-                world, FaultKind.CHECKPOINT_WRITE_ERRORS, subject_of(key), evidence,
-                since=ep.first_ts, failed_persists=total, directory=directory, last_error=error,
-            ))
+            out.append(
+                self.signal(
+                    world,
+                    FaultKind.CHECKPOINT_WRITE_ERRORS,
+                    subject_of(key),
+                    evidence,
+                    since=ep.first_ts,
+                    failed_persists=total,
+                    directory=directory,
+                    last_error=error,
+                )
+            )
         self._nodes.commit(world)
         return out
 

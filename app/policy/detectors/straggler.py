@@ -202,9 +202,7 @@ class StragglerDetector(Detector):
                 out.append(self._signal(world, who, value, median, limit, peers, since))
         return out
 
-    def _judge_small(
-        self, world: World, group: _Group, *, slow_is_low: bool
-    ) -> list[FaultSignal]:
+    def _judge_small(self, world: World, group: _Group, *, slow_is_low: bool) -> list[FaultSignal]:
         """A group of fewer than ``min_peers`` peers (see the module docstring)."""
         cfg = self.policy.detection.straggler
         ratio = cfg.throughput_ratio if slow_is_low else cfg.step_time_ratio
@@ -234,8 +232,11 @@ class StragglerDetector(Detector):
             since = self.sticky_since(who, world.now, open_ended=True)
             if world.now - since >= cfg.sustain_seconds:
                 median = _median(others)
-                out.append(self._signal(world, who, value, median, limit, len(others), since,
-                                        small_group=True))
+                out.append(
+                    self._signal(
+                        world, who, value, median, limit, len(others), since, small_group=True
+                    )
+                )
         return out
 
     def _smoothed(self, world: World, group: _Group, i: int) -> float:
@@ -262,8 +263,10 @@ class StragglerDetector(Detector):
         cfg = self.policy.detection.straggler
         held = f"for {world.now - since:.0f}s; {peers} peers"
         if small_group:
-            held += (" (a small group: beyond every peer, who agree with each other, and "
-                     "in line with them before)")
+            held += (
+                " (a small group: beyond every peer, who agree with each other, and "
+                "in line with them before)"
+            )
         values: tuple[tuple[float, float], ...] = ((world.now, value),)
         if isinstance(who, SeriesKey):
             sub = subject_of(who)
@@ -328,4 +331,3 @@ def _median_without(values: list[float], i: int) -> float:
     if n % 2:
         return at(n // 2)
     return (at(n // 2 - 1) + at(n // 2)) / 2
-

@@ -113,9 +113,11 @@ def test_agent_on_dcgm_exporter_and_two_engines(
     agent.start()
 
     wait_for(
-        lambda: value_is(server, "gpu_utilization_ratio", 0.35, gpu="1")
-        and value_is(server, "rollout_engine_up", 1, engine="vllm", rank="0")
-        and value_is(server, "rollout_engine_up", 1, engine="sglang", rank="1"),
+        lambda: (
+            value_is(server, "gpu_utilization_ratio", 0.35, gpu="1")
+            and value_is(server, "rollout_engine_up", 1, engine="vllm", rank="0")
+            and value_is(server, "rollout_engine_up", 1, engine="sglang", rank="1")
+        ),
         30,
         "GPU samples from the exporter and both engines up",
     )
@@ -135,9 +137,11 @@ def test_agent_on_dcgm_exporter_and_two_engines(
     down_at = time.time()
     reporter.update(phase="TRAIN", step=4, force=True)
     wait_for(
-        lambda: (got := latest(server, "train_step", job="grpo-a")) is not None
-        and got[0] > down_at + 1.0
-        and got[1] == 4,
+        lambda: (
+            (got := latest(server, "train_step", job="grpo-a")) is not None
+            and got[0] > down_at + 1.0
+            and got[1] == 4
+        ),
         20,
         "job signals after the exporter went down",
     )

@@ -31,9 +31,7 @@ def test_samples_show_in_series_api_and_metrics(
     tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = make_run_dir(tmp_path)
-    agent = agent_for(
-        server, run, tmp_path / "spool", "--simulate-gpus", "2", "--interval", "0.5"
-    )
+    agent = agent_for(server, run, tmp_path / "spool", "--simulate-gpus", "2", "--interval", "0.5")
     agents_started.append(agent)
     agent.start()
     wait_for(
@@ -76,9 +74,7 @@ def test_server_kill_9_and_restart_loses_nothing_and_applies_nothing_twice(
     tmp_path: Path, server: OperatedServer, agents_started: list[AgentProcess]
 ) -> None:
     run = make_run_dir(tmp_path)
-    agent = agent_for(
-        server, run, tmp_path / "spool", "--simulate-gpus", "2", "--interval", "0.2"
-    )
+    agent = agent_for(server, run, tmp_path / "spool", "--simulate-gpus", "2", "--interval", "0.2")
     agents_started.append(agent)
     agent.start()
     held: set[tuple[str, str, float]] = set()

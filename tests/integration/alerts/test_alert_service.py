@@ -266,7 +266,9 @@ def test_dispatch_survives_a_broken_broker(
 
 def test_heavy_incidents_get_one_reminder_per_interval(engine: Engine) -> None:
     cfg = config(repeat_interval_s=1800)
-    queue(engine, tier_scenario(__import__("app.policy.signals", fromlist=["Tier"]).Tier.HEAVY), cfg)
+    queue(
+        engine, tier_scenario(__import__("app.policy.signals", fromlist=["Tier"]).Tier.HEAVY), cfg
+    )
     queue(engine, [event(incident_id=43, event_id="m", tier="medium")], cfg)
     with Session(engine) as session:
         assert service.queue_reminders(session, config=cfg, now=T0 + timedelta(minutes=29)) == []

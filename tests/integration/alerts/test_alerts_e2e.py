@@ -119,7 +119,9 @@ def test_heavy_incident_alerts_open_decided_resolved_once_each(
     )  # storage: heavy
 
     stack.wait(lambda: counts(server)["webhook"] >= 1, 60, "the first alert")
-    time.sleep(GROUP_WAIT_S + 3)  # the scenario (absence): anything else of this window would have gone out by now
+    time.sleep(
+        GROUP_WAIT_S + 3
+    )  # the scenario (absence): anything else of this window would have gone out by now
     hooks = [
         (b["incident_id"], b["kinds"], [e["event_id"] for e in b["events"]], b["fault_kind"])
         for b in by_channel(server)["webhook"]

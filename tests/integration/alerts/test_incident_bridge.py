@@ -78,7 +78,13 @@ def test_opened_and_approval_requested_are_queued_and_sent_after_commit(
 ) -> None:
     with Session(engine) as session:
         inc = new_incident(session)
-        add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT, detail={"tier": "heavy"})
+        add_event(
+            session,
+            incident_id=inc.id,
+            type_=IncidentEventType.OPENED,
+            at=AT,
+            detail={"tier": "heavy"},
+        )
         add_event(
             session,
             incident_id=inc.id,
@@ -145,7 +151,11 @@ def test_decisions_and_failures_carry_who_and_why(engine: Engine, enqueued: Enqu
         add_event(session, incident_id=inc.id, type_=IncidentEventType.APPROVAL_GRANTED, actor="user:alice", at=AT,
                   detail={"approval_id": 7, "comment": "go"})  # fmt: skip
         add_event(
-            session, incident_id=inc.id, type_=IncidentEventType.APPROVAL_EXPIRED, at=AT, detail={"approval_id": 8}
+            session,
+            incident_id=inc.id,
+            type_=IncidentEventType.APPROVAL_EXPIRED,
+            at=AT,
+            detail={"approval_id": 8},
         )
         add_event(session, incident_id=inc.id, type_=IncidentEventType.ACTION_FAILED, actor="worker:vm:1", at=AT,
                   detail={"action": "restore_checkpoint", "error": "no valid checkpoint"})  # fmt: skip

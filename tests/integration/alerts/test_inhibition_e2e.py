@@ -48,9 +48,7 @@ def test_a_lost_node_with_eight_gpu_faults_sends_one_alert_with_the_gpus_as_evid
     f.start()
     stack.wait_baselines()  # the detectors saw every XID counter at its baseline
     f.set("n1", "slurm_node_unavailable", 1)  # the scheduler takes the node out
-    node = stack.wait(
-        lambda: stack.incident("node_unavailable", job=None), 60, "the node incident"
-    )
+    node = stack.wait(lambda: stack.incident("node_unavailable", job=None), 60, "the node incident")
     for gpu in GPUS:
         f.set("n1", "gpu_xid_last_code", 79, gpu=gpu)
         f.set("n1", XID, 1, gpu=gpu)

@@ -31,6 +31,7 @@ def am_silence() -> dict[str, Any]:
     """A silence in Alertmanager's ``postableSilence`` shape, on a node nothing reports."""
     return _am_silence({**NODE_N1, "value": "n9"}, comment="audit")
 
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # Ingest is telemetry at one request per node per second: its durable record is the per-agent
@@ -77,22 +78,37 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
     with Session(api.engine) as s:
         create_user(s, name="appr", role=Role.approver, password=PASSWORD, actor="test")
         s.commit()
-    dash = DashboardApp(app=api.app, settings=api.app.state.settings,
-                        store=api.app.state.series_store, url="")
+    dash = DashboardApp(
+        app=api.app, settings=api.app.state.settings, store=api.app.state.series_store, url=""
+    )
     node_tok = api.node_token("n1")
     # A channel whose receiver refuses the connection: the test message fails fast, and the
     # attempt is what must be audited.
-    api.app.state.alerts_config = parse_alerts_config({
-        "external_base_url": "http://127.0.0.1:8000",
-        "channels": [{"type": "webhook", "name": "hook",
-                      "url": f"http://127.0.0.1:{free_port()}/hook",
-                      "signing_secret": "s" * 32}],
-    })
+    api.app.state.alerts_config = parse_alerts_config(
+        {
+            "external_base_url": "http://127.0.0.1:8000",
+            "channels": [
+                {
+                    "type": "webhook",
+                    "name": "hook",
+                    "url": f"http://127.0.0.1:{free_port()}/hook",
+                    "signing_secret": "s" * 32,
+                }
+            ],
+        }
+    )
 
     def web_login_response() -> Any:
         form = c.get("/login")
-        return c.post("/login", data={"username": "appr", "password": PASSWORD, "next": "/",
-                                      "csrf_token": csrf_from(form.text)})
+        return c.post(
+            "/login",
+            data={
+                "username": "appr",
+                "password": PASSWORD,
+                "next": "/",
+                "csrf_token": csrf_from(form.text),
+            },
+        )
 
     def web_login() -> str:
         """The CSRF token of a signed-in browser session (signing in when needed)."""
@@ -111,26 +127,47 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
 
     def release_job() -> Any:
         # A job in SAFE_MODE whose approval was decided (rejected) may be released.
-        part = {"job": "j5", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1,
-                "ts": time.time()}
-        known = c.post("/api/v1/ingest", json=batch("n1", 1, participants=[part]),
-                       headers=auth(node_tok))
+        part = {
+            "job": "j5",
+            "role": "trainer",
+            "rank": 0,
+            "phase": "TRAIN",
+            "step": 1,
+            "ts": time.time(),
+        }
+        known = c.post(
+            "/api/v1/ingest", json=batch("n1", 1, participants=[part]), headers=auth(node_tok)
+        )
         assert known.status_code == 200, known.text
         seeded = seed_heavy_incident(dash, job="j5")
-        rejected = c.post(f"/api/v1/approvals/{seeded.approval_id}/reject",
-                          json={"comment": "restore later"}, headers=auth(admin))
+        rejected = c.post(
+            f"/api/v1/approvals/{seeded.approval_id}/reject",
+            json={"comment": "restore later"},
+            headers=auth(admin),
+        )
         assert rejected.status_code == 200, rejected.text
-        return c.post("/api/v1/jobs/j5/release", json={"comment": "checked by hand"},
-                      headers=auth(admin))
+        return c.post(
+            "/api/v1/jobs/j5/release", json={"comment": "checked by hand"}, headers=auth(admin)
+        )
 
     def set_automation() -> Any:
-        part = {"job": "j6", "role": "rollout", "rank": 0, "phase": "ROLLOUT", "step": 1,
-                "ts": time.time()}
-        known = c.post("/api/v1/ingest", json=batch("n1", 0, agent="agent-j6", participants=[part]),
-                       headers=auth(node_tok))
+        part = {
+            "job": "j6",
+            "role": "rollout",
+            "rank": 0,
+            "phase": "ROLLOUT",
+            "step": 1,
+            "ts": time.time(),
+        }
+        known = c.post(
+            "/api/v1/ingest",
+            json=batch("n1", 0, agent="agent-j6", participants=[part]),
+            headers=auth(node_tok),
+        )
         assert known.status_code == 200, known.text
-        return c.request("PUT", "/api/v1/jobs/j6/automation", json={"hands_off": True},
-                         headers=auth(admin))
+        return c.request(
+            "PUT", "/api/v1/jobs/j6/automation", json={"hands_off": True}, headers=auth(admin)
+        )
 
     def reset_breaker() -> Any:
         with Session(api.engine) as s:
@@ -145,15 +182,27 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
         return c.post("/breakers/job:j7/reset", data={"csrf_token": web_login()})
 
     def plan_drill() -> Any:
-        part = {"job": "j8", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1,
-                "ts": time.time()}
-        known = c.post("/api/v1/ingest", json=batch("n1", 0, agent="agent-j8", participants=[part]),
-                       headers=auth(node_tok))
+        part = {
+            "job": "j8",
+            "role": "trainer",
+            "rank": 0,
+            "phase": "TRAIN",
+            "step": 1,
+            "ts": time.time(),
+        }
+        known = c.post(
+            "/api/v1/ingest",
+            json=batch("n1", 0, agent="agent-j8", participants=[part]),
+            headers=auth(node_tok),
+        )
         assert known.status_code == 200, known.text
         # No worker serves n1 here: the drill is sent and answered 202 (not answered yet).
         api.app.state.settings.drills.answer_wait_seconds = 0.2
-        return c.post("/api/v1/drills", json={"job": "j8", "fault": "kill", "role": "trainer",
-                                              "plan": True}, headers=auth(admin))
+        return c.post(
+            "/api/v1/drills",
+            json={"job": "j8", "fault": "kill", "role": "trainer", "plan": True},
+            headers=auth(admin),
+        )
 
     cases: dict[tuple[str, str], tuple[Callable[[], Any], str]] = {
         ("POST", "/api/v1/drills"): (plan_drill, "drill.plan"),
@@ -165,28 +214,37 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             "token.rotate",
         ),
         ("DELETE", "/api/v1/tokens/{token_id}"): (
-            lambda: c.delete(f"/api/v1/tokens/{create_token().json()['info']['id']}",
-                             headers=auth(admin)),
+            lambda: c.delete(
+                f"/api/v1/tokens/{create_token().json()['info']['id']}", headers=auth(admin)
+            ),
             "token.revoke",
         ),
         ("POST", "/api/v1/users"): (
-            lambda: c.post("/api/v1/users", json={"name": "vic", "role": "viewer"},
-                           headers=auth(admin)),
+            lambda: c.post(
+                "/api/v1/users", json={"name": "vic", "role": "viewer"}, headers=auth(admin)
+            ),
             "user.create",
         ),
         ("POST", "/api/v1/users/{name}/disable"): (
-            lambda: c.post("/api/v1/users/vic/disable", headers=auth(admin)), "user.disable"
+            lambda: c.post("/api/v1/users/vic/disable", headers=auth(admin)),
+            "user.disable",
         ),
         ("POST", "/api/v1/users/{name}/enable"): (
-            lambda: c.post("/api/v1/users/vic/enable", headers=auth(admin)), "user.enable"
+            lambda: c.post("/api/v1/users/vic/enable", headers=auth(admin)),
+            "user.enable",
         ),
         ("PUT", "/api/v1/users/{name}/password"): (
-            lambda: c.request("PUT", "/api/v1/users/vic/password",
-                              json={"password": "a new long password"}, headers=auth(admin)),
+            lambda: c.request(
+                "PUT",
+                "/api/v1/users/vic/password",
+                json={"password": "a new long password"},
+                headers=auth(admin),
+            ),
             "user.set_password",
         ),
         ("DELETE", "/api/v1/users/{name}"): (
-            lambda: c.delete("/api/v1/users/vic", headers=auth(admin)), "user.delete"
+            lambda: c.delete("/api/v1/users/vic", headers=auth(admin)),
+            "user.delete",
         ),
         ("POST", "/api/v1/auth/token"): (
             lambda: c.post("/api/v1/auth/token", json={"name": "appr", "password": PASSWORD}),
@@ -195,21 +253,40 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
         ("POST", "/api/v1/approvals/{approval_id}/approve"): (
             lambda: c.post(
                 f"/api/v1/approvals/{seed_heavy_incident(dash, job='j1').approval_id}/approve",
-                json={"comment": "ok"}, headers=auth(admin)),
+                json={"comment": "ok"},
+                headers=auth(admin),
+            ),
             "approval.approve",
         ),
         ("POST", "/api/v1/approvals/{approval_id}/reject"): (
             lambda: c.post(
                 f"/api/v1/approvals/{seed_heavy_incident(dash, job='j2').approval_id}/reject",
-                json={"comment": "no"}, headers=auth(admin)),
+                json={"comment": "no"},
+                headers=auth(admin),
+            ),
             "approval.reject",
         ),
         ("POST", "/api/v1/alertmanager"): (
-            lambda: c.post("/api/v1/alertmanager", headers=auth(admin), json={
-                "version": "4", "status": "firing", "receiver": "rlguard", "groupKey": "g",
-                "alerts": [{"status": "firing", "labels": {"alertname": "NodeDown", "node": "n5"},
-                            "annotations": {}, "startsAt": "2026-11-29T10:00:00Z",
-                            "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "ab"}]}),
+            lambda: c.post(
+                "/api/v1/alertmanager",
+                headers=auth(admin),
+                json={
+                    "version": "4",
+                    "status": "firing",
+                    "receiver": "rlguard",
+                    "groupKey": "g",
+                    "alerts": [
+                        {
+                            "status": "firing",
+                            "labels": {"alertname": "NodeDown", "node": "n5"},
+                            "annotations": {},
+                            "startsAt": "2026-11-29T10:00:00Z",
+                            "endsAt": "0001-01-01T00:00:00Z",
+                            "fingerprint": "ab",
+                        }
+                    ],
+                },
+            ),
             "alertmanager.webhook",
         ),
         ("POST", "/api/v1/alerts/test"): (
@@ -218,15 +295,27 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
         ),
         ("POST", "/api/v1/jobs/{job}/release"): (release_job, "job.release"),
         ("POST", "/api/v1/silences"): (
-            lambda: c.post("/api/v1/silences", headers=auth(admin), json={
-                "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5}),
+            lambda: c.post(
+                "/api/v1/silences",
+                headers=auth(admin),
+                json={"matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5},
+            ),
             "silence.create",
         ),
         ("POST", "/api/v1/silences/{silence_id}/expire"): (
-            lambda: c.post("/api/v1/silences/{}/expire".format(c.post(
-                "/api/v1/silences", headers=auth(admin), json={
-                    "matchers": [{"label": "node", "value": "n9"}], "duration_minutes": 5},
-            ).json()["id"]), headers=auth(admin)),
+            lambda: c.post(
+                "/api/v1/silences/{}/expire".format(
+                    c.post(
+                        "/api/v1/silences",
+                        headers=auth(admin),
+                        json={
+                            "matchers": [{"label": "node", "value": "n9"}],
+                            "duration_minutes": 5,
+                        },
+                    ).json()["id"]
+                ),
+                headers=auth(admin),
+            ),
             "silence.expire",
         ),
         # Alertmanager's API v2 (amtool, Grafana) writes the same silences, audited alike.
@@ -235,58 +324,105 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
             "silence.create",
         ),
         ("DELETE", "/api/v2/silence/{silence_id}"): (
-            lambda: c.delete("/api/v2/silence/{}".format(c.post(
-                "/api/v2/silences", headers=auth(admin), json=am_silence(),
-            ).json()["silenceID"]), headers=auth(admin)),
+            lambda: c.delete(
+                "/api/v2/silence/{}".format(
+                    c.post(
+                        "/api/v2/silences",
+                        headers=auth(admin),
+                        json=am_silence(),
+                    ).json()["silenceID"]
+                ),
+                headers=auth(admin),
+            ),
             "silence.expire",
         ),
         ("POST", "/api/v1/maintenance-windows"): (
-            lambda: c.post("/api/v1/maintenance-windows", headers=auth(admin), json={
-                "node": "n9", "recurrence": "weekly", "weekday": 0, "start_time": "02:00",
-                "duration_minutes": 60}),
+            lambda: c.post(
+                "/api/v1/maintenance-windows",
+                headers=auth(admin),
+                json={
+                    "node": "n9",
+                    "recurrence": "weekly",
+                    "weekday": 0,
+                    "start_time": "02:00",
+                    "duration_minutes": 60,
+                },
+            ),
             "maintenance_window.create",
         ),
         ("POST", "/api/v1/maintenance-windows/{window_id}/expire"): (
-            lambda: c.post("/api/v1/maintenance-windows/{}/expire".format(c.post(
-                "/api/v1/maintenance-windows", headers=auth(admin), json={
-                    "node": "n9", "recurrence": "weekly", "weekday": 0, "start_time": "02:00",
-                    "duration_minutes": 60},
-            ).json()["id"]), headers=auth(admin)),
+            lambda: c.post(
+                "/api/v1/maintenance-windows/{}/expire".format(
+                    c.post(
+                        "/api/v1/maintenance-windows",
+                        headers=auth(admin),
+                        json={
+                            "node": "n9",
+                            "recurrence": "weekly",
+                            "weekday": 0,
+                            "start_time": "02:00",
+                            "duration_minutes": 60,
+                        },
+                    ).json()["id"]
+                ),
+                headers=auth(admin),
+            ),
             "maintenance_window.expire",
         ),
         ("POST", "/login"): (web_login_response, "web.login"),
         ("POST", "/approvals/{approval_id}/approve"): (
             lambda: c.post(
                 f"/approvals/{seed_heavy_incident(dash, job='j3').approval_id}/approve",
-                data={"csrf_token": web_login(), "comment": "ok"}),
+                data={"csrf_token": web_login(), "comment": "ok"},
+            ),
             "approval.approve",
         ),
         ("POST", "/approvals/{approval_id}/reject"): (
             lambda: c.post(
                 f"/approvals/{seed_heavy_incident(dash, job='j4').approval_id}/reject",
-                data={"csrf_token": web_login(), "comment": "no"}),
+                data={"csrf_token": web_login(), "comment": "no"},
+            ),
             "approval.reject",
         ),
         ("POST", "/silences"): (
-            lambda: c.post("/silences", data={"csrf_token": web_login(), "matchers": "node=n8",
-                                              "duration": "1h", "comment": "web"}),
+            lambda: c.post(
+                "/silences",
+                data={
+                    "csrf_token": web_login(),
+                    "matchers": "node=n8",
+                    "duration": "1h",
+                    "comment": "web",
+                },
+            ),
             "silence.create",
         ),
         ("POST", "/silences/{silence_id}/expire"): (
-            lambda: c.post("/silences/{}/expire".format(c.post(
-                "/api/v1/silences", headers=auth(admin), json={
-                    "matchers": [{"label": "node", "value": "n8"}], "duration_minutes": 5},
-            ).json()["id"]), data={"csrf_token": web_login()}),
+            lambda: c.post(
+                "/silences/{}/expire".format(
+                    c.post(
+                        "/api/v1/silences",
+                        headers=auth(admin),
+                        json={
+                            "matchers": [{"label": "node", "value": "n8"}],
+                            "duration_minutes": 5,
+                        },
+                    ).json()["id"]
+                ),
+                data={"csrf_token": web_login()},
+            ),
             "silence.expire",
         ),
         ("POST", "/breakers/{scope}/reset"): (reset_breaker_on_the_page, "breaker.reset"),
         ("POST", "/jobs/{name}/automation"): (  # j6 is known: the API's automation case ran first
-            lambda: c.post("/jobs/j6/automation",
-                           data={"csrf_token": web_login(), "dry_run": "true"}),
+            lambda: c.post(
+                "/jobs/j6/automation", data={"csrf_token": web_login(), "dry_run": "true"}
+            ),
             "job.automation",
         ),
-        ("POST", "/logout"): (lambda: c.post("/logout", data={"csrf_token": web_login()}),
-                              "web.logout"),
+        ("POST", "/logout"): (
+            lambda: c.post("/logout", data={"csrf_token": web_login()}),
+            "web.logout",
+        ),
     }
     routes = state_changing_routes(api.app)
     assert set(cases) | NOT_AUDITED == routes, (
@@ -298,5 +434,5 @@ def test_every_state_changing_route_writes_an_audit_event(full_api: Api) -> None
         before = audit_actions(api)
         r = call()
         assert r.status_code < 400, (route, r.status_code, r.text[:500])
-        new = audit_actions(api)[len(before):]
+        new = audit_actions(api)[len(before) :]
         assert action in new, f"{route} wrote {new}, expected {action!r}"

@@ -63,8 +63,12 @@ def racers(
     tokens = {}
     with Session(engine) as s:
         for name, role in [
-            ("ada", Role.admin), ("bob", Role.admin), ("ann", Role.approver),
-            ("abe", Role.approver), ("oli", Role.operator), ("ola", Role.operator),
+            ("ada", Role.admin),
+            ("bob", Role.admin),
+            ("ann", Role.approver),
+            ("abe", Role.approver),
+            ("oli", Role.operator),
+            ("ola", Role.operator),
         ]:
             tokens[name] = create_user(s, name=name, role=role, actor="test")[1]
         s.commit()
@@ -130,7 +134,9 @@ def seed_approvals(engine: sa.Engine, n: int, first: int = 0) -> list[tuple[int,
             )
             s.add(inc)
             s.flush()
-            appr = Approval(incident_id=inc.id, summary="restore", expires_at=now + timedelta(hours=1))
+            appr = Approval(
+                incident_id=inc.id, summary="restore", expires_at=now + timedelta(hours=1)
+            )
             s.add(appr)
             s.flush()
             act = RecoveryAction(
@@ -171,10 +177,12 @@ def test_approve_and_reject_at_once_one_decision(racers: Racers) -> None:
     seeded = seed_approvals(racers.engine, ROWS)
     a, b = racers.urls
     for inc_id, appr_id, act_id in seeded:
-        pair = race([
-            post(a, f"/api/v1/approvals/{appr_id}/approve", racers.tokens["ann"]),
-            post(b, f"/api/v1/approvals/{appr_id}/reject", racers.tokens["abe"]),
-        ])
+        pair = race(
+            [
+                post(a, f"/api/v1/approvals/{appr_id}/approve", racers.tokens["ann"]),
+                post(b, f"/api/v1/approvals/{appr_id}/reject", racers.tokens["abe"]),
+            ]
+        )
         approved = one_won(pair, f"approval {appr_id}") == 0
         with Session(racers.engine) as s:
             appr = s.get(Approval, appr_id)
@@ -201,10 +209,12 @@ def test_two_approvers_approving_at_once_one_decision(racers: Racers) -> None:
     seeded = seed_approvals(racers.engine, ROWS // 2)
     a, b = racers.urls
     for inc_id, appr_id, _act_id in seeded:
-        pair = race([
-            post(a, f"/api/v1/approvals/{appr_id}/approve", racers.tokens["ann"]),
-            post(b, f"/api/v1/approvals/{appr_id}/approve", racers.tokens["abe"]),
-        ])
+        pair = race(
+            [
+                post(a, f"/api/v1/approvals/{appr_id}/approve", racers.tokens["ann"]),
+                post(b, f"/api/v1/approvals/{appr_id}/approve", racers.tokens["abe"]),
+            ]
+        )
         one_won(pair, f"approval {appr_id}")
         assert len(events(racers.engine, inc_id, IncidentEventType.APPROVAL_GRANTED)) == 1
         assert len(audit_rows(racers.engine, f"approval:{appr_id}", "approval.")) == 1
@@ -213,21 +223,30 @@ def test_two_approvers_approving_at_once_one_decision(racers: Racers) -> None:
 def test_two_admins_disabling_each_other_leave_one_enabled_admin(racers: Racers) -> None:
     a, b = racers.urls
     for round_ in range(ROWS):
-        pair = race([
-            post(a, "/api/v1/users/bob/disable", racers.tokens["ada"]),
-            post(b, "/api/v1/users/ada/disable", racers.tokens["bob"]),
-        ])
+        pair = race(
+            [
+                post(a, "/api/v1/users/bob/disable", racers.tokens["ada"]),
+                post(b, "/api/v1/users/ada/disable", racers.tokens["bob"]),
+            ]
+        )
         # The loser is refused as the last admin (409), or, when the winner committed before
         # the loser's request was authenticated, as a disabled user (401).
         winner = one_won(pair, f"round {round_}", loser_codes=(409, 401))
         with racers.engine.begin() as conn:
-            enabled = conn.execute(
-                sa.text("SELECT name FROM user_account WHERE role = 'admin' AND NOT disabled")
-            ).scalars().all()
+            enabled = (
+                conn.execute(
+                    sa.text("SELECT name FROM user_account WHERE role = 'admin' AND NOT disabled")
+                )
+                .scalars()
+                .all()
+            )
             assert enabled == [["ada", "bob"][winner]], enabled
-            assert conn.execute(
-                sa.text("SELECT count(*) FROM audit_event WHERE action = 'user.disable'")
-            ).scalar_one() == round_ + 1
+            assert (
+                conn.execute(
+                    sa.text("SELECT count(*) FROM audit_event WHERE action = 'user.disable'")
+                ).scalar_one()
+                == round_ + 1
+            )
             conn.execute(sa.text("UPDATE user_account SET disabled = false"))  # next round
 
 
@@ -248,10 +267,12 @@ def test_expiring_one_silence_twice_at_once(racers: Racers) -> None:
         assert made.status_code == 201, made.text
         ids.append(made.json()["id"])
     for sid in ids:
-        pair = race([
-            post(a, f"/api/v1/silences/{sid}/expire", racers.tokens["oli"]),
-            post(b, f"/api/v1/silences/{sid}/expire", racers.tokens["ola"]),
-        ])
+        pair = race(
+            [
+                post(a, f"/api/v1/silences/{sid}/expire", racers.tokens["oli"]),
+                post(b, f"/api/v1/silences/{sid}/expire", racers.tokens["ola"]),
+            ]
+        )
         one_won(pair, f"silence {sid}")
         assert len(audit_rows(racers.engine, f"silence:{sid}", "silence.expire")) == 1
 
@@ -263,16 +284,22 @@ def test_resetting_one_breaker_twice_at_once(racers: Racers) -> None:
         for i, (inc_id, _a, _b) in enumerate(seeded):
             s.add(
                 CircuitBreaker(
-                    scope=f"job:race-{i}", open=True, tripped_at=utcnow(), reason="storm",
-                    incident_id=inc_id, trips=1,
+                    scope=f"job:race-{i}",
+                    open=True,
+                    tripped_at=utcnow(),
+                    reason="storm",
+                    incident_id=inc_id,
+                    trips=1,
                 )
             )
         s.commit()
     for i, (inc_id, _a, _b) in enumerate(seeded):
-        pair = race([
-            post(a, f"/api/v1/breakers/job:race-{i}/reset", racers.tokens["ann"]),
-            post(b, f"/api/v1/breakers/job:race-{i}/reset", racers.tokens["abe"]),
-        ])
+        pair = race(
+            [
+                post(a, f"/api/v1/breakers/job:race-{i}/reset", racers.tokens["ann"]),
+                post(b, f"/api/v1/breakers/job:race-{i}/reset", racers.tokens["abe"]),
+            ]
+        )
         one_won(pair, f"breaker job:race-{i}")
         assert len(audit_rows(racers.engine, f"job:race-{i}", "breaker.reset")) == 1
         assert len(events(racers.engine, inc_id, IncidentEventType.BREAKER_RESET)) == 1

@@ -14,7 +14,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 _REF = re.compile(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", re.I)
 
 
-def test_docs_page_uses_only_local_assets_under_a_strict_csp(hardened_api: Callable[..., Api]) -> None:
+def test_docs_page_uses_only_local_assets_under_a_strict_csp(
+    hardened_api: Callable[..., Api],
+) -> None:
     api = hardened_api()
     for page in ("/docs", "/login"):
         r = api.client.get(page)
@@ -31,7 +33,10 @@ def test_docs_page_uses_only_local_assets_under_a_strict_csp(hardened_api: Calla
         assert "cdn" not in r.text.lower(), page
     docs = api.client.get("/docs")
     csp = docs.headers["content-security-policy"]
-    assert "script-src 'self'" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    assert (
+        "script-src 'self'" in csp
+        and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    )
     assert "<script>" not in docs.text  # no inline script: it would need 'unsafe-inline'
     init = api.client.get("/static/js/swagger-init.js").text
     assert '"/openapi.json"' in init and "validatorUrl: null" in init

@@ -23,9 +23,7 @@ def _user_with_password(api: Api, name: str, password: str) -> None:
 
 
 def test_login_attempts_are_limited_per_client(hardened_api: Callable[..., Api]) -> None:
-    api = hardened_api(
-        hardening=HardeningSettings(login_attempts_per_minute=6, login_burst=3)
-    )
+    api = hardened_api(hardening=HardeningSettings(login_attempts_per_minute=6, login_burst=3))
     _user_with_password(api, "lena", "correct horse battery")
     wrong = {"name": "lena", "password": "guess"}
     codes = [api.client.post("/api/v1/auth/token", json=wrong).status_code for _ in range(3)]
@@ -52,9 +50,7 @@ def test_login_attempts_are_limited_per_client(hardened_api: Callable[..., Api])
 def test_ingest_is_limited_per_token_and_a_refused_batch_changes_nothing(
     hardened_api: Callable[..., Api],
 ) -> None:
-    api = hardened_api(
-        hardening=HardeningSettings(ingest_requests_per_second=0.5, ingest_burst=2)
-    )
+    api = hardened_api(hardening=HardeningSettings(ingest_requests_per_second=0.5, ingest_burst=2))
     t1, t2 = api.node_token("n1"), api.node_token("n2")
     for seq in (0, 1):
         r = api.client.post("/api/v1/ingest", json=batch("n1", seq), headers=auth(t1))
@@ -64,7 +60,9 @@ def test_ingest_is_limited_per_token_and_a_refused_batch_changes_nothing(
     assert r.headers["connection"] == "close"  # its body was not read: not parsed either
     assert "ingest requests" in r.json()["detail"]
     # Another node's token has its own bucket.
-    assert api.client.post("/api/v1/ingest", json=batch("n2", 0), headers=auth(t2)).status_code == 200
+    assert (
+        api.client.post("/api/v1/ingest", json=batch("n2", 0), headers=auth(t2)).status_code == 200
+    )
     # seq 2 was not applied: the dedupe window does not know it.
     with Session(api.engine) as s:
         high = s.execute(
@@ -99,8 +97,13 @@ def test_request_bodies_over_the_limit_get_413_everywhere(hardened_api: Callable
 
 def test_security_headers_on_api_pages_errors_and_static(hardened_api: Callable[..., Api]) -> None:
     api = hardened_api()
-    for path, status in (("/healthz", 200), ("/login", 200), ("/api/v1/incidents", 401),
-                         ("/nope", 404), ("/openapi.json", 200)):
+    for path, status in (
+        ("/healthz", 200),
+        ("/login", 200),
+        ("/api/v1/incidents", 401),
+        ("/nope", 404),
+        ("/openapi.json", 200),
+    ):
         r = api.client.get(path)
         assert r.status_code == status, path
         h = r.headers
@@ -116,8 +119,11 @@ def test_security_headers_on_api_pages_errors_and_static(hardened_api: Callable[
 def test_bad_hardening_values_are_refused_by_name() -> None:
     from pydantic import ValidationError
 
-    for field, value in (("max_request_body_bytes", 0), ("login_burst", 0),
-                         ("ingest_requests_per_second", -1)):
+    for field, value in (
+        ("max_request_body_bytes", 0),
+        ("login_burst", 0),
+        ("ingest_requests_per_second", -1),
+    ):
         with pytest.raises(ValidationError, match=field):
             HardeningSettings(**{field: value})
 

@@ -16,7 +16,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def audit_rows(api: Api) -> list[tuple[str, str, str]]:
     with Session(api.engine) as s:
-        return [(e.actor, e.action, e.target) for e in s.exec(select(AuditEvent).order_by(AuditEvent.id)).all()]
+        return [
+            (e.actor, e.action, e.target)
+            for e in s.exec(select(AuditEvent).order_by(AuditEvent.id)).all()
+        ]
 
 
 def test_read_endpoints(api: Api) -> None:
@@ -28,9 +31,30 @@ def test_read_endpoints(api: Api) -> None:
         0,
         n=4,
         participants=[
-            {"job": "job-1", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 3, "ts": now - 2},
-            {"job": "job-1", "role": "rollout", "rank": 0, "phase": "ROLLOUT", "step": 3, "ts": now - 20},
-            {"job": "job-1", "role": "rollout", "rank": 1, "phase": "ROLLOUT", "step": 3, "ts": now},
+            {
+                "job": "job-1",
+                "role": "trainer",
+                "rank": 0,
+                "phase": "TRAIN",
+                "step": 3,
+                "ts": now - 2,
+            },
+            {
+                "job": "job-1",
+                "role": "rollout",
+                "rank": 0,
+                "phase": "ROLLOUT",
+                "step": 3,
+                "ts": now - 20,
+            },
+            {
+                "job": "job-1",
+                "role": "rollout",
+                "rank": 1,
+                "phase": "ROLLOUT",
+                "step": 3,
+                "ts": now,
+            },
         ],
         fingerprint={"torch": "2.13.0"},
     )
@@ -61,23 +85,34 @@ def test_read_endpoints(api: Api) -> None:
     assert ages[("rollout", 1)] < 15
     assert api.client.get("/api/v1/jobs/nope", headers=h).status_code == 404
 
-    series = api.client.get("/api/v1/series", params={"node": "node-a", "name": "gpu_util", "since": 0}, headers=h).json()
+    series = api.client.get(
+        "/api/v1/series", params={"node": "node-a", "name": "gpu_util", "since": 0}, headers=h
+    ).json()
     assert series["count"] == 2 and not series["truncated"]
     assert sorted(v for s in series["data"] for _, v in s["points"]) == [0.0, 1.0, 2.0, 3.0]
     # Relative since: the samples are 4..1 s older than the batch; "the last 2.5 s" of the batch
     # is 2.5 s plus however long the machine took to get here.
     back = 2.5 + (time.time() - body["sent_at"])
-    recent = api.client.get("/api/v1/series", params={"node": "node-a", "since": -back}, headers=h).json()
+    recent = api.client.get(
+        "/api/v1/series", params={"node": "node-a", "since": -back}, headers=h
+    ).json()
     assert sorted(v for s in recent["data"] for _, v in s["points"]) == [2.0, 3.0]
-    limited = api.client.get("/api/v1/series", params={"node": "node-a", "since": 0, "limit": 1}, headers=h).json()
+    limited = api.client.get(
+        "/api/v1/series", params={"node": "node-a", "since": 0, "limit": 1}, headers=h
+    ).json()
     assert limited["count"] == 1 and limited["truncated"]
     bad = api.client.get("/api/v1/series", headers=h)
     assert bad.status_code == 422 and "node=" in bad.json()["detail"]
-    bad = api.client.get("/api/v1/series", params={"node": "node-a", "since": "yesterday"}, headers=h)
+    bad = api.client.get(
+        "/api/v1/series", params={"node": "node-a", "since": "yesterday"}, headers=h
+    )
     assert bad.status_code == 422
     metrics = api.client.get("/metrics").text
     # latency by route template (never the raw path), method and status
-    assert 'rlguard_http_request_duration_seconds_count{method="GET",route="/api/v1/nodes/{node}",status="404"} 1.0' in metrics
+    assert (
+        'rlguard_http_request_duration_seconds_count{method="GET",route="/api/v1/nodes/{node}",status="404"} 1.0'
+        in metrics
+    )
     assert 'route="/api/v1/nodes/nope"' not in metrics
 
 
@@ -129,17 +164,30 @@ def test_state_changes_are_audited(api: Api) -> None:
     admin = api.user_token("adam", Role.admin)
     start = len(audit_rows(api))
     h = auth(admin)
-    r = api.client.post("/api/v1/tokens", json={"node": "node-q", "description": "rack 3"}, headers=h)
+    r = api.client.post(
+        "/api/v1/tokens", json={"node": "node-q", "description": "rack 3"}, headers=h
+    )
     assert r.status_code == 201
     token_id = r.json()["info"]["id"]
     assert r.json()["token"].startswith("rlgn_")
     listed = api.client.get("/api/v1/tokens", headers=h).json()
     assert all("token" not in t and "token_hash" not in t for t in listed)
-    assert api.client.delete(f"/api/v1/tokens/{token_id}", headers=h).json()["revoked_at"] is not None
+    assert (
+        api.client.delete(f"/api/v1/tokens/{token_id}", headers=h).json()["revoked_at"] is not None
+    )
     assert api.client.delete("/api/v1/tokens/99999", headers=h).status_code == 404
-    r = api.client.post("/api/v1/users", json={"name": "pia", "role": "approver", "password": "s3cret-pass"}, headers=h)
+    r = api.client.post(
+        "/api/v1/users",
+        json={"name": "pia", "role": "approver", "password": "s3cret-pass"},
+        headers=h,
+    )
     assert r.status_code == 201 and r.json()["user"]["role"] == "approver"
-    assert api.client.post("/api/v1/users", json={"name": "pia", "role": "viewer"}, headers=h).status_code == 409
+    assert (
+        api.client.post(
+            "/api/v1/users", json={"name": "pia", "role": "viewer"}, headers=h
+        ).status_code
+        == 409
+    )
     bad = api.client.post("/api/v1/users", json={"name": "x y", "role": "viewer"}, headers=h)
     assert bad.status_code == 422 and "'x y'" in bad.json()["detail"]
     bad = api.client.post("/api/v1/users", json={"name": "zed", "role": "god"}, headers=h)
@@ -170,7 +218,16 @@ def test_state_changes_are_audited(api: Api) -> None:
 def test_openapi_documents_the_ingest_body(api: Api) -> None:
     spec = api.client.get("/openapi.json").json()
     paths = spec["paths"]
-    for p in ("/api/v1/ingest", "/api/v1/nodes", "/api/v1/nodes/{node}", "/api/v1/jobs", "/api/v1/jobs/{job}", "/api/v1/series", "/healthz", "/readyz"):
+    for p in (
+        "/api/v1/ingest",
+        "/api/v1/nodes",
+        "/api/v1/nodes/{node}",
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job}",
+        "/api/v1/series",
+        "/healthz",
+        "/readyz",
+    ):
         assert p in paths, p
     body = paths["/api/v1/ingest"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/IngestBatch"}

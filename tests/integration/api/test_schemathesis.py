@@ -29,20 +29,34 @@ CHECKS = "not_a_server_error,response_schema_conformance"
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(480)]
 
 
-def _run(url: str, token: str, report: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _run(
+    url: str, token: str, report: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], dict]:
     argv = [
-        ST, "run", f"{url}/openapi.json",
-        "--checks", CHECKS,
-        "--header", f"Authorization: Bearer {token}",
-        "--max-examples", "15",
-        "--seed", "20261129",
-        "--phases", "examples,coverage,fuzzing",
-        "--workers", "1",  # generation in threads trips a hypothesis cache race (KeyError)
-        "--request-timeout", "20",
-        "--generation-database", "none",
+        ST,
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        CHECKS,
+        "--header",
+        f"Authorization: Bearer {token}",
+        "--max-examples",
+        "15",
+        "--seed",
+        "20261129",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--workers",
+        "1",  # generation in threads trips a hypothesis cache race (KeyError)
+        "--request-timeout",
+        "20",
+        "--generation-database",
+        "none",
         "--no-color",
-        "--report", "ndjson",
-        "--report-ndjson-path", str(report),
+        "--report",
+        "ndjson",
+        "--report-ndjson-path",
+        str(report),
         *extra,
     ]
     # ~40 s alone on 2 idle cores; 150 s beside three other xdist workers' servers and jobs
@@ -75,12 +89,18 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     engine.dispose()
     port = free_port()
     env = rlguard_env(
-        postgres_url, tmp_path / "data", RLGUARD_DEV="1", RLGUARD_REDIS_URL=redis_url,
+        postgres_url,
+        tmp_path / "data",
+        RLGUARD_DEV="1",
+        RLGUARD_REDIS_URL=redis_url,
         # Fuzzing is a flood by design; the limits themselves are tested elsewhere.
-        RLGUARD_HARDENING__LOGIN_BURST="100000", RLGUARD_HARDENING__INGEST_BURST="100000",
+        RLGUARD_HARDENING__LOGIN_BURST="100000",
+        RLGUARD_HARDENING__INGEST_BURST="100000",
     )
     server = ServerProcess(
-        [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)], env, port,
+        [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        port,
         tmp_path / "server.log",
     )
     try:
@@ -91,16 +111,32 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
         # hit the admin itself once POST /api/v1/users made a second admin: the user lifecycle
         # routes get their own pass too, without POST /api/v1/users (the admin stays the last
         # enabled one, which they refuse to remove).
-        api, api_ops = _run(server.url, admin, tmp_path / "api.ndjson",
-                            "--exclude-path", "/api/v1/ingest",
-                            "--exclude-path-regex",
-                            r"^/api/v1/(tokens/\{token_id\}|users/\{name\})")
-        users, users_ops = _run(server.url, admin, tmp_path / "users.ndjson",
-                                "--include-path-regex", r"^/api/v1/users/\{name\}")
-        tok, tok_ops = _run(server.url, admin, tmp_path / "tokens.ndjson",
-                            "--include-path-regex", r"^/api/v1/tokens/\{token_id\}")
-        ingest, ingest_ops = _run(server.url, node, tmp_path / "ingest.ndjson",
-                                  "--include-path", "/api/v1/ingest")
+        api, api_ops = _run(
+            server.url,
+            admin,
+            tmp_path / "api.ndjson",
+            "--exclude-path",
+            "/api/v1/ingest",
+            "--exclude-path-regex",
+            r"^/api/v1/(tokens/\{token_id\}|users/\{name\})",
+        )
+        users, users_ops = _run(
+            server.url,
+            admin,
+            tmp_path / "users.ndjson",
+            "--include-path-regex",
+            r"^/api/v1/users/\{name\}",
+        )
+        tok, tok_ops = _run(
+            server.url,
+            admin,
+            tmp_path / "tokens.ndjson",
+            "--include-path-regex",
+            r"^/api/v1/tokens/\{token_id\}",
+        )
+        ingest, ingest_ops = _run(
+            server.url, node, tmp_path / "ingest.ndjson", "--include-path", "/api/v1/ingest"
+        )
         print("schemathesis (admin token):", json.dumps(api_ops, sort_keys=True))  # noqa: T201
         print("schemathesis (node token):", json.dumps(ingest_ops, sort_keys=True))  # noqa: T201
         print("schemathesis (token revoke/rotate):", json.dumps(tok_ops, sort_keys=True))  # noqa: T201

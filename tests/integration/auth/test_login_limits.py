@@ -25,8 +25,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ATTACKER, ADMIN_ADDR = "203.0.113.9", "198.51.100.7"
 LIMITS = HardeningSettings(
-    login_attempts_per_minute=6, login_burst=3,
-    login_attempts_per_name_per_minute=6, login_name_burst=5,
+    login_attempts_per_minute=6,
+    login_burst=3,
+    login_attempts_per_name_per_minute=6,
+    login_name_burst=5,
 )
 
 
@@ -122,9 +124,7 @@ def test_only_the_rightmost_untrusted_forwarded_address_counts(
     api = make_replica(hardening=LIMITS, trusted_proxies=["127.0.0.1", "10.0.0.0/8"])
     add_user(api, "root", Role.admin)
     # The client writes anything on the left; the proxies (trusted) append what they saw.
-    codes = [
-        login(api, "root", "guess", f"192.0.2.{i}, {ATTACKER}, 10.1.2.3") for i in range(1, 5)
-    ]
+    codes = [login(api, "root", "guess", f"192.0.2.{i}, {ATTACKER}, 10.1.2.3") for i in range(1, 5)]
     assert codes == [401, 401, 401, 429]
     assert login(api, "root", PASSWORD, f"{ATTACKER}, {ADMIN_ADDR}") == 201
 

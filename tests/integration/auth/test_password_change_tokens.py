@@ -88,7 +88,9 @@ def test_the_cli_revokes_tokens_with_revoke_tokens(
 
     def run(*args: str) -> tuple[int, str]:
         result = CliRunner().invoke(
-            cli, ["user", "set-password", *args, "--password-stdin"], input=NEW_PASSWORD + "\n",
+            cli,
+            ["user", "set-password", *args, "--password-stdin"],
+            input=NEW_PASSWORD + "\n",
             env=env,
         )
         return result.exit_code, result.output

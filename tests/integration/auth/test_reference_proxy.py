@@ -73,20 +73,27 @@ def proxied(tmp_path: Path) -> Iterator[tuple[str, str]]:
         s.commit()
     engine.dispose()
     env = rlguard_env(
-        db, tmp_path, RLGUARD_DEV="1",
-        RLGUARD_HARDENING__LOGIN_ATTEMPTS_PER_MINUTE="6", RLGUARD_HARDENING__LOGIN_BURST="3",
+        db,
+        tmp_path,
+        RLGUARD_DEV="1",
+        RLGUARD_HARDENING__LOGIN_ATTEMPTS_PER_MINUTE="6",
+        RLGUARD_HARDENING__LOGIN_BURST="3",
     )
     port, nginx_port = free_port(), free_port()
     server = ServerProcess(
         [*RLGUARD, "server", "--port", str(port), "--trusted-proxy", PROXY_ADDR],
-        env, port, tmp_path / "server.log",
+        env,
+        port,
+        tmp_path / "server.log",
     ).start()
     nginx_dir = tmp_path / "nginx"
     nginx_dir.mkdir()
     conf = _nginx_conf(nginx_dir, nginx_port, port)
     proc = spawn(
         [NGINX, "-p", str(nginx_dir), "-c", str(conf), "-e", str(nginx_dir / "error.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{nginx_port}"
     try:
@@ -139,7 +146,6 @@ def test_behind_the_reference_proxy_one_attacker_locks_out_only_itself_and_hsts_
         ]
         assert codes == [401, 401, 401, 429]
     with client_from(ADMIN) as admin:
-
         # A TLS terminator in front of nginx says https; nginx passes that on, the server
         # believes nginx and sends HSTS. Plain HTTP gets none.
         r = admin.get(url + "/healthz", headers={"X-Forwarded-Proto": "https"})

@@ -52,14 +52,19 @@ def test_wecom_phone_numbers_are_masked_for_everyone_but_admins(
     make_replica: Callable[..., Api],
 ) -> None:
     api = make_replica()
-    api.app.state.alerts_config = parse_alerts_config({
-        "external_base_url": "http://127.0.0.1:8000",
-        "channels": [{
-            "type": "wecom", "name": "oncall",
-            "url": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k" + "0" * 30,
-            "mentioned_mobile_list": [MOBILE, "@all"],
-        }],
-    })
+    api.app.state.alerts_config = parse_alerts_config(
+        {
+            "external_base_url": "http://127.0.0.1:8000",
+            "channels": [
+                {
+                    "type": "wecom",
+                    "name": "oncall",
+                    "url": "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k" + "0" * 30,
+                    "mentioned_mobile_list": [MOBILE, "@all"],
+                }
+            ],
+        }
+    )
     shown = {}
     for role in Role:
         token = add_user(api, f"u-{role.value}", role)
@@ -68,5 +73,8 @@ def test_wecom_phone_numbers_are_masked_for_everyone_but_admins(
         shown[role.value] = r.json()["channels"][0]["mentioned_mobile_list"]
     masked = ["*******8000", "@all"]
     assert shown == {
-        "viewer": masked, "operator": masked, "approver": masked, "admin": [MOBILE, "@all"],
+        "viewer": masked,
+        "operator": masked,
+        "approver": masked,
+        "admin": [MOBILE, "@all"],
     }

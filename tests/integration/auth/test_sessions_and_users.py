@@ -104,7 +104,9 @@ def test_set_password_ends_sessions_and_only_the_new_password_works(
     assert laptop.login("alice").status_code == 303
     assert phone.login("alice").status_code == 303
     r = two.client.request(
-        "PUT", "/api/v1/users/alice/password", json={"password": NEW_PASSWORD},
+        "PUT",
+        "/api/v1/users/alice/password",
+        json={"password": NEW_PASSWORD},
         headers=auth(admin),
     )
     assert r.status_code == 200, r.text

@@ -20,7 +20,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 
 def participant(job: str) -> dict[str, Any]:
-    return {"job": job, "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 3, "ts": time.time()}
+    return {
+        "job": job,
+        "role": "trainer",
+        "rank": 0,
+        "phase": "TRAIN",
+        "step": 3,
+        "ts": time.time(),
+    }
 
 
 def job_sample(job: str) -> dict[str, Any]:
@@ -88,7 +95,11 @@ def test_a_scoped_token_reports_only_its_jobs(
         assert r.status_code == 200, r.text
         assert stored(database_url) == {
             "jobs": [("shared-eval",), ("team-a-1",), ("team-b-1",)],
-            "participants": [("shared-eval", "trainer"), ("team-a-1", "trainer"), ("team-b-1", "trainer")],
+            "participants": [
+                ("shared-eval", "trainer"),
+                ("team-a-1", "trainer"),
+                ("team-b-1", "trainer"),
+            ],
             "cursors": [("n1", 5), ("n2", 0)],
         }
 

@@ -27,13 +27,17 @@ def test_rotate_a_node_token_through_the_api(hardened_api: Callable[..., Api]) -
     admin = api.user_token("root", Role.admin)
     old = api.node_token("n1")
     old_id = _token_id(api, old)
-    assert api.client.post("/api/v1/ingest", json=batch("n1", 0), headers=auth(old)).status_code == 200
+    assert (
+        api.client.post("/api/v1/ingest", json=batch("n1", 0), headers=auth(old)).status_code == 200
+    )
     r = api.client.post(f"/api/v1/tokens/{old_id}/rotate", headers=auth(admin))
     assert r.status_code == 201, r.text
     new = r.json()["token"]
     assert new != old and r.json()["info"]["node"] == "n1"
     # The old token stops at once in this process; the new one carries on the same node.
-    assert api.client.post("/api/v1/ingest", json=batch("n1", 1), headers=auth(old)).status_code == 401
+    assert (
+        api.client.post("/api/v1/ingest", json=batch("n1", 1), headers=auth(old)).status_code == 401
+    )
     r = api.client.post("/api/v1/ingest", json=batch("n1", 1), headers=auth(new))
     assert r.status_code == 200 and r.json()["duplicate"] is False
     # Rotating a revoked token is refused and changes nothing.
@@ -42,14 +46,20 @@ def test_rotate_a_node_token_through_the_api(hardened_api: Callable[..., Api]) -
     assert api.client.post("/api/v1/tokens/999999/rotate", headers=auth(admin)).status_code == 404
     operator = api.user_token("olga", Role.operator)
     new_id = _token_id(api, new)
-    assert api.client.post(f"/api/v1/tokens/{new_id}/rotate", headers=auth(operator)).status_code == 403
+    assert (
+        api.client.post(f"/api/v1/tokens/{new_id}/rotate", headers=auth(operator)).status_code
+        == 403
+    )
     with Session(api.engine) as s:
-        actions = [r[0] for r in s.execute(sa.text(
-            "SELECT action FROM audit_event WHERE action LIKE 'token.%' ORDER BY id"
-        ))]
-        tokens = s.execute(sa.text(
-            "SELECT count(*) FROM api_token WHERE node_name = 'n1' AND revoked_at IS NULL"
-        )).scalar_one()
+        actions = [
+            r[0]
+            for r in s.execute(
+                sa.text("SELECT action FROM audit_event WHERE action LIKE 'token.%' ORDER BY id")
+            )
+        ]
+        tokens = s.execute(
+            sa.text("SELECT count(*) FROM api_token WHERE node_name = 'n1' AND revoked_at IS NULL")
+        ).scalar_one()
     i = actions.index("token.rotate")
     assert actions[i - 2 : i + 1] == ["token.create", "token.revoke", "token.rotate"]
     assert tokens == 1

@@ -31,7 +31,9 @@ class Cli:
         engine = make_engine(self.url)
         try:
             with engine.connect() as conn:
-                rows = conn.execute(sa.text("SELECT name, disabled, password_hash FROM user_account"))
+                rows = conn.execute(
+                    sa.text("SELECT name, disabled, password_hash FROM user_account")
+                )
                 return {r[0]: (bool(r[1]), r[2]) for r in rows}
         finally:
             engine.dispose()
@@ -41,8 +43,10 @@ class Cli:
         try:
             with engine.connect() as conn:
                 rows = conn.execute(
-                    sa.text("SELECT actor, action, target FROM audit_event WHERE action LIKE "
-                            "'user.%' AND action != 'user.create' ORDER BY id")
+                    sa.text(
+                        "SELECT actor, action, target FROM audit_event WHERE action LIKE "
+                        "'user.%' AND action != 'user.create' ORDER BY id"
+                    )
                 )
                 return [tuple(r) for r in rows]  # type: ignore[misc]
         finally:

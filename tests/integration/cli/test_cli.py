@@ -19,7 +19,9 @@ from tests.harness import RLGUARD, ServerProcess, auth, rlguard_env, run_cli
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def test_tokens_and_users_against_the_configured_database(database_url: str, tmp_path: Path) -> None:
+def test_tokens_and_users_against_the_configured_database(
+    database_url: str, tmp_path: Path
+) -> None:
     env = rlguard_env(database_url, tmp_path / "data")
     r = run_cli("db", "upgrade", env=env)
     assert r.returncode == 0, r.stderr
@@ -29,7 +31,16 @@ def test_tokens_and_users_against_the_configured_database(database_url: str, tmp
     assert r.returncode == 0, r.stderr
     token = r.stdout.strip()
     assert r.stdout == token + "\n" and token.startswith("rlgn_") and len(token) > 40
-    r = run_cli("user", "create", "ada", "--role", "operator", "--password-stdin", env=env, stdin="long-password\n")
+    r = run_cli(
+        "user",
+        "create",
+        "ada",
+        "--role",
+        "operator",
+        "--password-stdin",
+        env=env,
+        stdin="long-password\n",
+    )
     assert r.returncode == 0, r.stderr
     user_token = r.stdout.strip()
     assert r.stdout == user_token + "\n" and user_token.startswith("rlgu_")
@@ -37,8 +48,12 @@ def test_tokens_and_users_against_the_configured_database(database_url: str, tmp
     engine = sa.create_engine(database_url)
     with engine.connect() as conn:
         hashes = {row[0] for row in conn.execute(sa.text("SELECT token_hash FROM api_token"))}
-        pw_hash = conn.execute(sa.text("SELECT password_hash FROM user_account WHERE name='ada'")).scalar()
-        actions = [row[0] for row in conn.execute(sa.text("SELECT action FROM audit_event ORDER BY id"))]
+        pw_hash = conn.execute(
+            sa.text("SELECT password_hash FROM user_account WHERE name='ada'")
+        ).scalar()
+        actions = [
+            row[0] for row in conn.execute(sa.text("SELECT action FROM audit_event ORDER BY id"))
+        ]
     engine.dispose()
     # only hashes are stored, never the tokens or the password
     assert hashlib.sha256(token.encode()).hexdigest() in hashes
@@ -56,7 +71,9 @@ def test_the_script_itself_reports_bad_values_in_one_line(sqlite_url: str, tmp_p
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.startswith("rlguard: error: RLGUARD_PORT") and "'http'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = run_cli("user", "create", "bob", "--role", "boss", env=rlguard_env(sqlite_url, tmp_path / "data"))
+    r = run_cli(
+        "user", "create", "bob", "--role", "boss", env=rlguard_env(sqlite_url, tmp_path / "data")
+    )
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.strip() == (
         "rlguard: error: invalid role 'boss': choose one of viewer, operator, approver, admin"
@@ -77,7 +94,9 @@ def test_server_refuses_the_default_secret_and_an_unmigrated_database(
     # a migrated database with a real secret serves: tests/integration/crash/test_ingest_restart.py
 
 
-def test_up_on_a_fresh_data_dir(tmp_path: Path, server_factory: Callable[..., ServerProcess]) -> None:
+def test_up_on_a_fresh_data_dir(
+    tmp_path: Path, server_factory: Callable[..., ServerProcess]
+) -> None:
     data = tmp_path / "fresh" / "rlguard-data"
     env = rlguard_env(None, data)
     server = server_factory("up", env).start(timeout=60)
@@ -89,12 +108,16 @@ def test_up_on_a_fresh_data_dir(tmp_path: Path, server_factory: Callable[..., Se
     secret = data / "secret_key"
     for f in (creds, secret):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-    fields = dict(line.split(": ", 1) for line in creds.read_text().splitlines() if not line.startswith("#"))
+    fields = dict(
+        line.split(": ", 1) for line in creds.read_text().splitlines() if not line.startswith("#")
+    )
     assert fields["password"] not in log and fields["api_token"] not in log  # never on the console
     assert (data / "rlguard.db").exists()
     me = httpx.get(server.url + "/api/v1/me", headers=auth(fields["api_token"])).json()
     assert me == {**me, "name": "admin", "role": "admin"}
-    login = httpx.post(server.url + "/api/v1/auth/token", json={"name": "admin", "password": fields["password"]})
+    login = httpx.post(
+        server.url + "/api/v1/auth/token", json={"name": "admin", "password": fields["password"]}
+    )
     assert login.status_code == 201
     kept = secret.read_text()
     server.stop()
@@ -117,7 +140,11 @@ def test_agent_passes_every_argument_through(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(fake)}
     out = subprocess.run(
         [*RLGUARD, "agent", "--server", "http://x", "--help", "-v"],
-        env=env, cwd=fake, capture_output=True, text=True, timeout=60,
+        env=env,
+        cwd=fake,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert "ARGS ['--server', 'http://x', '--help', '-v']" in out.stdout

@@ -41,7 +41,11 @@ def one_error_line(result, code: int = 2) -> str:  # type: ignore[no-untyped-def
 BAD_VALUES = [
     (["user", "create", "bob", "--role", "boss"], None, "invalid role 'boss'"),
     (["user", "create", "bad name", "--role", "viewer"], None, "invalid user name 'bad name'"),
-    (["user", "create", "bob", "--role", "viewer", "--password-stdin"], "short\n", "shorter than 8"),
+    (
+        ["user", "create", "bob", "--role", "viewer", "--password-stdin"],
+        "short\n",
+        "shorter than 8",
+    ),
     (["user", "create", "bob", "--role", "viewer", "--password-stdin"], "", "stdin was empty"),
     (["user", "create", "bob", "--role", "viewer"], None, "user 'bob' already exists"),
     (["token", "create", "--node", "bad node"], None, "invalid node name 'bad node'"),
@@ -76,12 +80,16 @@ def test_bad_values_give_one_line_errors_and_change_nothing(env: str) -> None:
     engine.dispose()
 
 
-def test_unmigrated_unreachable_and_misconfigured(env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unmigrated_unreachable_and_misconfigured(
+    env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     line = one_error_line(invoke("user", "create", "bob", "--role", "viewer"), code=1)
     assert "rlguard db upgrade" in line
     monkeypatch.setenv("RLGUARD_DATABASE_URL", "postgresql+psycopg://postgres:pw@127.0.0.1:1/none")
     line = one_error_line(invoke("token", "create", "--node", "n1"), code=1)
-    assert line.startswith("rlguard: error: database postgresql+psycopg://postgres:***@127.0.0.1:1/none")
+    assert line.startswith(
+        "rlguard: error: database postgresql+psycopg://postgres:***@127.0.0.1:1/none"
+    )
     assert ":pw@" not in line
     line = one_error_line(invoke("db", "upgrade"), code=1)
     assert "127.0.0.1:1" in line
@@ -101,7 +109,9 @@ def test_token_list_and_revoke(env: str) -> None:
     token = created.stdout.strip()
     listed = invoke("token", "list")
     assert listed.exit_code == 0
-    assert "node:gpu-01" in listed.stdout and token not in listed.stdout and "active" in listed.stdout
+    assert (
+        "node:gpu-01" in listed.stdout and token not in listed.stdout and "active" in listed.stdout
+    )
     token_id = listed.stdout.split("\t", 1)[0]
     revoked = invoke("token", "revoke", token_id)
     assert revoked.exit_code == 0 and revoked.stdout == ""

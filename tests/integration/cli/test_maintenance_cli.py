@@ -56,8 +56,10 @@ def test_bad_values_are_named_and_nothing_is_stored(sqlite_url: str, tmp_path: P
         (["--node", "n1", "--duration", "30d"], "longer than the maximum"),
         (["--node", "n1", "--duration", "1h", "--ends", "2030-01-01T00:00:00Z"], "not both"),
         (["--node", "n1", "--ends", "2030-01-01T00:00:00"], "--ends '2030-01-01T00:00:00'"),
-        (["--node", "n1", "--weekly", "someday", "--at", "01:00", "--duration", "1h"],
-         "--weekly 'someday'"),
+        (
+            ["--node", "n1", "--weekly", "someday", "--at", "01:00", "--duration", "1h"],
+            "--weekly 'someday'",
+        ),
         (["--node", "n1", "--weekly", "mon", "--duration", "1h"], "needs --at"),
         (["--node", "n1", "--weekly", "mon", "--at", "25:00", "--duration", "1h"], "'25:00'"),
         (["--node", "n1", "--at", "01:00", "--duration", "1h"], "--at '01:00' is for a weekly"),

@@ -41,8 +41,10 @@ def test_add_list_expire_and_bad_values_named(database_url: str, tmp_path: Path)
         (["node=n1", "--duration", "two hours"], "--duration 'two hours'"),
         (["node=n1", "--duration", "30d"], "longer than the maximum"),
         (["node=n1", "--ends", "2026-12-01T08:00:00"], "--ends '2026-12-01T08:00:00'"),
-        (["node=n1", "--starts", "2030-01-02T00:00:00Z", "--ends", "2030-01-01T00:00:00Z"],
-         "is not after"),
+        (
+            ["node=n1", "--starts", "2030-01-02T00:00:00Z", "--ends", "2030-01-01T00:00:00Z"],
+            "is not after",
+        ),
     ]:
         bad = run_cli("silence", "add", *args, "--comment", "x", env=env)
         assert bad.returncode == 2, (args, bad.stderr)

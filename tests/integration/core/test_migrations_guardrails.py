@@ -34,7 +34,9 @@ def test_guardrail_and_silence_tables_match_the_models_and_round_trip(database_u
         with engine.connect() as conn:
             assert TABLES <= set(sa.inspect(conn).get_table_names())
             assert "not_before" in _columns(conn, "recovery_action")
-            diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
+            diffs = compare_metadata(
+                MigrationContext.configure(conn, opts={"compare_type": True}), metadata
+            )
         assert [d for d in diffs if _table_of(d) in TABLES | {"recovery_action"}] == []
         migrate.downgrade(database_url, "0011_step_progress")
         with engine.connect() as conn:

@@ -185,7 +185,9 @@ def test_a_worker_killed_mid_send_is_replaced_and_the_message_goes_out(
             ]
 
     assert ids[-1] not in due()  # the dead worker's claim is still live
-    wait_for(lambda: ids[-1] in due(), rig.config.claim_lease_s + 5, "the dead worker's claim to lapse")
+    wait_for(
+        lambda: ids[-1] in due(), rig.config.claim_lease_s + 5, "the dead worker's claim to lapse"
+    )
     alert_service.configure(config=rig.config)
     try:  # what the server's scheduler runs every few seconds
         reminders = alert_service.run_alert_maintenance(rig.engine)

@@ -51,7 +51,9 @@ def test_acknowledged_batch_is_a_duplicate_after_kill9_and_restart(
     server.kill9()  # right after the acknowledgement: no graceful shutdown, no flush
 
     server.start()
-    again = httpx.post(server.url + "/api/v1/ingest", json=first, headers=auth(node_token), timeout=10)
+    again = httpx.post(
+        server.url + "/api/v1/ingest", json=first, headers=auth(node_token), timeout=10
+    )
     assert again.status_code == 200
     assert again.json() == {"accepted": 0, "duplicate": True}
     assert _points(server, user_token) == []  # the replay was not applied a second time
@@ -60,7 +62,6 @@ def test_acknowledged_batch_is_a_duplicate_after_kill9_and_restart(
     assert r.json() == {"accepted": 2, "duplicate": False}
     assert _points(server, user_token) == [0.0, 1.0]
     server.stop()
-
 
 
 def test_unacknowledged_batch_is_applied_once_after_kill9(
@@ -81,7 +82,12 @@ def test_unacknowledged_batch_is_applied_once_after_kill9(
         def send() -> None:
             try:
                 answer.append(
-                    httpx.post(server.url + "/api/v1/ingest", json=body, headers=auth(node_token), timeout=30)
+                    httpx.post(
+                        server.url + "/api/v1/ingest",
+                        json=body,
+                        headers=auth(node_token),
+                        timeout=30,
+                    )
                 )
             except httpx.TransportError as exc:
                 answer.append(exc)
@@ -89,8 +95,12 @@ def test_unacknowledged_batch_is_applied_once_after_kill9(
         sender = threading.Thread(target=send)
         sender.start()
         # the batch is in the store (visible through the API) but its commit is blocked
-        wait_for(lambda: _points(server, user_token) == [0.0, 1.0, 2.0], 30,
-                 "the batch in the series store", interval=0.05)
+        wait_for(
+            lambda: _points(server, user_token) == [0.0, 1.0, 2.0],
+            30,
+            "the batch in the series store",
+            interval=0.05,
+        )
         assert answer == []  # not acknowledged
         server.kill9()
         sender.join(30)
@@ -104,9 +114,13 @@ def test_unacknowledged_batch_is_applied_once_after_kill9(
     engine.dispose()
 
     server.start()
-    retry = httpx.post(server.url + "/api/v1/ingest", json=body, headers=auth(node_token), timeout=10)
+    retry = httpx.post(
+        server.url + "/api/v1/ingest", json=body, headers=auth(node_token), timeout=10
+    )
     assert retry.json() == {"accepted": 3, "duplicate": False}
-    again = httpx.post(server.url + "/api/v1/ingest", json=body, headers=auth(node_token), timeout=10)
+    again = httpx.post(
+        server.url + "/api/v1/ingest", json=body, headers=auth(node_token), timeout=10
+    )
     assert again.json() == {"accepted": 0, "duplicate": True}
     assert _points(server, user_token) == [0.0, 1.0, 2.0]
     server.stop()

@@ -32,7 +32,13 @@ while True:
 
 def base() -> BaseShard:
     gen = torch.Generator().manual_seed(11)
-    return BaseShard(0, {"w": torch.randn(512, 1024, generator=gen), "b": torch.randn(1024, generator=gen).to(torch.bfloat16)})
+    return BaseShard(
+        0,
+        {
+            "w": torch.randn(512, 1024, generator=gen),
+            "b": torch.randn(1024, generator=gen).to(torch.bfloat16),
+        },
+    )
 
 
 def params_at(step: int) -> dict[str, torch.Tensor]:
@@ -41,13 +47,19 @@ def params_at(step: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(120)
-def test_killed_writer_leaves_only_verifiable_snapshots_that_rebuild_exactly(tmp_path: Path) -> None:
+def test_killed_writer_leaves_only_verifiable_snapshots_that_rebuild_exactly(
+    tmp_path: Path,
+) -> None:
     rng = random.Random(5)
     root = Path(__file__).resolve().parents[3]
     first_step = 1
     for _ in range(4):
-        proc = spawn([sys.executable, "-c", WRITER, str(tmp_path), str(first_step)],
-                                cwd=root, stdout=subprocess.PIPE, text=True)
+        proc = spawn(
+            [sys.executable, "-c", WRITER, str(tmp_path), str(first_step)],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert proc.stdout is not None
             committed = int(proc.stdout.readline())  # at least one snapshot is durable
@@ -71,7 +83,11 @@ def test_killed_writer_leaves_only_verifiable_snapshots_that_rebuild_exactly(tmp
         # Directories the kill left behind (temp dirs, a renamed dir without its marker) are
         # never taken for snapshots.
         for path in (tmp_path / "actor-0").iterdir():
-            if path.name.startswith("snap-") and path.name != latest.path.name and not (path / MARKER).exists():
+            if (
+                path.name.startswith("snap-")
+                and path.name != latest.path.name
+                and not (path / MARKER).exists()
+            ):
                 assert int(path.name[5:]) > latest.step
         first_step = latest.step + 1  # a restarted writer resumes after the last good snapshot
     # The next writer sweeps the temp directories a killed one left.

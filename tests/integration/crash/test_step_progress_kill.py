@@ -29,7 +29,9 @@ JOB = "grpo-progress"
 
 def _report(seq: int, step: int, ts: float) -> dict:
     return batch(
-        "gpu-07", seq, n=1,
+        "gpu-07",
+        seq,
+        n=1,
         participants=[
             {"job": JOB, "role": "trainer", "rank": r, "phase": "TRAIN", "step": step, "ts": ts}
             for r in (0, 1)
@@ -43,18 +45,20 @@ def _steps(url: str) -> list[tuple[str, int, int]]:
         with engine.connect() as conn:
             return [
                 (r[0], r[1], r[2])
-                for r in conn.execute(sa.text("SELECT role, rank, step FROM step_progress ORDER BY at"))
+                for r in conn.execute(
+                    sa.text("SELECT role, rank, step FROM step_progress ORDER BY at")
+                )
             ]
     finally:
         engine.dispose()
 
 
-
 def test_step_changes_survive_kill9_and_a_cut_off_commit_is_written_once_on_retry(
     sqlite_url: str, tmp_path: Path, server_factory: Callable[..., ServerProcess]
 ) -> None:
-    env = rlguard_env(sqlite_url, tmp_path / "data", RLGUARD_DEV="1",
-                      RLGUARD_INGEST__COMMIT_TIMEOUT_SECONDS="60")
+    env = rlguard_env(
+        sqlite_url, tmp_path / "data", RLGUARD_DEV="1", RLGUARD_INGEST__COMMIT_TIMEOUT_SECONDS="60"
+    )
     # Set up in-process (each `rlguard` command costs seconds of start-up on a loaded machine).
     migrate.upgrade(sqlite_url)
     engine = sa.create_engine(sqlite_url)

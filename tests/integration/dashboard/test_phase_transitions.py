@@ -110,7 +110,6 @@ def _phases(server: ServerProcess, user_token: str, **params: object) -> httpx.R
     )
 
 
-
 @pytest.mark.slow
 def test_a_change_survives_kill9_after_its_ack_and_is_noticed_again_if_never_acked(
     database_url: str, tmp_path: Path, server_factory: Callable[..., ServerProcess]

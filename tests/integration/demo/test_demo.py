@@ -53,9 +53,25 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLGUARD_")}
     env["PYTHONPATH"] = str(ROOT)
     proc = spawn(
-        [sys.executable, "-c", "from app.cli import main; main()", "demo", "--dir", str(workdir),
-         "--port", str(port), "--steps", "10", "--duration", "280"],
-        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-c",
+            "from app.cli import main; main()",
+            "demo",
+            "--dir",
+            str(workdir),
+            "--port",
+            str(port),
+            "--steps",
+            "10",
+            "--duration",
+            "280",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
     def log() -> str:
@@ -72,43 +88,86 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
         return wait_for(checked, timeout, what, interval=0.5, context=log)
 
     try:
-        login = wait(lambda: (workdir / "demo-login.txt").exists() and
-                     dict(line.split(": ", 1) for line in (workdir / "demo-login.txt").read_text().splitlines()),
-                     120, "the demo login")
+        login = wait(
+            lambda: (
+                (workdir / "demo-login.txt").exists()
+                and dict(
+                    line.split(": ", 1)
+                    for line in (workdir / "demo-login.txt").read_text().splitlines()
+                )
+            ),
+            120,
+            "the demo login",
+        )
         assert (tmp_path / "demo.out").read_text().count(f"http://127.0.0.1:{port}/") >= 1
-        http = httpx.Client(base_url=login["url"], headers={"Authorization": f"Bearer {login['api_token']}"},
-                            timeout=10)
+        http = httpx.Client(
+            base_url=login["url"],
+            headers={"Authorization": f"Bearer {login['api_token']}"},
+            timeout=10,
+        )
 
         def incident(kind: str, tier: str, **subject: str) -> dict[str, Any] | None:
             for inc in http.get("/api/v1/incidents").json()["incidents"]:
-                if inc["kind"] == kind and inc["tier"] == tier and all(
-                        str(inc["subject"].get(k)) == v for k, v in subject.items()):
+                if (
+                    inc["kind"] == kind
+                    and inc["tier"] == tier
+                    and all(str(inc["subject"].get(k)) == v for k, v in subject.items())
+                ):
                     return dict(http.get(f"/api/v1/incidents/{inc['id']}").json())
             return None
 
         light = wait(lambda: incident("gpu_throttled", "light"), 90, "the light incident")
         assert light["actions"] == []  # light: recorded and alerted, nothing to run
-        heavy = wait(lambda: incident("heartbeat_lost", "heavy", role="trainer"), 90, "the heavy incident")
+        heavy = wait(
+            lambda: incident("heartbeat_lost", "heavy", role="trainer"), 90, "the heavy incident"
+        )
         assert any("first step" in r for r in heavy["reasons"]), heavy["reasons"]
-        wait(lambda: (incident("heartbeat_lost", "heavy", role="trainer") or {}).get("safe_mode"), 30,
-             "SAFE_MODE (automatic for the heavy tier)")
-        assert json.loads((workdir / "runs" / "grpo-demo" / "control.json").read_text())["mode"] == "safe_mode"
+        wait(
+            lambda: (incident("heartbeat_lost", "heavy", role="trainer") or {}).get("safe_mode"),
+            30,
+            "SAFE_MODE (automatic for the heavy tier)",
+        )
+        assert (
+            json.loads((workdir / "runs" / "grpo-demo" / "control.json").read_text())["mode"]
+            == "safe_mode"
+        )
         pending = wait(lambda: http.get("/api/v1/approvals").json(), 30, "the approval request")
-        r = http.post(f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "test approves"})
+        r = http.post(
+            f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "test approves"}
+        )
         assert r.status_code == 200, r.text
 
         def action_status(inc_kind: str, tier: str, action: str, **subject: str) -> str | None:
             inc = incident(inc_kind, tier, **subject)
             acts = [a for a in (inc or {}).get("actions", []) if a["action"] == action]
-            return acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
+            return (
+                acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
+            )
 
-        assert wait(lambda: action_status("heartbeat_lost", "heavy", "restart_job", role="trainer"),
-                    60, "the approved restart_job") == "succeeded"
-        medium = wait(lambda: incident("heartbeat_lost", "medium", role="rollout", rank="1"), 120,
-                      "the medium incident (rollout killed)")
+        assert (
+            wait(
+                lambda: action_status("heartbeat_lost", "heavy", "restart_job", role="trainer"),
+                60,
+                "the approved restart_job",
+            )
+            == "succeeded"
+        )
+        medium = wait(
+            lambda: incident("heartbeat_lost", "medium", role="rollout", rank="1"),
+            120,
+            "the medium incident (rollout killed)",
+        )
         assert medium["tier"] == "medium"
-        assert wait(lambda: action_status("heartbeat_lost", "medium", "restart_role", role="rollout", rank="1"),
-                    60, "the rollout's restart") == "succeeded"
+        assert (
+            wait(
+                lambda: action_status(
+                    "heartbeat_lost", "medium", "restart_role", role="rollout", rank="1"
+                ),
+                60,
+                "the rollout's restart",
+            )
+            == "succeeded"
+        )
         # Training went on past the medium fault (scheduled at step 4).
         wait(lambda: (workdir / "runs" / "grpo-demo" / "DONE").exists(), 150, "the job to finish")
         http.close()
@@ -124,5 +183,9 @@ def test_demo_handles_light_heavy_medium_and_stops_clean(tmp_path: Path) -> None
         finally:
             out.close()
     assert len(tree) >= 5, f"expected server, worker, agent, launcher and job processes, got {tree}"
-    wait_for(lambda: not [p for p in tree if _alive(p)], 10, "every demo process to exit after Ctrl-C",
-             context=lambda: f"left behind: {[p for p in tree if _alive(p)]}")
+    wait_for(
+        lambda: not [p for p in tree if _alive(p)],
+        10,
+        "every demo process to exit after Ctrl-C",
+        context=lambda: f"left behind: {[p for p in tree if _alive(p)]}",
+    )

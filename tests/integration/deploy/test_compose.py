@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.timeout(120)]
 def test_compose_file_matches_the_compose_spec() -> None:
     r = subprocess.run(
         [str(CHECK), "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
-        capture_output=True, text=True, timeout=100,
+        capture_output=True,
+        text=True,
+        timeout=100,
     )
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -42,6 +44,8 @@ def test_an_invalid_compose_file_is_refused(tmp_path: Path) -> None:
     bad.write_text("services:\n  server:\n    image: 5\n    ports: oops\n")
     r = subprocess.run(
         [str(CHECK), "--builtin-schema", "vendor.compose-spec", str(bad)],
-        capture_output=True, text=True, timeout=100,
+        capture_output=True,
+        text=True,
+        timeout=100,
     )
     assert r.returncode != 0

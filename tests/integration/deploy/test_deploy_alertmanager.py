@@ -49,7 +49,9 @@ class Alertmanager:
                     "--cluster.listen-address=",  # no gossip: a single instance
                     "--log.level=debug",
                 ],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -69,7 +71,9 @@ class Alertmanager:
 
 
 @pytest.fixture
-def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, str, str]]:
+def stack(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> Iterator[tuple[ServerProcess, str, str]]:
     migrate.upgrade(postgres_url)
     engine = make_engine(postgres_url)
     with Session(engine) as s:
@@ -78,11 +82,16 @@ def stack(postgres_url: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[S
     engine.dispose()
     port = free_port()
     env = rlguard_env(
-        postgres_url, tmp_path / "data", RLGUARD_DEV="1", RLGUARD_REDIS_URL=redis_url,
+        postgres_url,
+        tmp_path / "data",
+        RLGUARD_DEV="1",
+        RLGUARD_REDIS_URL=redis_url,
         RLGUARD_RECOVERY_LEASE_SECONDS="3",
     )
     server = ServerProcess(
-        [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)], env, port,
+        [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        port,
         tmp_path / "server.log",
     )
     try:
@@ -143,22 +152,39 @@ def test_alert_fired_in_alertmanager_becomes_a_fault_signal_and_incident(
         def xid_incident() -> dict | None:
             rows = httpx.get(f"{server.url}/api/v1/incidents", headers=auth, timeout=5).json()
             return next(
-                (i for i in rows["incidents"] if i["kind"] == "gpu_xid" and i["node"] == "gpu-node-7"),
+                (
+                    i
+                    for i in rows["incidents"]
+                    if i["kind"] == "gpu_xid" and i["node"] == "gpu-node-7"
+                ),
                 None,
             )
 
-        found = wait_for(xid_incident, 60, "an incident from the Alertmanager alert", interval=0.5,
-                         context=lambda: am.log.read_text()[-3000:] + server.output()[-3000:])
+        found = wait_for(
+            xid_incident,
+            60,
+            "an incident from the Alertmanager alert",
+            interval=0.5,
+            context=lambda: am.log.read_text()[-3000:] + server.output()[-3000:],
+        )
         assert found["status"] in ("open", "recovering", "pending_approval", "escalated"), found
         assert "XID 79" in found["summary"]
         engine = make_engine(db_url)
         try:
             with Session(engine) as s:
-                signals = s.execute(
-                    sa.select(FaultSignalRecord).where(FaultSignalRecord.incident_id == found["id"])
-                ).scalars().all()
+                signals = (
+                    s.execute(
+                        sa.select(FaultSignalRecord).where(
+                            FaultSignalRecord.incident_id == found["id"]
+                        )
+                    )
+                    .scalars()
+                    .all()
+                )
                 audit = s.execute(
-                    sa.text("SELECT count(*) FROM audit_event WHERE action = 'alertmanager.webhook'")
+                    sa.text(
+                        "SELECT count(*) FROM audit_event WHERE action = 'alertmanager.webhook'"
+                    )
                 ).scalar_one()
         finally:
             engine.dispose()
@@ -187,10 +213,16 @@ def test_alertmanager_with_a_wrong_token_is_refused(
             timeout=5,
         )
         assert r.status_code == 200
-        wait_for(lambda: "401" in am.log.read_text(), 30, "Alertmanager to log the 401",
-                 interval=0.5, context=lambda: am.log.read_text()[-3000:])
+        wait_for(
+            lambda: "401" in am.log.read_text(),
+            30,
+            "Alertmanager to log the 401",
+            interval=0.5,
+            context=lambda: am.log.read_text()[-3000:],
+        )
         rows = httpx.get(
-            f"{server.url}/api/v1/incidents", headers={"Authorization": f"Bearer {operator}"},
+            f"{server.url}/api/v1/incidents",
+            headers={"Authorization": f"Bearer {operator}"},
             timeout=5,
         ).json()["incidents"]
         assert not [i for i in rows if i["node"] == "n9"]  # refused means nothing changed

@@ -28,8 +28,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 def two_replica_stack(postgres_url: str, tmp_path: Path) -> Iterator[Stack]:
     redis = RedisServer(tmp_path)
     redis.start()
-    stack = Stack(tmp_path, database_url=postgres_url, redis=redis,
-                  policy=fast_policy(tmp_path / "policy.yaml"))
+    stack = Stack(
+        tmp_path,
+        database_url=postgres_url,
+        redis=redis,
+        policy=fast_policy(tmp_path / "policy.yaml"),
+    )
     try:
         yield stack
     finally:
@@ -39,9 +43,9 @@ def two_replica_stack(postgres_url: str, tmp_path: Path) -> Iterator[Stack]:
 
 def _lease_holder(stack: Stack) -> str | None:
     with stack.engine.connect() as c:
-        row = c.execute(sa.text(
-            "SELECT holder FROM scheduler_lease WHERE expires_at > now()"
-        )).first()
+        row = c.execute(
+            sa.text("SELECT holder FROM scheduler_lease WHERE expires_at > now()")
+        ).first()
     return None if row is None else str(row[0])
 
 
@@ -61,7 +65,9 @@ def test_lease_holder_killed_mid_action_the_action_runs_once(two_replica_stack: 
     port_b = free_port()
     replica_b = ServerProcess(
         [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port_b)],
-        stack.env, port_b, stack.tmp / "server-b.log",
+        stack.env,
+        port_b,
+        stack.tmp / "server-b.log",
     )
     try:
         second = replica_b.start().proc
@@ -72,8 +78,14 @@ def test_lease_holder_killed_mid_action_the_action_runs_once(two_replica_stack: 
         stack.feeder.start()
         stack.wait_baselines()
         stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
-        stack.wait(lambda: any(c["event"] == "start" and c["action"] == "restart_role"
-                               for c in stack.launcher_calls()), 60, "the restart to begin")
+        stack.wait(
+            lambda: any(
+                c["event"] == "start" and c["action"] == "restart_role"
+                for c in stack.launcher_calls()
+            ),
+            60,
+            "the restart to begin",
+        )
         # The agents move to replica B (as behind a load balancer), then A dies mid-action.
         old = stack.feeder
         old.stop()
@@ -84,17 +96,24 @@ def test_lease_holder_killed_mid_action_the_action_runs_once(two_replica_stack: 
         feeder.nodes, feeder._seq, feeder.silent = old.nodes, old._seq, old.silent  # noqa: SLF001
         stack.feeder = feeder
         feeder.start()
-        assert not any(c["event"] == "done" and c["action"] == "restart_role"
-                       for c in stack.launcher_calls())  # still running
+        assert not any(
+            c["event"] == "done" and c["action"] == "restart_role" for c in stack.launcher_calls()
+        )  # still running
         kill_group(first)
         killed_at = time.monotonic()
-        stack.wait(lambda: f":{second.pid}:" in (_lease_holder(stack) or ""), LEASE_S + 5,
-                   "replica B to take the scheduler lease over")
+        stack.wait(
+            lambda: f":{second.pid}:" in (_lease_holder(stack) or ""),
+            LEASE_S + 5,
+            "replica B to take the scheduler lease over",
+        )
         failover = time.monotonic() - killed_at
         print(f"scheduler failover with an action in flight: {failover:.2f} s")  # noqa: T201
         assert failover <= LEASE_S + 2.0
-        done = stack.wait(lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 90,
-                          "the restart to be recorded as succeeded")
+        done = stack.wait(
+            lambda: _succeeded(stack, "heartbeat_lost", "restart_role"),
+            90,
+            "the restart to be recorded as succeeded",
+        )
         action = _action(done, "restart_role")
         assert action is not None and action["attempts"] == 1
         calls = [c for c in stack.launcher_calls() if c["action"] == "restart_role"]

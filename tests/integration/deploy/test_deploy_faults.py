@@ -49,9 +49,16 @@ def _server(url: str, data: Path, log: Path, **env: str) -> ServerProcess:
     port = free_port()
     return ServerProcess(
         [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
-        rlguard_env(url, data, RLGUARD_DEV="1", RLGUARD_INGEST__COMMIT_TIMEOUT_SECONDS="2",
-                    RLGUARD_POLICY_SCHEDULER="0", **env),
-        port, log,
+        rlguard_env(
+            url,
+            data,
+            RLGUARD_DEV="1",
+            RLGUARD_INGEST__COMMIT_TIMEOUT_SECONDS="2",
+            RLGUARD_POLICY_SCHEDULER="0",
+            **env,
+        ),
+        port,
+        log,
     )
 
 
@@ -61,8 +68,12 @@ def deliver(url: str, token: str, seq: int, deadline: float) -> bool:
     while True:
         assert time.monotonic() < deadline, f"seq {seq} never acknowledged"
         try:
-            r = httpx.post(f"{url}/api/v1/ingest", json=batch("n1", seq, n=N),
-                           headers={"Authorization": f"Bearer {token}"}, timeout=10)
+            r = httpx.post(
+                f"{url}/api/v1/ingest",
+                json=batch("n1", seq, n=N),
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=10,
+            )
         except httpx.TransportError:
             time.sleep(0.2)  # a retrying client's back-off: the replica is restarting
             continue
@@ -73,8 +84,12 @@ def deliver(url: str, token: str, seq: int, deadline: float) -> bool:
 
 
 def points(url: str, viewer: str) -> int:
-    r = httpx.get(f"{url}/api/v1/series", params={"node": "n1", "since": -900, "limit": 1000},
-                  headers={"Authorization": f"Bearer {viewer}"}, timeout=10)
+    r = httpx.get(
+        f"{url}/api/v1/series",
+        params={"node": "n1", "since": -900, "limit": 1000},
+        headers={"Authorization": f"Bearer {viewer}"},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     return sum(len(d["points"]) for d in r.json()["data"])
 
@@ -83,9 +98,9 @@ def cursor(url: str) -> tuple[int, int]:
     engine = make_engine(url)
     try:
         with engine.connect() as c:
-            return c.execute(sa.text(
-                "SELECT high_seq, window_mask FROM ingest_cursor WHERE node_name = 'n1'"
-            )).one()
+            return c.execute(
+                sa.text("SELECT high_seq, window_mask FROM ingest_cursor WHERE node_name = 'n1'")
+            ).one()
     finally:
         engine.dispose()
 
@@ -147,9 +162,14 @@ def test_redis_restart_under_two_replicas_with_a_shared_window(
     viewer, node = _tokens(postgres_url)
     redis = RedisServer(tmp_path / "redis").start()
     servers = [
-        _server(postgres_url, tmp_path / f"data{i}", tmp_path / f"server{i}.log",
-                RLGUARD_REDIS_URL=redis.url, RLGUARD_SERIES__SHARED_WINDOW="true",
-                RLGUARD_SERIES__SHARED_FOLLOW_INTERVAL_SECONDS="0.2")
+        _server(
+            postgres_url,
+            tmp_path / f"data{i}",
+            tmp_path / f"server{i}.log",
+            RLGUARD_REDIS_URL=redis.url,
+            RLGUARD_SERIES__SHARED_WINDOW="true",
+            RLGUARD_SERIES__SHARED_FOLLOW_INTERVAL_SECONDS="0.2",
+        )
         for i in range(2)
     ]
     try:
@@ -162,12 +182,19 @@ def test_redis_restart_under_two_replicas_with_a_shared_window(
         # Both replicas followed each other before Redis goes: what a replica had not followed
         # yet when Redis loses its data is missing from its window (a cache the agents refill)
         # until new samples arrive; the database keeps every acknowledged batch either way.
-        wait_for(lambda: (points(a.url, viewer), points(b.url, viewer)) == (10 * N, 10 * N), 15,
-                 "both windows to hold the 10 batches",
-                 context=lambda: str((points(a.url, viewer), points(b.url, viewer))))
+        wait_for(
+            lambda: (points(a.url, viewer), points(b.url, viewer)) == (10 * N, 10 * N),
+            15,
+            "both windows to hold the 10 batches",
+            context=lambda: str((points(a.url, viewer), points(b.url, viewer))),
+        )
         redis.stop()
-        r = httpx.post(f"{a.url}/api/v1/ingest", json=batch("n1", 10, n=N),
-                       headers={"Authorization": f"Bearer {node}"}, timeout=10)
+        r = httpx.post(
+            f"{a.url}/api/v1/ingest",
+            json=batch("n1", 10, n=N),
+            headers={"Authorization": f"Bearer {node}"},
+            timeout=10,
+        )
         assert r.status_code == 503 and "Redis" in r.json()["detail"], r.text
         redis.start()  # same port, empty: every claim and the stream are gone
         for seq in range(10, 20):
@@ -177,9 +204,12 @@ def test_redis_restart_under_two_replicas_with_a_shared_window(
             assert deliver((b if seq % 2 else a).url, node, seq, deadline) is True
         assert cursor(postgres_url) == (19, (1 << 20) - 1)
         # Both windows: the 10 batches before the restart and the 10 after, exactly once.
-        wait_for(lambda: (points(a.url, viewer), points(b.url, viewer)) == (20 * N, 20 * N), 15,
-                 "both windows to hold the 20 batches",
-                 context=lambda: str((points(a.url, viewer), points(b.url, viewer))))
+        wait_for(
+            lambda: (points(a.url, viewer), points(b.url, viewer)) == (20 * N, 20 * N),
+            15,
+            "both windows to hold the 20 batches",
+            context=lambda: str((points(a.url, viewer), points(b.url, viewer))),
+        )
         assert all(s.proc is not None and s.proc.poll() is None for s in servers)
     finally:
         for s in servers:

@@ -26,8 +26,9 @@ def pg_stack(tmp_path: Path) -> Iterator[tuple[Stack, PostgresInstance]]:
     pg = PostgresInstance(tmp_path / "pg").init()
     redis = RedisServer(tmp_path)
     redis.start()
-    stack = Stack(tmp_path, database_url=pg.url, redis=redis,
-                  policy=fast_policy(tmp_path / "policy.yaml"))
+    stack = Stack(
+        tmp_path, database_url=pg.url, redis=redis, policy=fast_policy(tmp_path / "policy.yaml")
+    )
     try:
         yield stack, pg
     finally:
@@ -52,13 +53,21 @@ def test_postgres_crash_during_an_action_it_completes_once(
     stack.feeder.start()
     stack.wait_baselines()
     stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
-    stack.wait(lambda: any(c["event"] == "start" and c["action"] == "restart_role"
-                           for c in stack.launcher_calls()), 60, "the restart to begin")
+    stack.wait(
+        lambda: any(
+            c["event"] == "start" and c["action"] == "restart_role" for c in stack.launcher_calls()
+        ),
+        60,
+        "the restart to begin",
+    )
     pg.stop_immediate()  # the worker is inside the launcher; the server's tick loses its DB
     time.sleep(4)  # the scenario: a database outage that lasts past a few policy ticks
     pg.start()
-    done = stack.wait(lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 90,
-                      "the restart to be recorded as succeeded")
+    done = stack.wait(
+        lambda: _succeeded(stack, "heartbeat_lost", "restart_role"),
+        90,
+        "the restart to be recorded as succeeded",
+    )
     action = _action(done, "restart_role")
     assert action is not None and action["attempts"] == 1
     # This action's calls only: once the database is back, the fault (the heartbeat stays frozen)

@@ -80,7 +80,13 @@ def project_services() -> dict[str, dict]:
 
 def test_compose_has_the_whole_shape() -> None:
     assert {
-        "postgres", "redis", "migrate", "server", "proxy", "worker", "node-1-agent",
+        "postgres",
+        "redis",
+        "migrate",
+        "server",
+        "proxy",
+        "worker",
+        "node-1-agent",
         "node-1-worker",
     } <= set(SERVICES)
     assert set(COMPOSE["volumes"]) >= {"postgres-data", "redis-data"}
@@ -145,7 +151,7 @@ def test_dockerfile_is_slim_non_root_with_cpu_torch() -> None:
     lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines()]
     froms = [ln for ln in lines if ln.startswith("FROM ")]
     assert froms and all("-slim" in f for f in froms)
-    final = lines[lines.index(froms[-1]):]
+    final = lines[lines.index(froms[-1]) :]
     user = [ln for ln in final if ln.startswith("USER ")]
     assert user and not user[-1].split()[1].startswith(("root", "0"))
     assert any(ln.startswith("HEALTHCHECK") for ln in final)

@@ -38,9 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 def promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     assert PROMTOOL, "promtool is not installed (Debian package: prometheus)"
-    return subprocess.run(
-        [PROMTOOL, *args], input=stdin, capture_output=True, timeout=60, cwd=PROM
-    )
+    return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, timeout=60, cwd=PROM)
 
 
 def test_prometheus_config_and_rules_pass_promtool() -> None:
@@ -79,10 +77,22 @@ def _golden_batch(node: str, *, seq: int = 0, step: int = 3) -> dict:
         {"name": "rollout_engine_kv_cache_usage_ratio", "value": 0.5, "ts": now, "labels": engine},
     ]
     # The job's trainer at a step: step progress, so the goodput metrics have a job to export.
-    trainer = {"job": "grpo-demo", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": step,
-               "ts": now}
-    return {"agent_id": "agent-prom", "node": node, "seq": seq, "sent_at": now,
-            "samples": samples, "participants": [trainer]}
+    trainer = {
+        "job": "grpo-demo",
+        "role": "trainer",
+        "rank": 0,
+        "phase": "TRAIN",
+        "step": step,
+        "ts": now,
+    }
+    return {
+        "agent_id": "agent-prom",
+        "node": node,
+        "seq": seq,
+        "sent_at": now,
+        "samples": samples,
+        "participants": [trainer],
+    }
 
 
 def _open_train_hang(db_url: str, node: str) -> None:
@@ -90,13 +100,22 @@ def _open_train_hang(db_url: str, node: str) -> None:
     now = time.time()
     subject = Subject(node=node, job="grpo-demo", role="trainer", rank=0)
     signal = FaultSignal(
-        kind=FaultKind.TRAIN_HANG, subject=subject,
+        kind=FaultKind.TRAIN_HANG,
+        subject=subject,
         evidence=Evidence(metric=None, detail="step 4 has not advanced for 300 s"),
-        suggested_tier=Tier.MEDIUM, detected_at=now, since=now - 300,
+        suggested_tier=Tier.MEDIUM,
+        detected_at=now,
+        since=now - 300,
     )
     decision = IncidentDecision(
-        type=DecisionType.OPEN, key=signal.incident_key, kind=signal.kind, subject=subject,
-        tier=Tier.MEDIUM, at=now, signal=signal, actions=(),
+        type=DecisionType.OPEN,
+        key=signal.incident_key,
+        kind=signal.kind,
+        subject=subject,
+        tier=Tier.MEDIUM,
+        at=now,
+        signal=signal,
+        actions=(),
     )
     engine = make_engine(db_url)
     try:
@@ -126,8 +145,11 @@ def test_live_scrape_passes_check_metrics_and_has_every_name_the_rules_use(
     api = pg_api()
     token = api.node_token("node-prom")
     for seq, step in ((0, 3), (1, 4)):
-        r = api.client.post("/api/v1/ingest", json=_golden_batch("node-prom", seq=seq, step=step),
-                            headers=auth(token))
+        r = api.client.post(
+            "/api/v1/ingest",
+            json=_golden_batch("node-prom", seq=seq, step=step),
+            headers=auth(token),
+        )
         assert r.status_code == 200, r.text
     _open_train_hang(postgres_url, "node-prom")
     # A refused batch, so the labelled rejection counter has a sample to export.
@@ -158,14 +180,16 @@ def test_live_scrape_passes_check_metrics_and_has_every_name_the_rules_use(
     ), body.decode()
     # The goodput metrics of the job with step progress, and the open hang, really exported.
     assert re.search(rb'^rlguard_job_ettr_ratio\{job="grpo-demo"\} [0-9.e+-]+$', body, flags=re.M)
-    assert re.search(rb'^rlguard_job_gpu_hours_lost_total\{job="grpo-demo"\} [0-9.e+-]+$', body,
-                     flags=re.M), body.decode()
-    assert re.search(rb'^rlguard_incidents_open\{kind="train_hang",tier="medium"\} 1\.0$', body,
-                     flags=re.M), body.decode()
+    assert re.search(
+        rb'^rlguard_job_gpu_hours_lost_total\{job="grpo-demo"\} [0-9.e+-]+$', body, flags=re.M
+    ), body.decode()
+    assert re.search(
+        rb'^rlguard_incidents_open\{kind="train_hang",tier="medium"\} 1\.0$', body, flags=re.M
+    ), body.decode()
 
 
 def test_check_metrics_catches_a_malformed_exposition() -> None:
-    r = promtool("check", "metrics", stdin=b"rlguard_x{node=\"a\" 1\n")
+    r = promtool("check", "metrics", stdin=b'rlguard_x{node="a" 1\n')
     assert r.returncode == 1
     r = promtool("check", "metrics", stdin=b"# TYPE rlguard_bad_total gauge\nrlguard_bad_total 1\n")
     assert r.returncode == 3  # a lint finding alone, not a parse error

@@ -47,13 +47,20 @@ def replicas(
         for i in range(2):
             port = free_port()
             env = rlguard_env(
-                postgres_url, tmp_path / f"data{i}", RLGUARD_DEV="1", RLGUARD_REDIS_URL=redis_url,
+                postgres_url,
+                tmp_path / f"data{i}",
+                RLGUARD_DEV="1",
+                RLGUARD_REDIS_URL=redis_url,
                 RLGUARD_SERIES__SHARED_WINDOW="true",
                 RLGUARD_SERIES__SHARED_FOLLOW_INTERVAL_SECONDS="0.2",
                 RLGUARD_RECOVERY_LEASE_SECONDS=str(LEASE_S),
             )
-            s = ServerProcess([*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
-                              env, port, tmp_path / f"server{i}.log")
+            s = ServerProcess(
+                [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
+                env,
+                port,
+                tmp_path / f"server{i}.log",
+            )
             servers.append(s)
             s.start(timeout=90)
         yield servers, viewer, node, postgres_url
@@ -69,13 +76,21 @@ def replicas(
 
 
 def _post(server: ServerProcess, token: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{server.url}/api/v1/ingest", json=body,
-                      headers={"Authorization": f"Bearer {token}"}, timeout=15)
+    return httpx.post(
+        f"{server.url}/api/v1/ingest",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=15,
+    )
 
 
 def _points(server: ServerProcess, token: str) -> int:
-    r = httpx.get(f"{server.url}/api/v1/series", params={"node": "n1", "since": -600},
-                  headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    r = httpx.get(
+        f"{server.url}/api/v1/series",
+        params={"node": "n1", "since": -600},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     return sum(len(d["points"]) for d in r.json()["data"])
 
@@ -84,9 +99,11 @@ def _lease(url: str) -> tuple[str, int] | None:
     engine = make_engine(url)
     try:
         with engine.connect() as c:
-            row = c.execute(sa.text(
-                "SELECT holder, fencing_token FROM scheduler_lease WHERE expires_at > now()"
-            )).first()
+            row = c.execute(
+                sa.text(
+                    "SELECT holder, fencing_token FROM scheduler_lease WHERE expires_at > now()"
+                )
+            ).first()
     finally:
         engine.dispose()
     return None if row is None else (row[0], row[1])
@@ -102,17 +119,22 @@ def test_any_replica_takes_ingest_and_a_retry_elsewhere_is_a_duplicate(replicas)
         assert r.status_code == 200 and r.json() == {"accepted": n, "duplicate": False}, r.text
         retry = _post(other, node, batch("n1", seq, n=n))
         assert retry.status_code == 200 and retry.json() == {"accepted": 0, "duplicate": True}, (
-            seq, retry.text)
+            seq,
+            retry.text,
+        )
     # Every replica's window has every replica's samples, each exactly once.
-    wait_for(lambda: (_points(a, viewer), _points(b, viewer)) == (10 * n, 10 * n), 10,
-             "every replica's window to hold every sample",
-             context=lambda: str((_points(a, viewer), _points(b, viewer))))
+    wait_for(
+        lambda: (_points(a, viewer), _points(b, viewer)) == (10 * n, 10 * n),
+        10,
+        "every replica's window to hold every sample",
+        context=lambda: str((_points(a, viewer), _points(b, viewer))),
+    )
     engine = make_engine(db)
     try:
         with engine.connect() as c:
-            high, mask = c.execute(sa.text(
-                "SELECT high_seq, window_mask FROM ingest_cursor WHERE node_name = 'n1'"
-            )).one()
+            high, mask = c.execute(
+                sa.text("SELECT high_seq, window_mask FROM ingest_cursor WHERE node_name = 'n1'")
+            ).one()
     finally:
         engine.dispose()
     assert (high, mask) == (9, (1 << 10) - 1)  # both replicas' commits merged, none lost
@@ -127,8 +149,12 @@ def test_lease_holder_killed_the_other_replica_takes_over_within_the_lease(repli
     assert len(pids) == 2
     victim.kill9()
     killed_at = time.monotonic()
-    lease = wait_for(lambda: (got := _lease(db)) is not None and got[0] != holder and got,
-                     LEASE_S + 5, "the other replica to take the lease over", interval=0.05)
+    lease = wait_for(
+        lambda: (got := _lease(db)) is not None and got[0] != holder and got,
+        LEASE_S + 5,
+        "the other replica to take the lease over",
+        interval=0.05,
+    )
     failover = time.monotonic() - killed_at
     print(f"scheduler failover after kill -9: {failover:.2f} s (lease {LEASE_S} s)")  # noqa: T201
     assert survivor.proc is not None and f":{survivor.proc.pid}:" in lease[0]

@@ -40,8 +40,15 @@ def _short(data: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
-    s = DemoStack(tmp_path_factory.mktemp("drill"), free_port(), job=JOB, steps=100_000,
-                  decode_ms=10.0, schedule=None, policy_edit=_short)
+    s = DemoStack(
+        tmp_path_factory.mktemp("drill"),
+        free_port(),
+        job=JOB,
+        steps=100_000,
+        decode_ms=10.0,
+        schedule=None,
+        policy_edit=_short,
+    )
     try:
         s.start_server()
         s.start_agent()
@@ -58,17 +65,21 @@ def _step(run: RunDir) -> int:
 
 
 def _logs(stack: DemoStack) -> str:
-    out = [f"--- {f.name}\n{f.read_text(errors='replace')[-2000:]}"
-           for f in sorted((stack.workdir / "logs").glob("*.log"))]
-    out += [f"--- run {f.name}\n{f.read_text(errors='replace')[-1000:]}"
-            for f in sorted((stack.run_dir / "logs").glob("*.log"))]
+    out = [
+        f"--- {f.name}\n{f.read_text(errors='replace')[-2000:]}"
+        for f in sorted((stack.workdir / "logs").glob("*.log"))
+    ]
+    out += [
+        f"--- run {f.name}\n{f.read_text(errors='replace')[-1000:]}"
+        for f in sorted((stack.run_dir / "logs").glob("*.log"))
+    ]
     return "\n".join(out)
 
 
-def _cli(stack: DemoStack, *args: str, token: str | None = None,
-         timeout: float = 400) -> Any:
-    env = rlguard_env(None, stack.workdir / "data", RLGUARD_URL=stack.url,
-                      RLGUARD_TOKEN=token or stack.token)
+def _cli(stack: DemoStack, *args: str, token: str | None = None, timeout: float = 400) -> Any:
+    env = rlguard_env(
+        None, stack.workdir / "data", RLGUARD_URL=stack.url, RLGUARD_TOKEN=token or stack.token
+    )
     return run_cli("drill", *args, env=env, timeout=timeout)
 
 
@@ -87,8 +98,9 @@ def _viewer_token(stack: DemoStack) -> str:
         with Session(engine) as s:
             name = f"viewer{secrets.randbelow(10_000)}"
             assert s.exec(select(User).where(User.name == name)).first() is None
-            token = create_user(s, name=name, role=Role.viewer, actor="test",
-                                password=secrets.token_urlsafe(12))[1]
+            token = create_user(
+                s, name=name, role=Role.viewer, actor="test", password=secrets.token_urlsafe(12)
+            )[1]
             s.commit()
             return token
     finally:
@@ -105,40 +117,59 @@ def _drill(stack: DemoStack, drill_id: int) -> dict[str, Any]:
 def _quiet(stack: DemoStack, role: str, rank: str) -> None:
     """Wait until no incident of that process is open (the previous drill's resolves after the
     quiet period): a drill of a process with an open incident is refused."""
+
     def quiet() -> bool:
-        return not any(i["status"] == "open" and i["subject"].get("role") == role
-                       and str(i["subject"].get("rank")) == rank for i in stack.incidents())
+        return not any(
+            i["status"] == "open"
+            and i["subject"].get("role") == role
+            and str(i["subject"].get("rank")) == rank
+            for i in stack.incidents()
+        )
 
     wait_for(quiet, 120, f"{role}-{rank}'s incidents to resolve", context=lambda: _logs(stack))
 
 
 def test_bad_inputs_are_one_clear_line_each_and_nothing_is_injected(stack: DemoStack) -> None:
     cases = [
-        (["--job", "no-such-job", "--fault", "kill", "--role", "trainer"],
-         "no job named 'no-such-job'"),
-        (["--job", JOB, "--fault", "melt", "--role", "trainer"],
-         "--fault 'melt' is not one of kill, hang, oom, disk-full"),
-        (["--job", JOB, "--fault", "kill", "--role", "critic"],
-         f"job '{JOB}' has no role 'critic' (its roles: rollout, trainer)"),
-        (["--job", JOB, "--fault", "kill", "--role", "rollout", "--rank", "9"],
-         f"job '{JOB}' has no rollout rank 9 (ranks: 0, 1)"),
-        (["--job", JOB, "--fault", "kill", "--role", "trainer", "--at-step", "soon"],
-         "--at-step must be a whole number >= 0, got 'soon'"),
+        (
+            ["--job", "no-such-job", "--fault", "kill", "--role", "trainer"],
+            "no job named 'no-such-job'",
+        ),
+        (
+            ["--job", JOB, "--fault", "melt", "--role", "trainer"],
+            "--fault 'melt' is not one of kill, hang, oom, disk-full",
+        ),
+        (
+            ["--job", JOB, "--fault", "kill", "--role", "critic"],
+            f"job '{JOB}' has no role 'critic' (its roles: rollout, trainer)",
+        ),
+        (
+            ["--job", JOB, "--fault", "kill", "--role", "rollout", "--rank", "9"],
+            f"job '{JOB}' has no rollout rank 9 (ranks: 0, 1)",
+        ),
+        (
+            ["--job", JOB, "--fault", "kill", "--role", "trainer", "--at-step", "soon"],
+            "--at-step must be a whole number >= 0, got 'soon'",
+        ),
         # The launcher's own refusal: the reference job's rollouts have no OOM point.
-        (["--job", JOB, "--fault", "oom", "--role", "rollout"],
-         "the launcher refused: the reference job's rollout has no oom injection point"),
+        (
+            ["--job", JOB, "--fault", "oom", "--role", "rollout"],
+            "the launcher refused: the reference job's rollout has no oom injection point",
+        ),
     ]
     for args, needle in cases:
         r = _cli(stack, *args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1, (args, r.returncode, r.stderr, r.stdout)
         assert lines[0].startswith("rlguard: error: ") and needle in lines[0], (args, lines)
-    viewer = _cli(stack, "--job", JOB, "--fault", "kill", "--role", "trainer",
-                  token=_viewer_token(stack))
+    viewer = _cli(
+        stack, "--job", JOB, "--fault", "kill", "--role", "trainer", token=_viewer_token(stack)
+    )
     assert viewer.returncode == 1, viewer.stderr
     [line] = viewer.stderr.strip().splitlines()
     assert line.startswith("rlguard: error: this needs the operator role; ") and line.endswith(
-        " is viewer"), line
+        " is viewer"
+    ), line
     assert _injected(stack) == []
 
 
@@ -165,13 +196,18 @@ def test_a_role_no_launcher_runs_is_refused_by_the_launcher(stack: DemoStack) ->
     pacer = threading.Thread(target=keep_fresh)
     pacer.start()
     try:
-        wait_for(lambda: _participant_phase(stack, "evaluator") == "EVAL", 60,
-                 "the agent to report evaluator-0")
+        wait_for(
+            lambda: _participant_phase(stack, "evaluator") == "EVAL",
+            60,
+            "the agent to report evaluator-0",
+        )
         r = _cli(stack, "--job", JOB, "--fault", "kill", "--role", "evaluator")
         assert r.returncode == 2, r.stderr  # the launcher's refusal: a 422, as a bad value
         [line] = r.stderr.strip().splitlines()
-        assert line.startswith("rlguard: error: drill ") and (
-            "the launcher refused: this launcher runs no process evaluator-0") in line, line
+        assert (
+            line.startswith("rlguard: error: drill ")
+            and ("the launcher refused: this launcher runs no process evaluator-0") in line
+        ), line
     finally:
         stop.set()
         pacer.join(5)
@@ -185,7 +221,9 @@ def test_plan_says_what_would_happen_and_injects_nothing(stack: DemoStack) -> No
     r = _cli(stack, "--job", JOB, "--fault", "kill", "--role", "rollout", "--rank", "1", "--plan")
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
-    assert out[0].startswith("plan (drill ") and "nothing injected): SIGKILL rollout-1 (pid " in out[0]
+    assert (
+        out[0].startswith("plan (drill ") and "nothing injected): SIGKILL rollout-1 (pid " in out[0]
+    )
     assert out[1].startswith("then RLGuard, with the shipped policy: its launcher reports the exit")
     assert _injected(stack) == []
     # Listed only on request: a plan is not a drill that ran.
@@ -195,7 +233,9 @@ def test_plan_says_what_would_happen_and_injects_nothing(stack: DemoStack) -> No
     assert plans[0]["status"] == "planned" and plans[0]["injected_at"] is None
 
 
-def _check_report(stack: DemoStack, d: dict[str, Any], *, fault: str, target: str) -> dict[str, Any]:
+def _check_report(
+    stack: DemoStack, d: dict[str, Any], *, fault: str, target: str
+) -> dict[str, Any]:
     assert d["status"] == "recovered", json.dumps(d, indent=1)
     rep = d["report"]
     assert d["fault"] == fault and f"{d['role']}-{d['rank']}" == target
@@ -222,19 +262,23 @@ def _check_report(stack: DemoStack, d: dict[str, Any], *, fault: str, target: st
     return rep
 
 
-@pytest.mark.parametrize(("fault", "role", "rank"), [
-    ("kill", "rollout", "1"),
-    ("hang", "rollout", "0"),
-    ("kill", "trainer", "0"),
-    ("oom", "trainer", "0"),
-])
+@pytest.mark.parametrize(
+    ("fault", "role", "rank"),
+    [
+        ("kill", "rollout", "1"),
+        ("hang", "rollout", "0"),
+        ("kill", "trainer", "0"),
+        ("oom", "trainer", "0"),
+    ],
+)
 def test_a_drill_is_injected_followed_and_reported(
     stack: DemoStack, fault: str, role: str, rank: str
 ) -> None:
     _quiet(stack, role, rank)
     before = len(_injected(stack))
-    r = _cli(stack, "--job", JOB, "--fault", fault, "--role", role, "--rank", rank,
-             "--timeout", "300")
+    r = _cli(
+        stack, "--job", JOB, "--fault", fault, "--role", role, "--rank", rank, "--timeout", "300"
+    )
     assert r.returncode == 0, (r.stderr, r.stdout, _logs(stack))
     assert len(_injected(stack)) == before + 1
     print(r.stdout)  # the printed report, for whoever runs this with -s
@@ -261,16 +305,19 @@ def _lost_rollouts(stack: DemoStack, d: dict[str, Any]) -> tuple[int, int]:
     events: up to the drill's end (counted before it), and up to now (the count may be later)."""
     injected = datetime.fromisoformat(d["injected_at"]).timestamp()
     finished = datetime.fromisoformat(d["finished_at"]).timestamp()
-    lost = [e for e in read_events(RunDir(stack.run_dir))
-            if e["kind"] == "lost_rollout" and e["ts"] >= injected]
-    return (sum(e["samples"] for e in lost if e["ts"] <= finished),
-            sum(e["samples"] for e in lost))
+    lost = [
+        e
+        for e in read_events(RunDir(stack.run_dir))
+        if e["kind"] == "lost_rollout" and e["ts"] >= injected
+    ]
+    return (sum(e["samples"] for e in lost if e["ts"] <= finished), sum(e["samples"] for e in lost))
 
 
 def test_a_drill_armed_for_a_step_is_injected_at_that_step(stack: DemoStack) -> None:
     # The launcher holds the request until the rollout reports the step; meanwhile the node's
     # worker asks again with the same key (its task re-scheduled, the worker never held).
     _quiet(stack, "rollout", "1")
+
     # The rollout's own step (what its launcher watches), not the trainer's, far enough ahead
     # that the request reaches the launcher before it: ~30 s of the job's own pace (the CLI's
     # start and the worker's delivery took longer than 4 steps in a CI run under load, and the
@@ -283,8 +330,21 @@ def test_a_drill_armed_for_a_step_is_injected_at_that_step(stack: DemoStack) -> 
     time.sleep(5.0)
     s1 = rollout_step()
     at = s1 + max(4, math.ceil((s1 - s0) / (time.monotonic() - t0) * 30.0))
-    r = _cli(stack, "--job", JOB, "--fault", "kill", "--role", "rollout", "--rank", "1",
-             "--at-step", str(at), "--timeout", "300")
+    r = _cli(
+        stack,
+        "--job",
+        JOB,
+        "--fault",
+        "kill",
+        "--role",
+        "rollout",
+        "--rank",
+        "1",
+        "--at-step",
+        str(at),
+        "--timeout",
+        "300",
+    )
     assert r.returncode == 0, (r.stderr, r.stdout, _logs(stack))
     print(r.stdout)
     d = _drill(stack, int(r.stdout.split(":")[0].split()[1]))
@@ -297,19 +357,25 @@ def test_a_drill_armed_for_a_step_is_injected_at_that_step(stack: DemoStack) -> 
 def test_another_drill_on_the_job_is_refused_while_one_runs(stack: DemoStack) -> None:
     _quiet(stack, "rollout", "1")
     before = len(_injected(stack))
-    first = stack.api("POST", "/api/v1/drills",
-                      json={"job": JOB, "fault": "kill", "role": "rollout", "rank": 1})
+    first = stack.api(
+        "POST", "/api/v1/drills", json={"job": JOB, "fault": "kill", "role": "rollout", "rank": 1}
+    )
     assert first.status_code == 201, first.text
     # Asked through the API at once: the first drill is still running for at least its
     # injection, detection, restart and the job's first new step (seconds), while the CLI's own
     # start-up could take longer than that on a loaded machine (CI saw the first recovered
     # before the CLI asked). The CLI's one-line 409 is checked by the SAFE_MODE test below.
-    second = stack.api("POST", "/api/v1/drills",
-                       json={"job": JOB, "fault": "hang", "role": "rollout", "rank": 0})
+    second = stack.api(
+        "POST", "/api/v1/drills", json={"job": JOB, "fault": "hang", "role": "rollout", "rank": 0}
+    )
     assert second.status_code == 409, second.text
     assert f"drill {first.json()['id']} is still running on job '{JOB}'" in second.text
-    wait_for(lambda: _drill(stack, first.json()["id"])["status"] in ("recovered", "unrecovered"),
-             300, "the first drill to end", context=lambda: _logs(stack))
+    wait_for(
+        lambda: _drill(stack, first.json()["id"])["status"] in ("recovered", "unrecovered"),
+        300,
+        "the first drill to end",
+        context=lambda: _logs(stack),
+    )
     # Only the first was injected.
     assert [e["drill"] for e in _injected(stack)[before:]] == [f"drill-{first.json()['id']}"]
 

@@ -37,8 +37,11 @@ PROMPT = [5, 20, 33, 41, 7, 12]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    server = start_engine(tiny_model, tmp_path_factory.mktemp("refit-engine"),
-                          EngineSettings(worker_extension_cls=EXTENSION, max_model_len=64))
+    server = start_engine(
+        tiny_model,
+        tmp_path_factory.mktemp("refit-engine"),
+        EngineSettings(worker_extension_cls=EXTENSION, max_model_len=64),
+    )
     yield server
     stop_engine(server)
 
@@ -55,8 +58,11 @@ def test_direct_refit_serves_what_the_reload_from_disk_serves(
     client = EngineClient(engine.url, engine.model_name, timeout=120.0)
     policy = load_policy(tiny_model)
     registry = RegistryServer(InMemoryRegistry())
-    publisher = WeightPublisher("policy", transport=make_transport(transport),
-                                registry=RegistryClient(registry.address, timeout=5.0))
+    publisher = WeightPublisher(
+        "policy",
+        transport=make_transport(transport),
+        registry=RegistryClient(registry.address, timeout=5.0),
+    )
     base = 100 if transport == "shm" else 200  # versions only grow within the engine
     try:
         before = _sample(client)
@@ -67,8 +73,12 @@ def test_direct_refit_serves_what_the_reload_from_disk_serves(
             tensors = {n: p.detach().clone() for n, p in policy.named_parameters()}
             version = base + 2 * round_
             publisher.publish(version, tensors)
-            source: dict[str, Any] = {"registry": registry.address, "version": version,
-                                      "transport": transport, "specs": specs_of(tensors)}
+            source: dict[str, Any] = {
+                "registry": registry.address,
+                "version": version,
+                "transport": transport,
+                "specs": specs_of(tensors),
+            }
             [done] = client.collective_rpc("rlguard_refit", source, timeout=60.0)
             assert done["load_path"] == "direct" and done["version"] == version
             refit = _sample(client)
@@ -85,8 +95,9 @@ def test_direct_refit_serves_what_the_reload_from_disk_serves(
         # vLLM's own in-place reload, asked for by the request, lands on the same weights too.
         version = base + 10
         publisher.publish(version, tensors)
-        [done] = client.collective_rpc("rlguard_refit", {**source, "version": version, "direct": False},
-                                       timeout=60.0)
+        [done] = client.collective_rpc(
+            "rlguard_refit", {**source, "version": version, "direct": False}, timeout=60.0
+        )
         assert done["load_path"].startswith("vllm-reload")
         assert (_sample(client).logprobs) == disk.logprobs
     finally:

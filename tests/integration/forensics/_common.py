@@ -57,8 +57,10 @@ def shown_in_chromium(stack: DemoStack, browser: object, incident_id: int, funct
     poll = page.locator("#incident-live").get_attribute("hx-trigger")
     if poll:
         seconds = float(poll.removeprefix("every ").removesuffix("s"))
-        page.evaluate("window.__swaps = 0; document.body.addEventListener("
-                      "'htmx:afterSettle', () => { window.__swaps += 1; })")
+        page.evaluate(
+            "window.__swaps = 0; document.body.addEventListener("
+            "'htmx:afterSettle', () => { window.__swaps += 1; })"
+        )
         page.wait_for_function("window.__swaps > 0", timeout=(seconds + 10) * 1000)
         assert pre.is_visible() and block.get_attribute("open") is not None
     assert page.locator("li[data-event='Python stacks captured']").count() >= 1

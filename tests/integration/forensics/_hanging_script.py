@@ -37,8 +37,13 @@ def train_forever(run_dir: Path, beat: HeartbeatReporter) -> None:
 
 def main() -> None:
     run_dir = Path(os.environ["RLGUARD_RUN_DIR"])
-    beat = HeartbeatReporter(run_dir, os.environ["RLGUARD_ROLE"], int(os.environ["RANK"]),
-                             job=os.environ["RLGUARD_JOB"], interval=0.2)
+    beat = HeartbeatReporter(
+        run_dir,
+        os.environ["RLGUARD_ROLE"],
+        int(os.environ["RANK"]),
+        job=os.environ["RLGUARD_JOB"],
+        interval=0.2,
+    )
     beat.start_keepalive()
     train_forever(run_dir, beat)
     beat.update(phase="DONE", force=True)

@@ -52,9 +52,26 @@ class _Launch:
         self.run_dir = run_dir
         self.err = open(run_dir.parent / "launch.err", "wb")  # noqa: SIM115
         self.proc = spawn(
-            [sys.executable, "-m", "integrations.launch", "--run-dir", str(run_dir), "--job", JOB,
-             "--role", "trainer", "--backoff", "0", "--", sys.executable, str(SCRIPT)],
-            cwd=ROOT, env=launch_env(), stdout=subprocess.DEVNULL, stderr=self.err,
+            [
+                sys.executable,
+                "-m",
+                "integrations.launch",
+                "--run-dir",
+                str(run_dir),
+                "--job",
+                JOB,
+                "--role",
+                "trainer",
+                "--backoff",
+                "0",
+                "--",
+                sys.executable,
+                str(SCRIPT),
+            ],
+            cwd=ROOT,
+            env=launch_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=self.err,
         )
 
     def pid(self) -> int | None:
@@ -92,6 +109,7 @@ def _trains_past_first_steps(stack: DemoStack, launch: _Launch, logs: Any) -> in
     hang detector judges only a trainer whose step it saw advance ``hang_min_steps`` + 1
     times). A restarted process counts from step 0 again and the server keeps the step it saw
     last until the new one reports: only heartbeats written by this process count."""
+
     def local() -> tuple[int, float] | None:
         beat = read_heartbeat(heartbeat_path(launch.run_dir, "trainer", 0)) or {}
         pid = launch.pid()
@@ -105,25 +123,31 @@ def _trains_past_first_steps(stack: DemoStack, launch: _Launch, logs: Any) -> in
     def paced() -> bool:
         r = stack.api("GET", f"/api/v1/jobs/{JOB}")
         if r.status_code == 200:
-            steps.update(p["step"] for p in r.json()["participant_list"]
-                         if p["phase"] == "TRAIN"
-                         and datetime.fromisoformat(p["last_heartbeat_at"]).timestamp() >= since)
+            steps.update(
+                p["step"]
+                for p in r.json()["participant_list"]
+                if p["phase"] == "TRAIN"
+                and datetime.fromisoformat(p["last_heartbeat_at"]).timestamp() >= since
+            )
         return len({s for s in steps if s >= 5}) >= 8
 
-    wait_for(paced, 90, "the server to see the trainer's step advance past 5, eight times",
-             context=logs)
+    wait_for(
+        paced, 90, "the server to see the trainer's step advance past 5, eight times", context=logs
+    )
     return pid
 
 
 def _check_captured_before_restart(
     stack: DemoStack, launch: _Launch, hung: int, function: str, logs: Any
 ) -> dict[str, Any]:
-    inc, entry = wait_for(lambda: stacks_of(stack, JOB, hung), 90, f"the stacks of {hung}",
-                          context=logs)
+    inc, entry = wait_for(
+        lambda: stacks_of(stack, JOB, hung), 90, f"the stacks of {hung}", context=logs
+    )
     d = entry["detail"]
     assert d["ok"] is True, d
     assert function in d["text"] and f"Thread {hung}" in d["text"]
     assert "train_forever" in d["text"]  # the caller, on the same stack
+
     # Before the restart: the timeline has the stacks before the restart's result, and the
     # launcher captured them before it killed the hung process.
     def restart_done() -> dict[str, Any] | None:
@@ -139,8 +163,12 @@ def _check_captured_before_restart(
     restarts = [e for e in launch.events("restart") if e["ts"] >= captured[0]["ts"]]
     assert captured and restarts, launch.logs()
     assert datetime.fromisoformat(d["captured_at"]).timestamp() <= restarts[0]["ts"]
-    new = wait_for(lambda: (p := launch.pid()) not in (None, hung) and p, 60,
-                   "the restarted trainer", context=logs)
+    new = wait_for(
+        lambda: (p := launch.pid()) not in (None, hung) and p,
+        60,
+        "the restarted trainer",
+        context=logs,
+    )
     assert new != hung
     return inc
 
@@ -153,9 +181,15 @@ def test_stacks_of_a_busy_and_of_a_stopped_trainer_are_on_their_incidents(
     def logs() -> str:
         server = (stack.workdir / "logs" / "server.log").read_text(errors="replace")[-3000:]
         incidents = [
-            (i["kind"], i["status"], [(a["action"], a["status"], a.get("error"))
-                                      for a in stack.incident(i["id"])["actions"]],
-             [e["type"] for e in stack.incident(i["id"])["timeline"]])
+            (
+                i["kind"],
+                i["status"],
+                [
+                    (a["action"], a["status"], a.get("error"))
+                    for a in stack.incident(i["id"])["actions"]
+                ],
+                [e["type"] for e in stack.incident(i["id"])["timeline"]],
+            )
             for i in stack.incidents()
         ]
         return f"{launch.logs()}\n--- incidents {incidents}\n--- server\n{server}"
@@ -169,8 +203,11 @@ def test_stacks_of_a_busy_and_of_a_stopped_trainer_are_on_their_incidents(
         stopped = _trains_past_first_steps(stack, launch, logs)
         os.kill(stopped, signal.SIGSTOP)  # frozen whole, heartbeat included
         frozen = _check_captured_before_restart(stack, launch, stopped, "train_forever", logs)
-        [entry] = [e for e in frozen["timeline"]
-                   if e["type"] == "stacks_captured" and e["detail"]["pid"] == stopped]
+        [entry] = [
+            e
+            for e in frozen["timeline"]
+            if e["type"] == "stacks_captured" and e["detail"]["pid"] == stopped
+        ]
         assert entry["detail"]["nonblocking"] is True  # read without pausing it again
 
         shown_in_chromium(stack, browser, spun["id"], "spin_without_progress")

@@ -47,8 +47,9 @@ def _step(run: RunDir) -> int:
 def _captured_then_restarted(stack: HangStack, run: RunDir, pid: int, logs: Any) -> dict[str, Any]:
     """The incident whose restart_role captured ``pid``'s stacks, once that restart succeeded
     and a new trainer trains; the capture came before the restart's result."""
-    inc, entry = wait_for(lambda: stacks_of(stack, JOB, pid), 120, f"the stacks of trainer {pid}",
-                          context=logs)
+    inc, entry = wait_for(
+        lambda: stacks_of(stack, JOB, pid), 120, f"the stacks of trainer {pid}", context=logs
+    )
     d = entry["detail"]
     assert d["ok"] is True, d
     assert f"Thread {pid}" in d["text"] and "workload/trainer.py" in d["text"], d["text"]
@@ -73,10 +74,14 @@ def test_stacks_of_the_reference_trainer_spinning_then_stopped(
     run = RunDir(stack.run_dir)
 
     def logs() -> str:
-        out = [f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-               for f in sorted((stack.workdir / "logs").glob("*.log"))]
-        out += [f"--- run {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                for f in sorted((run.root / "logs").glob("*.log"))]
+        out = [
+            f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((stack.workdir / "logs").glob("*.log"))
+        ]
+        out += [
+            f"--- run {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((run.root / "logs").glob("*.log"))
+        ]
         out.append(f"--- incidents {[(i['kind'], i['status']) for i in stack.incidents()]}")
         return "\n".join(out)
 
@@ -97,8 +102,11 @@ def test_stacks_of_the_reference_trainer_spinning_then_stopped(
     inject(run, Fault("hang", role="trainer"))  # SIGSTOP: frozen whole, heartbeat included
     frozen = _captured_then_restarted(stack, run, stopped, logs)
     assert frozen["kind"] == "heartbeat_lost", frozen
-    [entry] = [e for e in frozen["timeline"]
-               if e["type"] == "stacks_captured" and e["detail"]["pid"] == stopped]
+    [entry] = [
+        e
+        for e in frozen["timeline"]
+        if e["type"] == "stacks_captured" and e["detail"]["pid"] == stopped
+    ]
     assert entry["detail"]["nonblocking"] is True  # read without pausing it again
 
     shown_in_chromium(stack, browser, spun["id"], "_spin_in_collective")

@@ -66,12 +66,22 @@ def step_reports(
     rollout on the second, all at the trainer's step."""
     out = []
     for s, step in steps:
-        for node, parts in ((nodes[0], [("trainer", 0), ("trainer", 1)]), (nodes[1], [("rollout", 0)])):
+        for node, parts in (
+            (nodes[0], [("trainer", 0), ("trainer", 1)]),
+            (nodes[1], [("rollout", 0)]),
+        ):
             out.append(
                 (
                     node,
                     [
-                        {"job": job, "role": role, "rank": rank, "phase": "TRAIN", "step": step, "ts": t0 + s}
+                        {
+                            "job": job,
+                            "role": role,
+                            "rank": rank,
+                            "phase": "TRAIN",
+                            "step": step,
+                            "ts": t0 + s,
+                        }
                         for role, rank in parts
                     ],
                 )
@@ -91,17 +101,34 @@ def ingest_steps(api: Api, t0: float, *, job: str, steps: list[tuple[float, int]
 
 
 def _open(
-    session: Session, t0: float, *, kind: FaultKind, tier: Tier, opened: float,
-    delay: float | None, actions: tuple[PlannedAction, ...], subject: Subject,
+    session: Session,
+    t0: float,
+    *,
+    kind: FaultKind,
+    tier: Tier,
+    opened: float,
+    delay: float | None,
+    actions: tuple[PlannedAction, ...],
+    subject: Subject,
 ) -> int:
     since = None if delay is None else t0 + opened - delay
     signal = FaultSignal(
-        kind=kind, subject=subject, evidence=Evidence(metric=None, detail=f"{kind.value} test"),
-        suggested_tier=tier, detected_at=t0 + opened, since=since,
+        kind=kind,
+        subject=subject,
+        evidence=Evidence(metric=None, detail=f"{kind.value} test"),
+        suggested_tier=tier,
+        detected_at=t0 + opened,
+        since=since,
     )
     d = IncidentDecision(
-        type=DecisionType.OPEN, key=signal.incident_key, kind=kind, subject=subject, tier=tier,
-        at=t0 + opened, signal=signal, actions=actions,
+        type=DecisionType.OPEN,
+        key=signal.incident_key,
+        kind=kind,
+        subject=subject,
+        tier=tier,
+        at=t0 + opened,
+        signal=signal,
+        actions=actions,
     )
     out = persist_decisions(session, decisions=[d], policy=default_policy(), now=at(t0, opened))
     [inc_id] = out.opened
@@ -112,8 +139,12 @@ def _run(session: Session, t0: float, action_id: int, *, claimed: float, done: f
     row = session.get(RecoveryAction, action_id)
     assert row is not None
     claim = claim_action(
-        session, action_id=action_id, idempotency_key=row.idempotency_key, worker="w",
-        lease_seconds=600, now=at(t0, claimed),
+        session,
+        action_id=action_id,
+        idempotency_key=row.idempotency_key,
+        worker="w",
+        lease_seconds=600,
+        now=at(t0, claimed),
     )
     assert claim.outcome.value == "claimed", claim
     assert finish_action(session, action_id=action_id, worker="w", ok=True, now=at(t0, done))
@@ -133,15 +164,33 @@ def build_incidents(
         # GPU-level kinds and a storage fault: kinds a server's own policy engine cannot open
         # from these reports (no GPU samples, no state-log counters).
         a = _open(
-            s, t0, kind=FaultKind.GPU_LOST, tier=Tier.MEDIUM, opened=210, delay=6,
+            s,
+            t0,
+            kind=FaultKind.GPU_LOST,
+            tier=Tier.MEDIUM,
+            opened=210,
+            delay=6,
             subject=Subject(job=JOB, node=node, gpu="1"),
-            actions=(PlannedAction(ActionName.RESTART_ROLE, JOB, None, False, {"role": "trainer", "rank": 0}),),
+            actions=(
+                PlannedAction(
+                    ActionName.RESTART_ROLE, JOB, None, False, {"role": "trainer", "rank": 0}
+                ),
+            ),
         )
         s.commit()
         b = _open(
-            s, t0, kind=FaultKind.GPU_XID, tier=Tier.MEDIUM, opened=215, delay=None,
+            s,
+            t0,
+            kind=FaultKind.GPU_XID,
+            tier=Tier.MEDIUM,
+            opened=215,
+            delay=None,
             subject=Subject(job=JOB, node=node, gpu="0"),
-            actions=(PlannedAction(ActionName.RESTART_ROLE, JOB, None, False, {"role": "trainer", "rank": 1}),),
+            actions=(
+                PlannedAction(
+                    ActionName.RESTART_ROLE, JOB, None, False, {"role": "trainer", "rank": 1}
+                ),
+            ),
         )
         s.commit()
         _run(s, t0, _actions(s, a)["restart_role"].id, claimed=212, done=230)  # type: ignore[arg-type]
@@ -149,7 +198,12 @@ def build_incidents(
         _run(s, t0, _actions(s, b)["restart_role"].id, claimed=240, done=262)  # type: ignore[arg-type]
         s.commit()
         c = _open(
-            s, t0, kind=FaultKind.STORAGE_UNWRITABLE, tier=Tier.HEAVY, opened=460, delay=5,
+            s,
+            t0,
+            kind=FaultKind.STORAGE_UNWRITABLE,
+            tier=Tier.HEAVY,
+            opened=460,
+            delay=5,
             subject=Subject(job=JOB),
             actions=(
                 PlannedAction(ActionName.ENTER_SAFE_MODE, JOB, node, False),
@@ -162,8 +216,12 @@ def build_incidents(
         user = s.exec(select(User).where(User.name == approver)).one()
         [appr] = s.exec(select(Approval).where(Approval.incident_id == c)).all()
         approvals.decide(
-            s, approval_id=appr.id, user=user, approve=False,  # type: ignore[arg-type]
-            comment="not a restore", now=at(t0, 560),
+            s,
+            approval_id=appr.id,
+            user=user,
+            approve=False,  # type: ignore[arg-type]
+            comment="not a restore",
+            now=at(t0, 560),
         )
         s.commit()
         released = release_job(s, job=JOB, user=user, comment="disk fixed", now=at(t0, 700))

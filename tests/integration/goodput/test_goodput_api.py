@@ -38,7 +38,9 @@ def _ts(iso: str) -> float:
 
 
 @pytest.fixture
-def history(migrated_url: str, make_api: Callable[..., Api]) -> tuple[Api, float, dict[str, int], str]:
+def history(
+    migrated_url: str, make_api: Callable[..., Api]
+) -> tuple[Api, float, dict[str, int], str]:
     api = make_api(migrated_url, **SETTINGS)
     t0 = start()
     ingest_steps(api, t0, job=JOB, steps=trainer_steps())
@@ -48,7 +50,9 @@ def history(migrated_url: str, make_api: Callable[..., Api]) -> tuple[Api, float
     return api, t0, ids, api.user_token("vera", Role.viewer)
 
 
-def test_every_figure_of_the_ledger_to_the_second(history: tuple[Api, float, dict[str, int], str]) -> None:
+def test_every_figure_of_the_ledger_to_the_second(
+    history: tuple[Api, float, dict[str, int], str],
+) -> None:
     api, t0, ids, viewer = history
     r = api.client.get(
         f"/api/v1/jobs/{JOB}/goodput",
@@ -68,12 +72,60 @@ def test_every_figure_of_the_ledger_to_the_second(history: tuple[Api, float, dic
     rows = {i["id"]: i for i in g["incidents"]}
     a, b, c = rows[ids["A"]], rows[ids["B"]], rows[ids["C"]]
     expected = {
-        "A": (a, 204, 210, 230, 260, 50, 50, {"detect": 6, "approve": 0, "recover": 20, "redo": 24}, 2, 214, 5),
-        "B": (b, 215, 215, 262, 270, 50, 0, {"detect": 0, "approve": 0, "recover": 35, "redo": 15}, 2, 225, 5),
+        "A": (
+            a,
+            204,
+            210,
+            230,
+            260,
+            50,
+            50,
+            {"detect": 6, "approve": 0, "recover": 20, "redo": 24},
+            2,
+            214,
+            5,
+        ),
+        "B": (
+            b,
+            215,
+            215,
+            262,
+            270,
+            50,
+            0,
+            {"detect": 0, "approve": 0, "recover": 35, "redo": 15},
+            2,
+            225,
+            5,
+        ),
         # SAFE_MODE: requested 460, rejected 560, release asked 700 -> 240 s of approval.
-        "C": (c, 455, 460, 705, 720, 260, 260, {"detect": 5, "approve": 240, "recover": 5, "redo": 10}, 0, 265, 10),
+        "C": (
+            c,
+            455,
+            460,
+            705,
+            720,
+            260,
+            260,
+            {"detect": 5, "approve": 240, "recover": 5, "redo": 10},
+            0,
+            265,
+            10,
+        ),
     }
-    for name, (row, fault, det, rec, res, lost, counted, seg, redone, cf, cf_redone) in expected.items():
+    for name, (
+        row,
+        fault,
+        det,
+        rec,
+        res,
+        lost,
+        counted,
+        seg,
+        redone,
+        cf,
+        cf_redone,
+    ) in expected.items():
         assert _ts(row["fault_at"]) - t0 == fault, name
         assert _ts(row["detected_at"]) - t0 == det, name
         assert _ts(row["recovered_at"]) - t0 == rec, name
@@ -105,7 +157,9 @@ def test_every_figure_of_the_ledger_to_the_second(history: tuple[Api, float, dic
     assert cf["money_saved"] == pytest.approx(180 / 3600 * 8 * 2.5)
     series = g["series"]
     assert len(series) == 16  # 960 s in minutes
-    assert sum((1 - p["ettr"]) * (_ts(p["end"]) - _ts(p["start"])) for p in series) == pytest.approx(310)
+    assert sum(
+        (1 - p["ettr"]) * (_ts(p["end"]) - _ts(p["start"])) for p in series
+    ) == pytest.approx(310)
     assert series[4]["ettr"] == pytest.approx(20 / 60)  # [180, 240): lost from 200
 
     # A window that starts inside C counts only C's part in it.
@@ -138,7 +192,9 @@ def test_every_figure_of_the_ledger_to_the_second(history: tuple[Api, float, dic
         for line in text.splitlines()
         if line.startswith("rlguard_job_")
     }
-    assert values[f'rlguard_job_gpu_hours_lost_total{{job="{JOB}"}}'] == pytest.approx(310 / 3600 * 8)
+    assert values[f'rlguard_job_gpu_hours_lost_total{{job="{JOB}"}}'] == pytest.approx(
+        310 / 3600 * 8
+    )
     assert values[f'rlguard_job_ettr_ratio{{job="{JOB}"}}'] == pytest.approx(day["ettr"], rel=1e-3)
     assert values[f'rlguard_job_ettr_ratio{{job="{CALM}"}}'] == 1.0
     assert values[f'rlguard_job_gpu_hours_lost_total{{job="{CALM}"}}'] == 0.0

@@ -72,7 +72,9 @@ def test_report_table_markdown_and_bad_values(
         assert len(lines) == 1 and lines[0].startswith("rlguard: error: "), r.stderr
         return lines[0]
 
-    assert "--since 'last week' is neither a duration" in error("report", "--job", JOB, "--since", "last week")
+    assert "--since 'last week' is neither a duration" in error(
+        "report", "--job", JOB, "--since", "last week"
+    )
     assert "--until '3x'" in error("report", "--job", JOB, "--until", "3x")
     assert "no job named 'nope'" in error("report", "--job", "nope")
     missing = tmp_path / "no-dir" / "r.md"

@@ -86,13 +86,17 @@ def test_safe_mode_wait_is_charged_to_approval(embedded_stack: Stack) -> None:
     seg = row["segments"]
     # Approval: requested with the plan -> an approver asked for the release (the rejection in
     # between left the job waiting in SAFE_MODE).
-    assert seg["approve"] == pytest.approx(at["release_requested"] - at["approval_requested"], abs=1e-3)
+    assert seg["approve"] == pytest.approx(
+        at["release_requested"] - at["approval_requested"], abs=1e-3
+    )
     assert seg["approve"] > 0
     assert _ts(row["detected_at"]) == pytest.approx(at["opened"], abs=1e-3)
     delay = detail["detection_delay_seconds"] or 0.0
     assert _ts(row["detected_at"]) - _ts(row["fault_at"]) == pytest.approx(delay, abs=1e-3)
     releases = [a for a in detail["actions"] if a["action"] == "release_safe_mode"]
-    assert _ts(row["recovered_at"]) == pytest.approx(max(_ts(a["finished_at"]) for a in releases), abs=1e-3)
+    assert _ts(row["recovered_at"]) == pytest.approx(
+        max(_ts(a["finished_at"]) for a in releases), abs=1e-3
+    )
     assert _ts(row["resumed_at"]) > _ts(row["recovered_at"])
     assert sum(seg.values()) == pytest.approx(row["lost_seconds"], abs=1e-6)
     assert row["lost_seconds"] >= seg["approve"] and g["ettr"] < 1.0

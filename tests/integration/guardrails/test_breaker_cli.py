@@ -39,7 +39,14 @@ def test_breaker_list_and_reset(url: str) -> None:
     assert empty.exit_code == 0 and empty.stdout == "" and "no breaker ever tripped" in empty.stderr
     engine = make_engine(url)
     with Session(engine) as s:
-        s.add(CircuitBreaker(scope="job:grpo-1", open=True, reason="21 automatic actions in 10 min (limit 20)", trips=1))
+        s.add(
+            CircuitBreaker(
+                scope="job:grpo-1",
+                open=True,
+                reason="21 automatic actions in 10 min (limit 20)",
+                trips=1,
+            )
+        )
         s.commit()
     listed = invoke("breaker", "list")
     assert listed.exit_code == 0
@@ -55,8 +62,13 @@ def test_breaker_list_and_reset(url: str) -> None:
     ok = invoke("breaker", "reset", "job:grpo-1", "--comment", "image fixed")
     assert ok.exit_code == 0, ok.output
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT open, reset_by FROM circuit_breaker")).one() == (False, "cli")
-        audit = conn.execute(sa.text("SELECT actor, target FROM audit_event WHERE action = 'breaker.reset'")).one()
+        assert conn.execute(sa.text("SELECT open, reset_by FROM circuit_breaker")).one() == (
+            False,
+            "cli",
+        )
+        audit = conn.execute(
+            sa.text("SELECT actor, target FROM audit_event WHERE action = 'breaker.reset'")
+        ).one()
         assert tuple(audit) == ("cli", "job:grpo-1")
     again = invoke("breaker", "reset", "job:grpo-1")
     assert again.exit_code == 2 and "breaker 'job:grpo-1' is not open" in again.stderr

@@ -32,8 +32,12 @@ def test_a_dry_run_job_plans_and_shows_but_no_celery_task_runs(redis_stack: Stac
     stack.feeder.participant("n1", "rollout", 0, job=OTHER, phase="ROLLOUT")
     stack.feeder.start()
     stack.wait_baselines()
-    r = stack.http.request("PUT", f"/api/v1/jobs/{JOB}/automation", json={"dry_run": True},
-                           headers=stack.auth(stack.approver))
+    r = stack.http.request(
+        "PUT",
+        f"/api/v1/jobs/{JOB}/automation",
+        json={"dry_run": True},
+        headers=stack.auth(stack.approver),
+    )
     assert r.status_code == 200 and r.json()["dry_run"] is True, r.text
     stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
 
@@ -60,7 +64,9 @@ def test_a_dry_run_job_plans_and_shows_but_no_celery_task_runs(redis_stack: Stac
     assert {c["opts"].get("--job") for c in calls} == {OTHER}
     with stack.engine.connect() as conn:
         row = conn.execute(
-            sa.text("SELECT status, dispatch_count, dispatched_at FROM recovery_action WHERE id = :i"),
+            sa.text(
+                "SELECT status, dispatch_count, dispatched_at FROM recovery_action WHERE id = :i"
+            ),
             {"i": restart["id"]},
         ).one()
     assert tuple(row) == ("dry_run", 0, None)

@@ -34,7 +34,12 @@ RANKS = [(node, JOB, "rollout", 10 if node == "n0" else i) for i, node in enumer
 POLICY = {
     # One automatic restart per rank in 30 min; the job's breaker opens at a second node.
     "guardrails.budgets": {
-        "restart_role": {"per_rank": 1, "per_role": 10, "window_seconds": 1800, "backoff_seconds": 0}
+        "restart_role": {
+            "per_rank": 1,
+            "per_role": 10,
+            "window_seconds": 1800,
+            "backoff_seconds": 0,
+        }
     },
     "guardrails.job_breaker": {"max_actions": 20, "max_nodes": 1, "window_seconds": 600},
 }

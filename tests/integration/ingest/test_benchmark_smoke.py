@@ -16,8 +16,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180
 
 def test_ingest_benchmark_smoke() -> None:
     r = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "ingest.py"), "--clients", "1", "--seconds", "0.5", "--rounds", "1"],
-        capture_output=True, text=True, timeout=170, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ingest.py"),
+            "--clients",
+            "1",
+            "--seconds",
+            "0.5",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout

@@ -18,12 +18,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 def test_flood_benchmark_smoke() -> None:
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "flood.py"), "--seconds", "4", "--rounds", "2"],
-        capture_output=True, text=True, timeout=230, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     for phase in ("idle", "flood"):
-        m = re.search(rf"^calm node, {phase} *: p50 [\d.]+ ms, p99 [\d.]+ ms \((\d+) requests, errors 0\)$", out, re.M)
+        m = re.search(
+            rf"^calm node, {phase} *: p50 [\d.]+ ms, p99 [\d.]+ ms \((\d+) requests, errors 0\)$",
+            out,
+            re.M,
+        )
         assert m and int(m.group(1)) > 0, out
     assert re.search(r"^ratio p99 flood/idle: [\d.]+x", out, re.M), out
     assert re.search(r"^server RSS: idle \d+ MiB, peak during flood \d+ MiB", out, re.M), out

@@ -29,10 +29,18 @@ def post(api: Api, token: str | None, body: object, raw: bytes | None = None, **
 def db_state(api: Api) -> dict[str, object]:
     with Session(api.engine) as s:
         return {
-            "cursors": [(c.node_name, c.agent_id, c.high_seq, c.window_mask) for c in s.exec(select(IngestCursor)).all()],
-            "participants": [(p.job_name, p.role, p.rank, p.phase, p.step) for p in s.exec(select(Participant)).all()],
+            "cursors": [
+                (c.node_name, c.agent_id, c.high_seq, c.window_mask)
+                for c in s.exec(select(IngestCursor)).all()
+            ],
+            "participants": [
+                (p.job_name, p.role, p.rank, p.phase, p.step)
+                for p in s.exec(select(Participant)).all()
+            ],
             "jobs": [j.name for j in s.exec(select(Job)).all()],
-            "nodes": [(n.name, n.last_seen_at, n.fingerprint_hash) for n in s.exec(select(Node)).all()],
+            "nodes": [
+                (n.name, n.last_seen_at, n.fingerprint_hash) for n in s.exec(select(Node)).all()
+            ],
         }
 
 
@@ -50,7 +58,14 @@ def test_accepts_batch_and_persists_effects(api: Api) -> None:
         n=4,
         participants=[
             {"job": "grpo-1", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 7, "ts": now},
-            {"job": "grpo-1", "role": "rollout", "rank": 3, "phase": "ROLLOUT", "step": 7, "ts": now},
+            {
+                "job": "grpo-1",
+                "role": "rollout",
+                "rank": 3,
+                "phase": "ROLLOUT",
+                "step": 7,
+                "ts": now,
+            },
         ],
         fingerprint={"torch": "2.13.0", "driver": "550.1"},
     )
@@ -67,7 +82,7 @@ def test_accepts_batch_and_persists_effects(api: Api) -> None:
         ("grpo-1", "trainer", 0, "TRAIN", 7),
     ]
     assert state["jobs"] == ["grpo-1"]
-    (name, seen, fp_hash), = state["nodes"]
+    ((name, seen, fp_hash),) = state["nodes"]
     assert name == "node-a" and seen is not None and fp_hash is not None
     # the in-process view the policy engine reads
     parts = api.app.state.ingest.participants()  # type: ignore[attr-defined]
@@ -131,7 +146,12 @@ def _bad_cases(now: float) -> list[tuple[str, object, int, str]]:
         ("too long name", with_sample(name="a" * 201), 422, "samples[0].name"),
         ("label value not a string", with_sample(labels={"gpu": 0}), 422, "labels.gpu"),
         ("bad label name", with_sample(labels={"gpu-id": "0"}), 422, "label name"),
-        ("too many labels", with_sample(labels={f"l{i}": "x" for i in range(17)}), 422, "17 labels"),
+        (
+            "too many labels",
+            with_sample(labels={f"l{i}": "x" for i in range(17)}),
+            422,
+            "17 labels",
+        ),
         ("label value too long", with_sample(labels={"gpu": "x" * 129}), 422, "labels.gpu"),
         ("labels not an object", with_sample(labels=["gpu", "0"]), 422, "samples[0].labels"),
         ("unknown sample field", with_sample(unit="%"), 422, "unit"),
@@ -139,23 +159,64 @@ def _bad_cases(now: float) -> list[tuple[str, object, int, str]]:
         ("too many samples", {**good, "samples": [s0] * 5001}, 422, "samples"),
         (
             "participant bad rank",
-            {**good, "participants": [{"job": "j", "role": "trainer", "rank": -1, "phase": "TRAIN", "step": 0, "ts": now}]},
+            {
+                **good,
+                "participants": [
+                    {
+                        "job": "j",
+                        "role": "trainer",
+                        "rank": -1,
+                        "phase": "TRAIN",
+                        "step": 0,
+                        "ts": now,
+                    }
+                ],
+            },
             422,
             "participants.0.rank",
         ),
         (
             "participant bad phase",
-            {**good, "participants": [{"job": "j", "role": "trainer", "rank": 0, "phase": "TR AIN", "step": 0, "ts": now}]},
+            {
+                **good,
+                "participants": [
+                    {
+                        "job": "j",
+                        "role": "trainer",
+                        "rank": 0,
+                        "phase": "TR AIN",
+                        "step": 0,
+                        "ts": now,
+                    }
+                ],
+            },
             422,
             "phase",
         ),
         (
             "participant from the future",
-            {**good, "participants": [{"job": "j", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 0, "ts": now + 86400}]},
+            {
+                **good,
+                "participants": [
+                    {
+                        "job": "j",
+                        "role": "trainer",
+                        "rank": 0,
+                        "phase": "TRAIN",
+                        "step": 0,
+                        "ts": now + 86400,
+                    }
+                ],
+            },
             422,
             "participants[0].ts",
         ),
-        ("fingerprint value not a string", {**good, "fingerprint": {"torch": 2}}, 422, "fingerprint"),
+        (
+            "fingerprint value not a string",
+            {**good, "fingerprint": {"torch": 2}},
+            422,
+            "fingerprint",
+        ),
         ("body is a list", [good], 422, "JSON object"),
     ]
     # a valid first sample followed by a bad one: the good one must not be applied either
@@ -177,14 +238,40 @@ def test_every_bad_input_is_refused_whole_and_changes_nothing(api: Api) -> None:
         assert needle in r.json()["detail"], (label, r.json())
     raw_cases = [
         ("malformed JSON", b'{"agent_id": "a",', 400, "not valid JSON"),
-        ("NaN literal", orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":NaN'), 400, "NaN"),
-        ("Infinity literal", orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":Infinity'), 400, "finite"),
-        ("overflowing float", orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":1e999'), 400, "finite"),
-        ("overflowing int", orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":1' + b"0" * 400), 400, "finite"),
+        (
+            "NaN literal",
+            orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":NaN'),
+            400,
+            "NaN",
+        ),
+        (
+            "Infinity literal",
+            orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":Infinity'),
+            400,
+            "finite",
+        ),
+        (
+            "overflowing float",
+            orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":1e999'),
+            400,
+            "finite",
+        ),
+        (
+            "overflowing int",
+            orjson.dumps(batch("node-a", 1)).replace(b'"value":0.0', b'"value":1' + b"0" * 400),
+            400,
+            "finite",
+        ),
         ("empty body", b"", 400, "not valid JSON"),
     ]
     for label, raw, status, needle in raw_cases:
-        assert b"NaN" in raw or b"Infinity" in raw or b"1e999" in raw or b"0" * 400 in raw or label in ("malformed JSON", "empty body"), label
+        assert (
+            b"NaN" in raw
+            or b"Infinity" in raw
+            or b"1e999" in raw
+            or b"0" * 400 in raw
+            or label in ("malformed JSON", "empty body")
+        ), label
         r = post(api, token, None, raw=raw)
         assert r.status_code == status, (label, r.text)
         assert needle in r.json()["detail"], (label, r.json())
@@ -206,6 +293,7 @@ def test_oversized_body_is_413(migrated_url: str, make_api) -> None:  # type: ig
     r = post(api, token, big)
     assert r.status_code == 413 and r.headers["connection"] == "close"  # the body unread
     assert "limit of 2000" in r.json()["detail"]
+
     # no Content-Length (chunked): refused while streaming
     async def chunks():  # type: ignore[no-untyped-def]
         data = orjson.dumps(big)
@@ -233,7 +321,9 @@ def test_token_scoping(api: Api) -> None:
     assert "'node-b'" in r.json()["detail"] and "'node-a'" in r.json()["detail"]
     r = post(api, user, body_b)
     assert r.status_code == 403 and "user token" in r.json()["detail"]
-    r = api.client.post("/api/v1/ingest", content=orjson.dumps(body_b), headers={"Authorization": "Basic abc"})
+    r = api.client.post(
+        "/api/v1/ingest", content=orjson.dumps(body_b), headers={"Authorization": "Basic abc"}
+    )
     assert r.status_code == 401
     assert store_state(api) == []
     assert db_state(api)["cursors"] == []
@@ -282,8 +372,12 @@ def test_commit_failure_answers_503_and_the_retry_is_acked_once_durable(
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
-    r = wait_for(lambda: (got := post(api, token, batch("node-a", 9, n=2))).status_code == 200 and got,
-                 30, "the retried batch to be acknowledged", interval=0.2)
+    r = wait_for(
+        lambda: (got := post(api, token, batch("node-a", 9, n=2))).status_code == 200 and got,
+        30,
+        "the retried batch to be acknowledged",
+        interval=0.2,
+    )
     assert r.json() == {"accepted": 0, "duplicate": True}
     assert db_state(api)["cursors"] == [("node-a", "agent-1", 9, 1)]
     assert [len(pts) for _k, pts in store_state(api)] == [1, 1]
@@ -308,7 +402,9 @@ def test_concurrent_batches_share_group_commits(api: Api) -> None:
         (node, 4, 0b11111) for node in sorted(tokens)
     ]
     metrics = api.app.state.metrics  # type: ignore[attr-defined]
-    samples = {s.name: s.value for m in metrics.ingest_commit_group_size.collect() for s in m.samples}
+    samples = {
+        s.name: s.value for m in metrics.ingest_commit_group_size.collect() for s in m.samples
+    }
     assert samples["rlguard_ingest_commit_group_batches_sum"] == 30  # each batch committed once
 
 
@@ -324,7 +420,14 @@ def test_largest_valid_values_fit_the_columns(api: Api) -> None:
         agent="a" * 128,
         n=1,
         participants=[
-            {"job": "j" * 128, "role": "r" * 64, "rank": 1_000_000, "phase": "P" * 64, "step": 2**31 - 1, "ts": now}
+            {
+                "job": "j" * 128,
+                "role": "r" * 64,
+                "rank": 1_000_000,
+                "phase": "P" * 64,
+                "step": 2**31 - 1,
+                "ts": now,
+            }
         ],
         fingerprint={"k" * 128: "v" * 512},
     )
@@ -349,7 +452,9 @@ def test_gzip_bodies(migrated_url: str, make_api) -> None:  # type: ignore[no-un
     api = make_api(migrated_url, ingest={"max_body_bytes": 20_000})
     token = api.node_token("node-a")
     h = {**auth(token), "Content-Encoding": "gzip"}
-    ok = api.client.post("/api/v1/ingest", content=gzip.compress(orjson.dumps(batch("node-a", 0, n=3))), headers=h)
+    ok = api.client.post(
+        "/api/v1/ingest", content=gzip.compress(orjson.dumps(batch("node-a", 0, n=3))), headers=h
+    )
     assert ok.json() == {"accepted": 3, "duplicate": False}
     bomb = gzip.compress(b'{"samples": [' + b" " * 5_000_000 + b"]}")  # small on the wire
     assert len(bomb) < 20_000
@@ -359,7 +464,9 @@ def test_gzip_bodies(migrated_url: str, make_api) -> None:  # type: ignore[no-un
     assert r.status_code == 400 and "gzip" in r.json()["detail"]
     r = api.client.post("/api/v1/ingest", content=gzip.compress(b"{}")[:-6], headers=h)
     assert r.status_code == 400
-    r = api.client.post("/api/v1/ingest", content=b"{}", headers={**auth(token), "Content-Encoding": "br"})
+    r = api.client.post(
+        "/api/v1/ingest", content=b"{}", headers={**auth(token), "Content-Encoding": "br"}
+    )
     assert r.status_code == 415 and "'br'" in r.json()["detail"]
     assert db_state(api)["cursors"] == [("node-a", "agent-1", 0, 1)]
 

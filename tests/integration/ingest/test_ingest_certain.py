@@ -62,11 +62,9 @@ def test_a_certain_fault_is_told_once_after_its_commit(api: Api) -> None:
             "sent_at": T0,
             "samples": []
             if gpu_lost is None
-            else [{"name": m.GPU_LOST, "value": gpu_lost, "ts": T0 + seq,
-                   "labels": {"gpu": "0"}}],
+            else [{"name": m.GPU_LOST, "value": gpu_lost, "ts": T0 + seq, "labels": {"gpu": "0"}}],
             "participants": [
-                {"job": "j", "role": "trainer", "rank": r, "phase": p, "step": 5,
-                 "ts": T0 + seq}
+                {"job": "j", "role": "trainer", "rank": r, "phase": p, "step": 5, "ts": T0 + seq}
                 for r, p in phases.items()
             ],
         }
@@ -106,9 +104,14 @@ def test_a_failing_listener_never_fails_ingest(api: Api) -> None:
         CertainFaultWatch(exited_phases=("EXITED",), fault_gauges=(), notify=broken)
     )
     body = {
-        "agent_id": "a", "node": NODE, "seq": 1, "sent_at": T0, "samples": [],
-        "participants": [{"job": "j", "role": "trainer", "rank": 0, "phase": "EXITED", "step": 5,
-                          "ts": T0}],
+        "agent_id": "a",
+        "node": NODE,
+        "seq": 1,
+        "sent_at": T0,
+        "samples": [],
+        "participants": [
+            {"job": "j", "role": "trainer", "rank": 0, "phase": "EXITED", "step": 5, "ts": T0}
+        ],
     }
     r = api.client.post("/api/v1/ingest", json=body, headers=auth(token))
     assert r.status_code == 200 and r.json() == {"accepted": 0, "duplicate": False}, r.text

@@ -46,9 +46,32 @@ NODE = "fuzz-node"
 NOW = time.time()
 
 _EDGE_NUMBERS = [
-    0, -1, 1, 2**31 - 1, 2**31, 2**53 + 1, 2**62, 2**62 + 1, 2**63 - 1, 2**63, 2**64, -(2**63),
-    -(2**63) - 1, 10**30, -1e300, 1e300, 1.7976931348623157e308, -1.7976931348623157e308,
-    5e-324, -0.0, 253402300799.0, 253402300800.0, -62135596800.0, 1e18, NOW + 599, NOW + 601,
+    0,
+    -1,
+    1,
+    2**31 - 1,
+    2**31,
+    2**53 + 1,
+    2**62,
+    2**62 + 1,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    -(2**63) - 1,
+    10**30,
+    -1e300,
+    1e300,
+    1.7976931348623157e308,
+    -1.7976931348623157e308,
+    5e-324,
+    -0.0,
+    253402300799.0,
+    253402300800.0,
+    -62135596800.0,
+    1e18,
+    NOW + 599,
+    NOW + 601,
 ]
 _EDGE_TEXT = ["", "\x00", "a\x00b", "n9\n", " ", "é", "\u2028", "x" * 200, "../../etc", "-a"]
 
@@ -63,7 +86,9 @@ scalars = st.one_of(
 )
 anything = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -79,18 +104,36 @@ any_dict = st.dictionaries(any_text, any_text, max_size=2)
 any_list = st.lists(anything, max_size=2)
 # Per field name: any value of its JSON type (the odd values that pass a type check).
 TYPED: dict[str, st.SearchStrategy[Any]] = {
-    "agent_id": any_text, "node": any_text, "seq": any_int, "sent_at": any_float,
-    "samples": any_list, "participants": any_list, "fingerprint": any_dict,
-    "name": any_text, "value": any_float, "ts": any_float, "labels": any_dict,
-    "job": any_text, "role": any_text, "rank": any_int, "phase": any_text, "step": any_int,
+    "agent_id": any_text,
+    "node": any_text,
+    "seq": any_int,
+    "sent_at": any_float,
+    "samples": any_list,
+    "participants": any_list,
+    "fingerprint": any_dict,
+    "name": any_text,
+    "value": any_float,
+    "ts": any_float,
+    "labels": any_dict,
+    "job": any_text,
+    "role": any_text,
+    "rank": any_int,
+    "phase": any_text,
+    "step": any_int,
 }
 
 timestamps = st.one_of(
-    st.floats(min_value=0, max_value=NOW + 600), st.sampled_from([0.0, NOW, NOW + 590]), st.integers(0, int(NOW))
+    st.floats(min_value=0, max_value=NOW + 600),
+    st.sampled_from([0.0, NOW, NOW + 590]),
+    st.integers(0, int(NOW)),
 )
 label_values = st.one_of(st.text(max_size=8), st.sampled_from(_EDGE_TEXT))
 plausible_samples = st.fixed_dictionaries(
-    {"name": st.sampled_from(["gpu_util", "a:b", "_x"]), "value": st.floats(-1e6, 1e6), "ts": timestamps},
+    {
+        "name": st.sampled_from(["gpu_util", "a:b", "_x"]),
+        "value": st.floats(-1e6, 1e6),
+        "ts": timestamps,
+    },
     optional={"labels": st.dictionaries(st.sampled_from(["gpu", "job"]), label_values, max_size=2)},
 )
 plausible_participants = st.fixed_dictionaries(
@@ -110,9 +153,13 @@ plausible_bodies = st.fixed_dictionaries(
         "node": st.just(NODE),
         "seq": st.integers(0, 2**62),
         "sent_at": timestamps,
-        "samples": st.lists(plausible_samples.filter(lambda s: s.get("labels")), min_size=1, max_size=2),
+        "samples": st.lists(
+            plausible_samples.filter(lambda s: s.get("labels")), min_size=1, max_size=2
+        ),
         "participants": st.lists(plausible_participants, min_size=1, max_size=2),
-        "fingerprint": st.dictionaries(st.sampled_from(["torch", "driver"]), label_values, min_size=1, max_size=2),
+        "fingerprint": st.dictionaries(
+            st.sampled_from(["torch", "driver"]), label_values, min_size=1, max_size=2
+        ),
     },
 )
 
@@ -134,10 +181,25 @@ def _slots(body: dict[str, Any]) -> dict[str, list[Slot]]:
 
 
 FIELDS = [
-    "agent_id", "node", "seq", "sent_at", "samples", "participants", "fingerprint",
-    "fingerprint[]", "samples[].name", "samples[].value", "samples[].ts", "samples[].labels",
-    "samples[].labels[]", "participants[].job", "participants[].role", "participants[].rank",
-    "participants[].phase", "participants[].step", "participants[].ts",
+    "agent_id",
+    "node",
+    "seq",
+    "sent_at",
+    "samples",
+    "participants",
+    "fingerprint",
+    "fingerprint[]",
+    "samples[].name",
+    "samples[].value",
+    "samples[].ts",
+    "samples[].labels",
+    "samples[].labels[]",
+    "participants[].job",
+    "participants[].role",
+    "participants[].rank",
+    "participants[].phase",
+    "participants[].step",
+    "participants[].ts",
 ]
 
 
@@ -159,8 +221,14 @@ def bodies_with_odd(draw: st.DrawFn, name: str) -> dict[str, Any]:
 
 # The probe's own finding, always tried first.
 MINUS_1E300 = {
-    "agent_id": "fuzz-agent", "node": NODE, "seq": 1, "sent_at": NOW, "samples": [],
-    "participants": [{"job": "j1", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1, "ts": -1e300}],
+    "agent_id": "fuzz-agent",
+    "node": NODE,
+    "seq": 1,
+    "sent_at": NOW,
+    "samples": [],
+    "participants": [
+        {"job": "j1", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 1, "ts": -1e300}
+    ],
 }
 
 
@@ -173,10 +241,15 @@ def server(database_url: str, tmp_path: Path) -> Any:
         s.commit()
     engine.dispose()
     port = free_port()
-    env = rlguard_env(database_url, tmp_path / "data", RLGUARD_DEV="1",
-                      RLGUARD_HARDENING__INGEST_BURST="100000")
-    proc = ServerProcess([*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)], env,
-                         port, tmp_path / "server.log")
+    env = rlguard_env(
+        database_url, tmp_path / "data", RLGUARD_DEV="1", RLGUARD_HARDENING__INGEST_BURST="100000"
+    )
+    proc = ServerProcess(
+        [*RLGUARD, "server", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        port,
+        tmp_path / "server.log",
+    )
     try:
         proc.start(timeout=60)
         yield proc, tokens
@@ -194,14 +267,17 @@ def test_no_ingest_body_stops_ingest(server: Any) -> None:
         raw = json.dumps(body).encode()  # huge ints and -0.0 as Python writes them
         r = client.post("/api/v1/ingest", content=raw, headers=fuzz_auth)
         assert r.status_code < 500, (r.status_code, r.text)
-        assert "cannot store" not in r.text, f"validation let through what the database refuses: {r.text}"
+        assert "cannot store" not in r.text, (
+            f"validation let through what the database refuses: {r.text}"
+        )
         # Another node's batch is still committed. No wall-clock bound on it: a bad body that
         # stalled ingest would do it through the committer (a failed group retried with backoff,
         # logged "ingest commit failed") or a batch refused at commit, both checked from the
         # server's own records below; a bound of 1 s failed once on a loaded 2-core CI machine
         # (2.6 s, not reproducible). Ingest latency is measured by benchmarks/ingest.py.
-        probe = client.post("/api/v1/ingest", json=batch("probe-node", next(probe_seq), n=2),
-                            headers=probe_auth)
+        probe = client.post(
+            "/api/v1/ingest", json=batch("probe-node", next(probe_seq), n=2), headers=probe_auth
+        )
         assert probe.status_code == 200 and probe.json()["duplicate"] is False, probe.text
         assert "ingest commit failed" not in proc.output(), "a body made the group commit fail"
 

@@ -116,6 +116,7 @@ def test_a_slow_inline_commit_sends_commits_to_the_thread_for_the_cooldown(
 def test_never_for_postgresql_or_when_turned_off(postgres_url: str, sqlite_url: str) -> None:
     with pytest.raises(ValueError, match="SQLite only"):
         InlineSqliteCommitter(postgres_url, sqlite_synchronous="FULL", max_ms=3)
+
     def inline(settings: Settings) -> bool:
         engine = sa.create_engine(settings.db_url)
         return isinstance(choose_committer(settings, engine, LocalSeriesBackend()),

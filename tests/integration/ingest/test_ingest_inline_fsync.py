@@ -89,7 +89,9 @@ def test_a_failed_fsync_is_not_acknowledged_and_the_group_is_committed_again(
     assert r.status_code == 200 and r.json() == {"accepted": 4, "duplicate": False}
     assert len(calls) == 2
     assert _high_seq(sqlite_api) == 3
-    again = sqlite_api.client.post("/api/v1/ingest", json=batch("node-a", 3, n=4), headers=auth(token))
+    again = sqlite_api.client.post(
+        "/api/v1/ingest", json=batch("node-a", 3, n=4), headers=auth(token)
+    )
     assert again.json() == {"accepted": 0, "duplicate": True}
 
 

@@ -102,7 +102,9 @@ def test_used_only_for_postgres_with_psycopg_and_not_when_turned_off(
     assert not supports_loop_commits(sqlite_url)
     assert not supports_loop_commits("postgresql+psycopg2://u@h/db")
     assert isinstance(_chosen(Settings(dev=True, database_url=postgres_url)), LoopPostgresCommitter)
-    assert not isinstance(_chosen(Settings(dev=True, database_url=sqlite_url)), LoopPostgresCommitter)
+    assert not isinstance(
+        _chosen(Settings(dev=True, database_url=sqlite_url)), LoopPostgresCommitter
+    )
     off = Settings(
         dev=True,
         database_url=postgres_url,

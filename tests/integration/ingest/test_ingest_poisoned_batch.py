@@ -143,14 +143,18 @@ def test_readyz_is_503_while_commits_fail_and_200_once_they_succeed(
     engine = sa.create_engine(database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text(
-                "CREATE FUNCTION rlg_fault() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "RAISE EXCEPTION 'injected fault' USING ERRCODE = '08006'; END $$"
-            ))
-            conn.execute(sa.text(
-                "CREATE TRIGGER rlg_fault BEFORE INSERT OR UPDATE ON ingest_cursor "
-                "FOR EACH ROW EXECUTE FUNCTION rlg_fault()"
-            ))
+            conn.execute(
+                sa.text(
+                    "CREATE FUNCTION rlg_fault() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                    "RAISE EXCEPTION 'injected fault' USING ERRCODE = '08006'; END $$"
+                )
+            )
+            conn.execute(
+                sa.text(
+                    "CREATE TRIGGER rlg_fault BEFORE INSERT OR UPDATE ON ingest_cursor "
+                    "FOR EACH ROW EXECUTE FUNCTION rlg_fault()"
+                )
+            )
         r = post(api, token, batch("n1", 1))
         assert r.status_code == 503 and "retry the same seq" in r.json()["detail"]
         ready = api.client.get("/readyz")

@@ -81,8 +81,14 @@ def participants(seq: int, n: int = 4) -> list[dict[str, object]]:
     pages to store them."""
     now = time.time()
     return [
-        {"job": "train", "role": "rollout", "rank": seq * n + i, "phase": "ROLLOUT", "step": 1,
-         "ts": now}
+        {
+            "job": "train",
+            "role": "rollout",
+            "rank": seq * n + i,
+            "phase": "ROLLOUT",
+            "step": 1,
+            "ts": now,
+        }
         for i in range(n)
     ]
 
@@ -112,7 +118,9 @@ def exercise_full_disk(api: Api, disk: Path, sqlite: bool) -> None:
 
     # While the circuit is open: answered at once, naming the cause, nothing applied.
     for extra in range(1, 4):
-        r, took = post(api, token, batch("n1", held + extra, participants=participants(held + extra)))
+        r, took = post(
+            api, token, batch("n1", held + extra, participants=participants(held + extra))
+        )
         assert r.status_code == 503 and r.json()["detail"].startswith("database disk is full")
         assert "nothing of this batch was applied" in r.json()["detail"]
         assert took < 1.0, f"a refused request took {took:.2f} s while the disk is full"
@@ -146,9 +154,7 @@ def exercise_full_disk(api: Api, disk: Path, sqlite: bool) -> None:
 
 
 def app_on(url: str, data_dir: Path) -> Api:
-    settings = make_settings(
-        url, data_dir, ingest={"storage_full_hold_seconds": HOLD_SECONDS}
-    )
+    settings = make_settings(url, data_dir, ingest={"storage_full_hold_seconds": HOLD_SECONDS})
     return Api(AppClient(create_app(settings, extra_lifespans=[])))
 
 
@@ -191,9 +197,7 @@ def postgres_on_small_disk(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         pg.destroy()
 
 
-def test_postgres_on_a_full_disk(
-    postgres_on_small_disk: tuple[str, Path], tmp_path: Path
-) -> None:
+def test_postgres_on_a_full_disk(postgres_on_small_disk: tuple[str, Path], tmp_path: Path) -> None:
     url, disk = postgres_on_small_disk
     migrate.upgrade(url)
     api = app_on(url, tmp_path / "data")

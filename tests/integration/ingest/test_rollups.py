@@ -26,8 +26,20 @@ T0 = 1_800_000_000.0 // 60 * 60  # a minute boundary
 def rows(engine) -> list[tuple]:  # type: ignore[no-untyped-def]
     with Session(engine) as s:
         return [
-            (r.node, r.name, r.labels, r.minute.timestamp() - T0, r.count, r.min, r.max, r.avg, r.last)
-            for r in s.exec(select(MetricRollup).order_by(MetricRollup.minute, MetricRollup.name)).all()
+            (
+                r.node,
+                r.name,
+                r.labels,
+                r.minute.timestamp() - T0,
+                r.count,
+                r.min,
+                r.max,
+                r.avg,
+                r.last,
+            )
+            for r in s.exec(
+                select(MetricRollup).order_by(MetricRollup.minute, MetricRollup.name)
+            ).all()
         ]
 
 
@@ -62,7 +74,17 @@ def test_complete_minutes_are_rolled_once_and_merged_across_restarts(migrated_ur
     w2 = writer(engine, store2, now)
     assert w2.run_once() == 1
     merged = rows(engine)[1]
-    assert merged == ("n1", "gpu_util", {"gpu": "0"}, 60.0, 4, 90.0, 200.0, pytest.approx(130.0), 130.0)
+    assert merged == (
+        "n1",
+        "gpu_util",
+        {"gpu": "0"},
+        60.0,
+        4,
+        90.0,
+        200.0,
+        pytest.approx(130.0),
+        130.0,
+    )
     engine.dispose()
 
 
@@ -87,8 +109,19 @@ def test_failed_write_is_retried_and_old_rows_pruned(migrated_url: str) -> None:
 
     with Session(engine) as s:
         s.add(
-            MetricRollup(series_id=series_id(key), node="n1", name="m", labels={}, minute=utcnow() - timedelta(days=31),
-                         count=1, min=0, max=0, avg=0, last=0, last_ts=0)
+            MetricRollup(
+                series_id=series_id(key),
+                node="n1",
+                name="m",
+                labels={},
+                minute=utcnow() - timedelta(days=31),
+                count=1,
+                min=0,
+                max=0,
+                avg=0,
+                last=0,
+                last_ts=0,
+            )
         )
         s.commit()
     assert len(rows(engine)) == 2
@@ -111,7 +144,10 @@ def test_the_running_server_writes_rollups_in_the_background(migrated_url: str, 
         s["ts"] = minute_ago + i
     assert api.client.post("/api/v1/ingest", json=body, headers=auth(token)).status_code == 200
     wait_for(lambda: rows(api.engine), 20, "a rollup row")
-    assert sorted((r[2]["gpu"], r[4], r[8]) for r in rows(api.engine)) == [("0", 1, 0.0), ("1", 1, 1.0)]
+    assert sorted((r[2]["gpu"], r[4], r[8]) for r in rows(api.engine)) == [
+        ("0", 1, 0.0),
+        ("1", 1, 1.0),
+    ]
 
 
 def test_a_large_pass_commits_in_short_transactions_and_a_failed_one_is_retried_once(

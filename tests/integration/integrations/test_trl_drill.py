@@ -43,11 +43,13 @@ def jobs(stack: DemoStack) -> Iterator[Callable[..., TRLJob]]:
         j.stop()
 
 
-def _drill(stack: DemoStack, *args: str, job: str = "trl-drill") -> subprocess.CompletedProcess[str]:
-    env = rlguard_env(None, stack.workdir / "data", RLGUARD_URL=stack.url,
-                      RLGUARD_TOKEN=stack.token)
-    return run_cli("drill", "--job", job, "--role", "trainer", *args, env=env,
-                   timeout=300)
+def _drill(
+    stack: DemoStack, *args: str, job: str = "trl-drill"
+) -> subprocess.CompletedProcess[str]:
+    env = rlguard_env(
+        None, stack.workdir / "data", RLGUARD_URL=stack.url, RLGUARD_TOKEN=stack.token
+    )
+    return run_cli("drill", "--job", job, "--role", "trainer", *args, env=env, timeout=300)
 
 
 def _trains(job: TRLJob) -> int:
@@ -95,24 +97,35 @@ def test_kill_oom_and_disk_full_drills_on_the_trl_example(
 def _quiet(stack: DemoStack, job: TRLJob) -> None:
     """Wait until the job has no open incident: the last drill's resolves after the policy's
     quiet period, and a process with an open incident is not drilled (refused)."""
-    job.wait(lambda: not [i for i in stack.incidents()
-                          if i["status"] == "open" and i["subject"].get("job") == job.job],
-             120, "the last drill's incident to resolve")
+    job.wait(
+        lambda: (
+            not [
+                i
+                for i in stack.incidents()
+                if i["status"] == "open" and i["subject"].get("job") == job.job
+            ]
+        ),
+        120,
+        "the last drill's incident to resolve",
+    )
 
 
 def _oom_drill(stack: DemoStack, job: TRLJob, killed_pid: int) -> int:
     """The restarted trainer declared its oom point: drilled through it, healed as an OOM;
     the pid it was drilled in."""
-    pid: int = job.wait(lambda: (p := job.trainer_pid()) != killed_pid and p, 60,
-                        "the restarted trainer's pid")
+    pid: int = job.wait(
+        lambda: (p := job.trainer_pid()) != killed_pid and p, 60, "the restarted trainer's pid"
+    )
     _quiet(stack, job)
     r = _drill(stack, "--fault", "oom", "--timeout", "240")
     out = r.stdout
     print(out)  # the printed report, for whoever runs this with -s
     assert r.returncode == 0, (r.stderr, out, job.logs())
     assert "oom trainer-0 of job trl-drill" in out and "recovered" in out.splitlines()[0], out
-    assert (f"trainer-0 (pid {pid}), its own injection point: its next optimizer step raises "
-            "torch.OutOfMemoryError") in out
+    assert (
+        f"trainer-0 (pid {pid}), its own injection point: its next optimizer step raises "
+        "torch.OutOfMemoryError"
+    ) in out
     d = stack.api("GET", f"/api/v1/drills/{int(out.split(':')[0].split()[1])}").json()
     rep = d["report"]
     # As with a real OOM: the callback counts the failed step as the process dies (step_failed,
@@ -129,8 +142,12 @@ def _oom_drill(stack: DemoStack, job: TRLJob, killed_pid: int) -> int:
     exit_ = next(e for e in after if e.get("kind") == "child_exit")
     assert exit_["cause"] == "cuda_oom" and exit_["code"] == 1, exit_
     assert "OutOfMemoryError: CUDA out of memory" in exit_["line"], exit_
-    assert any(e.get("kind") == "hook_request" and e.get("action") == "restart_role"
-               and e["ts"] >= exit_["ts"] for e in after), after  # RLGuard restarted it
+    assert any(
+        e.get("kind") == "hook_request"
+        and e.get("action") == "restart_role"
+        and e["ts"] >= exit_["ts"]
+        for e in after
+    ), after  # RLGuard restarted it
     return pid
 
 
@@ -139,13 +156,18 @@ def _disk_full_drill(stack: DemoStack, job: TRLJob, oom_pid: int) -> None:
     launcher names it (disk_full: storage_unwritable, heavy), SAFE_MODE refuses the next drill,
     and a person's approval of restore_checkpoint resumes the run from its newest sealed
     checkpoint (the one before the failed save)."""
-    pid: int = job.wait(lambda: (p := job.trainer_pid()) != oom_pid and p, 60,
-                        "the trainer restarted after the oom drill")
+    pid: int = job.wait(
+        lambda: (p := job.trainer_pid()) != oom_pid and p,
+        60,
+        "the trainer restarted after the oom drill",
+    )
     _quiet(stack, job)
     r = _drill(stack, "--fault", "disk-full", "--no-wait")
     assert r.returncode == 0, (r.stderr, r.stdout, job.logs())
-    assert (f"trainer-0 (pid {pid}), its own injection point: its next step end saves a "
-            "checkpoint and the save fails with ENOSPC") in r.stdout, r.stdout
+    assert (
+        f"trainer-0 (pid {pid}), its own injection point: its next step end saves a "
+        "checkpoint and the save fails with ENOSPC"
+    ) in r.stdout, r.stdout
     drill_id = int(r.stdout.split(":")[0].split()[1])
 
     def heavy() -> dict[str, Any] | None:
@@ -156,9 +178,18 @@ def _disk_full_drill(stack: DemoStack, job: TRLJob, oom_pid: int) -> None:
     d = job.wait(heavy, 120, "storage_unwritable")
     assert d["report"]["incident"]["tier"] == "heavy" and d["report"]["recovered"] is False, d
     injected = datetime.fromisoformat(d["injected_at"]).timestamp()
-    exit_ = job.wait(lambda: next((e for e in read_events(job.run_dir / "events.jsonl")
-                                   if e["ts"] >= injected and e.get("kind") == "child_exit"),
-                                  None), 60, "the trainer's exit")
+    exit_ = job.wait(
+        lambda: next(
+            (
+                e
+                for e in read_events(job.run_dir / "events.jsonl")
+                if e["ts"] >= injected and e.get("kind") == "child_exit"
+            ),
+            None,
+        ),
+        60,
+        "the trainer's exit",
+    )
     assert exit_["cause"] == "disk_full" and "No space left on device" in exit_["line"], exit_
     # The failed save left nothing of itself: the newest sealed checkpoint is an older one.
     failed = int(re.search(r"checkpoint-(\d+) was not written", exit_["line"]).group(1))
@@ -173,24 +204,35 @@ def _disk_full_drill(stack: DemoStack, job: TRLJob, oom_pid: int) -> None:
     refused = job.wait(refused_for_safe_mode, 120, "SAFE_MODE")
     assert f"job '{job.job}' is in SAFE_MODE (incident " in refused.stderr, refused.stderr
     incident = d["report"]["incident"]["id"]
-    [approval] = job.wait(lambda: [a for a in stack.pending_approvals()
-                                   if a["incident_id"] == incident], 60, "the approval")
+    [approval] = job.wait(
+        lambda: [a for a in stack.pending_approvals() if a["incident_id"] == incident],
+        60,
+        "the approval",
+    )
     assert [a["action"] for a in approval["actions"]] == ["restore_checkpoint"], approval
-    r2 = stack.api("POST", f"/api/v1/approvals/{approval['id']}/approve",
-                   json={"comment": "disk-full drill: resume from the sealed checkpoint"})
+    r2 = stack.api(
+        "POST",
+        f"/api/v1/approvals/{approval['id']}/approve",
+        json={"comment": "disk-full drill: resume from the sealed checkpoint"},
+    )
     assert r2.status_code == 200, r2.text
     # Released and restarted: it trains past the step whose save failed, out of SAFE_MODE,
     # with no second incident for the same full disk (the run's end is not waited for: 150
     # steps take minutes on a loaded host; the other drills' runs are seen to finish).
     job.wait(lambda: job.server_step() > failed, 180, f"a step past {failed} after the restore")
-    assert [i["kind"] for i in stack.incidents()
-            if i["subject"].get("job") == job.job and i["kind"] == "storage_unwritable"] == [
-        "storage_unwritable"]
+    assert [
+        i["kind"]
+        for i in stack.incidents()
+        if i["subject"].get("job") == job.job and i["kind"] == "storage_unwritable"
+    ] == ["storage_unwritable"]
 
 
 def _events(job: TRLJob, kind: str, since: float, until: float) -> int:
-    return sum(1 for e in read_events(job.run_dir / "events.jsonl")
-               if e.get("kind") == kind and since <= e["ts"] <= until)
+    return sum(
+        1
+        for e in read_events(job.run_dir / "events.jsonl")
+        if e.get("kind") == kind and since <= e["ts"] <= until
+    )
 
 
 def test_hang_drill_on_the_trl_example_counts_the_generations_redone_and_reused(
@@ -208,8 +250,11 @@ def test_hang_drill_on_the_trl_example_counts_the_generations_redone_and_reused(
     rep = d["report"]
     # Seen hung (its heartbeat stops moving, or its step does), stacks taken, then restarted.
     assert rep["incident"]["kind"] in ("train_hang", "heartbeat_lost"), rep
-    assert rep["actions"][-1] == {**rep["actions"][-1], "action": "restart_role",
-                                  "status": "succeeded"}, rep
+    assert rep["actions"][-1] == {
+        **rep["actions"][-1],
+        "action": "restart_role",
+        "status": "succeeded",
+    }, rep
     assert 0 <= rep["detection_delay_seconds"] < rep["time_to_first_new_step_seconds"] < 240
     assert rep["counted_in_ettr"] is False
     # Counted on the node from the run's own events: the steps redone from the checkpoint
@@ -220,10 +265,14 @@ def test_hang_drill_on_the_trl_example_counts_the_generations_redone_and_reused(
     assert rep["unit"] == "batches", rep
     # The count ran after the drill's end was timed: every event up to then is in it, and a
     # later one may be.
-    for kind, figure in (("generation_redone", "generations_redone"),
-                         ("generation_reused", "generations_reused")):
-        low, high = (_events(job, kind, injected, finished),
-                     _events(job, kind, injected, float("inf")))
+    for kind, figure in (
+        ("generation_redone", "generations_redone"),
+        ("generation_reused", "generations_reused"),
+    ):
+        low, high = (
+            _events(job, kind, injected, finished),
+            _events(job, kind, injected, float("inf")),
+        )
         assert low <= rep[figure] <= high, (kind, rep, low, high)
     assert f"generations redone  {generations_text(rep)}" in out
     assert generations_text(rep).endswith(" reused instead)"), rep

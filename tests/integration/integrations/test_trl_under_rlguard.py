@@ -118,7 +118,9 @@ def test_a_sigstopped_trainer_is_hung_restarted_and_completes(
     # TRAIN) counts towards train_hang (a long SAVE is not a hang), so the trainer is stopped at
     # a moment its last heartbeat, the last thing the server will see of it, says one of those;
     # stopped in SAVE it would rightly be judged by its silent heartbeat (heartbeat_lost) instead.
-    pid = job.wait(lambda: _frozen_in(job, ("ROLLOUT", "TRAIN")), 60, "the trainer frozen in a step")
+    pid = job.wait(
+        lambda: _frozen_in(job, ("ROLLOUT", "TRAIN")), 60, "the trainer frozen in a step"
+    )
     complete = job.newest_complete()
     stopped_at = max(s["step"] for s in job.steps())
     assert complete is not None and stopped_at < job.max_steps

@@ -40,13 +40,27 @@ def _incidents(stack: DemoStack) -> list[dict[str, Any]]:
 def _fail(stack: DemoStack, how: str, kind: str) -> tuple[dict[str, Any], Launch]:
     # Past the job's first steps (a fault there is a first-step anomaly: heavy); the script
     # then fails once, and RLGuard's restart runs it again (it fails again the same way).
-    launch = Launch(stack.run_dir, "--role", "trainer", "--job", JOB, "--backoff", "0",
-                    script=FAILING, script_args=("--fail", how, "--at", "8"))
+    launch = Launch(
+        stack.run_dir,
+        "--role",
+        "trainer",
+        "--job",
+        JOB,
+        "--backoff",
+        "0",
+        script=FAILING,
+        script_args=("--fail", how, "--at", "8"),
+    )
     try:
         launch.wait(lambda: launch.events("child_exit"), "the script to fail", timeout=60)
-        inc = wait_for(lambda: next((stack.incident(i["id"]) for i in _incidents(stack)
-                                     if i["kind"] == kind), None),
-                       60, f"a {kind} incident", context=launch.logs)
+        inc = wait_for(
+            lambda: next(
+                (stack.incident(i["id"]) for i in _incidents(stack) if i["kind"] == kind), None
+            ),
+            60,
+            f"a {kind} incident",
+            context=launch.logs,
+        )
     except BaseException:
         launch.close()
         raise
@@ -62,6 +76,7 @@ def test_a_cuda_oom_opens_cuda_oom_with_the_line_and_the_same_oom_again_goes_to_
         text = json.dumps(inc)
         assert '"exit_cause": "cuda_oom"' in text
         assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in text
+
         # restart_role ran; the restarted script dies of the same OOM at the same step: the
         # incident escalates to heavy instead of restarting into it again.
         def escalated() -> dict[str, Any] | None:

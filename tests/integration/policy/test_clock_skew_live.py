@@ -112,7 +112,8 @@ def test_a_real_agent_and_job_on_a_clock_40_s_late_open_only_clock_skew(
         while time.monotonic() < until:
             got = stack.incidents()
             assert [(i["kind"], i["node"]) for i in got] == [("clock_skew", "n1")], [
-                (i["summary"], i["opened_at"]) for i in got]
+                (i["summary"], i["opened_at"]) for i in got
+            ]
             time.sleep(1)
     finally:
         for proc in jobs:

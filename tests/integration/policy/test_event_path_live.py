@@ -44,8 +44,12 @@ def _post(stack: Stack, seq: int, phase: str) -> float:
         ],
         "fingerprint": None,
     }
-    r = httpx.post(f"{stack.base_url}/api/v1/ingest", json=body,
-                   headers=stack.auth(stack.node_tokens["n0"]), timeout=10)
+    r = httpx.post(
+        f"{stack.base_url}/api/v1/ingest",
+        json=body,
+        headers=stack.auth(stack.node_tokens["n0"]),
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     return time.time()
 
@@ -73,8 +77,9 @@ def test_a_launcher_seen_exit_is_restarted_before_the_next_tick(stack: Stack) ->
     # ...and started before the interval tick could even have planned it.
     assert action.started_at.timestamp() < launched + TICK_SECONDS
 
-    done = stack.wait(lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 60,
-                      "the restart to succeed")
+    done = stack.wait(
+        lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 60, "the restart to succeed"
+    )
     restart = _action(done, "restart_role")
     assert restart is not None and restart["attempts"] == 1
     # One incident, one action: the event path planned it, nothing planned it again.

@@ -47,8 +47,14 @@ def _body(seq: int, job: str, phase: str) -> bytes:
             "sent_at": time.time(),
             "samples": [],
             "participants": [
-                {"job": job, "role": "trainer", "rank": 0, "phase": phase, "step": 50,
-                 "ts": time.time()}
+                {
+                    "job": job,
+                    "role": "trainer",
+                    "rank": 0,
+                    "phase": phase,
+                    "step": 50,
+                    "ts": time.time(),
+                }
             ],
             "fingerprint": None,
         }
@@ -83,11 +89,15 @@ def _race(database_url: str, tmp_path: Path) -> tuple[int, int]:
                 barrier = threading.Barrier(TICKERS + 2)
                 results: list[object] = []
 
-                def tick_holder(b: threading.Barrier = barrier, out: list[object] = results) -> None:
+                def tick_holder(
+                    b: threading.Barrier = barrier, out: list[object] = results
+                ) -> None:
                     b.wait()
                     out.append(sched.tick())
 
-                def tick_replica(b: threading.Barrier = barrier, out: list[object] = results) -> None:
+                def tick_replica(
+                    b: threading.Barrier = barrier, out: list[object] = results
+                ) -> None:
                     b.wait()
                     out.append(("replica", replica.tick()))
 
@@ -107,7 +117,9 @@ def _race(database_url: str, tmp_path: Path) -> tuple[int, int]:
                     await asyncio.to_thread(t.join, 60)
                     assert not t.is_alive()
                 assert ("replica", None) in results  # the replica never ticked
-                racing_ticks += sum(1 for r in results if r is not None and not isinstance(r, tuple))
+                racing_ticks += sum(
+                    1 for r in results if r is not None and not isinstance(r, tuple)
+                )
             # Every fault is planned (by whichever path) before the app stops; stopping joins
             # the event thread, so no tick is still writing when the rows are counted.
             deadline = time.monotonic() + 60
@@ -122,7 +134,9 @@ def _race(database_url: str, tmp_path: Path) -> tuple[int, int]:
     return event_ticks, racing_ticks
 
 
-def test_the_event_path_and_the_tick_plan_each_fault_once(database_url: str, tmp_path: Path) -> None:
+def test_the_event_path_and_the_tick_plan_each_fault_once(
+    database_url: str, tmp_path: Path
+) -> None:
     migrate.upgrade(database_url)
     engine = make_engine(database_url)
     with Session(engine) as s:

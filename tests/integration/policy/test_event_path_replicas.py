@@ -32,9 +32,14 @@ WITHIN_SECONDS = 5.0  # far below both the follow interval (10 s) and the tick (
 def _body(seq: int, phase: str) -> dict[str, object]:
     now = time.time()
     return {
-        "agent_id": "agent-n0", "node": "n0", "seq": seq, "sent_at": now, "samples": [],
-        "participants": [{"job": "j", "role": "trainer", "rank": 0, "phase": phase, "step": 20,
-                          "ts": now}],
+        "agent_id": "agent-n0",
+        "node": "n0",
+        "seq": seq,
+        "sent_at": now,
+        "samples": [],
+        "participants": [
+            {"job": "j", "role": "trainer", "rank": 0, "phase": phase, "step": 20, "ts": now}
+        ],
     }
 
 
@@ -64,8 +69,12 @@ def test_an_exit_ingested_by_another_replica_is_planned_by_the_holder_at_once(
 
         api = Api(clients[1])
         token = api.node_token("n0")
-        assert clients[1].post("/api/v1/ingest", json=_body(1, "TRAIN"),
-                               headers=auth(token)).status_code == 200
+        assert (
+            clients[1]
+            .post("/api/v1/ingest", json=_body(1, "TRAIN"), headers=auth(token))
+            .status_code
+            == 200
+        )
         resp = clients[1].post("/api/v1/ingest", json=_body(2, "EXITED"), headers=auth(token))
         assert resp.status_code == 200, resp.text
         acked = time.monotonic()

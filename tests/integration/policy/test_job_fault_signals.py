@@ -51,7 +51,7 @@ def _run_steps(machine: PhaseMachine, reporter: HeartbeatReporter, steps: int) -
 
 
 def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
-    embedded_stack: Stack
+    embedded_stack: Stack,
 ) -> None:
     stack = embedded_stack
     stack.start_server()
@@ -83,8 +83,9 @@ def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
 
         # The job restores the checkpoint taken before step 3 and runs step 3 again: it fails
         # again. That is RobustRL's "same step failing again": heavy, whole-job restart plan.
-        again = PhaseMachine(log, name="trainer-restored", run_dir=run_dir, reporter=reporter,
-                             first_step=3)
+        again = PhaseMachine(
+            log, name="trainer-restored", run_dir=run_dir, reporter=reporter, first_step=3
+        )
         again.fire(Event.START)
         again.fire(Event.PREPARED)
         again.fire(Event.ROLLOUT_COMPLETE)
@@ -108,7 +109,7 @@ def test_train_oom_is_a_light_incident_and_the_same_step_again_is_heavy(
 
 
 def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_incidents(
-    embedded_stack: Stack
+    embedded_stack: Stack,
 ) -> None:
     stack = embedded_stack
     stack.start_server()
@@ -120,14 +121,19 @@ def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_inciden
         rep.start_keepalive()
     try:
         stack.start_agent("n1", run_dir)
-        for name in ("rollout_batch_timeouts_total", "actor_shard_stale", "state_log_write_errors_total"):
+        for name in (
+            "rollout_batch_timeouts_total",
+            "actor_shard_stale",
+            "state_log_write_errors_total",
+        ):
             stack.wait(lambda n=name: _held(stack, n, 0, count=2), 40, f"baseline of {name}")
         rollout.record_rollout_timeout()
         rollout.set_shard_stale("rank1", True)
         trainer.record_state_log_error()
         found = stack.wait(
             lambda: all(
-                stack.incident(k) for k in ("rollout_batch_timeout", "shard_stale", "storage_unwritable")
+                stack.incident(k)
+                for k in ("rollout_batch_timeout", "shard_stale", "storage_unwritable")
             ),
             30,
             "three incidents",
@@ -155,7 +161,7 @@ def test_rollout_timeout_stale_shard_and_unwritable_state_log_open_their_inciden
 
 
 def test_snapshot_persist_errors_open_checkpoint_write_errors_and_the_job_goes_on(
-    embedded_stack: Stack
+    embedded_stack: Stack,
 ) -> None:
     """The every-step snapshot path (integrations/trl/snapshots.py) reports a persist directory
     that is full: a medium, alert-only checkpoint_write_errors with the count, the directory and

@@ -29,8 +29,13 @@ def test_worker_killed_mid_action_completes_once_after_restart(redis_stack: Stac
     stack.feeder.start()
     stack.wait_baselines()
     stack.feeder.freeze_heartbeat("n0", JOB, "trainer", 1)
-    stack.wait(lambda: any(c["event"] == "start" and c["action"] == "restart_role" for c in stack.launcher_calls()),
-               40, "the restart to begin")
+    stack.wait(
+        lambda: any(
+            c["event"] == "start" and c["action"] == "restart_role" for c in stack.launcher_calls()
+        ),
+        40,
+        "the restart to begin",
+    )
     stack.kill_worker(first)  # kill -9 the worker and its launcher child, mid-action
     inc = stack.incident("heartbeat_lost")
     action = _action(inc, "restart_role")
@@ -38,10 +43,13 @@ def test_worker_killed_mid_action_completes_once_after_restart(redis_stack: Stac
     dead_worker = action["worker"]
     time.sleep(1)  # the scenario: a live launcher would have finished by now (absence)
     # It really died mid-way (the stacks asked for before the restart are done; not the restart).
-    assert not any(c["event"] == "done" and c["action"] == "restart_role"
-                   for c in stack.launcher_calls())
+    assert not any(
+        c["event"] == "done" and c["action"] == "restart_role" for c in stack.launcher_calls()
+    )
     stack.start_worker("--node", "n0", "--node", "n1", "--cluster")
-    done = stack.wait(lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 60, "the restart to complete")
+    done = stack.wait(
+        lambda: _succeeded(stack, "heartbeat_lost", "restart_role"), 60, "the restart to complete"
+    )
     action = _action(done, "restart_role")
     assert action["attempts"] == 2 and action["worker"] != dead_worker
     calls = [c for c in stack.launcher_calls() if c["action"] == "restart_role"]
@@ -70,17 +78,31 @@ def test_redis_down_30s_actions_wait_in_outbox_and_run_after(redis_stack: Stack)
     stack.feeder.set("n0", "train_last_failed_step", 20, **t)
     stack.feeder.set("n0", "train_step_failures_total", 1, **t)
     stack.feeder.set("n1", "rollout_batch_timeouts_total", 1, job=JOB, role="rollout", rank="0")
-    stack.wait(lambda: stack.incident("step_failed") and stack.incident("rollout_batch_timeout"), 20, "incidents")
+    stack.wait(
+        lambda: stack.incident("step_failed") and stack.incident("rollout_batch_timeout"),
+        20,
+        "incidents",
+    )
     while time.monotonic() - down_at < OUTAGE_SECONDS:
         time.sleep(1)  # the scenario: the broker stays down for OUTAGE_SECONDS
     for kind in ("step_failed", "rollout_batch_timeout"):
         inc = stack.incident(kind)
-        assert all(a["status"] == "pending" for a in inc["actions"]), inc["actions"]  # nothing lost, nothing sent
+        assert all(a["status"] == "pending" for a in inc["actions"]), inc[
+            "actions"
+        ]  # nothing lost, nothing sent
     request = stack.run_dir() / "recovery" / "requests" / "skip_step-20.json"
     assert not request.exists()
     stack.redis.start()  # same port, empty: only the outbox remembers the actions
-    stack.wait(lambda: _succeeded(stack, "step_failed", "skip_failed_step"), 60, "skip after Redis returned")
-    stack.wait(lambda: _succeeded(stack, "rollout_batch_timeout", "retry_rollout_batch"), 60, "retry after Redis")
+    stack.wait(
+        lambda: _succeeded(stack, "step_failed", "skip_failed_step"),
+        60,
+        "skip after Redis returned",
+    )
+    stack.wait(
+        lambda: _succeeded(stack, "rollout_batch_timeout", "retry_rollout_batch"),
+        60,
+        "retry after Redis",
+    )
     assert request.exists()
     wal = WriteAheadLog(stack.run_dir() / "wal")
     assert wal.get("batch-3").status is WALStatus.FAILED  # type: ignore[union-attr]

@@ -16,7 +16,14 @@ from app.models._base import metadata
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-POLICY_TABLES = {"incident", "incident_event", "fault_signal", "recovery_action", "approval", "scheduler_lease"}
+POLICY_TABLES = {
+    "incident",
+    "incident_event",
+    "fault_signal",
+    "recovery_action",
+    "approval",
+    "scheduler_lease",
+}
 
 
 def _table_of(diff: object) -> str | None:
@@ -38,7 +45,9 @@ def test_upgrade_matches_models_and_round_trips(database_url: str) -> None:
     try:
         with engine.connect() as conn:
             assert POLICY_TABLES <= set(sa.inspect(conn).get_table_names())
-            diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
+            diffs = compare_metadata(
+                MigrationContext.configure(conn, opts={"compare_type": True}), metadata
+            )
         mine = [d for d in diffs if _table_of(d) in POLICY_TABLES]
         assert mine == []
         migrate.downgrade(database_url, "0001_foundation")

@@ -181,8 +181,13 @@ def wait_followed(replicas: list[Replica], counts: dict[SeriesKey, int]) -> None
     def have() -> list[dict[SeriesKey, int]]:
         return [{k: len(r.store.since(k, 0)) for k in counts} for r in replicas]
 
-    wait_for(lambda: all(h == counts for h in have()), 15, "every window to hold every sample",
-             interval=0.05, context=lambda: str(have()))
+    wait_for(
+        lambda: all(h == counts for h in have()),
+        15,
+        "every window to hold every sample",
+        interval=0.05,
+        context=lambda: str(have()),
+    )
 
 
 @pytest.mark.parametrize("handover", ["released", "expired"])
@@ -388,7 +393,9 @@ def test_two_server_replicas_with_a_shared_window_write_each_sample_once(
 
         engine = api.engine
         wait_for(lambda: len(rollup_rows(engine)) >= 2, 30, "two rollup rows")
-        time.sleep(1.5)  # the scenario: several more passes of both replicas: still one count per sample
+        time.sleep(
+            1.5
+        )  # the scenario: several more passes of both replicas: still one count per sample
         counts = sorted(row[2] for row in rollup_rows(engine))
         assert counts == [2, 2]  # gpu 0 and gpu 1, two samples each
         written = [app.state.metrics.rollup_rows._value.get() for app in apps]

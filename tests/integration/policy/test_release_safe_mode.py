@@ -28,7 +28,11 @@ def _release(stack: Stack, job: str, token: str | None = None, **body: Any) -> A
 
 
 def _open(stack: Stack, kind: str, job: str) -> list[dict[str, Any]]:
-    return [i for i in stack.incidents() if i["kind"] == kind and i["job"] == job and i["status"] == "open"]
+    return [
+        i
+        for i in stack.incidents()
+        if i["kind"] == kind and i["job"] == job and i["status"] == "open"
+    ]
 
 
 def test_an_approver_releases_a_rejected_job_from_safe_mode(any_stack: Stack) -> None:
@@ -65,7 +69,9 @@ def test_an_approver_releases_a_rejected_job_from_safe_mode(any_stack: Stack) ->
         r = _release(stack, JOB, comment="too early")
         assert r.status_code == 409 and "still pending" in r.json()["detail"], r.text
         [approval] = stack.get("/api/v1/approvals?status=pending", stack.viewer)
-        r = stack.post(f"/api/v1/approvals/{approval['id']}/reject", json={"comment": "not a restore"})
+        r = stack.post(
+            f"/api/v1/approvals/{approval['id']}/reject", json={"comment": "not a restore"}
+        )
         assert r.status_code == 200
 
         # Bad input and roles: refused with a reason, nothing planned.

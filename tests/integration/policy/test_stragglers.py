@@ -36,15 +36,18 @@ def live(tmp_path: Path) -> Iterator[Stack]:
             "detection.stale_sample_seconds": 30,
         },
     )
-    stack = Stack(tmp_path, database_url=f"sqlite:///{tmp_path / 'rlguard.db'}", redis=None,
-                  policy=policy)
+    stack = Stack(
+        tmp_path, database_url=f"sqlite:///{tmp_path / 'rlguard.db'}", redis=None, policy=policy
+    )
     try:
         yield stack
     finally:
         stack.close()
 
 
-def _rollout(stack: Stack, node: str, rank: int, tokens: float, pending: float | None = None) -> None:
+def _rollout(
+    stack: Stack, node: str, rank: int, tokens: float, pending: float | None = None
+) -> None:
     stack.feeder.participant(node, "rollout", rank, phase="ROLLOUT")
     labels = {"job": JOB, "role": "rollout", "rank": str(rank)}
     stack.feeder.set(node, "rollout_tokens_per_second", tokens, **labels)
@@ -70,15 +73,22 @@ def test_a_straggler_rollout_gets_a_light_incident_and_its_peers_none(live: Stac
     stack = live
     stack.start_server()
     # Five rollouts of one job on two nodes: rank 2 generates a sixth of its peers' tokens.
-    for node, rank, tokens in (("n0", 0, 900), ("n0", 1, 950), ("n0", 2, 150), ("n1", 3, 1000),
-                               ("n1", 4, 880)):
+    for node, rank, tokens in (
+        ("n0", 0, 900),
+        ("n0", 1, 950),
+        ("n0", 2, 150),
+        ("n1", 3, 1000),
+        ("n1", 4, 880),
+    ):
         _rollout(stack, node, rank, tokens)
     stack.feeder.start()
 
     slow = stack.wait(lambda: _incidents(stack, "straggler").get(2), 60, "rank 2's straggler")
     assert slow["tier"] == "light" and slow["node"] == "n0" and slow["actions"] == []
     extra = slow["evidence"]["extra"]
-    assert extra["figure"] == 150 and extra["peers"] == 4 and extra["peer_median"] == 925  # (900 + 950) / 2
+    assert (
+        extra["figure"] == 150 and extra["peers"] == 4 and extra["peer_median"] == 925
+    )  # (900 + 950) / 2
     assert "vs its peers' median" in slow["evidence"]["evidence"]["detail"]
 
     # Rank 4 slows down now: its incident comes at least SUSTAIN later, by which time the
@@ -111,8 +121,11 @@ def test_an_engine_dead_inside_a_live_worker_is_rollout_engine_down_a_tool_wait_
 
     # The tool wait (sent from the start, like rank 0) is judged on every tick: once the server
     # holds its zero throughput over three stall timeouts, it still has no incident.
-    stack.wait(lambda: _held_over(stack, "n1", "rollout_tokens_per_second", 3 * STALL), 60,
-               "rank 1's tool wait held over three stall timeouts")
+    stack.wait(
+        lambda: _held_over(stack, "n1", "rollout_tokens_per_second", 3 * STALL),
+        60,
+        "rank 1's tool wait held over three stall timeouts",
+    )
     assert set(_incidents(stack, "rollout_engine_down")) == {0}
     assert not any(i["kind"] == "rollout_down" for i in stack.incidents())
     assert stack.feeder.errors == []
@@ -121,5 +134,4 @@ def test_an_engine_dead_inside_a_live_worker_is_rollout_engine_down_a_tool_wait_
 def _held_over(stack: Stack, node: str, name: str, span: float) -> bool:
     """The server holds ``name`` of ``node`` over at least ``span`` seconds."""
     body = stack.get(f"/api/v1/series?node={node}&name={name}&since=0&limit=1000", stack.viewer)
-    return any(s["points"] and s["points"][-1][0] - s["points"][0][0] >= span
-               for s in body["data"])
+    return any(s["points"] and s["points"][-1][0] - s["points"][0][0] >= span for s in body["data"])

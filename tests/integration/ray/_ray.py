@@ -66,7 +66,12 @@ def env_for_subprocess() -> dict[str, str]:
 
 @contextmanager
 def ray_stack(
-    workdir: Path, ray_: LocalRay, job: str, preset: dict[str, Any], verl_log: Path, *,
+    workdir: Path,
+    ray_: LocalRay,
+    job: str,
+    preset: dict[str, Any],
+    verl_log: Path,
+    *,
     demo_job: str = "demo-idle",
 ) -> Iterator[DemoStack]:
     """The real server (policy engine, embedded Celery worker whose launcher hook is the Ray

@@ -23,11 +23,33 @@ def _agent(tmp_path: Path, *ray_args: str) -> tuple[subprocess.Popen[bytes], Pat
     run.mkdir()
     with open(log, "wb") as out:
         proc = spawn(
-            [sys.executable, "-m", "agents", "--server", f"http://127.0.0.1:{free_port()}",
-             "--token", "t", "--node", "n1", "--run-dir", str(run), "--interval", "0.2",
-             "--simulate-gpus", "1", "--spool-dir", str(tmp_path / "spool"),
-             "--record", str(record), "--log-level", "WARNING", *ray_args],
-            env=env_for_subprocess(), stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "agents",
+                "--server",
+                f"http://127.0.0.1:{free_port()}",
+                "--token",
+                "t",
+                "--node",
+                "n1",
+                "--run-dir",
+                str(run),
+                "--interval",
+                "0.2",
+                "--simulate-gpus",
+                "1",
+                "--spool-dir",
+                str(tmp_path / "spool"),
+                "--record",
+                str(record),
+                "--log-level",
+                "WARNING",
+                *ray_args,
+            ],
+            env=env_for_subprocess(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     return proc, record, log
 
@@ -45,7 +67,9 @@ def _batches(record: Path) -> list[dict]:
         (("--ray", "auto", "--ray-preset", "deepspeed"), "unknown Ray preset 'deepspeed'"),
     ],
 )
-def test_the_agent_says_it_once_and_keeps_running(tmp_path: Path, args: tuple[str, ...], said: str) -> None:
+def test_the_agent_says_it_once_and_keeps_running(
+    tmp_path: Path, args: tuple[str, ...], said: str
+) -> None:
     with refusing_port() as port:  # "did not answer" must stay true for the whole test
         _says_it_once_and_keeps_running(tmp_path, tuple(a.format(port=port) for a in args), said)
 

@@ -26,7 +26,9 @@ def test_ettr_ray_benchmark_smoke() -> None:
         assert re.search(rf"^{way}\s+[\d.]+\s+[\d.]+\s+{kills}\s+True$", out, re.M), out
     assert re.search(r"^ETTR rlguard [\d.]+ \(target >= 0.90: (met|NOT met)\), whole-job resubmission "
                      r"[\d.]+ \(2 submissions\), ratio [\d.]+x$", out, re.M), out  # fmt: skip
-    assert re.search(r"^kill -> restart_done \(rlguard\): .* seen for 1 of 1 kills$", out, re.M), out
+    assert re.search(r"^kill -> restart_done \(rlguard\): .* seen for 1 of 1 kills$", out, re.M), (
+        out
+    )
 
 
 def test_bad_options_end_in_one_line_before_ray_starts() -> None:

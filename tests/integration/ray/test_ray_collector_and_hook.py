@@ -43,9 +43,18 @@ def _participant(collector: RayCollector, role: str, rank: int) -> dict[str, Any
 
 def _hook(ray_: LocalRay, state_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [
-        sys.executable, "-m", "integrations.ray.hook", *args,
-        "--dashboard", ray_.dashboard, "--ray-address", ray_.gcs_address,
-        "--state-dir", str(state_dir), "--timeout", "60",
+        sys.executable,
+        "-m",
+        "integrations.ray.hook",
+        *args,
+        "--dashboard",
+        ray_.dashboard,
+        "--ray-address",
+        ray_.gcs_address,
+        "--state-dir",
+        str(state_dir),
+        "--timeout",
+        "60",
     ]
     return subprocess.run(
         argv, capture_output=True, text=True, timeout=120, env=env_for_subprocess(), check=False
@@ -70,8 +79,11 @@ def test_kill9_is_dead_with_rays_cause_within_5s_and_unknown_classes_are_named(
         first = wait_for(lambda: _participant(collector, "rollout", 3), 20, "the rollout actor")
     assert first["phase"] == PHASE_RUNNING
     # Only this class's line: the session's Ray also holds the actors other tests left.
-    named = [r.getMessage() for r in caplog.records
-             if "matches no role" in r.getMessage() and "'SomethingElse'" in r.getMessage()]
+    named = [
+        r.getMessage()
+        for r in caplog.records
+        if "matches no role" in r.getMessage() and "'SomethingElse'" in r.getMessage()
+    ]
     assert len(named) == 1 and "'verl'" in named[0], named
     _s, participants = collector.collect()
     assert {p["role"] for p in participants if p["job"] == JOB} == {"rollout"}
@@ -103,7 +115,9 @@ def test_openrlhf_preset_maps_its_actor_classes(local_ray: LocalRay) -> None:
     snap = RayStateReader(local_ray.dashboard).snapshot()
     collector = RayCollector(load_preset("openrlhf"), job_name="orl")
     _s, participants = collector.from_snapshot(snap, time.time())
-    trainers = sorted(p["rank"] for p in participants if p["role"] == "trainer" and p["phase"] == PHASE_RUNNING)
+    trainers = sorted(
+        p["rank"] for p in participants if p["role"] == "trainer" and p["phase"] == PHASE_RUNNING
+    )
     assert trainers == [0, 1]
     for a in actors:
         ray.kill(a, no_restart=True)
@@ -141,8 +155,10 @@ def test_restart_role_kills_through_ray_once_per_key_and_refuses_a_dead_actor(
 
     def restarted() -> bool:
         listed = RayStateReader(local_ray.dashboard).snapshot().actors
-        return any(a.name == "abcWorkerDict_0:0" and a.state == "ALIVE" and a.num_restarts == 1
-                   for a in listed)
+        return any(
+            a.name == "abcWorkerDict_0:0" and a.state == "ALIVE" and a.num_restarts == 1
+            for a in listed
+        )
 
     wait_for(restarted, 60, "Ray to restart the killed actor")
     after = actor_pid(trainer)
@@ -158,12 +174,30 @@ def test_restart_role_kills_through_ray_once_per_key_and_refuses_a_dead_actor(
     gone = vLLMHttpServer.options(name="vllm_server_7_0", max_restarts=0).remote()
     os.kill(actor_pid(gone), signal.SIGKILL)
     wait_for(
-        lambda: any(a.name == "vllm_server_7_0" and a.state == "DEAD"
-                    for a in RayStateReader(local_ray.dashboard).snapshot().actors),
-        10, "the rollout actor to be DEAD",
+        lambda: any(
+            a.name == "vllm_server_7_0" and a.state == "DEAD"
+            for a in RayStateReader(local_ray.dashboard).snapshot().actors
+        ),
+        10,
+        "the rollout actor to be DEAD",
     )
-    refused = _hook(local_ray, tmp_path, "restart_role", "--job", JOB, "--role", "rollout",
-                    "--rank", "7", "--preset", "verl", "--ray-job", JOB, "--idempotency-key", "k2")
+    refused = _hook(
+        local_ray,
+        tmp_path,
+        "restart_role",
+        "--job",
+        JOB,
+        "--role",
+        "rollout",
+        "--rank",
+        "7",
+        "--preset",
+        "verl",
+        "--ray-job",
+        JOB,
+        "--idempotency-key",
+        "k2",
+    )
     assert refused.returncode == 1
     assert "DEAD" in refused.stderr and "restart_job" in refused.stderr
     ray.kill(trainer, no_restart=True)
@@ -177,7 +211,7 @@ def test_restart_job_resubmits_through_the_jobs_api_with_verls_resume_flag_once(
     client = JobSubmissionClient(local_ray.dashboard)
     script = "import sys, time; print('ARGV', sys.argv[1:], flush=True); time.sleep(600)"
     old = client.submit_job(
-        entrypoint=f"python -c \"{script}\" trainer.total_epochs=1 trainer.resume_mode=disable",
+        entrypoint=f'python -c "{script}" trainer.total_epochs=1 trainer.resume_mode=disable',
         metadata={"rlguard_job": "verl-sub"},
     )
     wait_for(lambda: client.get_job_status(old).value == "RUNNING", 60, "the job to run")
@@ -201,34 +235,95 @@ def test_restart_job_resubmits_through_the_jobs_api_with_verls_resume_flag_once(
     assert len(mine) == 2  # the stopped one and one resubmission, not two
     client.stop_job(new)
 
-    refused = _hook(local_ray, tmp_path, "restart_job", "--job", "not-submitted",
-                    "--preset", "verl", "--idempotency-key", "x1")
+    refused = _hook(
+        local_ray,
+        tmp_path,
+        "restart_job",
+        "--job",
+        "not-submitted",
+        "--preset",
+        "verl",
+        "--idempotency-key",
+        "x1",
+    )
     assert refused.returncode == 1 and "Jobs API" in refused.stderr
 
     # A submission whose recorded entrypoint is blank (the Jobs API takes any string): refused,
     # nothing submitted.
     blank = client.submit_job(entrypoint=" ", metadata={"rlguard_job": "blank"})
-    wait_for(lambda: client.get_job_status(blank).value in ("SUCCEEDED", "FAILED", "STOPPED"),
-             60, "the blank job to end")
-    refused = _hook(local_ray, tmp_path, "restart_job", "--job", "blank",
-                    "--preset", "verl", "--idempotency-key", "x2")
+    wait_for(
+        lambda: client.get_job_status(blank).value in ("SUCCEEDED", "FAILED", "STOPPED"),
+        60,
+        "the blank job to end",
+    )
+    refused = _hook(
+        local_ray,
+        tmp_path,
+        "restart_job",
+        "--job",
+        "blank",
+        "--preset",
+        "verl",
+        "--idempotency-key",
+        "x2",
+    )
     assert refused.returncode == 1 and "no recorded entrypoint" in refused.stderr, refused.stderr
-    assert len([j for j in client.list_jobs() if (j.metadata or {}).get("rlguard_job") == "blank"]) == 1
+    assert (
+        len([j for j in client.list_jobs() if (j.metadata or {}).get("rlguard_job") == "blank"])
+        == 1
+    )
 
 
 def test_hook_bad_input_is_one_line_and_exit_2(local_ray: LocalRay, tmp_path: Path) -> None:
-    bad = _hook(local_ray, tmp_path, "restart_role", "--job", JOB, "--role", "trainer",
-                "--rank", "0", "--preset", "nope", "--idempotency-key", "k")
+    bad = _hook(
+        local_ray,
+        tmp_path,
+        "restart_role",
+        "--job",
+        JOB,
+        "--role",
+        "trainer",
+        "--rank",
+        "0",
+        "--preset",
+        "nope",
+        "--idempotency-key",
+        "k",
+    )
     assert bad.returncode == 2 and "unknown Ray preset 'nope'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
-    norank = _hook(local_ray, tmp_path, "restart_role", "--job", JOB, "--role", "trainer",
-                   "--idempotency-key", "k")
+    norank = _hook(
+        local_ray,
+        tmp_path,
+        "restart_role",
+        "--job",
+        JOB,
+        "--role",
+        "trainer",
+        "--idempotency-key",
+        "k",
+    )
     assert norank.returncode == 2 and "--rank" in norank.stderr
     written = tmp_path / "hook"
     refused = subprocess.run(
-        [sys.executable, "-m", "integrations.ray.hook", "write-hook", str(written),
-         "--dashboard", local_ray.dashboard, "--preset", "nope", "--state-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=60, env=env_for_subprocess(), check=False,
+        [
+            sys.executable,
+            "-m",
+            "integrations.ray.hook",
+            "write-hook",
+            str(written),
+            "--dashboard",
+            local_ray.dashboard,
+            "--preset",
+            "nope",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for_subprocess(),
+        check=False,
     )
     assert refused.returncode == 2 and "unknown Ray preset 'nope'" in refused.stderr
     assert not written.exists()
@@ -241,18 +336,35 @@ def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray
 
     # A second node of the same cluster on this machine, in its own process group (ours to kill).
     node = spawn(
-        ["ray", "start", "--address", local_ray.gcs_address, "--num-cpus", "1",
-         "--resources", '{"second_node": 1}', "--object-store-memory", str(80 * 1024 * 1024),
-         "--block"],
-        env=env_for_subprocess(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, executable=str(Path(sys.executable).with_name("ray")),
+        [
+            "ray",
+            "start",
+            "--address",
+            local_ray.gcs_address,
+            "--num-cpus",
+            "1",
+            "--resources",
+            '{"second_node": 1}',
+            "--object-store-memory",
+            str(80 * 1024 * 1024),
+            "--block",
+        ],
+        env=env_for_subprocess(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        executable=str(Path(sys.executable).with_name("ray")),
     )
     try:
         reader = RayStateReader(local_ray.dashboard)
-        wait_for(lambda: len([n for n in reader.snapshot().nodes if n.state == "ALIVE"]) == 2,
-                 60, "the second node to join")
-        rollout = vLLMHttpServer.options(name="vllm_server_5_0", max_restarts=0,
-                                         resources={"second_node": 0.01}).remote()
+        wait_for(
+            lambda: len([n for n in reader.snapshot().nodes if n.state == "ALIVE"]) == 2,
+            60,
+            "the second node to join",
+        )
+        rollout = vLLMHttpServer.options(
+            name="vllm_server_5_0", max_restarts=0, resources={"second_node": 0.01}
+        ).remote()
         actor_pid(rollout)
         collector = RayCollector(load_preset("verl"), address=local_ray.dashboard, job_name=JOB)
         os.killpg(node.pid, signal.SIGKILL)
@@ -266,7 +378,9 @@ def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray
             return (dead_nodes, p[0]) if dead_nodes and p and p[0]["phase"] == PHASE_DEAD else None
 
         dead_nodes, participant = wait_for(lost, 30, "the node and its actor reported dead")
-        assert [d["labels"] for d in dead_nodes] == [{"ray_node": dead_nodes[0]["labels"]["ray_node"], "job": JOB}]
+        assert [d["labels"] for d in dead_nodes] == [
+            {"ray_node": dead_nodes[0]["labels"]["ray_node"], "job": JOB}
+        ]
         samples, _p = collector.collect()
         cause = [s for s in samples if s["name"] == "ray_actor_dead" and s["labels"]["rank"] == "5"]
         assert cause[0]["labels"]["reason"] == "NODE_DIED"

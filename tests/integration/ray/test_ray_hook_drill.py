@@ -19,17 +19,36 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 JOB = "verl-drill"
 
 
-def _inject(ray_: LocalRay, state_dir: Path, key: str, rank: int = 5,
-            **extra: object) -> subprocess.CompletedProcess[str]:
+def _inject(
+    ray_: LocalRay, state_dir: Path, key: str, rank: int = 5, **extra: object
+) -> subprocess.CompletedProcess[str]:
     argv = [
-        sys.executable, "-m", "integrations.ray.hook", "inject_fault", f"--job={JOB}",
-        "--role=rollout", f"--rank={rank}", f"--idempotency-key={key}",
-        f"--extra={json.dumps(extra)}", "--wait=5", "--dashboard", ray_.dashboard,
-        "--ray-address", ray_.gcs_address, "--state-dir", str(state_dir), "--preset", "verl",
-        "--ray-job", JOB, "--timeout", "60",
+        sys.executable,
+        "-m",
+        "integrations.ray.hook",
+        "inject_fault",
+        f"--job={JOB}",
+        "--role=rollout",
+        f"--rank={rank}",
+        f"--idempotency-key={key}",
+        f"--extra={json.dumps(extra)}",
+        "--wait=5",
+        "--dashboard",
+        ray_.dashboard,
+        "--ray-address",
+        ray_.gcs_address,
+        "--state-dir",
+        str(state_dir),
+        "--preset",
+        "verl",
+        "--ray-job",
+        JOB,
+        "--timeout",
+        "60",
     ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                          env=env_for_subprocess(), check=False)
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env=env_for_subprocess(), check=False
+    )
 
 
 def _state(pid: int) -> str:
@@ -46,14 +65,18 @@ def test_kill_and_hang_signal_the_actor_and_the_rest_is_refused(
     # Rank 5: the session's Ray keeps other tests' actors (dead ones too), none of them rollout-5.
     rollout = vLLMHttpServer.options(name="vllm_server_5_0", max_restarts=3).remote()
     pid = actor_pid(rollout)
-    for extra, why in (({"fault": "oom"}, "cannot inject 'oom' into an actor"),
-                       ({"fault": "disk-full"}, "cannot inject 'disk-full'"),
-                       ({"fault": "kill", "at_step": 5}, "cannot wait for a step")):
+    for extra, why in (
+        ({"fault": "oom"}, "cannot inject 'oom' into an actor"),
+        ({"fault": "disk-full"}, "cannot inject 'disk-full'"),
+        ({"fault": "kill", "at_step": 5}, "cannot wait for a step"),
+    ):
         r = _inject(local_ray, tmp_path, "refused", **extra)
         assert r.returncode == 1 and why in r.stderr, r.stderr
     plan = _inject(local_ray, tmp_path, "plan", fault="kill", dry_run=True)
     assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["what"].startswith(f"SIGKILL rollout-5 (Ray actor vllm_server_5_0, pid {pid})")
+    assert json.loads(plan.stdout)["what"].startswith(
+        f"SIGKILL rollout-5 (Ray actor vllm_server_5_0, pid {pid})"
+    )
     assert actor_pid(rollout) == pid and _state(pid) != "T"
 
     killed = _inject(local_ray, tmp_path, "drill-1", fault="kill")
@@ -62,8 +85,10 @@ def test_kill_and_hang_signal_the_actor_and_the_rest_is_refused(
     assert answer["ok"] is True and answer["target_pid"] == pid and answer["already"] is False
 
     def restarted() -> bool:
-        return any(a.name == "vllm_server_5_0" and a.state == "ALIVE" and a.num_restarts == 1
-                   for a in RayStateReader(local_ray.dashboard).snapshot().actors)
+        return any(
+            a.name == "vllm_server_5_0" and a.state == "ALIVE" and a.num_restarts == 1
+            for a in RayStateReader(local_ray.dashboard).snapshot().actors
+        )
 
     wait_for(restarted, 60, "Ray to restart the killed actor")
     after = actor_pid(rollout)

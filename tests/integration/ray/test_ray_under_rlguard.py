@@ -35,7 +35,11 @@ def verl_file_logger_lines(path: Path, steps: range) -> None:
     ``orjson.dumps({"step": step, "data": data})`` line per step, file opened "wb")."""
     with open(path, "wb", buffering=0) as fp:
         for step in steps:
-            data = {"perf/throughput": 1000.0 + step, "timing_s/gen": 3.0, "timing_s/update_actor": 1.0}
+            data = {
+                "perf/throughput": 1000.0 + step,
+                "timing_s/gen": 3.0,
+                "timing_s/update_actor": 1.0,
+            }
             fp.write(orjson.dumps({"step": step, "data": data}) + b"\n")
 
 
@@ -45,7 +49,11 @@ PRESET = {
     "name": "verl-e2e",
     "resume": ["trainer.resume_mode=auto"],
     "roles": [
-        {"role": "rollout", "class": "^vLLMHttpServer$", "name": r"^e2e_vllm_server_(?P<rank>\d+)_"},
+        {
+            "role": "rollout",
+            "class": "^vLLMHttpServer$",
+            "name": r"^e2e_vllm_server_(?P<rank>\d+)_",
+        },
     ],
 }
 
@@ -96,13 +104,19 @@ def test_killed_rollout_actor_is_an_incident_with_rays_cause_and_ray_restarts_it
         assert "RESTARTING in Ray" in text and "Ray death cause" in text, text[:3000]
 
         def restarted() -> str | None:
-            acts = [a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"]
-            return acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
+            acts = [
+                a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"
+            ]
+            return (
+                acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
+            )
 
         status = wait_for(restarted, 90, "restart_role to finish")
         server_log = (logs / "server.log").read_text(errors="replace")[-3000:]
         assert status == "succeeded", server_log
-        action = [a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"][0]
+        action = [a for a in stack.incident(inc["id"])["actions"] if a["action"] == "restart_role"][
+            0
+        ]
         assert "restarted_by" in json.dumps(action)  # the hook left the restart to Ray
         gate.touch()  # let Ray's restart finish
         wait_for(lambda: _phase(stack).get("RUNNING") == 1, 60, "the actor to run again")

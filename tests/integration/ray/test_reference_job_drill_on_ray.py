@@ -35,8 +35,9 @@ def stack(tmp_path: Path, local_ray: LocalRay) -> Iterator[DemoStack]:
 
 
 def _drill(stack: DemoStack, *args: str) -> Any:
-    env = rlguard_env(None, stack.workdir / "data", RLGUARD_URL=stack.url,
-                      RLGUARD_TOKEN=stack.token)
+    env = rlguard_env(
+        None, stack.workdir / "data", RLGUARD_URL=stack.url, RLGUARD_TOKEN=stack.token
+    )
     return run_cli("drill", "--job", JOB, *args, env=env, timeout=240)
 
 
@@ -44,30 +45,42 @@ def _server_step(stack: DemoStack, role: str) -> int:
     r = stack.api("GET", f"/api/v1/jobs/{JOB}")
     if r.status_code != 200:
         return -1
-    return max((p["step"] for p in r.json()["participant_list"] if p["role"] == role),
-               default=-1)
+    return max((p["step"] for p in r.json()["participant_list"] if p["role"] == role), default=-1)
 
 
 def test_a_kill_drill_of_a_rollout_actor_through_the_server(
     stack: DemoStack, local_ray: LocalRay, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
-    on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
-                 local_ray.gcs_address, "--ray-restart-by", "rlguard")
+    on_ray = Job(
+        stack.run_root / JOB,
+        STEPS,
+        "--rollouts",
+        "1",
+        "--ray",
+        "--ray-address",
+        local_ray.gcs_address,
+        "--ray-restart-by",
+        "rlguard",
+    )
     try:
         # Past the first step (a fault there is heavy), both roles known to the server.
-        wait_for(lambda: _server_step(stack, "trainer") >= 3 and _server_step(stack, "rollout")
-                 >= 3, 150, "the server to see step 3")
+        wait_for(
+            lambda: _server_step(stack, "trainer") >= 3 and _server_step(stack, "rollout") >= 3,
+            150,
+            "the server to see step 3",
+        )
         beat = read_json(heartbeat_path(on_ray.run.root, "rollout", 0)) or {}
         refused = _drill(stack, "--fault", "oom", "--role", "rollout", "--rank", "0")
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode == 2 and len(lines) == 1, refused.stderr
         assert "oom" in lines[0] and "nothing injected" in lines[0], lines
-        r = _drill(stack, "--fault", "kill", "--role", "rollout", "--rank", "0",
-                   "--timeout", "200")
+        r = _drill(stack, "--fault", "kill", "--role", "rollout", "--rank", "0", "--timeout", "200")
         assert r.returncode == 0, (r.stderr, r.stdout)
         print(r.stdout)  # the printed report, for whoever runs this with -s
-        assert f"kill rollout-0 of job {JOB}" in r.stdout and "recovered" in r.stdout.splitlines()[0]
+        assert (
+            f"kill rollout-0 of job {JOB}" in r.stdout and "recovered" in r.stdout.splitlines()[0]
+        )
         drill_id = int(r.stdout.split(":")[0].split()[1])
         d = stack.api("GET", f"/api/v1/drills/{drill_id}").json()
         rep = d["report"]

@@ -61,15 +61,25 @@ def _restart_role(stack: DemoStack, inc: dict[str, Any]) -> dict[str, Any] | Non
     return acts[0] if acts and acts[0]["status"] in ("succeeded", "failed") else None
 
 
-def _jobs(stack: DemoStack, local_ray: LocalRay, tmp_path: Path,
-          monkeypatch: pytest.MonkeyPatch) -> tuple[Job, Job]:
+def _jobs(
+    stack: DemoStack, local_ray: LocalRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Job, Job]:
     """A clean run under the process supervisor, and the same job on Ray restarted by RLGuard."""
     clean = Job(tmp_path / "clean", STEPS, "--rollouts", "1")
     # The controller writes verl's file-logger lines there, as verl's does (workload.ray_mode).
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
     # Its run directory is in the recovery worker's run root (SAFE_MODE's control file).
-    on_ray = Job(stack.run_root / JOB, STEPS, "--rollouts", "1", "--ray", "--ray-address",
-                 local_ray.gcs_address, "--ray-restart-by", "rlguard")
+    on_ray = Job(
+        stack.run_root / JOB,
+        STEPS,
+        "--rollouts",
+        "1",
+        "--ray",
+        "--ray-address",
+        local_ray.gcs_address,
+        "--ray-restart-by",
+        "rlguard",
+    )
     return clean, on_ray
 
 
@@ -83,8 +93,11 @@ def _kill(job: Job, role: str, rank: int) -> dict[str, Any]:
 def _standby_waiting(on_ray: Job, name: str) -> dict[str, Any]:
     """The standby ``name``'s ready event, once the restarter knows it waits for its activation
     (only such a standby is handed a restart: one that has not asked yet cannot be proven)."""
-    on_ray.wait(lambda: [e for e in on_ray.events("ray_standby_waiting") if e["name"] == name],
-                150, f"the standby {name} waiting for its activation")
+    on_ray.wait(
+        lambda: [e for e in on_ray.events("ray_standby_waiting") if e["name"] == name],
+        150,
+        f"the standby {name} waiting for its activation",
+    )
     [ready] = [e for e in on_ray.events("ray_standby_ready") if e["name"] == name]
     return ready
 
@@ -100,8 +113,11 @@ def _kill_rollout_in_the_next_batch(on_ray: Job) -> tuple[int, dict[str, Any]]:
     started = {e["step"] for e in on_ray.events("batch_start")}
     kill_step = max(3, max(started, default=0) + 1)
     assert kill_step < STEPS, f"the job reached step {kill_step - 1} before its standby existed"
-    on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
-                150, f"rollout 0 working on step {kill_step}")
+    on_ray.wait(
+        lambda: [e for e in on_ray.events("batch_start") if e["step"] == kill_step],
+        150,
+        f"rollout 0 working on step {kill_step}",
+    )
     return kill_step, _kill(on_ray, "rollout", 0)
 
 
@@ -121,7 +137,9 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         # while it waits: the restarter notices and makes another.
         first = _first_rollout_standby(on_ray)
         os.kill(int(first["pid"]), signal.SIGKILL)
-        lost = on_ray.wait(lambda: on_ray.events("ray_standby_lost"), 60, "the dead standby noticed")
+        lost = on_ray.wait(
+            lambda: on_ray.events("ray_standby_lost"), 60, "the dead standby noticed"
+        )
         assert [e["name"] for e in lost] == [f"{JOB}_rollout_0_r1"], lost
         _standby_waiting(on_ray, f"{JOB}_rollout_0_r2")  # a new standby for rollout 0
         # Then the kill of the rollout in the next batch that starts, from step 3 on.
@@ -130,7 +148,9 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         inc = wait_for(lambda: _incident(stack), 30, "a heartbeat_lost incident for the job")
         detect_s = time.monotonic() - killed
         text = json.dumps(inc)
-        assert inc["subject"]["role"] == "rollout" and str(inc["subject"]["rank"]) == "0", text[:2000]
+        assert inc["subject"]["role"] == "rollout" and str(inc["subject"]["rank"]) == "0", text[
+            :2000
+        ]
         assert "Ray death cause" in text and "DEAD in Ray" in text, text[:3000]
         assert detect_s <= 5.0, f"incident {detect_s:.1f} s after the kill"
         action, done = _restarted(stack, inc)
@@ -140,9 +160,22 @@ def test_kill9_of_a_rollout_actor_is_healed_by_rlguards_restart_role_bit_for_bit
         # A second delivery of the same action creates nothing (the restarter's and the hook's
         # records of the idempotency key).
         again = subprocess.run(
-            [str(stack.workdir / "launcher-hook"), "restart_role", "--job", JOB, "--role", "rollout",
-             "--rank", "0", "--idempotency-key", action["idempotency_key"]],
-            capture_output=True, text=True, timeout=60, check=False,
+            [
+                str(stack.workdir / "launcher-hook"),
+                "restart_role",
+                "--job",
+                JOB,
+                "--role",
+                "rollout",
+                "--rank",
+                "0",
+                "--idempotency-key",
+                action["idempotency_key"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert again.returncode == 0, again.stderr[-2000:]
         assert json.loads(again.stdout)["already"] is True
@@ -181,7 +214,9 @@ def test_a_frozen_standby_is_not_handed_the_restart_which_is_made_cold(
         clean.close()
     lost = on_ray.events("ray_standby_lost")
     assert [(e["name"], e.get("at")) for e in lost] == [(f"{JOB}_rollout_0_r1", "activation")], lost
-    assert [(e["role"], e["warm"]) for e in on_ray.events("ray_role_recreated")] == [("rollout", False)]
+    assert [(e["role"], e["warm"]) for e in on_ray.events("ray_role_recreated")] == [
+        ("rollout", False)
+    ]
 
 
 def test_kill9_of_the_trainer_actor_is_healed_warm_bit_for_bit(

@@ -25,8 +25,11 @@ def test_kill9_of_a_rollout_actor_ends_bit_for_bit_equal_to_the_clean_run(tmp_pa
     on_ray = Job(tmp_path / "on-ray", STEPS, "--ray")
     try:
         on_ray.wait(lambda: on_ray.events("ray_start"), 120, "the Ray actors")
-        on_ray.wait(lambda: [e for e in on_ray.events("batch_start") if e["step"] == 2 and e["rank"] == 1],
-                    120, "rollout 1 working on step 2")
+        on_ray.wait(
+            lambda: [e for e in on_ray.events("batch_start") if e["step"] == 2 and e["rank"] == 1],
+            120,
+            "rollout 1 working on step 2",
+        )
         beat = read_json(heartbeat_path(on_ray.run.root, "rollout", 1)) or {}
         os.kill(int(beat["pid"]), signal.SIGKILL)
         assert_same_end(on_ray, clean, STEPS)

@@ -95,27 +95,55 @@ def test_driver_crash_is_approved_and_resubmitted_through_the_jobs_api_resuming_
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(local_ray.dashboard)
-    run = RunDir(stack.run_root / JOB)  # in the recovery worker's run root: SAFE_MODE's control file
+    run = RunDir(
+        stack.run_root / JOB
+    )  # in the recovery worker's run root: SAFE_MODE's control file
     clean = Job(tmp_path / "clean", STEPS, "--rollouts", "1")
     first = client.submit_job(
-        entrypoint=shlex.join([
-            sys.executable, "-m", "workload.launch", "--run-dir", str(run.root), "--steps", str(STEPS),
-            "--rollouts", "1", "--decode-ms", "5.0", "--timeout", "200", "--ray", "--ray-address",
-            local_ray.gcs_address, "--ray-restart-by", "none", "--resume", "disable",
-        ]),  # fmt: skip
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT),
-                                  "VERL_FILE_LOGGER_PATH": str(tmp_path / "verl.jsonl")}},
+        entrypoint=shlex.join(
+            [
+                sys.executable,
+                "-m",
+                "workload.launch",
+                "--run-dir",
+                str(run.root),
+                "--steps",
+                str(STEPS),
+                "--rollouts",
+                "1",
+                "--decode-ms",
+                "5.0",
+                "--timeout",
+                "200",
+                "--ray",
+                "--ray-address",
+                local_ray.gcs_address,
+                "--ray-restart-by",
+                "none",
+                "--resume",
+                "disable",
+            ]
+        ),  # fmt: skip
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": str(ROOT),
+                "VERL_FILE_LOGGER_PATH": str(tmp_path / "verl.jsonl"),
+            }
+        },
         metadata={"rlguard_job": JOB},
     )
 
     def logs() -> str:
-        return "\n".join(f"--- {j.submission_id} {j.status}\n{client.get_job_logs(j.submission_id)[-1500:]}"
-                         for j in _mine(client))
+        return "\n".join(
+            f"--- {j.submission_id} {j.status}\n{client.get_job_logs(j.submission_id)[-1500:]}"
+            for j in _mine(client)
+        )
 
     def events(kind: str) -> list[dict[str, Any]]:
         return [e for e in read_events(run) if e["kind"] == kind] if run.root.exists() else []
 
     try:
+
         def at_kill_step() -> bool:
             if client.get_job_status(first).value in ENDED:
                 pytest.fail(f"the job ended before the kill:\n{logs()}")
@@ -133,17 +161,28 @@ def test_driver_crash_is_approved_and_resubmitted_through_the_jobs_api_resuming_
         killed = time.monotonic()
         wait_for(lambda: client.get_job_status(first).value == "FAILED", 30, "the Ray job to fail")
 
-        pending = [wait_for(lambda: _one_restart_asked(stack), 60,
-                            "one restart_job waiting for an approver", context=logs)]
+        pending = [
+            wait_for(
+                lambda: _one_restart_asked(stack),
+                60,
+                "one restart_job waiting for an approver",
+                context=logs,
+            )
+        ]
         assert [x["action"] for x in pending[0]["actions"]] == ["restart_job"], pending
         asked = time.monotonic()
         refused = _action(stack, "restart_role")
         assert refused is not None and refused["status"] == "failed", refused
         assert "restart_job" in json.dumps(refused)  # the hook's reason says what is needed
-        assert wait_for(lambda: _action(stack, "enter_safe_mode"), 30, "SAFE_MODE")["status"] == "succeeded"
+        assert (
+            wait_for(lambda: _action(stack, "enter_safe_mode"), 30, "SAFE_MODE")["status"]
+            == "succeeded"
+        )
         assert json.loads((run.root / "control.json").read_text())["mode"] == "safe_mode"
         assert len(_mine(client)) == 1  # nothing resubmitted before the approval
-        r = stack.api("POST", f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "go"})
+        r = stack.api(
+            "POST", f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "go"}
+        )
         assert r.status_code == 200, r.text
         approved = time.monotonic()
 
@@ -167,8 +206,12 @@ def test_driver_crash_is_approved_and_resubmitted_through_the_jobs_api_resuming_
         assert json.loads(again.stdout)["already"] is True
         assert [j.submission_id for j in _mine(client)] == [first, done["submitted"]]
 
-        wait_for(lambda: client.get_job_status(done["submitted"]).value in ENDED, 120,
-                 "the resubmitted job to end", context=logs)
+        wait_for(
+            lambda: client.get_job_status(done["submitted"]).value in ENDED,
+            120,
+            "the resubmitted job to end",
+            context=logs,
+        )
         assert client.get_job_status(done["submitted"]).value == "SUCCEEDED", logs()
         ended = time.monotonic()
         final_clean = clean.finish()
@@ -182,8 +225,12 @@ def test_driver_crash_is_approved_and_resubmitted_through_the_jobs_api_resuming_
     assert final_ray["params_sha256"] == final_clean["params_sha256"]
     assert consumed(run) == consumed(clean)
     starts = [e["step"] for e in events("trainer_start")]
-    assert starts[0] == 0 and len(starts) == 2 and starts[1] >= KILL_AT, starts  # resumed, not from 0
+    assert starts[0] == 0 and len(starts) == 2 and starts[1] >= KILL_AT, (
+        starts
+    )  # resumed, not from 0
     assert len(_mine(client)) == 2
-    print(f"kill -> approval asked {asked - killed:.1f} s; approved -> resubmitted "
-          f"{resubmitted - approved:.1f} s; -> resumed job done {ended - resubmitted:.1f} s "
-          f"(loaded machine)")
+    print(
+        f"kill -> approval asked {asked - killed:.1f} s; approved -> resubmitted "
+        f"{resubmitted - approved:.1f} s; -> resumed job done {ended - resubmitted:.1f} s "
+        f"(loaded machine)"
+    )

@@ -31,8 +31,14 @@ def rlguard(args: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
     """Run `rlguard ARGS` in a session of its own; whatever is left of it is killed at the end
     (its children have sessions of their own: they are killed by pid)."""
     with log.open("ab") as out:
-        proc = spawn([RLGUARD, *args], env=env, cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = spawn(
+            [RLGUARD, *args],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     tree: set[Proc] = set()
     try:
         yield proc
@@ -66,7 +72,7 @@ def _stat(pid: int) -> tuple[int, str, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
     return int(fields[1]), fields[0], int(fields[19])
 
 

@@ -63,7 +63,9 @@ def read_until_closed(
                     sel.unregister(sock)
                     closed.add(sock)
         if expect_all:
-            assert not sel.get_map(), f"{len(sel.get_map())} connections still open after {timeout} s"
+            assert not sel.get_map(), (
+                f"{len(sel.get_map())} connections still open after {timeout} s"
+            )
     finally:
         sel.close()
     return {s: got[s] for s in closed}

@@ -59,9 +59,13 @@ def capped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         s.commit()
     engine.dispose()
     port = free_port()
-    env = clean_env(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(tmp_path / "data"),
-                    RLGUARD_DATABASE_URL=url, RLGUARD_POLICY_SCHEDULER="0",
-                    RLGUARD_SERVER__MAX_CONNECTIONS_PER_CLIENT=str(CAP))
+    env = clean_env(
+        RLGUARD_DEV="1",
+        RLGUARD_DATA_DIR=str(tmp_path / "data"),
+        RLGUARD_DATABASE_URL=url,
+        RLGUARD_POLICY_SCHEDULER="0",
+        RLGUARD_SERVER__MAX_CONNECTIONS_PER_CLIENT=str(CAP),
+    )
     log = tmp_path / "server.log"
     with rlguard(["server", "--port", str(port), "--header-timeout", "120"], env, log) as proc:
         base = f"http://127.0.0.1:{port}"
@@ -84,7 +88,7 @@ def test_half_open_flood_from_one_address_keeps_only_its_cap_and_probes_answer(
                 assert status == 200 and took < 2.0, (path, source, status, took)
         # The ones kept are the newest; each of the others was told why it was closed.
         kept = still_open(socks)
-        assert set(kept) <= set(socks[-CAP - 10:])
+        assert set(kept) <= set(socks[-CAP - 10 :])
         closed = read_until_closed([s for s in socks if s not in kept], 10)
         assert len(closed) >= FLOOD - CAP
         assert all(

@@ -50,10 +50,13 @@ def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, str, 
         s.commit()
     engine.dispose()
     port = free_port()
-    env = clean_env(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(tmp_path / "data"),
-                    RLGUARD_DATABASE_URL=url,
-                    RLGUARD_SERVER__GRACEFUL_SHUTDOWN_SECONDS=str(GRACE),
-                    RLGUARD_SERVER__SHUTDOWN_DEADLINE_SECONDS=str(DEADLINE))
+    env = clean_env(
+        RLGUARD_DEV="1",
+        RLGUARD_DATA_DIR=str(tmp_path / "data"),
+        RLGUARD_DATABASE_URL=url,
+        RLGUARD_SERVER__GRACEFUL_SHUTDOWN_SECONDS=str(GRACE),
+        RLGUARD_SERVER__SHUTDOWN_DEADLINE_SECONDS=str(DEADLINE),
+    )
     log = tmp_path / "server.log"
     with rlguard(["server", "--port", str(port), "--header-timeout", "60"], env, log) as proc:
         healthy(f"http://127.0.0.1:{port}", proc, log)

@@ -40,12 +40,23 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     migrate.upgrade(f"sqlite:///{db}")
     db.chmod(0o644)  # as `rlguard db upgrade` under the usual umask leaves it
     port = free_port()
-    env = clean_env(RLGUARD_DEV="1", RLGUARD_DATA_DIR=str(tmp_path / "data"),
-                    RLGUARD_DATABASE_URL=f"sqlite:///{db}", RLGUARD_POLICY_SCHEDULER="0",
-                    RLGUARD_SERVER__MAX_CONNECTIONS_PER_CLIENT="100000")
+    env = clean_env(
+        RLGUARD_DEV="1",
+        RLGUARD_DATA_DIR=str(tmp_path / "data"),
+        RLGUARD_DATABASE_URL=f"sqlite:///{db}",
+        RLGUARD_POLICY_SCHEDULER="0",
+        RLGUARD_SERVER__MAX_CONNECTIONS_PER_CLIENT="100000",
+    )
     log = tmp_path / "server.log"
-    args = ["server", "--port", str(port), "--header-timeout", str(HEADER_TIMEOUT),
-            "--limit-concurrency", str(LIMIT)]
+    args = [
+        "server",
+        "--port",
+        str(port),
+        "--header-timeout",
+        str(HEADER_TIMEOUT),
+        "--limit-concurrency",
+        str(LIMIT),
+    ]
     with rlguard(args, env, log) as proc:
         url = f"http://127.0.0.1:{port}"
         healthy(url, proc, log)
@@ -123,7 +134,9 @@ def test_near_the_concurrency_limit_the_oldest_half_open_connections_make_room(
     started = time.monotonic()
     socks = half_open(port, LIMIT + 50)
     try:
-        assert time.monotonic() - started < HEADER_TIMEOUT - 1, "too slow to test: raise the timeout"
+        assert time.monotonic() - started < HEADER_TIMEOUT - 1, (
+            "too slow to test: raise the timeout"
+        )
         for _ in range(5):
             r = httpx.get(url + "/healthz", timeout=5)
             assert r.status_code == 200, r.text
@@ -136,7 +149,8 @@ def test_near_the_concurrency_limit_the_oldest_half_open_connections_make_room(
         gone = [s for s in socks[:100] if s not in oldest]  # ...the oldest went
         made_room = read_until_closed(gone, 5)
         assert len(made_room) >= 50 and all(
-            data.startswith(b"HTTP/1.1 408 ") and b"make room" in data for data in made_room.values()
+            data.startswith(b"HTTP/1.1 408 ") and b"make room" in data
+            for data in made_room.values()
         )
     finally:
         for s in socks:

@@ -23,10 +23,20 @@ from ._procs import clean_env, healthy, rlguard
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 ALERT = {
-    "version": "4", "status": "firing", "receiver": "rlguard", "groupKey": "{}:{alertname=\"NodeDown\"}",
-    "alerts": [{"status": "firing", "labels": {"alertname": "NodeDown", "node": "n7"},
-                "annotations": {"summary": "node-exporter down"}, "startsAt": "2026-11-29T10:00:00Z",
-                "endsAt": "0001-01-01T00:00:00Z", "fingerprint": "f00d"}],
+    "version": "4",
+    "status": "firing",
+    "receiver": "rlguard",
+    "groupKey": '{}:{alertname="NodeDown"}',
+    "alerts": [
+        {
+            "status": "firing",
+            "labels": {"alertname": "NodeDown", "node": "n7"},
+            "annotations": {"summary": "node-exporter down"},
+            "startsAt": "2026-11-29T10:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": "f00d",
+        }
+    ],
 }
 
 
@@ -40,9 +50,24 @@ def test_alert_links_name_the_port_up_serves_and_the_data_dir_is_private(tmp_pat
     data.mkdir()
     data.chmod(0o755)  # as an older version (or a hand-made directory) left it
     alerts_yaml = data / "alerts.yaml"
-    alerts_yaml.write_text(yaml.safe_dump({"alerts": {"group_wait_s": 0, "channels": [
-        {"type": "webhook", "name": "hook", "url": receiver.url("/hook"), "min_tier": "light",
-         "signing_secret": "s3cret-for-the-test"}]}}))
+    alerts_yaml.write_text(
+        yaml.safe_dump(
+            {
+                "alerts": {
+                    "group_wait_s": 0,
+                    "channels": [
+                        {
+                            "type": "webhook",
+                            "name": "hook",
+                            "url": receiver.url("/hook"),
+                            "min_tier": "light",
+                            "signing_secret": "s3cret-for-the-test",
+                        }
+                    ],
+                }
+            }
+        )
+    )
     alerts_yaml.chmod(0o644)
     port = free_port()
     assert port != 8000
@@ -53,10 +78,17 @@ def test_alert_links_name_the_port_up_serves_and_the_data_dir_is_private(tmp_pat
         with rlguard(["up", "--host", "127.0.0.1", "--port", str(port)], env, log) as up:
             healthy(url, up, log)
             creds = (data / "initial-admin-credentials.txt").read_text()
-            token = next(line.split(": ", 1)[1] for line in creds.splitlines()
-                         if line.startswith("api_token: "))
-            r = httpx.post(url + "/api/v1/alertmanager", json=ALERT, timeout=10,
-                           headers={"Authorization": f"Bearer {token}"})
+            token = next(
+                line.split(": ", 1)[1]
+                for line in creds.splitlines()
+                if line.startswith("api_token: ")
+            )
+            r = httpx.post(
+                url + "/api/v1/alertmanager",
+                json=ALERT,
+                timeout=10,
+                headers={"Authorization": f"Bearer {token}"},
+            )
             assert r.status_code == 200, r.text
             wait_for(lambda: receiver.requests, 45, "the alert at the receiver")
             body = json.loads(receiver.requests[0].body)

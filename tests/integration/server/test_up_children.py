@@ -26,16 +26,22 @@ CHILDREN_GONE_WITHIN = 25.0
 
 def _start_up(tmp_path: Path):  # type: ignore[no-untyped-def]
     port = free_port()
-    env = clean_env(RLGUARD_DATA_DIR=str(tmp_path / "data"), RLGUARD_RECOVERY_EMBEDDED_NODES="n1",
-                    RLGUARD_POLICY_SCHEDULER="0")
+    env = clean_env(
+        RLGUARD_DATA_DIR=str(tmp_path / "data"),
+        RLGUARD_RECOVERY_EMBEDDED_NODES="n1",
+        RLGUARD_POLICY_SCHEDULER="0",
+    )
     log = tmp_path / "up.log"
     return rlguard(["up", "--port", str(port)], env, log), f"http://127.0.0.1:{port}", log
 
 
 def _ready_worker_tree(up_pid: int, log: Path) -> set[tuple[int, int]]:
     """The embedded worker and its pool process, once the worker says it is ready."""
-    wait_for(lambda: "embedded@" in log.read_text() and " ready." in log.read_text(), 60,
-             "the embedded worker to be ready")
+    wait_for(
+        lambda: "embedded@" in log.read_text() and " ready." in log.read_text(),
+        60,
+        "the embedded worker to be ready",
+    )
     tree = descendants(up_pid)
     assert len(tree) >= 2, f"expected the worker and its pool process under up, found {tree}"
     return tree
@@ -57,8 +63,11 @@ def test_no_child_of_up_outlives_it(tmp_path: Path, sig: signal.Signals) -> None
                 assert not alive(tree), f"left after up exited: {alive(tree)}"
             else:
                 assert code == -signal.SIGKILL
-                wait_for(lambda: not alive(tree), CHILDREN_GONE_WITHIN,
-                         f"the children of the killed up ({sorted(tree)}) to stop")
+                wait_for(
+                    lambda: not alive(tree),
+                    CHILDREN_GONE_WITHIN,
+                    f"the children of the killed up ({sorted(tree)}) to stop",
+                )
         finally:
             for pid, _ in alive(tree):
                 os.kill(pid, signal.SIGKILL)

@@ -46,7 +46,9 @@ class Amtool:
         config.write_text(f"authorization:\n  type: Bearer\n  credentials: {token}\n")
         config.chmod(0o600)
         # Never a silent skip: the test command installs it (scripts/system-deps.sh).
-        assert AMTOOL is not None, "amtool missing: scripts/system-deps.sh installs prometheus-alertmanager"
+        assert AMTOOL is not None, (
+            "amtool missing: scripts/system-deps.sh installs prometheus-alertmanager"
+        )
         return subprocess.run(
             [
                 AMTOOL,

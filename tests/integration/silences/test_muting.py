@@ -166,7 +166,9 @@ def test_a_maintenance_window_mutes_silence_faults_and_holds_actions_on_its_node
     quiet = open_(engine, FaultKind.NODE_SILENT, Subject(node="n1"), during)
     assert (deliveries(engine, quiet), actions(engine, quiet)) == (0, 0)
     assert [t for t, _ in timeline(engine, quiet)] == ["opened", "maintenance", "actions_held"]
-    assert f"maintenance window #{wid} of node n1 (user:olga: BIOS)" in timeline(engine, quiet)[1][1]
+    assert (
+        f"maintenance window #{wid} of node n1 (user:olga: BIOS)" in timeline(engine, quiet)[1][1]
+    )
     # Not a silence fault: alerted, but nothing is restarted on the node.
     gpu = open_(engine, FaultKind.GPU_XID, Subject(node="n1", gpu="0"), during)
     assert deliveries(engine, gpu) == 0  # inhibited by the node incident, not by the window

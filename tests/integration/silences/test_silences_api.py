@@ -34,7 +34,10 @@ def iso(delta_minutes: float) -> str:
 
 
 GOOD = {
-    "matchers": [{"label": "node", "value": "n1"}, {"label": "kind", "op": "=~", "value": "gpu_.*"}],
+    "matchers": [
+        {"label": "node", "value": "n1"},
+        {"label": "kind", "op": "=~", "value": "gpu_.*"},
+    ],
     "duration_minutes": 60,
     "comment": "swapping the riser",
 }
@@ -108,16 +111,16 @@ def test_a_bad_silence_is_refused_with_its_reason_and_nothing_is_stored(
     assert count(api, "silence") == 0 and audit(api) == []
 
 
-def test_the_maximum_length_is_a_setting(
-    migrated_url: str, make_api: Callable[..., Api]
-) -> None:
+def test_the_maximum_length_is_a_setting(migrated_url: str, make_api: Callable[..., Api]) -> None:
     api = make_api(migrated_url, silences={"max_duration_hours": 2})
     op = api.user_token("olga", Role.operator)
-    r = api.client.post("/api/v1/silences", json={**GOOD, "duration_minutes": 180},
-                        headers=auth(op))
+    r = api.client.post(
+        "/api/v1/silences", json={**GOOD, "duration_minutes": 180}, headers=auth(op)
+    )
     assert r.status_code == 422 and "maximum of 2 h" in r.json()["detail"]
-    ok = api.client.post("/api/v1/silences", json={**GOOD, "duration_minutes": 120},
-                         headers=auth(op))
+    ok = api.client.post(
+        "/api/v1/silences", json={**GOOD, "duration_minutes": 120}, headers=auth(op)
+    )
     assert ok.status_code == 201, ok.text
 
 
@@ -143,8 +146,14 @@ def test_maintenance_windows_one_off_and_weekly(api: Api) -> None:
     r1 = c.post("/api/v1/maintenance-windows", json=once, headers=auth(op))
     assert r1.status_code == 201, r1.text
     assert (r1.json()["state"], r1.json()["recurrence"]) == ("open", "once")
-    weekly = {"job": "grpo-a", "recurrence": "weekly", "weekday": 6, "start_time": "23:30",
-              "duration_minutes": 90, "comment": "storage firmware"}
+    weekly = {
+        "job": "grpo-a",
+        "recurrence": "weekly",
+        "weekday": 6,
+        "start_time": "23:30",
+        "duration_minutes": 90,
+        "comment": "storage firmware",
+    }
     r2 = c.post("/api/v1/maintenance-windows", json=weekly, headers=auth(op))
     assert r2.status_code == 201, r2.text
     assert (r2.json()["weekday"], r2.json()["start_minute"]) == (6, 23 * 60 + 30)
@@ -163,12 +172,30 @@ BAD_WINDOWS: list[tuple[dict[str, Any], str]] = [
     ({"node": "n1", "starts_at": iso(0), "ends_at": iso(15 * 24 * 60)}, "longer than the maximum"),
     ({"node": "n1", "starts_at": iso(0)}, "needs ends_at"),
     ({"node": "n1", "recurrence": "daily"}, "recurrence='daily'"),
-    ({"node": "n1", "recurrence": "weekly", "weekday": 7, "start_time": "01:00",
-      "duration_minutes": 60}, "weekday=7"),
-    ({"node": "n1", "recurrence": "weekly", "weekday": 1, "start_time": "25:00",
-      "duration_minutes": 60}, "start_time='25:00'"),
-    ({"node": "n1", "recurrence": "weekly", "weekday": 1, "start_time": "01:00"},
-     "duration_minutes=None"),
+    (
+        {
+            "node": "n1",
+            "recurrence": "weekly",
+            "weekday": 7,
+            "start_time": "01:00",
+            "duration_minutes": 60,
+        },
+        "weekday=7",
+    ),
+    (
+        {
+            "node": "n1",
+            "recurrence": "weekly",
+            "weekday": 1,
+            "start_time": "25:00",
+            "duration_minutes": 60,
+        },
+        "start_time='25:00'",
+    ),
+    (
+        {"node": "n1", "recurrence": "weekly", "weekday": 1, "start_time": "01:00"},
+        "duration_minutes=None",
+    ),
 ]
 
 

@@ -25,8 +25,13 @@ def main() -> int:
     step = int(progress.read_text()) if progress.exists() else 0
     with open(run_dir / "starts.jsonl", "a") as fh:
         fh.write(json.dumps({"pid": os.getpid(), "restarts": restarts, "from_step": step}) + "\n")
-    beat = HeartbeatReporter(run_dir, os.environ["RLGUARD_ROLE"], int(os.environ["RANK"]),
-                             job=os.environ["RLGUARD_JOB"], interval=0.2)
+    beat = HeartbeatReporter(
+        run_dir,
+        os.environ["RLGUARD_ROLE"],
+        int(os.environ["RANK"]),
+        job=os.environ["RLGUARD_JOB"],
+        interval=0.2,
+    )
     beat.start_keepalive()
     stop = run_dir / "stop"
     while not stop.exists():

@@ -124,8 +124,11 @@ def _pending_for(stack: DemoStack, incident: dict[str, Any]) -> list[dict[str, A
 
 def _approve(stack: DemoStack, token: str, approval: dict[str, Any]) -> None:
     with httpx.Client(base_url=stack.url, timeout=10) as http:
-        r = http.post(f"/api/v1/approvals/{approval['id']}/approve",
-                      json={"comment": "on call: go"}, headers={"Authorization": f"Bearer {token}"})
+        r = http.post(
+            f"/api/v1/approvals/{approval['id']}/approve",
+            json={"comment": "on call: go"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
     assert r.status_code == 200, r.text
     assert r.json()["decided_by"] == "oncall", r.json()
 
@@ -140,7 +143,9 @@ def _server_step(stack: DemoStack, job: str = JOB) -> int:
 
 def _submit(slurm: Slurm, run_dir: Path, out: Path) -> str:
     return _sbatch(
-        slurm, out, f"{RLGUARD} launch --job {JOB} --role trainer --rank 0 --run-dir {run_dir} "
+        slurm,
+        out,
+        f"{RLGUARD} launch --job {JOB} --role trainer --rank 0 --run-dir {run_dir} "
         f"--backend slurm --backoff 0 -- {sys.executable} {TRAIN}",
     )
 
@@ -152,9 +157,19 @@ def _sbatch(slurm: Slurm, out: Path, command: str) -> str:
     env = {k: v for k, v in slurm.env.items() if not k.startswith("RLGUARD_")}
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run(
-        ["sbatch", "--parsable", "--requeue", f"--chdir={REPO}",
-         f"--output={out}/slurm-%j.out", str(script)],
-        env=env, capture_output=True, text=True, timeout=30, check=False,
+        [
+            "sbatch",
+            "--parsable",
+            "--requeue",
+            f"--chdir={REPO}",
+            f"--output={out}/slurm-%j.out",
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
@@ -173,8 +188,10 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         server = (stack.workdir / "logs" / "server.log").read_text(errors="replace")[-3000:]
         events = [e for e in read_events(run_dir / "events.jsonl") if e["kind"] != "fault"]
         incidents = [(i["id"], i["kind"], i["tier"], i["subject"]) for i in stack.incidents()]
-        return (f"--- batch\n{batch}\n--- server\n{server}\n--- slurm job\n{slurm.job(job)}\n"
-                f"--- launcher events\n{events}\n--- incidents\n{incidents}\n{slurm.logs()}")
+        return (
+            f"--- batch\n{batch}\n--- server\n{server}\n--- slurm job\n{slurm.job(job)}\n"
+            f"--- launcher events\n{events}\n--- incidents\n{incidents}\n{slurm.logs()}"
+        )
 
     def started() -> list[dict[str, Any]]:
         lines = starts.read_text().splitlines() if starts.exists() else []
@@ -187,20 +204,29 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         os.kill(first["pid"], signal.SIGKILL)
 
         # 1. heavy: SAFE_MODE at once; the requeue waits for an approver.
-        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", context=logs)
+        inc = wait_for(
+            lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", context=logs
+        )
         assert inc["tier"] == "heavy" and inc["subject"]["job"] == JOB, inc
-        pending = wait_for(lambda: _pending_for(stack, inc), 60, "the restart_job approval",
-                           context=logs)
+        pending = wait_for(
+            lambda: _pending_for(stack, inc), 60, "the restart_job approval", context=logs
+        )
         assert [a["action"] for a in pending[0]["actions"]] == ["restart_job"], pending
-        assert wait_for(lambda: _finished(stack, inc, "enter_safe_mode"), 30,
-                        "SAFE_MODE", context=logs) == "succeeded"
+        assert (
+            wait_for(
+                lambda: _finished(stack, inc, "enter_safe_mode"), 30, "SAFE_MODE", context=logs
+            )
+            == "succeeded"
+        )
         assert json.loads((run_dir / "control.json").read_text())["mode"] == "safe_mode"
         assert read_heartbeat(heartbeat_path(run_dir, "trainer", 0))["phase"] == "EXITED"
         assert slurm.job(job)["Restarts"] == "0" and len(started()) == 1  # nothing before approval
 
         _approve(stack, approver, pending[0])
-        assert wait_for(lambda: _finished(stack, inc, "restart_job"), 60, "restart_job",
-                        context=logs) == "succeeded", _action(stack, inc, "restart_job")
+        assert (
+            wait_for(lambda: _finished(stack, inc, "restart_job"), 60, "restart_job", context=logs)
+            == "succeeded"
+        ), _action(stack, inc, "restart_job")
         second = wait_for(lambda: started()[1:], 60, "the requeued batch script", context=logs)[0]
         assert second["restarts"] == 1 and second["from_step"] == 1, second
         assert slurm.job(job)["Restarts"] == "1"
@@ -209,19 +235,36 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         wait_for(lambda: _server_step(stack) >= 3, 60, "the resumed job to train", context=logs)
         assert not node_is_lost(slurm.node()["State"])
         subprocess.run(
-            [sys.executable, "-m", "workload.chaos", "--run-dir", str(run_dir), "xid", "--gpu",
-             "1", "--xid", "79"],
-            cwd=REPO, check=True, timeout=60, capture_output=True,
+            [
+                sys.executable,
+                "-m",
+                "workload.chaos",
+                "--run-dir",
+                str(run_dir),
+                "xid",
+                "--gpu",
+                "1",
+                "--xid",
+                "79",
+            ],
+            cwd=REPO,
+            check=True,
+            timeout=60,
+            capture_output=True,
         )
         xid = wait_for(lambda: _incident(stack, "gpu_xid"), 60, "gpu_xid", context=logs)
         assert xid["tier"] == "medium" and xid["subject"]["node"] == NODE, xid
-        drain = wait_for(lambda: _pending_for(stack, xid), 60, "the drain_node approval", context=logs)
+        drain = wait_for(
+            lambda: _pending_for(stack, xid), 60, "the drain_node approval", context=logs
+        )
         assert [a["action"] for a in drain[0]["actions"]] == ["drain_node"], drain
         assert not node_is_lost(slurm.node()["State"])  # nothing drained before approval
 
         _approve(stack, approver, drain[0])
-        assert wait_for(lambda: _finished(stack, xid, "drain_node"), 60, "drain_node",
-                        context=logs) == "succeeded", _action(stack, xid, "drain_node")
+        assert (
+            wait_for(lambda: _finished(stack, xid, "drain_node"), 60, "drain_node", context=logs)
+            == "succeeded"
+        ), _action(stack, xid, "drain_node")
         node = slurm.node()
         assert "DRAIN" in node["State"], node
         assert node["Reason"].startswith(
@@ -232,15 +275,23 @@ def test_kill_then_requeue_and_xid_79_drain_through_rlguard_on_real_slurm(
         # gpu_lost incident of its own; the XID incident's plan restarts the role in place (no
         # requeue: the same batch run, restart count 1).
         assert _incident(stack, "gpu_lost") is None
-        assert wait_for(lambda: _finished(stack, xid, "restart_role"), 60, "restart_role",
-                        context=logs) == "succeeded", _action(stack, xid, "restart_role")
+        assert (
+            wait_for(
+                lambda: _finished(stack, xid, "restart_role"), 60, "restart_role", context=logs
+            )
+            == "succeeded"
+        ), _action(stack, xid, "restart_role")
         third = wait_for(lambda: started()[2:], 30, "the role restarted in place", context=logs)[0]
         assert third["restarts"] == 1 and third["from_step"] >= 3, third
 
         # 3. Running work finishes on a draining node: the job completes, requeued once.
         (run_dir / "stop").touch()
-        wait_for(lambda: slurm.job(job)["JobState"] == "COMPLETED", 60, "the job to complete",
-                 context=logs)
+        wait_for(
+            lambda: slurm.job(job)["JobState"] == "COMPLETED",
+            60,
+            "the job to complete",
+            context=logs,
+        )
         assert slurm.job(job)["Restarts"] == "1" and len(started()) == 3, logs()
         assert "DRAIN" in slurm.node()["State"]  # still out of service once the job left
     finally:
@@ -266,7 +317,9 @@ def _submit_reference_job(slurm: Slurm, run_dir: Path, out: Path, steps: int) ->
     )
     slow.chmod(0o755)
     return _sbatch(
-        slurm, out, f"env PATH={bin_dir}:{os.environ['PATH']} {sys.executable} -m workload.launch "
+        slurm,
+        out,
+        f"env PATH={bin_dir}:{os.environ['PATH']} {sys.executable} -m workload.launch "
         f"--backend slurm --run-dir {run_dir} --job {REF_JOB} --steps {steps} --rollouts 2 "
         "--decode-ms 5 --no-standby",
     )
@@ -294,12 +347,18 @@ def test_the_reference_job_killed_in_its_first_step_is_requeued_through_rlguard_
     job = _submit_reference_job(slurm, run.root, tmp_path, steps)
 
     def logs() -> str:
-        batch = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("slurm-*.out"))
-        roles = "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                          for f in sorted((run.root / "logs").glob("*.log")))
+        batch = "\n".join(
+            p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("slurm-*.out")
+        )
+        roles = "\n".join(
+            f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((run.root / "logs").glob("*.log"))
+        )
         incidents = [(i["id"], i["kind"], i["tier"], i["subject"]) for i in stack.incidents()]
-        return (f"--- batch\n{batch}\n{roles}\n--- slurm job\n{slurm.job(job)}\n"
-                f"--- incidents\n{incidents}\n{slurm.logs()}")
+        return (
+            f"--- batch\n{batch}\n{roles}\n--- slurm job\n{slurm.job(job)}\n"
+            f"--- incidents\n{incidents}\n{slurm.logs()}"
+        )
 
     def trainer_pid() -> int | None:
         pid = (read_json(run.root / "pids.json") or {}).get("trainer-0")
@@ -307,25 +366,38 @@ def test_the_reference_job_killed_in_its_first_step_is_requeued_through_rlguard_
 
     try:
         # The trainer reports (phase past start-up) and has not finished step 1 yet.
-        wait_for(lambda: trainer_pid() is not None and _server_step(stack, REF_JOB) >= 0, 120,
-                 "the reference trainer to report", context=logs)
+        wait_for(
+            lambda: trainer_pid() is not None and _server_step(stack, REF_JOB) >= 0,
+            120,
+            "the reference trainer to report",
+            context=logs,
+        )
         os.kill(trainer_pid(), signal.SIGKILL)  # type: ignore[arg-type]
 
-        inc = wait_for(lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", context=logs)
+        inc = wait_for(
+            lambda: _incident(stack, "heartbeat_lost"), 60, "heartbeat_lost", context=logs
+        )
         assert inc["tier"] == "heavy" and inc["subject"]["job"] == REF_JOB, inc
-        pending = wait_for(lambda: _pending_for(stack, inc), 60, "the restart_job approval",
-                           context=logs)
+        pending = wait_for(
+            lambda: _pending_for(stack, inc), 60, "the restart_job approval", context=logs
+        )
         assert "restart_job" in [a["action"] for a in pending[0]["actions"]], pending
         assert slurm.job(job)["Restarts"] == "0"  # nothing requeued before the approval
 
         _approve(stack, approver, pending[0])
-        assert wait_for(lambda: _finished(stack, inc, "restart_job"), 90, "restart_job",
-                        context=logs) == "succeeded", _action(stack, inc, "restart_job")
+        assert (
+            wait_for(lambda: _finished(stack, inc, "restart_job"), 90, "restart_job", context=logs)
+            == "succeeded"
+        ), _action(stack, inc, "restart_job")
         wait_for(lambda: slurm.job(job)["Restarts"] == "1", 60, "the requeue", context=logs)
         assert any(e["kind"] == "requeued" for e in read_run_events(run)), logs()
 
-        wait_for(lambda: slurm.job(job)["JobState"] == "COMPLETED", 180,
-                 "the requeued reference job to complete", context=logs)
+        wait_for(
+            lambda: slurm.job(job)["JobState"] == "COMPLETED",
+            180,
+            "the requeued reference job to complete",
+            context=logs,
+        )
         assert run.done.exists()
         final = read_json(run.final) or {}
         assert final.get("step") == steps, final

@@ -27,9 +27,23 @@ class Peer:
 
     def __init__(self, role: str, registry: str, transport: str, *extra: str) -> None:
         self.proc = spawn(
-            [sys.executable, "-m", "tests.integration.transfer._peer", "--role", role,
-             "--registry", registry, "--transport", transport, *extra],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.transfer._peer",
+                "--role",
+                role,
+                "--registry",
+                registry,
+                "--transport",
+                transport,
+                *extra,
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
         )
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -90,7 +104,9 @@ class Cluster:
 
     def start(self, *specs: tuple[str, ...]) -> list[Peer]:
         """Start several peers at once (their start-up, mostly importing torch, overlaps)."""
-        started = [Peer(spec[0], self.server.address, self.transport_name, *spec[1:]) for spec in specs]
+        started = [
+            Peer(spec[0], self.server.address, self.transport_name, *spec[1:]) for spec in specs
+        ]
         self.peers.extend(started)
         for peer in started:
             assert peer.address
@@ -109,5 +125,7 @@ class Cluster:
 
 def _transport_or_skip(name: str) -> Transport:
     if name == "ucx":
-        pytest.importorskip("ucxx", reason="ucx transport: the optional 'ucx' extra (ucxx) is not installed")
+        pytest.importorskip(
+            "ucxx", reason="ucx transport: the optional 'ucx' extra (ucxx) is not installed"
+        )
     return make_transport(name)

@@ -46,12 +46,22 @@ def main() -> None:
     egress = args.egress or None
     if args.role == "publisher":
         node: WeightPublisher | WeightReceiver = WeightPublisher(
-            NAME, transport=transport, registry=registry, lease_s=args.lease_s,
-            chunk_bytes=args.chunk_bytes, egress_bytes_per_s=egress,
+            NAME,
+            transport=transport,
+            registry=registry,
+            lease_s=args.lease_s,
+            chunk_bytes=args.chunk_bytes,
+            egress_bytes_per_s=egress,
         )
     else:
-        node = WeightReceiver(NAME, specs(), transport=transport, registry=registry, timeout=2.0,
-                              egress_bytes_per_s=egress)
+        node = WeightReceiver(
+            NAME,
+            specs(),
+            transport=transport,
+            registry=registry,
+            timeout=2.0,
+            egress_bytes_per_s=egress,
+        )
     emit(event="ready", address=node.address)
     for line in sys.stdin:
         command, _, value = line.strip().partition(" ")
@@ -80,9 +90,16 @@ def main() -> None:
             except TransferError as exc:
                 live = node.live_version
                 exact = live is not None and all(
-                    same_bits(node.live_tensors[k], t) for k, t in make_weights(args.seed, live).items()
+                    same_bits(node.live_tensors[k], t)
+                    for k, t in make_weights(args.seed, live).items()
                 )
-                emit(event="failed", version=version, error=type(exc).__name__, live=live, live_exact=exact)
+                emit(
+                    event="failed",
+                    version=version,
+                    error=type(exc).__name__,
+                    live=live,
+                    live_exact=exact,
+                )
         elif command == "egress":
             server = node.server
             assert server is not None

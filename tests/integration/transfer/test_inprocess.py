@@ -44,11 +44,15 @@ def net_registry() -> Iterator[tuple[InMemoryRegistry, RegistryClient]]:
     server.close()
 
 
-def test_registry_client_maps_calls_and_typed_errors(net_registry: tuple[InMemoryRegistry, RegistryClient]) -> None:
+def test_registry_client_maps_calls_and_typed_errors(
+    net_registry: tuple[InMemoryRegistry, RegistryClient],
+) -> None:
     local, client = net_registry
     client.begin(name="p", version=4, manifest_digest="abc", publisher="T:1", lease_s=5)
     client.announce(name="p", version=4, address="R:1", complete=True)
-    assert client.assign_source(name="p", version=4, receiver="X:1", exclude=[], relays=True) == "R:1"
+    assert (
+        client.assign_source(name="p", version=4, receiver="X:1", exclude=[], relays=True) == "R:1"
+    )
     assert client.info(name="p", version=4).complete_sources == 2
     client.commit(name="p", version=4)
     assert local.info(name="p", version=4).state == COMMITTED
@@ -63,7 +67,9 @@ def test_registry_client_maps_calls_and_typed_errors(net_registry: tuple[InMemor
         client.assign_source(name="p", version=5, receiver="X:1", exclude=[], relays=True)
 
 
-def test_registry_server_answers_garbage_without_dying(net_registry: tuple[InMemoryRegistry, RegistryClient]) -> None:
+def test_registry_server_answers_garbage_without_dying(
+    net_registry: tuple[InMemoryRegistry, RegistryClient],
+) -> None:
     _, client = net_registry
     channel = TcpTransport().connect(client.address, timeout=5)
     try:
@@ -80,11 +86,16 @@ def test_pipelined_fan_out_and_second_version_alternate_slots() -> None:
     registry = InMemoryRegistry()
     transport = make_transport("tcp")
     publisher = WeightPublisher(NAME, transport=transport, registry=registry, chunk_bytes=8 << 10)
-    receivers = [WeightReceiver(NAME, specs(), transport=transport, registry=registry) for _ in range(4)]
+    receivers = [
+        WeightReceiver(NAME, specs(), transport=transport, registry=registry) for _ in range(4)
+    ]
     try:
         for version in (1, 2, 3):
             publication = publisher.publish(version, make_weights(0, version))
-            threads = [threading.Thread(target=r.pull, args=(version,), kwargs={"timeout": 30}) for r in receivers]
+            threads = [
+                threading.Thread(target=r.pull, args=(version,), kwargs={"timeout": 30})
+                for r in receivers
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -92,7 +103,9 @@ def test_pipelined_fan_out_and_second_version_alternate_slots() -> None:
             publication.wait_committed(timeout=5)
             for r in receivers:
                 assert r.live_version == version
-                assert all(same_bits(r.live_tensors[k], v) for k, v in make_weights(0, version).items())
+                assert all(
+                    same_bits(r.live_tensors[k], v) for k, v in make_weights(0, version).items()
+                )
         # Receivers keep relaying the live and the previous version; v1's slot was reused for v3.
         assert [sorted(r.store.stats()) for r in receivers] == [[f"{NAME}@2", f"{NAME}@3"]] * 4
     finally:
@@ -124,7 +137,9 @@ def test_a_committed_publisher_reported_dead_is_handed_out_again_while_it_serves
 
         def publisher_assigned() -> bool:
             try:
-                source = registry.assign_source(name=NAME, version=1, receiver="R:9", exclude=(), relays=True)
+                source = registry.assign_source(
+                    name=NAME, version=1, receiver="R:9", exclude=(), relays=True
+                )
             except NoSourceError:
                 return False
             registry.release_source(name=NAME, version=1, receiver="R:9")
@@ -133,8 +148,11 @@ def test_a_committed_publisher_reported_dead_is_handed_out_again_while_it_serves
         wait_for(publisher_assigned, 10, "the publisher to be handed out again")
         # Retired, it stops renewing (its publish thread ends), and a report of its death stands.
         publisher.retire(1)
-        wait_for(lambda: not any(t.name == f"publish-{NAME}-v1" for t in threading.enumerate()), 10,
-                 "the renewals of the retired version to stop")
+        wait_for(
+            lambda: not any(t.name == f"publish-{NAME}-v1" for t in threading.enumerate()),
+            10,
+            "the renewals of the retired version to stop",
+        )
         registry.announce(name=NAME, version=1, address=publisher.address, complete=True)
         registry.report_dead(name=NAME, version=1, address=publisher.address)
         assert not publisher_assigned()
@@ -145,7 +163,9 @@ def test_a_committed_publisher_reported_dead_is_handed_out_again_while_it_serves
 def test_receiver_and_publisher_reject_bad_input_and_change_nothing() -> None:
     registry = InMemoryRegistry()
     transport = make_transport("tcp")
-    publisher = WeightPublisher(NAME, transport=transport, registry=registry, noncontiguous="refuse")
+    publisher = WeightPublisher(
+        NAME, transport=transport, registry=registry, noncontiguous="refuse"
+    )
     recv = WeightReceiver(NAME, specs(), transport=transport, registry=registry, timeout=1)
     try:
         weights = make_weights(0, 1)
@@ -154,7 +174,9 @@ def test_receiver_and_publisher_reject_bad_input_and_change_nothing() -> None:
         with pytest.raises(TransferConfigError, match="min_replicas"):
             publisher.publish(1, {k: v.contiguous() for k, v in weights.items()}, min_replicas=0)
         assert publisher.store.stats() == {}
-        with pytest.raises(TransferConfigError, match="bytes_per_s must be positive or None, got -1"):
+        with pytest.raises(
+            TransferConfigError, match="bytes_per_s must be positive or None, got -1"
+        ):
             publisher.server.set_egress_limit(-1)
         with pytest.raises(UnknownVersionError):
             registry.info(name=NAME, version=1)
@@ -170,7 +192,9 @@ def test_receiver_and_publisher_reject_bad_input_and_change_nothing() -> None:
             recv.pull(5)
         assert recv.live_version == 5
         with pytest.raises(TransferConfigError, match="max_chunk_attempts"):
-            WeightReceiver(NAME, specs(), transport=transport, registry=registry, max_chunk_attempts=0)
+            WeightReceiver(
+                NAME, specs(), transport=transport, registry=registry, max_chunk_attempts=0
+            )
         with pytest.raises(TransferConfigError, match="name each tensor once"):
             WeightReceiver(NAME, specs() + specs()[:1], transport=transport, registry=registry)
     finally:
@@ -218,7 +242,9 @@ def test_manifest_from_a_source_that_disagrees_with_the_registry_is_not_used() -
     try:
         honest.publish(1, make_weights(0, 1))
         liar.publish(1, make_weights(9, 1))
-        registry.announce(name=NAME, version=1, address=liar.address, complete=True)  # preferred relay
+        registry.announce(
+            name=NAME, version=1, address=liar.address, complete=True
+        )  # preferred relay
         report = recv.pull(1, timeout=20)
         assert report.chunks_by_source == {honest.address: report.chunks_total}
         assert same_bits(recv.live_tensors["embed.bf16"], make_weights(0, 1)["embed.bf16"])

@@ -42,10 +42,14 @@ def receiver(cluster: Cluster, transport: Transport, **kwargs: object) -> Weight
 def assert_exact(recv: WeightReceiver, version: int) -> None:
     expected = make_weights(0, version)
     for name, tensor in expected.items():
-        assert same_bits(recv.live_tensors[name], tensor), f"{name} differs after pulling v{version}"
+        assert same_bits(recv.live_tensors[name], tensor), (
+            f"{name} differs after pulling v{version}"
+        )
 
 
-def test_every_dtype_arrives_bit_exact_direct_and_through_a_relay(cluster: Cluster, transport: Transport) -> None:
+def test_every_dtype_arrives_bit_exact_direct_and_through_a_relay(
+    cluster: Cluster, transport: Transport
+) -> None:
     publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
     publisher.wait("published")
@@ -85,7 +89,9 @@ def test_source_killed_mid_transfer_resumes_from_another_relay_with_only_missing
     thread = threading.Thread(target=lambda: result.update(report=recv.pull(1, timeout=60)))
     try:
         thread.start()
-        wait_for(lambda: recv.verified_chunks >= 3 and recv.current_source is not None, 30, "3 chunks")
+        wait_for(
+            lambda: recv.verified_chunks >= 3 and recv.current_source is not None, 30, "3 chunks"
+        )
         victim = relay_a if recv.current_source == relay_a.address else relay_b
         survivor = relay_b if victim is relay_a else relay_a
         os.kill(victim.proc.pid, signal.SIGKILL)
@@ -103,8 +109,11 @@ def test_source_killed_mid_transfer_resumes_from_another_relay_with_only_missing
         # receiver already has it: wait for the count to settle, then it must be exact.
         missing = report.chunks_total - got_before  # type: ignore[attr-defined]
         with SourceSession(transport, survivor.address, timeout=5) as session:
-            wait_for(lambda: session.stats()[f"{NAME}@1"]["served_chunks"] >= missing, 10,
-                     "the survivor's served count")
+            wait_for(
+                lambda: session.stats()[f"{NAME}@1"]["served_chunks"] >= missing,
+                10,
+                "the survivor's served count",
+            )
             served = session.stats()[f"{NAME}@1"]["served_chunks"]
         assert served == missing
     finally:
@@ -146,7 +155,11 @@ def test_trainer_killed_while_publishing_discards_the_version_everywhere(
         assert len(errors) == 1, "the receiver should have been told v2 was discarded"
         relay_result = relay.wait("pulled", "failed")
         assert relay_result == {
-            "event": "failed", "version": 2, "error": "VersionDiscardedError", "live": 1, "live_exact": True,
+            "event": "failed",
+            "version": 2,
+            "error": "VersionDiscardedError",
+            "live": 1,
+            "live_exact": True,
         }
         assert recv.live_version == 1
         assert_exact(recv, 1)
@@ -158,7 +171,9 @@ def test_trainer_killed_while_publishing_discards_the_version_everywhere(
         recv.close()
 
 
-def test_corrupt_chunk_on_a_relay_is_detected_and_fetched_again(cluster: Cluster, transport: Transport) -> None:
+def test_corrupt_chunk_on_a_relay_is_detected_and_fetched_again(
+    cluster: Cluster, transport: Transport
+) -> None:
     publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
     publisher.wait("published")
@@ -174,12 +189,17 @@ def test_corrupt_chunk_on_a_relay_is_detected_and_fetched_again(cluster: Cluster
         assert_exact(recv, 1)
         assert report.corrupt_chunks == 1
         # Chunk 0 (holding byte 5) came again from the publisher, the rest from the relay.
-        assert report.chunks_by_source == {relay.address: report.chunks_total - 1, publisher.address: 1}
+        assert report.chunks_by_source == {
+            relay.address: report.chunks_total - 1,
+            publisher.address: 1,
+        }
     finally:
         recv.close()
 
 
-def test_hung_relay_times_out_and_the_pull_completes_elsewhere(cluster: Cluster, transport: Transport) -> None:
+def test_hung_relay_times_out_and_the_pull_completes_elsewhere(
+    cluster: Cluster, transport: Transport
+) -> None:
     publisher, relay = cluster.start(("publisher",), ("relay",))
     publisher.send("publish 1")
     publisher.wait("published")
@@ -281,7 +301,10 @@ def test_requests_that_timed_out_on_a_stopped_source_leave_the_receiver_sound(
     os.kill(publisher.proc.pid, signal.SIGSTOP)
     try:
         for _ in range(6):
-            with pytest.raises(TransferTimeout), SourceSession(transport, publisher.address, timeout=0.5) as session:
+            with (
+                pytest.raises(TransferTimeout),
+                SourceSession(transport, publisher.address, timeout=0.5) as session,
+            ):
                 session.manifest(NAME, 1)
     finally:
         os.kill(publisher.proc.pid, signal.SIGCONT)

@@ -17,7 +17,9 @@ def make_weights(seed: int, version: int) -> dict[str, torch.Tensor]:
         "attn.fp16": torch.randn(100, 37, generator=gen).to(torch.float16),
         # Transposed: non-contiguous on purpose; the publisher copies it to contiguous.
         "mlp.fp32": torch.randn(300, 64, generator=gen).t(),
-        "positions.int64": torch.randint(-(2**62), 2**62, (3000,), generator=gen, dtype=torch.int64),
+        "positions.int64": torch.randint(
+            -(2**62), 2**62, (3000,), generator=gen, dtype=torch.int64
+        ),
     }
 
 
@@ -29,6 +31,8 @@ def specs(seed: int = 0) -> list[TensorSpec]:
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-exact equality (NaN-safe, dtype-strict)."""
     a, b = a.contiguous(), b.contiguous()
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
     )

@@ -23,9 +23,25 @@ class Job:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log = open(run_dir.parent / f"{run_dir.name}-launch.log", "ab")  # noqa: SIM115
         self.proc = spawn(
-            [sys.executable, "-m", "workload.launch", "--run-dir", str(run_dir), "--steps", str(steps),
-             "--decode-ms", str(decode_ms), "--timeout", "200", *extra],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "workload.launch",
+                "--run-dir",
+                str(run_dir),
+                "--steps",
+                str(steps),
+                "--decode-ms",
+                str(decode_ms),
+                "--timeout",
+                "200",
+                *extra,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
@@ -35,20 +51,42 @@ class Job:
         def checked() -> Any:
             value = pred()
             if not value and self.proc.poll() is not None:
-                raise AssertionError(f"launcher exited {self.proc.returncode} while waiting for {what}: "
-                                     f"{self.logs()}")
+                raise AssertionError(
+                    f"launcher exited {self.proc.returncode} while waiting for {what}: "
+                    f"{self.logs()}"
+                )
             return value
 
         return wait_for(checked, timeout, what, context=self.logs)
 
     def wait_step(self, step: int, timeout: float = 120.0) -> None:
-        self.wait(lambda: any(e.get("step", -1) >= step for e in self.events("step")), timeout, f"step {step}")
+        self.wait(
+            lambda: any(e.get("step", -1) >= step for e in self.events("step")),
+            timeout,
+            f"step {step}",
+        )
 
     def hook(self, action: str, *args: str, key: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "workload.launch", "hook", action, "--job", self.run.root.name,
-             "--run-root", str(self.run.root.parent), "--idempotency-key", key, *args],
-            cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
+            [
+                sys.executable,
+                "-m",
+                "workload.launch",
+                "hook",
+                action,
+                "--job",
+                self.run.root.name,
+                "--run-root",
+                str(self.run.root.parent),
+                "--idempotency-key",
+                key,
+                *args,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
         )
 
     def finish(self, timeout: float = 180.0) -> dict[str, Any]:
@@ -89,7 +127,9 @@ def consumed(job: Job | RunDir) -> dict[tuple[int, str], str]:
     """(step, batch) → sha256 of what the trainer consumed (last consumption wins), of a job
     these helpers launched or of any run directory (a job submitted to Ray's Jobs API)."""
     run = job.run if isinstance(job, Job) else job
-    return {(e["step"], e["batch"]): e["sha256"] for e in read_events(run) if e["kind"] == "consumed"}
+    return {
+        (e["step"], e["batch"]): e["sha256"] for e in read_events(run) if e["kind"] == "consumed"
+    }
 
 
 def assert_same_end(faulty: Job, clean: Job, steps: int, *, timeout: float = 180.0) -> None:

@@ -34,8 +34,15 @@ def _short_windows(data: dict[str, Any]) -> None:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[DemoStack]:
-    s = DemoStack(tmp_path, free_port(), job=JOB, steps=400, decode_ms=10.0, schedule=None,
-                  policy_edit=_short_windows)
+    s = DemoStack(
+        tmp_path,
+        free_port(),
+        job=JOB,
+        steps=400,
+        decode_ms=10.0,
+        schedule=None,
+        policy_edit=_short_windows,
+    )
     try:
         s.start_server()
         s.start_agent()
@@ -64,11 +71,17 @@ def test_starved_rollouts_are_one_deadlock_that_restarts_them_not_a_train_hang(
     run = RunDir(stack.run_dir)
 
     def logs() -> str:
-        out = [f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-               for f in sorted((stack.workdir / "logs").glob("*.log"))]
-        out += [f"--- run {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                for f in sorted((run.root / "logs").glob("*.log"))]
-        out.append(f"--- incidents {[(i['kind'], i['subject'], i['status']) for i in stack.incidents()]}")
+        out = [
+            f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((stack.workdir / "logs").glob("*.log"))
+        ]
+        out += [
+            f"--- run {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((run.root / "logs").glob("*.log"))
+        ]
+        out.append(
+            f"--- incidents {[(i['kind'], i['subject'], i['status']) for i in stack.incidents()]}"
+        )
         return "\n".join(out)
 
     # Past the first steps and long enough for train_hang to know the trainer's pace, so that
@@ -78,8 +91,9 @@ def test_starved_rollouts_are_one_deadlock_that_restarts_them_not_a_train_hang(
     assert len(starved) == 2, starved
     inject(run, Fault("starve"))
 
-    [row] = wait_for(lambda: _of_job(stack, "cross_role_deadlock"), 120, "the deadlock",
-                     context=logs)
+    [row] = wait_for(
+        lambda: _of_job(stack, "cross_role_deadlock"), 120, "the deadlock", context=logs
+    )
     assert row["subject"] == {"job": JOB, "role": "rollout"}, row
     assert row["tier"] == "medium", row
 
@@ -89,15 +103,20 @@ def test_starved_rollouts_are_one_deadlock_that_restarts_them_not_a_train_hang(
 
     act = wait_for(restarted, 90, "the plan to finish", context=logs)
     inc = stack.incident(row["id"])
-    assert [(a["action"], a["params"].get("role"), a["params"].get("rank"))
-            for a in inc["actions"]] == [("restart_role", "rollout", None)], inc["actions"]
+    assert [
+        (a["action"], a["params"].get("role"), a["params"].get("rank")) for a in inc["actions"]
+    ] == [("restart_role", "rollout", None)], inc["actions"]
     assert act["status"] == "succeeded", act
     extra = inc["evidence"]["extra"]
     assert extra["trainers"] == ["trainer-0"] and extra["rollouts"] == ["rollout-0", "rollout-1"]
 
     # The restarted rollouts (new processes, not starved) generate: the trainer trains again.
-    wait_for(lambda: set(_rollout_pids(run).values()).isdisjoint(starved.values()), 60,
-             "new rollout processes", context=logs)
+    wait_for(
+        lambda: set(_rollout_pids(run).values()).isdisjoint(starved.values()),
+        60,
+        "new rollout processes",
+        context=logs,
+    )
     step = _step(run)
     wait_for(lambda: _step(run) >= step + 2, 120, "training to go on", context=logs)
     # By now train_hang's window has long passed: one incident for the job, no hang.

@@ -23,17 +23,24 @@ def test_two_faults_end_bit_for_bit_equal_to_the_clean_run(tmp_path: Path) -> No
     faulty = Job(tmp_path / "faulty", STEPS)
     try:
         faulty.wait_step(1)
-        faulty.wait(lambda: [e for e in faulty.events("batch_start") if e["step"] == 2 and e["rank"] == 1],
-                    60, "rollout 1 working on step 2")
+        faulty.wait(
+            lambda: [e for e in faulty.events("batch_start") if e["step"] == 2 and e["rank"] == 1],
+            60,
+            "rollout 1 working on step 2",
+        )
         inject(faulty.run, Fault("kill", role="rollout", rank=1))
-        faulty.wait(lambda: faulty.events("child_exit"), 30, "the supervisor to see the dead rollout")
+        faulty.wait(
+            lambda: faulty.events("child_exit"), 30, "the supervisor to see the dead rollout"
+        )
         # The supervisor says so in the dead process's heartbeat at once (the agent forwards it).
         beat = read_json(heartbeat_path(faulty.run.root, "rollout", 1)) or {}
         assert beat["phase"] == "EXITED" and beat["exit_code"] == -9, beat
         r = faulty.hook("restart_role", "--role", "rollout", "--rank", "1", key="t-rollout-1")
         assert r.returncode == 0, r.stderr
         again = faulty.hook("restart_role", "--role", "rollout", "--rank", "1", key="t-rollout-1")
-        assert again.returncode == 0 and again.stdout == r.stdout  # idempotent: answered, not redone
+        assert (
+            again.returncode == 0 and again.stdout == r.stdout
+        )  # idempotent: answered, not redone
         faulty.wait_step(3)
         inject(faulty.run, Fault("kill", role="trainer"))
         r = faulty.hook("restart_role", "--role", "trainer", key="t-trainer")
@@ -48,6 +55,11 @@ def test_two_faults_end_bit_for_bit_equal_to_the_clean_run(tmp_path: Path) -> No
     assert restarts == [["rollout-1"], ["trainer-0"]]
     # Both restarts took over a warm standby; the first start of each role was cold.
     spawns = [(e["role"], e["warm"]) for e in faulty.events("spawn")]
-    assert spawns == [("trainer", False), ("rollout", False), ("rollout", False),
-                      ("rollout", True), ("trainer", True)]
+    assert spawns == [
+        ("trainer", False),
+        ("rollout", False),
+        ("rollout", False),
+        ("rollout", True),
+        ("trainer", True),
+    ]
     assert faulty.events("trainer_restored"), "the restarted trainer resumed from a checkpoint"

@@ -37,8 +37,10 @@ def stack(tmp_path: Path) -> Iterator[DemoStack]:
 
 def _wait(pred: Callable[[], Any], timeout: float, what: str, stack: DemoStack) -> Any:
     def logs() -> str:
-        return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                         for f in sorted((stack.run_dir / "logs").glob("*.log")))
+        return "\n".join(
+            f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((stack.run_dir / "logs").glob("*.log"))
+        )
 
     return wait_for(pred, timeout, what, interval=0.3, context=logs)
 
@@ -50,8 +52,11 @@ def _step(run: RunDir) -> int:
 def _incident(stack: DemoStack, kind: str, after: float, **subject: str) -> dict[str, Any] | None:
     for inc in stack.incidents():
         opened = datetime.fromisoformat(inc["opened_at"].replace("Z", "+00:00")).timestamp()
-        if inc["kind"] == kind and opened >= after - 2 and all(
-                str(inc["subject"].get(k)) == v for k, v in subject.items()):
+        if (
+            inc["kind"] == kind
+            and opened >= after - 2
+            and all(str(inc["subject"].get(k)) == v for k, v in subject.items())
+        ):
             return stack.incident(inc["id"])
     return None
 
@@ -62,12 +67,15 @@ def _finished(stack: DemoStack, inc: dict[str, Any], action: str) -> str | None:
     return acts[0]["status"] if acts and acts[0]["status"] in ("succeeded", "failed") else None
 
 
-def _expect(stack: DemoStack, fault: Fault, kind: str, tier: str, action: str | None,
-            **subject: str) -> dict[str, Any]:
+def _expect(
+    stack: DemoStack, fault: Fault, kind: str, tier: str, action: str | None, **subject: str
+) -> dict[str, Any]:
     run = RunDir(stack.run_dir)
     at = time.time()
     inject(run, fault)
-    inc = _wait(lambda: _incident(stack, kind, at, **subject), 60, f"{kind} after {fault.fault}", stack)
+    inc = _wait(
+        lambda: _incident(stack, kind, at, **subject), 60, f"{kind} after {fault.fault}", stack
+    )
     assert inc["tier"] == tier, inc
     if action is not None:
         status = _wait(lambda: _finished(stack, inc, action), 90, f"{action} for {kind}", stack)
@@ -83,16 +91,36 @@ def test_every_fault_kind_is_classified_acted_on_and_training_continues(stack: D
     run = RunDir(stack.run_dir)
     _wait(lambda: _step(run) >= 2, 120, "step 2 (past the first-step escalation window)", stack)
 
-    _expect(stack, Fault("kill", role="rollout", rank=0), "heartbeat_lost", "medium", "restart_role",
-            role="rollout", rank="0")
-    _expect(stack, Fault("hang", role="trainer"), "heartbeat_lost", "medium", "restart_role", role="trainer")
+    _expect(
+        stack,
+        Fault("kill", role="rollout", rank=0),
+        "heartbeat_lost",
+        "medium",
+        "restart_role",
+        role="rollout",
+        rank="0",
+    )
+    _expect(
+        stack,
+        Fault("hang", role="trainer"),
+        "heartbeat_lost",
+        "medium",
+        "restart_role",
+        role="trainer",
+    )
     assert any(e["kind"] == "trainer_restored" for e in read_events(run))
     _expect(stack, Fault("xid", gpu=0, xid=79), "gpu_xid", "medium", "reschedule_batches", gpu="0")
-    _expect(stack, Fault("ecc", gpu=1), "gpu_ecc_uncorrectable", "medium", "reschedule_batches", gpu="1")
+    _expect(
+        stack, Fault("ecc", gpu=1), "gpu_ecc_uncorrectable", "medium", "reschedule_batches", gpu="1"
+    )
 
     stop = threading.Event()
-    slow = threading.Thread(target=inject, args=(run, Fault("slow-statelog", ms=800, seconds=15)),
-                            kwargs={"stop": stop}, daemon=True)
+    slow = threading.Thread(
+        target=inject,
+        args=(run, Fault("slow-statelog", ms=800, seconds=15)),
+        kwargs={"stop": stop},
+        daemon=True,
+    )
     at = time.time()
     slow.start()
     inc = _wait(lambda: _incident(stack, "state_log_slow", at), 60, "state_log_slow", stack)
@@ -105,8 +133,14 @@ def test_every_fault_kind_is_classified_acted_on_and_training_continues(stack: D
     inc = _expect(stack, Fault("oom"), "step_failed", "light", "skip_failed_step")
     failed = [e["step"] for e in read_events(run) if e["kind"] == "step_failed"]
     assert len(failed) == 1 and inc["subject"].get("role") == "trainer"
-    _wait(lambda: any(e["kind"] == "request_done" and e["step"] == failed[0] for e in read_events(run)),
-          30, "the trainer to acknowledge the skip request", stack)
+    _wait(
+        lambda: any(
+            e["kind"] == "request_done" and e["step"] == failed[0] for e in read_events(run)
+        ),
+        30,
+        "the trainer to acknowledge the skip request",
+        stack,
+    )
 
     state = read_json(run.root / "pids.json") or {}
     assert set(state) == {"trainer-0", "rollout-0", "rollout-1"}
@@ -126,23 +160,40 @@ def test_unwritable_checkpoints_are_reported_heavy_and_resume_after_approval(
     assert [e for e in read_events(run) if e["kind"] == "checkpoint_failed"], (
         "no checkpoint failed while the directory was unusable"
     )
-    inc = _wait(lambda: _incident(stack, "storage_unwritable", at, role="trainer"), 60,
-                "storage_unwritable", stack)
+    inc = _wait(
+        lambda: _incident(stack, "storage_unwritable", at, role="trainer"),
+        60,
+        "storage_unwritable",
+        stack,
+    )
     assert inc["tier"] == "heavy", inc
     assert inc["evidence"]["evidence"]["metric"] == "checkpoint_write_errors_total", inc["evidence"]
-    assert _wait(lambda: _finished(stack, inc, "enter_safe_mode"), 60, "enter_safe_mode",
-                 stack) == "succeeded"
+    assert (
+        _wait(lambda: _finished(stack, inc, "enter_safe_mode"), 60, "enter_safe_mode", stack)
+        == "succeeded"
+    )
     assert read_control(run.root).mode is ControlMode.SAFE_MODE
-    pending = _wait(lambda: [a for a in stack.pending_approvals() if a["incident_id"] == inc["id"]],
-                    30, "the approval request for restore_checkpoint", stack)
+    pending = _wait(
+        lambda: [a for a in stack.pending_approvals() if a["incident_id"] == inc["id"]],
+        30,
+        "the approval request for restore_checkpoint",
+        stack,
+    )
     stopped_at = _step(run)
-    r = stack.api("POST", f"/api/v1/approvals/{pending[0]['id']}/approve",
-                  json={"comment": "storage is back"})
+    r = stack.api(
+        "POST", f"/api/v1/approvals/{pending[0]['id']}/approve", json={"comment": "storage is back"}
+    )
     assert r.status_code == 200, r.text
-    assert _wait(lambda: _finished(stack, inc, "restore_checkpoint"), 90, "restore_checkpoint",
-                 stack) == "succeeded"
+    assert (
+        _wait(lambda: _finished(stack, inc, "restore_checkpoint"), 90, "restore_checkpoint", stack)
+        == "succeeded"
+    )
     assert any(e["kind"] == "restart" for e in read_events(run) if e["ts"] > at)
     _wait(lambda: _step(run) >= stopped_at + 2, 90, "training to continue after the restore", stack)
     after = time.time()
-    _wait(lambda: any(e["kind"] == "checkpoint" and e["ts"] > after for e in read_events(run)), 60,
-          "a checkpoint after the storage came back", stack)
+    _wait(
+        lambda: any(e["kind"] == "checkpoint" and e["ts"] > after for e in read_events(run)),
+        60,
+        "a checkpoint after the storage came back",
+        stack,
+    )

@@ -36,16 +36,25 @@ GRACE = 90
 
 def _policy(budget: float) -> Callable[[dict[str, Any]], None]:
     """The demo policy with this test's first-step budget and the trainer's grace."""
+
     def edit(data: dict[str, Any]) -> None:
         data["detection"]["trainer"]["first_step_budget_seconds"] = {"trainer": budget}
         data["detection"]["startup"]["startup_grace_seconds"]["trainer"] = GRACE
         data["incidents"]["quiet_period_seconds"] = 3
+
     return edit
 
 
 def _stack(tmp_path: Path, job: str, budget: float, decode_ms: float) -> DemoStack:
-    return DemoStack(tmp_path, free_port(), job=job, steps=400, decode_ms=decode_ms,
-                     schedule=None, policy_edit=_policy(budget))
+    return DemoStack(
+        tmp_path,
+        free_port(),
+        job=job,
+        steps=400,
+        decode_ms=decode_ms,
+        schedule=None,
+        policy_edit=_policy(budget),
+    )
 
 
 def _step(run: RunDir) -> int:
@@ -53,18 +62,27 @@ def _step(run: RunDir) -> int:
 
 
 def _of_job(stack: DemoStack, kind: str) -> list[dict[str, Any]]:
-    return [i for i in stack.incidents() if i["kind"] == kind and i["subject"].get("job") == stack.job]
+    return [
+        i for i in stack.incidents() if i["kind"] == kind and i["subject"].get("job") == stack.job
+    ]
 
 
 def _logs(stack: DemoStack) -> Callable[[], str]:
     def logs() -> str:
         run = RunDir(stack.run_dir)
-        out = [f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-               for f in sorted((stack.workdir / "logs").glob("*.log"))]
-        out += [f"--- run {f.name}\n{f.read_text(errors='replace')[-1500:]}"
-                for f in sorted((run.root / "logs").glob("*.log"))]
-        out.append(f"--- incidents {[(i['kind'], i['subject'], i['status']) for i in stack.incidents()]}")
+        out = [
+            f"--- {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((stack.workdir / "logs").glob("*.log"))
+        ]
+        out += [
+            f"--- run {f.name}\n{f.read_text(errors='replace')[-1500:]}"
+            for f in sorted((run.root / "logs").glob("*.log"))
+        ]
+        out.append(
+            f"--- incidents {[(i['kind'], i['subject'], i['status']) for i in stack.incidents()]}"
+        )
         return "\n".join(out)
+
     return logs
 
 
@@ -72,8 +90,9 @@ def _server_step(stack: DemoStack) -> int:
     r = stack.api("GET", f"/api/v1/jobs/{stack.job}")
     if r.status_code != 200:
         return -1
-    return max((p["step"] for p in r.json()["participant_list"] if p["role"] == "trainer"),
-               default=-1)
+    return max(
+        (p["step"] for p in r.json()["participant_list"] if p["role"] == "trainer"), default=-1
+    )
 
 
 def _epoch(iso: str) -> float:
@@ -103,11 +122,11 @@ def test_a_trainer_spinning_from_its_first_step_is_train_hang_within_the_budget_
     stack.start_job()
     logs = _logs(stack)
 
-    [row] = wait_for(lambda: _of_job(stack, "train_hang"), 120 + budget, "train_hang",
-                     context=logs)
+    [row] = wait_for(lambda: _of_job(stack, "train_hang"), 120 + budget, "train_hang", context=logs)
     inc = stack.incident(row["id"])
-    assert row["subject"] == {"job": stack.job, "node": stack.node, "role": "trainer",
-                              "rank": 0}, row
+    assert row["subject"] == {"job": stack.job, "node": stack.node, "role": "trainer", "rank": 0}, (
+        row
+    )
     assert row["tier"] == "heavy" and inc["escalated"], inc  # the job's first step
     extra = inc["evidence"]["extra"]
     assert extra["first_step"] is True and extra["first_step_budget_seconds"] == budget, extra
@@ -122,8 +141,12 @@ def test_a_trainer_spinning_from_its_first_step_is_train_hang_within_the_budget_
     # The stacks of the spinning trainer, taken as SAFE_MODE was entered: it still spins, held
     # for the approver (not restarted).
     spinning = start["pid"]
-    inc, entry = wait_for(lambda: stacks_of(stack, stack.job, spinning), 60,
-                          "the spinning trainer's stacks", context=logs)
+    inc, entry = wait_for(
+        lambda: stacks_of(stack, stack.job, spinning),
+        60,
+        "the spinning trainer's stacks",
+        context=logs,
+    )
     d = entry["detail"]
     assert d["ok"] is True, d
     assert "_spin_in_collective" in d["text"] and "_train" in d["text"], d["text"]
@@ -131,18 +154,31 @@ def test_a_trainer_spinning_from_its_first_step_is_train_hang_within_the_budget_
     assert safe and safe[0]["params"]["capture_stacks"], inc["actions"]
     # The action records the stacks first, then writes SAFE_MODE: once it has succeeded the
     # control file says so (read at once, it raced the write under load).
-    wait_for(lambda: [a for a in stack.incident(inc["id"])["actions"]
-                      if a["action"] == "enter_safe_mode" and a["status"] == "succeeded"], 60,
-             "enter_safe_mode to succeed", context=logs)
+    wait_for(
+        lambda: [
+            a
+            for a in stack.incident(inc["id"])["actions"]
+            if a["action"] == "enter_safe_mode" and a["status"] == "succeeded"
+        ],
+        60,
+        "enter_safe_mode to succeed",
+        context=logs,
+    )
     assert read_control(run.root).mode is ControlMode.SAFE_MODE
     assert (read_json(run.root / "pids.json") or {}).get("trainer-0") == spinning
 
     # A person approves the restart_job: the job restarts (the spin fired once) and trains.
-    [approval] = wait_for(lambda: [a for a in stack.pending_approvals()
-                                   if a["incident_id"] == row["id"]], 60, "the approval",
-                          context=logs)
-    r = stack.api("POST", f"/api/v1/approvals/{approval['id']}/approve",
-                  json={"comment": "first-step hang: restart"})
+    [approval] = wait_for(
+        lambda: [a for a in stack.pending_approvals() if a["incident_id"] == row["id"]],
+        60,
+        "the approval",
+        context=logs,
+    )
+    r = stack.api(
+        "POST",
+        f"/api/v1/approvals/{approval['id']}/approve",
+        json={"comment": "first-step hang: restart"},
+    )
     assert r.status_code == 200, r.text
     wait_for(lambda: _step(run) >= 2, 180, "training after the approved restart", context=logs)
     assert len(_of_job(stack, "train_hang")) == 1, logs()

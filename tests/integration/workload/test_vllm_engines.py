@@ -47,8 +47,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _events(run: RunDir, kind: str, **match: Any) -> list[dict[str, Any]]:
-    return [e for e in read_events(run)
-            if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+    return [
+        e
+        for e in read_events(run)
+        if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())
+    ]
 
 
 def _step(run: RunDir) -> int:
@@ -62,8 +65,9 @@ def clean_final(
     """The clean run's final state (shared: every faulty run of the module must end there)."""
     run_dir = tmp_path_factory.mktemp("vllm-clean") / "clean"
     run_dir.mkdir()
-    job = Job(run_dir, STEPS, *JOB_ARGS, "--model", str(model_dir), "--no-standby",
-              "--timeout", "900")
+    job = Job(
+        run_dir, STEPS, *JOB_ARGS, "--model", str(model_dir), "--no-standby", "--timeout", "900"
+    )
     try:
         yield job.finish(timeout=900)
     finally:
@@ -73,8 +77,9 @@ def clean_final(
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[DemoStack]:
-    s = DemoStack(tmp_path / "stack", free_port(), job="engines", steps=STEPS, decode_ms=0.0,
-                  schedule=None)
+    s = DemoStack(
+        tmp_path / "stack", free_port(), job="engines", steps=STEPS, decode_ms=0.0, schedule=None
+    )
     try:
         s.start_server()
         s.start_agent()
@@ -86,8 +91,10 @@ def stack(tmp_path: Path) -> Iterator[DemoStack]:
 
 def _wait(stack: DemoStack, pred: Callable[[], Any], timeout: float, what: str) -> Any:
     def logs() -> str:
-        return "\n".join(f"--- {f.name}\n{f.read_text(errors='replace')[-2000:]}"
-                         for f in sorted((stack.run_dir / "logs").glob("*.log")))
+        return "\n".join(
+            f"--- {f.name}\n{f.read_text(errors='replace')[-2000:]}"
+            for f in sorted((stack.run_dir / "logs").glob("*.log"))
+        )
 
     return wait_for(pred, timeout, what, interval=0.2, context=logs)
 
@@ -117,9 +124,11 @@ def _job_page_shows_both_engines_live(stack: DemoStack, browser: Any) -> None:
             # the panel polls: the figures arrive with the agent's next rounds
             expect(row.locator('td[data-label="KV cache"]')).to_contain_text("%", timeout=60_000)
             expect(row.locator('td[data-label="Running / waiting"]')).to_have_text(
-                re.compile(r"^\d+ / \d+$"))
+                re.compile(r"^\d+ / \d+$")
+            )
             expect(row.locator('td[data-label="|Δ logprob|"]')).to_have_text(
-                re.compile(r"^[\d.e-]+ / [\d.e-]+$"), timeout=60_000)
+                re.compile(r"^[\d.e-]+ / [\d.e-]+$"), timeout=60_000
+            )
             assert row.locator(".badge").inner_text() in ("admitted", "refitting")
             assert int(row.locator('td[data-label="Serves step"]').inner_text()) >= 1
     finally:
@@ -130,7 +139,11 @@ def _restart_action(stack: DemoStack, after: float) -> dict[str, Any] | None:
     for inc in stack.incidents():
         opened = datetime.fromisoformat(inc["opened_at"].replace("Z", "+00:00")).timestamp()
         subject = inc["subject"]
-        if opened < after - 2 or subject.get("role") != "rollout" or str(subject.get("rank")) != "1":
+        if (
+            opened < after - 2
+            or subject.get("role") != "rollout"
+            or str(subject.get("rank")) != "1"
+        ):
             continue
         detail = stack.incident(inc["id"])
         for action in detail["actions"]:
@@ -144,33 +157,49 @@ def test_an_engine_killed_mid_request_is_healed_and_the_run_ends_as_a_clean_run(
 ) -> None:
     run = RunDir(stack.run_dir)
     stack.start_job(*JOB_ARGS, "--model", str(model_dir), "--timeout", "900")
-    _wait(stack, lambda: _events(run, "standby_ready", role="rollout"), 400,
-          "the standby engine to be up and asleep")
+    _wait(
+        stack,
+        lambda: _events(run, "standby_ready", role="rollout"),
+        400,
+        "the standby engine to be up and asleep",
+    )
     _wait(stack, lambda: _step(run) >= 2, 300, "step 2 (past the first-step escalation window)")
 
     # The kill lands while engine 1 has a request in flight: armed here, fired by the job's
     # router as it sends engine 1 its next request (polling the router's count from outside
     # would catch a busy engine only by chance).
     inject(run, Fault("kill-engine", rank=1))
-    fault = _wait(stack, lambda: _events(run, "fault", fault="kill-engine", rank=1), 120,
-                  "the armed kill of engine 1 to fire")[0]
+    fault = _wait(
+        stack,
+        lambda: _events(run, "fault", fault="kill-engine", rank=1),
+        120,
+        "the armed kill of engine 1 to fire",
+    )[0]
     record = records.read_record(run, 1)
     assert record is not None and fault["target_pid"] == record.pids["worker"], (fault, record)
     assert fault["in_flight"] >= 1, fault
     killed_at = fault["ts"]
 
-    quarantined = _wait(stack, lambda: _events(run, "engine_quarantined", rank=1), 30,
-                        "engine 1 quarantined")
+    quarantined = _wait(
+        stack, lambda: _events(run, "engine_quarantined", rank=1), 30, "engine 1 quarantined"
+    )
     assert quarantined[0]["ts"] - killed_at < 5.0, quarantined
-    found = _wait(stack, lambda: _restart_action(stack, killed_at), 240,
-                  "RLGuard's restart_role of rollout-1 to finish")
+    found = _wait(
+        stack,
+        lambda: _restart_action(stack, killed_at),
+        240,
+        "RLGuard's restart_role of rollout-1 to finish",
+    )
     action = found["action"]
     assert action["status"] == "succeeded", found
     # The hook's answer, on the incident's timeline as the action's result: the stages, in
     # order, the engine re-admitted at the version it was refit to.
     out = action["result"]["stdout"]
-    stage = re.search(r"rollout-1: quarantined 0\.0 s, replaced ([\d.]+) s warm, up ([\d.]+) s, "
-                      r"refit to v(\d+) ([\d.]+) s, readmitted at v(\d+) ([\d.]+) s", out)
+    stage = re.search(
+        r"rollout-1: quarantined 0\.0 s, replaced ([\d.]+) s warm, up ([\d.]+) s, "
+        r"refit to v(\d+) ([\d.]+) s, readmitted at v(\d+) ([\d.]+) s",
+        out,
+    )
     assert stage is not None, out
     replaced, up, refit_v, refit, readmit_v, readmit = stage.groups()
     assert refit_v == readmit_v, out
@@ -194,8 +223,11 @@ def test_an_engine_killed_mid_request_is_healed_and_the_run_ends_as_a_clean_run(
         entries = wal.entries()
     finally:
         wal.close()
-    done = Counter(e.entry_id for e in entries if e.entry_id.endswith(".done")
-                   and e.status is WALStatus.COMPLETED)
+    done = Counter(
+        e.entry_id
+        for e in entries
+        if e.entry_id.endswith(".done") and e.status is WALStatus.COMPLETED
+    )
     per_step = 2 * 2 * 4  # rollouts x prompts x group
     assert len(done) == STEPS * per_step and set(done.values()) == {1}
     failed = [e.entry_id for e in entries if e.status is WALStatus.FAILED]
@@ -205,12 +237,19 @@ def test_an_engine_killed_mid_request_is_healed_and_the_run_ends_as_a_clean_run(
     # requests among them. Counted by attempts *sent* in that window (an attempt's entry is
     # written as it is sent): a warm heal can take less than one request, so no request need
     # have *finished* in it (the CI run of 58c5a8f: a 2.7 s heal, none finished).
-    sent = [e for e in entries if not e.entry_id.endswith(".done")
-            and quarantined[0]["ts"] < e.created_at < back]
+    sent = [
+        e
+        for e in entries
+        if not e.entry_id.endswith(".done") and quarantined[0]["ts"] < e.created_at < back
+    ]
     with WriteAheadLog(run.wal, lock_timeout=30.0) as wal:
         engines = {json.loads(wal.read_data(e.entry_id))["engine"] for e in sent}
     assert len(sent) >= len(retried) and engines == {0}, (
-        len(sent), engines, quarantined[0]["ts"], back)
+        len(sent),
+        engines,
+        quarantined[0]["ts"],
+        back,
+    )
 
 
 def test_an_engine_admitted_with_the_previous_weights_is_caught_within_two_steps(
@@ -221,22 +260,31 @@ def test_an_engine_admitted_with_the_previous_weights_is_caught_within_two_steps
     the server opens ``train_infer_mismatch`` for that engine (medium, restart_role) before the
     trainer is two steps further. Until then no engine was ever flagged."""
     run = RunDir(stack.run_dir)
-    stack.start_job(*JOB_ARGS, "--model", str(model_dir), "--no-standby", "--timeout", "900",
-                    "--steps", "40")
+    stack.start_job(
+        *JOB_ARGS, "--model", str(model_dir), "--no-standby", "--timeout", "900", "--steps", "40"
+    )
     _wait(stack, lambda: _step(run) >= 3, 400, "step 3")
     # An engine slow to start (40-60 s on a loaded host) joins later: both must serve first.
-    _wait(stack, lambda: {e["rank"] for e in _events(run, "engine_admitted")} >= {0, 1}, 300,
-          "both engines admitted")
+    _wait(
+        stack,
+        lambda: {e["rank"] for e in _events(run, "engine_admitted")} >= {0, 1},
+        300,
+        "both engines admitted",
+    )
     _job_page_shows_both_engines_live(stack, browser)
     assert not [i for i in stack.incidents() if i["kind"] == "train_infer_mismatch"]
     at = time.time()
     inject(run, Fault("skip-refit", rank=1))
-    skipped = _wait(stack, lambda: _events(run, "chaos_refit_skipped", rank=1), 60,
-                    "the skipped refit")[0]
+    skipped = _wait(
+        stack, lambda: _events(run, "chaos_refit_skipped", rank=1), 60, "the skipped refit"
+    )[0]
     # The step trained on its stale samples: the first one after the skipped refit.
-    stale_step = _wait(stack, lambda: next(
-        (e["step"] for e in _events(run, "step") if e["ts"] > skipped["ts"]), None), 60,
-        "the step after the skipped refit")
+    stale_step = _wait(
+        stack,
+        lambda: next((e["step"] for e in _events(run, "step") if e["ts"] > skipped["ts"]), None),
+        60,
+        "the step after the skipped refit",
+    )
 
     def caught() -> dict[str, Any] | None:
         for inc in stack.incidents():
@@ -252,8 +300,11 @@ def test_an_engine_admitted_with_the_previous_weights_is_caught_within_two_steps
     detail = stack.incident(inc["id"])
     assert [a["action"] for a in detail["actions"]] == ["restart_role"], detail["actions"]
     # Only the stale engine was flagged.
-    assert {str(i["subject"].get("rank")) for i in stack.incidents()
-            if i["kind"] == "train_infer_mismatch"} == {"1"}
+    assert {
+        str(i["subject"].get("rank"))
+        for i in stack.incidents()
+        if i["kind"] == "train_infer_mismatch"
+    } == {"1"}
 
 
 def test_a_wedged_engine_is_quarantined_then_readmitted_on_probation_at_the_current_version(
@@ -268,8 +319,20 @@ def test_a_wedged_engine_is_quarantined_then_readmitted_on_probation_at_the_curr
 
     run_dir = tmp_path / "probation"
     run_dir.mkdir()
-    job = Job(run_dir, STEPS, *JOB_ARGS, "--model", str(model_dir), "--no-standby",
-              "--timeout", "900", "--engine-probation", "1", "--engine-request-timeout", "10")
+    job = Job(
+        run_dir,
+        STEPS,
+        *JOB_ARGS,
+        "--model",
+        str(model_dir),
+        "--no-standby",
+        "--timeout",
+        "900",
+        "--engine-probation",
+        "1",
+        "--engine-request-timeout",
+        "10",
+    )
     run = job.run
 
     def since(ts: float, kind: str, **match: Any) -> list[dict[str, Any]]:
@@ -279,32 +342,44 @@ def test_a_wedged_engine_is_quarantined_then_readmitted_on_probation_at_the_curr
     try:
         # Paused as soon as both serve: the run (~1 s a step on a quiet host) must outlast the
         # request's timeout, a failed probe and the re-admission (~18 s).
-        job.wait(lambda: {e["rank"] for e in _events(run, "engine_admitted")} >= {0, 1}, 600,
-                 "both engines admitted")
+        job.wait(
+            lambda: {e["rank"] for e in _events(run, "engine_admitted")} >= {0, 1},
+            600,
+            "both engines admitted",
+        )
         record = records.read_record(run, 1)
         assert record is not None
         paused_at = time.time()
         httpx.post(f"{record.url}/pause", params={"mode": "keep"}, timeout=30).raise_for_status()
         try:
-            quarantined = job.wait(lambda: since(paused_at, "engine_quarantined", rank=1), 60,
-                                   "engine 1 quarantined")[0]
+            quarantined = job.wait(
+                lambda: since(paused_at, "engine_quarantined", rank=1), 60, "engine 1 quarantined"
+            )[0]
             assert "failed" in quarantined["why"], quarantined
-            job.wait(lambda: since(quarantined["ts"], "engine_probation", rank=1,
-                                   outcome="failed"),
-                     60, "a failed probation probe while engine 1 is paused")
+            job.wait(
+                lambda: since(quarantined["ts"], "engine_probation", rank=1, outcome="failed"),
+                60,
+                "a failed probation probe while engine 1 is paused",
+            )
             assert not since(paused_at, "engine_readmitted", rank=1)  # never while wedged
             # The trainer steps on without it (on engine 0): engine 1 comes back stale.
-            job.wait(lambda: since(quarantined["ts"], "step"), 120,
-                     "a step trained while engine 1 is out")
+            job.wait(
+                lambda: since(quarantined["ts"], "step"),
+                120,
+                "a step trained while engine 1 is out",
+            )
         finally:
             resumed_at = time.time()
             httpx.post(f"{record.url}/resume", timeout=30).raise_for_status()
-        healthy = job.wait(lambda: since(resumed_at, "engine_probation", rank=1,
-                                         outcome="healthy"),
-                           60, "a passed probation probe once engine 1 is resumed")[0]
+        healthy = job.wait(
+            lambda: since(resumed_at, "engine_probation", rank=1, outcome="healthy"),
+            60,
+            "a passed probation probe once engine 1 is resumed",
+        )[0]
         assert healthy["refit_first"] is True, healthy
-        back = job.wait(lambda: since(resumed_at, "engine_readmitted", rank=1), 60,
-                        "engine 1 re-admitted")[0]
+        back = job.wait(
+            lambda: since(resumed_at, "engine_readmitted", rank=1), 60, "engine 1 re-admitted"
+        )[0]
         # At the trainer's version (the target may have moved on during the refit: refit again)
         assert back["probation"] is True, back
         assert back["version"] >= healthy["target"] > (healthy["version"] or 0), (back, healthy)
@@ -320,8 +395,11 @@ def test_a_wedged_engine_is_quarantined_then_readmitted_on_probation_at_the_curr
     # Engine 1 served again after its re-admission: attempts sent to it, finished.
     with WriteAheadLog(run.wal, lock_timeout=30.0) as wal:
         entries = wal.entries()
-        after = [json.loads(wal.read_data(e.entry_id)) for e in entries
-                 if not e.entry_id.endswith(".done") and e.created_at > back["ts"]
-                 and e.status is WALStatus.COMPLETED]
+        after = [
+            json.loads(wal.read_data(e.entry_id))
+            for e in entries
+            if not e.entry_id.endswith(".done")
+            and e.created_at > back["ts"]
+            and e.status is WALStatus.COMPLETED
+        ]
     assert any(a["engine"] == 1 for a in after), "engine 1 got no request after re-admission"
-

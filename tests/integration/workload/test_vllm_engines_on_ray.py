@@ -23,8 +23,18 @@ from workload.engines import records
 # it runs with the other engine tests, not in the Ray tests' own pytest process.
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 STEPS = 4
-ARGS = ("--rollout-engine", "vllm", "--rollouts", "1", "--group-size", "4",
-        "--prompts-per-worker", "2", "--timeout", "800")
+ARGS = (
+    "--rollout-engine",
+    "vllm",
+    "--rollouts",
+    "1",
+    "--group-size",
+    "4",
+    "--prompts-per-worker",
+    "2",
+    "--timeout",
+    "800",
+)
 
 
 def test_an_engine_killed_under_ray_is_restarted_refit_and_the_run_ends_as_a_clean_run(
@@ -35,15 +45,20 @@ def test_an_engine_killed_under_ray_is_restarted_refit_and_the_run_ends_as_a_cle
     on_ray = Job(tmp_path / "on-ray", STEPS, *ARGS, "--model", model, "--ray")
     try:
         on_ray.wait(lambda: on_ray.events("ray_start"), 120, "the Ray actors")
-        on_ray.wait(lambda: [e for e in on_ray.events("consumed") if e["step"] == 1], 400,
-                    "step 1 trained on the engine")
+        on_ray.wait(
+            lambda: [e for e in on_ray.events("consumed") if e["step"] == 1],
+            400,
+            "step 1 trained on the engine",
+        )
         first = records.read_record(on_ray.run, 0)
         assert first is not None
         # Armed here, fired by the trainer's router as it sends the engine its next request.
         inject(on_ray.run, Fault("kill-engine", rank=0))
-        fault = on_ray.wait(lambda: [e for e in on_ray.events("fault")
-                                     if e.get("fault") == "kill-engine"], 120,
-                            "the armed kill of the engine to fire")[0]
+        fault = on_ray.wait(
+            lambda: [e for e in on_ray.events("fault") if e.get("fault") == "kill-engine"],
+            120,
+            "the armed kill of the engine to fire",
+        )[0]
         assert fault["target_pid"] == first.pids["worker"] and fault["in_flight"] >= 1, fault
         assert_same_end(on_ray, clean, STEPS, timeout=600)
     finally:
@@ -62,8 +77,9 @@ def test_an_engine_killed_under_ray_is_restarted_refit_and_the_run_ends_as_a_cle
     assert on_ray.events("engine_quarantined"), "the dead engine was never quarantined"
     admitted = [e for e in on_ray.events("engine_readmitted") if e["ts"] > ups[1]["ts"]]
     assert admitted, on_ray.events("engine_admitted")
-    refits = [e for e in on_ray.events("engine_refit")
-              if ups[1]["ts"] < e["ts"] <= admitted[0]["ts"]]
+    refits = [
+        e for e in on_ray.events("engine_refit") if ups[1]["ts"] < e["ts"] <= admitted[0]["ts"]
+    ]
     assert refits, on_ray.events("engine_refit")
     assert refits[-1]["served"] == refits[-1]["version"] == admitted[0]["version"]
     assert admitted[0]["version"] > 1_000_000  # not the initial weights: the step's current ones

@@ -24,10 +24,17 @@ def test_the_server_accepts_every_sample_a_real_h200_agent_sent() -> None:
     for line in lines:
         sent = orjson.loads(line)
         # The server judges timestamps against its own clock: here, the moment the batch was sent.
-        batch = BatchValidator(IngestLimits(), clock=lambda sent=sent: sent["sent_at"]).validate(line)
+        batch = BatchValidator(IngestLimits(), clock=lambda sent=sent: sent["sent_at"]).validate(
+            line
+        )
         assert len(batch.samples) == len(sent["samples"]) == 30
         names = {key.name for key, _, _ in batch.samples}
-        assert {"gpu_info", "gpu_memory_total_bytes", "gpu_power_watts", "gpu_sm_clock_hertz"} <= names
+        assert {
+            "gpu_info",
+            "gpu_memory_total_bytes",
+            "gpu_power_watts",
+            "gpu_sm_clock_hertz",
+        } <= names
     info = [s for s in sent["samples"] if s["name"] == "gpu_info"]
     assert [s["labels"]["model"] for s in info] == ["NVIDIA H200"]
     assert not any("simulated" in s["labels"] for s in sent["samples"])

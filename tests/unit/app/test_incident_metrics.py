@@ -16,8 +16,15 @@ from app.models.incident import Incident, IncidentStatus
 def _incident(n: int, kind: str, tier: str, *, open_: bool = True) -> Incident:
     key = f"{kind}/job-{n}"
     status = IncidentStatus.open if open_ else IncidentStatus.resolved
-    return Incident(key=key, open_key=key if open_ else None, kind=kind, tier=tier,
-                    status=status.value, subject={"job": f"job-{n}"}, job=f"job-{n}")
+    return Incident(
+        key=key,
+        open_key=key if open_ else None,
+        kind=kind,
+        tier=tier,
+        status=status.value,
+        subject={"job": f"job-{n}"},
+        job=f"job-{n}",
+    )
 
 
 def test_open_incidents_are_counted_by_kind_and_tier(database_url: str) -> None:
@@ -26,16 +33,20 @@ def test_open_incidents_are_counted_by_kind_and_tier(database_url: str) -> None:
     try:
         assert open_incident_counts_source(engine)() == []
         with Session(engine) as s:
-            s.add_all([
-                _incident(1, "train_hang", "medium"),
-                _incident(2, "train_hang", "medium"),
-                _incident(3, "train_hang", "heavy"),  # escalated: its own tier
-                _incident(4, "train_hang", "medium", open_=False),  # resolved: not counted
-                _incident(5, "gpu_xid", "medium"),
-            ])
+            s.add_all(
+                [
+                    _incident(1, "train_hang", "medium"),
+                    _incident(2, "train_hang", "medium"),
+                    _incident(3, "train_hang", "heavy"),  # escalated: its own tier
+                    _incident(4, "train_hang", "medium", open_=False),  # resolved: not counted
+                    _incident(5, "gpu_xid", "medium"),
+                ]
+            )
             s.commit()
             assert open_incident_counts(s) == [
-                ("gpu_xid", "medium", 1), ("train_hang", "heavy", 1), ("train_hang", "medium", 2)
+                ("gpu_xid", "medium", 1),
+                ("train_hang", "heavy", 1),
+                ("train_hang", "medium", 2),
             ]
         registry = CollectorRegistry(auto_describe=False)
         registry.register(IncidentCollector(open_incident_counts_source(engine)))

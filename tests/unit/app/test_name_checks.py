@@ -69,7 +69,12 @@ def _body(**override: object) -> bytes:
 
 def _participant(**override: object) -> list[dict[str, object]]:
     p: dict[str, object] = {
-        "job": "j", "role": "trainer", "rank": 0, "phase": "train", "step": 1, "ts": time.time()
+        "job": "j",
+        "role": "trainer",
+        "rank": 0,
+        "phase": "train",
+        "step": 1,
+        "ts": time.time(),
     }
     p.update(override)
     return [p]
@@ -84,8 +89,10 @@ def _participant(**override: object) -> list[dict[str, object]]:
         ({"participants": _participant(role="trainer\n")}, "participants.0.role"),
         ({"participants": _participant(phase="train\n")}, "participants.0.phase"),
         ({"samples": [{"name": "gpu_util\n", "value": 1.0, "ts": 1.0}]}, "samples[0].name"),
-        ({"samples": [{"name": "g", "value": 1.0, "ts": 1.0, "labels": {"gpu\n": "0"}}]},
-         "samples[0].labels"),
+        (
+            {"samples": [{"name": "g", "value": 1.0, "ts": 1.0, "labels": {"gpu\n": "0"}}]},
+            "samples[0].labels",
+        ),
     ],
 )
 def test_ingest_refuses_names_with_a_newline(override: dict[str, object], field: str) -> None:

@@ -35,18 +35,26 @@ def _scheduler(tmp_path: Path, lease_seconds: float) -> tuple[PolicyScheduler, l
 
     @sa.event.listens_for(engine, "before_cursor_execute")
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "scheduler_lease" in statement and statement.lstrip().upper().startswith(("UPDATE", "INSERT")):
+        if "scheduler_lease" in statement and statement.lstrip().upper().startswith(
+            ("UPDATE", "INSERT")
+        ):
             lease_writes.append(statement.split()[0])
 
-    sched = PolicyScheduler(engine=engine, store=SeriesStore(window_seconds=60, max_points=10),
-                            participants=list, dispatcher=None, lease_seconds=lease_seconds)
+    sched = PolicyScheduler(
+        engine=engine,
+        store=SeriesStore(window_seconds=60, max_points=10),
+        participants=list,
+        dispatcher=None,
+        lease_seconds=lease_seconds,
+    )
     return sched, lease_writes
 
 
 def _expires_at(engine: Engine) -> datetime:
     with engine.connect() as conn:
-        value = conn.execute(sa.text("SELECT expires_at FROM scheduler_lease WHERE name = :n"),
-                             {"n": LEASE_NAME}).scalar_one()
+        value = conn.execute(
+            sa.text("SELECT expires_at FROM scheduler_lease WHERE name = :n"), {"n": LEASE_NAME}
+        ).scalar_one()
     parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value)
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
@@ -88,11 +96,19 @@ def test_the_first_tick_has_run_when_the_server_starts_serving(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("dry_run", [False, True])
-def test_the_server_tick_plans_under_the_global_dry_run_setting(tmp_path: Path, dry_run: bool) -> None:
+def test_the_server_tick_plans_under_the_global_dry_run_setting(
+    tmp_path: Path, dry_run: bool
+) -> None:
     url = f"sqlite:///{tmp_path / 'rlguard.db'}"
     migrate.upgrade(url)
-    app = create_app(Settings(dev=True, database_url=url, data_dir=tmp_path / "data",  # type: ignore[call-arg]
-                              automation={"dry_run": dry_run}))
+    app = create_app(
+        Settings(
+            dev=True,
+            database_url=url,
+            data_dir=tmp_path / "data",  # type: ignore[call-arg]
+            automation={"dry_run": dry_run},
+        )
+    )
 
     async def scheduler_dry_run() -> bool:
         async with app.router.lifespan_context(app):
@@ -112,7 +128,9 @@ def test_the_server_tick_takes_turns_with_ingest_and_its_jobs_are_named(tmp_path
     async def wiring() -> tuple[bool, list[str]]:
         async with app.router.lifespan_context(app):
             sched: PolicyScheduler = app.state.policy_scheduler
-            shared = sched.write_turns is not None and sched.write_turns is app.state.ingest.write_turns
+            shared = (
+                sched.write_turns is not None and sched.write_turns is app.state.ingest.write_turns
+            )
             assert sched._scheduler is not None  # noqa: SLF001
             return shared, sorted(job.name for job in sched._scheduler.get_jobs())  # noqa: SLF001
 

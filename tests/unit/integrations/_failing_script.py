@@ -48,8 +48,9 @@ def main() -> int:
     args = p.parse_args()
     run_dir = Path(os.environ["RLGUARD_RUN_DIR"])
     rank = int(os.environ["RANK"])
-    beat = HeartbeatReporter(run_dir, os.environ["RLGUARD_ROLE"], rank,
-                             job=os.environ["RLGUARD_JOB"], interval=0.1)
+    beat = HeartbeatReporter(
+        run_dir, os.environ["RLGUARD_ROLE"], rank, job=os.environ["RLGUARD_JOB"], interval=0.1
+    )
     beat.start_keepalive()
     line = b"INFO step metrics: loss=0.4213 reward=0.118 kl=0.0021 lr=1e-06 tokens=65536\n"
     written = 0

@@ -33,15 +33,34 @@ def env(**extra: str) -> dict[str, str]:
 class Launch:
     """``python -m integrations.launch ARGS -- python _script.py SCRIPT_ARGS`` in its own group."""
 
-    def __init__(self, run_dir: Path, *args: str, script_args: tuple[str, ...] = (),
-                 environ: dict[str, str] | None = None, script: Path = SCRIPT) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *args: str,
+        script_args: tuple[str, ...] = (),
+        environ: dict[str, str] | None = None,
+        script: Path = SCRIPT,
+    ) -> None:
         self.run_dir = run_dir
         self.stderr_path = run_dir.parent / f"{run_dir.name}-launch.err"
         self._err = open(self.stderr_path, "wb")  # noqa: SIM115
         self.proc = spawn(
-            [sys.executable, "-m", "integrations.launch", "--run-dir", str(run_dir), *args,
-             "--", sys.executable, str(script), *script_args],
-            cwd=ROOT, env=environ or env(), stdout=subprocess.DEVNULL, stderr=self._err,
+            [
+                sys.executable,
+                "-m",
+                "integrations.launch",
+                "--run-dir",
+                str(run_dir),
+                *args,
+                "--",
+                sys.executable,
+                str(script),
+                *script_args,
+            ],
+            cwd=ROOT,
+            env=environ or env(),
+            stdout=subprocess.DEVNULL,
+            stderr=self._err,
             start_new_session=True,
         )
 
@@ -69,17 +88,39 @@ class Launch:
         def checked() -> Any:
             value = pred()
             if not value and self.proc.poll() is not None:
-                raise AssertionError(f"launcher exited {self.proc.returncode} waiting for {what}\n"
-                                     f"{self.logs()}")
+                raise AssertionError(
+                    f"launcher exited {self.proc.returncode} waiting for {what}\n{self.logs()}"
+                )
             return value
+
         return wait_for(checked, timeout, what, context=self.logs)
 
-    def hook(self, action: str, *args: str, key: str, wait: float = 30.0) -> subprocess.CompletedProcess[str]:
+    def hook(
+        self, action: str, *args: str, key: str, wait: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "integrations.launch", "hook", action, "--job", self.run_dir.name,
-             "--run-root", str(self.run_dir.parent), "--idempotency-key", key, "--wait", str(wait),
-             *args],
-            cwd=ROOT, env=env(), capture_output=True, text=True, timeout=wait + 30, check=False,
+            [
+                sys.executable,
+                "-m",
+                "integrations.launch",
+                "hook",
+                action,
+                "--job",
+                self.run_dir.name,
+                "--run-root",
+                str(self.run_dir.parent),
+                "--idempotency-key",
+                key,
+                "--wait",
+                str(wait),
+                *args,
+            ],
+            cwd=ROOT,
+            env=env(),
+            capture_output=True,
+            text=True,
+            timeout=wait + 30,
+            check=False,
         )
 
     def kill_child(self, rank: int = 0) -> int:

@@ -15,8 +15,16 @@ from pathlib import Path
 
 from recovery.report import HeartbeatReporter
 
-KEYS = ("RLGUARD_JOB", "RLGUARD_ROLE", "RLGUARD_RUN_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-        "MASTER_ADDR", "MASTER_PORT")
+KEYS = (
+    "RLGUARD_JOB",
+    "RLGUARD_ROLE",
+    "RLGUARD_RUN_DIR",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def main() -> int:
@@ -24,10 +32,19 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 10**9
     with open(run_dir / f"starts-{rank}.jsonl", "a") as fh:
-        fh.write(json.dumps({"argv": sys.argv[1:], "pid": os.getpid(),
-                             "env": {k: os.environ.get(k) for k in KEYS}}) + "\n")
-    beat = HeartbeatReporter(run_dir, os.environ["RLGUARD_ROLE"], rank,
-                             job=os.environ["RLGUARD_JOB"], interval=0.2)
+        fh.write(
+            json.dumps(
+                {
+                    "argv": sys.argv[1:],
+                    "pid": os.getpid(),
+                    "env": {k: os.environ.get(k) for k in KEYS},
+                }
+            )
+            + "\n"
+        )
+    beat = HeartbeatReporter(
+        run_dir, os.environ["RLGUARD_ROLE"], rank, job=os.environ["RLGUARD_JOB"], interval=0.2
+    )
     beat.start_keepalive()
     step = 0
     while step < steps and not (run_dir / "stop").exists():

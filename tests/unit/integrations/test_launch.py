@@ -44,21 +44,54 @@ def _start(launches: list[Launch], run_dir: Path, *args: str, **kw: object) -> L
     [
         (["--role", "trainer"], "no command to run: put it after --"),
         (["--role", "trainer", "--"], "no command to run"),
-        (["--role", "trainer", "--", "no-such-program-xyz"], "command 'no-such-program-xyz' not found"),
+        (
+            ["--role", "trainer", "--", "no-such-program-xyz"],
+            "command 'no-such-program-xyz' not found",
+        ),
         (["--role", "train-er", "--", PY, str(SCRIPT)], "--role 'train-er'"),
         (["--role", "", "--", PY, str(SCRIPT)], "--role ''"),
-        (["--role", "trainer", "--rank", "-1", "--", PY, str(SCRIPT)], "--rank must be a non-negative integer, got '-1'"),
+        (
+            ["--role", "trainer", "--rank", "-1", "--", PY, str(SCRIPT)],
+            "--rank must be a non-negative integer, got '-1'",
+        ),
         (["--role", "trainer", "--rank", "x", "--", PY, str(SCRIPT)], "got 'x'"),
-        (["--role", "trainer", "--nproc", "0", "--", PY, str(SCRIPT)], "--nproc must be between 1 and 256, got '0'"),
-        (["--role", "trainer", "--rank", "0", "--nproc", "2", "--", PY, str(SCRIPT)], "not allowed with argument"),
+        (
+            ["--role", "trainer", "--nproc", "0", "--", PY, str(SCRIPT)],
+            "--nproc must be between 1 and 256, got '0'",
+        ),
+        (
+            ["--role", "trainer", "--rank", "0", "--nproc", "2", "--", PY, str(SCRIPT)],
+            "not allowed with argument",
+        ),
         (["--role", "trainer", "--job", "a/b", "--", PY, str(SCRIPT)], "--job 'a/b'"),
-        (["--role", "trainer", "--integration", "nope", "--", PY, str(SCRIPT)], "unknown integration 'nope' (known: none, trl"),
-        (["--role", "trainer", "--integration", "no_such.module", "--", PY, str(SCRIPT)], "cannot import integration module 'no_such.module'"),
-        (["--role", "trainer", "--backend", "pbs", "--", PY, str(SCRIPT)], "unknown backend 'pbs' (known: local"),
-        (["--role", "trainer", "--max-restarts", "-2", "--", PY, str(SCRIPT)], "--max-restarts must be >= 0, got '-2'"),
-        (["--role", "trainer", "--backoff", "5", "--backoff-max", "1", "--", PY, str(SCRIPT)], "backoff_max (1) must be >= backoff (5)"),
-        (["--role", "trainer", "--standby", "--", "sh", "-c", "true"], "--standby: a standby runs Python scripts"),
-        (["--role", "trainer", "--preload", "torch", "--", PY, str(SCRIPT)], "--preload is for --standby"),
+        (
+            ["--role", "trainer", "--integration", "nope", "--", PY, str(SCRIPT)],
+            "unknown integration 'nope' (known: none, trl",
+        ),
+        (
+            ["--role", "trainer", "--integration", "no_such.module", "--", PY, str(SCRIPT)],
+            "cannot import integration module 'no_such.module'",
+        ),
+        (
+            ["--role", "trainer", "--backend", "pbs", "--", PY, str(SCRIPT)],
+            "unknown backend 'pbs' (known: local",
+        ),
+        (
+            ["--role", "trainer", "--max-restarts", "-2", "--", PY, str(SCRIPT)],
+            "--max-restarts must be >= 0, got '-2'",
+        ),
+        (
+            ["--role", "trainer", "--backoff", "5", "--backoff-max", "1", "--", PY, str(SCRIPT)],
+            "backoff_max (1) must be >= backoff (5)",
+        ),
+        (
+            ["--role", "trainer", "--standby", "--", "sh", "-c", "true"],
+            "--standby: a standby runs Python scripts",
+        ),
+        (
+            ["--role", "trainer", "--preload", "torch", "--", PY, str(SCRIPT)],
+            "--preload is for --standby",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_started(
@@ -74,7 +107,9 @@ def test_bad_input_is_one_line_exit_2_and_nothing_started(
     assert not run_dir.exists()
 
 
-def test_an_unwritable_run_dir_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_run_dir_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(SystemExit) as exc:
@@ -87,14 +122,31 @@ def test_an_unwritable_run_dir_is_refused(tmp_path: Path, capsys: pytest.Capture
 def test_a_failing_integration_check_refuses_through_the_real_cli(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [str(Path(PY).parent / "rlguard"), "launch", "--run-dir", str(run_dir), "--role", "trainer",
-         "--integration", TEST_INTEGRATION, "--", PY, str(SCRIPT)],
-        cwd=ROOT, env=env(RLGUARD_TEST_INTEGRATION_BROKEN="1"), capture_output=True, text=True,
-        timeout=60, check=False,
+        [
+            str(Path(PY).parent / "rlguard"),
+            "launch",
+            "--run-dir",
+            str(run_dir),
+            "--role",
+            "trainer",
+            "--integration",
+            TEST_INTEGRATION,
+            "--",
+            PY,
+            str(SCRIPT),
+        ],
+        cwd=ROOT,
+        env=env(RLGUARD_TEST_INTEGRATION_BROKEN="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 2
-    assert done.stderr == (f"rlguard launch: error: --integration {TEST_INTEGRATION}: "
-                           "test framework 0.1 is not supported (need >= 1.0)\n")
+    assert done.stderr == (
+        f"rlguard launch: error: --integration {TEST_INTEGRATION}: "
+        "test framework 0.1 is not supported (need >= 1.0)\n"
+    )
     assert not run_dir.exists()
 
 
@@ -105,8 +157,15 @@ def test_kill_9_is_in_the_heartbeat_at_once_and_the_hook_restarts_with_resume_ar
     tmp_path: Path, launches: list[Launch]
 ) -> None:
     run_dir = tmp_path / "job-a"
-    launch = _start(launches, run_dir, "--role", "trainer", "--integration", TEST_INTEGRATION,
-                    script_args=("--lr", "0.1"))
+    launch = _start(
+        launches,
+        run_dir,
+        "--role",
+        "trainer",
+        "--integration",
+        TEST_INTEGRATION,
+        script_args=("--lr", "0.1"),
+    )
     launch.wait(lambda: launch.beat().get("phase") == "TRAIN", "the script to train")
     dead = launch.kill_child()
     exit_event = launch.wait(lambda: launch.events("child_exit"), "the launcher to see the exit")[0]
@@ -119,15 +178,21 @@ def test_kill_9_is_in_the_heartbeat_at_once_and_the_hook_restarts_with_resume_ar
     # Nothing restarts by itself: RLGuard decides.
     assert len(launch.events("spawn")) == 1
 
-    answer = launch.hook("restart_role", "--role", "trainer", "--rank", "0", key="inc1/restart_role")
+    answer = launch.hook(
+        "restart_role", "--role", "trainer", "--rank", "0", key="inc1/restart_role"
+    )
     assert answer.returncode == 0, answer.stderr
     body = json.loads(answer.stdout)
     assert body["ok"] is True and body["restarted"] == ["trainer-0"]
     starts = launch.wait(lambda: len(launch.starts()) == 2 and launch.starts(), "the restart")
     assert starts[0]["argv"] == ["--lr", "0.1"]
     assert starts[1]["argv"] == ["--lr", "0.1", "--resumed-from", "1"]
-    launch.wait(lambda: launch.beat().get("pid") == starts[1]["pid"]
-                and launch.beat().get("phase") == "TRAIN", "the restarted script to report")
+    launch.wait(
+        lambda: (
+            launch.beat().get("pid") == starts[1]["pid"] and launch.beat().get("phase") == "TRAIN"
+        ),
+        "the restarted script to report",
+    )
     # The same key again is answered again without a second restart.
     again = launch.hook("restart_role", "--role", "trainer", "--rank", "0", key="inc1/restart_role")
     assert again.returncode == 0 and json.loads(again.stdout)["restarted"] == ["trainer-0"]
@@ -146,8 +211,14 @@ def test_an_empty_restart_budget_refuses_clearly(tmp_path: Path, launches: list[
     launch.kill_child()
     launch.wait(lambda: launch.beat().get("phase") == "EXITED", "the exit")
     assert launch.hook("restart_role", "--role", "trainer", key="k1").returncode == 0
-    launch.wait(lambda: len(launch.starts()) == 2 and launch.beat().get("pid") == launch.starts()[1]["pid"]
-                and launch.beat().get("phase") == "TRAIN", "the first restart")
+    launch.wait(
+        lambda: (
+            len(launch.starts()) == 2
+            and launch.beat().get("pid") == launch.starts()[1]["pid"]
+            and launch.beat().get("phase") == "TRAIN"
+        ),
+        "the first restart",
+    )
     launch.kill_child()
     launch.wait(lambda: launch.beat().get("phase") == "EXITED", "the second exit")
     refused = launch.hook("restart_role", "--role", "trainer", key="k2")
@@ -179,43 +250,94 @@ def test_no_restart_while_safe_mode_until_released(tmp_path: Path, launches: lis
     launch.wait(lambda: len(launch.starts()) == 2, "the restart after the release")
 
 
-def test_nproc_starts_each_rank_with_its_environment(tmp_path: Path, launches: list[Launch]) -> None:
+def test_nproc_starts_each_rank_with_its_environment(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
     run_dir = tmp_path / "job-d"
-    launch = _start(launches, run_dir, "--role", "trainer", "--nproc", "2", "--job", "grpo-d",
-                    script_args=("--steps", "3"))
+    launch = _start(
+        launches,
+        run_dir,
+        "--role",
+        "trainer",
+        "--nproc",
+        "2",
+        "--job",
+        "grpo-d",
+        script_args=("--steps", "3"),
+    )
     assert launch.proc.wait(30) == 0, launch.logs()
     seen = [launch.starts(rank)[0]["env"] for rank in (0, 1)]
     for rank, e in enumerate(seen):
-        assert {k: e[k] for k in ("RLGUARD_JOB", "RLGUARD_ROLE", "RLGUARD_RUN_DIR", "RANK",
-                                  "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == {
-            "RLGUARD_JOB": "grpo-d", "RLGUARD_ROLE": "trainer", "RLGUARD_RUN_DIR": str(run_dir),
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1"}
+        assert {
+            k: e[k]
+            for k in (
+                "RLGUARD_JOB",
+                "RLGUARD_ROLE",
+                "RLGUARD_RUN_DIR",
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "MASTER_ADDR",
+            )
+        } == {
+            "RLGUARD_JOB": "grpo-d",
+            "RLGUARD_ROLE": "trainer",
+            "RLGUARD_RUN_DIR": str(run_dir),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+        }
     assert seen[0]["MASTER_PORT"] == seen[1]["MASTER_PORT"] and int(seen[0]["MASTER_PORT"]) > 0
     assert [launch.beat(rank=r)["phase"] for r in (0, 1)] == ["DONE", "DONE"]
 
 
-def test_a_world_of_one_gets_a_rendezvous_as_under_torchrun(tmp_path: Path, launches: list[Launch]) -> None:
+def test_a_world_of_one_gets_a_rendezvous_as_under_torchrun(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
     launch = _start(launches, tmp_path / "job-g", "--role", "trainer", script_args=("--steps", "1"))
     assert launch.proc.wait(30) == 0, launch.logs()
     seen = launch.starts()[0]["env"]
-    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"], seen["MASTER_ADDR"]) == ("0", "0", "1", "127.0.0.1")
+    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"], seen["MASTER_ADDR"]) == (
+        "0",
+        "0",
+        "1",
+        "127.0.0.1",
+    )
     assert int(seen["MASTER_PORT"]) > 0
 
 
-def test_one_rank_of_a_larger_world_keeps_its_starters_rendezvous(tmp_path: Path, launches: list[Launch]) -> None:
+def test_one_rank_of_a_larger_world_keeps_its_starters_rendezvous(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
     run_dir = tmp_path / "job-e"
-    launch = _start(launches, run_dir, "--role", "trainer", "--rank", "3", script_args=("--steps", "1"),
-                    environ=env(WORLD_SIZE="8"))
+    launch = _start(
+        launches,
+        run_dir,
+        "--role",
+        "trainer",
+        "--rank",
+        "3",
+        script_args=("--steps", "1"),
+        environ=env(WORLD_SIZE="8"),
+    )
     assert launch.proc.wait(30) == 0, launch.logs()
     seen = json.loads((run_dir / "starts-3.jsonl").read_text())["env"]
-    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"], seen["MASTER_PORT"]) == ("3", "3", "8", None)
+    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"], seen["MASTER_PORT"]) == (
+        "3",
+        "3",
+        "8",
+        None,
+    )
 
 
-def test_a_warm_standby_becomes_the_restarted_process(tmp_path: Path, launches: list[Launch]) -> None:
+def test_a_warm_standby_becomes_the_restarted_process(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
     run_dir = tmp_path / "job-f"
-    launch = _start(launches, run_dir, "--role", "trainer", "--standby",
-                    "--integration", TEST_INTEGRATION)
+    launch = _start(
+        launches, run_dir, "--role", "trainer", "--standby", "--integration", TEST_INTEGRATION
+    )
     launch.wait(lambda: launch.beat().get("phase") == "TRAIN", "the script to train")
     ready = launch.wait(lambda: launch.events("standby_ready"), "the standby to be ready")[0]
     assert ready["role"] == "trainer" and ready["preload"] == "json"  # the integration's modules
@@ -230,8 +352,10 @@ def test_a_warm_standby_becomes_the_restarted_process(tmp_path: Path, launches: 
     assert started["pid"] == standby_pid
     assert started["argv"] == ["--resumed-from", "1"]
     assert started["env"]["RANK"] == "0" and started["env"]["RLGUARD_RUN_DIR"] == str(run_dir)
-    launch.wait(lambda: launch.beat().get("pid") == standby_pid and launch.beat().get("phase") == "TRAIN",
-                "the warm process to report")
+    launch.wait(
+        lambda: launch.beat().get("pid") == standby_pid and launch.beat().get("phase") == "TRAIN",
+        "the warm process to report",
+    )
     (run_dir / "stop").touch()
     assert launch.proc.wait(30) == 0, launch.logs()
     assert "trainer-0.log" in os.listdir(run_dir / "logs")

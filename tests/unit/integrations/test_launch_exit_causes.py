@@ -29,8 +29,16 @@ def launches() -> Iterator[list[Launch]]:
 
 
 def _run(launches: list[Launch], tmp_path: Path, *script_args: str, name: str = "job") -> Launch:
-    launch = Launch(tmp_path / name, "--role", "trainer", "--backoff", "0", script=FAILING,
-                    script_args=script_args, environ=env(HF_TOKEN=TOKEN))
+    launch = Launch(
+        tmp_path / name,
+        "--role",
+        "trainer",
+        "--backoff",
+        "0",
+        script=FAILING,
+        script_args=script_args,
+        environ=env(HF_TOKEN=TOKEN),
+    )
     launches.append(launch)
     return launch
 
@@ -57,7 +65,9 @@ def test_a_cuda_oom_is_the_cause_with_pytorchs_line(tmp_path: Path, launches: li
     assert TOKEN not in json.dumps(beat) and TOKEN not in json.dumps(launch.events())
 
 
-def test_the_nccl_watchdog_line_is_a_collective_timeout(tmp_path: Path, launches: list[Launch]) -> None:
+def test_the_nccl_watchdog_line_is_a_collective_timeout(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
     beat = _exited(_run(launches, tmp_path, "--fail", "nccl"))
     assert beat["exit_signal"] == "SIGABRT"
     assert beat["exit_cause"]["cause"] == "collective_timeout"
@@ -76,7 +86,9 @@ def launch_cause(tmp_path: Path) -> object:
     return next(e for e in events if e["kind"] == "child_exit")["cause"]
 
 
-def test_a_clean_exit_after_a_caught_oom_has_no_cause(tmp_path: Path, launches: list[Launch]) -> None:
+def test_a_clean_exit_after_a_caught_oom_has_no_cause(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
     launch = _run(launches, tmp_path, "--fail", "caught-oom")
     assert launch.proc.wait(60) == 0, launch.logs()
     beat = launch.beat()
@@ -99,8 +111,10 @@ def test_an_earlier_starts_output_is_not_the_cause_of_a_later_exit(
     answer = launch.hook("restart_role", "--role", "trainer", "--rank", "0", key="k/restart")
     assert answer.returncode == 0, answer.stderr
     launch.wait(lambda: len(launch.events("spawn")) == 2, "the restart")
-    pid = launch.wait(lambda: launch.beat().get("phase") == "TRAIN" and launch.beat()["pid"],
-                      "the second start to train")
+    pid = launch.wait(
+        lambda: launch.beat().get("phase") == "TRAIN" and launch.beat()["pid"],
+        "the second start to train",
+    )
     os.kill(int(pid), 9)
     launch.wait(lambda: len(launch.events("child_exit")) == 2, "the second exit")
     beat = launch.beat()
@@ -117,16 +131,26 @@ def test_a_cause_is_found_after_100_mb_of_output(tmp_path: Path, launches: list[
 @pytest.mark.parametrize(
     ("row", "needle"),
     [
-        ("  - {cause: x, pattern: 'a(b', kind: cuda_oom, tier: medium, plan: [], source: s}",
-         "line 2: pattern 'a(b' of 'x' is not valid"),
-        ("  - {cause: x, pattern: 'a', kind: cuda_oops, tier: medium, plan: [], source: s}",
-         "line 2: unknown kind 'cuda_oops' for cause 'x'"),
-        ("  - {cause: x, pattern: 'a', kind: cuda_oom, tier: severe, plan: [], source: s}",
-         "line 2: tier 'severe' must be one of light, medium, heavy"),
-        ("  - {cause: x, pattern: 'a', kind: cuda_oom, tier: light, plan: [], source: s, why: y}",
-         "line 2: unknown field 'why'"),
-        ("  - {cause: x, pattern: 'a', kind: cuda_oom, tier: light, plan: []}",
-         "line 2: missing 'source'"),
+        (
+            "  - {cause: x, pattern: 'a(b', kind: cuda_oom, tier: medium, plan: [], source: s}",
+            "line 2: pattern 'a(b' of 'x' is not valid",
+        ),
+        (
+            "  - {cause: x, pattern: 'a', kind: cuda_oops, tier: medium, plan: [], source: s}",
+            "line 2: unknown kind 'cuda_oops' for cause 'x'",
+        ),
+        (
+            "  - {cause: x, pattern: 'a', kind: cuda_oom, tier: severe, plan: [], source: s}",
+            "line 2: tier 'severe' must be one of light, medium, heavy",
+        ),
+        (
+            "  - {cause: x, pattern: 'a', kind: cuda_oom, tier: light, plan: [], source: s, why: y}",
+            "line 2: unknown field 'why'",
+        ),
+        (
+            "  - {cause: x, pattern: 'a', kind: cuda_oom, tier: light, plan: []}",
+            "line 2: missing 'source'",
+        ),
     ],
 )
 def test_a_bad_catalogue_is_refused_naming_its_line_and_nothing_starts(
@@ -136,10 +160,23 @@ def test_a_bad_catalogue_is_refused_naming_its_line_and_nothing_starts(
     bad.write_text("causes:\n" + row + "\n")
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
-        launch_main(["--run-dir", str(run_dir), "--role", "trainer", "--exit-causes", str(bad),
-                     "--", "python", str(FAILING)])
+        launch_main(
+            [
+                "--run-dir",
+                str(run_dir),
+                "--role",
+                "trainer",
+                "--exit-causes",
+                str(bad),
+                "--",
+                "python",
+                str(FAILING),
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1, err
-    assert err.startswith(f"rlguard launch: error: --exit-causes: exit-cause catalogue {bad}, "), err
+    assert err.startswith(f"rlguard launch: error: --exit-causes: exit-cause catalogue {bad}, "), (
+        err
+    )
     assert needle in err, err
     assert not run_dir.exists()

@@ -15,19 +15,33 @@ from tests.unit.integrations._launcher import SCRIPT, Launch
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.mark.parametrize(("value", "needle"), [
-    ("0", "--first-step-budget must be a positive number of seconds, got '0'"),
-    ("-5", "--first-step-budget must be >= 0, got '-5'"),
-    ("soon", "--first-step-budget must be a number, got 'soon'"),
-    ("inf", "--first-step-budget must be a positive number of seconds, got 'inf'"),
-])
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("0", "--first-step-budget must be a positive number of seconds, got '0'"),
+        ("-5", "--first-step-budget must be >= 0, got '-5'"),
+        ("soon", "--first-step-budget must be a number, got 'soon'"),
+        ("inf", "--first-step-budget must be a positive number of seconds, got 'inf'"),
+    ],
+)
 def test_a_bad_budget_is_refused_naming_it(
     tmp_path: Path, value: str, needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
-        launch_main(["--run-dir", str(run_dir), "--role", "trainer", "--first-step-budget", value,
-                     "--", "python", str(SCRIPT)])
+        launch_main(
+            [
+                "--run-dir",
+                str(run_dir),
+                "--role",
+                "trainer",
+                "--first-step-budget",
+                value,
+                "--",
+                "python",
+                str(SCRIPT),
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and needle in err and err.count("\n") == 1, err
     assert not run_dir.exists()

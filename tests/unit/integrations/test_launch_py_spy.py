@@ -25,8 +25,19 @@ def test_a_py_spy_that_cannot_run_is_refused_by_name(
         path.write_text("#!/bin/sh\n")
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
-        launch_main(["--run-dir", str(run_dir), "--role", "trainer", "--py-spy", str(path),
-                     "--", PY, str(SCRIPT)])
+        launch_main(
+            [
+                "--run-dir",
+                str(run_dir),
+                "--role",
+                "trainer",
+                "--py-spy",
+                str(path),
+                "--",
+                PY,
+                str(SCRIPT),
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert err == f"rlguard launch: error: --py-spy {str(path)!r} is not an executable file\n"
@@ -37,8 +48,19 @@ def test_the_default_is_the_installed_py_spy_and_a_given_one_wins(tmp_path: Path
     default = plan(["--run-dir", str(tmp_path / "a"), "--role", "trainer", "--", PY, str(SCRIPT)])
     assert default.py_spy == find_py_spy() and default.py_spy is not None
     wrapper = tmp_path / "py-spy-wrapper"
-    wrapper.write_text("#!/bin/sh\nexec py-spy \"$@\"\n")
+    wrapper.write_text('#!/bin/sh\nexec py-spy "$@"\n')
     wrapper.chmod(0o755)
-    given = plan(["--run-dir", str(tmp_path / "b"), "--role", "trainer", "--py-spy", str(wrapper),
-                  "--", PY, str(SCRIPT)])
+    given = plan(
+        [
+            "--run-dir",
+            str(tmp_path / "b"),
+            "--role",
+            "trainer",
+            "--py-spy",
+            str(wrapper),
+            "--",
+            PY,
+            str(SCRIPT),
+        ]
+    )
     assert given.py_spy == str(wrapper)

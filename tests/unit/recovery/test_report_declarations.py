@@ -25,7 +25,9 @@ def test_a_first_step_budget_is_written_at_once_and_kept_over_a_restart(tmp_path
 
 
 @pytest.mark.parametrize("bad", [0, -5, math.inf, math.nan, "60", True])
-def test_a_bad_first_step_budget_is_refused_and_changes_nothing(tmp_path: Path, bad: object) -> None:
+def test_a_bad_first_step_budget_is_refused_and_changes_nothing(
+    tmp_path: Path, bad: object
+) -> None:
     rep = HeartbeatReporter(tmp_path, "trainer", 0, job="j")
     rep.set_first_step_budget(30)
     with pytest.raises(HeartbeatError, match="first-step budget must be a positive number"):

@@ -43,12 +43,19 @@ def train(base: BaseShard, steps: int) -> tuple[dict[str, torch.Tensor], dict[st
 
 def fresh_base() -> BaseShard:
     base = base_state()
-    return BaseShard(base.step, {k: v.clone() for k, v in base.params.items()}, base.optimizer_state)
+    return BaseShard(
+        base.step, {k: v.clone() for k, v in base.params.items()}, base.optimizer_state
+    )
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8),
+            b.contiguous().reshape(-1).view(torch.uint8),
+        )
     )
 
 
@@ -66,7 +73,9 @@ def test_rebuilt_shard_equals_the_lost_one_bit_for_bit(tmp_path: Path) -> None:
     assert set(rebuilt.params) == set(expected)
     for name in expected:
         assert bits_equal(rebuilt.params[name], expected[name]), name
-    assert torch.equal(rebuilt.optimizer_state["state"][0]["exp_avg"], expected_opt["state"][0]["exp_avg"])  # type: ignore[index]
+    assert torch.equal(
+        rebuilt.optimizer_state["state"][0]["exp_avg"], expected_opt["state"][0]["exp_avg"]
+    )  # type: ignore[index]
     assert rebuilt.optimizer_state["lr"] == expected_opt["lr"]
     assert snapshots.is_live("actor-3")
 
@@ -81,7 +90,10 @@ def test_maybe_snapshot_follows_the_interval_and_keeps_the_newest(tmp_path: Path
         if info is not None:
             written.append(info.step)
     assert written == [25, 50, 75, 100]
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["snap-000000000075", "snap-000000000100"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "snap-000000000075",
+        "snap-000000000100",
+    ]
     latest = snapshots.latest("s")
     assert latest is not None and latest.step == 100
 
@@ -126,7 +138,9 @@ def test_snapshot_against_another_checkpoint_is_not_applied(tmp_path: Path) -> N
     snapshots.snapshot("s", 55, params, optimizer, base)
     newer = BaseShard(100, {k: v.clone() for k, v in params.items()}, {"lr": 9.0})
     rebuilt = snapshots.rebuild_shard("s", load_base=lambda shard: newer)
-    assert not rebuilt.from_snapshot and rebuilt.step == 100 and rebuilt.optimizer_state == {"lr": 9.0}
+    assert (
+        not rebuilt.from_snapshot and rebuilt.step == 100 and rebuilt.optimizer_state == {"lr": 9.0}
+    )
 
 
 def test_base_that_does_not_fit_the_snapshot_leaves_the_shard_stale(tmp_path: Path) -> None:
@@ -186,7 +200,10 @@ def test_bad_input_is_named_and_writes_nothing(tmp_path: Path) -> None:
         (("../evil", 60, params, optimizer, base), "shard_id"),
         (("s", 40, params, optimizer, base), "older than the base"),
         (("s", -1, params, optimizer, base), "step"),
-        (("s", 60, {**params, "extra": torch.zeros(1)}, optimizer, base), r"only in params \['extra'\]"),
+        (
+            ("s", 60, {**params, "extra": torch.zeros(1)}, optimizer, base),
+            r"only in params \['extra'\]",
+        ),
         (("s", 60, {**params, "w": params["w"].double()}, optimizer, base), "'w'"),
     ]
     for args, match in cases:
@@ -196,7 +213,10 @@ def test_bad_input_is_named_and_writes_nothing(tmp_path: Path) -> None:
     snapshots.snapshot("s", 60, params, optimizer, base)
     with pytest.raises(ShardInputError, match="already has a snapshot at step 60"):
         snapshots.snapshot("s", 60, params, optimizer, base)
-    for kwargs, match in (({"snapshot_interval_steps": 0}, "snapshot_interval_steps"), ({"keep": 0}, "keep")):
+    for kwargs, match in (
+        ({"snapshot_interval_steps": 0}, "snapshot_interval_steps"),
+        ({"keep": 0}, "keep"),
+    ):
         with pytest.raises(ShardInputError, match=match):
             ShardSnapshotter(tmp_path, **kwargs)  # type: ignore[arg-type]
 

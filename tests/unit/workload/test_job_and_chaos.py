@@ -34,9 +34,14 @@ def test_job_config_round_trips_through_json() -> None:
 
 @pytest.mark.parametrize(
     ("body", "needle"),
-    [({"fault": "meteor"}, "meteor"), ({"fault": "kill", "role": "judge"}, "judge"),
-     ({"fault": "kill", "rank": -1}, "rank"), ({"fault": "kill", "colour": 1}, "colour"),
-     ({"fault": "slow-statelog", "ms": 0}, "ms"), ("kill", "object")],
+    [
+        ({"fault": "meteor"}, "meteor"),
+        ({"fault": "kill", "role": "judge"}, "judge"),
+        ({"fault": "kill", "rank": -1}, "rank"),
+        ({"fault": "kill", "colour": 1}, "colour"),
+        ({"fault": "slow-statelog", "ms": 0}, "ms"),
+        ("kill", "object"),
+    ],
 )
 def test_bad_scheduled_faults_are_refused(body: object, needle: str) -> None:
     with pytest.raises(ChaosError, match=needle):
@@ -53,7 +58,9 @@ def test_simulated_gpu_faults_become_agent_fault_files(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     inject(run, Fault("xid", gpu=1, xid=79))
     inject(run, Fault("ecc", gpu=0))
-    bodies = sorted(json.loads(p.read_text())["fault"] for p in (tmp_path / "rlguard-simulate").glob("*.json"))
+    bodies = sorted(
+        json.loads(p.read_text())["fault"] for p in (tmp_path / "rlguard-simulate").glob("*.json")
+    )
     assert bodies == ["ecc_uncorrectable", "xid"]
     assert [e["fault"] for e in read_events(run)] == ["xid", "ecc"]
 
@@ -101,14 +108,74 @@ def test_file_lease_excludes_a_second_holder_until_expiry(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("argv", "needle"),
-    [(["hook", "explode", "--job", "j", "--idempotency-key", "k", "--run-root", "/tmp"], "explode"),
-     (["hook", "restart_role", "--job", "../etc", "--idempotency-key", "k", "--run-root", "/tmp"], "../etc"),
-     (["hook", "restart_role", "--job", "j", "--idempotency-key", "a b", "--run-root", "/tmp"], "a b"),
-     (["hook", "restart_role", "--job", "j", "--rank", "x", "--idempotency-key", "k", "--run-root", "/tmp"], "'x'"),
-     (["hook", "restart_role", "--job", "j", "--role", "ro-le", "--idempotency-key", "k", "--run-root", "/tmp"], "ro-le"),
-     (["--run-dir", "/tmp/x", "--steps", "0"], "steps"),
-     (["--run-dir", "/tmp/x", "--steps", "3", "--group-size", "1"], "group-size"),
-     (["--run-dir", "/tmp/x", "--steps", "3", "--on-failure", "restart-job", "--standby"], "--standby")],
+    [
+        (
+            ["hook", "explode", "--job", "j", "--idempotency-key", "k", "--run-root", "/tmp"],
+            "explode",
+        ),
+        (
+            [
+                "hook",
+                "restart_role",
+                "--job",
+                "../etc",
+                "--idempotency-key",
+                "k",
+                "--run-root",
+                "/tmp",
+            ],
+            "../etc",
+        ),
+        (
+            [
+                "hook",
+                "restart_role",
+                "--job",
+                "j",
+                "--idempotency-key",
+                "a b",
+                "--run-root",
+                "/tmp",
+            ],
+            "a b",
+        ),
+        (
+            [
+                "hook",
+                "restart_role",
+                "--job",
+                "j",
+                "--rank",
+                "x",
+                "--idempotency-key",
+                "k",
+                "--run-root",
+                "/tmp",
+            ],
+            "'x'",
+        ),
+        (
+            [
+                "hook",
+                "restart_role",
+                "--job",
+                "j",
+                "--role",
+                "ro-le",
+                "--idempotency-key",
+                "k",
+                "--run-root",
+                "/tmp",
+            ],
+            "ro-le",
+        ),
+        (["--run-dir", "/tmp/x", "--steps", "0"], "steps"),
+        (["--run-dir", "/tmp/x", "--steps", "3", "--group-size", "1"], "group-size"),
+        (
+            ["--run-dir", "/tmp/x", "--steps", "3", "--on-failure", "restart-job", "--standby"],
+            "--standby",
+        ),
+    ],
 )
 def test_launcher_refuses_bad_arguments_naming_them(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
@@ -119,8 +186,22 @@ def test_launcher_refuses_bad_arguments_naming_them(
     assert needle in capsys.readouterr().err
 
 
-def test_hook_without_a_running_job_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = launch_main(["hook", "restart_role", "--job", "j", "--role", "rollout", "--idempotency-key",
-                        "inc1/s0/restart_role:j", "--run-root", str(tmp_path)])
+def test_hook_without_a_running_job_fails_clearly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = launch_main(
+        [
+            "hook",
+            "restart_role",
+            "--job",
+            "j",
+            "--role",
+            "rollout",
+            "--idempotency-key",
+            "inc1/s0/restart_role:j",
+            "--run-root",
+            str(tmp_path),
+        ]
+    )
     assert code == 2 and "no running job 'j'" in capsys.readouterr().err
     assert not (tmp_path / "j").exists()

@@ -19,8 +19,18 @@ SPEC = TaskSpec(length=3, group_size=4, prompts_per_worker=2, hidden=16)
 def test_seeds_depend_on_every_part_of_the_path() -> None:
     base = derive_seed(1, 2, 3, 4)
     assert base == derive_seed(1, 2, 3, 4)
-    assert len({base, derive_seed(2, 2, 3, 4), derive_seed(1, 3, 3, 4), derive_seed(1, 2, 4, 4),
-                derive_seed(1, 2, 3, 5)}) == 5
+    assert (
+        len(
+            {
+                base,
+                derive_seed(2, 2, 3, 4),
+                derive_seed(1, 3, 3, 4),
+                derive_seed(1, 2, 4, 4),
+                derive_seed(1, 2, 3, 5),
+            }
+        )
+        == 5
+    )
     assert 0 <= base < 2**63
 
 

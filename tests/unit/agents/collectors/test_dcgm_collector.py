@@ -40,7 +40,8 @@ def value(samples: list[Sample], name: str, gpu: str = "0", **labels: str) -> fl
     found = [
         s["value"]
         for s in samples
-        if s["name"] == name and s["labels"].get("gpu") == gpu
+        if s["name"] == name
+        and s["labels"].get("gpu") == gpu
         and all(s["labels"].get(k) == v for k, v in labels.items())
     ]
     assert len(found) <= 1, (name, found)
@@ -128,7 +129,7 @@ def test_an_exporter_that_is_down_is_logged_once_and_sends_nothing(
     with caplog.at_level(logging.WARNING, logger="rlguard.agent.dcgm"):
         assert c.collect() == [] and c.collect() == []
         assert not c.available and "ConnectError" in (c.unavailable_reason or "")
-        exporter.page = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\" 5\n"  # malformed: still down
+        exporter.page = 'DCGM_FI_DEV_GPU_UTIL{gpu="0" 5\n'  # malformed: still down
         assert c.collect() == []
         exporter.page = DCGM
         assert c.collect() and c.available

@@ -34,12 +34,18 @@ def test_a_run_directory_without_engines_announces_none(tmp_path: Path) -> None:
 
 
 def test_ready_engines_are_found_with_their_participants_job(tmp_path: Path) -> None:
-    announce(tmp_path, "rollout-0.json",
-             {"url": "http://127.0.0.1:8301", "ready": True, "pids": {"api_server": 4242}})
+    announce(
+        tmp_path,
+        "rollout-0.json",
+        {"url": "http://127.0.0.1:8301", "ready": True, "pids": {"api_server": 4242}},
+    )
     announce(tmp_path, "rollout-1.json", {"url": "http://127.0.0.1:8302", "ready": False})
     announce(tmp_path, "fleet.json", {"engines": {}})  # the job's own file: not an announcement
-    announce(tmp_path, "rollout-2.json",
-             {"url": "http://127.0.0.1:8303", "ready": True, "engine": "sglang"})
+    announce(
+        tmp_path,
+        "rollout-2.json",
+        {"url": "http://127.0.0.1:8303", "ready": True, "engine": "sglang"},
+    )
     beat(tmp_path, "rollout", 0, "grpo-7")
     found = AnnouncedEngines(tmp_path, "run-dir-name")()
     assert found == [
@@ -95,14 +101,19 @@ def test_the_collector_follows_a_rank_to_its_new_engine(tmp_path: Path) -> None:
     announce(tmp_path, "rollout-0.json", {"url": "http://announced:9000", "ready": True})
     fixed = EngineSpec.parse("vllm=http://flag:8000,role=rollout,rank=0,job=run")
     collector = EngineCollector(
-        [fixed], default_job="run", transport=httpx.MockTransport(engines),
+        [fixed],
+        default_job="run",
+        transport=httpx.MockTransport(engines),
         discover=AnnouncedEngines(tmp_path, "run"),
     )
     try:
         samples = collector.collect()
         assert {p.split("/")[0] for p in probed} == {"flag:8000", "e1:8301"}
-        up = {(s["labels"]["rank"], s["labels"]["job"]) for s in samples
-              if s["name"] == "rollout_engine_up" and s["value"] == 1}
+        up = {
+            (s["labels"]["rank"], s["labels"]["job"])
+            for s in samples
+            if s["name"] == "rollout_engine_up" and s["value"] == 1
+        }
         assert up == {("0", "run"), ("1", "grpo-7")}
 
         probed.clear()

@@ -49,8 +49,10 @@ def test_the_root_is_found_by_its_port_and_its_death_seen_at_once(port: int) -> 
         try:
             wait_for(lambda: listener_pid(port) == replacement.pid, 30, "the new server")
             wait_for(
-                lambda: _by_name(collector.collect())[("rollout_engine_process_dead", "api_server")]
-                == 0,
+                lambda: (
+                    _by_name(collector.collect())[("rollout_engine_process_dead", "api_server")]
+                    == 0
+                ),
                 10,
                 "the new process tree to be watched",
             )

@@ -18,9 +18,16 @@ LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
 
 def test_an_exit_with_a_cause_becomes_one_sample_with_the_line(tmp_path: Path) -> None:
     assert policy_names.PARTICIPANT_EXIT_CAUSE in JOB_METRICS
-    report_process_exit(tmp_path, "trainer", 0, job="grpo", pid=42, returncode=1,
-                        exit_cause={"cause": "cuda_oom", "kind": "cuda_oom", "line": LINE,
-                                    "source": "PyTorch"}, clock=lambda: 1_700_000_000.0)
+    report_process_exit(
+        tmp_path,
+        "trainer",
+        0,
+        job="grpo",
+        pid=42,
+        returncode=1,
+        exit_cause={"cause": "cuda_oom", "kind": "cuda_oom", "line": LINE, "source": "PyTorch"},
+        clock=lambda: 1_700_000_000.0,
+    )
     samples, parts = JobCollector(tmp_path, clock=lambda: 1_700_000_001.0).collect()
     [sample] = [s for s in samples if s["name"] == "participant_exit_cause"]
     assert sample["value"] == 1_700_000_000.0  # the exit's time
@@ -42,8 +49,13 @@ def test_a_later_exit_without_a_cause_drops_the_earlier_cause(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    "bad", [{"cause": "a b", "kind": "k", "line": "l"}, {"cause": "a", "line": "l"}, "cuda_oom",
-            {"cause": "a", "kind": "k", "line": 3}],
+    "bad",
+    [
+        {"cause": "a b", "kind": "k", "line": "l"},
+        {"cause": "a", "line": "l"},
+        "cuda_oom",
+        {"cause": "a", "kind": "k", "line": 3},
+    ],
 )
 def test_a_malformed_cause_names_the_field(bad: object) -> None:
     doc = {"role": "trainer", "rank": 0, "ts": 1.0, "phase": "EXITED", "exit_cause": bad}

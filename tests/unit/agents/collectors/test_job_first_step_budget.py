@@ -32,7 +32,9 @@ def test_a_broken_declaration_is_ignored(tmp_path: Path) -> None:
     rep = HeartbeatReporter(tmp_path, "trainer", 1, job="j", pid=7)
     rep.update(phase="TRAIN", step=0, force=True)
     (tmp_path / "launch").mkdir()
-    (tmp_path / "launch" / "trainer-1.json").write_text('{"pid": 7, "first_step_budget_seconds": -3}')
+    (tmp_path / "launch" / "trainer-1.json").write_text(
+        '{"pid": 7, "first_step_budget_seconds": -3}'
+    )
     assert _value(tmp_path, "participant_first_step_budget_seconds") is None
     (tmp_path / "launch" / "trainer-1.json").write_text("not json")
     assert _value(tmp_path, "participant_first_step_budget_seconds") is None
@@ -50,8 +52,10 @@ def test_failed_samples_are_forwarded(tmp_path: Path) -> None:
 def test_the_process_behind_the_heartbeat_is_forwarded(tmp_path: Path) -> None:
     """participant_pid: a restart shows as a new value even at the same step and phase."""
     HeartbeatReporter(tmp_path, "trainer", 0, job="j", pid=4242).update(
-        phase="TRAIN", step=7, force=True)
+        phase="TRAIN", step=7, force=True
+    )
     assert _value(tmp_path, "participant_pid") == 4242
     HeartbeatReporter(tmp_path, "trainer", 0, job="j", pid=4343).update(
-        phase="TRAIN", step=7, force=True)
+        phase="TRAIN", step=7, force=True
+    )
     assert _value(tmp_path, "participant_pid") == 4343

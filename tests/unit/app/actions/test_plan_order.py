@@ -49,8 +49,14 @@ def approved_heavy_plan(engine: Engine) -> tuple[RecoveryAction, RecoveryAction]
 
 def claim(engine: Engine, row: RecoveryAction, worker: str, **at: object):
     with Session(engine) as s:
-        c = claim_action(s, action_id=row.id, idempotency_key=row.idempotency_key,  # type: ignore[arg-type]
-                         worker=worker, lease_seconds=30, **at)  # type: ignore[arg-type]
+        c = claim_action(
+            s,
+            action_id=row.id,
+            idempotency_key=row.idempotency_key,  # type: ignore[arg-type]
+            worker=worker,
+            lease_seconds=30,
+            **at,
+        )  # type: ignore[arg-type]
         s.commit()
     return c
 
@@ -61,7 +67,9 @@ def finish(engine: Engine, row: RecoveryAction, worker: str) -> None:
         s.commit()
 
 
-def test_the_approved_action_waits_for_the_safe_mode_entry_planned_before_it(engine: Engine) -> None:
+def test_the_approved_action_waits_for_the_safe_mode_entry_planned_before_it(
+    engine: Engine,
+) -> None:
     enter, restart = approved_heavy_plan(engine)
     early = claim(engine, restart, "w1")
     assert early.outcome is ClaimOutcome.busy and early.retry_in, early

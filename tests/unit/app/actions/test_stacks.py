@@ -15,29 +15,59 @@ from tests.unit.app.actions.conftest import plan
 
 
 def _restart(engine: Engine, max_bytes: int = 65536) -> ActionSnapshot:
-    [(action_id, key)] = plan(engine, PlannedAction(
-        ActionName.RESTART_ROLE, "j", "n0", False,
-        {"role": "trainer", "rank": 0, "capture_stacks": {"timeout_seconds": 10,
-                                                          "max_bytes": max_bytes}}))
+    [(action_id, key)] = plan(
+        engine,
+        PlannedAction(
+            ActionName.RESTART_ROLE,
+            "j",
+            "n0",
+            False,
+            {
+                "role": "trainer",
+                "rank": 0,
+                "capture_stacks": {"timeout_seconds": 10, "max_bytes": max_bytes},
+            },
+        ),
+    )
     with Session(engine) as s:
         from app.models.action import RecoveryAction
 
         row = s.get(RecoveryAction, action_id)
         assert row is not None
-        return ActionSnapshot(action_id, row.incident_id, row.action, row.job, row.node,
-                              dict(row.params), 1, key)
+        return ActionSnapshot(
+            action_id, row.incident_id, row.action, row.job, row.node, dict(row.params), 1, key
+        )
 
 
 def _stacks(engine: Engine) -> list[dict]:
     with Session(engine) as s:
-        return [e.detail for e in s.exec(select(IncidentEvent).where(
-            IncidentEvent.type == IncidentEventType.STACKS_CAPTURED.value)).all()]
+        return [
+            e.detail
+            for e in s.exec(
+                select(IncidentEvent).where(
+                    IncidentEvent.type == IncidentEventType.STACKS_CAPTURED.value
+                )
+            ).all()
+        ]
 
 
-OK = {"role": "trainer", "rank": 0, "pid": 4242, "ok": True, "captured_at": 1796198574.5,
-      "text": "Thread 4242 (idle)\n    stuck_in_a_collective (train.py:12)\n", "reason": ""}
-GONE = {"role": "trainer", "rank": 1, "pid": 4243, "ok": False, "text": "",
-        "reason": "process gone: it exited (-9) before the capture"}
+OK = {
+    "role": "trainer",
+    "rank": 0,
+    "pid": 4242,
+    "ok": True,
+    "captured_at": 1796198574.5,
+    "text": "Thread 4242 (idle)\n    stuck_in_a_collective (train.py:12)\n",
+    "reason": "",
+}
+GONE = {
+    "role": "trainer",
+    "rank": 1,
+    "pid": 4243,
+    "ok": False,
+    "text": "",
+    "reason": "process gone: it exited (-9) before the capture",
+}
 
 
 def test_each_capture_is_one_entry_with_its_text_or_its_reason(engine: Engine) -> None:

@@ -50,11 +50,19 @@ def test_replay_prints_incidents_tiers_and_delays() -> None:
             "--speed and --compress cannot be combined",
         ),
         (
-            ["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), str(CORPUS / "ok_healthy_1.jsonl.gz"),
-             "--tail", "5"],
+            [
+                "replay",
+                str(CORPUS / "ok_healthy_0.jsonl.gz"),
+                str(CORPUS / "ok_healthy_1.jsonl.gz"),
+                "--tail",
+                "5",
+            ],
             "--speed and --tail apply to a single trace, not a corpus",
         ),
-        (["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "/no/such/dir"], "trace file not found: /no/such/dir"),
+        (
+            ["replay", str(CORPUS / "ok_healthy_0.jsonl.gz"), "/no/such/dir"],
+            "trace file not found: /no/such/dir",
+        ),
         (["worker", "--node", "bad/name"], "bad node name 'bad/name'"),
         (["worker", "--concurrency", "0"], "--concurrency 0 must be at least 1"),
     ],
@@ -94,9 +102,13 @@ def test_check_fails_a_corpus_whose_labels_are_not_met(tmp_path: Path) -> None:
     _copy(["fault_nodes_lost_0", "ok_healthy_0"], tmp_path)
     # Labels that say the healthy trace holds a fault: a miss, so recall 0.5 and FAIL.
     labels = tmp_path / "ok_healthy_0.labels.json"
-    labels.write_text(labels.read_text().replace(
-        '"expect": []', '"expect": [{"kind": "node_silent", "start": 1700000010.0, "window": 75, '
-        '"subject": {"node": "n1"}}]'))
+    labels.write_text(
+        labels.read_text().replace(
+            '"expect": []',
+            '"expect": [{"kind": "node_silent", "start": 1700000010.0, "window": 75, '
+            '"subject": {"node": "n1"}}]',
+        )
+    )
     r = CliRunner().invoke(cli, ["replay", str(tmp_path), "--check"])
     assert r.exit_code == 1, r.output
     assert "FAIL ok_healthy_0.jsonl.gz: expected 1, found 0" in r.output

@@ -47,11 +47,15 @@ def test_stopping_a_child_ends_its_whole_process_group(tmp_path: Path) -> None:
         "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     )
-    child = ChildSpec("parent-of-one", [
-        sys.executable, "-c",
-        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
-        "time.sleep(60)",
-    ])
+    child = ChildSpec(
+        "parent-of-one",
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r}]); "
+            "time.sleep(60)",
+        ],
+    )
     sup = ChildSupervisor([child], poll_interval=0.1)
     sup.start()
     try:

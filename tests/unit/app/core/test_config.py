@@ -116,9 +116,13 @@ def test_the_previous_names_still_work_for_a_release_with_a_warning_naming_the_n
 def test_an_old_and_a_new_name_that_disagree_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER", "5")
     monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "6")
-    with pytest.raises(ValidationError, match=(
-        "RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER \\(5.0\\) and "
-        "RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS \\(6.0\\) disagree")):
+    with pytest.raises(
+        ValidationError,
+        match=(
+            "RLGUARD_POLICY__HEARTBEAT_SUSPECT_AFTER \\(5.0\\) and "
+            "RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS \\(6.0\\) disagree"
+        ),
+    ):
         Settings()
     monkeypatch.setenv("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "5")
     assert Settings().policy.overridden() == {"detection.heartbeat.suspect_seconds": 5}
@@ -150,8 +154,11 @@ def test_environment_with_prefix_and_nesting(
         ("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECONDS", "0", "suspect_seconds"),
         ("RLGUARD_POLICY__DETECTION__HEARTBEAT__SUSPECT_SECOND", "5", "suspect_second\\b"),
         ("RLGUARD_POLICY__TICK_SECOND", "5", "tick_second\\b"),
-        ("RLGUARD_POLICY__SEVERITY_THRESHOLDS__ROLLOUT_PENDING_RATIO_WARN", "1",
-         "unknown threshold 'rollout_pending_ratio_warn'"),
+        (
+            "RLGUARD_POLICY__SEVERITY_THRESHOLDS__ROLLOUT_PENDING_RATIO_WARN",
+            "1",
+            "unknown threshold 'rollout_pending_ratio_warn'",
+        ),
         ("RLGUARD_POLICY__TICK_SECONDS", "0", "tick_seconds"),
         ("RLGUARD_INGEST__MAX_SAMPLES", "0", "max_samples"),
         ("RLGUARD_SQLITE_SYNCHRONOUS", "sometimes", "sqlite_synchronous"),

@@ -32,7 +32,10 @@ def test_the_first_exit_signal_arms_a_deadline_that_ends_the_process(no_stderr: 
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT.format(deadline=1.0, no_stderr=no_stderr)],
-        cwd=ROOT, capture_output=True, text=True, timeout=25,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=25,
     )
     took = time.monotonic() - started
     assert done.returncode == 1, done.stderr

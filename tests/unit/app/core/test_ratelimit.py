@@ -50,8 +50,11 @@ def test_memory_is_bounded_by_max_keys() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "bad"),
-    [({"rate": 0, "burst": 1}, "rate"), ({"rate": 1, "burst": 0}, "burst"),
-     ({"rate": 1, "burst": 1, "max_keys": 0}, "max_keys")],
+    [
+        ({"rate": 0, "burst": 1}, "rate"),
+        ({"rate": 1, "burst": 0}, "burst"),
+        ({"rate": 1, "burst": 1, "max_keys": 0}, "max_keys"),
+    ],
 )
 def test_bad_parameters_are_refused_by_name(kwargs: dict, bad: str) -> None:
     with pytest.raises(ValueError, match=bad):

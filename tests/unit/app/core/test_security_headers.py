@@ -9,8 +9,10 @@ from app.core.security_headers import RequestSizeLimitMiddleware, SecurityHeader
 
 def _run(app, scope, chunks):  # type: ignore[no-untyped-def]
     sent: list[dict] = []
-    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
-                for i, c in enumerate(chunks)]
+    incoming = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
 
     async def receive():  # type: ignore[no-untyped-def]
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}
@@ -33,16 +35,26 @@ def _echo_app():  # type: ignore[no-untyped-def]
             if not m.get("more_body"):
                 break
         seen.append(body)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"x-frame-options", b"SAMEORIGIN")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"x-frame-options", b"SAMEORIGIN")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app, seen
 
 
 def _scope(path="/x", headers=(), scheme="http"):  # type: ignore[no-untyped-def]
-    return {"type": "http", "method": "POST", "path": path, "headers": list(headers),
-            "scheme": scheme}
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "headers": list(headers),
+        "scheme": scheme,
+    }
 
 
 def test_headers_added_but_never_overwritten() -> None:

@@ -59,14 +59,22 @@ def setup(tmp_path: Path, run_root: Path) -> HookSetup:
     hook.write_text(
         f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -c 'import sys; "
         "from recovery.supervision.hook import main; "
-        f"sys.exit(main(sys.argv[1:], prog=\"hook\", default_run_root=\"{run_root}\"))' \"$@\"\n")
+        f'sys.exit(main(sys.argv[1:], prog="hook", default_run_root="{run_root}"))\' "$@"\n'
+    )
     hook.chmod(0o755)
     return HookSetup(str(hook), wait_seconds=0.2)
 
 
 def _add(engine: Engine, **kw: Any) -> int:
-    base: dict[str, Any] = dict(job=JOB, role="trainer", rank=0, node="n1", fault="kill",
-                                requested_by="user:op", requested_at=datetime.now(UTC))
+    base: dict[str, Any] = dict(
+        job=JOB,
+        role="trainer",
+        rank=0,
+        node="n1",
+        fault="kill",
+        requested_by="user:op",
+        requested_at=datetime.now(UTC),
+    )
     base.update(kw)
     with Session(engine) as s:
         row = Drill(**base)
@@ -116,8 +124,17 @@ def test_an_answer_that_came_just_before_the_give_up_is_the_drills(
     [req] = requests.pending(run_root / JOB)
     # The launcher took it and answered after the hook's last wait, before the withdrawal.
     assert requests.claim(req) is None
-    requests.answer(req, {"ok": True, "fault": "kill", "what": "SIGKILL trainer-0 (pid 42)",
-                          "target_pid": 42, "injected_at": now.timestamp() + 1, "step": 7})
+    requests.answer(
+        req,
+        {
+            "ok": True,
+            "fault": "kill",
+            "what": "SIGKILL trainer-0 (pid 42)",
+            "target_pid": 42,
+            "injected_at": now.timestamp() + 1,
+            "step": 7,
+        },
+    )
     assert ask_launcher(engine, drill_id, setup, now=now + timedelta(seconds=61)) is Next.FOLLOW
     row = _get(engine, drill_id)
     assert row.status == DrillStatus.injected.value and row.target_pid == 42
@@ -139,18 +156,27 @@ def test_a_request_the_launcher_took_but_did_not_answer_is_waited_for_then_refus
     assert ask_launcher(engine, drill_id, setup, now=now + timedelta(seconds=121)) is Next.DONE
     row = _get(engine, drill_id)
     assert row.status == DrillStatus.refused.value
-    assert row.reason == ("the launcher did not answer within 60 s; the launcher took the request "
-                          "and never answered: whether it injected the fault is unknown, check "
-                          "the process")
+    assert row.reason == (
+        "the launcher did not answer within 60 s; the launcher took the request "
+        "and never answered: whether it injected the fault is unknown, check "
+        "the process"
+    )
 
 
 def _over(engine: Engine, run_root: Path, *, outcome: str = "recovered") -> int:
     injected = datetime.now(UTC) - timedelta(seconds=30)
-    return _add(engine, status=DrillStatus.injected.value, injected_at=injected,
-                report={"outcome": outcome, "recovered": outcome == "recovered",
-                        "generations_note": "counted on the node when the drill is over",
-                        "state": "recovered: the job made a new step; counting the generations "
-                                 "redone on node n1"})
+    return _add(
+        engine,
+        status=DrillStatus.injected.value,
+        injected_at=injected,
+        report={
+            "outcome": outcome,
+            "recovered": outcome == "recovered",
+            "generations_note": "counted on the node when the drill is over",
+            "state": "recovered: the job made a new step; counting the generations "
+            "redone on node n1",
+        },
+    )
 
 
 def _event(run_root: Path, kind: str, ago: float, **fields: Any) -> None:
@@ -210,17 +236,20 @@ def test_a_job_that_records_no_generations_says_why_there_is_no_number(
 
 def test_a_hook_that_cannot_count_or_no_hook_says_so(engine: Engine, tmp_path: Path) -> None:
     other = tmp_path / "ray-hook"
-    other.write_text("#!/bin/sh\necho \"usage: ray-hook: invalid choice: 'drill_figures'\" >&2\n"
-                     "exit 2\n")
+    other.write_text(
+        "#!/bin/sh\necho \"usage: ray-hook: invalid choice: 'drill_figures'\" >&2\nexit 2\n"
+    )
     other.chmod(0o755)
     first, second = _over(engine, tmp_path), _over(engine, tmp_path)
     assert finish_drill(engine, first, HookSetup(str(other)), now=datetime.now(UTC))
     assert finish_drill(engine, second, HookSetup(None), now=datetime.now(UTC))
     assert _get(engine, first).report["generations_note"] == (
         "not measured: the node's launcher hook cannot count them (usage: ray-hook: invalid "
-        "choice: 'drill_figures')")
+        "choice: 'drill_figures')"
+    )
     assert _get(engine, second).report["generations_note"] == (
-        "not measured: the worker of node 'n1' has no launcher hook to count them")
+        "not measured: the worker of node 'n1' has no launcher hook to count them"
+    )
     assert os.path.exists(tmp_path / "db.sqlite")
 
 
@@ -262,7 +291,9 @@ def test_a_count_the_broker_refuses_ends_the_drill_uncounted_saying_why(
     assert row.status == "unrecovered" and row.finished_at is not None
     assert "outcome" not in row.report and row.report["generations_redone"] is None
     note = row.report["generations_note"]
-    assert note.startswith("not measured: the count could not be sent to the worker of node 'n1' ("), note
+    assert note.startswith(
+        "not measured: the count could not be sent to the worker of node 'n1' ("
+    ), note
     assert "counting the generations" not in row.report["state"]
 
     node = f"figures-{uuid.uuid4().hex[:8]}"

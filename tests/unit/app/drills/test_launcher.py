@@ -11,8 +11,16 @@ from app.models.drill import Drill
 
 
 def _row(**kw: object) -> Drill:
-    base: dict[str, object] = dict(id=7, job="j", role="trainer", rank=0, node="n1", fault="kill",
-                                   requested_by="user:op", requested_at=datetime.now(UTC))
+    base: dict[str, object] = dict(
+        id=7,
+        job="j",
+        role="trainer",
+        rank=0,
+        node="n1",
+        fault="kill",
+        requested_by="user:op",
+        requested_at=datetime.now(UTC),
+    )
     base.update(kw)
     return Drill(**base)
 
@@ -25,13 +33,19 @@ def test_the_hook_gets_one_argv_element_per_value_and_the_drill_key() -> None:
     assert "--idempotency-key=drill-7" in argv and "--wait=5" in argv
     [extra] = [a for a in argv if a.startswith("--extra=")]
     assert json.loads(extra.split("=", 1)[1]) == {
-        "fault": "kill", "drill": "drill-7", "at_step": 12, "dry_run": False,
+        "fault": "kill",
+        "drill": "drill-7",
+        "at_step": 12,
+        "dry_run": False,
         # When the worker gives up on a drill armed for its step: the launcher refuses it after.
-        "expires_at": round(row.requested_at.timestamp() + 1800, 3)}
+        "expires_at": round(row.requested_at.timestamp() + 1800, 3),
+    }
 
 
 def test_a_plan_is_a_dry_run() -> None:
-    [extra] = [a for a in hook_argv(HookSetup("/hook"), _row(plan=True)) if a.startswith("--extra=")]
+    [extra] = [
+        a for a in hook_argv(HookSetup("/hook"), _row(plan=True)) if a.startswith("--extra=")
+    ]
     assert json.loads(extra.split("=", 1)[1])["dry_run"] is True
 
 

@@ -18,20 +18,41 @@ STEPS = [StepPoint(float(t), t // 10) for t in range(0, 201, 10)] + [
 
 
 def _ledger(kind: str, classes: object) -> object:
-    fact = IncidentFacts(id=1, kind=kind, tier="medium", fault_at=205, detected_at=220,
-                         recovered_at=280, resolved_at=290)
-    return build_ledger(LedgerInput(
-        job="j", since=0.0, until=1000.0, first_seen=0.0, last_seen=1000.0, steps=STEPS,
-        incidents=[fact], checkpoints=[], gpu_count=8, gpu_count_source="reported",
-        price_per_gpu_hour=2.0, human_detection_seconds=1800.0, checkpoint_every_steps=50,
-        class_costs=classes,  # type: ignore[arg-type]
-    ))
+    fact = IncidentFacts(
+        id=1,
+        kind=kind,
+        tier="medium",
+        fault_at=205,
+        detected_at=220,
+        recovered_at=280,
+        resolved_at=290,
+    )
+    return build_ledger(
+        LedgerInput(
+            job="j",
+            since=0.0,
+            until=1000.0,
+            first_seen=0.0,
+            last_seen=1000.0,
+            steps=STEPS,
+            incidents=[fact],
+            checkpoints=[],
+            gpu_count=8,
+            gpu_count_source="reported",
+            price_per_gpu_hour=2.0,
+            human_detection_seconds=1800.0,
+            checkpoint_every_steps=50,
+            class_costs=classes,  # type: ignore[arg-type]
+        )
+    )
 
 
 def test_the_policy_cites_a_source_for_every_class() -> None:
     classes = default_policy().counterfactual.classes
     assert {"engine", "collective"} <= set(classes)
-    assert "vLLM #19824" in classes["engine"].source and "NCCL #1156" in classes["collective"].source
+    assert (
+        "vLLM #19824" in classes["engine"].source and "NCCL #1156" in classes["collective"].source
+    )
     assert classes["engine"].restart_seconds == 215 and classes["engine"].detection_seconds == 15
     assert classes["collective"].restart_seconds == 150
 

@@ -10,7 +10,10 @@ def test_union_merges_overlaps_and_drops_empty() -> None:
 
 
 def test_clip_subtract_overlap() -> None:
-    assert clip_all([Interval(0, 10), Interval(12, 20)], 5, 15) == [Interval(5, 10), Interval(12, 15)]
+    assert clip_all([Interval(0, 10), Interval(12, 20)], 5, 15) == [
+        Interval(5, 10),
+        Interval(12, 15),
+    ]
     assert Interval(0, 3).clip(3, 5) is None
     assert subtract(Interval(0, 10), [Interval(2, 3), Interval(2.5, 4), Interval(9, 12)]) == [
         Interval(0, 2),

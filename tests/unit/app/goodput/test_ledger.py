@@ -11,9 +11,19 @@ from app.goodput.steps import StepPoint
 
 def _input(steps: list[StepPoint], incidents: list[IncidentFacts], **kw: object) -> LedgerInput:
     base: dict = dict(
-        job="j", since=0.0, until=1000.0, first_seen=0.0, last_seen=1000.0, steps=steps,
-        incidents=incidents, checkpoints=[], gpu_count=16, gpu_count_source="reported",
-        price_per_gpu_hour=2.5, human_detection_seconds=1800.0, checkpoint_every_steps=50,
+        job="j",
+        since=0.0,
+        until=1000.0,
+        first_seen=0.0,
+        last_seen=1000.0,
+        steps=steps,
+        incidents=incidents,
+        checkpoints=[],
+        gpu_count=16,
+        gpu_count_source="reported",
+        price_per_gpu_hour=2.5,
+        human_detection_seconds=1800.0,
+        checkpoint_every_steps=50,
     )
     base.update(kw)
     return LedgerInput(**base)
@@ -31,10 +41,24 @@ def test_overlapping_incidents_count_once_and_the_counterfactual_shows_its_assum
     # step 20 at t=200, new steps again from 300 (step 21) on.
     steps = [StepPoint(float(t), t // 10) for t in range(0, 201, 10)]
     steps += [StepPoint(float(t), 21 + (t - 300) // 10) for t in range(300, 1001, 10)]
-    a = IncidentFacts(id=1, kind="node_silent", tier="medium", fault_at=205, detected_at=220,
-                      recovered_at=280, resolved_at=290)
-    b = IncidentFacts(id=2, kind="gpu_xid", tier="medium", fault_at=210, detected_at=230,
-                      recovered_at=285, resolved_at=295)
+    a = IncidentFacts(
+        id=1,
+        kind="node_silent",
+        tier="medium",
+        fault_at=205,
+        detected_at=220,
+        recovered_at=280,
+        resolved_at=290,
+    )
+    b = IncidentFacts(
+        id=2,
+        kind="gpu_xid",
+        tier="medium",
+        fault_at=210,
+        detected_at=230,
+        recovered_at=285,
+        resolved_at=295,
+    )
     led = build_ledger(_input(steps, [a, b]))
     # Each: lost [200, 290) = 90 s; together 90 s, not 180.
     assert [r.lost_seconds for r in led.incidents] == [90.0, 90.0]
@@ -59,10 +83,18 @@ def test_overlapping_incidents_count_once_and_the_counterfactual_shows_its_assum
 def test_the_window_clips_the_wall_and_the_loss() -> None:
     steps = [StepPoint(float(t), t // 10) for t in range(0, 201, 10)]
     steps += [StepPoint(float(t), 21 + (t - 300) // 10) for t in range(300, 1001, 10)]
-    a = IncidentFacts(id=1, kind="node_silent", tier="medium", fault_at=205, detected_at=220,
-                      recovered_at=280, resolved_at=290)
-    led = build_ledger(_input(steps, [a], since=250.0, until=500.0,
-                              checkpoints=[(150.0, 15), (195.0, 19)]))
+    a = IncidentFacts(
+        id=1,
+        kind="node_silent",
+        tier="medium",
+        fault_at=205,
+        detected_at=220,
+        recovered_at=280,
+        resolved_at=290,
+    )
+    led = build_ledger(
+        _input(steps, [a], since=250.0, until=500.0, checkpoints=[(150.0, 15), (195.0, 19)])
+    )
     assert led.wall_seconds == 250 and led.lost_seconds == 40  # [250, 290)
     assert led.incidents[0].counted_seconds == 40
     assert led.incidents[0].whole_job_restart_steps_redone == 1  # checkpoint 19, mark 20

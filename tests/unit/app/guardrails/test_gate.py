@@ -58,18 +58,33 @@ def restart(rank: int = 1, job: str = "j", node: str = "n1") -> PlannedAction:
 def fault(rank: int = 1, job: str = "j", node: str = "n1") -> IncidentDecision:
     """A rollout rank lost: one incident per (job, rank), planning one restart."""
     subj = Subject(node=node, job=job, role="rollout", rank=rank)
-    sig = FaultSignal(FaultKind.HEARTBEAT_LOST, subj, Evidence(metric="m", detail="gone"), Tier.MEDIUM, 100.0)
+    sig = FaultSignal(
+        FaultKind.HEARTBEAT_LOST, subj, Evidence(metric="m", detail="gone"), Tier.MEDIUM, 100.0
+    )
     return IncidentDecision(
-        DecisionType.OPEN, sig.incident_key, FaultKind.HEARTBEAT_LOST, subj, Tier.MEDIUM, 100.0,
-        sig, (restart(rank, job, node),),
+        DecisionType.OPEN,
+        sig.incident_key,
+        FaultKind.HEARTBEAT_LOST,
+        subj,
+        Tier.MEDIUM,
+        100.0,
+        sig,
+        (restart(rank, job, node),),
     )
 
 
-def persist(engine: Engine, d: IncidentDecision, *, now: datetime, policy: Policy | None = None,
-            dry_run: bool = False) -> PersistResult:
+def persist(
+    engine: Engine,
+    d: IncidentDecision,
+    *,
+    now: datetime,
+    policy: Policy | None = None,
+    dry_run: bool = False,
+) -> PersistResult:
     with Session(engine) as s:
-        out = persist_decisions(s, decisions=[d], policy=policy or default_policy(), now=now,
-                                dry_run=dry_run)
+        out = persist_decisions(
+            s, decisions=[d], policy=policy or default_policy(), now=now, dry_run=dry_run
+        )
         s.commit()
     return out
 
@@ -78,7 +93,9 @@ def flap(engine: Engine, d: IncidentDecision, *, now: datetime, **kw: Any) -> In
     """The fault opens an incident, then resolves (its restart worked), as a flapping rank does."""
     out = persist(engine, d, now=now, **kw)
     with Session(engine) as s:
-        inc = s.exec(select(Incident).where(Incident.key == d.key).order_by(col(Incident.id).desc())).first()
+        inc = s.exec(
+            select(Incident).where(Incident.key == d.key).order_by(col(Incident.id).desc())
+        ).first()
         assert inc is not None
         if out.opened:
             inc.status, inc.open_key = "resolved", None
@@ -90,14 +107,19 @@ def flap(engine: Engine, d: IncidentDecision, *, now: datetime, **kw: Any) -> In
 
 def timeline(engine: Engine, incident_id: int | None) -> list[tuple[str, dict[str, Any]]]:
     with Session(engine) as s:
-        rows = s.exec(select(IncidentEvent).where(IncidentEvent.incident_id == incident_id)
-                      .order_by(col(IncidentEvent.id))).all()
+        rows = s.exec(
+            select(IncidentEvent)
+            .where(IncidentEvent.incident_id == incident_id)
+            .order_by(col(IncidentEvent.id))
+        ).all()
         return [(r.type, r.detail) for r in rows]
 
 
 def actions_of(engine: Engine, incident_id: int | None) -> list[RecoveryAction]:
     with Session(engine) as s:
-        return list(s.exec(select(RecoveryAction).where(RecoveryAction.incident_id == incident_id)).all())
+        return list(
+            s.exec(select(RecoveryAction).where(RecoveryAction.incident_id == incident_id)).all()
+        )
 
 
 def test_a_flapping_rank_is_restarted_three_times_then_escalated_to_heavy(engine: Engine) -> None:
@@ -113,7 +135,11 @@ def test_a_flapping_rank_is_restarted_three_times_then_escalated_to_heavy(engine
     [spent] = [d for t, d in events if t == "guardrail_escalated"]
     assert spent["reason"] == "not run: restart budget of rollout/1 spent, 3 in 30 min"
     assert [t for t, _ in events] == [
-        "opened", "guardrail_escalated", "escalated", "approval_requested", "action_planned",
+        "opened",
+        "guardrail_escalated",
+        "escalated",
+        "approval_requested",
+        "action_planned",
     ]
     # another rank of the same job still has its budget; the window slides past the first three
     other = flap(engine, fault(rank=2), now=T0 + timedelta(minutes=4))
@@ -141,19 +167,32 @@ def test_the_breaker_trips_once_blocks_its_scope_and_an_approver_resets_it(engin
     [d] = [d for t, d in timeline(engine, blocked.id) if t == "action_not_run"]
     assert d["reason"].startswith("not run: circuit breaker job:j open since")
     # another job is another scope
-    assert actions_of(engine, flap(engine, fault(job="k"), now=T0, policy=policy).id)[0].status == "pending"
+    assert (
+        actions_of(engine, flap(engine, fault(job="k"), now=T0, policy=policy).id)[0].status
+        == "pending"
+    )
     with Session(engine) as s:
         appr = create_user(s, name="ann", role=Role.approver, actor="test")[0]
         with pytest.raises(InvalidInput, match="'job j'"):
             breaker_reset.reset_breaker(s, scope="job j", actor="user:ann")
         with pytest.raises(NotFound):
             breaker_reset.reset_breaker(s, scope="cluster", actor="user:ann")
-        row = breaker_reset.reset_breaker(s, scope="job:j", actor=f"user:{appr.name}", now=T0 + timedelta(seconds=7))
+        row = breaker_reset.reset_breaker(
+            s, scope="job:j", actor=f"user:{appr.name}", now=T0 + timedelta(seconds=7)
+        )
         s.commit()
-        assert (row.open, row.reset_by, row.trips, row.incident_id) == (False, "user:ann", 1, tripping.id)
+        assert (row.open, row.reset_by, row.trips, row.incident_id) == (
+            False,
+            "user:ann",
+            1,
+            tripping.id,
+        )
         with pytest.raises(Conflict):
             breaker_reset.reset_breaker(s, scope="job:j", actor="user:ann")
-        assert s.exec(select(AuditEvent).where(AuditEvent.action == "breaker.reset")).one().target == "job:j"
+        assert (
+            s.exec(select(AuditEvent).where(AuditEvent.action == "breaker.reset")).one().target
+            == "job:j"
+        )
     # after the reset the count starts afresh: the actions before it are not counted again
     again = flap(engine, fault(rank=4), now=T0 + timedelta(seconds=8), policy=policy)
     assert actions_of(engine, again.id)[0].status == "pending"
@@ -182,14 +221,18 @@ def test_dry_run_writes_rows_that_are_never_due_and_never_sent(engine: Engine) -
     rows = actions_of(engine, out.opened[0])
     assert {r.status for r in rows} == {"dry_run"} and len(rows) == 2
     reasons = [d["reason"] for t, d in timeline(engine, out.opened[0]) if t == "action_dry_run"]
-    assert reasons[0] == "dry run (the setting): would run restart_role on job j, rollout/1, node n1"
+    assert (
+        reasons[0] == "dry run (the setting): would run restart_role on job j, rollout/1, node n1"
+    )
     sent: list[str] = []
 
     class Broker:  # the Celery boundary: what the dispatcher would hand the broker
         def send_task(self, name: str, **_: Any) -> None:
             sent.append(name)
 
-    report = OutboxDispatcher(engine=engine, celery_app=Broker()).dispatch_due(now=T0 + timedelta(hours=1))  # type: ignore[arg-type]
+    report = OutboxDispatcher(engine=engine, celery_app=Broker()).dispatch_due(
+        now=T0 + timedelta(hours=1)
+    )  # type: ignore[arg-type]
     assert (report.sent, report.pending, sent) == (0, 0, [])
     # dry-run rows count against no budget: with dry run off the next one runs
     with Session(engine) as s:
@@ -199,7 +242,10 @@ def test_dry_run_writes_rows_that_are_never_due_and_never_sent(engine: Engine) -
         s.commit()
     for i in range(3):
         flap(engine, fault(), now=T0 + timedelta(minutes=i), dry_run=True)
-    assert actions_of(engine, flap(engine, fault(), now=T0 + timedelta(minutes=5)).id)[0].status == "pending"
+    assert (
+        actions_of(engine, flap(engine, fault(), now=T0 + timedelta(minutes=5)).id)[0].status
+        == "pending"
+    )
 
 
 def test_a_jobs_switches_dry_run_and_hands_off(engine: Engine) -> None:
@@ -216,14 +262,19 @@ def test_a_jobs_switches_dry_run_and_hands_off(engine: Engine) -> None:
         s.commit()
     inc = flap(engine, fault(), now=T0)
     assert [r.status for r in actions_of(engine, inc.id)] == ["dry_run"]
-    assert any(d["reason"].startswith("dry run (job j)") for t, d in timeline(engine, inc.id) if t == "action_dry_run")
+    assert any(
+        d["reason"].startswith("dry run (job j)")
+        for t, d in timeline(engine, inc.id)
+        if t == "action_dry_run"
+    )
     assert actions_of(engine, flap(engine, fault(job="k"), now=T0).id)[0].status == "pending"
     with Session(engine, expire_on_commit=False) as s:
         automation.set_job_automation(s, job="j", user=appr, dry_run=False, hands_off=True)
         s.commit()
         audits = s.exec(select(AuditEvent).where(AuditEvent.action == "job.automation")).all()
         assert [a.detail["after"] for a in audits] == [
-            {"dry_run": True, "hands_off": False}, {"dry_run": False, "hands_off": True},
+            {"dry_run": True, "hands_off": False},
+            {"dry_run": False, "hands_off": True},
         ]
     paused = flap(engine, fault(), now=T0 + timedelta(minutes=1))
     assert actions_of(engine, paused.id) == []
@@ -231,14 +282,22 @@ def test_a_jobs_switches_dry_run_and_hands_off(engine: Engine) -> None:
     assert d["reason"].startswith("not run: automation of job j is paused (hands off)")
     # an action that waits for an approver anyway is still asked for: a person decides it
     with Session(engine) as s:
-        [v] = gate(s, actions=[PlannedAction(ActionName.RESTART_JOB, "j", None, True)],
-                   rails=default_policy().guardrails, now=T0, incident_id=None)
+        [v] = gate(
+            s,
+            actions=[PlannedAction(ActionName.RESTART_JOB, "j", None, True)],
+            rails=default_policy().guardrails,
+            now=T0,
+            incident_id=None,
+        )
         assert v.verdict is Verdict.RUN
 
 
 def test_backoff_writes_the_row_but_the_outbox_waits_for_it(engine: Engine) -> None:
-    budgets = {ActionName.RESTART_ROLE: default_policy().guardrails.budgets[ActionName.RESTART_ROLE]
-               .model_copy(update={"backoff_seconds": 60})}
+    budgets = {
+        ActionName.RESTART_ROLE: default_policy()
+        .guardrails.budgets[ActionName.RESTART_ROLE]
+        .model_copy(update={"backoff_seconds": 60})
+    }
     policy = default_policy().model_copy(
         update={"guardrails": default_policy().guardrails.model_copy(update={"budgets": budgets})}
     )

@@ -42,7 +42,8 @@ def test_backoff_doubles_with_each_earlier_action_and_ends() -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "words"), [(1800, "30 min"), (7200, "2 h"), (45, "45 s"), (90, "90 s"), (600, "10 min")]
+    ("seconds", "words"),
+    [(1800, "30 min"), (7200, "2 h"), (45, "45 s"), (90, "90 s"), (600, "10 min")],
 )
 def test_window_lengths_read_as_people_say_them(seconds: float, words: str) -> None:
     assert describe_seconds(seconds) == words

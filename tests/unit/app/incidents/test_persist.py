@@ -40,7 +40,9 @@ def engine(tmp_path: Path):
     eng.dispose()
 
 
-def decision(type_: DecisionType, kind: FaultKind, tier: Tier, *acts: PlannedAction, key: str | None = None) -> IncidentDecision:
+def decision(
+    type_: DecisionType, kind: FaultKind, tier: Tier, *acts: PlannedAction, key: str | None = None
+) -> IncidentDecision:
     sig = FaultSignal(kind, SUBJ, Evidence(metric="m", detail="why"), tier, 100.0, since=90.0)
     return IncidentDecision(type_, key or sig.incident_key, kind, SUBJ, tier, 100.0, sig, acts)
 
@@ -71,7 +73,11 @@ def test_open_plans_actions_and_update_does_not_duplicate(engine) -> None:
     assert [e.type for e in detail.timeline] == ["opened", "action_planned", "updated"]
     assert len(detail.signals) == 2 and detail.detection_delay_seconds == pytest.approx(10.0)
     [a] = detail.actions
-    assert a.queue == "node.n0" and a.status == "pending" and a.idempotency_key.endswith("skip_failed_step:j:n0:3")
+    assert (
+        a.queue == "node.n0"
+        and a.status == "pending"
+        and a.idempotency_key.endswith("skip_failed_step:j:n0:3")
+    )
 
 
 def test_failed_recovery_counts_on_the_incident(engine) -> None:
@@ -83,7 +89,9 @@ def test_failed_recovery_counts_on_the_incident(engine) -> None:
         actions.claim_action(s, action_id=aid, idempotency_key=key, worker="w", lease_seconds=30)
         actions.finish_action(s, action_id=aid, worker="w", ok=False, error="launcher exited 3")
         s.commit()
-        assert open_incident_failures(s) == {decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM).key: 1}
+        assert open_incident_failures(s) == {
+            decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM).key: 1
+        }
         detail = incident_detail(s, incident_id=out.opened[0])
     assert detail.timeline[-1].type == "action_failed" and detail.timeline[-1].actor == "worker:w"
 
@@ -97,7 +105,9 @@ def _approver(engine, role: Role = Role.approver, name: str = "ann"):
 
 
 def test_heavy_plan_waits_and_decisions_are_final_and_audited(engine) -> None:
-    out = persist(engine, decision(DecisionType.OPEN, FaultKind.STORAGE_UNWRITABLE, Tier.HEAVY, *heavy_plan()))
+    out = persist(
+        engine, decision(DecisionType.OPEN, FaultKind.STORAGE_UNWRITABLE, Tier.HEAVY, *heavy_plan())
+    )
     [appr_id] = out.approvals
     assert len(out.new_actions) == 1  # only enter_safe_mode is dispatchable
     viewer = _approver(engine, Role.operator, "otto")
@@ -123,7 +133,9 @@ def test_heavy_plan_waits_and_decisions_are_final_and_audited(engine) -> None:
 
 
 def test_approval_expires_and_the_job_stays_in_safe_mode(engine) -> None:
-    out = persist(engine, decision(DecisionType.OPEN, FaultKind.NODES_LOST, Tier.HEAVY, *heavy_plan()))
+    out = persist(
+        engine, decision(DecisionType.OPEN, FaultKind.NODES_LOST, Tier.HEAVY, *heavy_plan())
+    )
     [appr_id] = out.approvals
     ann = _approver(engine)
     with Session(engine) as s:
@@ -140,15 +152,23 @@ def test_approval_expires_and_the_job_stays_in_safe_mode(engine) -> None:
 def test_escalation_cancels_unstarted_actions_and_plans_restart(engine) -> None:
     act = PlannedAction(ActionName.RESTART_ROLE, "j", "n0", False, {"role": "trainer", "rank": 0})
     persist(engine, decision(DecisionType.OPEN, FaultKind.HEARTBEAT_LOST, Tier.MEDIUM, act))
-    esc = decision(DecisionType.ESCALATE, FaultKind.HEARTBEAT_LOST, Tier.HEAVY,
-                   PlannedAction(ActionName.ENTER_SAFE_MODE, "j", "n0", False),
-                   PlannedAction(ActionName.RESTART_JOB, "j", None, True))
+    esc = decision(
+        DecisionType.ESCALATE,
+        FaultKind.HEARTBEAT_LOST,
+        Tier.HEAVY,
+        PlannedAction(ActionName.ENTER_SAFE_MODE, "j", "n0", False),
+        PlannedAction(ActionName.RESTART_JOB, "j", None, True),
+    )
     out = persist(engine, esc)
     with Session(engine) as s:
         inc = s.exec(select(Incident)).one()
         rows = {r.action: r.status for r in s.exec(select(RecoveryAction)).all()}
     assert inc.tier == "heavy" and inc.escalated
-    assert rows == {"restart_role": "cancelled", "enter_safe_mode": "pending", "restart_job": "pending_approval"}
+    assert rows == {
+        "restart_role": "cancelled",
+        "enter_safe_mode": "pending",
+        "restart_job": "pending_approval",
+    }
     assert len(out.approvals) == 1
 
 
@@ -162,8 +182,11 @@ def test_resolve_frees_the_key_for_a_new_incident(engine) -> None:
     with Session(engine) as s:
         listed = list_incidents(s, status="open")
         assert listed.count == 1 and listed.incidents[0].id == second.opened[0]
-        for bad, needle in ((dict(status="closed"), "status must be"), (dict(tier="huge"), "tier must be"),
-                            (dict(limit=0), "limit must be")):
+        for bad, needle in (
+            (dict(status="closed"), "status must be"),
+            (dict(tier="huge"), "tier must be"),
+            (dict(limit=0), "limit must be"),
+        ):
             with pytest.raises(InvalidInput, match=needle):
                 list_incidents(s, **bad)
         with pytest.raises(NotFound, match="no incident with id 12345"):
@@ -192,8 +215,24 @@ def _restart_job_plan() -> tuple[PlannedAction, PlannedAction]:
 
 def _lost(role: str) -> IncidentDecision:
     subject = Subject(node="n0", job="j", role=role, rank=0)
-    sig = FaultSignal(FaultKind.HEARTBEAT_LOST, subject, Evidence(metric="m", detail="dead driver"), Tier.HEAVY, 100.0, since=90.0)
-    return IncidentDecision(DecisionType.OPEN, sig.incident_key, sig.kind, subject, Tier.HEAVY, 100.0, sig, _restart_job_plan())
+    sig = FaultSignal(
+        FaultKind.HEARTBEAT_LOST,
+        subject,
+        Evidence(metric="m", detail="dead driver"),
+        Tier.HEAVY,
+        100.0,
+        since=90.0,
+    )
+    return IncidentDecision(
+        DecisionType.OPEN,
+        sig.incident_key,
+        sig.kind,
+        subject,
+        Tier.HEAVY,
+        100.0,
+        sig,
+        _restart_job_plan(),
+    )
 
 
 def test_one_whole_job_restart_in_flight_serves_every_incident_of_the_job(engine) -> None:
@@ -203,14 +242,18 @@ def test_one_whole_job_restart_in_flight_serves_every_incident_of_the_job(engine
     rollout = persist(engine, _lost("rollout"))
     assert len(trainer.approvals) == 1 and rollout.approvals == []  # one person asked, once
     with Session(engine) as s:
-        restarts = s.exec(select(RecoveryAction).where(RecoveryAction.action == "restart_job")).all()
+        restarts = s.exec(
+            select(RecoveryAction).where(RecoveryAction.action == "restart_job")
+        ).all()
         assert [r.incident_id for r in restarts] == trainer.opened
         covered = incident_detail(s, incident_id=rollout.opened[0]).timeline
         [note] = [e for e in covered if e.type == "action_covered"]
         assert note.detail["covered_by_action"] == restarts[0].id
         assert note.detail["covered_by_incident"] == trainer.opened[0]
         # the node-local SAFE_MODE entry is still planned on both (idempotent on the node)
-        assert sorted(e.detail["action"] for e in covered if e.type == "action_planned") == ["enter_safe_mode"]
+        assert sorted(e.detail["action"] for e in covered if e.type == "action_planned") == [
+            "enter_safe_mode"
+        ]
         # once the covering restart is over (here: refused), a later plan of the job asks again
         approvals.decide(s, approval_id=trainer.approvals[0], user=_approver(engine), approve=False)
         s.commit()

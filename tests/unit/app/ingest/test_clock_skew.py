@@ -65,7 +65,9 @@ def test_under_the_threshold_nothing_is_touched_above_it_every_stamp_moves() -> 
     assert late.samples == [(KEY, 999.0, 0.5)]  # the original is not changed
     assert shifted(late, -5.0).sent_at == 995.0
     assert offset_sample("n2", 30.0, 1030.0) == (
-        SeriesKey.of("n2", "agent_clock_offset_seconds", {}), 1030.0, 30.0
+        SeriesKey.of("n2", "agent_clock_offset_seconds", {}),
+        1030.0,
+        30.0,
     )
 
 

@@ -41,7 +41,9 @@ def test_the_newest_report_of_a_participant_wins() -> None:
 
 
 def _operational(invalidated: bool = False) -> sa_exc.OperationalError:
-    return sa_exc.OperationalError("INSERT", {}, Exception("server closed the connection"), invalidated)
+    return sa_exc.OperationalError(
+        "INSERT", {}, Exception("server closed the connection"), invalidated
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,7 +61,9 @@ def _operational(invalidated: bool = False) -> sa_exc.OperationalError:
         (sa_exc.TimeoutError("QueuePool limit"), True),
     ],
 )
-def test_transient_failures_are_told_from_data_failures(exc: BaseException, transient: bool) -> None:
+def test_transient_failures_are_told_from_data_failures(
+    exc: BaseException, transient: bool
+) -> None:
     assert is_transient(exc) is transient
 
 

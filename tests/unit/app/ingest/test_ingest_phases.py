@@ -111,4 +111,3 @@ def test_a_change_for_a_job_not_in_the_database_fails_the_whole_group(engine) ->
 def test_retention_refuses_bad_settings(days: float, every: float) -> None:
     with pytest.raises(ValueError, match=f"got {days!r}, {every!r}"):
         PhaseRetention(retention_days=days, every=every)
-

@@ -32,7 +32,9 @@ def test_keys_are_cached_per_node_and_label_order_insensitive() -> None:
     b2 = v.validate(body([{"name": "m", "value": 2.5, "ts": NOW, "labels": {"b": "2", "a": "1"}}]))
     assert b1.samples[0][0] == b2.samples[0][0] == SeriesKey.of("n1", "m", {"a": "1", "b": "2"})
     assert b1.samples[0][2] == 1.0 and isinstance(b1.samples[0][2], float)
-    other = v.validate(body([{"name": "m", "value": 1, "ts": NOW, "labels": {"a": "1", "b": "2"}}], node="n2"))
+    other = v.validate(
+        body([{"name": "m", "value": 1, "ts": NOW, "labels": {"a": "1", "b": "2"}}], node="n2")
+    )
     assert other.samples[0][0].node == "n2"
 
 
@@ -72,9 +74,14 @@ def test_limits_come_from_settings() -> None:
 
 # -- the fast validator and the documented pydantic model accept exactly the same samples ------
 
-names = st.one_of(st.sampled_from(["gpu_util", "a:b", "_x", "x1", "m" * 12, "m" * 13, "1x", "a-b", "", "é"]), st.integers(-5, 5))
+names = st.one_of(
+    st.sampled_from(["gpu_util", "a:b", "_x", "x1", "m" * 12, "m" * 13, "1x", "a-b", "", "é"]),
+    st.integers(-5, 5),
+)
 label_keys = st.sampled_from(["gpu", "job", "_r", "0bad", "a-b", "k" * 65])
-label_values = st.one_of(st.sampled_from(["0", "", "x" * 8, "x" * 9]), st.integers(-5, 5), st.none())
+label_values = st.one_of(
+    st.sampled_from(["0", "", "x" * 8, "x" * 9]), st.integers(-5, 5), st.none()
+)
 numbers = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300),
     st.integers(min_value=-(2**53), max_value=2**53),
@@ -82,11 +89,17 @@ numbers = st.one_of(
     st.text(max_size=3),
     st.none(),
 )
-timestamps = st.one_of(st.floats(min_value=-10, max_value=NOW), st.integers(min_value=-5, max_value=int(NOW)), st.text(max_size=2))
+timestamps = st.one_of(
+    st.floats(min_value=-10, max_value=NOW),
+    st.integers(min_value=-5, max_value=int(NOW)),
+    st.text(max_size=2),
+)
 samples = st.fixed_dictionaries(
     {"name": names, "value": numbers, "ts": timestamps},
     optional={
-        "labels": st.one_of(st.dictionaries(label_keys, label_values, max_size=4), st.none(), st.integers(-5, 5)),
+        "labels": st.one_of(
+            st.dictionaries(label_keys, label_values, max_size=4), st.none(), st.integers(-5, 5)
+        ),
         "unit": st.just("%"),
     },
 )
@@ -95,10 +108,16 @@ samples = st.fixed_dictionaries(
 valid_samples = st.fixed_dictionaries(
     {
         "name": st.sampled_from(["gpu_util", "a:b", "_x", "x1"]),
-        "value": st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**53), 2**53)),
+        "value": st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**53), 2**53)
+        ),
         "ts": st.floats(min_value=0, max_value=NOW),
     },
-    optional={"labels": st.dictionaries(st.sampled_from(["gpu", "job", "_r"]), st.sampled_from(["0", "", "x" * 8]), max_size=3)},
+    optional={
+        "labels": st.dictionaries(
+            st.sampled_from(["gpu", "job", "_r"]), st.sampled_from(["0", "", "x" * 8]), max_size=3
+        )
+    },
 )
 SHARED = validator()  # shared on purpose: later examples run through the key cache
 

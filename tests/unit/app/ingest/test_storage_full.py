@@ -45,4 +45,3 @@ def test_other_commit_failures_keep_waiting_for_the_commit_timeout() -> None:
     assert circuit.commit_failed(OSError(errno.EDQUOT, "Disk quota exceeded"))
     circuit.commit_succeeded()
     assert circuit.refusal() is None
-

@@ -25,11 +25,14 @@ def body(node: str, names: range, gpus: int = 1) -> bytes:
         for i in names
         for g in range(gpus)
     ]
-    return orjson.dumps({"agent_id": "a", "node": node, "seq": 1, "sent_at": now,
-                         "samples": samples})
+    return orjson.dumps(
+        {"agent_id": "a", "node": node, "seq": 1, "sent_at": now, "samples": samples}
+    )
 
 
-def drive(slices: Generator[None, None, ValidBatch], between=lambda: None) -> tuple[ValidBatch, int]:  # noqa: ANN001
+def drive(
+    slices: Generator[None, None, ValidBatch], between=lambda: None
+) -> tuple[ValidBatch, int]:  # noqa: ANN001
     """Run ``slices`` to its end, calling ``between`` at each yield: (batch, yields)."""
     yields = 0
     while True:
@@ -54,8 +57,12 @@ def test_known_series_and_small_batches_are_not_sliced() -> None:
     raw = body("n1", range(1000))
     drive(v.validate_in_slices(raw, token_node="n1"))
     assert drive(v.validate_in_slices(raw, token_node="n1"))[1] == 0  # all known now
-    assert drive(v.validate_in_slices(body("n1", range(2000, 2000 + NEW_SERIES_SLICE)),
-                                      token_node="n1"))[1] == 0
+    assert (
+        drive(
+            v.validate_in_slices(body("n1", range(2000, 2000 + NEW_SERIES_SLICE)), token_node="n1")
+        )[1]
+        == 0
+    )
 
 
 def test_batches_validated_between_the_slices_change_nothing() -> None:
@@ -64,8 +71,9 @@ def test_batches_validated_between_the_slices_change_nothing() -> None:
     raw = body("n1", range(1000))
     batch, yields = drive(
         v.validate_in_slices(raw, token_node="n1"),
-        lambda: others.append(v.validate(body("n2", range(len(others) * 10, len(others) * 10 + 300)),
-                                         token_node="n2")),
+        lambda: others.append(
+            v.validate(body("n2", range(len(others) * 10, len(others) * 10 + 300)), token_node="n2")
+        ),
     )
     assert yields == 3 and len(others) == 3
     assert batch == BatchValidator(IngestLimits()).validate(raw, token_node="n1")

@@ -73,7 +73,9 @@ def test_recovery_failing_twice_escalates_to_whole_job_restart() -> None:
     e.record_recovery_failure(opened.key)
     [retry] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
     assert retry.type is DecisionType.RETRY and retry.tier is Tier.MEDIUM
-    assert [a.action for a in retry.actions] == [a.action for a in opened.actions]  # same local plan
+    assert [a.action for a in retry.actions] == [
+        a.action for a in opened.actions
+    ]  # same local plan
     assert c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e) == []
     e.record_recovery_failure(opened.key)
     [esc] = c.run(1, lambda c: (_base(c), c.put("n0", m.ACTOR_SHARD_STALE, 1, **T)), engine=e)
@@ -132,20 +134,35 @@ def test_incident_closed_elsewhere_is_not_reopened_by_the_same_occurrence() -> N
     c = Cluster()
     e = PolicyEngine(c.policy)
     c.run(3, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 0, **T)), engine=e)
-    [opened] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
+    [opened] = c.run(
+        1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e
+    )
     assert opened.tier is Tier.HEAVY
     e.forget(opened.key)  # the approved restore completed: the service resolved it
-    assert c.run(10, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e) == []
+    assert (
+        c.run(
+            10, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e
+        )
+        == []
+    )
     # a new occurrence (more write errors after the hold) opens a new incident
     c.run(70, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 2, **T)), engine=e)
-    [again] = c.run(1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 3, **T)), engine=e)
+    [again] = c.run(
+        1, lambda c: (_base(c), c.put("n0", m.STATE_LOG_WRITE_ERRORS_TOTAL, 3, **T)), engine=e
+    )
     assert again.type is DecisionType.OPEN and again.key == opened.key
 
 
 def _storage_signal(since: float, newest: float | None = None) -> FaultSignal:
-    return FaultSignal(FaultKind.STORAGE_UNWRITABLE, Subject(job=JOB, role="trainer", rank=0),
-                       Evidence("m"), Tier.HEAVY, detected_at=since + 1, since=since,
-                       extra={} if newest is None else {"newest_at": newest})
+    return FaultSignal(
+        FaultKind.STORAGE_UNWRITABLE,
+        Subject(job=JOB, role="trainer", rank=0),
+        Evidence("m"),
+        Tier.HEAVY,
+        detected_at=since + 1,
+        since=since,
+        extra={} if newest is None else {"newest_at": newest},
+    )
 
 
 def test_a_closed_occurrence_covers_the_same_fault_seen_by_another_detector_earlier() -> None:
@@ -159,8 +176,15 @@ def test_a_closed_occurrence_covers_the_same_fault_seen_by_another_detector_earl
     assert not closed.covers(_storage_signal(130.0, newest=130.0))
     assert not Occurrence(100.0, 99.5).covers(_storage_signal(99.0, newest=120.0))  # newer evidence
     assert not Occurrence(None).covers(_storage_signal(99.0))
-    assert Occurrence(None).covers(FaultSignal(FaultKind.STORAGE_UNWRITABLE, Subject(job=JOB),
-                                               Evidence("m"), Tier.HEAVY, detected_at=1.0))
+    assert Occurrence(None).covers(
+        FaultSignal(
+            FaultKind.STORAGE_UNWRITABLE,
+            Subject(job=JOB),
+            Evidence("m"),
+            Tier.HEAVY,
+            detected_at=1.0,
+        )
+    )
 
 
 def test_a_rollout_whose_engine_died_is_one_incident_not_also_heartbeat_lost() -> None:
@@ -169,12 +193,19 @@ def test_a_rollout_whose_engine_died_is_one_incident_not_also_heartbeat_lost() -
     from app.policy.root_cause import drop_superseded
 
     who = Subject(node="n1", job=JOB, role="rollout", rank=1)
-    dead = FaultSignal(FaultKind.ROLLOUT_ENGINE_DEAD, who, Evidence("m"), Tier.MEDIUM,
-                       detected_at=10.0, since=9.0)
-    lost = FaultSignal(FaultKind.HEARTBEAT_LOST, who, Evidence(None), Tier.MEDIUM,
-                       detected_at=11.0, since=10.0)
-    other = FaultSignal(FaultKind.HEARTBEAT_LOST, Subject(node="n1", job=JOB, role="rollout",
-                                                          rank=0),
-                        Evidence(None), Tier.MEDIUM, detected_at=11.0, since=10.0)
+    dead = FaultSignal(
+        FaultKind.ROLLOUT_ENGINE_DEAD, who, Evidence("m"), Tier.MEDIUM, detected_at=10.0, since=9.0
+    )
+    lost = FaultSignal(
+        FaultKind.HEARTBEAT_LOST, who, Evidence(None), Tier.MEDIUM, detected_at=11.0, since=10.0
+    )
+    other = FaultSignal(
+        FaultKind.HEARTBEAT_LOST,
+        Subject(node="n1", job=JOB, role="rollout", rank=0),
+        Evidence(None),
+        Tier.MEDIUM,
+        detected_at=11.0,
+        since=10.0,
+    )
     assert drop_superseded([dead, lost, other]) == [dead, other]
     assert drop_superseded([lost]) == [lost]  # without the engine's death it is its own

@@ -45,7 +45,10 @@ def test_shipped_policy_has_design_defaults() -> None:
     # issue 20: three automatic role restarts per rank per 30 min, then a person decides
     budget = p.guardrails.budgets[ActionName.RESTART_ROLE]
     assert (budget.per_rank, budget.window_seconds) == (3, 1800)
-    assert (p.guardrails.job_breaker.max_actions, p.guardrails.cluster_breaker.max_actions) == (20, 60)
+    assert (p.guardrails.job_breaker.max_actions, p.guardrails.cluster_breaker.max_actions) == (
+        20,
+        60,
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,9 +118,7 @@ def test_shipped_policy_has_design_defaults() -> None:
             "guardrails.budgets.restart_role.backoff_seconds",
         ),
         (
-            lambda d: d["detection"]["startup"]["startup_grace_seconds"].__setitem__(
-                "rollout", -5
-            ),
+            lambda d: d["detection"]["startup"]["startup_grace_seconds"].__setitem__("rollout", -5),
             "detection.startup.startup_grace_seconds.rollout: Input should be greater than or "
             "equal to 0 (got -5)",
         ),

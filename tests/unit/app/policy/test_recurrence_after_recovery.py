@@ -169,7 +169,11 @@ def _incident(db: Engine) -> tuple[Incident, list[str]]:
 def _claim(db: Engine, row: RecoveryAction, worker: str = "w") -> None:
     with Session(db) as s:
         claim = actions.claim_action(
-            s, action_id=row.id, idempotency_key=row.idempotency_key, worker=worker, lease_seconds=60
+            s,
+            action_id=row.id,
+            idempotency_key=row.idempotency_key,
+            worker=worker,
+            lease_seconds=60,
         )
         assert claim.outcome is actions.ClaimOutcome.claimed
         s.commit()

@@ -15,8 +15,15 @@ CORPUS = Path(__file__).resolve().parents[3] / "policy_traces"
 
 
 def _batch(node: str, t: float, seq: int, **extra) -> dict:
-    b = {"agent_id": f"a-{node}", "node": node, "seq": seq, "sent_at": t, "samples": [],
-         "participants": [], "fingerprint": None}
+    b = {
+        "agent_id": f"a-{node}",
+        "node": node,
+        "seq": seq,
+        "sent_at": t,
+        "samples": [],
+        "participants": [],
+        "fingerprint": None,
+    }
     b.update(extra)
     return b
 
@@ -71,7 +78,7 @@ def test_speed_paces_the_replay_clock() -> None:
     ("line", "needle"),
     [
         ("{not json", "t.jsonl:2: not JSON"),
-        ('[1, 2]', "t.jsonl:2: a batch must be a JSON object"),
+        ("[1, 2]", "t.jsonl:2: a batch must be a JSON object"),
         ('{"node": "n0", "samples": []}', "t.jsonl:2: field 'sent_at' missing"),
         ('{"node": 3, "sent_at": 1, "samples": []}', "t.jsonl:2: field 'node'"),
     ],

@@ -55,10 +55,18 @@ def test_corpus_precision_recall_and_delay() -> None:
 # One trace of each family whose detector counts time differently (windows, sustain times,
 # suspect + confirm, a hold, a step pace, a clock offset, a settle time).
 COMPRESSED = [
-    "fault_pending_ratio_0", "fault_node_silent_1", "fault_heartbeat_lost_0", "fault_train_hang_1",
-    "fault_straggler_trainer_pace_0", "fault_clock_off_rollout_dies_1", "fault_baseboard_0",
-    "fault_flapping_0", "fault_node_back_process_dead_0", "ok_node_back_stale_heartbeat_1",
-    "ok_clock_ntp_jitter_0", "ok_heartbeat_gaps_repeated_0",
+    "fault_pending_ratio_0",
+    "fault_node_silent_1",
+    "fault_heartbeat_lost_0",
+    "fault_train_hang_1",
+    "fault_straggler_trainer_pace_0",
+    "fault_clock_off_rollout_dies_1",
+    "fault_baseboard_0",
+    "fault_flapping_0",
+    "fault_node_back_process_dead_0",
+    "ok_node_back_stale_heartbeat_1",
+    "ok_clock_ntp_jitter_0",
+    "ok_heartbeat_gaps_repeated_0",
 ]
 
 
@@ -86,9 +94,15 @@ def test_a_time_compressed_trace_is_judged_as_the_original() -> None:
 
 def test_compressed_stamps_and_labels_move_alike() -> None:
     batches = [
-        {"node": "n0", "sent_at": 1000.0, "received_at": 1002.0, "samples": [
-            {"name": "x", "ts": 999.5, "value": 7.0}], "participants": [
-            {"job": "j", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 3, "ts": 998.0}]},
+        {
+            "node": "n0",
+            "sent_at": 1000.0,
+            "received_at": 1002.0,
+            "samples": [{"name": "x", "ts": 999.5, "value": 7.0}],
+            "participants": [
+                {"job": "j", "role": "trainer", "rank": 0, "phase": "TRAIN", "step": 3, "ts": 998.0}
+            ],
+        },
         {"node": "n0", "sent_at": 1010.0, "samples": [], "participants": []},
     ]
     first, second = compress(batches, 4.0)
@@ -98,13 +112,15 @@ def test_compressed_stamps_and_labels_move_alike() -> None:
     assert second["sent_at"] == 1004.0 and "received_at" not in second
     labels = {"name": "t", "expect": [{"kind": "k", "start": 1042.0, "window": 60}]}
     assert compress_labels(labels, 4.0, 1002.0)["expect"] == [
-        {"kind": "k", "start": 1012.0, "window": 15.0}]
+        {"kind": "k", "start": 1012.0, "window": 15.0}
+    ]
     with pytest.raises(ValueError, match="positive"):
         list(compress(batches, 0))
     scaled = default_policy().time_scaled(4)
     assert scaled.tick_seconds == 0.25 and scaled.detection.heartbeat.confirm_seconds == 15
     assert scaled.detection.startup.startup_grace_seconds == {
-        r: g / 4 for r, g in default_policy().detection.startup.startup_grace_seconds.items()}
+        r: g / 4 for r, g in default_policy().detection.startup.startup_grace_seconds.items()
+    }
     assert scaled.detection.straggler.pace_steps == default_policy().detection.straggler.pace_steps
 
 

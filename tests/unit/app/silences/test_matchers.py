@@ -97,7 +97,11 @@ def test_a_nested_quantifier_against_a_long_label_is_answered() -> None:
 
 @pytest.mark.parametrize(
     ("value", "named"),
-    [("grpo-(?=a).*", "a lookahead"), (r"(grpo)-\1", "a backreference \\1"), ("(?<!x)y", "lookbehind")],
+    [
+        ("grpo-(?=a).*", "a lookahead"),
+        (r"(grpo)-\1", "a backreference \\1"),
+        ("(?<!x)y", "lookbehind"),
+    ],
 )
 def test_a_regex_re2_cannot_run_is_refused_naming_it(value: str, named: str) -> None:
     with pytest.raises(InvalidInput) as err:
@@ -108,5 +112,7 @@ def test_a_regex_re2_cannot_run_is_refused_naming_it(value: str, named: str) -> 
 def test_a_new_silences_regex_is_bounded_by_the_setting() -> None:
     raw = [{"label": "job", "op": "=~", "value": "grpo-" + "a" * 20}]
     assert parse_matchers(raw, max_regex_chars=25)
-    with pytest.raises(InvalidInput, match="26 characters is over the limit of 25 .*MAX_REGEX_CHARS"):
+    with pytest.raises(
+        InvalidInput, match="26 characters is over the limit of 25 .*MAX_REGEX_CHARS"
+    ):
         parse_matchers([{**raw[0], "value": raw[0]["value"] + "b"}], max_regex_chars=25)

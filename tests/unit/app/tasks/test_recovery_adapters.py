@@ -71,11 +71,14 @@ def test_restore_of_a_job_whose_checkpoints_are_its_framework_s_goes_to_its_laun
     # A TRL job: no checkpoint engine directory; its launcher restarts it from the newest
     # complete state its integration finds (the hook gets restore_checkpoint, no path).
     hook = tmp_path / "hook.sh"
-    hook.write_text(f'#!/bin/sh\nexec {sys.executable} -c "import json, sys; '
-                    f'print(json.dumps(sys.argv[1:]))" "$@"\n')
+    hook.write_text(
+        f'#!/bin/sh\nexec {sys.executable} -c "import json, sys; '
+        f'print(json.dumps(sys.argv[1:]))" "$@"\n'
+    )
     hook.chmod(0o755)
-    out = ra.restore_checkpoint(ra.ActionContext(ctx.run_root, str(hook), 5),
-                                snap("restore_checkpoint"))
+    out = ra.restore_checkpoint(
+        ra.ActionContext(ctx.run_root, str(hook), 5), snap("restore_checkpoint")
+    )
     assert out["checkpoint"] is None
     assert json.loads(out["launcher"]["stdout"]) == [
         "restore_checkpoint", "--job=j", "--node=n0", "--idempotency-key=inc7/s0/restore_checkpoint",
@@ -119,7 +122,11 @@ def test_launcher_hook_exit_codes_and_timeouts(tmp_path: Path, ctx: ra.ActionCon
     ]  # fmt: skip
     # A value that looks like an option stays the value of its option.
     odd = ra.restart_job(ok, snap("restart_job", job="-h", away_from="--run-root=/tmp/x"))
-    assert json.loads(odd["stdout"])[1:4] == ["--job=-h", "--node=n0", "--away-from=--run-root=/tmp/x"]
+    assert json.loads(odd["stdout"])[1:4] == [
+        "--job=-h",
+        "--node=n0",
+        "--away-from=--run-root=/tmp/x",
+    ]
     with pytest.raises(ra.ActionError, match="launcher exited 3"):
         ra.restart_role(ok, snap("restart_role", role="bad"))
     with pytest.raises(ra.TransientActionError, match="timed out after 2s"):

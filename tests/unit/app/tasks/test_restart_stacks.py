@@ -22,8 +22,10 @@ from recovery.supervision.stacks import find_py_spy
 
 pytestmark = pytest.mark.timeout(90)
 
-CHILD = ("import time\ndef stuck_in_a_collective():\n    while True:\n        time.sleep(0.05)\n"
-         "stuck_in_a_collective()\n")
+CHILD = (
+    "import time\ndef stuck_in_a_collective():\n    while True:\n        time.sleep(0.05)\n"
+    "stuck_in_a_collective()\n"
+)
 # py-spy is a dependency of the project (pyproject.toml): missing, these tests fail, not skip.
 PY_SPY = find_py_spy() or "py-spy (not installed: reinstall the project)"
 OPTS = {"timeout_seconds": 10, "max_bytes": 65536}
@@ -34,16 +36,23 @@ class Node:
 
     def __init__(self, run_root: Path, py_spy: str | None, code: str = CHILD) -> None:
         self.sup = Supervisor(
-            run_root / "j", "j", [Child("trainer", 0)],
+            run_root / "j",
+            "j",
+            [Child("trainer", 0)],
             command=lambda child: [sys.executable, "-c", code],
             budget=RestartBudget(max_restarts=5, backoff=0, backoff_max=0),
-            timeout=80, py_spy=py_spy,
+            timeout=80,
+            py_spy=py_spy,
         )
         self.recorded: list[tuple[list[dict[str, Any]], int | None, bool]] = []
         launcher = run_root / "hook"
         hook.write_hook(launcher, module="integrations.launch", run_root=run_root)
-        self.ctx = ra.ActionContext(run_root=run_root, launcher=str(launcher),
-                                    launcher_timeout=60, attach_stacks=self.attach)
+        self.ctx = ra.ActionContext(
+            run_root=run_root,
+            launcher=str(launcher),
+            launcher_timeout=60,
+            attach_stacks=self.attach,
+        )
         self.thread = threading.Thread(target=self.sup.loop, daemon=True)
 
     def attach(self, action: ActionSnapshot, captures: list[dict[str, Any]]) -> bool:
@@ -78,8 +87,16 @@ def node(tmp_path: Path) -> Iterator[Any]:
 
 
 def _restart(n: Node, **params: Any) -> dict[str, Any]:
-    a = ActionSnapshot(3, 9, "restart_role", "j", "n0",
-                       {"role": "trainer", "rank": 0, **params}, 1, "inc9/s0/restart_role:j")
+    a = ActionSnapshot(
+        3,
+        9,
+        "restart_role",
+        "j",
+        "n0",
+        {"role": "trainer", "rank": 0, **params},
+        1,
+        "inc9/s0/restart_role:j",
+    )
     return ra.restart_role(n.ctx, a)
 
 
@@ -87,8 +104,11 @@ def _wait_readable(n: Node) -> None:
     from recovery.supervision.stacks import capture_stacks
     from tests.harness import wait_for
 
-    wait_for(lambda: "stuck_in_a_collective" in capture_stacks(n.pid(), py_spy=PY_SPY).text,
-             20, "the trainer to run its code")
+    wait_for(
+        lambda: "stuck_in_a_collective" in capture_stacks(n.pid(), py_spy=PY_SPY).text,
+        20,
+        "the trainer to run its code",
+    )
 
 
 def test_the_stacks_are_recorded_from_the_hung_process_before_it_is_restarted(node) -> None:
@@ -172,14 +192,28 @@ def test_a_launcher_that_gives_no_stacks_is_a_reason_and_the_restart_still_fails
     launcher = tmp_path / "hook"
     hook.write_hook(launcher, module="integrations.launch", run_root=tmp_path)
     seen: list[list[dict[str, Any]]] = []
-    ctx = ra.ActionContext(run_root=tmp_path, launcher=str(launcher), launcher_timeout=30,
-                           attach_stacks=lambda a, c: seen.append(c) or True)
-    a = ActionSnapshot(3, 9, "restart_role", "j", "n0",
-                       {"role": "trainer", "rank": 0, "capture_stacks": OPTS}, 1, "inc9/s0/r")
+    ctx = ra.ActionContext(
+        run_root=tmp_path,
+        launcher=str(launcher),
+        launcher_timeout=30,
+        attach_stacks=lambda a, c: seen.append(c) or True,
+    )
+    a = ActionSnapshot(
+        3,
+        9,
+        "restart_role",
+        "j",
+        "n0",
+        {"role": "trainer", "rank": 0, "capture_stacks": OPTS},
+        1,
+        "inc9/s0/r",
+    )
     with pytest.raises(ra.ActionError, match="launcher exited 2"):
         ra.restart_role(ctx, a)
     [[c]] = seen
-    assert c["ok"] is False and c["reason"].startswith("the launcher gave no stacks: no running job")
+    assert c["ok"] is False and c["reason"].startswith(
+        "the launcher gave no stacks: no running job"
+    )
 
 
 def test_safe_mode_of_a_hang_held_for_a_person_records_the_stacks_first(node) -> None:
@@ -190,9 +224,16 @@ def test_safe_mode_of_a_hang_held_for_a_person_records_the_stacks_first(node) ->
     n = node(PY_SPY)
     _wait_readable(n)
     hung = n.pid()
-    a = ActionSnapshot(4, 9, "enter_safe_mode", "j", "n0",
-                       {"reason": "train_hang", "role": "trainer", "rank": 0,
-                        "capture_stacks": OPTS}, 1, "inc9/s0/enter_safe_mode:j:n0:trainer:0")
+    a = ActionSnapshot(
+        4,
+        9,
+        "enter_safe_mode",
+        "j",
+        "n0",
+        {"reason": "train_hang", "role": "trainer", "rank": 0, "capture_stacks": OPTS},
+        1,
+        "inc9/s0/enter_safe_mode:j:n0:trainer:0",
+    )
     result = ra.enter_safe_mode(n.ctx, a)
     [(captures, pid_then, alive_then)] = n.recorded
     assert (pid_then, alive_then) == (hung, True)
@@ -205,8 +246,16 @@ def test_safe_mode_of_a_hang_held_for_a_person_records_the_stacks_first(node) ->
 
 def test_plain_safe_mode_asks_the_launcher_for_nothing(node) -> None:
     n = node(PY_SPY)
-    a = ActionSnapshot(4, 9, "enter_safe_mode", "j", "n0", {"reason": "step_failed"}, 1,
-                       "inc9/s0/enter_safe_mode:j:n0")
+    a = ActionSnapshot(
+        4,
+        9,
+        "enter_safe_mode",
+        "j",
+        "n0",
+        {"reason": "step_failed"},
+        1,
+        "inc9/s0/enter_safe_mode:j:n0",
+    )
     result = ra.enter_safe_mode(n.ctx, a)
     assert n.recorded == [] and "stacks" not in result and result["already"] is False
     assert [e for e in _events(n) if e["kind"] == "hook_request"] == []

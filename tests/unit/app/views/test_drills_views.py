@@ -15,13 +15,24 @@ from tests.harness.dashboard import Browser, DashboardApp, login
 
 T0 = datetime(2026, 12, 6, 1, 0, tzinfo=UTC)
 REPORT = {
-    "incident": {"id": 7, "kind": "heartbeat_lost", "tier": "medium", "status": "resolved",
-                 "summary": "s"},
-    "detection_delay_seconds": 0.34, "time_to_first_new_step_seconds": 4.12,
+    "incident": {
+        "id": 7,
+        "kind": "heartbeat_lost",
+        "tier": "medium",
+        "status": "resolved",
+        "summary": "s",
+    },
+    "detection_delay_seconds": 0.34,
+    "time_to_first_new_step_seconds": 4.12,
     "actions": [{"action": "restart_role", "status": "succeeded", "finished_after_seconds": 3}],
-    "steps_redone": 0, "generations_redone": 16, "unit": "rollouts", "batches_redone": 1,
-    "seconds_lost": 1.31, "whole_job_restart": {"seconds_lost": 1866.1, "steps_redone": 20},
-    "recovered": True, "state": "recovered: the job made a new step",
+    "steps_redone": 0,
+    "generations_redone": 16,
+    "unit": "rollouts",
+    "batches_redone": 1,
+    "seconds_lost": 1.31,
+    "whole_job_restart": {"seconds_lost": 1866.1, "steps_redone": 20},
+    "recovered": True,
+    "state": "recovered: the job made a new step",
 }
 
 
@@ -32,14 +43,31 @@ def _seed(dash: DashboardApp) -> None:
             s.add(Job(name="ref"))
             s.add(Job(name="other"))
             base = dict(role="rollout", rank=1, node="n1", requested_by="user:otto")
-            s.add(Drill(job="ref", fault="kill", status="recovered", requested_at=T0,
-                        injected_at=T0 + timedelta(seconds=1), report=REPORT, **base))
-            s.add(Drill(job="ref", fault="hang", status="refused", requested_at=T0,
-                        reason="the launcher did not answer within 60 s: the request was "
-                               "withdrawn", **base))
+            s.add(
+                Drill(
+                    job="ref",
+                    fault="kill",
+                    status="recovered",
+                    requested_at=T0,
+                    injected_at=T0 + timedelta(seconds=1),
+                    report=REPORT,
+                    **base,
+                )
+            )
+            s.add(
+                Drill(
+                    job="ref",
+                    fault="hang",
+                    status="refused",
+                    requested_at=T0,
+                    reason="the launcher did not answer within 60 s: the request was withdrawn",
+                    **base,
+                )
+            )
             s.add(Drill(job="other", fault="kill", status="injected", requested_at=T0, **base))
-            s.add(Drill(job="ref", fault="kill", status="planned", plan=True, requested_at=T0,
-                        **base))
+            s.add(
+                Drill(job="ref", fault="kill", status="planned", plan=True, requested_at=T0, **base)
+            )
             s.commit()
     finally:
         engine.dispose()
@@ -55,9 +83,16 @@ def test_the_drills_page_lists_drills_with_their_figures(
     html = page.text
     assert 'data-testid="drill-1"' in html and 'data-testid="drill-3"' in html
     assert 'data-testid="drill-4"' not in html  # a plan is not a drill that ran
-    for text in ("#7 heartbeat_lost (medium, resolved)", "0.3 s", "restart_role: succeeded",
-                 "4.1 s", "16 rollouts", "1.3 s", "1866.1 s lost, 20 steps redone",
-                 "the launcher did not answer within 60 s: the request was withdrawn"):
+    for text in (
+        "#7 heartbeat_lost (medium, resolved)",
+        "0.3 s",
+        "restart_role: succeeded",
+        "4.1 s",
+        "16 rollouts",
+        "1.3 s",
+        "1866.1 s lost, 20 steps redone",
+        "the launcher did not answer within 60 s: the request was withdrawn",
+    ):
         assert text in html, text
     assert '<a href="/incidents/7">' in html
     one = client.get("/drills?job=ref")
@@ -73,7 +108,9 @@ def test_the_job_page_links_its_drills(dash: DashboardApp, client: Browser) -> N
     assert 'href="/drills?job=ref" data-testid="job-drills"' in page.text
 
 
-def test_a_bad_or_unknown_job_filter_is_a_4xx_naming_it(dash: DashboardApp, client: Browser) -> None:
+def test_a_bad_or_unknown_job_filter_is_a_4xx_naming_it(
+    dash: DashboardApp, client: Browser
+) -> None:
     _seed(dash)
     login(client, "vera")
     bad = client.get("/drills", params={"job": "no such/job"})

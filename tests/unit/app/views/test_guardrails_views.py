@@ -70,7 +70,9 @@ def test_approver_sees_open_breakers_and_resets_one(client: Browser, dash: Dashb
     assert page.text.count(">Reset</button>") == 2
     r = client.post("/breakers/cluster/reset", data={"csrf_token": csrf, "comment": "image fixed"},
                     headers={"HX-Request": "true"})  # fmt: skip
-    assert r.status_code == 200 and r.text.lstrip().startswith('<section class="panel" id="overview-breakers"')
+    assert r.status_code == 200 and r.text.lstrip().startswith(
+        '<section class="panel" id="overview-breakers"'
+    )
     assert r.text.count(">Reset</button>") == 1
     row = _breaker(dash, "cluster")
     assert (row.open, row.reset_by) == (False, "user:alice")

@@ -23,17 +23,31 @@ def test_the_incident_page_shows_stacks_escaped_and_collapses_long_ones(
     long = "".join(f"    frame_{i} (m.py:{i})\n" for i in range(60))
     with dash.session() as s:
         record_stacks(
-            s, incident_id=seeded.incident_id, action_id=1, node="node-1", actor="worker:w",
-            now=utcnow(), captures=[
+            s,
+            incident_id=seeded.incident_id,
+            action_id=1,
+            node="node-1",
+            actor="worker:w",
+            now=utcnow(),
+            captures=[
                 {"role": "trainer", "rank": 0, "pid": 7, "ok": True, "text": short},
-                {"role": "rollout", "rank": 1, "pid": 8, "ok": False,
-                 "reason": "process gone: it exited (-9) before the capture"},
+                {
+                    "role": "rollout",
+                    "rank": 1,
+                    "pid": 8,
+                    "ok": False,
+                    "reason": "process gone: it exited (-9) before the capture",
+                },
             ],
         )
         record_stacks(
-            s, incident_id=seeded.incident_id, action_id=2, node="node-1", actor="worker:w",
-            now=utcnow(), captures=[{"role": "trainer", "rank": 0, "pid": 9, "ok": True,
-                                     "text": long}],
+            s,
+            incident_id=seeded.incident_id,
+            action_id=2,
+            node="node-1",
+            actor="worker:w",
+            now=utcnow(),
+            captures=[{"role": "trainer", "rank": 0, "pid": 9, "ok": True, "text": long}],
         )
         s.commit()
     login(client, "vera")
@@ -45,8 +59,9 @@ def test_the_incident_page_shows_stacks_escaped_and_collapses_long_ones(
     assert "frame_59 (m.py:59)" in long_html and "61 lines" in long_html
     assert "No Python stacks" in html
     assert "process gone: it exited (-9) before the capture" in html
-    live = client.get(f"/ui/incidents/{seeded.incident_id}/timeline",
-                      headers={"HX-Request": "true"}).text
+    live = client.get(
+        f"/ui/incidents/{seeded.incident_id}/timeline", headers={"HX-Request": "true"}
+    ).text
     # The live partial (htmx polling) renders the same blocks, under the same ids, which htmx
     # keeps as they are (hx-preserve): a dump the reader opened is not folded by the next poll.
     assert [m[0] for m in STACKS.findall(live)] == [short_id, long_id] and short_id != long_id

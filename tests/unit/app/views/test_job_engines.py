@@ -20,20 +20,38 @@ def _job(dash: DashboardApp, name: str, *, engines: bool) -> None:
         s.add(Job(name=name, last_seen_at=from_epoch(now - 1)))
         s.flush()
         for rank, phase in ((0, "ROLLOUT"), (1, "QUARANTINED")):
-            s.add(Participant(job_name=name, role="rollout", rank=rank, node_name="node-1",
-                              phase=phase, step=7, last_heartbeat_at=from_epoch(now - 1)))
+            s.add(
+                Participant(
+                    job_name=name,
+                    role="rollout",
+                    rank=rank,
+                    node_name="node-1",
+                    phase=phase,
+                    step=7,
+                    last_heartbeat_at=from_epoch(now - 1),
+                )
+            )
         s.commit()
     for rank, diff in ((0, 1.2e-7), (1, 0.41)):
         labels = {"job": name, "role": "rollout", "rank": str(rank)}
         dash.store.append(SeriesKey.of("node-1", "rollout_tokens_per_second", labels), now, 350.0)
         if engines:
-            dash.store.append(SeriesKey.of("node-1", "rollout_logprob_diff_mean", labels), now, diff)
-            dash.store.append(SeriesKey.of("node-1", "rollout_logprob_diff_max", labels), now, 2 * diff)
-            engine = {**labels, "engine": "vllm"}
-            dash.store.append(SeriesKey.of("node-1", "rollout_engine_requests_running", engine), now, 8)
-            dash.store.append(SeriesKey.of("node-1", "rollout_engine_requests_waiting", engine), now, 2)
             dash.store.append(
-                SeriesKey.of("node-1", "rollout_engine_kv_cache_usage_ratio", engine), now, 0.25)
+                SeriesKey.of("node-1", "rollout_logprob_diff_mean", labels), now, diff
+            )
+            dash.store.append(
+                SeriesKey.of("node-1", "rollout_logprob_diff_max", labels), now, 2 * diff
+            )
+            engine = {**labels, "engine": "vllm"}
+            dash.store.append(
+                SeriesKey.of("node-1", "rollout_engine_requests_running", engine), now, 8
+            )
+            dash.store.append(
+                SeriesKey.of("node-1", "rollout_engine_requests_waiting", engine), now, 2
+            )
+            dash.store.append(
+                SeriesKey.of("node-1", "rollout_engine_kv_cache_usage_ratio", engine), now, 0.25
+            )
 
 
 def test_the_job_page_shows_each_engine(client: Browser, dash: DashboardApp) -> None:
@@ -55,4 +73,6 @@ def test_a_job_without_engines_has_no_engine_panel(client: Browser, dash: Dashbo
     _job(dash, "grpo-torch", engines=False)
     login(client, "vera")
     html = client.get("/jobs/grpo-torch").text
-    assert 'id="job-engines"' in html and 'data-engine=' not in html and "<h2>Engines</h2>" not in html
+    assert (
+        'id="job-engines"' in html and "data-engine=" not in html and "<h2>Engines</h2>" not in html
+    )

@@ -27,7 +27,9 @@ def test_a_csrf_token_from_another_session_is_refused(
     r = client.post("/logout", data={"csrf_token": other_adam}, follow_redirects=False)
     assert r.status_code == 403
     assert client.get("/settings", follow_redirects=False).status_code == 200
-    assert client.post("/logout", data={"csrf_token": mine}, follow_redirects=False).status_code == 303
+    assert (
+        client.post("/logout", data={"csrf_token": mine}, follow_redirects=False).status_code == 303
+    )
 
 
 def test_a_planted_csrf_cookie_with_its_own_token_does_not_pass_for_a_session(
@@ -50,7 +52,9 @@ def test_a_planted_csrf_cookie_with_its_own_token_does_not_pass_for_a_session(
 
 def test_a_csrf_token_dies_with_its_session(client: Browser) -> None:
     old = login(client, "adam")
-    assert client.post("/logout", data={"csrf_token": old}, follow_redirects=False).status_code == 303
+    assert (
+        client.post("/logout", data={"csrf_token": old}, follow_redirects=False).status_code == 303
+    )
     new = login(client, "adam")
     assert new != old
     r = client.post("/logout", data={"csrf_token": old}, follow_redirects=False)

@@ -60,8 +60,7 @@ def test_past_fresh_one_caller_refreshes_in_the_background_others_get_the_previo
     assert memo.get(session, key="a", now=100, compute=compute, fresh_for=1.0) == "v1@100"
     compute.release.clear()  # the refresh waits until the test lets it finish
     served = [
-        memo.get(session, key="a", now=100 + dt, compute=compute, fresh_for=1.0)
-        for dt in (2, 3, 4)
+        memo.get(session, key="a", now=100 + dt, compute=compute, fresh_for=1.0) for dt in (2, 3, 4)
     ]
     assert served == ["v1@100"] * 3
     compute.release.set()
@@ -79,9 +78,7 @@ def test_a_failing_refresh_keeps_the_previous_value_and_logs(
     compute.fail = True
     with caplog.at_level(logging.ERROR, logger="rlguard.views.shared"):
         assert memo.get(session, key="a", now=102, compute=compute, fresh_for=1.0) == "v1@100"
-        wait_for(
-            lambda: "the test value failed" in caplog.text, what="the log line", interval=0.01
-        )
+        wait_for(lambda: "the test value failed" in caplog.text, what="the log line", interval=0.01)
     assert memo.value == "v1@100"
     # The next stale caller tries again (the failed refresh no longer counts as running).
     compute.fail = False

@@ -13,7 +13,9 @@ from integrations.ray.state import (
 )
 
 
-def rec(aid: str, name: str, state: str, reason: str | None = None, job: str = "01000000") -> ActorRecord:
+def rec(
+    aid: str, name: str, state: str, reason: str | None = None, job: str = "01000000"
+) -> ActorRecord:
     return ActorRecord(aid, "vLLMHttpServer", state, job, name, "n1", 7, 1, reason, "msg")
 
 
@@ -27,7 +29,10 @@ SNAP = ClusterSnapshot(
         rec("g", "vllm_server_5_0", "DEAD", "RAY_KILL"),
         rec("f", "vllm_server_0_0", "DEAD", "OWNER_DIED", job="09000000"),
     ),
-    nodes=(NodeRecord("n1", "10.0.0.1", "ALIVE", True), NodeRecord("n2", "10.0.0.2", "DEAD", False)),
+    nodes=(
+        NodeRecord("n1", "10.0.0.1", "ALIVE", True),
+        NodeRecord("n2", "10.0.0.2", "DEAD", False),
+    ),
     jobs=(
         JobRecord("01000000", None, "RUNNING", "", {}),
         JobRecord("09000000", "old", "SUCCEEDED", "", {"rlguard_job": "done-job"}),
@@ -48,7 +53,9 @@ def test_phases_say_what_ray_says() -> None:
         ("ray-01000000", 5): "DONE",  # ray.kill(no_restart=True): ended on purpose
         ("done-job", 0): "DONE",  # its job finished
     }
-    dead = {s["labels"]["rank"]: s["labels"]["reason"] for s in samples if s["name"] == "ray_actor_dead"}
+    dead = {
+        s["labels"]["rank"]: s["labels"]["reason"] for s in samples if s["name"] == "ray_actor_dead"
+    }
     assert dead == {"1": "WORKER_DIED", "2": "NODE_DIED"}
     nodes = {s["labels"]["ray_node"]: s["value"] for s in samples if s["name"] == "ray_node_alive"}
     assert nodes == {"10.0.0.1": 1.0, "10.0.0.2": 0.0}
@@ -56,7 +63,9 @@ def test_phases_say_what_ray_says() -> None:
 
 def test_an_old_snapshot_sends_no_participants() -> None:
     now = [1000.0]
-    collector = RayCollector(load_preset("verl"), reader=lambda: SNAP, clock=lambda: now[0], interval=1)
+    collector = RayCollector(
+        load_preset("verl"), reader=lambda: SNAP, clock=lambda: now[0], interval=1
+    )
     assert collector.poll_once()
     assert len(collector.collect()[1]) == 7
     now[0] += collector.max_age + 1

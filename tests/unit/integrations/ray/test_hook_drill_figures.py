@@ -31,12 +31,21 @@ def test_counts_the_rollouts_lost_since_the_injection(
     run = tmp_path / "runs" / "ref"
     (run / "wal").mkdir(parents=True)
     now = time.time()
-    events = [{"ts": now - 100, "kind": "lost_rollout", "samples": 8},  # before the drill
-              {"ts": now, "kind": "lost_rollout", "samples": 8},
-              {"ts": now + 1, "kind": "step", "step": 4}]
+    events = [
+        {"ts": now - 100, "kind": "lost_rollout", "samples": 8},  # before the drill
+        {"ts": now, "kind": "lost_rollout", "samples": 8},
+        {"ts": now + 1, "kind": "step", "step": 4},
+    ]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    code = main(_run(tmp_path, "drill_figures", "--job=ref", f"--run-root={tmp_path / 'runs'}",
-                     f"--extra={json.dumps({'since': now - 1})}"))
+    code = main(
+        _run(
+            tmp_path,
+            "drill_figures",
+            "--job=ref",
+            f"--run-root={tmp_path / 'runs'}",
+            f"--extra={json.dumps({'since': now - 1})}",
+        )
+    )
     assert code == 0
     answer = _answer(capsys)
     assert answer["generations_redone"] == 8 and answer["batches_redone"] == 1, answer
@@ -57,8 +66,10 @@ def test_without_a_run_root_the_answer_says_why_there_is_no_number(
     ("args", "needle"),
     [
         (["--job=../etc", '--extra={"since": 1}'], "--job '../etc' cannot name a run directory"),
-        (["--job=ref", '--extra={"since": true}'],
-         "drill_figures needs --extra='{\"since\": EPOCH_SECONDS}', got {'since': True}"),
+        (
+            ["--job=ref", '--extra={"since": true}'],
+            "drill_figures needs --extra='{\"since\": EPOCH_SECONDS}', got {'since': True}",
+        ),
         (["--job=ref"], "drill_figures needs --extra='{\"since\": EPOCH_SECONDS}', got {}"),
     ],
 )

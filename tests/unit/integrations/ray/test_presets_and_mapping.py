@@ -12,7 +12,9 @@ from integrations.ray.presets import PresetError, load_preset, preset_from_dict,
 from integrations.ray.state import ActorRecord, JobRecord, actor_from_dict
 
 
-def actor(aid: str, cls: str, name: str = "", job: str = "01000000", state: str = "ALIVE") -> ActorRecord:
+def actor(
+    aid: str, cls: str, name: str = "", job: str = "01000000", state: str = "ALIVE"
+) -> ActorRecord:
     return ActorRecord(aid, cls, state, job, name, "n1", 100, 0, None, None)
 
 
@@ -29,11 +31,16 @@ def test_verl_preset_maps_its_worker_classes_and_ranks_from_names() -> None:
     ]
     mapped = map_actors(actors, load_preset("verl"), job_name="job-v")
     got = {(m.actor.actor_id): (m.role, m.rank) for m in mapped.actors}
-    assert got["a1"] == ("trainer", 0) and got["a3"] == ("trainer", 1) and got["a2"] == ("trainer", 2)
+    assert (
+        got["a1"] == ("trainer", 0) and got["a3"] == ("trainer", 1) and got["a2"] == ("trainer", 2)
+    )
     assert got["s1"] == ("rollout", 1) and got["s0"] == ("rollout", 0)
     assert got["r0"][0] == "reward" and got["c0"] == ("critic", 0)
-    fused = map_actors([actor("f0", "FusedWorker_Actor_Critic", "xyzFusedWorker_Actor_Critic_0:0")],
-                       load_preset("verl"), job_name="job-v")
+    fused = map_actors(
+        [actor("f0", "FusedWorker_Actor_Critic", "xyzFusedWorker_Actor_Critic_0:0")],
+        load_preset("verl"),
+        job_name="job-v",
+    )
     assert [(m.role, m.rank) for m in fused.actors] == [("trainer", 0)]
     assert mapped.unmatched == {"MyCustomThing"}
     assert {m.job for m in mapped.actors} == {"job-v"}
@@ -61,9 +68,14 @@ def test_openrlhf_preset_and_job_names_from_rays_jobs() -> None:
 
 
 def test_a_preset_file_in_yaml_or_json(tmp_path: Path) -> None:
-    doc = {"name": "mine", "roles": [{"role": "trainer", "class": "^T$"},
-                                     {"role": "rollout", "class": "^E$", "name": r"^e_(?P<rank>\d+)$"}],
-           "resume": ["--resume"]}
+    doc = {
+        "name": "mine",
+        "roles": [
+            {"role": "trainer", "class": "^T$"},
+            {"role": "rollout", "class": "^E$", "name": r"^e_(?P<rank>\d+)$"},
+        ],
+        "resume": ["--resume"],
+    }
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     preset = load_preset(str(path))
@@ -118,9 +130,9 @@ def test_unknown_preset_and_unreadable_file_are_named(tmp_path: Path) -> None:
 
 def test_resume_arguments_replace_a_given_key_and_add_a_flag_once() -> None:
     verl = load_preset("verl").resume_args
-    assert with_resume("python3 -m verl.trainer.main_ppo trainer.resume_mode=disable a=1", verl) == (
-        "python3 -m verl.trainer.main_ppo a=1 trainer.resume_mode=auto"
-    )
+    assert with_resume(
+        "python3 -m verl.trainer.main_ppo trainer.resume_mode=disable a=1", verl
+    ) == ("python3 -m verl.trainer.main_ppo a=1 trainer.resume_mode=auto")
     orl = load_preset("openrlhf").resume_args
     once = with_resume("python -m openrlhf.cli.train_ppo_ray --ckpt.path /c", orl)
     assert once.endswith("--ckpt.path /c --ckpt.load_enable")
@@ -141,13 +153,27 @@ def test_the_reference_jobs_resume_option_replaces_either_spelling_once() -> Non
 
 
 def test_death_cause_from_rays_record() -> None:
-    rec = actor_from_dict({
-        "actor_id": "ab", "class_name": "WorkerDict", "state": "DEAD", "job_id": "01000000",
-        "name": "", "node_id": "n", "pid": 42, "num_restarts": 2, "ray_namespace": "ns",
-        "death_cause": {"actor_died_error_context": {"reason": "NODE_DIED", "error_message": "gone"}},
-    })
+    rec = actor_from_dict(
+        {
+            "actor_id": "ab",
+            "class_name": "WorkerDict",
+            "state": "DEAD",
+            "job_id": "01000000",
+            "name": "",
+            "node_id": "n",
+            "pid": 42,
+            "num_restarts": 2,
+            "ray_namespace": "ns",
+            "death_cause": {
+                "actor_died_error_context": {"reason": "NODE_DIED", "error_message": "gone"}
+            },
+        }
+    )
     assert (rec.death_reason, rec.death_message, rec.num_restarts, rec.namespace) == (
-        "NODE_DIED", "gone", 2, "ns"
+        "NODE_DIED",
+        "gone",
+        2,
+        "ns",
     )
     oom = actor_from_dict({"actor_id": "c", "death_cause": {"oom_context": {"error_message": "m"}}})
     assert oom.death_reason == "OOM"
@@ -158,7 +184,13 @@ def test_actors_of_a_job_that_was_resubmitted_are_left_out() -> None:
     new = actor("b", "WorkerDict", "xWorkerDict_0:0", job="05000000")
     jobs = [
         JobRecord("02000000", "s1", "FAILED", "python m.py", {"rlguard_job": "v"}),
-        JobRecord("05000000", "s2", "RUNNING", "python m.py trainer.resume_mode=auto", {"rlguard_job": "v"}),
+        JobRecord(
+            "05000000",
+            "s2",
+            "RUNNING",
+            "python m.py trainer.resume_mode=auto",
+            {"rlguard_job": "v"},
+        ),
     ]
     mapped = map_actors([old, new], load_preset("verl"), jobs, job_name="v")
     assert [(m.actor.actor_id, m.rank) for m in mapped.actors] == [("b", 0)]
@@ -172,7 +204,10 @@ def test_actors_of_a_job_that_was_resubmitted_are_left_out() -> None:
 def test_a_dead_actor_created_again_under_its_name_is_left_out() -> None:
     # integrations.ray.restarter: the job created rollout 1 again; the dead one keeps its record.
     preset = preset_from_dict(
-        {"name": "p", "roles": [{"role": "rollout", "class": "^W$", "name": r"^j_rollout_(?P<rank>\d+)$"}]},
+        {
+            "name": "p",
+            "roles": [{"role": "rollout", "class": "^W$", "name": r"^j_rollout_(?P<rank>\d+)$"}],
+        },
         "p",
     )
     dead = actor("a", "W", "j_rollout_1", state="DEAD")
@@ -189,7 +224,12 @@ def test_an_actor_still_being_created_replaces_nobody() -> None:
     # of a rank: beside a live actor it is left out, beside a dead one the dead one stays the
     # participant (its death is the incident RLGuard must see), alone it is the one starting.
     preset = preset_from_dict(
-        {"name": "p", "roles": [{"role": "rollout", "class": "^W$", "name": r"^j_rollout_(?P<rank>\d+)(_r\d+)?$"}]},
+        {
+            "name": "p",
+            "roles": [
+                {"role": "rollout", "class": "^W$", "name": r"^j_rollout_(?P<rank>\d+)(_r\d+)?$"}
+            ],
+        },
         "p",
     )
     live = actor("a", "W", "j_rollout_0")
@@ -212,7 +252,10 @@ def test_an_earlier_run_of_the_same_job_gives_way_to_the_running_one() -> None:
     # Two plain drivers of one job name on a long-lived cluster (one job per cluster: job_name):
     # the first run ended, its actors dead with OWNER_DIED; the running one's trainer just died.
     preset = preset_from_dict(
-        {"name": "p", "roles": [{"role": "trainer", "class": "^W$", "name": r"^j_trainer_(?P<rank>\d+)$"}]},
+        {
+            "name": "p",
+            "roles": [{"role": "trainer", "class": "^W$", "name": r"^j_trainer_(?P<rank>\d+)$"}],
+        },
         "p",
     )
     old = actor("old", "W", "j_trainer_0", job="01000000", state="DEAD")
@@ -224,14 +267,27 @@ def test_an_earlier_run_of_the_same_job_gives_way_to_the_running_one() -> None:
     mapped = map_actors([old, new], preset, jobs, job_name="j")
     assert [m.actor.actor_id for m in mapped.actors] == ["new"]
     # With only the ended run's actors, they are the participant still.
-    assert [m.actor.actor_id for m in map_actors([old], preset, jobs, job_name="j").actors] == ["old"]
+    assert [m.actor.actor_id for m in map_actors([old], preset, jobs, job_name="j").actors] == [
+        "old"
+    ]
 
 
 def test_rays_own_job_supervisor_actors_are_neither_mapped_nor_unmatched() -> None:
     # Every Jobs API submission starts a JobSupervisor actor in Ray's supervisor namespace; it
     # is no worker of the job and must not be reported as an unknown class either.
-    supervisor = ActorRecord("js", "JobSupervisor", "DEAD", "02000000", "_ray_internal_job_actor_x",
-                             "n1", 101, 0, None, None, namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE")
+    supervisor = ActorRecord(
+        "js",
+        "JobSupervisor",
+        "DEAD",
+        "02000000",
+        "_ray_internal_job_actor_x",
+        "n1",
+        101,
+        0,
+        None,
+        None,
+        namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE",
+    )
     worker = actor("a0", "WorkerDict", "xyzWorkerDict_0:0")
     mapped = map_actors([supervisor, worker], load_preset("verl"), job_name="job-v")
     assert [m.actor.actor_id for m in mapped.actors] == ["a0"]

@@ -21,12 +21,23 @@ def verl_line(step: int, data: dict) -> bytes:
 
 
 def test_documented_keys_become_signals() -> None:
-    step, signals = parse_line(verl_line(12, {
-        "perf/throughput": 1520.5, "perf/time_per_step": 4.0, "timing_s/gen": 3.0,
-        "timing_s/update_actor": 1.0, "response_length/mean": 311.0,
-        "fully_async/partial/partial_ratio": 0.125, "fully_async/count/stale_samples_processed": 9,
-        "fully_async/count/dropped_stale_samples": 2, "actor/pg_loss": 0.3, "val/flag": True,
-    }))
+    step, signals = parse_line(
+        verl_line(
+            12,
+            {
+                "perf/throughput": 1520.5,
+                "perf/time_per_step": 4.0,
+                "timing_s/gen": 3.0,
+                "timing_s/update_actor": 1.0,
+                "response_length/mean": 311.0,
+                "fully_async/partial/partial_ratio": 0.125,
+                "fully_async/count/stale_samples_processed": 9,
+                "fully_async/count/dropped_stale_samples": 2,
+                "actor/pg_loss": 0.3,
+                "val/flag": True,
+            },
+        )
+    )
     assert step == 12
     assert signals == {
         "train_step": 12.0,
@@ -44,7 +55,11 @@ def test_documented_keys_become_signals() -> None:
 
 @pytest.mark.parametrize(
     ("line", "why"),
-    [(b"{not json", "not JSON"), (b'{"step": 1}', "not {'step'"), (b'{"step": -1, "data": {}}', "step must be")],
+    [
+        (b"{not json", "not JSON"),
+        (b'{"step": 1}', "not {'step'"),
+        (b'{"step": -1, "data": {}}', "step must be"),
+    ],
 )
 def test_lines_that_are_not_verls_are_refused(line: bytes, why: str) -> None:
     with pytest.raises(VerlLineInvalid, match=why):
@@ -69,5 +84,8 @@ def test_tail_follows_appends_partial_lines_and_a_restarted_file(tmp_path: Path)
     with open(path, "wb", buffering=0) as fp:  # a restarted trainer opens it "wb" again
         fp.write(verl_line(0, {"perf/throughput": 5.0}))
     samples = tail.collect()
-    assert tail.step == 0 and {s["name"]: s["value"] for s in samples}["train_throughput_tokens_per_second"] == 5.0
+    assert (
+        tail.step == 0
+        and {s["name"]: s["value"] for s in samples}["train_throughput_tokens_per_second"] == 5.0
+    )
     assert samples[0]["labels"] == {"job": "j", "role": "trainer", "rank": "0"}

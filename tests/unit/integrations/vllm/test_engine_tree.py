@@ -38,8 +38,9 @@ hold()
 
 @pytest.fixture
 def tree() -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TREE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         yield proc
     finally:
@@ -50,8 +51,9 @@ def tree() -> Iterator[subprocess.Popen[str]]:
 
 
 def _titled(pid: int, title: str) -> list[int]:
-    return [p.pid for p in psutil.Process(pid).children(recursive=True)
-            if p.cmdline()[:1] == [title]]
+    return [
+        p.pid for p in psutil.Process(pid).children(recursive=True) if p.cmdline()[:1] == [title]
+    ]
 
 
 def test_a_process_forked_by_a_worker_is_not_a_worker(tree: subprocess.Popen[str]) -> None:

@@ -52,7 +52,9 @@ def test_a_commit_without_aborts_is_an_info_line_and_a_new_streak_warns_again(
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "round 1 committed: global version v1"),
         ("WARNING", "round 2 aborted: lease lost"),
-        ("WARNING", "round 3 committed: global version v3, after 1 aborted rounds since round 2 "
-                    "(0 s)"),
+        (
+            "WARNING",
+            "round 3 committed: global version v3, after 1 aborted rounds since round 2 (0 s)",
+        ),
         ("WARNING", "round 4 aborted: timeout"),
     ]

@@ -17,21 +17,30 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _sup(tmp_path: Path) -> Supervisor:
-    return Supervisor(tmp_path, "job", [Child("trainer", 0), Child("trainer", 1)],
-                      command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
-                      timeout=30, py_spy=find_py_spy())
+    return Supervisor(
+        tmp_path,
+        "job",
+        [Child("trainer", 0), Child("trainer", 1)],
+        command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
+        timeout=30,
+        py_spy=find_py_spy(),
+    )
 
 
 def _ask(sup: Supervisor, **body: object) -> dict | None:
-    return sup.carry_out(requests.Request(sup.run_dir / "r.json",
-                                          {"action": "capture_stacks", "key": "k", **body}))
+    return sup.carry_out(
+        requests.Request(sup.run_dir / "r.json", {"action": "capture_stacks", "key": "k", **body})
+    )
 
 
-@pytest.mark.parametrize(("body", "error"), [
-    ({"role": "rollout"}, "no process with role 'rollout' rank None"),
-    ({"role": "trainer", "rank": "7"}, "no process with role 'trainer' rank '7'"),
-    ({"role": "trainer", "extra": {"timeout_seconds": "soon"}}, "bad timeout or size"),
-])
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ({"role": "rollout"}, "no process with role 'rollout' rank None"),
+        ({"role": "trainer", "rank": "7"}, "no process with role 'trainer' rank '7'"),
+        ({"role": "trainer", "extra": {"timeout_seconds": "soon"}}, "bad timeout or size"),
+    ],
+)
 def test_a_bad_request_is_refused_by_name(tmp_path: Path, body: dict, error: str) -> None:
     sup = _sup(tmp_path)
     answer = _ask(sup, **body)

@@ -29,8 +29,14 @@ class _DrainingBackend(LocalBackend):
 
 
 def _ask(tmp_path: Path, backend: LocalBackend, body: dict[str, Any]) -> dict[str, Any]:
-    sup = Supervisor(tmp_path, "job", [Child("worker", 0)], backend=backend, timeout=30,
-                     command=lambda child: [sys.executable, "-c", "import time; time.sleep(30)"])
+    sup = Supervisor(
+        tmp_path,
+        "job",
+        [Child("worker", 0)],
+        backend=backend,
+        timeout=30,
+        command=lambda child: [sys.executable, "-c", "import time; time.sleep(30)"],
+    )
     sup.start()
     answers: list[dict[str, Any]] = []
     try:
@@ -48,15 +54,21 @@ def _ask(tmp_path: Path, backend: LocalBackend, body: dict[str, Any]) -> dict[st
 
 
 def test_local_backend_refuses_to_drain(tmp_path: Path) -> None:
-    answer = _ask(tmp_path, LocalBackend(), {"action": "drain_node", "node": "n1",
-                                             "extra": {"reason": "rlguard: XID 79"}})
+    answer = _ask(
+        tmp_path,
+        LocalBackend(),
+        {"action": "drain_node", "node": "n1", "extra": {"reason": "rlguard: XID 79"}},
+    )
     assert (answer["ok"], answer["error"]) == (False, "the local backend cannot drain a node")
 
 
 def test_a_draining_backend_gets_the_reason_and_the_node(tmp_path: Path) -> None:
     backend = _DrainingBackend()
-    answer = _ask(tmp_path, backend, {"action": "drain_node", "node": "n1",
-                                      "extra": {"reason": "rlguard: gpu 0 XID 79"}})
+    answer = _ask(
+        tmp_path,
+        backend,
+        {"action": "drain_node", "node": "n1", "extra": {"reason": "rlguard: gpu 0 XID 79"}},
+    )
     assert answer["ok"] and backend.drained == [("rlguard: gpu 0 XID 79", "n1")]
 
 

@@ -26,14 +26,23 @@ GENERIC_OOM = "cannot inject oom: rlguard launch cannot make the next step of a 
 
 
 def _sup(tmp_path: Path) -> Supervisor:
-    return Supervisor(tmp_path, "job", [Child("trainer", 0)],
-                      command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
-                      timeout=30)
+    return Supervisor(
+        tmp_path,
+        "job",
+        [Child("trainer", 0)],
+        command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
+        timeout=30,
+    )
 
 
 def _ask(sup: Supervisor, fault: str, key: str = "drill-1", **extra: Any) -> dict[str, Any] | None:
-    body = {"action": "inject_fault", "key": key, "role": "trainer", "rank": None,
-            "extra": {"drill": key, "fault": fault, **extra}}
+    body = {
+        "action": "inject_fault",
+        "key": key,
+        "role": "trainer",
+        "rank": None,
+        "extra": {"drill": key, "fault": fault, **extra},
+    }
     return sup.carry_out(requests.Request(sup.run_dir / f"{key}.json", body))
 
 
@@ -51,12 +60,15 @@ def test_a_declared_oom_point_is_used_and_fires_once_in_its_process(tmp_path: Pa
         answer = _ask(sup, "oom")
         assert answer is not None and answer["ok"] is True, answer
         assert answer["target_pid"] == pid and answer["injection_point"] == "declared"
-        assert answer["what"] == (f"trainer-0 (pid {pid}), its own injection point: its next "
-                                  "step raises")
+        assert answer["what"] == (
+            f"trainer-0 (pid {pid}), its own injection point: its next step raises"
+        )
         assert child.proc.poll() is None  # the launcher touched nothing but the request
         # Fired once, by the process it was meant for.
         assert drill_points.take(tmp_path, "trainer", 0, "oom", pid=pid) == {
-            "pid": pid, "drill": "drill-1"}
+            "pid": pid,
+            "drill": "drill-1",
+        }
         assert drill_points.take(tmp_path, "trainer", 0, "oom", pid=pid) is None
         assert not list((tmp_path / drill_points.DIRNAME).glob("*.request*"))
         # It declared oom only: disk-full keeps the generic refusal.
@@ -99,8 +111,10 @@ def test_the_trl_callback_declares_oom_and_raises_a_cuda_oom_once(tmp_path: Path
     cb = callback_mod.RLGuardCallback(tmp_path, role="trainer", rank=0)
     try:
         points = drill_points.declared_points(tmp_path, "trainer", 0, os.getpid())
-        assert points == {"oom": callback_mod.DRILL_OOM_POINT,
-                          "disk-full": callback_mod.DRILL_DISK_FULL_POINT}
+        assert points == {
+            "oom": callback_mod.DRILL_OOM_POINT,
+            "disk-full": callback_mod.DRILL_DISK_FULL_POINT,
+        }
         cb.on_pre_optimizer_step(None, None, None)  # nothing asked: nothing raised
         drill_points.request(tmp_path, "trainer", 0, "oom", pid=os.getpid(), drill="7")
         with pytest.raises(torch.OutOfMemoryError) as raised:

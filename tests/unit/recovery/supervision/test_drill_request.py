@@ -25,15 +25,29 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _sup(tmp_path: Path) -> Supervisor:
-    return Supervisor(tmp_path, "job", [Child("trainer", 0), Child("rollout", 0)],
-                      command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
-                      timeout=30)
+    return Supervisor(
+        tmp_path,
+        "job",
+        [Child("trainer", 0), Child("rollout", 0)],
+        command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
+        timeout=30,
+    )
 
 
-def _ask(sup: Supervisor, role: str | None = "trainer", rank: Any = None,
-         key: str = "drill-1", **extra: Any) -> dict[str, Any] | None:
-    body = {"action": "inject_fault", "key": key, "role": role, "rank": rank,
-            "extra": {"drill": key, **extra}}
+def _ask(
+    sup: Supervisor,
+    role: str | None = "trainer",
+    rank: Any = None,
+    key: str = "drill-1",
+    **extra: Any,
+) -> dict[str, Any] | None:
+    body = {
+        "action": "inject_fault",
+        "key": key,
+        "role": role,
+        "rank": rank,
+        "extra": {"drill": key, **extra},
+    }
     return sup.carry_out(requests.Request(sup.run_dir / f"{key}.json", body))
 
 
@@ -41,16 +55,34 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-@pytest.mark.parametrize(("role", "rank", "extra", "error"), [
-    ("trainer", None, {"fault": "oom"}, "cannot make the next step of a generic command raise"),
-    ("trainer", None, {"fault": "disk-full"}, "cannot make the next checkpoint write"),
-    ("critic", None, {"fault": "kill"}, "this launcher runs no process critic (it runs rollout-0, trainer-0)"),
-    ("trainer", "3", {"fault": "kill"}, "this launcher runs no process trainer-3"),
-    ("trainer", None, {"fault": "explode"}, "fault 'explode' is not one of kill, hang, oom, disk-full"),
-    ("trainer", None, {"fault": "kill", "at_step": -1}, "at_step must be an integer >= 0, got -1"),
-    ("trainer", "x", {"fault": "kill"}, "rank must be a non-negative integer, got 'x'"),
-    (None, None, {"fault": "kill"}, "inject_fault needs --role"),
-])
+@pytest.mark.parametrize(
+    ("role", "rank", "extra", "error"),
+    [
+        ("trainer", None, {"fault": "oom"}, "cannot make the next step of a generic command raise"),
+        ("trainer", None, {"fault": "disk-full"}, "cannot make the next checkpoint write"),
+        (
+            "critic",
+            None,
+            {"fault": "kill"},
+            "this launcher runs no process critic (it runs rollout-0, trainer-0)",
+        ),
+        ("trainer", "3", {"fault": "kill"}, "this launcher runs no process trainer-3"),
+        (
+            "trainer",
+            None,
+            {"fault": "explode"},
+            "fault 'explode' is not one of kill, hang, oom, disk-full",
+        ),
+        (
+            "trainer",
+            None,
+            {"fault": "kill", "at_step": -1},
+            "at_step must be an integer >= 0, got -1",
+        ),
+        ("trainer", "x", {"fault": "kill"}, "rank must be a non-negative integer, got 'x'"),
+        (None, None, {"fault": "kill"}, "inject_fault needs --role"),
+    ],
+)
 def test_what_the_launcher_cannot_inject_is_refused_and_nothing_is_injected(
     tmp_path: Path, role: str | None, rank: Any, extra: dict[str, Any], error: str
 ) -> None:
@@ -112,8 +144,9 @@ def test_a_drill_armed_for_a_step_is_injected_and_answered_when_the_step_comes(
     sup = _sup(tmp_path)
     sup.start()
     stop = threading.Event()
-    loop = threading.Thread(target=lambda: [sup.tick() or stop.wait(0.05)
-                                            for _ in iter(stop.is_set, True)])
+    loop = threading.Thread(
+        target=lambda: [sup.tick() or stop.wait(0.05) for _ in iter(stop.is_set, True)]
+    )
     loop.start()
     try:
         trainer = sup.children[0]
@@ -122,13 +155,27 @@ def test_a_drill_armed_for_a_step_is_injected_and_answered_when_the_step_comes(
         beat = HeartbeatReporter(tmp_path, "trainer", 0, job="job", pid=pid)
         beat.update(phase="TRAIN", step=3, force=True)
         answers: list[dict[str, Any]] = []
-        asker = threading.Thread(target=lambda: answers.append(requests.submit(
-            tmp_path, {"action": "inject_fault", "role": "trainer", "rank": None,
-                       "extra": {"fault": "kill", "at_step": 5, "drill": "d9"}},
-            key="drill-9", timeout=20)))
+        asker = threading.Thread(
+            target=lambda: answers.append(
+                requests.submit(
+                    tmp_path,
+                    {
+                        "action": "inject_fault",
+                        "role": "trainer",
+                        "rank": None,
+                        "extra": {"fault": "kill", "at_step": 5, "drill": "d9"},
+                    },
+                    key="drill-9",
+                    timeout=20,
+                )
+            )
+        )
         asker.start()
-        wait_for(lambda: any(e["kind"] == "drill_armed"
-                             for e in read_events(tmp_path / "events.jsonl")), 10, "armed")
+        wait_for(
+            lambda: any(e["kind"] == "drill_armed" for e in read_events(tmp_path / "events.jsonl")),
+            10,
+            "armed",
+        )
         assert os.path.exists(f"/proc/{pid}") and trainer.returncode is None
         beat.update(phase="TRAIN", step=5, force=True)
         asker.join(20)

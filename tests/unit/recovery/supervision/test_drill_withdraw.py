@@ -24,15 +24,23 @@ JOB = "job"
 
 
 def _sup(root: Path) -> Supervisor:
-    return Supervisor(root / JOB, JOB, [Child("trainer", 0)],
-                      command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
-                      timeout=30)
+    return Supervisor(
+        root / JOB,
+        JOB,
+        [Child("trainer", 0)],
+        command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
+        timeout=30,
+    )
 
 
 def _leave(root: Path, key: str, **extra: Any) -> None:
     """Leave an inject_fault request that nobody answers within the wait (the hook's exit 3)."""
-    body = {"action": "inject_fault", "role": "trainer", "rank": None,
-            "extra": {"fault": "kill", "drill": key, **extra}}
+    body = {
+        "action": "inject_fault",
+        "role": "trainer",
+        "rank": None,
+        "extra": {"fault": "kill", "drill": key, **extra},
+    }
     with pytest.raises(requests.LauncherTimeout):
         requests.submit(root / JOB, body, key=key, timeout=0.1)
 
@@ -60,8 +68,13 @@ def test_a_withdrawn_request_is_removed_and_never_injected(
     try:
         _leave(tmp_path, "drill-1")
         assert len(requests.pending(sup.run_dir)) == 1
-        code, answer = _hook(tmp_path, capsys, "withdraw", "--idempotency-key=drill-1",
-                             '--extra={"why": "gave up after 60 s"}')
+        code, answer = _hook(
+            tmp_path,
+            capsys,
+            "withdraw",
+            "--idempotency-key=drill-1",
+            '--extra={"why": "gave up after 60 s"}',
+        )
         assert code == 0 and answer == {"withdrawn": True}
         assert requests.pending(sup.run_dir) == []  # gone from the launcher's directory
         sup.handle_requests()
@@ -72,7 +85,9 @@ def test_a_withdrawn_request_is_removed_and_never_injected(
         assert again["error"] == "gave up after 60 s" and requests.pending(sup.run_dir) == []
         # Withdrawing twice is still withdrawn.
         assert _hook(tmp_path, capsys, "withdraw", "--idempotency-key=drill-1") == (
-            0, {"withdrawn": True})
+            0,
+            {"withdrawn": True},
+        )
     finally:
         sup.close()
 
@@ -144,11 +159,15 @@ def test_the_hook_refuses_drill_figures_without_a_start(
 ) -> None:
     (tmp_path / JOB).mkdir()
     with pytest.raises(SystemExit) as exc:
-        hook_main(["drill_figures", f"--job={JOB}", "--idempotency-key=k", '--extra={"since": "x"}'],
-                  prog="hook", default_run_root=str(tmp_path))
+        hook_main(
+            ["drill_figures", f"--job={JOB}", "--idempotency-key=k", '--extra={"since": "x"}'],
+            prog="hook",
+            default_run_root=str(tmp_path),
+        )
     assert exc.value.code == 2
     assert "drill_figures needs --extra='{\"since\": EPOCH_SECONDS}', got {'since': 'x'}" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
 
 
 def test_an_armed_drill_whose_request_expired_is_refused_when_checked_not_injected(

@@ -28,13 +28,24 @@ class _ServesWhenTold(Supervisor):
         return {**answer, "stages": ["replaced", "readmitted"]} if self.ready else None
 
 
-def test_a_held_answer_is_sent_once_the_job_says_and_the_role_is_restarted_once(tmp_path: Path) -> None:
-    sup = _ServesWhenTold(tmp_path, "job", [Child("worker", 0)],
-                          command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"])
+def test_a_held_answer_is_sent_once_the_job_says_and_the_role_is_restarted_once(
+    tmp_path: Path,
+) -> None:
+    sup = _ServesWhenTold(
+        tmp_path,
+        "job",
+        [Child("worker", 0)],
+        command=lambda child: [sys.executable, "-c", "import time; time.sleep(60)"],
+    )
     sup.start()
     answers: list[dict[str, Any]] = []
-    asker = threading.Thread(target=lambda: answers.append(requests.submit(
-        tmp_path, {"action": "restart_role", "role": "worker"}, key="held/1", timeout=30)))
+    asker = threading.Thread(
+        target=lambda: answers.append(
+            requests.submit(
+                tmp_path, {"action": "restart_role", "role": "worker"}, key="held/1", timeout=30
+            )
+        )
+    )
     try:
         asker.start()
         while sup.asked < 5:  # several rounds with the answer held
@@ -50,6 +61,9 @@ def test_a_held_answer_is_sent_once_the_job_says_and_the_role_is_restarted_once(
         sup.close()
     assert len(answers) == 1
     assert {k: answers[0][k] for k in ("ok", "restarted", "stages")} == {
-        "ok": True, "restarted": ["worker-0"], "stages": ["replaced", "readmitted"]}
+        "ok": True,
+        "restarted": ["worker-0"],
+        "stages": ["replaced", "readmitted"],
+    }
     spawns = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "spawn"]
     assert len(spawns) == 2  # the first start and one restart, however long the answer waited

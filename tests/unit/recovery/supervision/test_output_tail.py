@@ -48,12 +48,19 @@ def test_a_partial_first_line_is_dropped_and_long_lines_are_cut(tmp_path: Path) 
 
 
 def test_secrets_of_the_childs_environment_and_url_credentials_are_redacted(tmp_path: Path) -> None:
-    env = {"HF_TOKEN": "hf_abcdefghijklmnop", "WANDB_API_KEY": "0123456789abcdef", "PATH": "/usr/bin",
-           "SHORT_TOKEN": "abc", "RANK": "0"}
+    env = {
+        "HF_TOKEN": "hf_abcdefghijklmnop",
+        "WANDB_API_KEY": "0123456789abcdef",
+        "PATH": "/usr/bin",
+        "SHORT_TOKEN": "abc",
+        "RANK": "0",
+    }
     secrets = environment_secrets(env)
     assert set(secrets) == {"hf_abcdefghijklmnop", "0123456789abcdef"}
-    text = ("push to https://user:s3cretpass@hub.example/x failed with hf_abcdefghijklmnop; "
-            "wandb 0123456789abcdef; PATH /usr/bin")
+    text = (
+        "push to https://user:s3cretpass@hub.example/x failed with hf_abcdefghijklmnop; "
+        "wandb 0123456789abcdef; PATH /usr/bin"
+    )
     out = redact_text(text, secrets)
     assert "s3cretpass" not in out and "hf_abcdefghijklmnop" not in out
     assert "0123456789abcdef" not in out and "https://***@hub.example/x" in out

@@ -33,8 +33,11 @@ def start() -> Iterator[object]:
         proc = subprocess.Popen([sys.executable, "-c", code])
         procs.append(proc)
         # py-spy reads an initialised interpreter: wait until a dump shows the test's code.
-        wait_for(lambda: "<module>" in capture_stacks(proc.pid, py_spy=PY_SPY, timeout=5).text,
-                 10, "the interpreter to run the test's code")
+        wait_for(
+            lambda: "<module>" in capture_stacks(proc.pid, py_spy=PY_SPY, timeout=5).text,
+            10,
+            "the interpreter to run the test's code",
+        )
         return proc
 
     yield run
@@ -57,8 +60,11 @@ def test_a_sleeping_and_a_busy_process_show_the_function_they_are_in(start) -> N
 def test_a_sigstopped_process_is_read_without_pausing_it_again(start) -> None:
     sleeper = start(SLEEPER)
     os.kill(sleeper.pid, signal.SIGSTOP)
-    wait_for(lambda: Path(f"/proc/{sleeper.pid}/stat").read_text().rpartition(")")[2].split()[0]
-             == "T", 10, "the process to stop")
+    wait_for(
+        lambda: Path(f"/proc/{sleeper.pid}/stat").read_text().rpartition(")")[2].split()[0] == "T",
+        10,
+        "the process to stop",
+    )
     got = capture_stacks(sleeper.pid, py_spy=PY_SPY)
     assert got.ok, got.reason
     assert got.nonblocking and "parked_in_sleep" in got.text
@@ -81,13 +87,17 @@ def test_no_py_spy_is_a_reason_not_an_error(start, tmp_path: Path) -> None:
     assert not wrong.ok and wrong.reason.startswith(f"cannot run py-spy {tmp_path / 'py-spy'}")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="denying ptrace needs root to drop to another user (setpriv)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="denying ptrace needs root to drop to another user (setpriv)",
+)
 def test_ptrace_denied_says_which_capability_is_missing(start, tmp_path: Path) -> None:
     sleeper = start(SLEEPER)
     # The real py-spy, run as nobody against a root process: the kernel refuses ptrace.
     denied = tmp_path / "py-spy-as-nobody"
-    denied.write_text(f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {PY_SPY} "$@"\n')
+    denied.write_text(
+        f'#!/bin/sh\nexec setpriv --reuid=65534 --regid=65534 --clear-groups {PY_SPY} "$@"\n'
+    )
     denied.chmod(0o755)
     got = capture_stacks(sleeper.pid, py_spy=str(denied))
     assert not got.ok and got.text == ""

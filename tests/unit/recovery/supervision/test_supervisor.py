@@ -24,14 +24,24 @@ class _Recording(Supervisor):
 
     def event(self, kind: str, **fields: Any) -> None:
         if kind == "child_exit":
-            beat = read_heartbeat(heartbeat_path(self.run_dir, fields["role"], fields["rank"])) or {}
+            beat = (
+                read_heartbeat(heartbeat_path(self.run_dir, fields["role"], fields["rank"])) or {}
+            )
             self.seen.append((kind, beat.get("phase")))
         super().event(kind, **fields)
 
 
-def _supervisor(tmp_path: Path, code: str, cls: type[Supervisor] = Supervisor, **kw: Any) -> Supervisor:
-    return cls(tmp_path, "job", [Child("worker", 0)],
-               command=lambda child: [sys.executable, "-c", code], timeout=30, **kw)
+def _supervisor(
+    tmp_path: Path, code: str, cls: type[Supervisor] = Supervisor, **kw: Any
+) -> Supervisor:
+    return cls(
+        tmp_path,
+        "job",
+        [Child("worker", 0)],
+        command=lambda child: [sys.executable, "-c", code],
+        timeout=30,
+        **kw,
+    )
 
 
 def test_the_exit_is_in_the_heartbeat_before_it_is_announced(tmp_path: Path) -> None:
@@ -68,15 +78,23 @@ def test_a_request_to_a_launcher_that_does_not_run_is_refused_at_once(tmp_path: 
 
 
 def test_a_restart_waits_its_backoff_and_is_answered_once(tmp_path: Path) -> None:
-    sup = _supervisor(tmp_path, "import sys; sys.exit(1)",
-                      budget=RestartBudget(max_restarts=5, backoff=0.3, backoff_max=1))
+    sup = _supervisor(
+        tmp_path,
+        "import sys; sys.exit(1)",
+        budget=RestartBudget(max_restarts=5, backoff=0.3, backoff_max=1),
+    )
     sup.start()
     answers: list[dict[str, Any]] = []
     try:
         while not sup.check_exits():
             time.sleep(0.01)
-        asker = threading.Thread(target=lambda: answers.append(requests.submit(
-            tmp_path, {"action": "restart_role", "role": "worker"}, key="a/1", timeout=20)))
+        asker = threading.Thread(
+            target=lambda: answers.append(
+                requests.submit(
+                    tmp_path, {"action": "restart_role", "role": "worker"}, key="a/1", timeout=20
+                )
+            )
+        )
         asker.start()
         while asker.is_alive():
             sup.tick()
@@ -86,9 +104,13 @@ def test_a_restart_waits_its_backoff_and_is_answered_once(tmp_path: Path) -> Non
         sup.close()
     assert answers[0]["ok"] is True and answers[0]["budget_left"] == 4
     backoff = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "restart_backoff"]
-    assert backoff and backoff[0]["delay_s"] == pytest.approx(0.3)  # it died at once: a quick failure
+    assert backoff and backoff[0]["delay_s"] == pytest.approx(
+        0.3
+    )  # it died at once: a quick failure
     # Asking again with the answered key gets the same answer, even with the launcher gone.
-    again = requests.submit(tmp_path, {"action": "restart_role", "role": "worker"}, key="a/1", timeout=1)
+    again = requests.submit(
+        tmp_path, {"action": "restart_role", "role": "worker"}, key="a/1", timeout=1
+    )
     assert again == answers[0]
     assert len([e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "spawn"]) == 2
 
@@ -102,8 +124,12 @@ def test_restart_budget_backoff_doubles_per_quick_failure_up_to_its_cap() -> Non
 
 @pytest.mark.parametrize(
     ("kw", "needle"),
-    [({"max_restarts": -1}, "max_restarts"), ({"max_restarts": True}, "max_restarts"),
-     ({"backoff": float("nan")}, "backoff"), ({"backoff": 3, "backoff_max": 2}, "backoff_max (2)")],
+    [
+        ({"max_restarts": -1}, "max_restarts"),
+        ({"max_restarts": True}, "max_restarts"),
+        ({"backoff": float("nan")}, "backoff"),
+        ({"backoff": 3, "backoff_max": 2}, "backoff_max (2)"),
+    ],
 )
 def test_restart_budget_refuses_bad_settings(kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(RestartBudgetError, match=needle.replace("(", r"\(").replace(")", r"\)")):
@@ -111,14 +137,23 @@ def test_restart_budget_refuses_bad_settings(kw: dict[str, Any], needle: str) ->
 
 
 def test_a_second_request_during_the_backoff_joins_the_pending_restart(tmp_path: Path) -> None:
-    sup = _supervisor(tmp_path, "import sys; sys.exit(1)",
-                      budget=RestartBudget(max_restarts=5, backoff=0.5, backoff_max=1))
+    sup = _supervisor(
+        tmp_path,
+        "import sys; sys.exit(1)",
+        budget=RestartBudget(max_restarts=5, backoff=0.5, backoff_max=1),
+    )
     sup.start()
     answers: dict[str, dict[str, Any]] = {}
 
     def ask(key: str) -> threading.Thread:
-        t = threading.Thread(target=lambda: answers.__setitem__(key, requests.submit(
-            tmp_path, {"action": "restart_role", "role": "worker"}, key=key, timeout=20)))
+        t = threading.Thread(
+            target=lambda: answers.__setitem__(
+                key,
+                requests.submit(
+                    tmp_path, {"action": "restart_role", "role": "worker"}, key=key, timeout=20
+                ),
+            )
+        )
         t.start()
         return t
 
@@ -126,7 +161,9 @@ def test_a_second_request_during_the_backoff_joins_the_pending_restart(tmp_path:
         while not sup.check_exits():
             time.sleep(0.01)
         first = ask("inc1/restart_role")
-        while not any(e["kind"] == "restart_backoff" for e in read_events(tmp_path / "events.jsonl")):
+        while not any(
+            e["kind"] == "restart_backoff" for e in read_events(tmp_path / "events.jsonl")
+        ):
             sup.tick()
             time.sleep(0.01)
         second = ask("inc2/restart_role")  # another incident about the same process
@@ -137,6 +174,10 @@ def test_a_second_request_during_the_backoff_joins_the_pending_restart(tmp_path:
             time.sleep(0.01)
     finally:
         sup.close()
-    assert answers["inc1/restart_role"]["restarted"] == answers["inc2/restart_role"]["restarted"] == ["worker-0"]
+    assert (
+        answers["inc1/restart_role"]["restarted"]
+        == answers["inc2/restart_role"]["restarted"]
+        == ["worker-0"]
+    )
     spawns = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "spawn"]
     assert len(spawns) == 2 and sup.budget.used == 1

@@ -39,7 +39,11 @@ def test_chunks_tile_every_tensor_and_carry_crc32() -> None:
     tensors = weights()
     manifest = build_manifest("policy", 3, tensors, chunk_bytes=512)
     assert [(c.tensor, c.offset, c.length) for c in manifest.chunks] == [
-        (0, 0, 512), (0, 512, 512), (0, 1024, 512), (0, 1536, 464), (1, 0, 56),
+        (0, 0, 512),
+        (0, 512, 512),
+        (0, 1024, 512),
+        (0, 1536, 464),
+        (1, 0, 56),
     ]
     views = chunk_views(manifest, tensors)
     digest_of = checksum_function(manifest.checksum)

@@ -128,7 +128,13 @@ def test_versions_must_grow_and_old_ones_are_forgotten() -> None:
 )
 def test_begin_rejects_bad_values(kwargs: dict[str, object], match: str) -> None:
     registry = InMemoryRegistry()
-    args: dict[str, object] = {"name": "p", "version": 1, "manifest_digest": "d", "publisher": "T", "lease_s": 5}
+    args: dict[str, object] = {
+        "name": "p",
+        "version": 1,
+        "manifest_digest": "d",
+        "publisher": "T",
+        "lease_s": 5,
+    }
     with pytest.raises(TransferConfigError, match=match):
         registry.begin(**{**args, **kwargs})  # type: ignore[arg-type]
     with pytest.raises(UnknownVersionError):

@@ -26,8 +26,9 @@ def test_open_and_close_pull_do_what_the_single_calls_did() -> None:
     registry.begin(name="p", version=1, manifest_digest="d1", publisher="T", lease_s=5)
     registry.begin(name="p", version=2, manifest_digest="d2", publisher="T", lease_s=5, commit_at=2)
     registry.announce(name="p", version=1, address="R", complete=True)
-    source, info = registry.open_pull(name="p", version=2, receiver="R", exclude=[], relays=True,
-                                      announce=True, withdraw=1)
+    source, info = registry.open_pull(
+        name="p", version=2, receiver="R", exclude=[], relays=True, announce=True, withdraw=1
+    )
     assert (source, info.manifest_digest, info.state) == ("T", "d2", PUBLISHING)
     # R no longer serves v1 and serves v2 partially: a second receiver is sent to R (a partial
     # relay is preferred to the publisher at equal load), and nobody to R for v1.
@@ -54,8 +55,15 @@ def test_open_pull_with_no_source_still_announces() -> None:
     registry = InMemoryRegistry(clock=Clock())
     registry.begin(name="p", version=1, manifest_digest="d", publisher="T", lease_s=5)
     with pytest.raises(NoSourceError):
-        registry.open_pull(name="p", version=1, receiver="R", exclude=["T"], relays=True,
-                           announce=True, withdraw=None)
+        registry.open_pull(
+            name="p",
+            version=1,
+            receiver="R",
+            exclude=["T"],
+            relays=True,
+            announce=True,
+            withdraw=None,
+        )
     assert registry.assign_source(name="p", version=1, receiver="X", exclude=["T"]) == "R"
 
 
@@ -63,9 +71,12 @@ def test_protocol_two_calls_over_tcp() -> None:
     server = RegistryServer(InMemoryRegistry())
     client = RegistryClient(server.address, timeout=5.0)
     try:
-        client.begin(name="p", version=1, manifest_digest="d", publisher="T", lease_s=5, commit_at=2)
-        source, info = client.open_pull(name="p", version=1, receiver="R", exclude=(),
-                                        relays=True, announce=True, withdraw=None)
+        client.begin(
+            name="p", version=1, manifest_digest="d", publisher="T", lease_s=5, commit_at=2
+        )
+        source, info = client.open_pull(
+            name="p", version=1, receiver="R", exclude=(), relays=True, announce=True, withdraw=None
+        )
         assert (source, info.manifest_digest) == ("T", "d")
         assert client.close_pull(name="p", version=1, receiver="R", timeout=5.0).state == COMMITTED
     finally:
@@ -82,8 +93,11 @@ class ProtocolOneServer(RegistryServer):
         if op in ("open_pull", "close_pull"):
             return {"ok": False, "error": "TransferConfigError", "detail": f"unknown call {op!r}"}
         if "commit_at" in kwargs:
-            return {"ok": False, "error": "TransferConfigError",
-                    "detail": "begin() got an unexpected keyword argument 'commit_at'"}
+            return {
+                "ok": False,
+                "error": "TransferConfigError",
+                "detail": "begin() got an unexpected keyword argument 'commit_at'",
+            }
         return self._answer(request)
 
 
@@ -93,12 +107,20 @@ def test_an_older_registry_server_gets_a_clear_error_at_once() -> None:
     try:
         started = time.monotonic()
         with pytest.raises(RegistryProtocolError, match="protocol 1.*needs protocol 2.*upgrade"):
-            client.begin(name="p", version=1, manifest_digest="d", publisher="T", lease_s=5,
-                         commit_at=2)
+            client.begin(
+                name="p", version=1, manifest_digest="d", publisher="T", lease_s=5, commit_at=2
+            )
         client.begin(name="p", version=1, manifest_digest="d", publisher="T", lease_s=5)
         with pytest.raises(RegistryProtocolError, match="'open_pull'.*upgrade"):
-            client.open_pull(name="p", version=1, receiver="R", exclude=(), relays=True,
-                             announce=True, withdraw=None)
+            client.open_pull(
+                name="p",
+                version=1,
+                receiver="R",
+                exclude=(),
+                relays=True,
+                announce=True,
+                withdraw=None,
+            )
         with pytest.raises(RegistryProtocolError, match="'close_pull'.*upgrade"):
             client.close_pull(name="p", version=1, receiver="R", timeout=30.0)
         assert time.monotonic() - started < 5.0  # answered, not waited out

@@ -19,11 +19,17 @@ def full_model() -> dict[str, torch.Tensor]:
     }
 
 
-def shard(full: dict[str, torch.Tensor], layout: TensorParallelLayout) -> list[dict[str, torch.Tensor]]:
+def shard(
+    full: dict[str, torch.Tensor], layout: TensorParallelLayout
+) -> list[dict[str, torch.Tensor]]:
     out: list[dict[str, torch.Tensor]] = [{} for _ in range(layout.world_size)]
     for name, tensor in full.items():
         dim = layout.split_dims[name]
-        parts = [tensor] * layout.world_size if dim is None else list(tensor.chunk(layout.world_size, dim))
+        parts = (
+            [tensor] * layout.world_size
+            if dim is None
+            else list(tensor.chunk(layout.world_size, dim))
+        )
         for rank, part in enumerate(parts):
             out[rank][name] = part.clone()
     return out

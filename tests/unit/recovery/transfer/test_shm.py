@@ -197,23 +197,39 @@ def test_crc_can_be_continued_block_by_block() -> None:
 
 
 @pytest.mark.parametrize("checksum", sorted(CHECKSUMS))
-def test_adopt_digested_checksums_the_copy_as_the_manifest_would(tmp_path: Path, checksum: str) -> None:
+def test_adopt_digested_checksums_the_copy_as_the_manifest_would(
+    tmp_path: Path, checksum: str
+) -> None:
     # The publisher's one pass (copy into the segment + checksum of the copy) must give the very
     # manifest a separate checksum pass over the trainer's tensors gives.
     shm = ShmTransport(shm_dir=tmp_path)
     source = {**_tensors(3), "empty": torch.empty(0)}
     chunk_bytes = COPY_BLOCK_BYTES + 24
-    buffers, digests = shm.adopt_digested(source, tag="v1", chunk_bytes=chunk_bytes,
-                                          checksum=checksum)
+    buffers, digests = shm.adopt_digested(
+        source, tag="v1", chunk_bytes=chunk_bytes, checksum=checksum
+    )
     try:
         assert all(torch.equal(buffers.tensors[n], source[n]) for n in source)
-        fused = build_manifest("policy", 1, buffers.tensors, chunk_bytes=chunk_bytes,
-                               checksum=checksum, digests=digests)
-        assert fused == build_manifest("policy", 1, source, chunk_bytes=chunk_bytes,
-                                       checksum=checksum)
+        fused = build_manifest(
+            "policy",
+            1,
+            buffers.tensors,
+            chunk_bytes=chunk_bytes,
+            checksum=checksum,
+            digests=digests,
+        )
+        assert fused == build_manifest(
+            "policy", 1, source, chunk_bytes=chunk_bytes, checksum=checksum
+        )
         with pytest.raises(TransferConfigError, match="checksums given"):
-            build_manifest("policy", 1, source, chunk_bytes=chunk_bytes, checksum=checksum,
-                           digests=digests[:-1])
+            build_manifest(
+                "policy",
+                1,
+                source,
+                chunk_bytes=chunk_bytes,
+                checksum=checksum,
+                digests=digests[:-1],
+            )
     finally:
         buffers.release()
         shm.close()

@@ -33,7 +33,11 @@ def test_ucx_is_unavailable_with_a_clear_message_exactly_when_ucxx_is_missing() 
 
 def test_shm_buffers_are_readable_by_another_mapping(tmp_path: Path) -> None:
     shm = ShmTransport(shm_dir=tmp_path)
-    specs = [TensorSpec("a", "bfloat16", (3, 5)), TensorSpec("b", "int64", (7,)), TensorSpec("e", "float32", (0,))]
+    specs = [
+        TensorSpec("a", "bfloat16", (3, 5)),
+        TensorSpec("b", "int64", (7,)),
+        TensorSpec("e", "float32", (0,)),
+    ]
     buffers = shm.allocate(specs, tag="policy/slot 0")
     buffers.tensors["a"].copy_(torch.randn(3, 5).to(torch.bfloat16))
     buffers.tensors["b"].copy_(torch.arange(7))
@@ -76,8 +80,12 @@ def test_shm_bad_configuration_is_named(tmp_path: Path) -> None:
 
 
 def test_sweep_removes_only_segments_of_dead_processes(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead_pid = int(dead.stdout)
     (tmp_path / f"rlg-xfer-{dead_pid}-policy_v1_abc").write_bytes(b"x")
     (tmp_path / f"rlg-xfer-{os.getpid()}-policy_v1_def").write_bytes(b"x")

@@ -36,7 +36,9 @@ def test_messages_round_trip(pair: tuple[TcpChannel, TcpChannel]) -> None:
     assert recv_message(right, timeout=1) == {"op": "manifest", "version": 3}
 
 
-def test_oversized_and_non_object_messages_are_protocol_errors(pair: tuple[TcpChannel, TcpChannel]) -> None:
+def test_oversized_and_non_object_messages_are_protocol_errors(
+    pair: tuple[TcpChannel, TcpChannel],
+) -> None:
     left, right = pair
     left.send((MAX_MESSAGE_BYTES + 1).to_bytes(8, "big"), timeout=1)
     with pytest.raises(ProtocolError, match="announced"):
@@ -60,7 +62,9 @@ def test_silent_peer_times_out_and_closed_peer_is_dead(pair: tuple[TcpChannel, T
 
 def served_version() -> ServedVersion:
     tensors = {"w": torch.arange(64, dtype=torch.float32)}
-    return ServedVersion(build_manifest("p", 1, tensors, chunk_bytes=64), Buffers(tensors), complete=False)
+    return ServedVersion(
+        build_manifest("p", 1, tensors, chunk_bytes=64), Buffers(tensors), complete=False
+    )
 
 
 def test_partial_version_serves_a_chunk_once_it_is_marked_ready() -> None:

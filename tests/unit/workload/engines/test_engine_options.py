@@ -20,26 +20,44 @@ from workload.launch import main
     [
         (["--rollout-engine", "sglang"], "invalid choice: 'sglang'"),
         (["--model", "/nowhere"], "--model: only with --rollout-engine vllm"),
-        (["--rollout-engine", "vllm", "--model", "/nowhere"],
-         "--model '/nowhere' is not a Hugging Face model directory"),
-        (["--rollout-engine", "vllm", "--ray", "--model", "/nowhere"],
-         "--model '/nowhere' is not a Hugging Face model directory"),
+        (
+            ["--rollout-engine", "vllm", "--model", "/nowhere"],
+            "--model '/nowhere' is not a Hugging Face model directory",
+        ),
+        (
+            ["--rollout-engine", "vllm", "--ray", "--model", "/nowhere"],
+            "--model '/nowhere' is not a Hugging Face model directory",
+        ),
         (["--transport", "ucx"], "invalid choice: 'ucx'"),
         (["--engine-probation", "30"], "--engine-probation: only with --rollout-engine vllm"),
-        (["--rollout-engine", "vllm", "--engine-probation", "soon"],
-         "--engine-probation must be seconds >= 0 or 'off', got 'soon'"),
-        (["--rollout-engine", "vllm", "--engine-probation", "-1"],
-         "--engine-probation must be seconds >= 0 or 'off', got '-1'"),
-        (["--rollout-engine", "vllm", "--engine-probation", "nan"],
-         "--engine-probation must be seconds >= 0 or 'off', got 'nan'"),
-        (["--engine-request-timeout", "30"],
-         "--engine-request-timeout: only with --rollout-engine vllm"),
-        (["--rollout-engine", "vllm", "--engine-request-timeout", "0"],
-         "--engine-request-timeout must be seconds > 0, got 0.0"),
-        (["--rollout-engine", "vllm", "--engine-request-timeout", "inf"],
-         "--engine-request-timeout must be seconds > 0, got inf"),
-        (["--rollout-engine", "vllm", "--engine-request-timeout", "soon"],
-         "--engine-request-timeout: invalid float value: 'soon'"),
+        (
+            ["--rollout-engine", "vllm", "--engine-probation", "soon"],
+            "--engine-probation must be seconds >= 0 or 'off', got 'soon'",
+        ),
+        (
+            ["--rollout-engine", "vllm", "--engine-probation", "-1"],
+            "--engine-probation must be seconds >= 0 or 'off', got '-1'",
+        ),
+        (
+            ["--rollout-engine", "vllm", "--engine-probation", "nan"],
+            "--engine-probation must be seconds >= 0 or 'off', got 'nan'",
+        ),
+        (
+            ["--engine-request-timeout", "30"],
+            "--engine-request-timeout: only with --rollout-engine vllm",
+        ),
+        (
+            ["--rollout-engine", "vllm", "--engine-request-timeout", "0"],
+            "--engine-request-timeout must be seconds > 0, got 0.0",
+        ),
+        (
+            ["--rollout-engine", "vllm", "--engine-request-timeout", "inf"],
+            "--engine-request-timeout must be seconds > 0, got inf",
+        ),
+        (
+            ["--rollout-engine", "vllm", "--engine-request-timeout", "soon"],
+            "--engine-request-timeout: invalid float value: 'soon'",
+        ),
     ],
 )
 def test_launcher_options_are_refused_by_name(
@@ -61,14 +79,24 @@ def _engine_config(tmp_path: Path, *extra: str) -> JobConfig:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    argv = ["--run-dir", str(tmp_path / "run"), "--steps", "2", "--rollout-engine", "vllm",
-            "--model", str(model), *extra]
+    argv = [
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--steps",
+        "2",
+        "--rollout-engine",
+        "vllm",
+        "--model",
+        str(model),
+        *extra,
+    ]
     config, _, _ = _checked_config(p, p.parse_args(argv))
     return config
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, 30.0), ("off", None), ("0", 0.0),
-                                               ("12.5", 12.5)])
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, 30.0), ("off", None), ("0", 0.0), ("12.5", 12.5)]
+)
 def test_engine_probation_reaches_the_job_config(
     tmp_path: Path, raw: str | None, expected: float | None
 ) -> None:
@@ -90,8 +118,11 @@ def test_the_job_config_refuses_a_bad_request_timeout(bad: Any) -> None:
         JobConfig(job="j", steps=1, engine_request_timeout_s=bad)
 
 
-GOOD: dict[str, Any] = {"registry": "127.0.0.1:5000", "version": 3,
-                        "specs": [["w", "float32", [2, 2]]]}
+GOOD: dict[str, Any] = {
+    "registry": "127.0.0.1:5000",
+    "version": 3,
+    "specs": [["w", "float32", [2, 2]]],
+}
 
 
 @pytest.mark.parametrize(
@@ -102,11 +133,16 @@ GOOD: dict[str, Any] = {"registry": "127.0.0.1:5000", "version": 3,
         ({"version": True}, "version must be an int >= 0, got True"),
         ({"transport": "ucx"}, "transport must be tcp or shm, got 'ucx'"),
         ({"specs": []}, "specs must be a non-empty list"),
-        ({"specs": [["w", "float32"]]}, "a spec must be [name, dtype, shape], got ['w', 'float32']"),
+        (
+            {"specs": [["w", "float32"]]},
+            "a spec must be [name, dtype, shape], got ['w', 'float32']",
+        ),
         ({"weight_set": ""}, "weight_set must be a name, got ''"),
     ],
 )
-def test_a_bad_refit_request_is_refused_naming_the_field(change: dict[str, Any], needle: str) -> None:
+def test_a_bad_refit_request_is_refused_naming_the_field(
+    change: dict[str, Any], needle: str
+) -> None:
     with pytest.raises(ValueError) as info:
         parse_source({**GOOD, **change})
     assert needle in str(info.value)
@@ -120,7 +156,10 @@ def test_a_good_refit_request_parses() -> None:
 
 @pytest.mark.parametrize(
     ("argv", "needle"),
-    [(["--run-dir", "D"], "must name --rank"), (["--run-dir", "D", "--rank", "-1"], "--rank must be >= 0")],
+    [
+        (["--run-dir", "D"], "must name --rank"),
+        (["--run-dir", "D", "--rank", "-1"], "--rank must be >= 0"),
+    ],
 )
 def test_an_order_to_the_engine_standby_must_name_its_rank(argv: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -130,8 +169,11 @@ def test_an_order_to_the_engine_standby_must_name_its_rank(argv: list[str], need
 
 @pytest.mark.parametrize(
     ("kw", "needle"),
-    [({"rollout_engine": "vllm"}, "needs model_dir"), ({"rollout_engine": "trl"}, "rollout_engine must be"),
-     ({"transport": "ucx"}, "transport must be tcp or shm, got 'ucx'")],
+    [
+        ({"rollout_engine": "vllm"}, "needs model_dir"),
+        ({"rollout_engine": "trl"}, "rollout_engine must be"),
+        ({"transport": "ucx"}, "transport must be tcp or shm, got 'ucx'"),
+    ],
 )
 def test_the_job_configuration_refuses_bad_engine_settings(kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(JobConfigError, match=needle):

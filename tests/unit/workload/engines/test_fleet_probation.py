@@ -40,8 +40,9 @@ class FakeEngine:
     def healthy(self, timeout: float = 2.0) -> bool:
         return True
 
-    def complete(self, prompt_ids: list[int], *, max_tokens: int, seed: int,
-                 timeout: float | None = None) -> None:
+    def complete(
+        self, prompt_ids: list[int], *, max_tokens: int, seed: int, timeout: float | None = None
+    ) -> None:
         if not self.healthy_now:  # wedged: /health answers, requests do not finish
             raise EngineUnavailable("timed out")
 
@@ -70,12 +71,23 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
 def _fleet(tmp_path: Path, pid: int) -> EngineFleet:
     run = RunDir(tmp_path)
     run.root.mkdir(parents=True, exist_ok=True)
-    records.write_record(run, EngineRecord(
-        rank=0, url="http://127.0.0.1:1", model="m", host_pid=pid,
-        pids={"api_server": pid, "engine_core": pid, "worker": pid}, warm=False, ready=True,
-        started=time.time(), ready_at=time.time()))
-    fleet = EngineFleet(run, 1, refit_source=lambda v: {"version": v}, poll=0.02,
-                        probation_s=PROBATION_S)
+    records.write_record(
+        run,
+        EngineRecord(
+            rank=0,
+            url="http://127.0.0.1:1",
+            model="m",
+            host_pid=pid,
+            pids={"api_server": pid, "engine_core": pid, "worker": pid},
+            warm=False,
+            ready=True,
+            started=time.time(),
+            ready_at=time.time(),
+        ),
+    )
+    fleet = EngineFleet(
+        run, 1, refit_source=lambda v: {"version": v}, poll=0.02, probation_s=PROBATION_S
+    )
     fleet.start()
     return fleet
 
@@ -93,7 +105,9 @@ def _events(fleet: EngineFleet, kind: str) -> list[dict[str, Any]]:
     return [e for e in read_events(fleet.run) if e["kind"] == kind]
 
 
-def test_a_healthy_engine_is_readmitted_after_its_probation(tmp_path: Path, engine: FakeEngine) -> None:
+def test_a_healthy_engine_is_readmitted_after_its_probation(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
     fleet = _fleet(tmp_path, os.getpid())
     try:
         fleet.set_target(1)
@@ -119,7 +133,9 @@ def test_a_healthy_engine_is_readmitted_after_its_probation(tmp_path: Path, engi
         fleet.close()
 
 
-def test_a_stale_engine_is_refit_before_it_is_readmitted(tmp_path: Path, engine: FakeEngine) -> None:
+def test_a_stale_engine_is_refit_before_it_is_readmitted(
+    tmp_path: Path, engine: FakeEngine
+) -> None:
     fleet = _fleet(tmp_path, os.getpid())
     try:
         fleet.set_target(1)
@@ -159,8 +175,9 @@ def test_a_dead_tree_gets_no_probation(tmp_path: Path, engine: FakeEngine) -> No
         record = records.read_record(fleet.run, 0)
         assert record is not None
         # Its worker died: same incarnation (the api server's pid), a worker that is gone.
-        records.write_record(fleet.run, EngineRecord(**{**record.__dict__,
-                                                        "pids": {**record.pids, "worker": child}}))
+        records.write_record(
+            fleet.run, EngineRecord(**{**record.__dict__, "pids": {**record.pids, "worker": child}})
+        )
         time.sleep(PROBATION_S * 3)
         assert fleet.slots[0].state == QUARANTINED and not fleet.slots[0].transient
         assert not _events(fleet, "engine_probation")

@@ -50,7 +50,9 @@ def test_reward_counts_digit_characters_only(model_dir: Path) -> None:
     assert reward(0, [9, 9, 9, 9], SPEC) == 0.0
 
 
-def test_the_disagreement_is_per_engine_and_zero_for_the_trainers_own_logprobs(model_dir: Path) -> None:
+def test_the_disagreement_is_per_engine_and_zero_for_the_trainers_own_logprobs(
+    model_dir: Path,
+) -> None:
     policy = load_policy(model_dir)
     samples = [{"prompt_ids": [2, 5, 6, 14], "tokens": [7, 8, 9, 10], "engine": e} for e in (0, 1)]
     with torch.no_grad():
@@ -77,9 +79,19 @@ def test_healing_stages_read_back_in_order(tmp_path: Path) -> None:
         with run.events.open("a") as f:
             f.write(json.dumps(line) + "\n")
     stages = healing_stages(run, 1, 77, since=t0 + 2)
-    assert stages == {"rank": 1, "quarantined_s": 0.0, "replaced_s": 2.0, "warm": True, "up_s": 2.5,
-                      "refit_s": 3.0, "refit_version": 1000004, "readmitted_s": 3.1,
-                      "readmitted_version": 1000004}
-    assert describe(stages) == ("rollout-1: quarantined 0.0 s, replaced 2.00 s warm, up 2.50 s, "
-                                "refit to v1000004 3.00 s, readmitted at v1000004 3.10 s")
+    assert stages == {
+        "rank": 1,
+        "quarantined_s": 0.0,
+        "replaced_s": 2.0,
+        "warm": True,
+        "up_s": 2.5,
+        "refit_s": 3.0,
+        "refit_version": 1000004,
+        "readmitted_s": 3.1,
+        "readmitted_version": 1000004,
+    }
+    assert describe(stages) == (
+        "rollout-1: quarantined 0.0 s, replaced 2.00 s warm, up 2.50 s, "
+        "refit to v1000004 3.00 s, readmitted at v1000004 3.10 s"
+    )
     assert healing_stages(run, 0, 77, since=t0)["readmitted_s"] is None

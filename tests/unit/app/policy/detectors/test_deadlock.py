@@ -21,8 +21,13 @@ pytestmark = pytest.mark.timeout(60)
 SUSTAIN = 90
 
 
-def _job(trainer_phase: str, step: Callable[[Cluster], int], tokens: float,
-         pending: float | None = None, rollout_phase: str = "ROLLOUT") -> Callable[[Cluster], None]:
+def _job(
+    trainer_phase: str,
+    step: Callable[[Cluster], int],
+    tokens: float,
+    pending: float | None = None,
+    rollout_phase: str = "ROLLOUT",
+) -> Callable[[Cluster], None]:
     def f(c: Cluster) -> None:
         for rank in (0, 1):
             c.participant("trainer", rank, "n0", phase=trainer_phase, step=step(c))
@@ -30,11 +35,14 @@ def _job(trainer_phase: str, step: Callable[[Cluster], int], tokens: float,
         for rank in (0, 1):
             node = f"n{rank + 1}"
             c.participant("rollout", rank, node, phase=rollout_phase, step=3)
-            c.put(node, m.ROLLOUT_TOKENS_PER_SECOND, tokens, job=JOB, role="rollout",
-                  rank=str(rank))
+            c.put(
+                node, m.ROLLOUT_TOKENS_PER_SECOND, tokens, job=JOB, role="rollout", rank=str(rank)
+            )
             if pending is not None:
-                c.put(node, m.ROLLOUT_PENDING_COUNT, pending, job=JOB, role="rollout",
-                      rank=str(rank))
+                c.put(
+                    node, m.ROLLOUT_PENDING_COUNT, pending, job=JOB, role="rollout", rank=str(rank)
+                )
+
     return f
 
 
@@ -67,7 +75,8 @@ def test_the_deadlock_is_one_job_incident_naming_both_sides_restarting_the_rollo
     verdict = Classifier(c.policy).classify(sig, job_step=20)
     actions = choose_actions(policy=c.policy, classification=verdict, signal=sig, world=c.world())
     assert [(a.action.value, a.params.get("role"), a.params.get("rank")) for a in actions] == [
-        ("restart_role", "rollout", None)]
+        ("restart_role", "rollout", None)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -141,7 +150,8 @@ def test_train_hang_clock_stops_while_the_rollouts_are_starved_and_resumes_after
     [(1100.0, None), (0.0, 4.0)],  # the rollouts generate; work is queued for them
 )
 def test_a_waiting_trainer_is_hung_on_time_while_its_rollouts_are_busy(
-    tokens: float, pending: float | None,
+    tokens: float,
+    pending: float | None,
 ) -> None:
     c = Cluster()
     hang = TrainHangDetector(c.policy)

@@ -92,7 +92,9 @@ _op = st.one_of(
         st.sampled_from([0.0, 0.0, 0.0, 0.5, 1.0, 3.0, 8.0, 14.0, 14.9]),
     ),
     # two new samples of one series between two ticks (the first may cross warning)
-    st.tuples(st.just("burst"), st.integers(0, len(RANDOM_KEYS) - 1), st.integers(0, 35), st.just(0.0)),
+    st.tuples(
+        st.just("burst"), st.integers(0, len(RANDOM_KEYS) - 1), st.integers(0, 35), st.just(0.0)
+    ),
     # series silent for longer than the stale time are dropped (recreated by their next sample)
     st.tuples(st.just("drop"), st.just(0), st.just(0), st.just(0.0)),
 )
@@ -105,7 +107,11 @@ _tick = st.tuples(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Always run, whatever the draw: in band, then a breach and a return into band between two
 # ticks (shard: 1, then 2 and 1), and in band, then a breach backfilled behind the newest sample.
-@example(window=900.0, max_points=1200, ticks=[(1.0, [("put", 1, 2, 0.0)]), (1.0, [("burst", 1, 20, 0.0)])])
+@example(
+    window=900.0,
+    max_points=1200,
+    ticks=[(1.0, [("put", 1, 2, 0.0)]), (1.0, [("burst", 1, 20, 0.0)])],
+)
 @example(
     window=900.0,
     max_points=8,

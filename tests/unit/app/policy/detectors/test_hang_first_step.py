@@ -20,6 +20,7 @@ BUDGET = 420  # detection.trainer.first_step_budget_seconds.trainer
 def _at(phase: str, step: int, rank: int = 0) -> Callable[[Cluster], None]:
     def each(c: Cluster) -> None:
         c.participant("trainer", rank, "n0", phase=phase, step=step)
+
     return each
 
 
@@ -90,8 +91,7 @@ def test_a_budget_the_job_declared_wins_over_the_policys() -> None:
 
     def each(c: Cluster) -> None:
         _at("TRAIN", 0)(c)
-        c.put("n0", "participant_first_step_budget_seconds", 60, job=JOB, role="trainer",
-              rank="0")
+        c.put("n0", "participant_first_step_budget_seconds", 60, job=JOB, role="trainer", rank="0")
 
     res = c.run(80, each, detector=det)
     fired = _fired(res)
@@ -122,9 +122,11 @@ def test_the_budget_is_policy_per_role() -> None:
 
 def _process(pid: int, step: Callable[[Cluster], int]) -> Callable[[Cluster], None]:
     """Trainer 0 in TRAIN at ``step(c)``, its heartbeat written by process ``pid``."""
+
     def each(c: Cluster) -> None:
         _at("TRAIN", step(c))(c)
         c.put("n0", "participant_pid", pid, job=JOB, role="trainer", rank="0")
+
     return each
 
 
@@ -157,8 +159,9 @@ def test_a_long_first_step_after_a_same_step_restart_is_not_a_hang() -> None:
     step = _restarted_at_the_same_step(c, det)
     start = c.now
     res = c.run(300, _process(200, lambda c: step), detector=det)
-    res += c.run(200, _process(200, lambda c: step + 1 + int(c.now - start - 300) // 5),
-                 detector=det)
+    res += c.run(
+        200, _process(200, lambda c: step + 1 + int(c.now - start - 300) // 5), detector=det
+    )
     assert _fired(res) is None
 
 

@@ -46,16 +46,21 @@ def test_engine_on_a_silent_node_is_the_node_detectors_case() -> None:
 STALL = 60  # detection.rollout.stall_timeout_seconds in policy.yaml
 
 
-def _rollout(tokens: float, pending: float | None, *, step: int = 7, phase: str = "ROLLOUT",
-             heartbeat_age: float = 0.5) -> Callable[[Cluster], None]:
+def _rollout(
+    tokens: float,
+    pending: float | None,
+    *,
+    step: int = 7,
+    phase: str = "ROLLOUT",
+    heartbeat_age: float = 0.5,
+) -> Callable[[Cluster], None]:
     """Every second, rollout-0 on n1 as the agent reports it: tokens/s, pending rollouts."""
 
     def f(c: Cluster) -> None:
         c.put("n1", m.ROLLOUT_TOKENS_PER_SECOND, tokens, job=JOB, role="rollout", rank="0")
         if pending is not None:
             c.put("n1", m.ROLLOUT_PENDING_COUNT, pending, job=JOB, role="rollout", rank="0")
-        c.participant("rollout", 0, "n1", phase=phase, step=step,
-                      heartbeat=c.now - heartbeat_age)
+        c.participant("rollout", 0, "n1", phase=phase, step=step, heartbeat=c.now - heartbeat_age)
 
     return f
 

@@ -17,8 +17,9 @@ from .._helpers import JOB, Cluster, first_firing
 pytestmark = pytest.mark.timeout(60)
 
 
-def _rollouts(per_second: float, share: float, *, total: bool = True,
-              reset_at: float | None = None) -> Callable[[Cluster], None]:
+def _rollouts(
+    per_second: float, share: float, *, total: bool = True, reset_at: float | None = None
+) -> Callable[[Cluster], None]:
     done = {0: [0.0, 0.0], 1: [0.0, 0.0]}
 
     def f(c: Cluster) -> None:
@@ -32,6 +33,7 @@ def _rollouts(per_second: float, share: float, *, total: bool = True,
                 c.put(f"n{rank}", m.ROLLOUT_SAMPLES_TOTAL, int(acc[0]), **labels)
             c.put(f"n{rank}", m.ROLLOUT_FAILED_SAMPLES_TOTAL, int(acc[1]), **labels)
             c.participant("rollout", rank, f"n{rank}", phase="ROLLOUT")
+
     return f
 
 
@@ -48,12 +50,17 @@ def test_a_high_failure_share_is_one_job_incident() -> None:
     assert "generations of its rollouts failed or came back empty" in sig.evidence.detail
 
 
-@pytest.mark.parametrize("each", [
-    _rollouts(5, 0.05),  # a normal share of bad prompts
-    _rollouts(0.05, 0.9),  # few generations: under min_samples in the window
-    _rollouts(5, 0.9, total=False),  # no denominator: no ratio
-])
-def test_no_incident_without_a_high_share_of_enough_samples(each: Callable[[Cluster], None]) -> None:
+@pytest.mark.parametrize(
+    "each",
+    [
+        _rollouts(5, 0.05),  # a normal share of bad prompts
+        _rollouts(0.05, 0.9),  # few generations: under min_samples in the window
+        _rollouts(5, 0.9, total=False),  # no denominator: no ratio
+    ],
+)
+def test_no_incident_without_a_high_share_of_enough_samples(
+    each: Callable[[Cluster], None],
+) -> None:
     c = Cluster()
     det = RolloutSampleFailureDetector(c.policy)
     assert first_firing(c.run(200, each, detector=det)) is None

@@ -30,8 +30,14 @@ def _rollouts(rates: Mapping[int, float], *, job: str = JOB) -> Callable[[Cluste
     def f(c: Cluster) -> None:
         for rank, rate in rates.items():
             node = f"n{rank}"
-            c.put(node, m.ROLLOUT_TOKENS_PER_SECOND, rate * rng.uniform(0.9, 1.1), job=job,
-                  role="rollout", rank=str(rank))
+            c.put(
+                node,
+                m.ROLLOUT_TOKENS_PER_SECOND,
+                rate * rng.uniform(0.9, 1.1),
+                job=job,
+                role="rollout",
+                rank=str(rank),
+            )
             c.participant("rollout", rank, node, phase="ROLLOUT", job=job)
 
     return f

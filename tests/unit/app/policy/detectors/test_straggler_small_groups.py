@@ -25,9 +25,16 @@ def _rollouts(rates: dict[int, float], seed: int = 3) -> Callable[[Cluster], Non
 
     def f(c: Cluster) -> None:
         for rank, rate in rates.items():
-            c.put(f"n{rank}", m.ROLLOUT_TOKENS_PER_SECOND, rate * rng.uniform(0.75, 1.25),
-                  job=JOB, role="rollout", rank=str(rank))
+            c.put(
+                f"n{rank}",
+                m.ROLLOUT_TOKENS_PER_SECOND,
+                rate * rng.uniform(0.75, 1.25),
+                job=JOB,
+                role="rollout",
+                rank=str(rank),
+            )
             c.participant("rollout", rank, f"n{rank}", phase="ROLLOUT")
+
     return f
 
 
@@ -86,6 +93,7 @@ def test_a_rank_its_peer_overtook_is_no_straggler() -> None:
             for rank, t in times.items():
                 cl.put("n0", m.TRAIN_STEP_SECONDS, t, job=JOB, role="trainer", rank=str(rank))
                 cl.participant("trainer", rank, "n0", phase="TRAIN")
+
         return f
 
     c.run(60, steps({0: 6.0, 1: 6.0}), detector=det)

@@ -30,8 +30,14 @@ def _engines(level: Callable[[int, int], float], ranks: int = 2) -> Callable[[Cl
         for r in range(ranks):
             if current.get(r, (-1, 0.0))[0] != step:
                 current[r] = (step, level(step, r) * rng.uniform(0.8, 1.2))
-            c.put(f"n{r}", m.ROLLOUT_LOGPROB_DIFF_MEAN, current[r][1], job=JOB, role="rollout",
-                  rank=str(r))
+            c.put(
+                f"n{r}",
+                m.ROLLOUT_LOGPROB_DIFF_MEAN,
+                current[r][1],
+                job=JOB,
+                role="rollout",
+                rank=str(r),
+            )
 
     return f
 
@@ -40,7 +46,9 @@ def _fired(results: list[list[FaultSignal]]) -> set[tuple[str | None, int | None
     return {(s.subject.role, s.subject.rank) for sigs in results for s in sigs}
 
 
-def _run(seconds: int, level: Callable[[int, int], float], ranks: int = 2) -> list[list[FaultSignal]]:
+def _run(
+    seconds: int, level: Callable[[int, int], float], ranks: int = 2
+) -> list[list[FaultSignal]]:
     c = Cluster()
     det = TrainInferMismatchDetector(c.policy)
     return c.run(seconds, _engines(level, ranks), detector=det)
