@@ -240,32 +240,15 @@ def run(args: argparse.Namespace, who: Participant) -> int:
             raise _Stopped  # out of the start-up wait at once; serve() watches ``stop``
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    killed = _kill_previous(who)
-    if killed:
-        log.warning("killed what was left of the previous engine: pids %s", killed)
-    hb = HeartbeatReporter(who.run_dir, who.role, who.rank, job=who.job, interval=0.5)
-    hb.update(phase="STARTING", force=True)
-    hb.close()
-    logs = who.run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    settings = EngineSettings(
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-        kv_cache_gib=args.kv_cache_gib,
-        worker_extension_cls=EXTENSION,
-        served_model_name=args.served_model_name,
-        extra_args=args.vllm_args,
-    )
-    server = start_server(
-        Path(args.model),
-        settings=settings,
-        host=args.host,
-        port=args.port,
-        log_path=logs / f"engine-{who.role}-{who.rank}-{os.getpid()}.log",
-        env={**os.environ, "PYTHONPATH": checkout_pythonpath()},
-        popen=popen_dying_with_parent,
-    )
+    server: VLLMServer | None = None
     try:
+        killed = _kill_previous(who)
+        if killed:
+            log.warning("killed what was left of the previous engine: pids %s", killed)
+        hb = HeartbeatReporter(who.run_dir, who.role, who.rank, job=who.job, interval=0.5)
+        hb.update(phase="STARTING", force=True)
+        hb.close()
+        server = _start(args, who)
         _announce(who, server, ready=False)
         seconds = server.wait_healthy(timeout=args.start_timeout)
         _announce(who, server, ready=True)
@@ -278,12 +261,35 @@ def run(args: argparse.Namespace, who: Participant) -> int:
     except _Stopped:
         return 0
     finally:
-        if stop.is_set():
-            # Stopped on purpose: an engine its job stopped is not a dead one (the agent
-            # watches announced engines that are ready). One that died stays ready: that is how
-            # the agent sees it dead.
-            _announce(who, server, ready=False)
-        server.stop(timeout=10.0)
+        if server is not None:
+            if stop.is_set():
+                # Stopped on purpose: an engine its job stopped is not a dead one (the agent
+                # watches announced engines that are ready). One that died stays ready: that is
+                # how the agent sees it dead.
+                _announce(who, server, ready=False)
+            server.stop(timeout=10.0)
+
+
+def _start(args: argparse.Namespace, who: Participant) -> VLLMServer:
+    logs = who.run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    settings = EngineSettings(
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        kv_cache_gib=args.kv_cache_gib,
+        worker_extension_cls=EXTENSION,
+        served_model_name=args.served_model_name,
+        extra_args=args.vllm_args,
+    )
+    return start_server(
+        Path(args.model),
+        settings=settings,
+        host=args.host,
+        port=args.port,
+        log_path=logs / f"engine-{who.role}-{who.rank}-{os.getpid()}.log",
+        env={**os.environ, "PYTHONPATH": checkout_pythonpath()},
+        popen=popen_dying_with_parent,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
