@@ -60,7 +60,7 @@ def maintenance_add(
     from app.cli.common import fail, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.models import utcnow
-    from app.models.silence import MaintenanceWindowCreate
+    from app.silences.public import MaintenanceWindowCreate
     from app.silences.store import create_window
     from app.silences.text import parse_duration_minutes
 

@@ -55,7 +55,7 @@ def silence_add(
     from app.cli.common import fail, load_settings, run_db
     from app.core.errors import InvalidInput
     from app.models import utcnow
-    from app.models.silence import SilenceCreate
+    from app.silences.public import SilenceCreate
     from app.silences.store import create_silence
     from app.silences.text import matchers_from_text, parse_duration_minutes
 

@@ -5,33 +5,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
+from app.cluster.public import PhaseHistoryPublic, PhaseTransitionPublic
 from app.core.errors import InvalidInput, NotFound
 from app.models import Job
 from app.models.phase import PhaseTransition
 
 DEFAULT_WINDOW = timedelta(hours=1)
 MAX_TRANSITIONS = 10_000
-
-
-class PhaseTransitionPublic(BaseModel):
-    role: str
-    rank: int
-    node: str | None
-    phase: str
-    previous_phase: str | None
-    step: int
-    at: datetime
-
-
-class PhaseHistoryPublic(BaseModel):
-    job: str
-    since: datetime
-    data: list[PhaseTransitionPublic]
-    count: int
-    truncated: bool
 
 
 def _public(row: PhaseTransition) -> PhaseTransitionPublic:

@@ -8,10 +8,8 @@ from datetime import datetime
 
 from sqlmodel import Session, func, select
 
-from app.core.errors import InvalidInput, NotFound
-from app.models import ApiToken, AuditEvent, Job, Node, Participant, User
-from app.models.public import (
-    AuditEventPublic,
+from app.auth.public import AuditEventPublic, TokenPublic, UserPublic
+from app.cluster.public import (
     JobDetail,
     JobPublic,
     NodeDetail,
@@ -19,9 +17,9 @@ from app.models.public import (
     ParticipantPublic,
     SeriesLatest,
     SeriesPoints,
-    TokenPublic,
-    UserPublic,
 )
+from app.core.errors import InvalidInput, NotFound
+from app.models import ApiToken, AuditEvent, Job, Node, Participant, User
 from app.series.store import SeriesStore
 
 

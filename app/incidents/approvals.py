@@ -17,14 +17,13 @@ from sqlmodel import Session, col, select
 from app.auth.audit import record_audit
 from app.core.db import begin_write
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
-from app.incidents.public import approval_public
+from app.incidents.public import ApprovalPublic, approval_public
 from app.incidents.timeline import add_event
 from app.models import Role, User
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType
-from app.models.incident_public import ApprovalPublic
 
 log = logging.getLogger("rlguard.approvals")
 

@@ -9,16 +9,18 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 from app.core.errors import InvalidInput, NotFound
-from app.incidents.public import action_public, approval_public, incident_public
-from app.models.action import ActionStatus, RecoveryAction
-from app.models.approval import Approval
-from app.models.incident import FaultSignalRecord, Incident, IncidentEvent, IncidentStatus
-from app.models.incident_public import (
+from app.incidents.public import (
     FaultSignalPublic,
     IncidentDetail,
     IncidentEventPublic,
     IncidentsPublic,
+    action_public,
+    approval_public,
+    incident_public,
 )
+from app.models.action import ActionStatus, RecoveryAction
+from app.models.approval import Approval
+from app.models.incident import FaultSignalRecord, Incident, IncidentEvent, IncidentStatus
 from app.policy.engine import OpenIncident
 from app.policy.signals import FaultKind, Subject, Tier
 

@@ -27,7 +27,6 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
-from pydantic import BaseModel
 from sqlmodel import Session, col, func, select
 
 from app.auth.audit import record_audit
@@ -35,7 +34,7 @@ from app.core.db import begin_write
 from app.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from app.incidents.persist import insert_open_incident, resolve_incident
 from app.incidents.planning import batch_of, write_plan
-from app.incidents.public import action_public
+from app.incidents.public import JobReleasePublic, action_public
 from app.incidents.timeline import add_event
 from app.models import Role, User
 from app.models._types import utcnow
@@ -43,7 +42,6 @@ from app.models.action import ActionStatus, RecoveryAction
 from app.models.approval import Approval, ApprovalStatus
 from app.models.cluster import Job, Participant
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
-from app.models.incident_public import ActionPublic
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.signals import Tier
 
@@ -58,16 +56,6 @@ _LIVE = (
     ActionStatus.dispatched.value,
     ActionStatus.running.value,
 )
-
-
-class JobReleasePublic(BaseModel):
-    """What ``POST /api/v1/jobs/{job}/release`` started."""
-
-    job: str
-    released_by: str
-    comment: str
-    incidents: list[int]
-    actions: list[ActionPublic]
 
 
 def safe_mode_incidents(session: Session, *, job: str) -> list[Incident]:

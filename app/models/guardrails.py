@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, StrictBool
 from sqlmodel import Field, SQLModel
 
 from app.models._types import UTCDateTime, utcnow
@@ -40,42 +39,3 @@ class JobAutomation(SQLModel, table=True):
     hands_off: bool = False
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_by: str = Field(default="system", max_length=160)
-
-
-# -- what the REST API reads and takes ---------------------------------------------------------
-
-
-class BreakerPublic(BaseModel):
-    scope: str
-    open: bool
-    tripped_at: datetime | None
-    reason: str
-    incident_id: int | None
-    trips: int
-    reset_at: datetime | None
-    reset_by: str | None
-
-
-class BreakerResetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    comment: str = Field(default="", max_length=500)
-
-
-class JobAutomationPublic(BaseModel):
-    job: str
-    dry_run: bool
-    hands_off: bool
-    updated_at: datetime | None
-    updated_by: str
-
-
-class JobAutomationIn(BaseModel):
-    """A change of a job's switches; a switch left out is unchanged. Strict booleans: a
-    misspelt ``"flase"`` must be refused, not read as true."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    dry_run: StrictBool | None = None
-    hands_off: StrictBool | None = None
-    reason: str = Field(default="", max_length=500)

@@ -38,10 +38,11 @@ from sqlmodel import Session, col, select
 
 from app.core.errors import InvalidInput, NotFound
 from app.models.incident import Incident, IncidentStatus
-from app.models.silence import MatcherIn, Silence, SilenceCreate
+from app.models.silence import Silence
 from app.silences import store
 from app.silences.matchers import Label, Matcher, MatchOp, all_match, incident_labels
 from app.silences.muting import matching_silences, node_incident_for
+from app.silences.public import MatcherIn, SilenceCreate
 
 # Alertmanager's own label for "which alert": RLGuard calls it the incident's kind.
 ALERTNAME = "alertname"

@@ -17,15 +17,14 @@ from sqlmodel import Session, col, select
 from app.auth.audit import record_audit
 from app.core.db import begin_write
 from app.core.errors import Conflict, InvalidInput, NotFound
-from app.models.silence import (
-    MaintenanceWindow,
+from app.models.silence import MaintenanceWindow, Silence
+from app.silences.matchers import MAX_VALUE_CHARS, parse_matchers
+from app.silences.public import (
     MaintenanceWindowCreate,
     MaintenanceWindowPublic,
-    Silence,
     SilenceCreate,
     SilencePublic,
 )
-from app.silences.matchers import MAX_VALUE_CHARS, parse_matchers
 from app.silences.windows import Recurrence, window_state
 
 

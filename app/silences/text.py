@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from app.core.errors import InvalidInput
-from app.models.silence import MatcherIn
 from app.silences.matchers import Matcher
+from app.silences.public import MatcherIn
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([mhdw])")
 _MINUTES = {"m": 1, "h": 60, "d": 24 * 60, "w": 7 * 24 * 60}

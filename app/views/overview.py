@@ -15,7 +15,7 @@ from sqlmodel import Session
 
 from app.guardrails.automation import switches_by_job
 from app.incidents import queries as incident_queries
-from app.models.incident_public import IncidentPublic
+from app.incidents.public import IncidentPublic
 from app.policy.signals import Tier
 from app.views.context import DbDep, PageContext, Runtime, RuntimeDep, SignedInDep
 from app.views.fleet import FiltersDep, GridPageParam, PageParam, is_fleet, shell_data

@@ -11,8 +11,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.deps import RowId
-from app.models.silence import SilenceCreate
 from app.silences import store
+from app.silences.public import SilenceCreate
 from app.silences.text import matchers_from_text, parse_duration_minutes
 from app.views.context import CsrfDep, DbDep, PageContext, RuntimeDep, SignedInDep
 from app.views.models.silences import silence_rows, window_rows

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 
 from app.api.deps import OperatorUser, SessionDep
 from app.auth.audit import record_audit
 from app.core.errors import InvalidInput, Unavailable
-from app.policy.detectors.external import AlertmanagerPayload, AlertMappingError, map_alert
+from app.policy.detectors.external import (
+    AlertmanagerAck,
+    AlertmanagerPayload,
+    AlertMappingError,
+    map_alert,
+)
 
 router = APIRouter(prefix="/api/v1/alertmanager", tags=["alertmanager"])
-
-
-class AlertmanagerAck(BaseModel):
-    firing: int
-    resolved: int
 
 
 @router.post("", response_model=AlertmanagerAck, summary="Alertmanager webhook receiver (v4)")

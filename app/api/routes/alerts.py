@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
 
 from app.alerts import service as alert_service
 from app.alerts.config import CONTACTS_READER_ROLE, AlertsConfig
 from app.alerts.delivery import RetryPolicy
 from app.alerts.errors import AlertConfigError, AlertEventError
+from app.alerts.public import (
+    AlertChannelsPublic,
+    AlertDeliveriesPublic,
+    AlertDeliveryPublic,
+    TestMessageResult,
+)
 from app.api.deps import AdminUser, RowId, SessionDep, ViewerUser
 from app.auth.audit import record_audit
 from app.core.errors import InvalidInput, NotFound
@@ -25,51 +29,6 @@ router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 TEST_POLICY = RetryPolicy(
     max_attempts=2, base_delay_s=0.5, max_retry_after_s=5.0, deadline_s=15.0, read_timeout_s=5.0
 )
-
-
-class AlertDeliveryPublic(BaseModel):
-    id: int
-    incident_id: int
-    event_id: str
-    event_kind: str
-    tier: str
-    channel: str
-    channel_type: str
-    state: str
-    batch_id: int | None
-    attempts: int
-    parts_sent: int
-    parts_total: int
-    response_code: int | None
-    last_error: str | None
-    occurred_at: datetime
-    due_at: datetime
-    next_attempt_at: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    sent_at: datetime | None
-    attempt_log: list[dict[str, Any]]
-
-
-class AlertDeliveriesPublic(BaseModel):
-    deliveries: list[AlertDeliveryPublic]
-    next_before_id: int | None
-
-
-class AlertChannelsPublic(BaseModel):
-    channels: list[dict[str, Any]]
-    group_wait_s: float
-    repeat_interval_s: float
-    external_base_url: str
-
-
-class TestMessageResult(BaseModel):
-    channel: str
-    channel_type: str
-    status: str
-    attempts: int
-    response_code: int | None
-    last_error: str | None
 
 
 def get_alerts_config(request: Request) -> AlertsConfig:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import ApproverUser, RowCount, RowId, SessionDep, ViewerUser
 from app.incidents import approvals
-from app.models.incident_public import ApprovalDecisionIn, ApprovalPublic
+from app.incidents.public import ApprovalDecisionIn, ApprovalPublic
 
 router = APIRouter(prefix="/api/v1/approvals", tags=["approvals"])
 

@@ -7,7 +7,8 @@ from fastapi import APIRouter
 
 from app.api.deps import OperatorUser, SessionDep, ViewerUser
 from app.guardrails import automation
-from app.models.guardrails import JobAutomation, JobAutomationIn, JobAutomationPublic
+from app.guardrails.public import JobAutomationIn, JobAutomationPublic
+from app.models.guardrails import JobAutomation
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["guard-rails"])
 

@@ -6,8 +6,9 @@ from fastapi import APIRouter
 
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
 from app.guardrails import breaker
+from app.guardrails.public import BreakerPublic, BreakerResetIn
 from app.incidents import breaker_reset
-from app.models.guardrails import BreakerPublic, BreakerResetIn, CircuitBreaker
+from app.models.guardrails import CircuitBreaker
 
 router = APIRouter(prefix="/api/v1/breakers", tags=["guard-rails"])
 

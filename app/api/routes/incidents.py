@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import RowCount, RowId, SessionDep, ViewerUser
 from app.incidents import queries
-from app.models.incident_public import IncidentDetail, IncidentsPublic
+from app.incidents.public import IncidentDetail, IncidentsPublic
 
 router = APIRouter(prefix="/api/v1/incidents", tags=["incidents"])
 

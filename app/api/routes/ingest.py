@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.api.deps import IngestDep, NodeAuth
+from app.ingest.public import IngestAck
 from app.ingest.validation import IngestRejected
-from app.models.public import IngestAck
 
 router = APIRouter(prefix="/api/v1", tags=["ingest"])
 

@@ -7,14 +7,14 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
 
 from app.api.deps import ApproverUser, SessionDep, ViewerUser
 from app.cluster import phase_history
 from app.cluster import queries as cluster
+from app.cluster.public import JobDetail, JobsPublic, PhaseHistoryPublic
 from app.incidents import safe_mode_release
+from app.incidents.public import JobReleaseIn, JobReleasePublic
 from app.models import utcnow
-from app.models.public import JobDetail, JobsPublic
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
 
@@ -32,7 +32,7 @@ def get_job(job: str, session: SessionDep, _user: ViewerUser) -> JobDetail:
 
 @router.get(
     "/{job}/phases",
-    response_model=phase_history.PhaseHistoryPublic,
+    response_model=PhaseHistoryPublic,
     summary="Phase transitions of the job's participants (oldest first)",
 )
 def get_job_phases(
@@ -49,17 +49,13 @@ def get_job_phases(
     limit: Annotated[
         int, Query(ge=1, le=phase_history.MAX_TRANSITIONS)
     ] = phase_history.MAX_TRANSITIONS,
-) -> phase_history.PhaseHistoryPublic:
+) -> PhaseHistoryPublic:
     return phase_history.phase_history(session, job=job, now=utcnow(), since=since, limit=limit)
-
-
-class JobReleaseIn(BaseModel):
-    comment: str = Field(description="why the job may run again (kept in the audit log)")
 
 
 @router.post(
     "/{job}/release",
-    response_model=safe_mode_release.JobReleasePublic,
+    response_model=JobReleasePublic,
     status_code=202,
     summary="Release a job from SAFE_MODE (approver or admin); its incident closes once done",
     description=(
@@ -74,7 +70,7 @@ class JobReleaseIn(BaseModel):
 )
 def release_job(
     job: str, body: JobReleaseIn, session: SessionDep, user: ApproverUser
-) -> safe_mode_release.JobReleasePublic:
+) -> JobReleasePublic:
     result = safe_mode_release.release_job(session, job=job, user=user, comment=body.comment)
     session.commit()
     return result

@@ -7,8 +7,8 @@ from fastapi import APIRouter
 
 from app.api.deps import OperatorUser, RowId, SessionDep, SettingsDep, ViewerUser
 from app.models._types import utcnow
-from app.models.silence import MaintenanceWindowCreate, MaintenanceWindowPublic
 from app.silences import store
+from app.silences.public import MaintenanceWindowCreate, MaintenanceWindowPublic
 
 router = APIRouter(prefix="/api/v1/maintenance-windows", tags=["silences"])
 

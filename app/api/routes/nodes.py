@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from app.api.deps import SeriesStoreDep, SessionDep, ViewerUser
 from app.cluster import queries as cluster
-from app.models.public import NodeDetail, NodesPublic
+from app.cluster.public import NodeDetail, NodesPublic
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import SeriesStoreDep, ViewerUser
 from app.cluster import queries as cluster
-from app.models.public import SeriesList
+from app.cluster.public import SeriesList
 
 router = APIRouter(prefix="/api/v1/series", tags=["series"])
 

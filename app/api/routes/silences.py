@@ -7,8 +7,8 @@ from fastapi import APIRouter
 
 from app.api.deps import OperatorUser, RowId, SessionDep, SettingsDep, ViewerUser
 from app.models._types import utcnow
-from app.models.silence import SilenceCreate, SilencePublic
 from app.silences import store
+from app.silences.public import SilenceCreate, SilencePublic
 
 router = APIRouter(prefix="/api/v1/silences", tags=["silences"])
 

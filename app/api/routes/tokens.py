@@ -7,9 +7,9 @@ from sqlmodel import select
 
 from app.api.deps import AdminUser, RowId, SessionDep
 from app.auth import tokens
+from app.auth.public import NodeTokenCreate, TokenCreated, TokenPublic
 from app.cluster import queries as cluster
 from app.models import ApiToken
-from app.models.public import NodeTokenCreate, TokenCreated, TokenPublic
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 

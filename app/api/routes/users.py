@@ -11,11 +11,7 @@ from sqlmodel import select
 from app.api.deps import AdminUser, AuditReader, CurrentUser, LoginThrottleDep, SessionDep
 from app.auth import tokens, users
 from app.auth.audit import record_audit
-from app.cluster import queries as cluster
-from app.core.errors import NotAuthenticated
-from app.core.ratelimit import client_address
-from app.models import User
-from app.models.public import (
+from app.auth.public import (
     AuditEventPublic,
     LoginRequest,
     PasswordSet,
@@ -24,6 +20,10 @@ from app.models.public import (
     UserCreated,
     UserPublic,
 )
+from app.cluster import queries as cluster
+from app.core.errors import NotAuthenticated
+from app.core.ratelimit import client_address
+from app.models import User
 
 router = APIRouter(prefix="/api/v1", tags=["users"])
 

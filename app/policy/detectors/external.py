@@ -45,6 +45,11 @@ class AlertmanagerPayload(BaseModel):
     alerts: list[AlertmanagerAlert] = Field(max_length=1000)
 
 
+class AlertmanagerAck(BaseModel):
+    firing: int
+    resolved: int
+
+
 class AlertMappingError(ValueError):
     """An alert's labels cannot be mapped; the message names the label."""
 

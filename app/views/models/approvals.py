@@ -13,12 +13,11 @@ from sqlmodel import Session, col, select
 
 from app.core.errors import NotFound
 from app.incidents import approvals as approvals_service
-from app.incidents.public import approval_public
+from app.incidents.public import ApprovalPublic, approval_public
 from app.models import User
 from app.models.action import RecoveryAction
 from app.models.approval import Approval
 from app.models.incident import Incident
-from app.models.incident_public import ApprovalPublic
 
 RECENT_DECIDED = 20
 

@@ -17,9 +17,9 @@ from sqlmodel import Session, col, func, select
 
 from app.core.errors import NotFound
 from app.incidents import queries as incident_queries
+from app.incidents.public import IncidentDetail
 from app.models.approval import Approval, ApprovalStatus
 from app.models.incident import Incident, IncidentEventType, IncidentStatus
-from app.models.incident_public import IncidentDetail
 from app.policy.policy_file import Policy, default_policy
 from app.policy.signals import Tier
 from app.series.store import SeriesStore

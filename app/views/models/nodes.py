@@ -14,8 +14,8 @@ from typing import Any
 from sqlmodel import Session, select
 
 from app.cluster import queries as cluster
+from app.cluster.public import ParticipantPublic
 from app.models import MetricRollup, from_epoch
-from app.models.public import ParticipantPublic
 from app.series.store import SeriesStore
 from app.views.models.charts import ChartSpec, Threshold, aligned_chart
 from app.views.models.health import (

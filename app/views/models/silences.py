@@ -8,8 +8,8 @@ from datetime import datetime
 
 from sqlmodel import Session
 
-from app.models.silence import MaintenanceWindowPublic, SilencePublic
 from app.silences.matchers import Matcher
+from app.silences.public import MaintenanceWindowPublic, SilencePublic
 from app.silences.store import list_silences, list_windows, silence_public, window_public
 
 STATE_LEVELS = {"active": "warn", "pending": "idle", "expired": "ok"}

@@ -15,12 +15,12 @@ from app.incidents.persist import persist_decisions, resolve_incident
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
 from app.models.incident import Incident, IncidentEvent
-from app.models.silence import MaintenanceWindowCreate, MatcherIn, SilenceCreate
 from app.policy.engine import DecisionType, IncidentDecision
 from app.policy.plans import ActionName, PlannedAction
 from app.policy.policy_file import default_policy
 from app.policy.signals import Evidence, FaultKind, FaultSignal, Subject, Tier
 from app.silences import store
+from app.silences.public import MaintenanceWindowCreate, MatcherIn, SilenceCreate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 AT = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
