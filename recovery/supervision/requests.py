@@ -16,9 +16,13 @@ launcher carries it out and answers, or the request is withdrawn (answered ``wit
 removed) and the launcher, finding it taken, does nothing. Only actions that must never run
 late claim (``inject_fault``); the others are idempotent restarts.
 
-The supervisor says it is alive in ``<run_dir>/recovery/supervisor.json`` (its pid); a request to
-a launcher that is not running is refused at once instead of waiting for an answer that will
-not come.
+Each running launcher says so in ``<run_dir>/recovery/launchers/<pid>.json`` with the roles it
+runs; a request when none is running is refused at once instead of waiting for an answer that
+will not come. A job may run one launcher per role (a trainer under one ``rlguard launch``, its
+inference engine under another): a request for a role is then carried out by the launcher that
+runs it, the others leave it (:func:`runs_elsewhere`). A job-wide request (``restart_job``) is
+carried out by the first launcher that takes it, for its own processes only: such a job restarts
+each role through ``restart_role``.
 """
 
 from __future__ import annotations
@@ -62,9 +66,9 @@ def requests_dir(run_dir: Path) -> Path:
     return run_dir / "recovery" / "launcher"
 
 
-def supervisor_file(run_dir: Path) -> Path:
-    """Where the running supervisor of ``run_dir`` records its pid."""
-    return run_dir / "recovery" / "supervisor.json"
+def launchers_dir(run_dir: Path) -> Path:
+    """Where the running launchers of ``run_dir`` say so, one file each (``<pid>.json``)."""
+    return run_dir / "recovery" / "launchers"
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -76,28 +80,64 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def announce(run_dir: Path, **fields: Any) -> None:
-    """Record that a supervisor of ``run_dir`` runs in this process (call once at its start)."""
+    """Record that a launcher of ``run_dir`` runs in this process (call once at its start);
+    ``roles``: the roles of the processes it runs (a job may run one launcher per role)."""
     requests_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    launchers_dir(run_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(
-        supervisor_file(run_dir), {"pid": os.getpid(), "started_at": time.time(), **fields}
+        launchers_dir(run_dir) / f"{os.getpid()}.json",
+        {"pid": os.getpid(), "started_at": time.time(), **fields},
     )
 
 
 def retire(run_dir: Path) -> None:
-    """Say that the supervisor of ``run_dir`` stopped (requests are refused from now on)."""
-    path = supervisor_file(run_dir)
-    body = _read(path)
-    if body is not None and body.get("pid") == os.getpid():
-        path.unlink(missing_ok=True)
+    """Say that this process's launcher of ``run_dir`` stopped (the others go on)."""
+    (launchers_dir(run_dir) / f"{os.getpid()}.json").unlink(missing_ok=True)
+
+
+def live_launchers(run_dir: Path) -> list[dict[str, Any]]:
+    """What the running launchers of ``run_dir`` announced (one that died is left out)."""
+    out = []
+    for path in sorted(launchers_dir(run_dir).glob("*.json")):
+        body = _read(path)
+        try:
+            pid = int((body or {})["pid"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if body is not None and process_exists(pid):
+            out.append(body)
+    return out
 
 
 def _launcher_alive(run_dir: Path) -> bool:
-    body = _read(supervisor_file(run_dir))
-    try:
-        pid = int((body or {})["pid"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    return process_exists(pid)
+    return bool(live_launchers(run_dir))
+
+
+# Actions addressed to one role: with one launcher per role, the launcher running it acts.
+ROLE_ACTIONS = ("restart_role", "capture_stacks", "reschedule_batches")
+
+
+def for_another_launcher(run_dir: Path, body: dict[str, Any], *, runs_it: bool) -> bool:
+    """Whether a launcher that does not run the role a request names (``runs_it``) leaves it
+    to another running launcher of the job that does."""
+    role = body.get("role")
+    return (
+        not runs_it
+        and body.get("action") in ROLE_ACTIONS
+        and isinstance(role, str)
+        and runs_elsewhere(run_dir, role)
+    )
+
+
+def runs_elsewhere(run_dir: Path, role: str) -> bool:
+    """Whether another running launcher of ``run_dir`` runs processes of ``role``: a request for
+    that role is its to carry out (a job with one launcher per role, e.g. a trainer under one
+    ``rlguard launch`` and its inference engine under another)."""
+    me = os.getpid()
+    return any(
+        body.get("pid") != me and role in (body.get("roles") or [])
+        for body in live_launchers(run_dir)
+    )
 
 
 @dataclass(frozen=True)

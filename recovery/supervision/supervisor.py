@@ -174,7 +174,8 @@ class Supervisor:
 
     def start(self) -> None:
         """Say the launcher runs (for the hook) and start every child."""
-        requests.announce(self.run_dir, job=self.job, backend=self.backend.name)
+        roles = sorted({c.role for c in self.children})
+        requests.announce(self.run_dir, job=self.job, backend=self.backend.name, roles=roles)
         for child in self.children:
             self.spawn(child)
 
@@ -383,6 +384,9 @@ class Supervisor:
                 continue
             if requests.answered(req):  # carried out before a crash between answer and unlink
                 req.path.unlink(missing_ok=True)
+                continue
+            mine = bool(self._targets(req.body.get("role"), req.body.get("rank")))
+            if requests.for_another_launcher(self.run_dir, req.body, runs_it=mine):
                 continue
             result = self.carry_out(req)
             if result is not None:

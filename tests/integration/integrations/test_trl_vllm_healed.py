@@ -139,6 +139,9 @@ def test_a_killed_engine_is_healed_by_rlguard_and_trl_trains_on_without_a_restar
 
         inc = job.wait(lambda: _rollout_incident(job), 120, "the dead engine -> restart_role")
         assert inc["kind"] in ("rollout_engine_dead", "heartbeat_lost"), inc["kind"]
+        # Carried out by the engine's launcher at the first try: the trainer's launcher, in the
+        # same run directory, leaves a request for a role it does not run.
+        assert [a["action"] for a in inc["actions"]].count("restart_role") == 1, inc["actions"]
         assert inc["tier"] == "medium"
         replaced = job.wait(
             lambda: (p := engine.ready_pids()) and p["api_server"] != first["api_server"] and p,

@@ -14,13 +14,14 @@ from recovery.report import HeartbeatReporter
 
 # Document keys that are about the file, not the participant (the agent does not forward them).
 FILE_KEYS = {"format"}
-REBUILT_AT = round(time.time(), 3)  # within the reporter's window of recent rebuilds
 
 
-def _written(tmp_path: Path) -> tuple[dict[str, object], Heartbeat]:
+def _written(tmp_path: Path) -> tuple[dict[str, object], Heartbeat, float]:
+    # Now, not at import: the reporter keeps only the rebuilds of its recent window.
+    rebuilt_at = round(time.time(), 3)
     hb = HeartbeatReporter(tmp_path, "trainer", 3, job="grpo-7", interval=0.001, pid=4242)
     hb.update(phase="TRAIN", step=41, tokens=900, pending=5, scheduled=7, state_log_latency_ms=2.5)
-    hb.record_shard_rebuild(ts=REBUILT_AT)
+    hb.record_shard_rebuild(ts=rebuilt_at)
     hb.record_step_failure(40)
     hb.record_rollout_timeout()
     hb.record_state_log_error()
@@ -36,11 +37,11 @@ def _written(tmp_path: Path) -> tuple[dict[str, object], Heartbeat]:
     doc = hb.snapshot()
     raw = hb.path.read_bytes()
     hb.close()
-    return doc, parse_heartbeat(raw, default_job="unused")
+    return doc, parse_heartbeat(raw, default_job="unused"), rebuilt_at
 
 
 def test_every_field_the_reporter_writes_is_read(tmp_path: Path) -> None:
-    doc, beat = _written(tmp_path)
+    doc, beat, rebuilt_at = _written(tmp_path)
     assert beat == Heartbeat(
         job="grpo-7",
         role="trainer",
@@ -52,7 +53,7 @@ def test_every_field_the_reporter_writes_is_read(tmp_path: Path) -> None:
         tokens_generated=900,
         rollouts_pending=5,
         rollouts_scheduled=7,
-        shard_rebuilds=(REBUILT_AT,),
+        shard_rebuilds=(rebuilt_at,),
         shard_rebuilds_total=1,
         state_log_write_latency_ms=2.5,
         train_step_failures_total=1,
