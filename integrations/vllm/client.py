@@ -17,6 +17,7 @@ import httpx
 from integrations.vllm.server import EngineError as ServerError
 
 TOKEN_PREFIX = "token_id:"  # what return_tokens_as_token_ids makes of a token
+KEEPALIVE_EXPIRY_S = 2.0  # below the server's keep-alive (see EngineClient.__init__)
 
 
 class EngineError(ServerError):
@@ -48,7 +49,14 @@ class EngineClient:
         self.url = url.rstrip("/")
         self.model = model
         self.timeout = timeout
-        self._http = httpx.Client(timeout=timeout)
+        # Idle connections are dropped before the server drops them: vLLM's server closes a
+        # keep-alive connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), httpx's default
+        # expiry is 5 s too, and a request sent on a connection the server is closing at that
+        # moment fails with "Server disconnected without sending a response" (a refit failed so,
+        # and its engine was quarantined, in a loaded test run).
+        self._http = httpx.Client(
+            timeout=timeout, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        )
 
     def close(self) -> None:
         self._http.close()
