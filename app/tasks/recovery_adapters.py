@@ -317,10 +317,21 @@ def _launch(
     argv = _hook_argv(ctx, a, a.action, a.idempotency_key, extra)
     proc = _run_hook(argv, ctx.launcher_timeout)
     if proc.returncode != 0:
-        raise ActionError(
-            f"launcher exited {proc.returncode}: {proc.stderr.strip()[-HOOK_ERROR_CHARS:]}"
-        )
+        why = proc.stderr.strip() or _refusal(proc.stdout)
+        raise ActionError(f"launcher exited {proc.returncode}: {why[-HOOK_ERROR_CHARS:]}")
     return {"exit": 0, "stdout": proc.stdout.strip()[-HOOK_OUTPUT_CHARS:]}
+
+
+def _refusal(stdout: str) -> str:
+    """Why a launcher refused (exit 1): the ``error`` of the JSON answer the hook printed on
+    stdout (the protocol's), else that output itself."""
+    lines = stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        return stdout.strip()
+    error = answer.get("error") if isinstance(answer, dict) else None
+    return str(error) if error else stdout.strip()
 
 
 # -- hang forensics: the stacks of a hung process, before its restart --------------------------

@@ -131,6 +131,14 @@ def test_launcher_hook_exit_codes_and_timeouts(tmp_path: Path, ctx: ra.ActionCon
         ra.restart_role(ok, snap("restart_role", role="bad"))
     with pytest.raises(ra.TransientActionError, match="timed out after 2s"):
         ra.restart_job(ok, snap("restart_job", role="slow"))
+    # A launcher that refused (exit 1) says why in its JSON answer: that reason is the error.
+    hook.write_text(
+        "import json, sys\n"
+        "print(json.dumps({'ok': False, 'error': \"no process with role 'rollout' rank '0'\"}))\n"
+        "sys.exit(1)\n"
+    )
+    with pytest.raises(ra.ActionError, match="launcher exited 1: no process with role 'rollout'"):
+        ra.restart_role(ok, snap("restart_role", role="rollout", rank=0))
 
 
 def test_the_joined_argv_through_the_real_hook_executable(tmp_path: Path) -> None:
