@@ -129,9 +129,7 @@ class IngestService:
         self.backend: SeriesBackend = backend or LocalSeriesBackend()
         # How a group reaches the database (app.ingest.commit): on a worker thread unless the
         # server chose a path on the event loop (main.py, choose_committer).
-        self.committer: Committer = committer or ThreadCommitter(
-            engine, self.backend, WriteTurns() if engine.dialect.name == "sqlite" else None
-        )
+        self.committer: Committer = committer or ThreadCommitter(engine, self.backend)
         if self.backend.shared and not isinstance(self.committer, ThreadCommitter):
             raise ValueError("a shared window publishes every commit to Redis: on the thread")
         self.dedupe = dedupe

@@ -155,13 +155,7 @@ class Participant:
 def _announce(who: Participant, server: VLLMServer, *, ready: bool) -> None:
     """Write where the engine listens and the pids of its tree (read by the agent, and by the
     next host, which kills what is left of them)."""
-    pids: dict[str, int] = {"api_server": server.pid}
-    if ready:
-        tree = server.tree()
-        if tree.engine_core is not None:
-            pids["engine_core"] = tree.engine_core
-        for i, pid in enumerate(tree.workers):
-            pids[f"worker{i}" if i else "worker"] = pid
+    pids = server.tree().named_pids() if ready else {"api_server": server.pid}
     who.announcement.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(
         who.announcement,

@@ -96,6 +96,16 @@ class EngineTree:
     engine_core: int | None
     workers: tuple[int, ...]
 
+    def named_pids(self) -> dict[str, int]:
+        """The pids by level, as an engine's announcement lists them (``api_server``,
+        ``engine_core``, ``worker``, ``worker1`` ...)."""
+        named = {"api_server": self.api_server}
+        if self.engine_core is not None:
+            named["engine_core"] = self.engine_core
+        for i, pid in enumerate(self.workers):
+            named[f"worker{i}" if i else "worker"] = pid
+        return named
+
     def pids(self) -> list[int]:
         """Every pid of the tree, the API server first."""
         core = [self.engine_core] if self.engine_core is not None else []

@@ -89,11 +89,7 @@ def _start(run: RunDir, cfg: JobConfig, name: str) -> VLLMServer:
 def _record(run: RunDir, rank: int, server: VLLMServer, *, warm: bool, ready: bool) -> EngineRecord:
     pids: dict[str, int] = {"api_server": server.pid}
     try:
-        tree = server.tree()
-        if tree.engine_core is not None:
-            pids["engine_core"] = tree.engine_core
-        for i, pid in enumerate(tree.workers):
-            pids[f"worker{i}" if i else "worker"] = pid
+        pids = server.tree().named_pids()
     except Exception:  # noqa: BLE001 - the tree is read while it may be dying: the api pid holds
         log.warning("engine tree of %s not readable", server.pid)
     record = EngineRecord(

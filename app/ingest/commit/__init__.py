@@ -71,8 +71,7 @@ def choose_committer(settings: Settings, engine: Engine, backend: SeriesBackend)
     from app.ingest.commit.sqlite_loop import InlineSqliteCommitter, SqliteLoopCommitter
     from app.ingest.commit.thread import ThreadCommitter
 
-    write_turns = WriteTurns() if engine.dialect.name == "sqlite" else None
-    thread = ThreadCommitter(engine, backend, write_turns)
+    thread = ThreadCommitter(engine, backend)
     if backend.shared:  # its commits also publish to Redis, from the thread
         return thread
     if is_sqlite(settings.db_url) and settings.ingest.inline_commit_max_ms > 0:

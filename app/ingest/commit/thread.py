@@ -26,12 +26,11 @@ PATH = "thread"
 class ThreadCommitter:
     """Writes a group on the calling thread; ``commit`` runs that on a worker thread."""
 
-    def __init__(
-        self, engine: Engine, backend: SeriesBackend, write_turns: WriteTurns | None
-    ) -> None:
+    def __init__(self, engine: Engine, backend: SeriesBackend) -> None:
         self.engine = engine
         self.backend = backend
-        self.write_turns = write_turns
+        # SQLite's one write lock is shared with the background writers; PostgreSQL has none.
+        self.write_turns = WriteTurns() if engine.dialect.name == "sqlite" else None
 
     async def start(self) -> None:
         return None

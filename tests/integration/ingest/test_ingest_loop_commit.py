@@ -126,7 +126,7 @@ def test_turned_off_commits_go_to_the_thread(
 
 def test_a_url_it_cannot_serve_is_refused_without_showing_the_password() -> None:
     with pytest.raises(ValueError, match="postgresql\\+psycopg URL") as info:
-        thread = ThreadCommitter(sa.create_engine("sqlite://"), LocalSeriesBackend(), None)
+        thread = ThreadCommitter(sa.create_engine("sqlite://"), LocalSeriesBackend())
         LoopPostgresCommitter("postgresql+psycopg2://rlguard:s3cret@db/rlguard", thread)
     assert "s3cret" not in str(info.value) and "***" in str(info.value)
 

@@ -74,3 +74,15 @@ def test_no_such_api_server_is_an_engine_error() -> None:
     dead.wait()
     with pytest.raises(EngineError, match=f"no process {dead.pid}"):
         find_engine_tree(dead.pid)
+
+
+def test_named_pids_are_the_levels_an_announcement_lists() -> None:
+    from integrations.vllm.server import EngineTree
+
+    assert EngineTree(10, 11, (12, 13)).named_pids() == {
+        "api_server": 10,
+        "engine_core": 11,
+        "worker": 12,
+        "worker1": 13,
+    }
+    assert EngineTree(10, None, ()).named_pids() == {"api_server": 10}  # not up, or dying
