@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.harness.reaper import reap_all, start_run
 from tests.harness.services import REDIS_URL, create_database, drop_database, free_port, require_tcp
+from tests.harness.work_units import FilesWithVllmAsOneUnit, check_vllm_files
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,15 +35,25 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
     return getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the files that start vLLM engines as one unit (see
+    tests/harness/work_units.py); any other ``--dist`` is xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    return FilesWithVllmAsOneUnit(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """How a pytest-xdist run shares the tests out (``scripts/test.sh``: ``--dist loadfile
-    --no-loadscope-reorder``). A test file is the unit of work: its tests run in one worker, in
-    file order, as in a plain run, so module-scoped fixtures (a server, a browser) start once and
-    a test that builds on the one before still sees it. Files are handed out in collection
-    order, and here the files with a test marked ``slow`` move to the front, so the run does not
-    end with one worker busy on a minute-long file while the others idle. Every worker sorts the
-    same way (xdist requires all of them to collect the same list in the same order); a plain
-    run keeps the order of the files."""
+    --no-loadscope-reorder``). A test file is the unit of work (the files that start vLLM
+    engines are one unit together): its tests run in one worker, in file order, as in a plain
+    run, so module-scoped fixtures (a server, a browser) start once and a test that builds on the
+    one before still sees it. Units are handed out in collection order, and here the files with
+    a test marked ``slow`` move to the front, so the run does not end with one worker busy on a
+    minute-long file while the others idle. Every worker sorts the same way (xdist requires all
+    of them to collect the same list in the same order); a plain run keeps the order of the
+    files."""
+    check_vllm_files(items)
     if not hasattr(config, "workerinput"):
         return
     slow = {_file_of(item) for item in items if item.get_closest_marker("slow")}

@@ -29,7 +29,7 @@ from tests.harness.services import RedisServer, create_database, drop_database
 from tests.harness.stack import JOB, Stack, fast_policy
 from tests.harness.vllm_engines import start_engine, stop_engine
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ENGINE_KINDS = {
     "rollout_engine_dead",

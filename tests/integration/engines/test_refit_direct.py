@@ -32,6 +32,7 @@ from tests.harness.vllm_engines import start_engine, stop_engine
 from workload.engines.engine_host import EXTENSION
 from workload.engines.lm_task import load_policy
 
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 PROMPT = [5, 20, 33, 41, 7, 12]
 
 

@@ -22,7 +22,7 @@ from integrations.vllm.server import (
 from tests.harness.reaper import spawn
 from tests.harness.vllm_engines import start_engine, stop_engine
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _complete(server: VLLMServer, seed: int) -> dict:

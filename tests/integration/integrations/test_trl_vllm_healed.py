@@ -31,7 +31,7 @@ from recovery.report import heartbeat_path, read_heartbeat
 from tests.harness import free_port
 from tests.integration.integrations._trl import TRLJob
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trl_grpo" / "train.py"

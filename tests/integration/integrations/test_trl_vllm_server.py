@@ -40,6 +40,7 @@ from tests.harness import wait_for
 from tests.harness.vllm_engines import start_engine, stop_engine
 
 pytestmark = [
+    pytest.mark.vllm,
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(900),

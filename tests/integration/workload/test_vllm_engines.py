@@ -35,7 +35,12 @@ from workload.chaos import Fault, inject
 from workload.engines import records
 from workload.job import RunDir, read_events, read_json
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(1200),
+]
 
 STEPS = 30
 JOB_ARGS = ("--rollout-engine", "vllm", "--group-size", "4", "--prompts-per-worker", "2")

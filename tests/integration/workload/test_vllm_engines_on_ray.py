@@ -21,7 +21,7 @@ from workload.engines import records
 
 # It starts its own Ray in the launcher process (ray.init never runs in this test process), so
 # it runs with the other engine tests, not in the Ray tests' own pytest process.
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 STEPS = 4
 ARGS = (
     "--rollout-engine",
