@@ -35,11 +35,11 @@ from agents.collectors.nvml import NvmlCollector
 from agents.collectors.slurm import SlurmNodeCollector
 from agents.fake_nvml import FakeNVML
 from agents.fingerprint import DEFAULT_PACKAGES, collect_fingerprint
-from agents.samples import Sample, make_sample
 from agents.sender import Sender
 from agents.simulate import apply_fault_files
 from agents.spool import Spool, SpoolError
 from recovery.fsio import replace_file
+from recovery.protocol.samples import Sample, make_sample
 from recovery.report import safe_job_name
 
 log = logging.getLogger("rlguard.agent")
@@ -287,12 +287,12 @@ class Agent:
             samples.extend(self.verl.collect())
         if self.ray is not None:
             ray_samples, ray_participants = self.ray.collect()
-            samples.extend(ray_samples)  # the same plain dict shape as agents.samples
+            samples.extend(ray_samples)  # the same shapes (recovery.protocol.samples)
             if self.verl is not None and self.verl.step is not None:
                 # Ray knows no step: verl's log does (the policy judges first steps apart).
                 for p in ray_participants:
-                    if p["job"] == self.verl.labels["job"]:
-                        p["step"] = self.verl.step
+                    if p.job == self.verl.labels["job"]:
+                        p.step = self.verl.step
             participants.extend(ray_participants)
         samples.extend(self._own_samples(now))
         fingerprint = self._fingerprint_if_due(now)

@@ -35,7 +35,7 @@ from agents.collectors.exposition import (
     scrape,
 )
 from agents.collectors.gpu_source import GpuSource, XidTally, throttle_flags
-from agents.samples import Sample, make_sample
+from recovery.protocol.samples import Sample, make_sample
 
 log = logging.getLogger("rlguard.agent.dcgm")
 

@@ -31,7 +31,7 @@ import httpx
 
 from agents.collectors.engine_processes import EngineProcessWatch, is_local
 from agents.collectors.exposition import ExpositionReader, ExpositionSample, ScrapeError, scrape
-from agents.samples import Sample, make_sample
+from recovery.protocol.samples import Sample, make_sample
 from recovery.report import JOB_PATTERN
 
 log = logging.getLogger("rlguard.agent.engines")

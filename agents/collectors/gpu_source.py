@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from agents.samples import Sample, make_sample
 from recovery.protocol.metric_names import CRITICAL_XIDS
+from recovery.protocol.samples import Sample, make_sample
 
 # The clock-event (formerly throttle) reason bits: NVML's constants, the same bits in DCGM's field.
 _THERMAL = (

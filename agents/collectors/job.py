@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
-from agents.samples import Participant, Sample, make_sample
 from recovery.launcher_reports import LAUNCH_DIRNAME
 from recovery.protocol.heartbeat import Heartbeat, HeartbeatInvalid, parse_heartbeat
+from recovery.protocol.samples import ParticipantReport, Sample, make_sample
 from recovery.report import safe_job_name
 from recovery.tail import AppendedLines
 
@@ -131,25 +131,17 @@ class JobCollector:
         self._job_name: str | None = None
         self.skipped_last_round = 0
 
-    def collect(self) -> tuple[list[Sample], list[Participant]]:
+    def collect(self) -> tuple[list[Sample], list[ParticipantReport]]:
         """Read the heartbeats and state log once; return this round's samples and participants."""
         now = self._clock()
         samples: list[Sample] = []
-        participants: list[Participant] = []
+        participants: list[ParticipantReport] = []
         heartbeats = self._read_heartbeats(now)
         for hb in heartbeats:
             self._job_name = self._job_name or hb.job
             self._derive(hb, now, samples)
-            participants.append(
-                {
-                    "job": hb.job,
-                    "role": hb.role,
-                    "rank": hb.rank,
-                    "phase": hb.phase,
-                    "step": hb.step if hb.step is not None else 0,
-                    "ts": hb.ts,
-                }
-            )
+            step = hb.step if hb.step is not None else 0
+            participants.append(ParticipantReport(hb.job, hb.role, hb.rank, hb.phase, step, hb.ts))
         self._collect_state_log(now, samples)
         return samples, participants
 

@@ -23,7 +23,7 @@ from typing import Any
 import pynvml
 
 from agents.collectors.gpu_source import GpuSource, XidTally, throttle_flags
-from agents.samples import Sample, make_sample
+from recovery.protocol.samples import Sample, make_sample
 
 log = logging.getLogger("rlguard.agent.nvml")
 

@@ -20,7 +20,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from agents.samples import Sample, make_sample
+from recovery.protocol.samples import Sample, make_sample
 from recovery.supervision.backends.slurm import node_is_lost, parse_record
 
 log = logging.getLogger("rlguard.agent.slurm")

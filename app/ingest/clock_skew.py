@@ -1,27 +1,15 @@
 """Agent clocks that are off: each node's offset, estimated from its batches, and its stamps
 moved onto the server's clock.
 
-The agent stamps a batch's ``sent_at`` when it sends it (its spool keeps batches without it, so
-a batch sent again after an outage is stamped again), and the server knows when it received
-it: ``received - sent_at`` is the node clock's offset plus the network delay, and the delay is
-never negative. The smallest of the node's last ``KEPT`` differences is the estimate: a slow
-request or a queued one cannot make it worse, and a clock stepped forward by NTP shows at once.
-
-A node whose offset is at least ``correct_above_seconds`` has every sample and heartbeat stamp
-of its batches moved by the offset before anything reads them, from its first batch: a node
-30 s behind would otherwise look 30 s stale (its samples too old to be judged, a stalled
-rollout's last throughput counted as a stall, its heartbeats silent), and a policy tick between
-its first batches judged it so (a real agent 40 s late got a false ``rollout_down`` that way).
-Below the threshold nothing is touched (NTP keeps clocks within milliseconds; the stamps stay
-exactly as the agent sent them). A positive difference can also be one slow request, or a
-client re-sending a body with its first ``sent_at`` after a server restart: moving that batch's
-stamps by its lag puts them no later than its arrival, and the next timely batch brings the
-estimate back. So the offset is *recorded* as the node's skew only once it is certain: a node
-ahead at once (no delay makes a batch arrive before it was sent), a node behind once ``AGREE``
-batches say so (the smallest of them). The receive time is taken when the request arrives,
-before its body is parsed. A recorded offset is kept as the series
-``agent_clock_offset_seconds`` (stamped with the server's time), which the policy's
-``clock_skew`` detector reads: a node whose NTP is broken.
+The agent stamps a batch's ``sent_at`` when it sends it, and the server takes its receive time
+when the request arrives, before parsing: ``received - sent_at`` is the node clock's offset plus
+a network delay that is never negative, so the smallest of the node's last ``KEPT`` differences
+is the estimate. A node whose offset is at least ``correct_above_seconds`` has every sample and
+heartbeat stamp of its batches moved by it before anything reads them, from its first batch (a
+node 30 s behind would otherwise look 30 s stale); below that nothing is touched. The offset is
+*recorded* as the node's skew only once it is certain: a node ahead at once, a node behind once
+``AGREE`` batches say so. A recorded offset is kept as the series
+``agent_clock_offset_seconds``, which the ``clock_skew`` detector reads.
 
 The live server (``app.ingest.pipeline``) and ``rlguard replay`` (``app.policy.replay``, with a
 trace's ``received_at``) correct the same way, so the corpus replays what the server sees.
@@ -32,8 +20,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from app.ingest.validation import ParticipantReport, ValidBatch
+from app.ingest.validation import ValidBatch
 from app.series.store import SeriesKey
+from recovery.protocol.samples import ParticipantReport
 
 # Measured by the server, never sent by an agent (the policy's metric_names re-exports it).
 CLOCK_OFFSET_METRIC = "agent_clock_offset_seconds"

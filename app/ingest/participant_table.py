@@ -3,17 +3,17 @@ reads every second (``IngestService.participants``).
 
 A participant stays in the table after it stops reporting (its silence is what the heartbeat
 detector judges), so a node that keeps starting new jobs within its process quota
-(``node_quotas.max_participants`` over ``participant_window_seconds``) used to grow the table,
-and every tick's cost with it, without end (issue 41). Per node the table keeps the
-``keep_per_node`` most recently reported participants: the ones forgotten first are those of jobs
-that finished (or died) longest ago, long after their faults were detected. The durable rows
-(``participant``) and the phase history are not touched.
+(``node_quotas.max_participants`` over ``participant_window_seconds``) would grow the table,
+and every tick's cost with it, without end. Per node the table keeps the ``keep_per_node`` most
+recently reported participants: the ones forgotten first are those of jobs that finished (or
+died) longest ago, long after their faults were detected. The durable rows (``participant``)
+and the phase history are not touched.
 """
 
 from __future__ import annotations
 
-from app.ingest.validation import ParticipantReport
 from app.series.backend import ParticipantHeartbeat
+from recovery.protocol.samples import ParticipantReport
 
 ParticipantKey = tuple[str, str, int]  # (job, role, rank)
 

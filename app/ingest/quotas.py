@@ -1,34 +1,19 @@
 """Per-node quotas: what one node (one node token) may create on the server.
 
-A node token is trusted to speak for its node, not to size the server: without these bounds one
-agent, staying under its request rate, created ~900k series in two minutes (new GPU ids, jobs,
-roles) and took memory, the policy tick and every other node's ingest with it (issue 41). So each
-node may hold at most
+A node token speaks for its node, not for the server's size: each node may hold at most
+``max_series`` series in the in-memory window, ``max_label_values`` distinct values of one label
+of one metric name, and ``max_jobs`` jobs and ``max_participants`` training processes reported
+within ``participant_window_seconds``, and may create at most ``new_series_per_second`` series
+per second (a token bucket of ``new_series_burst``). What its batches cost the loop is bounded
+apart (``app.ingest.cpu_share``, asked by ``admit_request``).
 
-* ``max_series`` series in the in-memory window,
-* ``max_label_values`` distinct values of one label of one metric name (``gpu``, ``rank``, ...),
-* ``max_jobs`` jobs and ``max_participants`` training processes reported within
-  ``participant_window_seconds``,
-
-and may create at most ``new_series_per_second`` series per second (a token bucket holding
-``new_series_burst``, so a fresh agent's first batch passes whole). Its batches may take at most
-``ingest_cpu_share`` of the loop's CPU time (``app.ingest.cpu_share``): a node in debt is
-refused by ``admit_request`` before its body is read.
-
-``NodeQuotas.admit`` judges a whole batch before anything of it is applied: it raises
-``QuotaExceeded`` naming the limit and its setting, or records what the batch adds. The pipeline
-calls it before the batch's seq is marked in the agent's dedupe window, so a refused batch
-leaves no trace (no sample, no row, no seq) and a corrected resend under the same seq is applied.
-A persistent limit answers 422 (the batch as sent can never pass: the agent drops it, and later
-batches of known series still pass); the creation rate answers 429 with ``Retry-After`` (the
-same batch passes later: the agent keeps it and retries).
-
-The accounting lives in memory only. Series leave it when the series store forgets them (silent
-for the window: ``SeriesStore.on_forget``), participants once unreported for the participant
-window. After a restart the store and the participant table start empty, and so does this: every
-node is counted again from its first batches, which is what the server then holds. With a
-shared window (several replicas) each replica counts what it accepted, so a node spread over
-``R`` replicas may reach ``R`` times a limit.
+``NodeQuotas.admit`` judges a whole batch before anything of it is applied and before its seq is
+marked: it raises ``QuotaExceeded`` naming the limit and its setting (422 for a persistent limit,
+429 with ``Retry-After`` for the creation rate), or records what the batch adds. A refused batch
+leaves no sample, row or seq behind. The accounting is in memory only: series leave it when the
+store forgets them (``SeriesStore.on_forget``), participants after the participant window, and
+after a restart every node is counted again from its first batches. With a shared window each
+replica counts what it accepted: a node spread over ``R`` replicas may reach ``R`` times a limit.
 """
 
 from __future__ import annotations
@@ -47,8 +32,9 @@ from prometheus_client import Counter
 from app.core.config import NodeQuotaSettings
 from app.core.errors import TooManyRequests
 from app.ingest.cpu_share import CpuBucket, CpuShare
-from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
+from app.ingest.validation import IngestRejected, ValidBatch
 from app.series.store import SeriesKey
+from recovery.protocol.samples import ParticipantReport
 
 _key_of_sample = itemgetter(0)
 

@@ -27,6 +27,7 @@ import msgspec
 from msgspec import Meta, Raw
 
 from app.core.config import IngestLimits
+from recovery.protocol.samples import Batch, ParticipantReport, Sample, in_wire_order
 
 # The character classes of the patterns in validation.py, anchored at the very end.
 _ID = r"^[A-Za-z0-9_][A-Za-z0-9_.:@/-]*\Z"
@@ -47,22 +48,13 @@ class TypedSample(Protocol):
     labels: Raw
 
 
-class TypedParticipant(Protocol):
-    job: str
-    role: str
-    rank: int
-    phase: str
-    step: int
-    ts: float
-
-
 class TypedBatch(Protocol):
     agent_id: str
     node: str
     seq: int
     sent_at: float
     samples: list[TypedSample]
-    participants: list[TypedParticipant]
+    participants: list[msgspec.Struct]  # ParticipantReport's fields, in its order
     fingerprint: dict[str, str] | None
 
 
@@ -91,46 +83,52 @@ def _struct_types(limits: IngestLimits, bounds: DecodeBounds) -> type[Any]:
     options: dict[str, Any] = {"forbid_unknown_fields": True, "gc": False}
     sample = msgspec.defstruct(
         "Sample",
-        [
-            ("name", str),
-            ("value", Annotated[float, Meta(ge=-bounds.max_abs_value, le=bounds.max_abs_value)]),
-            ("ts", timestamp),
-            ("labels", Raw, Raw(NO_LABELS)),
-        ],
+        in_wire_order(
+            Sample,
+            {
+                "name": str,
+                "value": Annotated[float, Meta(ge=-bounds.max_abs_value, le=bounds.max_abs_value)],
+                "ts": timestamp,
+                "labels": Raw,
+            },
+            {"labels": Raw(NO_LABELS)},
+        ),
         **options,
     )
     participant = msgspec.defstruct(
         "Participant",
-        [
-            ("job", ident),
-            ("role", Annotated[str, Meta(pattern=_ID, min_length=1, max_length=64)]),
-            ("rank", Annotated[int, Meta(ge=0, le=bounds.max_rank)]),
-            ("phase", Annotated[str, Meta(pattern=_PHASE, min_length=1, max_length=64)]),
-            ("step", Annotated[int, Meta(ge=0, le=bounds.max_step)]),
-            ("ts", timestamp),
-        ],
+        in_wire_order(
+            ParticipantReport,
+            {
+                "job": ident,
+                "role": Annotated[str, Meta(pattern=_ID, min_length=1, max_length=64)],
+                "rank": Annotated[int, Meta(ge=0, le=bounds.max_rank)],
+                "phase": Annotated[str, Meta(pattern=_PHASE, min_length=1, max_length=64)],
+                "step": Annotated[int, Meta(ge=0, le=bounds.max_step)],
+                "ts": timestamp,
+            },
+        ),
         **options,
     )
+    fingerprint = Annotated[dict[fp_key, fp_value], Meta(max_length=limits.max_fingerprint_keys)]
     return msgspec.defstruct(
         "Batch",
-        [
-            ("agent_id", ident),
-            ("node", ident),
-            ("seq", Annotated[int, Meta(ge=0, le=bounds.max_seq)]),
-            ("sent_at", timestamp),
-            ("samples", Annotated[list[sample], Meta(max_length=limits.max_samples)]),  # type: ignore[valid-type]
-            (
-                "participants",
-                Annotated[list[participant], Meta(max_length=limits.max_participants)],  # type: ignore[valid-type]
-                [],
-            ),
-            (
-                "fingerprint",
-                Annotated[dict[fp_key, fp_value], Meta(max_length=limits.max_fingerprint_keys)]
-                | None,
-                None,
-            ),
-        ],
+        in_wire_order(
+            Batch,
+            {
+                "agent_id": ident,
+                "node": ident,
+                "seq": Annotated[int, Meta(ge=0, le=bounds.max_seq)],
+                "sent_at": timestamp,
+                "samples": Annotated[list[sample], Meta(max_length=limits.max_samples)],  # type: ignore[valid-type]
+                "participants": Annotated[
+                    list[participant],  # type: ignore[valid-type]
+                    Meta(max_length=limits.max_participants),
+                ],
+                "fingerprint": fingerprint | None,
+            },
+            {"participants": [], "fingerprint": None},
+        ),
         **options,
     )
 

@@ -1,30 +1,19 @@
-"""Validation of ``POST /api/v1/ingest`` bodies.
+"""Validation of ``POST /api/v1/ingest`` bodies (the shape: ``recovery.protocol.samples``).
 
 Two paths, one set of rules and messages:
 
-* the typed path (``app.ingest.typed_decode``, the hot path): msgspec decodes the body straight
-  into structs and checks types, bounds, patterns, sizes and unknown fields in the same pass;
-  then cheap checks in Python: timestamps against the clock, and each sample's series looked up
-  by (metric name, labels text) in a cache of the series that passed, so the name pattern and
-  the label rules run once per series, not once per sample. It only ever accepts: any doubt
-  (a decode error, a timestamp ahead of the clock, a series that fails its checks) hands the
-  body to
-* the exact path (``_validate_exact``): orjson, the pydantic envelope model and the per-sample
-  loop below, which find the first violation and name it. Every 4xx message comes from here.
+* the typed path (``app.ingest.typed_decode``, the hot path): msgspec decodes and checks types,
+  bounds, patterns, sizes and unknown fields in one pass; then timestamps against the clock, and
+  each sample's series looked up in a cache of the series that passed, so the name and label
+  rules run once per series. It only ever accepts: any doubt hands the body to
+* the exact path (``_validate_exact``): orjson, the pydantic envelope and the per-sample loop,
+  which find the first violation and name it. Every 4xx message comes from here.
 
-The typed path accepts exactly what the exact path accepts, with the same result (the unit
-tests check both on the same bodies, hypothesis included), so a client cannot tell which path
-judged its batch. ``IngestBatchDoc`` is the full pydantic description of the body (for OpenAPI
-and for the tests that check the validators agree).
-
-Every violation raises ``IngestRejected`` whose message names the field and the bad value; nothing
-is applied from a rejected batch.
-
-Every number and string is bounded to what both databases (SQLite, PostgreSQL: ``double
-precision``, ``bigint``, ``timestamp``, ``text``) and Python's ``datetime`` can hold, so a batch
-that passes can always be committed: a value that passed here but failed in the group commit used
-to stop ingest for every node (issue 17). The bounds are the constants below, one rule for
-samples, participants and the envelope.
+Both paths accept exactly the same bodies with the same result (the unit tests check both,
+hypothesis included). A violation raises ``IngestRejected`` naming the field and the bad value,
+and nothing of the batch is applied. Every number and string is bounded to what both databases
+and ``datetime`` hold (``app.ingest.wire_rules``), so a batch that passes can always be
+committed: one that could not would stop the group commit for every node.
 """
 
 from __future__ import annotations
@@ -37,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import orjson
+from msgspec.structs import astuple
 from pydantic import ValidationError
 
 from app.core.config import IngestLimits
@@ -58,10 +48,11 @@ from app.ingest.wire_rules import (
     build_models,
 )
 from app.series.store import SeriesKey
+from recovery.protocol.samples import ParticipantReport, Sample, wire_fields
 
 _METRIC_NAME_RE = re.compile(METRIC_NAME_PATTERN)
 _LABEL_NAME_RE = re.compile(LABEL_NAME_PATTERN)
-_SAMPLE_FIELDS = frozenset({"name", "value", "ts", "labels"})
+_SAMPLE_FIELDS = frozenset(wire_fields(Sample))
 _KEY_CACHE_LIMIT = 200_000
 # New series checked in one piece (~10 us each on a 2-core host) before other requests run.
 NEW_SERIES_SLICE = 250
@@ -102,16 +93,6 @@ class IngestRejected(ServiceError):
         self.status_code = status_code
         # low-cardinality reason class for the rejection counter
         self.kind = kind
-
-
-@dataclass(slots=True)
-class ParticipantReport:
-    job: str
-    role: str
-    rank: int
-    phase: str
-    step: int
-    ts: float
 
 
 @dataclass(slots=True)
@@ -239,9 +220,10 @@ class BatchValidator:
             return None
         parts = []
         for p in doc.participants:
-            if p.ts > horizon:
+            report = ParticipantReport(*astuple(p))  # the decoder's fields are in wire order
+            if report.ts > horizon:
                 return None
-            parts.append(ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts))
+            parts.append(report)
         node = doc.node
         self._begin_batch(node, parts)
         keys = self._text_keys.get(node)
@@ -330,10 +312,7 @@ class BatchValidator:
                 f"{self.limits.max_samples}",
                 kind="limit",
             )
-        parts = [
-            ParticipantReport(p.job, p.role, p.rank, p.phase, p.step, p.ts)
-            for p in env.participants  # type: ignore[attr-defined]
-        ]
+        parts = [ParticipantReport(**p.model_dump()) for p in env.participants]  # type: ignore[attr-defined]
         self._begin_batch(env.node, parts)  # type: ignore[attr-defined]
         samples = self._check_samples(env.node, raw_samples)  # type: ignore[attr-defined]
         horizon = self._horizon()
@@ -541,7 +520,6 @@ __all__ = [
     "BatchValidator",
     "IngestRejected",
     "InvalidInput",
-    "ParticipantReport",
     "ValidBatch",
     "build_models",
 ]

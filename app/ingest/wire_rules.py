@@ -4,12 +4,13 @@ numeric bounds, and the pydantic description of the whole body (the exact path's
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from app.core.config import IngestLimits
 from app.ingest.typed_decode import DecodeBounds
+from recovery.protocol.samples import Batch, ParticipantReport, Sample, in_wire_order
 
 METRIC_NAME_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 LABEL_NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -73,33 +74,57 @@ def build_models(limits: IngestLimits) -> tuple[type[BaseModel], type[BaseModel]
     ]
     Labels = Annotated[dict[LabelName, LabelValue], Field(max_length=limits.max_labels)]  # noqa: N806
     strict = ConfigDict(strict=True, extra="forbid")
+    participant = _model(
+        "Participant",
+        strict,
+        ParticipantReport,
+        {
+            "job": Ident,
+            "role": Annotated[
+                str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=64)
+            ],
+            "rank": Annotated[int, Field(ge=0, le=MAX_RANK)],
+            "phase": Phase,
+            "step": Annotated[int, Field(ge=0, le=MAX_STEP)],
+            "ts": Timestamp,
+        },
+    )
+    sample = _model(
+        "Sample",
+        strict,
+        Sample,
+        {"name": MetricName, "value": Value, "ts": Timestamp, "labels": Labels},
+        {"labels": {}},
+    )
+    batch = {
+        "agent_id": Ident,
+        "node": Ident,
+        "seq": Annotated[int, Field(ge=0, le=MAX_SEQ)],
+        "sent_at": Timestamp,
+        "samples": Annotated[list[sample], Field(max_length=limits.max_samples)],  # type: ignore[valid-type]
+        "participants": Annotated[list[participant], Field(max_length=limits.max_participants)],  # type: ignore[valid-type]
+        "fingerprint": Fingerprint | None,
+    }
+    defaults: dict[str, Any] = {"participants": [], "fingerprint": None}
+    doc = _model("IngestBatchDoc", strict, Batch, batch, defaults)
+    # The exact path checks the samples in its own loop (hot path), not with pydantic: its
+    # envelope is the same body without them.
+    envelope_fields = {
+        name: (spec, defaults.get(name, ...)) for name, spec in batch.items() if name != "samples"
+    }
+    envelope = create_model("IngestEnvelope", __config__=strict, **envelope_fields)  # type: ignore[call-overload]
+    return envelope, doc
 
-    class Participant(BaseModel):
-        model_config = strict
-        job: Ident
-        role: Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=64)]
-        rank: Annotated[int, Field(ge=0, le=MAX_RANK)]
-        phase: Phase
-        step: Annotated[int, Field(ge=0, le=MAX_STEP)]
-        ts: Timestamp
 
-    class IngestEnvelope(BaseModel):
-        model_config = strict
-        agent_id: Ident
-        node: Ident
-        seq: Annotated[int, Field(ge=0, le=MAX_SEQ)]
-        sent_at: Timestamp
-        participants: Annotated[list[Participant], Field(max_length=limits.max_participants)] = []
-        fingerprint: Fingerprint | None = None
-
-    class Sample(BaseModel):
-        model_config = strict
-        name: MetricName
-        value: Value
-        ts: Timestamp
-        labels: Labels = {}
-
-    class IngestBatchDoc(IngestEnvelope):
-        samples: Annotated[list[Sample], Field(max_length=limits.max_samples)]
-
-    return IngestEnvelope, IngestBatchDoc
+def _model(
+    name: str,
+    config: ConfigDict,
+    shape: type,
+    spec: dict[str, Any],
+    defaults: dict[str, Any] | None = None,
+) -> type[BaseModel]:
+    """A pydantic model of a wire shape, its fields in the wire's order."""
+    fields = {
+        f[0]: (f[1], f[2] if len(f) == 3 else ...) for f in in_wire_order(shape, spec, defaults)
+    }
+    return create_model(name, __config__=config, **fields)  # type: ignore[call-overload, no-any-return]

@@ -26,13 +26,14 @@ from typing import Any
 
 from app.core.config import IngestLimits
 from app.ingest.clock_skew import ClockOffsets, offset_sample
-from app.ingest.validation import ParticipantReport, ValidBatch
+from app.ingest.validation import ValidBatch
 from app.policy.clock import ManualClock
 from app.policy.engine import DecisionType, IncidentDecision, PolicyEngine
 from app.policy.policy_file import Policy, default_policy
 from app.policy.signals import Tier
 from app.policy.world import ParticipantView, World
 from app.series.store import SeriesKey, SeriesStore
+from recovery.protocol.samples import ParticipantReport
 
 
 class TraceError(ValueError):

@@ -24,11 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from integrations.ray.mapping import MappedActor, map_actors
 from integrations.ray.presets import Preset
 from integrations.ray.state import ClusterSnapshot, RayStateReader, RayUnavailable
+from recovery.protocol.samples import ParticipantReport, Sample, make_sample
 
 log = logging.getLogger("rlguard.agent.ray")
 
@@ -42,9 +42,6 @@ _FINISHED_JOB = frozenset({"SUCCEEDED", "STOPPED"})
 # Ended on purpose: out of scope, or ray.kill(no_restart=True) by the framework or a person (the
 # Ray hook kills with no_restart=False and refuses an actor with no restart left).
 _RELEASED = frozenset({"OUT_OF_SCOPE", "REF_DELETED", "RAY_KILL"})
-
-Sample = dict[str, Any]
-Participant = dict[str, Any]
 
 
 def actor_phase(mapped: MappedActor, finished_jobs: frozenset[str]) -> str:
@@ -133,7 +130,7 @@ class RayCollector:
 
     # -- the agent's round -------------------------------------------------------------------
 
-    def collect(self) -> tuple[list[Sample], list[Participant]]:
+    def collect(self) -> tuple[list[Sample], list[ParticipantReport]]:
         """This round's samples and participants from the newest snapshot (never blocks on Ray)."""
         now = self._clock()
         with self._lock:
@@ -143,14 +140,14 @@ class RayCollector:
             # a busy node): whether Ray answers is not known yet, so nothing is said of it. A 1
             # here once claimed a Ray that never answered was up.
             return [], []
-        samples: list[Sample] = [_sample("ray_collector_up", 0 if error else 1, now, {})]
+        samples: list[Sample] = [make_sample("ray_collector_up", 0 if error else 1, now, {})]
         if latest is None or now - latest[0] > self.max_age:
             return samples, []
         return self.from_snapshot(latest[1], now, samples)
 
     def from_snapshot(
         self, snapshot: ClusterSnapshot, now: float, samples: list[Sample] | None = None
-    ) -> tuple[list[Sample], list[Participant]]:
+    ) -> tuple[list[Sample], list[ParticipantReport]]:
         """Samples and participants for one snapshot (the benchmark measures this)."""
         samples = samples if samples is not None else []
         finished = frozenset(
@@ -165,21 +162,23 @@ class RayCollector:
                 class_name,
                 self.preset.name,
             )
-        participants: list[Participant] = []
+        participants: list[ParticipantReport] = []
         for m in mapped.actors:
             phase = actor_phase(m, finished)
             labels = {"job": m.job, "role": m.role, "rank": str(m.rank)}
-            participants.append(
-                {"job": m.job, "role": m.role, "rank": m.rank, "phase": phase, "step": 0, "ts": now}
+            participants.append(ParticipantReport(m.job, m.role, m.rank, phase, 0, now))
+            samples.append(
+                make_sample("ray_actor_alive", 1 if phase == PHASE_RUNNING else 0, now, labels)
             )
             samples.append(
-                _sample("ray_actor_alive", 1 if phase == PHASE_RUNNING else 0, now, labels)
+                make_sample("ray_actor_restarts_total", m.actor.num_restarts, now, labels)
             )
-            samples.append(_sample("ray_actor_restarts_total", m.actor.num_restarts, now, labels))
             if phase in (PHASE_DEAD, PHASE_RESTARTING):
                 reason = m.actor.death_reason or "UNKNOWN"
                 samples.append(
-                    _sample("ray_actor_dead", m.actor.pid or 0, now, {**labels, "reason": reason})
+                    make_sample(
+                        "ray_actor_dead", m.actor.pid or 0, now, {**labels, "reason": reason}
+                    )
                 )
                 self._log_loss(m, phase)
         jobs_on_node: dict[str, set[str]] = {}
@@ -193,7 +192,7 @@ class RayCollector:
             jobs: list[str | None] = [*sorted(jobs_on_node.get(node.node_id, ()))] or [None]
             for job in jobs:
                 labels = {"ray_node": name} if job is None else {"ray_node": name, "job": job}
-                samples.append(_sample("ray_node_alive", alive, now, labels))
+                samples.append(make_sample("ray_node_alive", alive, now, labels))
         return samples, participants
 
     def _log_loss(self, m: MappedActor, phase: str) -> None:
@@ -213,7 +212,3 @@ class RayCollector:
             actor.death_reason,
             (actor.death_message or "")[:500],
         )
-
-
-def _sample(name: str, value: float, ts: float, labels: dict[str, str]) -> Sample:
-    return {"name": name, "value": float(value), "ts": ts, "labels": labels}

@@ -22,7 +22,7 @@ import torch
 
 from agents.collectors.nvml import PERMANENT_ERRORS, NvmlCollector
 from agents.fake_nvml import FakeNVML
-from agents.samples import Sample
+from recovery.protocol.samples import Sample
 
 GIB = 1 << 30
 

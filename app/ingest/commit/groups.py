@@ -2,12 +2,12 @@
 
 Each accepted batch is queued as a ``QueuedBatch`` (its own durable effects, nothing merged);
 a commit merges the queued batches into one ``IngestGroup`` (``group_of``) and writes it in one
-transaction. A group mixes batches from every node, so a batch the database refuses would fail
-every batch with it, on every retry: one bad value used to stop ingest for the whole cluster
-(issue 17). Robust by design, a failed group is classified (``is_transient``):
+transaction. A group mixes batches from every node, so one batch the database refuses would
+fail every batch with it, on every retry, and stop ingest for the whole cluster. So a failed
+group is classified (``is_transient``):
 
 * the database or Redis itself failed (connection lost, locked, timed out): the group is kept
-  whole and retried later, as before; its requests get 503 after ``commit_timeout_seconds``;
+  whole and retried later; its requests get 503 after ``commit_timeout_seconds``;
 * anything else is caused by the data of some batch and would fail again, so ``isolate``
   bisects the group: halves that commit are done, a half that fails is split again, and a single
   batch that fails alone is rejected with the reason (the request gets 422) and never retried.
@@ -30,8 +30,8 @@ from app.ingest.dedupe import DedupeWindow
 from app.ingest.persist import IngestGroup, NodeSeen, ParticipantSeen, part_of
 from app.ingest.phases import PhaseChange
 from app.ingest.step_progress import StepChange
-from app.ingest.validation import ParticipantReport
 from app.series.backend import ParticipantHeartbeat, Sample
+from recovery.protocol.samples import ParticipantReport
 
 log = logging.getLogger("rlguard.ingest")
 

@@ -15,7 +15,8 @@ import sqlalchemy as sa
 
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.pipeline import IngestResult
-from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
+from app.ingest.validation import IngestRejected, ValidBatch
+from recovery.protocol.samples import ParticipantReport
 from tests.harness import Api, auth, batch, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

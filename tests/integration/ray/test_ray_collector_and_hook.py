@@ -25,6 +25,7 @@ import pytest
 from integrations.ray.collector import PHASE_DEAD, PHASE_RUNNING, RayCollector
 from integrations.ray.presets import load_preset
 from integrations.ray.state import RayStateReader
+from recovery.protocol.samples import ParticipantReport
 from tests.harness import free_port, spawn, wait_for
 from tests.integration.ray._ray import LocalRay, actor_pid, env_for_subprocess
 
@@ -32,11 +33,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 JOB = "verl-job"
 
 
-def _participant(collector: RayCollector, role: str, rank: int) -> dict[str, Any] | None:
+def _participant(collector: RayCollector, role: str, rank: int) -> ParticipantReport | None:
     collector.poll_once()
     _samples, participants = collector.collect()
     for p in participants:
-        if (p["job"], p["role"], p["rank"]) == (JOB, role, rank):
+        if (p.job, p.role, p.rank) == (JOB, role, rank):
             return p
     return None
 
@@ -86,14 +87,14 @@ def test_kill9_is_dead_with_rays_cause_within_5s_and_unknown_classes_are_named(
     ]
     assert len(named) == 1 and "'verl'" in named[0], named
     _s, participants = collector.collect()
-    assert {p["role"] for p in participants if p["job"] == JOB} == {"rollout"}
+    assert {p.role for p in participants if p.job == JOB} == {"rollout"}
 
     os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
 
-    def dead() -> dict[str, Any] | None:
+    def dead() -> ParticipantReport | None:
         p = _participant(collector, "rollout", 3)
-        return p if p is not None and p["phase"] == PHASE_DEAD else None
+        return p if p is not None and p.phase == PHASE_DEAD else None
 
     wait_for(dead, 5, "the collector to report the killed actor DEAD")
     assert time.monotonic() - killed_at < 5
@@ -116,7 +117,7 @@ def test_openrlhf_preset_maps_its_actor_classes(local_ray: LocalRay) -> None:
     collector = RayCollector(load_preset("openrlhf"), job_name="orl")
     _s, participants = collector.from_snapshot(snap, time.time())
     trainers = sorted(
-        p["rank"] for p in participants if p["role"] == "trainer" and p["phase"] == PHASE_RUNNING
+        p.rank for p in participants if p.role == "trainer" and p.phase == PHASE_RUNNING
     )
     assert trainers == [0, 1]
     for a in actors:
@@ -370,12 +371,12 @@ def test_a_second_raylet_killed_is_a_dead_node_and_its_actors_are_lost(local_ray
         os.killpg(node.pid, signal.SIGKILL)
         node.wait(10)
 
-        def lost() -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        def lost() -> tuple[list[dict[str, Any]], ParticipantReport] | None:
             collector.poll_once()
             samples, participants = collector.collect()
             dead_nodes = [s for s in samples if s["name"] == "ray_node_alive" and s["value"] == 0]
-            p = [p for p in participants if (p["role"], p["rank"]) == ("rollout", 5)]
-            return (dead_nodes, p[0]) if dead_nodes and p and p[0]["phase"] == PHASE_DEAD else None
+            p = [p for p in participants if (p.role, p.rank) == ("rollout", 5)]
+            return (dead_nodes, p[0]) if dead_nodes and p and p[0].phase == PHASE_DEAD else None
 
         dead_nodes, participant = wait_for(lost, 30, "the node and its actor reported dead")
         assert [d["labels"] for d in dead_nodes] == [

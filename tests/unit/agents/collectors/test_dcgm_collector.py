@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from agents.collectors.dcgm import MAPPED_FIELDS, DcgmExporterCollector
-from agents.samples import Sample
 from recovery.protocol.metric_names import GPU_METRICS
+from recovery.protocol.samples import Sample
 from tests.unit.agents.collectors.expositions import DCGM, set_value, without_gpu
 
 MIB = 1024 * 1024

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from agents.collectors.engines import EngineCollector, EngineSpec, EngineSpecError
-from agents.samples import Sample
 from recovery.protocol.metric_names import JOB_METRICS
+from recovery.protocol.samples import Sample
 from tests.unit.agents.collectors.expositions import SGLANG, VLLM, VLLM_0_32, set_value
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from agents.collectors.engine_processes import EngineProcessWatch, is_local, listener_pid
 from agents.collectors.engines import EngineCollector, EngineSpec
-from agents.samples import Sample
+from recovery.protocol.samples import Sample
 from tests.harness import free_port, kill_group, spawn, wait_for
 
 

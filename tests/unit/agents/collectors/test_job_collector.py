@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -53,7 +54,7 @@ def test_golden_metrics_from_reporter_files(tmp_path: Path, clock: Clock) -> Non
     assert series(samples, "actor_shard_rebuild_count_5m", "trainer", 0) == [1]
     assert series(samples, "participant_heartbeat_age_seconds", "trainer", 0) == [2.0]
     assert series(samples, "rollout_tokens_per_second") == []  # needs two heartbeats
-    assert sorted(participants, key=lambda p: p["role"]) == [
+    assert [asdict(p) for p in sorted(participants, key=lambda p: p.role)] == [
         {
             "job": "grpo",
             "role": "rollout",
@@ -130,7 +131,7 @@ def test_corrupt_heartbeat_is_skipped_and_others_still_reported(
     with caplog.at_level(logging.WARNING, logger="rlguard.agent.job"):
         for _ in range(3):
             samples, participants = col.collect()
-            assert [p["role"] for p in participants] == ["trainer"]
+            assert [p.role for p in participants] == ["trainer"]
             assert series(samples, "train_step") == [3]
             assert col.skipped_last_round == 1
     assert len([r for r in caplog.records if "rollout-2.json" in r.getMessage()]) == 1
@@ -215,7 +216,7 @@ def test_run_directory_name_is_made_a_valid_job_name(tmp_path: Path, clock: Cloc
     hb.mkdir(parents=True)
     (hb / "trainer-0.json").write_text('{"role": "trainer", "rank": 0, "ts": 1.0}')
     _samples, participants = JobCollector(run, clock=clock).collect()
-    assert participants[0]["job"] == "my_run__v2_"
+    assert participants[0].job == "my_run__v2_"
 
 
 def test_heartbeat_from_the_future_is_skipped(tmp_path: Path, clock: Clock) -> None:
@@ -229,5 +230,5 @@ def test_heartbeat_from_the_future_is_skipped(tmp_path: Path, clock: Clock) -> N
     )
     col = JobCollector(tmp_path, clock=clock)
     _samples, participants = col.collect()
-    assert [p["rank"] for p in participants] == [1]
+    assert [p.rank for p in participants] == [1]
     assert col.skipped_last_round == 1

@@ -34,7 +34,7 @@ def test_an_exit_with_a_cause_becomes_one_sample_with_the_line(tmp_path: Path) -
     labels = sample["labels"]
     assert labels["cause"] == "cuda_oom" and labels["kind"] == "cuda_oom"
     assert labels["line"] == LINE[:120] and (labels["job"], labels["role"]) == ("grpo", "trainer")
-    assert parts[0]["phase"] == "EXITED"
+    assert parts[0].phase == "EXITED"
 
 
 def test_a_later_exit_without_a_cause_drops_the_earlier_cause(tmp_path: Path) -> None:

@@ -165,6 +165,6 @@ def test_a_bad_fault_field_skips_only_that_participant(tmp_path: Path) -> None:
     (tmp_path / "heartbeat" / "trainer-0.json").write_text(json.dumps(bad))
     col = JobCollector(tmp_path, clock=clock)
     samples, participants = col.collect()
-    assert [p["role"] for p in participants] == ["rollout"]
+    assert [p.role for p in participants] == ["rollout"]
     assert col.skipped_last_round == 1
     assert values(samples, "rollout", 1)["actor_shard_stale"] == 0

@@ -7,8 +7,9 @@ import pytest
 from app.auth.job_scope import MAX_JOB_PATTERNS, JobScope, parse_job_patterns
 from app.auth.tokens import NodeIdentity
 from app.core.errors import InvalidInput
-from app.ingest.validation import IngestRejected, ParticipantReport, ValidBatch
+from app.ingest.validation import IngestRejected, ValidBatch
 from app.series.store import SeriesKey
+from recovery.protocol.samples import ParticipantReport
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pytest import approx
 
 from app.ingest.clock_skew import AGREE, KEPT, ClockOffsets, offset_sample, shifted
-from app.ingest.validation import ParticipantReport, ValidBatch
+from app.ingest.validation import ValidBatch
 from app.series.store import SeriesKey
+from recovery.protocol.samples import ParticipantReport
 
 KEY = SeriesKey.of("n1", "gpu_util", {"gpu": "0"})
 

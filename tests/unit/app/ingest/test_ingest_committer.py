@@ -17,8 +17,8 @@ from app.ingest.commit.groups import (
 )
 from app.ingest.dedupe import DedupeWindow
 from app.ingest.persist import _writing
-from app.ingest.validation import ParticipantReport
 from app.models import utcnow
+from recovery.protocol.samples import ParticipantReport
 
 
 def queued(node: str, seq: int, *, agent: str = "a", ts: float = 1.0, step: int = 1) -> QueuedBatch:

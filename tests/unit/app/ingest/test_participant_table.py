@@ -4,7 +4,7 @@ wins, and a node keeps only its most recently reported participants."""
 from __future__ import annotations
 
 from app.ingest.participant_table import ParticipantTable
-from app.ingest.validation import ParticipantReport
+from recovery.protocol.samples import ParticipantReport
 
 
 def rep(job: str, rank: int, ts: float, phase: str = "TRAIN") -> ParticipantReport:

@@ -13,8 +13,9 @@ from app.core.config import IngestLimits, NodeQuotaSettings
 from app.core.server_metrics import ServerMetrics
 from app.ingest import validation
 from app.ingest.quotas import NewSeriesRateExceeded, NodeQuotas, Quota, QuotaExceeded
-from app.ingest.validation import BatchValidator, ParticipantReport, ValidBatch
+from app.ingest.validation import BatchValidator, ValidBatch
 from app.series.store import SeriesKey, SeriesStore
+from recovery.protocol.samples import ParticipantReport
 
 
 class FakeClock:

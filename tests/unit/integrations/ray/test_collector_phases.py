@@ -43,7 +43,7 @@ SNAP = ClusterSnapshot(
 def test_phases_say_what_ray_says() -> None:
     collector = RayCollector(load_preset("verl"), job_name=None)
     samples, participants = collector.from_snapshot(SNAP, 100.0)
-    phases = {(p["job"], p["rank"]): p["phase"] for p in participants}
+    phases = {(p.job, p.rank): p.phase for p in participants}
     assert phases == {
         ("ray-01000000", 0): "RUNNING",
         ("ray-01000000", 1): "RAY_RESTARTING",
