@@ -2,26 +2,18 @@
 alert reminders, retention.
 
 The schedule is a table (:meth:`PolicyScheduler.schedule`); each job's body lives in its
-subsystem. Only one server replica runs them: each tick renews the lease (``app.core.lease``).
-A replica that is not the holder skips every job until the lease expires.
+subsystem. Only the replica holding the lease (``app.core.lease``, renewed by each tick) runs
+them; the others skip every job until it expires, except that their rollup job still forgets
+silent series.
 
 The tick builds the engine's :class:`World` from the in-process series store, the ingest
 service's participant table and the node table, runs :class:`PolicyEngine`, writes its
-decisions in short transactions that ingest's commits may go between
-(``app.incidents.tick_writes``) and then wakes the dispatcher, so that an action or an alert
-delivery reaches the broker right after its outbox row committed.
-
-Event path (docs/architecture.md, "One sample", step 4): once ingest has committed a batch that
-carries a fault needing no window (``app.ingest.certain``), it calls :meth:`PolicyScheduler.nudge`
-and the event thread runs the tick itself at once, on the lease holder, under the tick's lock:
-the same decision path and keys, so the early tick and the interval tick never both plan a fault.
-
-The per-minute rollups (``app.series.rollups``) are one of these jobs: only the holder writes
-them, fenced by the lease's holder and fencing token (``RollupWriter.run_scheduled``), and a
-replica that takes the lease over first reads what the previous holder wrote (``take_over``) so
-that no minute is rolled twice. The rollup job of a replica that is not the holder only forgets
-series gone silent (memory), and the holder runs a last pass when it stops, before it lets the
-lease go.
+decisions in short transactions ingest's commits may go between (``app.incidents.tick_writes``)
+and wakes the dispatcher. A batch carrying a fault that needs no window (``app.ingest.certain``)
+calls :meth:`PolicyScheduler.nudge` once committed: the event thread runs the same tick at once,
+on the lease holder, under the tick's lock, so the early and the interval tick never both plan
+a fault. Rollups are written by the holder only, fenced by the lease (``app.series.rollups``),
+with a last pass before it lets the lease go.
 """
 
 from __future__ import annotations

@@ -1,31 +1,21 @@
 """Framework integrations: what RLGuard needs to know about a training framework.
 
 An integration answers two questions for the launcher (:mod:`integrations.launch`):
+``check_environment()`` (can this framework run under RLGuard here? else
+:class:`IntegrationError` with one line the user can act on) and ``resume_argv(argv)`` (the
+command for a restart: ``argv`` with the framework's resume arguments pointing at the newest
+*complete* checkpoint, or unchanged when there is none). It may also name ``preload_modules``
+(what a warm standby imports ahead) and ``standby_warmup`` (``"MODULE:FUNCTION"`` names the
+standby calls before it waits, leaving the run's results unchanged). Each framework is a module
+with a module-level ``INTEGRATION`` and its own optional extra (``rlguard[trl]``), imported only
+when asked for.
 
-* ``check_environment()``: can this framework run under RLGuard here (e.g. a supported TRL
-  version)? It raises :class:`IntegrationError` with one line the user can act on.
-* ``resume_argv(argv)``: the command to run on a restart: ``argv`` with the framework's own
-  resume arguments pointing at the newest *complete* checkpoint, or ``argv`` unchanged when
-  there is none.
-
-Each framework is a module of this package with a module-level ``INTEGRATION`` object and its
-own optional extra (``rlguard[trl]``); it is imported only when asked for, so the generic
-launcher runs without any framework installed.
-
-The environment the launcher gives each child process: ``RLGUARD_JOB``, ``RLGUARD_ROLE``,
-``RLGUARD_RUN_DIR``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (and ``MASTER_ADDR`` /
-``MASTER_PORT`` when it starts more than one rank, or a world of one). Each process writes its
-heartbeat to
-``<run_dir>/heartbeat/<role>-<rank>.json`` with :class:`recovery.report.HeartbeatReporter`; the
-launcher writes phase ``EXITED`` (with the exit code or signal) into that same file when the
-process exits.
-
-An integration may also name ``preload_modules`` (a tuple of module names): what a warm standby
-(``rlguard launch --standby``) imports ahead of time, e.g. ``("torch", "transformers", "trl")``,
-and ``standby_warmup`` (``"MODULE:FUNCTION"`` names): what the standby calls once imported,
-before it waits (it must leave the run's results unchanged: :mod:`integrations.trl.warmup`).
-
-This package imports :mod:`recovery` and its frameworks, never :mod:`app`.
+Each child process gets ``RLGUARD_JOB``, ``RLGUARD_ROLE``, ``RLGUARD_RUN_DIR``, ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE`` (and ``MASTER_ADDR`` / ``MASTER_PORT`` when the launcher starts
+several ranks, or a world of one that has none) and writes its heartbeat to
+``<run_dir>/heartbeat/<role>-<rank>.json`` (:class:`recovery.report.HeartbeatReporter`); the
+launcher writes phase ``EXITED`` there when it exits. This package imports :mod:`recovery` and
+its frameworks, never :mod:`app`.
 """
 
 from __future__ import annotations

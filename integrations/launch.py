@@ -7,23 +7,15 @@
         [--backend local] [--timeout S] [--py-spy PATH] [--exit-causes FILE]
         [--first-step-budget S] -- CMD ARGS...
 
-runs ``CMD ARGS`` once per rank under :class:`recovery.supervision.Supervisor`: each process
-gets ``RLGUARD_JOB``, ``RLGUARD_ROLE``, ``RLGUARD_RUN_DIR``, ``RANK``, ``LOCAL_RANK``,
-``WORLD_SIZE`` (and ``MASTER_ADDR``/``MASTER_PORT`` with ``--nproc`` > 1); its exit is written
-into its heartbeat at once; RLGuard's restart requests (the launcher hook) restart it with the
-integration's resume arguments; its ``capture_stacks`` requests dump a hung process's Python
-stacks with py-spy (``--py-spy``; default the one installed with RLGuard); a process that
-fails gets the cause its own output names, from the tail of its log matched against the
-exit-cause catalogue (``--exit-causes``; default the one shipped,
-``recovery/supervision/exit_causes.yaml``), written into its heartbeat with the exit; each
-process's first step (after a start or a restart) may take ``--first-step-budget`` seconds
-before RLGuard judges it hung (default: the policy's ``first_step_budget_seconds``). Without ``--rank`` or ``--nproc`` it wraps one process, rank
-``$RANK`` (what torchrun or accelerate set) or 0.
-
-``python -m integrations.launch hook ...`` is the launcher hook (:mod:`recovery.supervision.hook`)
-and ``python -m integrations.launch write-hook PATH --run-root ROOT`` writes an executable for
-``RLGUARD_RECOVERY_LAUNCHER``. Bad arguments end in one line on stderr and exit code 2, before
-anything is started.
+runs ``CMD ARGS`` once per rank (without ``--rank`` or ``--nproc``: one process, rank ``$RANK``
+or 0) under :class:`recovery.supervision.Supervisor`, with the environment of
+:mod:`integrations`. A process's exit, with the cause its log's tail matches in the exit-cause
+catalogue (``--exit-causes``), is written into its heartbeat at once; the launcher hook's
+restarts use the integration's resume arguments, and its ``capture_stacks`` uses py-spy
+(``--py-spy``). A first step may take ``--first-step-budget`` seconds before RLGuard judges it
+hung. ``python -m integrations.launch hook ...`` is the launcher hook and ``... write-hook PATH
+--run-root ROOT`` writes one for ``RLGUARD_RECOVERY_LAUNCHER``. Bad arguments end in one line
+on stderr and exit code 2, before anything is started.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Several ranks, one consistent step: the checkpoint coordinator's rounds over memory snapshots.
 
 With ``rlguard launch --nproc N`` (N > 1) every rank snapshots its own state each step
-(:mod:`integrations.trl.snapshots`), and a step is *committed* only when the checkpoint
-coordinator's two-phase round (:class:`recovery.checkpoint.coordinator.Coordinator`, the one the
-reference job uses) has seen every rank hold it:
+(:mod:`integrations.trl.snapshots`), and a step is *committed* only when a two-phase round of
+:class:`recovery.checkpoint.coordinator.Coordinator` has seen every rank hold it: after its
+snapshot of step S a rank (participant ``trainer-<rank>``) reports ``(S, S)``; *prepare* waits
+for every expected rank ready at that step, *commit* has each rank check its own snapshot of S,
+and the coordinator publishes the new global version through its lease, a JSON file in the run
+directory (``snapshot-rounds.json``), before anyone resumes. A rank killed before it answered
+done leaves S uncommitted.
 
-1. after its snapshot of step S a rank (a :class:`~recovery.checkpoint.participant.Participant`
-   named ``trainer-<rank>``) reports version ``(S, S)``; the launcher's coordinator starts a
-   round once a rank is a step past the committed one, and *prepare* waits for every expected
-   rank to answer ready at that step (ranks that disagree abort the round: they are not at one
-   point);
-2. *commit*: each rank checks that its own snapshot of S is there, and answers done;
-3. the coordinator publishes the new global version ``(S, S)`` through its lease, here a JSON
-   file in the run directory (``snapshot-rounds.json``), before anyone is told to resume.
-
-A rank killed before it answered done (after its own snapshot or during it) leaves the round
-aborted, so S is not committed even if the other ranks hold it. On a restart the launcher
-resumes every rank from :func:`consistent_step`: the committed step when every rank still holds
-a verified snapshot of it, else the newest older step every rank holds; never a step that some
-rank lacks, never one no round committed. This module imports no torch (the launcher stays
-light).
+On a restart every rank resumes from :func:`consistent_step`: the committed step when every rank
+still holds a verified snapshot of it, else the newest older step every rank holds; never a step
+some rank lacks, never one no round committed. This module imports no torch.
 """
 
 from __future__ import annotations

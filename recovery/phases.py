@@ -1,28 +1,20 @@
 """The training loop's phase machine: INIT → PREPARE → ROLLOUT → COLLECT → TRAIN → EVAL → ROLLOUT…
 
-Events drive it (``rollout_complete``, ``data_available``, ``train_step_done`` …). Each phase
-may have a deadline, checked by :meth:`PhaseMachine.tick`:
+Events drive it (``rollout_complete``, ``data_available``, ``train_step_done`` …); deadlines are
+checked by :meth:`PhaseMachine.tick`:
 
-* COLLECT waits at most ``rollout_timeout_sec`` (120 s) for rollout data, then fires
-  ``retry_rollout``; after ``rollout_retry_times`` (3) retries of one step the job enters
-  SAFE_MODE instead (a light fault that repeats is a heavy one);
-* a failed TRAIN step is recorded and skipped, and the loop continues with the next step —
-  unless it is the run's first step or a step that already failed once, which are heavy faults
-  (SAFE_MODE);
-* SAFE_MODE refuses every event that would start rollouts until it is released, either by
-  ``release_safe_mode`` or by a newer ``run`` command in the job's control file
-  (:mod:`recovery.control`), which the machine reads on every ``fire``/``tick``.
+* COLLECT waits at most ``rollout_timeout_sec`` for rollout data, then fires ``retry_rollout``;
+  after ``rollout_retry_times`` retries of one step the job enters SAFE_MODE instead;
+* a failed TRAIN step is recorded and skipped, unless it is the run's first step or a step that
+  failed once already (SAFE_MODE);
+* SAFE_MODE refuses every event that would start rollouts until ``release_safe_mode`` or a newer
+  ``run`` in the job's control file (:mod:`recovery.control`, read on every ``fire``/``tick``).
 
-Every transition is one line of the state log (:mod:`recovery.statelog`) carrying the full
-machine state, so :meth:`PhaseMachine.resume` restores it after a restart. Illegal events raise
-:class:`IllegalTransitionError` and change and write nothing.
-
-Given a :class:`recovery.report.HeartbeatReporter`, the machine also reports the faults it sees
-to the node agent through the heartbeat file: each failed train step (with its number), each
-rollout that timed out (a ``retry_rollout`` fired by the deadline, or fired with
-``timeout=True``), and each state-log append that failed. Its cumulative counts
-(``failed_steps``, ``rollout_timeouts``) are in every state-log line, so a resumed machine hands
-the reporter the totals of the run, not of the process.
+Every transition is one state-log line (:mod:`recovery.statelog`) with the full state, so
+:meth:`PhaseMachine.resume` restores it after a restart; an illegal event raises
+:class:`IllegalTransitionError` and changes nothing. A :class:`recovery.report.HeartbeatReporter`
+given to it gets failed train steps, rollout timeouts and failed state-log appends, as the run's
+totals.
 """
 
 from __future__ import annotations

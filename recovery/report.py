@@ -1,24 +1,19 @@
 """Heartbeat files that training processes write for the node agent.
 
-Each training process (a trainer rank, a rollout worker) owns one file,
-``<run_dir>/heartbeat/<role>-<rank>.json``, which it replaces atomically (temporary file in the
-same directory, then ``os.replace``) so the agent never reads half a file. The agent turns these
-files into the job's golden metrics (see ``docs/metrics.md``).
+Each training process owns one file, ``<run_dir>/heartbeat/<role>-<rank>.json``, replaced
+atomically so the agent never reads half a file (``docs/metrics.md``: what the agent makes of
+it). ``update`` merges what the training code knows now and writes at most once per
+``interval``; ``start_keepalive`` rewrites the file every ``interval`` from a thread, so a long
+step does not look like a dead process (``updated_at`` still tells how old the progress is).
+Every public method is thread-safe.
 
-``update`` merges what the training code knows now and writes at most once per ``interval``;
-``start_keepalive`` rewrites the file every ``interval`` from a background thread so that a long
-training step does not look like a dead process (``updated_at`` still tells how old the progress
-is). Every public method is thread-safe.
-
-Faults the process sees itself are counted here and written at once (rare, and acted on):
-failed train steps (``record_step_failure``), timed-out rollout batches
-(``record_rollout_timeout``), stale actor shards (``set_shard_stale``), failed state-log appends
-(``record_state_log_error``), refused checkpoint saves (``record_checkpoint_error``) and
-unpersisted snapshots (``record_snapshot_persist_error``). A :class:`recovery.phases.PhaseMachine`
-feeds the first, second and fourth itself. The counters are cumulative; ``restore_fault_counts``
-carries them over a restart. ``record_checkpoint`` publishes the version vector of the last
-committed checkpoint (how far back a restore would go); ``set_signals`` a framework's own
-metrics (a GRPO trainer's reward, KL ...), forwarded by name (``recovery/protocol/metric_names.py``).
+Faults the process sees itself are counted and written at once: ``record_step_failure``,
+``record_rollout_timeout``, ``set_shard_stale``, ``record_state_log_error``,
+``record_checkpoint_error``, ``record_snapshot_persist_error`` (a
+:class:`recovery.phases.PhaseMachine` feeds the first, second and fourth). The counters are
+cumulative; ``restore_fault_counts`` carries them over a restart. ``record_checkpoint``
+publishes the last committed checkpoint's version vector; ``set_signals`` a framework's own
+metrics, forwarded by name (``recovery/protocol/metric_names.py``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Fault injection for the reference job, on demand or by schedule.
 
-On demand::
-
-    python -m workload.chaos --run-dir D kill --role rollout --rank 1     # kill -9
-    python -m workload.chaos --run-dir D hang --role trainer              # SIGSTOP
-    python -m workload.chaos --run-dir D oom --step 7                     # fake CUDA OOM in a train step
-    python -m workload.chaos --run-dir D spin [--step 7]                  # trainer spins in a "collective"
-    python -m workload.chaos --run-dir D starve                           # rollouts produce nothing, idle
-    python -m workload.chaos --run-dir D slow-statelog --ms 400 --seconds 20
-    python -m workload.chaos --run-dir D ckpt-unwritable [--seconds 30]   # checkpoint dir unusable
-    python -m workload.chaos --run-dir D xid --gpu 0 [--xid 79]           # through the agent's fake NVML
-    python -m workload.chaos --run-dir D ecc --gpu 1
-    python -m workload.chaos --run-dir D thermal --gpu 0 [--off]          # throttling (light)
-    python -m workload.chaos --run-dir D skip-refit --rank 1              # vLLM job: stale weights
-    python -m workload.chaos --run-dir D kill-engine --rank 1             # vLLM job: kill -9 mid-request
+On demand, ``python -m workload.chaos --run-dir D FAULT ...`` with one of ``kill`` (kill -9),
+``hang`` (SIGSTOP), ``oom`` (a fake CUDA OOM in a train step), ``spin`` (the trainer spins in a
+"collective"), ``starve`` (rollouts produce nothing, idle), ``slow-statelog``,
+``ckpt-unwritable``, ``xid`` / ``ecc`` / ``thermal`` (through the agent's fake NVML),
+``skip-refit`` and ``kill-engine`` (vLLM job); ``--help`` shows each one's arguments.
 
 By schedule (a JSON list; each fault fires once the trainer has reached ``at_step``, plus
 ``delay`` seconds so that rollouts are mid-batch)::

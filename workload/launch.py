@@ -6,19 +6,13 @@ Run the job::
                               [--backend local|slurm] [--resume auto|disable]
 
 A run directory that holds a run of the job is resumed from its newest checkpoint and WAL
-(``--resume auto``, the default, as verl's ``trainer.resume_mode=auto``); ``--resume disable``
-starts from step 0 and refuses such a directory.
-
-Launcher hook (what ``RLGUARD_RECOVERY_LAUNCHER`` points at; the recovery adapters call it as
-``<hook> <action> --job J [--node N] [--role R] [--rank K] --idempotency-key K [--extra JSON]``)::
+(``--resume auto``, the default); ``--resume disable`` starts from step 0 and refuses it.
+The launcher hook (``RLGUARD_RECOVERY_LAUNCHER``) is :mod:`recovery.supervision.hook`, the same
+for every job on the node: it leaves a request in ``<run_root>/<job>/recovery/launcher/`` for
+the running supervisor and waits; a key already answered is answered again without acting::
 
     python -m workload.launch hook restart_role --job J --role rollout --rank 1 --idempotency-key K
     python -m workload.launch write-hook PATH --run-root ROOT   # an executable wrapper for it
-
-The hook is :mod:`recovery.supervision.hook`, the same for every job on the node (``rlguard
-launch`` serves it too): it leaves a request in ``<run_root>/<job>/recovery/launcher/`` and waits
-for the running supervisor to answer it; a request with a key that was already answered is
-answered again without acting (the adapters may retry).
 """
 
 from __future__ import annotations

@@ -1,47 +1,19 @@
 """The reference job on Ray: ``python -m workload.launch --run-dir D --steps N --ray``.
 
 A single controller, as verl's is: this process (the Ray driver) hosts what the job's processes
-share (:func:`workload.job_supervisor.start_job_services`: config, weight registry, checkpoint
-coordinator) and runs the trainer and each rollout worker as a Ray actor,
-``ReferenceWorker`` named ``<job>_<role>_<rank>``. Each actor runs its role's ``main`` (the same
-code, WAL, batch commits, checkpoints and weight transfer as under the process supervisor), so
-the job computes the same parameters, bit for bit.
+share (:func:`workload.job_supervisor.start_job_services`) and runs the trainer and each rollout
+worker (or vLLM engine host) as a Ray actor, ``ReferenceWorker`` named ``<job>_<role>_<rank>``,
+running its role's code as under the process supervisor: the same parameters, bit for bit. Ray
+is started here (CPU only, small) unless ``address`` names a running cluster.
 
-The actors are created with ``max_restarts=-1`` and ``max_task_retries=-1``: when an actor's
-worker process dies (kill -9), Ray restarts the actor and runs its role again in the new
-process, which resumes from the WAL and the newest checkpoint as a restarted process does. A
-trainer's restart gets the next incarnation (``<run_dir>/ray_incarnation``), as the
-supervisor's restarts do. Ray is started here (CPU only, small) unless ``address`` names a
-running cluster.
-
-With vLLM engines (``--rollout-engine vllm``) the trainer actor runs
-:mod:`workload.engines.trainer` and each rollout actor hosts one engine
-(:mod:`workload.engines.engine_host`); a host whose engine died ends its actor's process, so a
-dead engine is a dead actor, restarted as below, and the new host's engine is refit and
-re-admitted by the trainer's router.
-
-``restart_by="rlguard"`` (``--ray-restart-by rlguard``) leaves the restarts to RLGuard instead:
-the actors are created with ``max_restarts=0``, as verl creates its workers, so an actor whose
-process dies stays DEAD and Ray alone never brings it back. The controller registers a named
-actor, :data:`integrations.ray.restarter.RESTARTER_PREFIX` + job (see that module), that
-creates a dead role's actor again when RLGuard's ``restart_role`` asks for it; the new actor
-resumes the role from the WAL and the newest checkpoint as a restarted process does. It is named
-``<job>_<role>_<rank>_r<n>`` (Ray keeps the dead actor's name taken while the controller lives). With one
-rollout worker nothing else takes over its batches, so the job waits for RLGuard. The restarter
-keeps a *warm standby* per role and rank once the job is steady (every role's heartbeat fresh and
-past its start): an actor already created under the next name, its process started and the role's
-modules (torch) imported, whose creation waits until the restarter activates it. Ray reports it
-``PENDING_CREATION``, which is nobody's replacement (:mod:`integrations.ray.mapping`), so a dead
-actor stays the participant, and the incident, until RLGuard asks for the restart; activating it
-skips the ~2 s of process start and imports a cold actor costs.
-``restart_by="none"`` creates them so too but fails the whole job (exit 1) as soon as one dies,
-as verl does: the recovery is then a resubmission of the job, which resumes from the run
-directory's checkpoints and WAL (the whole-job baseline of ``benchmarks/ettr.py --ray``).
-
-As verl's controller does with ``trainer.logger`` including ``file``, the controller appends one
-line per trained step, ``{"step": N, "data": {"perf/time_per_step": S}}``, to
-``$VERL_FILE_LOGGER_PATH`` when it is set: what ``rlguard agent --verl-log`` reads for a job's
-step, which Ray does not know.
+Who restarts an actor whose process died (``restart_by``): ``ray`` (the default,
+``max_restarts=-1``: the role resumes from the WAL and the newest checkpoint); ``rlguard``
+(``max_restarts=0``, as verl's workers: the restarter actor
+:data:`integrations.ray.restarter.RESTARTER_PREFIX` + job creates the role again as
+``<job>_<role>_<rank>_r<n>``, from a warm standby once the job is steady, when RLGuard's
+``restart_role`` asks); ``none`` (the whole job exits 1 at the first death, as verl's does).
+With ``$VERL_FILE_LOGGER_PATH`` set, the controller appends verl's file-logger line
+(``{"step": N, "data": {"perf/time_per_step": S}}``) per trained step.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Where the server finds its alert channels (``Settings.alerts``, app/core/config.py).
 
-The channels live in a YAML file (webhook URLs are secrets, so they are kept out of the policy
-file that is shared and reviewed): `RLGUARD_ALERTS_FILE`, else `<data_dir>/alerts.yaml` when it
-exists, else no channels at all. `RLGUARD_ALERTS_EXTERNAL_BASE_URL` overrides the base URL of the
-links in messages; without either, links point at the server's own bind address.
-
-Example `alerts.yaml`:
+The channels live in a YAML file, kept out of the shared policy file since webhook URLs are
+secrets: `RLGUARD_ALERTS_FILE`, else `<data_dir>/alerts.yaml` when it exists, else no channels.
+`RLGUARD_ALERTS_EXTERNAL_BASE_URL` overrides the base URL of the links in messages; without
+either, links point at the server's own bind address. Example `alerts.yaml`:
 
     alerts:
       external_base_url: https://rlguard.example.com
       group_wait_s: 10
       repeat_interval_s: 1800
       channels:
-        - {type: slack, name: oncall-slack, url: "https://hooks.slack.com/services/…", min_tier: medium}
-        - type: wecom
-          name: oncall-wecom
-          url: "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=…"
-          locale: zh
-          min_tier: medium
-          mentioned_mobile_list: ["13800138000"]
+        - {type: slack, name: oncall-slack, url: "https://hooks.slack.com/…", min_tier: medium}
+        - {type: wecom, name: oncall-wecom, url: "https://qyapi.weixin.qq.com/…", locale: zh,
+           min_tier: medium, mentioned_mobile_list: ["13800138000"]}
         - {type: webhook, name: pager, url: "https://pager.example.com/hook", signing_secret: "…"}
 """
 

@@ -1,16 +1,12 @@
 """Generic JSON webhook, signed with HMAC-SHA256.
 
-Each POST carries two headers:
+Each POST carries `X-RLGuard-Timestamp` (Unix time in whole seconds when it was sent) and
+`X-RLGuard-Signature`: `sha256=` + hex HMAC-SHA256, keyed with the channel's `signing_secret`,
+over the bytes `<timestamp>.<body>` (the timestamp header's value, a dot, the raw body).
 
-- `X-RLGuard-Timestamp`: Unix time in whole seconds when the request was sent;
-- `X-RLGuard-Signature`: `sha256=` + hex HMAC-SHA256, keyed with the channel's
-  `signing_secret`, over the bytes `<timestamp>.<body>` (the timestamp header's value, a dot,
-  then the raw request body exactly as received).
-
-To verify, a receiver reads the raw body before parsing it, recomputes the HMAC with the shared
-secret, compares in constant time (`hmac.compare_digest`), and rejects a timestamp more than a
-few minutes from its own clock (this stops replays of a captured request). `verify_signature`
-below does exactly that and is what the tests use; in a receiver written in Python:
+A receiver reads the raw body before parsing it, recomputes the HMAC, compares in constant time
+and rejects a timestamp more than a few minutes from its own clock (a replay). `verify_signature`
+does exactly that; in a receiver written in Python:
 
     ok = verify_signature(secret, body=request_body_bytes,
                           timestamp=headers["X-RLGuard-Timestamp"],

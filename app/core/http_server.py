@@ -1,34 +1,19 @@
 """How uvicorn is started: limits that keep slow or numerous clients from taking the server,
-and a shutdown that ends in bounded time.
-
-uvicorn closes an idle keep-alive connection, but not one that is still sending its request
-headers: a client that connects and sends half a request line (or one byte every few seconds)
-holds a socket forever, and some thousands of them exhausted the process's file descriptors
-while ``/healthz`` stopped answering. So:
+and a shutdown that ends in bounded time (each limit's why: ``docs/deploy.md``).
 
 - **a header deadline**: a request's headers must be complete within ``header_timeout_seconds``
-  of the connection being made or of the request's first byte; trickling bytes does not extend
-  it. A late client gets ``408`` and the connection is closed. (Bodies are the application's
-  to read; a reverse proxy in front bounds them, see docs/deploy.md.)
+  of the connection or of the request's first byte, or the client gets ``408`` and is
+  disconnected. Bodies are bounded by a reverse proxy in front.
 - **connections per client address** (``max_connections_per_client``): an address at its cap,
-  or the server near its concurrency limit, gives up its oldest connection still waiting for a
-  request to a new one (``app.core.client_connections``), so half-open connections, from one
-  address or many, never push a real request, ``/healthz`` included, into the 503 below. A new
-  connection is refused (``429``) only when all of its address's connections are busy.
-- **a concurrency limit**: beyond ``limit_concurrency`` open connections or requests in
-  progress, a request is answered ``503`` at once (uvicorn's own ``limit_concurrency``) instead
-  of waiting.
-- **file descriptors**: the soft ``RLIMIT_NOFILE`` is raised to the hard limit, so that the
-  limits above, not ``accept()`` failing with EMFILE, are what a flood meets first.
+  or the server near its concurrency limit, closes its oldest connection still waiting for a
+  request for a new one (``app.core.client_connections``); a new connection is refused (``429``)
+  only when all of its address's connections are busy.
+- **a concurrency limit**: beyond ``limit_concurrency`` connections or requests in progress, a
+  request is answered ``503`` at once. The soft ``RLIMIT_NOFILE`` is raised to the hard limit.
 
-On SIGTERM uvicorn stops accepting, waits ``graceful_shutdown_seconds`` for requests in
-progress, then runs the application's shutdown, which has no deadline of its own: it waits for
-the ingest committer, for a policy tick in progress and for the database, and under a flood
-those took so long that SIGTERM seemed ignored. So the first SIGTERM (or SIGINT) also arms
-``faulthandler``'s watchdog, a native thread that needs neither the event loop nor the GIL:
-after ``shutdown_deadline_seconds`` it writes every thread's stack to stderr (what was still
-running) and ends the process with status 1. Acknowledged work is durable before it is
-acknowledged, so exiting then loses nothing a client was told was kept.
+On the first SIGTERM (or SIGINT) uvicorn waits ``graceful_shutdown_seconds`` for requests in
+progress, and ``faulthandler``'s watchdog ends the process (every thread's stack to stderr,
+status 1) ``shutdown_deadline_seconds`` after it, whatever the shutdown still waits for.
 """
 
 from __future__ import annotations

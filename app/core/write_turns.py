@@ -1,25 +1,18 @@
 """Turns at SQLite's one write lock between ingest and the background writers (the policy
 tick's incident writes, the rollup pass).
 
-SQLite has one writer at a time. When a tick opened 21 incidents (a flooding node's budget for
-15 s, each with its timeline, plan and alert: ~20 statements), it held the write lock for its
-whole transaction, 0.45-1.3 s on the 2-core test machine, and every node's ingest commit waited
-behind it: the calm node's request took as long (``benchmarks/flood.py``, issue 41 item 2).
-
-So the tick writes its decisions in short transactions (``app.incidents.tick_writes``), as the
-rollup pass writes its rows (``app.series.rollups``: a pass of 40,000 rows held the lock ~750 ms
-in one transaction), and between two of them each lets a waiting ingest commit go first.
-Waiting on SQLite itself would not do: a writer that finds the lock taken sleeps in SQLite's
-busy handler (up to 25 ms, then 50 and 100 ms between tries) and a background writer that starts
-its next transaction within a millisecond wins the lock again and again. Here an ingest commit
-that has to wait says so before it asks SQLite (``ingest_commit``): it waits for the background
-writer's current transaction to end and is woken at once when it does, and a background writer
-starts its next transaction only once no ingest commit waits (``background_write``). Each wait
-is bounded (``MAX_WAIT_S``), so neither side can starve the other, and SQLite's busy timeout
-still guards against every other writer (the CLI, the workers).
+SQLite has one writer at a time, so the background writers write in short transactions
+(``app.incidents.tick_writes``, ``app.series.rollups``) and between two of them let a waiting
+ingest commit go first. An ingest commit that has to wait says so before it asks SQLite
+(``ingest_commit``) and is woken as soon as the background writer's current transaction ends;
+a background writer starts its next transaction only once no ingest commit waits
+(``background_write``). Waiting in SQLite's busy handler instead would not do: it sleeps
+between tries, and a writer that starts its next transaction within a millisecond wins the
+lock again and again. Each wait is bounded (``MAX_WAIT_S``), so neither side starves the other;
+SQLite's busy timeout still guards against every other writer (the CLI, the workers).
 
 Within one server process only; with PostgreSQL (row locks, no single writer) there are no
-turns to take and the server passes none.
+turns to take and the server passes none. Measurements: ``docs/deploy.md`` (per-node quotas).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``rlguard drill``: rehearse a fault on one's own job and see what it costs (issue 42 item 4).
+"""``rlguard drill``: rehearse a fault on one's own job and see what it costs.
 
 * :mod:`app.drills.rules` — what is refused before anything is sent (role, job, SAFE_MODE,
   another drill in flight, a participant not running);

@@ -1,1 +1,1 @@
-"""The goodput ledger: what each fault cost a job, and what RLGuard saved (issue 23)."""
+"""The goodput ledger: what each fault cost a job, and what RLGuard saved."""

@@ -5,17 +5,13 @@ Read along the time axis of one incident:
     last new step ─ fault ─ detected ─(waiting for approval)─ recovered ─ first new step
        └ redo ┘    └ detect ┘ └────── recover / approve ──────┘ └──── redo ────┘
 
-* **lost** starts at the last new step completed before the fault (the work since then dies
-  with the fault, or is at least not progress) and ends at the first *new* step completed after
-  the recovery, i.e. the first step above the high-water mark: steps trained again after a
-  restore from an older checkpoint, and rollouts regenerated, are redone work, not progress.
-  New steps the job still completed inside that span (a fault that slowed it, or a first step
-  that ran at full speed) are credited back at the job's typical step time, from the end.
+* **lost**: from the last new step before the fault to the first *new* step after the recovery
+  (above the high-water mark: steps trained again and rollouts regenerated are redone work). New
+  steps the job still completed inside that span are credited back at its typical step time.
 * **detect**: fault start (``opened_at`` − the detector's ``detection_delay_seconds``) →
-  incident opened; **approve**: waits for an approver (an approval pending, or a job held in
-  SAFE_MODE after a rejection until someone releases it) inside detection → recovery;
-  **recover**: the rest of detection → recovery (the last of the incident's actions to succeed);
-  **redo**: both ends of the span outside those, i.e. work done again.
+  incident opened; **approve**: time waiting for an approver inside detection → recovery;
+  **recover**: the rest of detection → recovery (the last of its actions to succeed); **redo**:
+  both ends of the span outside those.
 
 Everything here is pure: plain data in, plain data out (``app.goodput.queries`` reads the
 database).

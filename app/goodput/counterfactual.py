@@ -1,25 +1,17 @@
 """The same faults under the common alternative: a person notices, the whole job restarts from
-its newest checkpoint. What RLGuard saved is the difference, so its assumptions are part of
-the answer and travel with it (:class:`Assumptions`).
+its newest checkpoint. What RLGuard saved is the difference, so the assumptions travel with the
+answer (:class:`Assumptions`).
 
-Per fault, the whole-job restart loses:
+Per fault, the whole-job restart loses the partial step the fault interrupted (last new step →
+fault), ``human_detection_seconds`` until a person notices, the job's own start-up time
+(measured from its first start: first report → first new step, less one typical step), and every
+step since the newest checkpoint at the fault, at the typical step time. Overlapping spans are
+merged like the real ones.
 
-* the partial step the fault interrupted (last new step → fault), as RLGuard's ledger does;
-* ``human_detection_seconds``: the time until a person notices (a setting: at night it is the
-  on-call's reaction time, not the detector's);
-* the job's own start-up time, measured from this job's first start: first report → first new
-  step, less one typical step (the restarted job loads the same model and warms the same
-  engines);
-* redone steps: every step since the newest checkpoint at the fault, at the typical step time.
-
-Overlapping counterfactual spans are merged like the real ones.
-
-Per class of fault (``counterfactual.classes`` in policy.yaml, each figure with its published
-source) the detection time and the restart time may be the class's own instead: a dead engine
-is noticed in 15 s by frameworks that watch their engines and takes ~215 s to restart at 70B,
-a hung collective is noticed when the 600 s NCCL watchdog fires and NCCL re-initialises in
-~2.5 minutes at scale. :func:`class_costs` turns the policy's classes into a kind -> figures
-map; the ledger shows each class it used next to the saved figures.
+A class of fault (``counterfactual.classes`` in policy.yaml, each figure with its published
+source) may have its own detection and restart times; :func:`class_costs` turns the policy's
+classes into a kind -> figures map, and the ledger shows each class it used next to the saved
+figures.
 """
 
 from __future__ import annotations

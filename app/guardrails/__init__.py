@@ -1,4 +1,4 @@
-"""Guard-rails on automation (issue 20): what may run of a plan the policy engine made.
+"""Guard-rails on automation: what may run of a plan the policy engine made.
 
 The one entry point is ``gate.gate``, called by the incident writer (``app.incidents.persist``)
 before it writes a plan's action rows; it returns a verdict per action with the reason the

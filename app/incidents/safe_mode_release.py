@@ -1,23 +1,17 @@
 """Releasing a job from SAFE_MODE after its heavy incident's recovery was rejected or expired.
 
-A heavy incident puts the job in SAFE_MODE at once (``enter_safe_mode`` writes the job's
-control file on each of its nodes); the restore or restart then waits for an approver. When
-the approver rejects the plan, or nobody decides in time, the job stays in SAFE_MODE. An
-approver (or admin) who has looked at the job releases it here: one ``release_safe_mode``
-action per node that was put in SAFE_MODE is written to the outbox (the node's worker writes
-``run`` into the control file, which the phase machine obeys), and the incident is closed,
-with a timeline entry naming who released it, once every one of those actions succeeded
+A heavy incident puts the job in SAFE_MODE (its control file on each of its nodes) while the
+recovery waits for an approver; a rejection or no decision leaves it there. An approver (or
+admin) releases it here: one ``release_safe_mode`` action per node that was put in SAFE_MODE
+goes to the outbox, and the incident closes, naming who released it, once all of them succeeded
 (``app.actions.machine.finish_action``).
 
-A job can also be held with no incident at all: its control file says SAFE_MODE because an
-operator wrote it, or an earlier run (or an incident closed since) left it. The server knows
-from the participants' phase that ingest keeps in the ``participant`` table (each heartbeat
-carries the phase the job's phase machine is in, and that machine obeys the control file). A
-release of such a job opens a ``safe_mode_hold`` incident for the job, marked as holding it in
-SAFE_MODE, with the nodes whose participants report SAFE_MODE as evidence, and plans the same
-``release_safe_mode`` action on each of those nodes; the incident closes like any other once
-they all succeeded, and a failed release can be retried through the same endpoint. Only a job
-that no open incident holds and none of whose participants reports SAFE_MODE is "not held".
+A job held with no incident (an operator wrote the control file, or an earlier run left it) is
+known from the participants' phase in the ``participant`` table. Its release opens a
+``safe_mode_hold`` incident with the nodes whose participants report SAFE_MODE as evidence and
+plans the same action on each; it closes like any other, and a failed release can be retried
+through the same endpoint. Only a job no open incident holds and none of whose participants
+reports SAFE_MODE is "not held".
 """
 
 from __future__ import annotations

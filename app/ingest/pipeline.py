@@ -1,46 +1,20 @@
 """Ingest: validate a batch, apply it to the series store once, acknowledge it once it is durable.
 
-How "acknowledged only after it is in the series store" and "a duplicate is refused also after a
-restart" fit together:
+* A request is validated (``ingest_validation``), then checked against its agent's dedupe window
+  and marked (``ingest_dedupe``) with no ``await`` in between: two deliveries of one (node,
+  agent, seq) never both pass.
+* A new batch enters the in-memory ``SeriesStore`` at once; its durable effects and the agent's
+  new window go to the group committer, which writes all that is queued in one transaction. Only
+  then is ``{"accepted": N, "duplicate": false}`` sent, and a duplicate is answered only once
+  the window is durable: nothing acknowledged is lost, and a duplicate stays refused after a
+  restart.
+* A group that fails because of its data is bisected (``ingest_committer``): a batch the database
+  refuses gets 422 and its seq back. A commit that fails otherwise (database down) answers 503
+  after ``commit_timeout_seconds`` and is retried; the agent's retry is then a "duplicate".
+* With a shared window (``app.series.backend``) a new batch must also win a claim in Redis
+  (``app.ingest.redis_dedupe``), and a group joins the shared stream before any answer.
 
-1. A request is validated (``ingest_validation``; a batch of many new series in slices, other
-   requests served between them), then checked against its agent's dedupe window and marked
-   (``ingest_dedupe``) on the event loop with no ``await`` between the check and the mark, so two
-   deliveries of one (node, agent, seq) can never both pass.
-2. A new batch is appended to the in-memory ``SeriesStore`` at once (the policy engine sees it on
-   its next tick), its seq is marked in the in-memory window, and its durable effects (node
-   last-seen and fingerprint, jobs, participants' phase/step/heartbeat, and the phase changes
-   ``ingest_phases.PhaseTracker`` noticed) plus the agent's new
-   window are queued for the group committer.
-3. The group committer writes everything queued so far in ONE database transaction
-   (``ingest_persist.write_ingest_group``), then resolves the waiting requests. Only then is
-   ``{"accepted": N, "duplicate": false}`` sent. Concurrent requests share one commit (and one
-   fsync), which is what keeps the hot path fast. A group that fails because of its data is
-   split until the batch(es) the database refuses are found (``ingest_committer``): the others
-   commit, each refused batch is answered 422 and its seq released, so no single batch can stop
-   ingest for the other nodes.
-4. A delivery whose seq is already marked answers ``{"duplicate": true}``, but also only once the
-   agent's window is durable: otherwise "duplicate" could be acknowledged for a batch whose
-   original delivery is lost by a crash a moment later.
-
-If the process dies between 2 and 3, nothing was acknowledged, the window in the database does not
-contain the seq, and the agent's retry is applied (once) by the restarted server. If it dies after
-3, the retry is refused as a duplicate, because the window is loaded from the database at start.
-If the commit fails (database down), the request gets 503 after ``commit_timeout_seconds``; the
-batch stays in memory and marked, the committer keeps retrying (``/readyz`` answers 503 while it
-does), and the agent's retry is answered "duplicate" once the commit finally succeeds. A batch
-refused at commit keeps its samples in the in-memory window (volatile, not rolled back) but
-nothing of it reaches the database. The in-memory window of samples itself is volatile by
-design (it is a cache for the policy engine; ``MetricRollup`` keeps history).
-
-Alone, this holds for ONE process per database (the windows live in its memory). With a shared
-window (``app.series.backend``, several replicas), two more steps make it hold across
-replicas: a new batch must also win an atomic claim in Redis (``app.ingest.redis_dedupe``), and
-a commit group is appended to the shared Redis stream after its database commit and before any
-of its requests is answered. A delivery another replica claimed is answered "duplicate" only once
-the database holds its seq (else 503, retry); a claim whose replica died before committing is
-taken over after ``STEAL_CLAIM_AFTER_S``. The policy engine reads the in-process store
-(``app.state.series_store``), which the shared backend keeps filled with every replica's samples.
+What a crash at each step does, and the claims across replicas: ``docs/api.md`` (ingest).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Drills: a fault injected on purpose into a running job to rehearse its recovery (issue 42).
+"""Drills: a fault injected on purpose into a running job to rehearse its recovery.
 
 One row per ``rlguard drill``, from the request to its report. The row is the drill's whole
 record: who asked, what the node's launcher answered, which incidents the fault opened (marked

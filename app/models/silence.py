@@ -1,4 +1,4 @@
-"""Silences and maintenance windows: operator-made mutes of alerts and actions (issue 20).
+"""Silences and maintenance windows: operator-made mutes of alerts and actions.
 
 A silence follows Alertmanager's model: label matchers, a time range, who and why. A
 maintenance window names a node or a job and a one-off or weekly time range. Neither row is

@@ -1,29 +1,17 @@
 """Several GPUs of one node failing together are one node-level incident, not one per GPU.
 
-A baseboard, a PCIe switch or the node's power takes several GPUs at once: each reports an XID
-(79, fallen off the bus) and is then lost. Per GPU that is one incident (``gpu_xid`` with its
-``gpu_lost`` folded in, app/policy/root_cause.py); per node it would be eight incidents and eight
-alerts for one fault. This step, after the per-GPU folding, makes them one ``node_gpus_failed``
-signal about the node whose ``related`` are the per-GPU signals (its evidence lists each GPU and
-its XIDs). The node-level incident then also inhibits the node's per-participant alerts
-(app/silences/muting.py ``NODE_KINDS``).
+After the per-GPU folding (``app.policy.root_cause``) this step makes a node's GPUs with the
+same failure one ``node_gpus_failed`` signal about the node, whose ``related`` are the per-GPU
+signals; its incident also inhibits the node's per-participant alerts (``NODE_KINDS`` in
+``app.silences.muting``).
 
 The rule (``detection.gpu.correlated``): at least ``min_gpus`` distinct GPUs of the node (None:
-every GPU the node reports; never fewer than 2) with the same failure, begun within
-``window_seconds`` of each other. A fault counts when the GPU is lost or has an XID of one of
-``xid_buckets``; the same failure is off the bus (lost, or XID 79), or XIDs of one bucket (74,
-NVLink, on every GPU: the fabric). Different failures that happen to meet (one GPU off the
-bus, another's double-bit ECC error a few seconds later) are not one cause, and single faults
-far apart in time stay per-GPU incidents.
-
-A burst of two or more GPUs still below ``min_gpus`` waits ``settle_seconds`` for the rest of
-the node before its GPUs open incidents of their own: a baseboard's GPUs report over one or two
-agent rounds, and the first of them must not open per-GPU incidents (and alerts) a second
-before the node-level one. A GPU whose own incident opened before the burst reached
-``min_gpus`` (it failed alone, up to ``window_seconds`` earlier) moves into the node incident;
-its own resolves after the quiet period. Once the node's incident exists, the node's GPU
-faults stay in it (as ``fold_same_root_cause`` keeps a group in its incident): its GPUs' XIDs
-end after their hold while the GPUs stay lost, and that must not reopen them one by one.
+every GPU it reports; never fewer than 2) with the same failure, begun within ``window_seconds``
+of each other. A fault is a lost GPU or an XID of one of ``xid_buckets``; the same failure is
+off the bus (lost, or XID 79) or XIDs of one bucket. A burst still below ``min_gpus`` waits
+``settle_seconds`` for the rest of the node before its GPUs open incidents of their own; a GPU
+whose own incident opened before the burst moves into the node incident, and once that exists
+the node's GPU faults stay in it rather than reopening one by one.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """How many incidents about one node the engine opens per minute; beyond it, one about the flood.
 
-A node can report anything its token lets it (issue 41: ~6,000 incidents opened from one node,
-each with its rows, plan and alert, which is what made the tick overrun for everyone). The
-ingest quotas bound what a node holds; this bounds what the policy makes of it. Per node, at
-most ``per_minute`` incidents open in any rolling minute. Faults beyond the budget are held:
-they stay unopened (the detectors keep reporting them, so each is opened later when the budget
-allows, heaviest first; within the minute at most a quarter of the budget per 15 s) and the
-node gets one ``incident_flood`` incident saying how many are held, which stays open while any
-is held and resolves after the quiet period like any other.
+A node can report anything its token lets it, and every incident costs rows, a plan and an alert
+in the tick that opens it. The ingest quotas bound what a node holds; this bounds what the
+policy makes of it. Per node, at most ``per_minute`` incidents open in any rolling minute. Faults
+beyond the budget are held: they stay unopened (the detectors keep reporting them, so each is
+opened later when the budget allows, heaviest first; within the minute at most a quarter of the
+budget per 15 s) and the node gets one ``incident_flood`` incident saying how many are held,
+which stays open while any is held and resolves after the quiet period like any other.
 
 Only node-scoped signals count (a subject with a node); a job-wide signal names no node to
 charge, and what a node reports about jobs is bounded by the ingest quotas. Pure like the

@@ -1,21 +1,12 @@
 """NVIDIA's XID catalog as data: each XID code and the resolution bucket NVIDIA publishes for it.
 
-Source (read 2026-12-02): NVIDIA, "Analyzing Xid Errors with the Xid Catalog",
-https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html (the catalog for Ampere and
-newer GPUs; column "Resolution Bucket (Immediate Action)"). The stored copy of that page showed
-its column headings, its bucket vocabulary and the rows of XIDs 1-13 (8, 11 and 13:
-RESTART_APP; the unused codes 1-7, 9, 10, 12: CONTACT_SUPPORT). The other rows below come from
-NVIDIA's machine-readable copy of the same catalog, shipped with NVIDIA NVSentinel:
-github.com/NVIDIA/NVSentinel, distros/kubernetes/nvsentinel/charts/gpu-health-monitor/
-xiderrorsmapping.csv at commit 6f8b0fcfa8e502bdda78fabf96facef729a9285b (same buckets as the
-page where both were read: 8, 11, 13; that file spells CONTACT_SUPPORT
-"UNEXPECTED_ERR_REPORT_ISSUE", here written as the page does). Not confirmed on the page itself,
-only in that file: every row from 14 on.
+Source: NVIDIA, "Analyzing Xid Errors with the Xid Catalog" (the catalog for Ampere and newer,
+column "Resolution Bucket (Immediate Action)"), and for the rows from 14 on NVIDIA's
+machine-readable copy shipped with NVSentinel; ``docs/metrics.md`` ("The XID catalog") gives
+the addresses, the commit and which rows were confirmed where.
 
-Not in the table, on purpose (an XID not listed is ``UNKNOWN``: light, with its raw code in the
-evidence): 154 (GPU_RECOVERY_ACTION_CHANGED: NVIDIA's guidance is "as it applies to another
-Xid", no bucket of its own), display-only and unused codes, and codes above 162 (none were
-listed in the copy read).
+An XID not in the table is ``UNKNOWN`` (light, its raw code in the evidence): on purpose 154
+(no bucket of its own), display-only and unused codes, and codes above 162.
 
 The tier and recovery plan of each bucket are policy (``xid_buckets`` in policy.yaml), not here:
 this module only says what NVIDIA says.

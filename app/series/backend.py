@@ -1,28 +1,20 @@
 """Where the hot series window lives: in this process only, or shared through Redis.
 
 The policy engine, the dashboard and ``/metrics`` always read the in-process
-:class:`~app.series.store.SeriesStore`. What differs is how samples get there:
+:class:`~app.series.store.SeriesStore`; what differs is how samples get there:
 
 * ``LocalSeriesBackend`` (the embedded default): ingest appends to the store and that is all.
 * ``RedisSeriesBackend`` (``RLGUARD_SERIES__SHARED_WINDOW=true`` with ``RLGUARD_REDIS_URL``):
-  every ingest group is also appended, in one pipelined round trip, to a Redis stream (the shared
-  window, trimmed to ``window_seconds``), and the participants' latest heartbeats to a hash. Every
-  replica follows the stream and applies the other replicas' entries to its own store, so any
-  replica can take any agent's batch, and the replica holding the scheduler lease evaluates
-  policy over all of them. A replica that starts (or a new lease holder) reads the whole retained
-  stream first, i.e. the last ``window_seconds`` of every series.
+  every ingest group is also appended, in one pipelined round trip, to a Redis stream trimmed to
+  ``window_seconds``, and the participants' latest heartbeats to a hash. Every replica follows
+  the stream into its own store (the whole retained stream first, on start or on taking the
+  lease), so any replica can take any agent's batch and the lease holder judges them all. Keys
+  carry a prefix derived from the database URL: one deployment shares one window.
 
-The keys carry a prefix derived from the database URL: replicas of one deployment (one database)
-share a window, and anything else on the same Redis never mixes with it.
-
-Ingest acknowledges a batch only after its group is both committed to the database and appended
-to the stream (see ``IngestService``), so an acknowledged sample is visible to the lease holder
-on its next follow, whichever replica took it.
-
-A group that carries a certain fault (``app.ingest.certain``) is also announced on a Redis
-channel, in the same pipeline after the data: every replica's follower waits on that channel
-between follows, so the lease holder applies the group at once and tells its listener (the
-policy scheduler's event path) instead of finding it up to a follow interval later.
+An acknowledged sample is visible to the lease holder on its next follow (ingest answers only
+after the stream append). A group that carries a certain fault (``app.ingest.certain``) is also
+announced on a Redis channel the followers wait on, so the lease holder applies it at once and
+tells the scheduler's event path.
 """
 
 from __future__ import annotations

@@ -1,43 +1,20 @@
 """Per-minute rollups of the series store, written to ``metric_rollup``.
 
-Every ``rollup_interval_seconds`` each series' points of minutes that are complete (the server
-clock is ``rollup_grace_seconds`` past the minute's end) and not yet rolled are aggregated into
-count/min/max/avg/last and upserted. An existing row for the same (series, minute) is merged,
-not replaced (counts add, min/max widen, avg is count-weighted, last is the later one): after a
-restart the store starts empty, and a minute that straddles the restart keeps what both
-processes saw. Rows older than ``rollup_retention_days`` are deleted, as are series gone silent
-for longer than the in-memory window.
+Every ``rollup_interval_seconds`` each series' points of complete minutes (the server clock is
+``rollup_grace_seconds`` past the minute's end) not yet rolled are aggregated into
+count/min/max/avg/last and upserted. A row already there for the same (series, minute) is merged,
+not replaced, so a minute that straddles a restart keeps what both processes saw. Rows older
+than ``rollup_retention_days`` are deleted, as are series silent for longer than the window.
 
-Who writes them. In a server with the policy scheduler (``app.scheduler``) the rollup
-pass is one of its leased jobs: only the replica holding the scheduler lease writes rollups,
-and each write is fenced (its transaction checks, under a row lock, that the lease still has
-the holder and fencing token the pass started with; otherwise that transaction writes nothing and
-its minutes stay unrolled). What the holder rolls up is its own window:
-
-* Local window (the embedded default): the window holds only the samples this process
-  ingested. With one server per database (the supported layout) that is every sample. Windows
-  of different processes never share a sample, so merging is exact: a process that takes the
-  lease over (a restart, or a second replica) adds what it saw to the rows already there.
-  A replica that does NOT hold the lease writes nothing; what it alone ingested is rolled up
-  only if it takes the lease while those samples are still in its window (it logs a warning
-  once, since several replicas need the shared window).
-* Shared window (``RLGUARD_SERIES__SHARED_WINDOW=true``): every replica's window holds every
-  replica's samples, so a new holder's window overlaps what the previous holder already wrote,
-  and merging it would count those samples twice. On taking the lease (a new fencing token)
-  the writer therefore reads, per series, the newest minute already in ``metric_rollup``
-  (``take_over``) and rolls only later minutes. Fencing makes that read see every row the
-  previous holder committed: its last write either committed before the lease changed hands
-  or was rolled back.
-
-A pass writes in transactions of ``WRITE_CHUNK_ROWS`` rows (a series' rows never split), each
-fenced, and with SQLite each after the ingest commits waiting for the one write lock
-(``app.core.write_turns``): a node that made 40,000 series in a minute made one transaction of
-~750 ms, and every ingest commit waited behind it. A failed transaction un-marks only the series
-not yet written (the upsert adds counts: a row written twice would count its samples twice).
-
-Without a scheduler in the process (``RLGUARD_POLICY_SCHEDULER=0``, tests that run the app
-without it) ``running_alone`` keeps the old per-process loop for a local window; a shared
-window is then left to the replicas that run the scheduler.
+The pass is one of the policy scheduler's leased jobs (``RollupWriter.run_scheduled``): only the
+lease holder writes, each transaction fenced by the holder and fencing token the pass started
+with (a fenced-out transaction writes nothing; its minutes stay unrolled). It rolls up its own
+window: local windows never share a sample, so merging is exact; with a shared window a new
+holder first reads each series' newest rolled minute (``take_over``) and rolls only later ones,
+so no sample counts twice. A pass writes ``WRITE_CHUNK_ROWS`` rows per transaction (a series'
+rows never split), each after the ingest commits waiting for SQLite's write lock
+(``app.core.write_turns``); a failed transaction un-marks only the series not yet written.
+Without a scheduler in the process ``running_alone`` runs the pass per process (local window).
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
 """Standing questions to the series store, answered as samples arrive.
 
-The policy tick asks the same questions of the store every second: which series of a name have
-a newest value past a threshold (a GPU lost, a thermal throttle), which counters moved (an XID,
-a failed step), which golden metrics are in a run that breached their warning level. Asked by a
-pass over every series, that pass was most of the tick at 1,000 nodes x 8 GPUs (144,000 series:
-a memory read per buffer, per newest sample, per value), almost always to find nothing. A
-:class:`SeriesWatch` is registered with the store once and kept up to date by
-``SeriesStore.extend`` under the store's lock, one comparison per sample of a watched name, so
-the tick reads only what is there to find.
-
-Three kinds of question (the store knows nothing of policies: a question is an operator from
-:mod:`operator` and a bound):
+The policy tick asks the same questions every second (a newest value past a threshold, a
+counter that moved, a golden metric in a breach run). A :class:`SeriesWatch` registered with
+the store once is kept up to date by ``SeriesStore.extend`` under the store's lock, one
+comparison per sample of a watched name, so the tick reads only what there is to find instead of
+passing over every series. A question is an operator from :mod:`operator` and a bound:
 
 - ``passing``: the series whose newest value ``compare(value, bound)`` holds, with their buffers;
-- ``changed``: the series that received a sample whose value differs from the newest one
-  before it (NaN never equals itself: always a change), since the last :meth:`take`; a series
-  new to the store, and every series present when the watch is created, count as changed;
-- ``runs``: hysteresis runs. A run starts at a sample that ``breaches`` (``compare(value,
-  warning)``) and lasts until a healthy sample (not above ``healthy``); per series in a run, the
-  timestamp of its newest breaching sample. Samples between the two levels continue a run (or
-  continue the absence of one).
+- ``changed``: the series that received a sample whose value differs from the newest one before
+  it (NaN always differs) since the last :meth:`take`; a series new to the store, and every
+  series present when the watch is created, count as changed;
+- ``runs``: hysteresis runs, from a sample that ``breaches`` (``compare(value, warning)``) until
+  a healthy one (not above ``healthy``); per series in a run, its newest breaching sample's time.
 
-An out-of-order insert never changes a series' newest sample (so nothing for ``passing`` and
-``changed``) but may change its run: that series' run is read again from its buffer.
+An out-of-order insert never changes a series' newest sample but may change its run: that
+series' run is read again from its buffer.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
-"""Alertmanager's API v2 shapes for RLGuard's silences and open incidents (issue 42).
+"""Alertmanager's API v2 shapes for RLGuard's silences and open incidents.
 
-``amtool`` and Grafana's Alertmanager data source speak Alertmanager's API v2
-(``api/v2/openapi.yaml`` of prometheus/alertmanager). This module translates between those
-shapes and the one silence store (``app.silences.store``): a silence made with ``amtool silence
-add`` is the same row the Silences page and ``/api/v1/silences`` make, validated, audited and
-muting by the same code. Nothing here stores anything of its own.
+``amtool`` and Grafana's Alertmanager data source speak Alertmanager's API v2. This module
+translates between those shapes and the one silence store (``app.silences.store``): a silence
+made with ``amtool silence add`` is the same row the Silences page and ``/api/v1/silences``
+make, validated, audited and muting by the same code. Nothing here stores anything of its own.
 
-The translations:
-
-- A matcher ``{name, value, isRegex, isEqual}`` is RLGuard's ``label op value``: ``isRegex`` and
-  ``isEqual`` pick ``=``, ``!=``, ``=~`` or ``!~``. ``alertname`` is accepted as another name of
-  ``kind`` (``amtool silence add heartbeat_lost`` means ``alertname=heartbeat_lost``, and every
-  alert listed here carries ``alertname`` = its kind), stored as ``kind``.
+- A matcher ``{name, value, isRegex, isEqual}`` is RLGuard's ``label op value`` (``=``, ``!=``,
+  ``=~``, ``!~``); ``alertname`` is another name of ``kind``, stored as ``kind``.
 - Silence ids are RLGuard's integer ids written as UUIDs (``00000000-0000-4000-8000-<id in
-  hex>``): the API's path parameter is declared ``format: uuid`` and clients may check it. The
-  plain integer is accepted too, so the id on the Silences page works with ``amtool``.
-- Open incidents are alerts: labels ``alertname``, ``job``, ``node``, ``role``, ``rank``,
-  ``kind``, ``tier`` (those it has), ``status.silencedBy`` the silences that match it now and
-  ``status.inhibitedBy`` the fingerprint of the node-level incident that inhibits it.
+  hex>``), as the API declares them; the plain integer is accepted too.
+- Open incidents are alerts: labels ``alertname`` (its kind), ``job``, ``node``, ``role``,
+  ``rank``, ``kind``, ``tier`` (those it has), ``status.silencedBy`` the silences that match it
+  now and ``status.inhibitedBy`` the fingerprint of the node-level incident that inhibits it.
 
 Errors are ``InvalidInput`` / ``NotFound`` / ``Conflict`` with Alertmanager-like text (``silence
 invalid: ...``); the route sends them as the JSON string Alertmanager sends.

@@ -1,39 +1,20 @@
 """The launcher hook for Ray jobs: what ``RLGUARD_RECOVERY_LAUNCHER`` runs for verl / OpenRLHF.
 
-Same command line and exit codes as :mod:`recovery.supervision.hook` (the recovery worker's
-adapters call every hook alike)::
+Same command line and exit codes as :mod:`recovery.supervision.hook` (0 done with one JSON line,
+1 refused with the reason on stderr, 2 bad arguments or Ray not reachable); ``python -m
+integrations.ray.hook write-hook PATH --dashboard URL --preset verl --state-dir DIR`` writes one.
 
-    <hook> restart_role --job J --role R --rank K --idempotency-key KEY
-    <hook> restart_job  --job J --idempotency-key KEY
-
-0 done (one JSON line on stdout), 1 refused (the reason on stderr), 2 bad arguments or Ray not
-reachable. Write one with ``python -m integrations.ray.hook write-hook PATH --dashboard URL
---preset verl --state-dir DIR [--ray-address GCS] [--ray-job J] [--run-root DIR]``.
-
-* ``restart_role``: the participant's actor (found as the collector maps it) is killed with
-  ``ray.kill(actor, no_restart=False)``, so Ray restarts it (actors created with
-  ``max_restarts``). Before the kill the hook records the actor's pid and restart count under
-  the idempotency key; a second delivery of the same action finds the record and kills nothing
-  once the actor has a new pid or a higher restart count. An actor Ray is already restarting is
-  left to Ray. A dead actor whose job registered a restarter actor
-  (:mod:`integrations.ray.restarter`) is created again by it, under the same idempotency key.
-  Any other dead actor, one with no restart left, or one without a name (Ray gives no
-  handle to an unnamed actor outside its job: OpenRLHF's) is refused: the job has to be
-  resubmitted (``restart_job``, a heavy action).
-* ``restart_job``: the Ray job submitted through the Jobs API is stopped, then submitted again
-  with its recorded entrypoint plus the preset's resume arguments (verl
-  ``trainer.resume_mode=auto``, OpenRLHF ``--ckpt.load_enable``), its runtime environment and
-  metadata. The new submission id comes from the idempotency key, so a second delivery cannot
-  submit twice (the Jobs API refuses a known id). It runs only after the policy engine's
-  SAFE_MODE and an approver, as every heavy action does, and the approved action is the job's
-  release, as under the process supervisor: a job whose run directory is under ``--run-root``
-  (default ``$RLGUARD_RECOVERY_RUN_ROOT``, the recovery worker's) and whose control file says
-  SAFE_MODE is told to run again before the resubmission, which would otherwise start held (the
-  reference job obeys the control file; verl does not read one). A job with no recorded
-  entrypoint is refused: there is nothing to submit again.
-* ``inject_fault`` (``rlguard drill``) kills or stops a role's actor process; ``drill_figures``
-  counts the generations a drill made the job redo from its run directory under ``--run-root``
-  (:mod:`recovery.supervision.drill_figures`, as the supervisor's hook does), without Ray.
+* ``restart_role``: the participant's actor (mapped as the collector maps it) is killed with
+  ``ray.kill(actor, no_restart=False)`` so Ray restarts it, its pid and restart count recorded
+  under the idempotency key first so a second delivery kills nothing. An actor Ray is restarting
+  is left to Ray; a DEAD one whose job registered a restarter (:mod:`integrations.ray.restarter`)
+  is created again by it; any other dead, restart-less or unnamed actor is refused.
+* ``restart_job`` (heavy, approved, and the job's release from SAFE_MODE under ``--run-root``):
+  the Ray job is stopped and submitted again through the Jobs API with its recorded entrypoint
+  plus the preset's resume arguments, under a submission id derived from the idempotency key
+  (never twice). A job with no recorded entrypoint is refused.
+* ``inject_fault`` kills or stops a role's actor process, ``drill_figures`` counts what a drill
+  made the job redo (``rlguard drill``; :mod:`recovery.supervision.drill_figures`).
 """
 
 from __future__ import annotations

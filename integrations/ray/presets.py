@@ -6,34 +6,11 @@ rank comes from the actor name's ``rank`` group, else from its ``group`` and ``l
 (ordered as numbers), else from the order of the actor ids within the role (stable while Ray
 keeps the actors listed; it is not the framework's own rank).
 
-The shipped presets were checked against the frameworks' source:
-
-* verl, commit b178a3cd56f58b2d502255daba591e92833930a7 (2026-01-29):
-  ``verl/single_controller/ray/base.py`` (``create_colocated_worker_cls`` makes the Ray class
-  ``WorkerDict``; fused workers are ``FusedWorker_<names>``; ``_create_worker`` names each actor
-  ``{prefix}{class}_{pg_idx}:{local_rank}``), ``verl/workers/fsdp_workers.py`` and
-  ``megatron_workers.py`` (``ActorRolloutRefWorker``, ``AsyncActorRolloutRefWorker``,
-  ``CriticWorker``, ``RewardModelWorker``), ``verl/workers/engine_workers.py``
-  (``TrainingWorker``), the async rollout servers ``vLLMHttpServer`` / ``SGLangHttpServer`` /
-  ``TRTLLMHttpServer`` (``verl/workers/rollout/*``, named ``vllm_server_{replica}_{node}``, and
-  ``vllm_server_reward_…`` when they serve a reward model), ``AgentLoopWorker``
-  (``verl/experimental/agent_loop/agent_loop.py``), ``RewardLoopWorker``
-  (``verl/experimental/reward_loop/reward_loop.py``), and the fully-async / one-step-off
-  ``DetachActorWorker`` / ``DetachAsyncRolloutWorker``.
-* OpenRLHF, commit 3c3be6234e0cb353e76bb8019947db9dfe99fca7 (2026-08-13):
-  ``openrlhf/trainer/ray/ppo_actor.py`` (``PolicyModelActor``), ``ppo_critic.py``
-  (``CriticModelActor``), ``launcher.py`` (``ReferenceModelActor``, ``RewardModelActor``; the
-  actors are created unnamed, rank 0 first) and ``vllm_engine.py`` (``RolloutRayActor``).
-
 Patterns are RE2 (``recovery.user_regex``: linear time, no lookarounds or backreferences, at
 most ``MAX_PATTERN_CHARS`` characters), so a preset file cannot stall the agent or the hook
-that evaluates it against every actor. A preset file (YAML or JSON) has the same shape as the
-shipped ones::
-
-    name: myframework
-    roles:
-      - {role: trainer, class: '^MyTrainerActor$'}
-      - {role: rollout, class: '^MyEngine$', name: '^engine_(?P<rank>\\d+)$'}
+that evaluates it against every actor. A preset file (YAML or JSON) has the shipped presets'
+shape; ``docs/integrations.md`` (sections 4 and 5) shows one and names the verl and OpenRLHF
+commits and files the shipped presets were checked against.
 """
 
 from __future__ import annotations

@@ -4,33 +4,17 @@ One line in the training script, ``GRPOTrainer(..., callbacks=[RLGuardCallback()
 ``rlguard launch`` each rank:
 
 * writes its heartbeat (:class:`recovery.report.HeartbeatReporter`, role ``trainer``, rank from
-  ``RANK``): phase ``ROLLOUT`` while TRL generates completions, ``TRAIN`` for the rest of the
-  step, ``EVAL``, ``SAVE``, ``SAFE_MODE``, ``DONE``; the global step; the cumulative count of
-  generated tokens (the agent turns it into tokens per second); the completions generated and
-  those that came back empty (nothing but end-of-sequence and padding: ``record_samples``,
-  ``record_failed_samples``; a policy that collapsed into empty answers, or a generation that
-  failed into an empty one, trains on nothing while every step reports success); and TRL's GRPO
-  metrics from ``on_log`` (reward, reward_std, kl, completion length, clipped ratio) as job
-  signals;
-* counts its own faults for the policy engine: a step that raised (an OOM, a failing reward
-  function) is ``record_step_failure(step)``, a checkpoint that could not be written is
-  ``record_checkpoint_error()``;
-* declares its drill injection points (:mod:`recovery.drill_points`): ``rlguard drill --fault
-  oom`` makes the next optimizer step raise ``torch.OutOfMemoryError`` (a CUDA-OOM message),
-  ``--fault disk-full`` makes the next step end save a checkpoint and that save fail with
-  ``ENOSPC`` before anything of it is written; either ends the process as a real fault would,
-  for the launcher's exit-cause catalogue to see;
-* seals every ``checkpoint-N`` TRL writes with the checkpoint engine's completion marker and
-  publishes its version vector, so a restart resumes only from a complete checkpoint;
-* obeys the job's control file: at a step boundary under ``SAFE_MODE`` it saves (so nothing since
-  the last checkpoint is lost), reports ``SAFE_MODE`` with its heartbeat alive, waits until an
-  approver releases the job, and then goes on in the same process.
+  ``RANK``): phase, step, tokens and completions generated, TRL's GRPO metrics, its own faults
+  (what each field holds: ``docs/integrations.md``, "What it reports");
+* declares the drill injection points ``oom`` and ``disk-full`` (:mod:`recovery.drill_points`);
+* seals every ``checkpoint-N`` with the checkpoint engine's completion marker, so a restart
+  resumes only from a complete checkpoint;
+* obeys the job's control file: under ``SAFE_MODE`` it saves at the step boundary, reports
+  ``SAFE_MODE`` and waits, heartbeat alive, until the job is released, then goes on.
 
-ROLLOUT is seen by wrapping the policy model's public ``generate`` method on the model object
-the Trainer hands its callbacks: TRL's own transformers generation path (not vLLM, not continuous
-batching) calls ``generate`` on that same object. The supported TRL versions
-(:data:`integrations.trl.SUPPORTED_TRL`) are checked when the callback is created. With vLLM or
-continuous batching the whole step is reported as ``TRAIN``.
+``ROLLOUT`` is seen by wrapping the policy model's ``generate`` (TRL's transformers path only;
+with vLLM or continuous batching the whole step is ``TRAIN``). The TRL version is checked
+(:data:`integrations.trl.SUPPORTED_TRL`) when the callback is created.
 """
 
 from __future__ import annotations

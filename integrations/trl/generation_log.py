@@ -1,42 +1,20 @@
 """Logged generations for TRL's ``GRPOTrainer``: a generation batch is never generated twice.
 
-GRPO spends most of a step generating. One line after the trainer is built, before
-:func:`integrations.trl.snapshots.enable_snapshots`::
+One line after the trainer is built, before :func:`integrations.trl.snapshots.enable_snapshots`:
+``enable_generation_log(trainer)``. Every batch ``_generate_and_score_completions`` returns is
+written to RLGuard's write-ahead log (:mod:`recovery.wal`, ``<run_dir>/generations/rank-<r>/``)
+before the optimisation sees it, keyed by ``(global step, generation index)`` with the RNG states
+around it and the metrics, logs and tokens it added; it is COMPLETED once the last optimizer
+step consuming it is committed. A process restarted in between reuses the PENDING entry
+(metrics replayed, RNG states restored, TRL's ``_step`` and buffer rebuilt), so the run goes on
+bit-identically; an entry that does not verify or was logged for other prompts, seed, cadence or
+RNG states is marked FAILED with the reason and generated again. Each reuse appends
+``generation_reused`` to ``<run_dir>/events.jsonl``, each regeneration ``generation_redone``
+(:attr:`GenerationLog.reused` and :attr:`GenerationLog.redone` count them in the process).
 
-    enable_generation_log(trainer)
-
-From then on every generation batch that ``GRPOTrainer._generate_and_score_completions``
-returns (prompt and completion ids and masks, advantages, the reference and old log-probs:
-everything the optimisation consumes) is written to RLGuard's write-ahead log
-(:mod:`recovery.wal`, ``<run_dir>/generations/rank-<r>/``) before the optimisation sees it,
-keyed by ``(global step, generation index)``, together with the RNG states before and after it,
-the metrics and completion logs it added and the tokens it counted. The entry is PENDING until
-the last optimizer step that consumes it is committed (its snapshot, or a ``checkpoint-N``
-save), then COMPLETED.
-
-A process restarted after a generation and before the commit of the step that consumed it finds
-the PENDING entry and reuses it instead of generating again: the metrics and token count are
-replayed and the RNG states set to where the generation left them, so the run continues exactly
-as a clean run does (bit-identical parameters, the same logged losses and rewards). An entry is
-reused only when its data file verifies against the WAL's checksum (a record torn by a kill is
-dropped by the WAL itself), it was logged for the same prompts, seed and generation cadence, and
-the RNG states now are the ones it started from; otherwise it is marked FAILED with the reason,
-the batch is generated again and a ``generation_redone`` event says why.
-
-With ``steps_per_generation x num_iterations`` > 1, TRL keeps one generation for several
-micro-steps (``_buffered_inputs``), and a resume between them would generate a new batch: here
-TRL's micro-step counter (``_step``) is restored from the committed state (exported through the
-Trainer's ``stateful_callbacks``) and the buffer rebuilt from the logged batch, with the RNG
-states put back afterwards, so snapshots may be taken inside a generation's span.
-
-Each reuse appends ``generation_reused`` to ``<run_dir>/events.jsonl`` (each regeneration of a
-logged batch ``generation_redone``) and is logged; :attr:`GenerationLog.reused` and
-:attr:`GenerationLog.redone` count them in the process.
-
-The hook wraps two private methods of ``GRPOTrainer`` (``_generate_and_score_completions`` and
-``_prepare_inputs``) and reads its ``_step``, ``_metrics`` and ``_logs``: what
-:data:`GENERATION_LOG_TRL` and :data:`GENERATION_LOG_TRANSFORMERS` pin. Other versions are
-refused with a message naming them.
+It wraps ``GRPOTrainer._generate_and_score_completions`` and ``_prepare_inputs`` and reads its
+``_step``, ``_metrics`` and ``_logs``, as pinned by :data:`GENERATION_LOG_TRL` and
+:data:`GENERATION_LOG_TRANSFORMERS`; other versions are refused with a message naming them.
 """
 
 from __future__ import annotations

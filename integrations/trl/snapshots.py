@@ -5,34 +5,15 @@ One line after the trainer is built, the same path given to ``train``::
     snapshots = enable_snapshots(trainer, resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
 
-After every optimizer step (every ``every`` steps) the callback copies what the Trainer's own
-checkpoint holds (model, optimizer, LR scheduler, gradient scaler, every RNG state, the
-``TrainerState``, which carries the data position) into host memory:
-
-* under ``rlguard launch`` into the launcher's shared-memory segment
-  (``RLGUARD_SNAPSHOT_SHM``, :mod:`integrations.snapshot_owner`) with
-  :class:`recovery.checkpoint.memory_snapshots.MemorySnapshotWriter` (checksums, marker last);
-  the launcher persists them to disk in the background;
-* otherwise, or when the segment is too small, unwritable or its owner died, into the checkpoint
-  engine's host buffers, written to ``<run_dir>/snapshots/rank-<r>/`` by its background thread
-  (:class:`recovery.checkpoint.engine.CheckpointEngine`). The reason is logged once and counted
-  as a snapshot persist error in the heartbeat, so an incident (``checkpoint_write_errors``,
-  alert only) says so while training goes on.
-
-The snapshot is taken at the first of ``on_log``/``on_save`` of the step, the next step's
-``on_step_begin`` or ``on_train_end``: after the step's optimizer update and its log line, before
-the next step draws a random number, which is where the Trainer itself saves. HF
-``checkpoint-N`` directories are still written at ``save_steps`` (and sealed by
-:class:`integrations.trl.callback.RLGuardCallback`).
-
-Resuming uses the Trainer's documented path, ``train(resume_from_checkpoint=DIR)``: on a restart
-the launcher names ``<output_dir>/rlguard-snapshot-<step>`` when a snapshot is the newest
-committed state, and :func:`enable_snapshots` writes the snapshot of that step there in the
-Trainer's own checkpoint layout before ``train`` reads it (memory first, then disk; one whose
-checksums fail is passed over with the reason logged). The Trainer then restores the model,
-optimizer, scheduler, scaler and RNG states and skips the batches already trained, so the run
-continues bit-identically. That layout and that skip are what :data:`SNAPSHOT_TRANSFORMERS` and
-:data:`SNAPSHOT_TRL` pin; other versions are refused with a message naming them.
+Every ``every`` optimizer steps, where the Trainer itself saves, the callback copies what the
+Trainer's checkpoint holds into host memory: the launcher's shared-memory segment
+(``RLGUARD_SNAPSHOT_SHM``, persisted by the launcher), else the checkpoint engine's buffers
+written to ``<run_dir>/snapshots/rank-<r>/`` (a fallback logged once and counted in the
+heartbeat as a snapshot persist error). When a snapshot is the newest committed state, a
+restart names ``<output_dir>/rlguard-snapshot-<step>`` and :func:`enable_snapshots` writes it
+there in the Trainer's checkpoint layout (memory first, then disk; checksums checked)
+before ``train`` reads it: the run continues bit-identically. :data:`SNAPSHOT_TRANSFORMERS` and
+:data:`SNAPSHOT_TRL` pin that layout; other versions are refused with a message naming them.
 """
 
 from __future__ import annotations

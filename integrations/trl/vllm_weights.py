@@ -1,37 +1,20 @@
 """RLGuard's weight path as the weight sync of TRL's ``vllm_mode="server"``.
 
-TRL 1.16 generates against a vLLM OpenAI server through ``trl.generation.vllm_client.VLLMClient``
-and pushes the trainer's weights to it after each optimizer step. That push is NCCL only:
-``VLLMClient.init_communicator`` joins the trainer to the server's workers as an extra NCCL rank
-(vLLM's ``--weight-transfer-config '{"backend": "nccl"}'``) and raises ``NotImplementedError``
-for any device that is not CUDA; ``update_named_params`` broadcasts every tensor over that group.
-So on a CPU trainer, or wherever the trainer and the engine share no NCCL fabric, TRL cannot
-train with a separate vLLM server at all, and where it can, a dead or restarted engine leaves
-the group broken and a replacement engine serving the weights it started with.
+TRL's own sync pushes weights over an NCCL group the trainer joins as an extra rank: impossible
+on a CPU trainer, and broken by a dead or restarted engine. :func:`use_rlguard_weight_sync`,
+called before the trainer is built, swaps TRL's client for :class:`RLGuardVLLMClient` (for
+:data:`integrations.trl.SUPPORTED_TRL` only), which generates as TRL's does but:
 
-:func:`use_rlguard_weight_sync` swaps TRL's client for :class:`RLGuardVLLMClient` (one name in
-``trl.generation.vllm_generation``, which ``VLLMGeneration._init_vllm`` looks up when the trainer
-is built), for the TRL versions this was written against only
-(:data:`integrations.trl.SUPPORTED_TRL`). The subclass generates exactly as TRL's does; what
-changes is the weight path:
+* ``init_communicator`` checks that the server runs RLGuard's worker extension and starts a
+  weight registry and a publisher of :mod:`recovery.transfer` in the trainer process;
+* ``update_named_params`` publishes the tensors as a new version, has every worker pull it
+  (``/collective_rpc rlguard_refit``) and returns once every worker reports that version;
+* ``generate`` first refits an engine that does not serve the current version, and retries a
+  generation that failed because the engine died once it answers again (up to ``engine_wait``
+  seconds), never blindly: a restarted engine is never sampled with stale weights.
 
-* ``init_communicator`` checks that the server runs RLGuard's worker extension
-  (``--worker-extension-cls integrations.vllm.worker_extension.RLGuardWeightLoader`` and
-  ``VLLM_SERVER_DEV_MODE=1``), and starts a weight registry and a publisher of
-  :mod:`recovery.transfer` in the trainer process instead of an NCCL group;
-* ``update_named_params`` publishes the tensors as a new version, has every worker of the engine
-  pull it (``/collective_rpc rlguard_refit``: tcp or shm, verified chunk by chunk), and returns
-  only once every worker reports that version (``rlguard_weight_version``);
-* ``generate`` first makes sure the engine serves the current version, and refits it if not: an
-  engine restarted at the same address (by RLGuard's ``restart_role``, or by hand) holds the
-  weights it started with and is never sampled from before it is refit (NeMo-RL's rule). A
-  generation that fails because the engine died is retried, after that check, once the engine
-  answers again (up to ``engine_wait`` seconds); TRL's own client retries a failed request
-  blindly, which could land on a restarted engine with stale weights, so the subclass does not.
-
-Versions count up from one more than the newest the engine reports (0 for a fresh engine): a
-trainer restarted against a surviving engine never asks it to go back to older weights, which
-its receiver would refuse.
+Versions count up from one more than the newest the engine reports, so a restarted trainer never
+asks a surviving engine for older weights. Starting the engine: ``docs/integrations.md``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
 """Load a refit's weights straight into a vLLM model's live parameters.
 
-vLLM's in-place reload (``reload_weights(weights_iterator=..., is_checkpoint_format=True)``) is
-general: it puts every layer back on the meta device, replays the model's ``load_weights``
-through wrapped loaders, materializes each layer, processes it and copies the result back. For
-the tiny model most of its time is that machinery, not bytes (30 ms for 10 MiB, of which 7 ms
-is packing the CPU linear layers). A refit knows exactly which names it moves, so a plan is
-made from them (in well under a millisecond, against the model as it is at that moment) and
-carried out:
+vLLM's in-place reload (``reload_weights``) rebuilds every layer through the model's
+``load_weights``, which for a small model costs far more than the bytes. A refit knows which
+names it moves, so :func:`plan_direct_load` makes a plan from them, against the model as it is:
 
-- a checkpoint tensor whose module vLLM fuses (the model's own ``packed_modules_mapping``, e.g.
-  ``q_proj``/``k_proj``/``v_proj`` -> ``qkv_proj``) is a row block of the fused parameter, in
-  the mapping's order;
-- a parameter that is live (norms, biases, embeddings; every weight on GPU) is copied into in
-  place (a padded vocabulary keeps its padding rows);
-- a CPU linear layer whose weight vLLM packed and dropped gets the new weight (a tensor of its
-  own: some CPU kernels keep a reference to it) and is processed again by its own
-  ``quant_method.process_weights_after_loading``, which packs it as at start-up; on CPU every
-  embedding module whose weight was loaded is processed again likewise, the output head tied to
-  the embedding included (a module of its own sharing the weight, with its own packed copy: the
-  live engine test caught it sampling from the old head).
+- a checkpoint tensor whose module vLLM fuses (the model's ``packed_modules_mapping``, e.g.
+  ``q_proj``/``k_proj``/``v_proj`` -> ``qkv_proj``) is a row block of the fused parameter;
+- a live parameter (norms, biases, embeddings; every weight on GPU) is copied into in place;
+- a CPU linear layer whose weight vLLM packed and dropped gets a new weight tensor and is
+  processed again by its ``quant_method.process_weights_after_loading``; on CPU every embedding
+  module whose weight was loaded is processed again too, a tied output head included.
 
 Anything the plan does not recognise (tensor parallelism, quantization, a name that maps to no
-parameter, a shape that does not fit, a parameter left uncovered) makes :func:`plan_direct_load`
-return None with the reason, and the caller uses vLLM's in-place reload: never a partial load.
+parameter, a shape that does not fit, a parameter left uncovered) makes it return None with the
+reason, and the caller uses vLLM's in-place reload: never a partial load. The measurements:
+``docs/performance.md``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
-"""One vLLM engine as a supervised participant of any job: the rollout role of a job whose
-trainer is not RLGuard's reference job (TRL's ``vllm_mode="server"``, or any trainer that
-talks to a vLLM server at a fixed address)::
+"""One vLLM engine as a supervised participant: the rollout role of a job whose trainer talks
+to a vLLM server at a fixed address (TRL's ``vllm_mode="server"``, or any other)::
 
     rlguard launch --job J --role rollout --run-dir D -- \\
         python -m integrations.vllm.host --model DIR --port 8000 [--max-model-len N] \\
             [--served-model-name NAME] [--kv-cache-gib N] [--start-timeout S] \\
             [-- MORE VLLM SERVER ARGUMENTS]
 
-The host starts a vLLM OpenAI server for ``DIR`` on ``--port`` (always the same one: the
-trainer knows one URL) with RLGuard's weight loader as its worker extension
-(:mod:`integrations.vllm.worker_extension`, through which the trainer refits it), and stays as
-long as the engine runs:
-
-* it announces the engine in the run directory (``engines/<role>-<rank>.json``: URL, pids of
-  the APIServer → EngineCore → Worker tree, ready or not), which is how the node agent finds
-  it without an ``--engine`` flag (:mod:`agents.collectors.engine_discovery`) and probes its
-  ``/health``, its ``vllm:`` metrics and its process tree;
-* it writes the rank's heartbeat: ``STARTING`` while the engine compiles and loads (a grace,
-  not a fault), then ``ROLLOUT`` with the weight version its workers serve as the step (none
-  before the trainer's first refit);
-* when the API server exits (a Worker or the EngineCore killed: vLLM's ``EngineDeadError``) it
-  exits with a failure, which its launcher reports at once (phase ``EXITED``); a hung or wedged
-  engine is the agent's to see. Either way RLGuard heals the rank with ``restart_role``: the
-  launcher starts a new host, which first kills what is left of the previous tree (a hung
-  engine runs in a session of its own and outlives its host), then starts a fresh engine on the
-  same port. The trainer's weight sync refits it to the current version before it samples from
-  it (:mod:`integrations.trl.vllm_weights`).
-
-SIGTERM (the launcher stopping the job) withdraws the announcement, stops the engine and exits
-0. Bad arguments end in one line on stderr and exit code 2, before anything is started.
+The host starts a vLLM OpenAI server for ``DIR`` on ``--port`` with RLGuard's weight loader
+(:mod:`integrations.vllm.worker_extension`), announces it in ``engines/<role>-<rank>.json`` of
+the run directory (for the node agent), and writes the rank's heartbeat (``STARTING``, then
+``ROLLOUT`` with the served weight version as the step). When the API server exits the host
+exits with a failure; RLGuard heals the rank with ``restart_role``, and the new host first kills
+what is left of the previous engine tree. SIGTERM withdraws the announcement, stops the engine
+and exits 0; bad arguments end in one line on stderr and exit code 2, before anything starts.
 """
 
 from __future__ import annotations

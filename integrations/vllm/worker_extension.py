@@ -1,25 +1,18 @@
 """RLGuard's weight path into a vLLM engine: a worker extension driven by ``/collective_rpc``.
 
 Start the engine with ``--worker-extension-cls
-integrations.vllm.worker_extension.RLGuardWeightLoader`` (and ``VLLM_SERVER_DEV_MODE=1``, which
-serves ``/collective_rpc``). vLLM mixes this class into its worker class, so its methods run in
-every Worker process, beside the model, and are called by name::
+integrations.vllm.worker_extension.RLGuardWeightLoader`` and ``VLLM_SERVER_DEV_MODE=1`` (which
+serves ``/collective_rpc``); its methods then run in every Worker process, called by name::
 
     POST /collective_rpc {"method": "rlguard_refit", "args": [SOURCE]}
 
 ``rlguard_refit`` pulls one version of the trainer's weights through :mod:`recovery.transfer`
-(tcp or shm, from the trainer or any engine that already holds that version: a relay), verifies
-every chunk, loads it straight into the model's parameters (:mod:`integrations.vllm.direct_load`;
-vLLM's in-place reload through the model's own ``load_weights`` for a layout it does not plan
-for, or with ``"direct": false`` in the request) and remembers the version. The engine then
-serves that version until the next refit; ``rlguard_weight_version`` says which one it is.
-
-Why a worker extension and not vLLM's weight-transfer engine (``--weight-transfer-config``):
-``docs/integrations.md`` ("vLLM as the rollout engine") has the reading of vLLM 0.32's source.
-
-The receiver is kept between refits: it holds the version the engine serves, so it also serves
-that version to a recovering engine (a relay), and a refit to a version that is not newer than
-the one loaded is refused by it (an engine never goes back to older weights by accident).
+(from the trainer or any engine that holds it: a relay), verifies every chunk, loads it straight
+into the model's parameters (:mod:`integrations.vllm.direct_load`; vLLM's in-place reload when
+the plan does not fit, or with ``"direct": false``) and remembers the version, which
+``rlguard_weight_version`` reports. The receiver is kept between refits: it relays the version
+the engine serves, and refuses a refit to a version not newer than the one loaded. Why not
+vLLM's weight-transfer engine: ``docs/integrations.md`` ("vLLM as the rollout engine").
 """
 
 from __future__ import annotations

@@ -1,27 +1,19 @@
 """Reading a committed checkpoint's files back in one pass, checksums verified as the bytes arrive.
 
-Each file is read exactly once, into a preallocated uint8 tensor (no zero-fill, no intermediate
-``bytes``), in 8 MiB chunks, and each chunk is checksummed as soon as it has landed (CRC-32C runs
-at ~12 GB/s, a few percent of a read), so verification is not a second pass. Two ways to read:
+Each file is read exactly once, into a preallocated uint8 tensor, in 8 MiB chunks, each chunk
+checksummed as soon as it has landed, so verification is not a second pass:
 
-* Large files (>= 32 MiB) with ``O_DIRECT``, the way the engine writes them: four reader threads
-  keep four chunk requests in flight and the device writes straight into our (block-aligned)
-  buffer, with no page-cache copy, so a byte costs almost no CPU; the calling thread checksums
-  the chunks in file order as they land. The readers wait on the device, not on the CPU, so four
-  is the device's queue depth, not a claim on the cores.
-* Everything else, and filesystems without ``O_DIRECT`` (tmpfs), through the page cache in one
-  thread: ``POSIX_FADV_WILLNEED`` at open makes the kernel read the whole file ahead
-  asynchronously while the thread copies and checksums chunk by chunk. No reader/checksummer
-  thread pairs here: the copy is CPU work, and on the 2-core loaded machines this runs on every
-  hand-off between threads waits for the scheduler (measured, 256 MiB: pipelined 1.3-1.7x
-  torch.load's time, inline 0.85x).
+* large files (>= 32 MiB) with ``O_DIRECT``, as the engine writes them: four reader threads keep
+  four chunk requests in flight (the device's queue depth, not a claim on the cores) and the
+  calling thread checksums the chunks in file order;
+* everything else, and filesystems without ``O_DIRECT``, through the page cache in one thread,
+  with ``POSIX_FADV_WILLNEED`` so the kernel reads ahead while the thread copies and checksums.
 
 Files larger than one chunk are read concurrently, one thread each. A file is refused
 (:class:`CheckpointCorrupt`) when it is missing, its size differs from the marker's, it shrinks
 or is replaced while being read, or its checksum differs; the caller gets its bytes only after
 the whole file verified. The returned :class:`ReadFile` carries the ``(inode, size, mtime_ns)``
-of the open descriptor, i.e. of exactly the bytes that were checked, for the engine's "has it
-changed since?" test.
+of the open descriptor, i.e. of exactly the bytes that were checked.
 """
 
 from __future__ import annotations

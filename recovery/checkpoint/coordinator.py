@@ -1,25 +1,21 @@
 """The checkpoint coordinator: heartbeats, failure detection, checkpoint rounds, leadership.
 
-One coordinator per job is the leader (it holds a :class:`~recovery.checkpoint.lease.Lease` in
-Redis or PostgreSQL); standbys run the same code, receive the same heartbeats, and take over when
-the lease expires. Only the leader runs rounds:
+One coordinator per job leads (it holds a :class:`~recovery.checkpoint.lease.Lease` in Redis or
+PostgreSQL); standbys run the same code and take over when the lease expires. The leader's rounds:
 
-1. *prepare*: every participant finishes its current atomic step, freezes weight writes and
-   answers ready with its version vector — trainers first; then the others, and a rollout only
-   once it serves the trainers' (now final) weight version;
-2. the target global version is the trainer ranks' vector (they must agree); with
-   ``require_sync_boundary`` every rollout must already serve the trainer's weight version (a
-   round never lands inside a weight sync);
-3. *commit*: every participant saves what it owns and answers done;
-4. the new global version is published through the lease (fenced by the epoch), then everyone is
-   told to resume.
+1. *prepare*: every participant finishes its atomic step, freezes weight writes and answers
+   ready with its version vector (trainers first; a rollout once it serves their final weights);
+   the target is the trainer ranks' vector (they must agree), and with
+   ``require_sync_boundary`` every rollout must already serve the trainer's weight version;
+2. *commit*: every participant saves what it owns and answers done;
+3. the new global version is published through the lease (fenced by the epoch), then everyone
+   is told to resume.
 
-A participant that does not answer a phase within ``round_timeout`` (30 s by default), answers
-"not ready", fails its save or cannot be reached aborts the round: everyone resumes and the global
-version does not move. Rounds start every ``checkpoint_interval_steps`` trainer steps, every
-``checkpoint_interval_seconds``, or on request (``POST /v1/rounds`` or :meth:`request_round`).
-
-HTTP API: ``POST /v1/heartbeat``, ``POST /v1/rounds``, ``GET /v1/status``.
+A participant that does not answer within ``round_timeout``, answers "not ready", fails its save
+or cannot be reached aborts the round: everyone resumes and the global version does not move.
+Rounds start every ``checkpoint_interval_steps`` trainer steps, every
+``checkpoint_interval_seconds``, or on request (:meth:`request_round`). HTTP API: ``POST
+/v1/heartbeat``, ``POST /v1/rounds`` (a round on request), ``GET /v1/status``.
 """
 
 from __future__ import annotations

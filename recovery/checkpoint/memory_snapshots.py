@@ -1,25 +1,19 @@
 """Every-step snapshots in host shared memory (``/dev/shm``), in the checkpoint engine's format.
 
-A training process copies its state into a directory of a ``tmpfs`` (``/dev/shm``) that another
-process owns (the launcher: it outlives the trainer, persists the snapshots to disk in the
-background with :class:`recovery.checkpoint.persister.SnapshotPersister`, and removes the segment
-when the job ends). The trainer blocks for the copy and the checksum, nothing else.
+A training process copies its state into a directory of a ``tmpfs`` that another process owns
+(the launcher, which outlives the trainer, persists the snapshots to disk in the background with
+:class:`recovery.checkpoint.persister.SnapshotPersister` and removes the segment when the job
+ends; :mod:`recovery.checkpoint.segment_owner`). The trainer blocks for the copy and the
+checksum, nothing else.
 
-A snapshot directory is laid out exactly like one of :class:`~recovery.checkpoint.engine.
-CheckpointEngine` (``ckpt-<seq>/`` with ``core.bin``, ``manifest.json`` and the ``COMMITTED``
-marker holding every file's CRC-32C and the version vector), so
-:class:`~recovery.checkpoint.reader.CheckpointReader` reads memory, the persisted copies and the
-engine's own checkpoints alike, and passes over a torn one with its reason.
-
-The writer keeps ``keep`` (default 2) committed snapshots and reuses the oldest one's pages for
-the next: its marker is removed first (from then on it is not a snapshot), the directory renamed
-to a temporary name, ``core.bin`` overwritten in place through ``mmap`` (its tmpfs pages are
-already allocated: no fresh pages to zero, only minor faults to map them), and committed under
-the next ``seq``. A kill at any
-moment leaves the newest committed snapshot untouched and, at worst, a temporary directory
-the next writer sweeps.
-
-Who owns the segment: :mod:`recovery.checkpoint.segment_owner`.
+A snapshot directory is laid out exactly like one of
+:class:`~recovery.checkpoint.engine.CheckpointEngine` (``ckpt-<seq>/``, ``COMMITTED`` marker
+last), so :class:`~recovery.checkpoint.reader.CheckpointReader` reads memory, the persisted
+copies and the engine's own checkpoints alike, and passes over a torn one with its reason. The
+writer keeps ``keep`` (default 2) committed snapshots and reuses the oldest one's pages for the
+next (marker removed first, ``core.bin`` overwritten in place through ``mmap``): a kill at any
+moment leaves the newest committed snapshot untouched and, at worst, a temporary directory the
+next writer sweeps.
 """
 
 from __future__ import annotations

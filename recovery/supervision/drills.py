@@ -1,32 +1,20 @@
 """Drills: a fault injected on purpose into one of the launcher's own processes (``inject_fault``).
 
-RLGuard's ``rlguard drill`` asks the node's launcher, through the launcher hook
-(:mod:`recovery.supervision.requests`), to inject one fault into the process of a role and rank,
-then watches the incident it opens and the recovery it runs. The launcher is the one part that
-can inject: it owns the process (its pid, its signals) and, for the reference job, the job's
-injection points (:mod:`workload.drills`).
-
+``rlguard drill`` asks the node's launcher, which owns the process, through the launcher hook
+(:mod:`recovery.supervision.requests`) to inject one fault into the process of a role and rank.
 The request's ``extra`` is ``{"fault": F, "drill": ID, "at_step": S|null, "dry_run": bool}``:
 
-* ``kill``: SIGKILL the process; ``hang``: SIGSTOP it (the restart RLGuard asks for ends it).
-  Every launcher can do these.
-* ``oom`` (its next step raises an out-of-memory error) and ``disk-full`` (its next checkpoint
-  write fails) need an injection point inside the process. A launcher that has them (the
-  reference job's) passes its own :class:`Injector`. A process may declare its own
-  (:mod:`recovery.drill_points`: RLGuard's TRL callback declares ``oom`` and ``disk-full``):
-  the launcher then asks it to fire that point (:class:`DeclaredPoints`). A generic command
-  that declares none is refused with the reason, nothing injected.
-* ``at_step``: armed now, injected once the process's heartbeat reports that step; the answer
-  waits until then (the hook's caller asks again with the same key: the protocol's retry).
-* ``dry_run``: checked and described, nothing injected.
-* ``expires_at`` (epoch seconds, optional): when its requester gives up on the answer. A
-  request found after that (a launcher that was stuck, or came back) is refused as stale and
-  nothing is injected: nobody would follow the fault. Before injecting, the launcher claims
-  the request (:func:`recovery.supervision.requests.claim`): one its requester withdrew is
-  never injected, even when the launcher had read it already.
+* ``kill`` (SIGKILL) and ``hang`` (SIGSTOP): every launcher can. ``oom`` and ``disk-full`` need an
+  injection point inside the process: the reference job's :class:`Injector`, or one the process
+  declared (:mod:`recovery.drill_points`, :class:`DeclaredPoints`); otherwise refused.
+* ``at_step``: armed now, injected once the heartbeat reports that step; the answer waits (the
+  caller asks again with the same key). ``dry_run``: checked and described, nothing injected.
+* ``expires_at`` (epoch seconds, optional): a request found after it is refused as stale. The
+  launcher claims a request before injecting (:func:`recovery.supervision.requests.claim`), so
+  one its requester withdrew is never injected.
 
-The answer says what was done: ``target_pid``, ``injected_at`` (epoch seconds), ``step`` (the
-process's step then) and ``what`` in words; a refusal is ``ok: false`` with ``error``.
+The answer says what was done (``target_pid``, ``injected_at``, ``step``, ``what``); a refusal
+is ``ok: false`` with ``error``.
 """
 
 from __future__ import annotations

@@ -4,25 +4,17 @@ The worker runs the executable named by ``RLGUARD_RECOVERY_LAUNCHER`` as
 ``<hook> <action> --job=J [--node=N] [--role=R] [--rank=K] --idempotency-key=KEY [--extra=JSON]``
 (``app.tasks.recovery_adapters``). The hook (:func:`submit`) leaves the request as
 ``<run_dir>/recovery/launcher/<digest of KEY>.json`` and waits; the launcher's supervisor
-(:func:`pending`, :func:`answer`) carries it out and writes ``<digest>.done`` next to it with
-``ok`` and what it did, then removes the request. A key that was answered already is answered
-again without acting: the worker retries a hook that timed out, and a request is carried out
-once.
+(:func:`pending`, :func:`answer`) carries it out and writes ``<digest>.done`` with ``ok`` and
+what it did. A key answered already is answered again without acting: a request is carried out
+once however often the worker retries it.
 
-A request its requester gave up on is withdrawn (:func:`withdraw`, the hook's ``withdraw``):
-the requester and the launcher both *claim* the request by creating ``<digest>.taken`` with
-``O_EXCL`` before acting on it (:func:`claim`), so exactly one of them wins: either the
-launcher carries it out and answers, or the request is withdrawn (answered ``withdrawn``,
-removed) and the launcher, finding it taken, does nothing. Only actions that must never run
-late claim (``inject_fault``); the others are idempotent restarts.
-
-Each running launcher says so in ``<run_dir>/recovery/launchers/<pid>.json`` with the roles it
-runs; a request when none is running is refused at once instead of waiting for an answer that
-will not come. A job may run one launcher per role (a trainer under one ``rlguard launch``, its
-inference engine under another): a request for a role is then carried out by the launcher that
-runs it, the others leave it (:func:`runs_elsewhere`). A job-wide request (``restart_job``) is
-carried out by the first launcher that takes it, for its own processes only: such a job restarts
-each role through ``restart_role``.
+A withdrawn request (:func:`withdraw`) and the launcher both *claim* it (:func:`claim`,
+``<digest>.taken`` created with ``O_EXCL``), so exactly one wins; only actions that must never
+run late claim (``inject_fault``). Each running launcher says so in
+``<run_dir>/recovery/launchers/<pid>.json`` with its roles: with none running a request is
+refused at once, and with one launcher per role a request for a role is carried out by the one
+that runs it (:func:`runs_elsewhere`). A job-wide request (``restart_job``) is carried out by the
+first launcher that takes it, for its own processes only.
 """
 
 from __future__ import annotations

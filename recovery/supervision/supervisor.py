@@ -1,29 +1,20 @@
 """The node-side supervisor: runs a job's processes, reports their exits, restarts on request.
 
-One supervisor per launch (``rlguard launch`` for any command, ``python -m workload.launch`` for
-the reference job). What it does:
+One supervisor per launch (``rlguard launch``, ``python -m workload.launch``). It:
 
 * starts one process per child (role, rank) through its :mod:`backend
   <recovery.supervision.backends>`, with the argv and environment its caller computes;
-* sees a process exit at once (``poll`` every ``poll`` seconds) and writes it into the
-  process's heartbeat *before* announcing it on the timeline (``child_exit``): phase
-  ``EXITED`` with the exit code or signal, which the node agent forwards and the policy engine
-  treats as lost at once, so a reader of the timeline never sees an exit the heartbeat does
-  not show yet;
-* is RLGuard's launcher hook on its node: it carries out the requests of
-  :mod:`recovery.supervision.requests` (``restart_role``, ``restart_job``, ...) and answers
-  them. It never restarts anything by itself: the policy engine decides. A restart spends the
-  :class:`~recovery.supervision.restarts.RestartBudget` (an empty budget refuses, saying so),
-  waits its backoff, and is held while the job's control file says ``SAFE_MODE``
-  (:mod:`recovery.control`), until an approver releases the job; an approved heavy action
-  (``restart_job``, ``restore_checkpoint``) is that release;
-* keeps the heartbeat of a process that is still starting fresh (phase ``STARTING``), and
-  optionally a warm standby per role (:mod:`recovery.supervision.standby`) once the job is
-  steady;
-* answers ``capture_stacks`` at once, before the restart RLGuard asks for next: the Python
-  stacks of a role's processes (:mod:`recovery.supervision.stacks`, ``py-spy dump``); it reads,
-  never changes, anything: no budget, and not held by SAFE_MODE;
-* injects a drill's fault (``inject_fault``, :mod:`recovery.supervision.drills`).
+* sees an exit within ``poll`` seconds and writes it into the process's heartbeat (phase
+  ``EXITED`` with the exit code or signal) *before* announcing it on the timeline
+  (``child_exit``), so the timeline never shows an exit the heartbeat does not;
+* carries out the launcher hook's requests (:mod:`recovery.supervision.requests`) and never
+  restarts anything by itself: a restart spends the
+  :class:`~recovery.supervision.restarts.RestartBudget` (empty: refused, saying so), waits its
+  backoff, and is held while the control file says ``SAFE_MODE`` (an approved heavy action is
+  the release); ``capture_stacks`` (:mod:`recovery.supervision.stacks`) is answered at once and
+  never held; ``inject_fault`` is :mod:`recovery.supervision.drills`;
+* keeps a starting process's heartbeat fresh (``STARTING``) and optionally a warm standby per
+  role (:mod:`recovery.supervision.standby`) once the job is steady.
 """
 
 from __future__ import annotations

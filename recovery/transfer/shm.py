@@ -5,20 +5,13 @@ chunks are ready) still go over a loopback TCP channel, so partial relays and fa
 with tcp. The receiver copies each chunk straight from the mapped segment into its own
 preallocated tensors and checksums the copy in the same pass (``recovery.transfer.copy_digest``).
 
-Mapping a segment is not free: every 4 KiB page of a fresh mapping is a page fault on first
-touch, which costs about as much as copying the page. So both sides keep what they mapped:
-
-- a receiver keeps its mapping of a source's segment between pulls (the segment's name and
-  inode identify it), at most ``MAX_CACHED_MAPPINGS`` idle ones; a mapping of a segment its
-  source has removed is dropped when the reader closes, at the next pull, or at ``close()``
-  (until then it keeps that segment's memory allocated);
-- a publisher recycles the segment of a retired version for the next version of the same
-  layout, so the segment (and every reader's mapping of it) stays warm from version to version.
-  A reader still copying the retired version out of it can only see a checksum mismatch, never
-  accept the new bytes as the old version's.
-
-Segments are named ``<prefix>-<pid>-...``; a source killed with SIGKILL cannot unlink its own, so
-:meth:`ShmTransport.sweep_stale` removes segments whose owning process no longer exists.
+A fresh mapping pays a page fault per page on first touch, so both sides keep what they mapped:
+a receiver keeps its mapping of a source's segment between pulls (at most
+``MAX_CACHED_MAPPINGS`` idle ones; one whose segment was removed is dropped at the next pull or
+``close()``), and a publisher recycles a retired version's segment for the next version of the
+same layout (a reader still copying the retired version can only see a checksum mismatch, never
+accept the new bytes as the old version's). Segments are named ``<prefix>-<pid>-...``;
+:meth:`ShmTransport.sweep_stale` removes those whose owning process no longer exists.
 """
 
 from __future__ import annotations

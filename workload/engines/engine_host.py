@@ -2,24 +2,18 @@
 (``python -m workload.engines.engine_host --run-dir D --rank K``), or its warm standby
 (``... --standby``).
 
-The host starts a vLLM OpenAI server for the job's model (:mod:`integrations.vllm.server`, with
-RLGuard's weight loader as the worker extension), writes the engine's record (URL, pids of its
-APIServer → EngineCore → Worker tree: :mod:`workload.engines.records`) and stays as long as the
-engine runs: when the API server exits (its worker was killed: vLLM's ``EngineDeadError``) the
-host exits with a failure, which the supervisor reports at once (phase ``EXITED``), and RLGuard
-heals the rank through ``restart_role``. It writes the rank's heartbeat from the router's view
-(``engines/fleet.json``): ``STARTING`` while the engine loads (a grace, not a fault),
-``REFIT`` while it loads the trainer's weights, ``ROLLOUT`` once admitted, ``QUARANTINED``.
-
-Before starting, a host kills what is left of the rank's previous tree (a hung engine's
-processes survive their host: the engine runs in a session of its own).
+The host kills what is left of the rank's previous engine tree, starts a vLLM OpenAI server
+for the job's model (:mod:`integrations.vllm.server`, with RLGuard's weight loader), writes the
+engine's record (:mod:`workload.engines.records`) and stays as long as the engine runs: when the
+API server exits it exits with a failure, which the supervisor reports at once, and RLGuard
+heals the rank through ``restart_role``. Its heartbeat follows the router's view
+(``engines/fleet.json``): ``STARTING``, ``REFIT``, ``ROLLOUT`` once admitted, ``QUARANTINED``.
 
 The standby starts its engine ahead, puts it to sleep (``/sleep``) and waits on its stdin for
 the supervisor's order (:mod:`recovery.supervision.standby`): ``{"argv": ["--run-dir", D,
 "--rank", K], "log": ...}``. It then kills the rank's leftovers, wakes the engine
-(``/wake_up``) and carries on as the rank's host: a replacement in seconds instead of a
-20-60 s cold start. Its weights are the ones it started with; the router refits it before it
-serves (``workload.engines.fleet``).
+(``/wake_up``) and carries on as the rank's host, with the weights it started with until the
+router refits it (``workload.engines.fleet``).
 """
 
 from __future__ import annotations

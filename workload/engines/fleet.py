@@ -1,31 +1,21 @@
 """The job's engines as its router sees them: who may get requests, and bringing each engine to
 the trainer's current weights before it does.
 
-The trainer owns one :class:`EngineFleet`. A background thread (``tick`` every ``poll``
-seconds) follows each rank's engine record (:mod:`workload.engines.records`) and moves the
-engine through its admission states:
+The trainer owns one :class:`EngineFleet`; its thread (``tick`` every ``poll`` seconds) follows
+each rank's engine record (:mod:`workload.engines.records`) through the admission states:
 
 * ``starting``: its host wrote a record but the engine does not answer yet;
-* ``refitting``: it is up; the fleet asks it (``/collective_rpc rlguard_refit``) to pull the
-  trainer's current version through :mod:`recovery.transfer` (from the trainer or any engine
-  that holds it: a relay), then asks the worker which version it now serves;
-* ``admitted``: only when that answer **equals** the trainer's version (a restarted engine
-  holds the weights it started with, stale, and must not serve until refit);
-* ``quarantined``: a request to it failed, or its process tree is gone. It gets nothing; its
-  in-flight requests are retried on the others by the caller (:mod:`workload.engines.rollouts`).
-  A new engine for the rank (a new incarnation of the record: a woken standby or a cold start,
-  started by RLGuard's ``restart_role``) goes through ``starting`` and ``refitting`` again.
-  **Probation**: an engine quarantined for a transient reason (a request or a refit failed, its
-  process tree still alive) is not left out for good: after ``probation_s`` it is probed
-  (``/health``, then a one-token completion: a wedged engine answers ``/health`` but generates
-  nothing); if both answer it goes back to ``refitting``, where it is admitted only once
-  its worker says it serves the trainer's current version (refit first when stale: a probation
-  never admits old weights); if not, the probation starts over. A dead tree gets no probation
-  (only a replacement brings the rank back).
+* ``refitting``: the fleet asks it (``/collective_rpc rlguard_refit``) to pull the trainer's
+  current version through :mod:`recovery.transfer`, then which version it serves;
+* ``admitted``: only when that answer **equals** the trainer's version;
+* ``quarantined``: a request to it failed, or its tree is gone; its in-flight requests are
+  retried on the others (:mod:`workload.engines.rollouts`). A new engine for the rank starts
+  over; one quarantined with its tree alive is probed after ``probation_s`` (``/health``, then a
+  one-token completion) and goes back to ``refitting`` if both answer, never admitted stale.
 
-Every change is one event on the run's timeline (``engine_quarantined``, ``engine_replaced``,
-``engine_refit``, ``engine_admitted``, ``engine_readmitted``, ``engine_probation`` with its
-outcome) and one rewrite of ``engines/fleet.json``.
+Every change is one timeline event (``engine_quarantined``, ``engine_replaced``, ``engine_refit``,
+``engine_admitted``, ``engine_readmitted``, ``engine_probation``) and a rewrite of
+``engines/fleet.json``.
 """
 
 from __future__ import annotations

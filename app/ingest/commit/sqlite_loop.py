@@ -1,50 +1,20 @@
 """Group commits on the event loop thread, for SQLite, when that is safe and fast.
 
-Why: a group commit handed to a worker thread (``asyncio.to_thread``) needs the GIL back after
-every SQLite call that released it (begin, each statement, commit). While the event loop is busy
-parsing the next batches, each of those hand-offs waits for the loop thread to give the GIL up,
-which CPython forces only every switch interval (5 ms): a commit that takes 0.6 ms alone took
-5-10 ms in the server, and every ingest request waits for one. On the loop thread the same
-commit costs its 0.6 ms and no hand-off.
-
-When it would not be safe, the commit goes to the thread as before:
-
-* the write lock is taken by someone else (the CLI, the worker, the rollup writer): this
-  committer's connection has a busy timeout of 0, so the attempt fails at once, its transaction
-  rolls back, and the thread path (which waits for the lock) commits the group instead;
-* commits got slow (a slow disk): when the moving average of the time inline commits spend
-  waiting exceeds ``max_ms`` (one commit more than 5x over it is enough; an isolated blip or
-  the process being descheduled for a moment is not) the thread path is used for
-  ``cooldown_s``, so a slow disk never stalls the loop for long, and inline is tried again
-  afterwards. Waiting is the commit's wall time less the CPU time its thread spent in it: a
-  garbage-collector pass that happens to run inside a commit (100-230 ms seen with a large
-  heap) is CPU work the thread path would not avoid, and it tripped the guard for 5 s;
-* PostgreSQL (network round trips, a server that can hang) and the shared Redis window are
-  never committed inline.
+On a worker thread a commit waits for the GIL after every SQLite call that released it, which a
+busy loop gives up only every switch interval; on the loop it pays no hand-off. A group goes to
+the thread path instead when the write lock is taken by someone else (this connection's busy
+timeout is 0: the attempt fails at once and rolls back), when inline commits got slow (the
+moving average of their waiting, wall time less the thread's CPU time, above ``max_ms``: the
+thread path for ``cooldown_s``), and always for PostgreSQL and a shared (Redis) window.
 
 With ``synchronous=FULL`` (the default) the fsync stays off the loop: the inline connection
-commits with ``synchronous=NORMAL`` (in WAL mode: the commit appends its frames to the WAL
-without an fsync), and the group committer then fsyncs the WAL file (``make_durable``: on a
-native thread that reports on a socket, ``app.ingest.commit.loop_fsync``; on a Python thread where that
-module is not built) before it answers any request of the group. The loop goes on parsing the
-next requests during the fsync, which also lets more batches join the next group. Acknowledged
-batches are exactly as durable as with FULL, which does the same fsync of the WAL inside the
-commit: a WAL frame is never overwritten before a checkpoint has copied it into the database
-file and synced that (NORMAL syncs the WAL before a checkpoint and the database after it, and
-the background checkpoints below run with FULL), so the WAL file holds
-the group until the fsync returns, and after it, durably. A group whose fsync fails is retried
-whole (an OSError is transient for the committer; the group's writes are idempotent upserts).
-Readers may see the group a few milliseconds before it is durable, as they may see the series
-store before either.
-
-Checkpoints stay off the loop too. SQLite's automatic checkpoint runs inside the commit that
-takes the WAL past 1000 pages, with an fsync of the WAL and one of the database file: measured
-here, 9 in 6000 inline commits took 2.9-3.9 ms instead of 0.13 ms, and on a slow disk each such
-commit would stall the loop for its two fsyncs. The inline connection has
-``wal_autocheckpoint=0``; every ``CHECKPOINT_EVERY_COMMITS`` inline commits the committer starts a
-passive checkpoint on a thread, on a connection of its own (``maybe_checkpoint``), so the WAL
-stays bounded as before. Other connections (the thread path, the API, the workers) keep SQLite's
-automatic checkpoints.
+commits with ``NORMAL`` and the committer fsyncs the WAL file (``make_durable``: on a native
+thread of ``app.ingest.commit.loop_fsync``, else a Python thread) before it answers any request
+of the group, so an acknowledged batch is exactly as durable as with FULL. A group whose fsync
+fails is retried whole; readers may see a group a few milliseconds before it is durable.
+Checkpoints stay off the loop too: none inline, a passive one on a thread of its own every
+``CHECKPOINT_EVERY_COMMITS`` inline commits (``maybe_checkpoint``). The measurements and the
+durability argument: ``docs/performance.md``.
 """
 
 from __future__ import annotations

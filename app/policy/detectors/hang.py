@@ -1,39 +1,19 @@
-"""Hang detection for real jobs: a trainer whose step stopped advancing.
+"""Hang detection for real jobs: a trainer whose step stopped advancing (``train_hang``).
 
-A hung collective (NCCL waiting for a peer that will never come), a deadlocked data loader or a
-SIGSTOPped process all look the same from outside: the trainer's step does not move. GPU
-utilisation does not tell (a hung all-reduce spins the GPUs at 100 %), so this detector looks at
-the step alone: a trainer in one of ``hang_phases`` whose step did not advance for
-
-    max(hang_min_seconds, hang_step_factor × its median step time)
-
-is hung (``train_hang``). Only time spent in ``hang_phases`` counts, both for the stall and for
-the step times: a long weight sync, a checkpoint save or a slow evaluation pauses the clock
-instead of looking like a hang. The pace is judged once the participant has shown it
-(``hang_min_steps`` step times) and advanced once since it (re)started: the first steps of a
-process include compilation, warm-up and loading, and say nothing about how long a step takes.
-
-Before that, one bound holds from the very first step: the first-step budget. A participant
-whose start the detector saw (a start-up or exited phase, a restart's step going back, a new
-process behind its heartbeat (``participant_pid``), or a job's first steps, step <=
-``escalation.first_step_max``) and whose step has not moved since is
-hung once it has spent ``first_step_budget_seconds`` of its role (or the budget the job
-declared, ``participant_first_step_budget_seconds``) in ``hang_phases`` after its start-up
-grace: a collective that never completes at rendezvous spins its GPUs and keeps its heartbeat
-fresh, and would otherwise never be judged. A model load reported as ``STARTING`` is in its
-grace and never counts; a first step that finishes within the budget is the pace's first step.
-A restart may show nothing but the new process: its own launcher (torchrun, a site's retry
-loop, a warm standby) restarts it faster than a tick, resumed at the step it died on, so no
-start-up phase is seen and the step does not go back. Its pid tells, and without it the old
-process's stall would run on into the new one's first step (judged by the pace, too early).
-
-Time a trainer spends waiting for rollout data (a phase of the deadlock's ``wait_phases``)
-while every rollout of its job is idle with nothing pending does not count either, for either
-bound: the trainer is not stalling by itself, the roles are in a cross-role deadlock (whose own
-window counts from the rollouts' idleness, which may begin well after the trainer's step froze),
-and restarting the trainer would only make it wait again. The clock resumes when a rollout
-works again (its restart, the deadlock's plan, included). The rollout side is the deadlock
-detector's own predicate (``StarvedRollouts``).
+GPU utilisation does not tell (a hung all-reduce spins the GPUs at 100 %), so this detector
+looks at the step alone: a trainer in one of ``hang_phases`` whose step did not advance for
+``max(hang_min_seconds, hang_step_factor × its median step time)`` is hung. Only time in
+``hang_phases`` counts, for the stall and for the step times (a weight sync, a save or an
+evaluation pauses the clock). The pace is judged once the participant has shown
+``hang_min_steps`` step times and advanced once since it (re)started. Before that, the
+first-step budget holds: a participant whose start the detector saw (a start-up or exited
+phase, its step going back, a new ``participant_pid``, or a job's step <=
+``escalation.first_step_max``) and whose step has not moved is hung once it spent
+``first_step_budget_seconds`` of its role (or the job's declared
+``participant_first_step_budget_seconds``) in ``hang_phases`` after its start-up grace.
+Time a trainer waits for rollout data while every rollout of its job is idle with nothing
+pending (``StarvedRollouts``, the deadlock detector's predicate) counts for neither bound: that
+is a cross-role deadlock, not the trainer's hang. Why each rule: ``docs/runbooks/train_hang.md``.
 """
 
 from __future__ import annotations

@@ -3,22 +3,16 @@
 The node agent probes each engine's ``/health`` every round (``--engine``) and sends
 ``rollout_engine_up`` 1/0 with the participant's labels (job, role, rank) and ``engine``. An
 engine whose probe fails for ``detection.engine.down_seconds`` while its node keeps reporting is
-dead or wedged (a hung scheduler answers nothing, though its process lives and its GPU memory
-stays allocated): the plan restarts that role through the launcher (``restart_role``).
+dead or wedged: the plan restarts that role through the launcher (``restart_role``). A shorter
+failure clears by itself, and an engine in its participant's start-up grace
+(:class:`StartupGrace`) is not judged. An engine that answers but generates nothing, with
+nothing piling up, is not a fault (a rollout waiting on a tool call keeps its engine idle).
 
-An engine that answers but generates nothing, with nothing piling up, is not a fault: a rollout
-waiting on a tool call or a sandbox keeps its engine idle and healthy. A probe failing for a
-shorter time (a long weight load, a restart the launcher already did) clears by itself. The
-engine of a participant in its start-up grace (:class:`StartupGrace`: loading and compiling
-for minutes) is not judged.
-
-An engine can also die inside a worker that lives on (verl-omni #433, OpenRLHF #331: the engine
-process crashed or wedged, the rollout worker around it keeps its heartbeat and keeps accepting
-work). ``EngineStalledDetector`` sees it without a probe, from progress: a rollout whose heartbeat
-is alive but that generated no tokens for ``detection.rollout.stall_timeout_seconds`` while its
-work piles up (its pending rollouts rose since the stall began, or its step stayed frozen the
-whole time with rollouts pending). A rollout waiting on a tool generates nothing too, but
-nothing piles up at its engine (pending flat at zero, or its step moving): it stays quiet.
+``EngineStalledDetector`` sees an engine that died inside a worker that lives on (the worker
+keeps its heartbeat and keeps accepting work) without a probe, from progress: a rollout whose
+heartbeat is alive but that generated no tokens for ``detection.rollout.stall_timeout_seconds``
+while its work piles up (its pending rollouts rose since the stall began, or its step stayed
+frozen throughout with rollouts pending).
 """
 
 from __future__ import annotations

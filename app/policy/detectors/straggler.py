@@ -1,44 +1,19 @@
 """Stragglers: a participant far slower than its peers (``straggler``; light, no action).
 
-What NVIDIA's resiliency extension and DLRover call straggler detection, on the figures the
-agents already send: a rollout whose token throughput stays below ``throughput_ratio`` x the
-median of its peers (the other rollouts of its job and role), or a trainer rank whose step time
-stays above ``step_time_ratio`` x its peers' median, for ``sustain_seconds``, while at least
-``min_peers`` peers report a figure (``detection.straggler`` in policy.yaml says why each
-default).
+A rollout whose token throughput stays below ``throughput_ratio`` x the median of its peers (the
+other rollouts of its job and role), or a trainer rank whose step time stays above
+``step_time_ratio`` x its peers' median, for ``sustain_seconds``, while at least ``min_peers``
+peers report a figure (``detection.straggler`` in policy.yaml). Relative, never absolute: a
+uniform fleet has no straggler; the median is the others'. A rollout at zero tokens/s is stalled,
+not slow, and no peer; a trainer whose step stopped is hung (``train_hang``), not judged here.
+A trainer's figure is its own ``train_step_seconds`` when it reports one (in lock-step data
+parallelism only a per-rank compute time tells the slow rank), else its pace: the median of its
+last ``pace_steps`` step times as the train-hang detector measures them.
 
-Relative, never absolute: a slow but uniform fleet (a smaller GPU, a longer prompt mix) has no
-straggler, since every participant sits at its peers' median. The median is that of the others,
-the participant itself left out, so that in a small group the straggler does not drag its own
-reference down. A rollout at zero tokens/s is not slow but stalled (waiting on a tool, or dead):
-the rollout stall and engine detectors judge it, and it is no peer either.
-
-A trainer's figure is its own ``train_step_seconds`` when it reports one (the job's per-rank
-measure: in lock-step data parallelism every rank waits in the same all-reduce, so only a
-per-rank compute time tells the slow one), otherwise its pace (ranks that step independently):
-the median of its last ``pace_steps`` step times as the train-hang detector measures them (time
-in its hang phases only, so a weight sync or a save is nobody's slowness; one detector keeps
-step times, this one reads them). A trainer whose step stopped is not slow but hung
-(``train_hang``): its pace is not judged then.
-
-Small groups (a job with two or three rollout engines or trainer ranks: fewer than
-``min_peers`` peers, at least ``small_group_min_peers``) have no median worth the name, so a
-stricter rule judges them, each condition one way a small group misleads:
-
-* the participant is beyond the ratio of *every* peer, not of their median (two slow ranks of
-  three are not one straggler: neither is far from the other);
-* its peers agree with each other within ``small_group_agreement`` (with peers far apart the
-  group has no reference pace: a mixed fleet is not a straggler and its victim);
-* it fell behind: the detector saw it in line with its peers before, and its figure is now
-  beyond the ratio of its own figure then (a group whose spread is its normal, a slower GPU
-  type since the start, never fires; nor does a rank its peer merely overtook);
-* figures are the median of the last ``small_group_samples`` fresh samples, so one noisy
-  sample neither makes nor breaks the sustain time.
-
-Cost: one pass over the figures of the tick (O(participants), no label parsing: the series →
-participant map and the sample buffers of the judged roles are kept while the store's series do
-not change, and read in place); a trainer's median is taken once a step; per group one sort,
-and only the slow end of it is compared with its peer median.
+Groups with fewer than ``min_peers`` but at least ``small_group_min_peers`` peers get a stricter
+rule: beyond the ratio of *every* peer, peers agreeing within ``small_group_agreement``, fallen
+behind its own figure from when it was in line with them, figures the median of the last
+``small_group_samples`` fresh samples (why each: ``docs/runbooks/straggler.md``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
-"""The Evidence panel of an incident: what the detector judged, shown so that it shows the fault.
+"""The Evidence panel of an incident: what the detector judged, in the form that shows the fault.
 
-A fault signal stores its evidence as a series window, a threshold and a sentence. For a golden
-metric the series is the story; for most other kinds it is not: a lost heartbeat's "series" is
-one point (the last heartbeat) and drawn as a plot it was an empty chart with ``00:00`` ticks.
-So each kind gets the form that says what was judged:
+A signal stores its evidence as a series window, a threshold and a sentence; only some kinds
+have a series worth drawing, so each kind gets its own form:
 
-- liveness (``heartbeat_lost``, ``node_silent``, ``nodes_lost``, ``rollout_down``): the silence's
-  age when judged, against the suspect and confirm thresholds, as a gauge; or "exited", lost at
-  once, when the launcher (or Ray) reported the exit;
-- a stuck participant (``train_hang``, ``trainer_idle``): how long, against the limit, the step
-  it is stuck at, and its recent phases;
-- ``straggler``: its figure beside its peers' median and the straggler limit;
-- GPU events (XID, ECC, row remap, lost, throttled): the counter and its increase, and for an
-  XID its row of the catalogue (code, name, NVIDIA's resolution bucket);
+- liveness (``heartbeat_lost``, ``node_silent``, ``nodes_lost``, ``rollout_down``): the
+  silence's age when judged against the suspect and confirm thresholds, as a gauge; or "exited"
+  when the launcher (or Ray) reported the exit;
+- a stuck participant (``train_hang``, ``trainer_idle``): how long against the limit, the step
+  it is stuck at and its recent phases;
+- ``straggler``: its figure beside its peers' median and the limit;
+- GPU events: the counter and its increase, and for an XID its catalogue row;
 - an exit cause (``cuda_oom`` ...): the output line that matched;
-- anything with a real series (two points or more): the chart, as before.
+- anything with a real series (two points or more): the chart.
 
 Every panel also lists the facts the signal carries (metric, threshold, window, step, extra), so
 no kind is ever shown empty.

@@ -1,26 +1,20 @@
 """The ``slurm`` backend: ``rlguard launch --backend slurm`` inside a Slurm batch job.
 
-The processes are the launcher's children, as with ``local`` (they run inside the job's batch
-step); what Slurm adds:
+The processes are the launcher's children, as with ``local``; what Slurm adds:
 
 - a whole-job restart (``restart_job`` / ``restore_checkpoint``, approved like every heavy
-  action before the launcher hook carries it out) is a requeue of the batch job:
-  ``scontrol requeue JOB``. Slurm then stops the step (SIGTERM: the supervisor still answers the
-  request before it exits) and starts the batch script again, ``SLURM_RESTART_COUNT`` one
-  higher. Slurm holds a requeued batch job for 120 s before it is eligible again; the backend
-  waits until the job is PENDING and sets its start time to now (``scontrol update JobId=JOB
-  StartTime=now``), so recovery does not wait two minutes for nothing. A job that cannot be
-  requeued (``sbatch --no-requeue``) is left to the supervisor, which restarts the processes
-  itself;
-- what Slurm thinks of the node and the job (``scontrol show node`` / ``scontrol show job``);
-  DOWN, DRAIN and FAIL nodes are lost (:func:`node_is_lost`);
-- draining the node on a GPU fault whose XID means the node must not get new work
+  action) is a requeue of the batch job (``scontrol requeue JOB``): Slurm stops the step (the
+  supervisor still answers the request first) and starts the batch script again. The backend
+  then sets the requeued job's start time to now, skipping Slurm's 120 s hold. A job that cannot
+  be requeued (``sbatch --no-requeue``) is left to the supervisor, which restarts the processes;
+- what Slurm thinks of the node and the job; DOWN, DRAIN and FAIL nodes are lost
+  (:func:`node_is_lost`);
+- draining the node on a GPU fault whose XID means it must not get new work
   (:func:`drain_reason_for_xid`, :meth:`SlurmBackend.drain_node`).
 
-Every call to a Slurm command has a timeout. Slurm tells a job step who it is only through its
-environment (``SLURM_JOB_ID``, ``SLURMD_NODENAME``): :meth:`SlurmBackend.check` reads those two
-from the ``environ`` it is given (the process environment by default) — the scheduler's
-interface, not configuration.
+Every Slurm command has a timeout. :meth:`SlurmBackend.check` reads ``SLURM_JOB_ID`` and
+``SLURMD_NODENAME`` from the ``environ`` it is given (the process environment by default): the
+scheduler's interface, not configuration.
 """
 
 from __future__ import annotations
