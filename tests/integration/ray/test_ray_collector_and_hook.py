@@ -78,7 +78,7 @@ def test_kill9_is_dead_with_rays_cause_within_5s_and_unknown_classes_are_named(
     )
     with caplog.at_level(logging.WARNING, logger="rlguard.agent.ray"):
         first = wait_for(lambda: _participant(collector, "rollout", 3), 20, "the rollout actor")
-    assert first["phase"] == PHASE_RUNNING
+    assert first.phase == PHASE_RUNNING
     # Only this class's line: the session's Ray also holds the actors other tests left.
     named = [
         r.getMessage()
