@@ -51,11 +51,6 @@ class ParticipantReport:
     step: int
     ts: float
 
-    @classmethod
-    def from_wire(cls, doc: Mapping[str, Any]) -> "ParticipantReport":
-        """From a decoded JSON object that was already validated (or recorded by an agent)."""
-        return cls(**{name: doc[name] for name in wire_fields(cls)})
-
 
 class Batch(TypedDict):
     """The whole body. ``seq`` and ``sent_at`` are stamped by the agent's sender as it posts

@@ -76,7 +76,7 @@ def test_what_an_agent_sends_the_server_reads_field_for_field(path: str) -> None
 
 def test_a_participant_read_back_from_its_json_is_the_same() -> None:
     sent = ParticipantReport("grpo", "rollout", 3, "ROLLOUT", 0, NOW)
-    assert ParticipantReport.from_wire(orjson.loads(orjson.dumps(sent))) == sent
+    assert ParticipantReport(**orjson.loads(orjson.dumps(sent))) == sent
     assert orjson.loads(orjson.dumps(sent)) == asdict(sent)
 
 
