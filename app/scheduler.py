@@ -36,14 +36,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from app.actions.outbox import OutboxDispatcher
-from app.alerts.queue import took_queued_rows
 from app.alerts.service import run_alert_maintenance
 from app.core.gc_tuning import FreezeOnGrowth
 from app.core.lease import HeldLease
 from app.core.wakeup import WakeThread
 from app.core.write_turns import WriteTurns
 from app.incidents.approvals import expire_approvals
-from app.incidents.mute_ended import resume_unmuted
+from app.incidents.held_plans import release_ended_holds
 from app.incidents.queries import (
     open_incident_failures,
     open_incidents_for_engine,
@@ -276,17 +275,18 @@ class PolicyScheduler:
         if n:
             log.info("%d approval(s) expired", n)
 
-    def resume_unmuted(self) -> None:
-        """Alert and plan what an ended silence, window or node incident held back
-        (``app.incidents.mute_ended``). Under the tick's lock: a tick planning the same
-        incident's escalation at the same moment would otherwise race it."""
+    def release_holds(self) -> None:
+        """Plan what an ended silence or maintenance window held (``app.incidents.held_plans``).
+        Under the tick's lock: a tick planning the same incident's escalation at the same
+        moment would otherwise race it."""
         if not self.is_leader():
             return
         with self._lock, Session(self.engine, expire_on_commit=False) as session:
-            out = resume_unmuted(session, policy=self.policy, dry_run=self.dry_run, now=utcnow())
+            out = release_ended_holds(
+                session, policy=self.policy, dry_run=self.dry_run, now=utcnow()
+            )
             session.commit()
-            new_rows = bool(out.new_actions) or took_queued_rows(session)
-        if new_rows:
+        if out.new_actions or out.approvals:
             self.wake_dispatcher()
 
     def retention(self) -> None:
@@ -310,7 +310,7 @@ class PolicyScheduler:
             ("tick", self.tick, self.policy.tick_seconds),  # the policy engine, its decisions
             ("dispatch", self.dispatch, self.dispatch_interval),  # app.actions.outbox
             ("expire", self.expire, 10),  # app.incidents.approvals
-            ("unmuted", self.resume_unmuted, 5),  # app.incidents.mute_ended
+            ("holds", self.release_holds, 5),  # app.incidents.held_plans
             ("retention", self.retention, 6 * 3600),  # app.incidents.retention
             # alerts: purge old deliveries, queue repeat reminders (app.alerts.service)
             ("alerts", self.alert_maintenance, 5),

@@ -3,8 +3,9 @@ them again.
 
 A row is sent only after the transaction that created it committed (the caller wakes the
 dispatcher after its commit; a periodic pass picks up rows committed elsewhere, by a worker or
-an API request). Sending is at-least-once: a row is marked dispatched after the broker accepted
-it; if the broker is down nothing is marked and the next pass tries again; a row sent but never
+an API request, after flushing the alert inbox, ``app.incidents.alert_inbox``). Sending is
+at-least-once: a row is marked dispatched after the broker accepted it; if the broker is down
+nothing is marked and the next pass tries again; a row sent but never
 started (lost by the broker), or whose worker's lease ran out, is sent again (actions after
 ``redispatch_after``, alert deliveries after ``alert_grace``). Duplicates are harmless: the
 task's claim makes them no-ops.
@@ -24,6 +25,7 @@ from sqlmodel import Session, col, select
 from app.actions.kinds import task_name
 from app.alerts import queue as alert_queue
 from app.core.db import table_of
+from app.incidents.alert_inbox import flush_alerts
 from app.models._types import utcnow
 from app.models.action import ActionStatus, RecoveryAction
 from app.policy.plans import CLUSTER_QUEUE
@@ -162,6 +164,10 @@ class OutboxDispatcher:
 
     def _dispatch_alerts(self, report: DispatchReport, now: datetime) -> None:
         with Session(self.engine, expire_on_commit=False) as session:
+            # The timeline entries others committed (a worker, an API request), and the muted
+            # ones asked again: their deliveries are built now, and sent in this same pass.
+            flush_alerts(session, now=now)
+            session.commit()
             ids = alert_queue.undispatched(session) + [
                 i for i, _ in alert_queue.due_for_dispatch(session, now=now, grace=self.alert_grace)
             ]

@@ -19,6 +19,7 @@ from sqlmodel import Session, col, func, select
 
 from app.core.db import begin_savepoint
 from app.guardrails.gate import GateDecision, Verdict, gate
+from app.incidents.alert_inbox import flush_alerts
 from app.incidents.planning import write_plan
 from app.incidents.timeline import add_event
 from app.incidents.whole_job import drop_covered
@@ -67,8 +68,12 @@ class _Tick:
     ctx: PlanContext
     now: datetime
     out: PersistResult = field(default_factory=PersistResult)
+    touched: set[int] = field(default_factory=set)  # incidents whose timeline this tick wrote
 
     def plan(self, inc: Incident, actions: Sequence[PlannedAction], *, stage: int) -> None:
+        # The alert path answers for the decision before its plan is gated: the timeline
+        # reads the opening (or escalation), why its alert is muted, then its plan's verdicts.
+        flush_alerts(self.session, now=self.now, incident_ids=[inc.id or 0])
         plan_incident(self.session, inc, actions, self.ctx, self.now, self.out, stage=stage)
 
 
@@ -106,7 +111,11 @@ def persist_decisions(
         # A decision about an incident closed meanwhile (by a release, say) has nothing to change.
         inc = _open_incident(session, d.key)
         if inc is not None:
+            tick.touched.add(inc.id or 0)
             _PERSIST_CHANGE[d.type](tick, inc, d)
+    # What planning and resolving appended (an approval asked for, a resolution) is alerted in
+    # this transaction too.
+    flush_alerts(session, now=tick.now, incident_ids=tick.touched)
     return tick.out
 
 
@@ -213,6 +222,7 @@ def _persist_open(tick: _Tick, d: IncidentDecision) -> None:
         return
     assert inc.id is not None
     tick.out.opened.append(inc.id)
+    tick.touched.add(inc.id)
     add_event(
         session,
         incident_id=inc.id,
@@ -422,7 +432,7 @@ def _actions_held(
     """Guard-rail, apart from the planning itself: a silence that stops actions, or a
     maintenance window of the incident's node or job, holds the plan. Nothing is written but
     the timeline entry saying by what, which keeps the plan: it is planned when the hold ends
-    (``app.incidents.mute_ended``), unless an escalation or a retry has replaced it."""
+    (``app.incidents.held_plans``), unless an escalation or a retry has replaced it."""
     hold = action_hold(session, inc, now)
     if hold is None:
         return False

@@ -1,17 +1,19 @@
-"""An incident's timeline: one writer for every entry, whoever records it."""
+"""An incident's timeline: one writer for every entry, whoever records it.
+
+``add_event`` only appends. An entry worth a message is marked ``pending`` for the alert path,
+which decides (mutes, queues) when it flushes (``app.incidents.alert_inbox``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
-from app.alerts.service import ALERTED_EVENT_TYPES, on_incident_event
+from app.alerts.pipeline import ALERTED_EVENT_TYPES
 from app.models._types import utcnow
-from app.models.incident import Incident, IncidentEvent, IncidentEventType
-from app.silences.muting import Mute, alert_mute
+from app.models.incident import AlertState, IncidentEvent, IncidentEventType
 
 
 def add_event(
@@ -22,7 +24,7 @@ def add_event(
     actor: str = "system",
     detail: dict[str, Any] | None = None,
     at: datetime | None = None,
-) -> None:
+) -> IncidentEvent:
     # A type outside the vocabulary raises here rather than being stored and matching no
     # alert and no dashboard label.
     type_ = IncidentEventType(type_)
@@ -36,58 +38,7 @@ def add_event(
         actor=actor,
         detail=detail or {},
         at=at or utcnow(),
+        alert_state=AlertState.PENDING.value if type_ in ALERTED_EVENT_TYPES else None,
     )
     session.add(row)
-    # A silence, a maintenance window or a node-level incident may mute the alert: the
-    # timeline says so (once per cause) and no delivery is queued.
-    if type_ in ALERTED_EVENT_TYPES and _alert_muted(session, row):
-        return
-    # Alerts (Slack/WeCom/webhook) hang off the timeline: one call site for every entry.
-    on_incident_event(session, row)
-
-
-def _alert_muted(session: Session, row: IncidentEvent) -> bool:
-    incident = session.get(Incident, row.incident_id)
-    if incident is None:
-        return False
-    mute = alert_mute(session, incident, row.at)
-    if mute is None:
-        return False
-    _record_once(session, incident, mute, row.at)
-    if mute.inhibitor is not None:
-        # The inhibited incident becomes evidence of the node incident: its timeline names it.
-        _record_once(
-            session,
-            mute.inhibitor,
-            Mute(
-                IncidentEventType.INHIBITS,
-                f"took over incident #{incident.id} ({incident.kind} on {incident.key})",
-                {"incident_id": incident.id, "kind": incident.kind, "key": incident.key},
-            ),
-            row.at,
-        )
-    return True
-
-
-def _record_once(session: Session, incident: Incident, mute: Mute, at: datetime) -> None:
-    """One timeline entry per incident and cause (its opening, escalation and resolution are
-    muted alike; the timeline need not say so three times), counted since the incident was
-    last unmuted (a weekly window that mutes it again is said again: its end alerts again)."""
-    types = (mute.type.value, IncidentEventType.UNMUTED.value)
-    earlier = session.exec(
-        select(IncidentEvent.type, IncidentEvent.detail)
-        .where(IncidentEvent.incident_id == incident.id, col(IncidentEvent.type).in_(types))
-        .order_by(col(IncidentEvent.id))
-    ).all()
-    since_unmuted: list[Mapping[str, Any]] = []
-    for type_, detail in earlier:
-        since_unmuted = [] if type_ == IncidentEventType.UNMUTED.value else [*since_unmuted, detail]
-    if any(all(d.get(k) == v for k, v in mute.detail.items()) for d in since_unmuted):
-        return
-    add_event(
-        session,
-        incident_id=incident.id,
-        type_=mute.type,
-        at=at,
-        detail={"text": mute.text, **mute.detail},
-    )
+    return row

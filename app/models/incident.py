@@ -55,7 +55,8 @@ class IncidentEventType(enum.StrEnum):
     INHIBITED = "inhibited"  # a node-level incident on its node speaks for it: no alert
     INHIBITS = "inhibits"  # on the node-level incident: names the incident it took over
     ACTIONS_HELD = "actions_held"  # a silence or maintenance window holds its recovery plan
-    # When what muted it ends (app/incidents/mute_ended.py), the incident still open:
+    # When what muted it ends, the incident still open (app/incidents/alert_inbox.py and
+    # held_plans.py):
     UNMUTED = "unmuted"  # its alert goes out now (alerted like an opening)
     ACTIONS_RELEASED = "actions_released"  # its held plan is planned now
     # A whole-job action of this plan that another open incident of the job already has in
@@ -101,6 +102,15 @@ class Incident(SQLModel, table=True):
     detection_delay_seconds: float | None = None
 
 
+class AlertState(enum.StrEnum):
+    """Where a timeline entry worth a message is on the alert path (app/incidents/alert_inbox.py);
+    entries not worth one have none."""
+
+    PENDING = "pending"  # appended; the alert path has not asked its stages yet
+    MUTED = "muted"  # a stage muted it; asked again at every flush while the incident is open
+    DONE = "done"  # its deliveries were queued, or it was dropped or alerted by an `unmuted`
+
+
 class IncidentEvent(SQLModel, table=True):
     """One line of an incident's timeline: what happened, who did it, when."""
 
@@ -112,6 +122,7 @@ class IncidentEvent(SQLModel, table=True):
     type: str = Field(max_length=32)  # an IncidentEventType
     actor: str = Field(default="system", max_length=160)  # system, user:<name>, worker:<host>
     detail: dict[str, Any] = Field(default_factory=dict, sa_type=sa.JSON)
+    alert_state: str | None = Field(default=None, max_length=8, index=True)  # an AlertState
 
 
 class FaultSignalRecord(SQLModel, table=True):

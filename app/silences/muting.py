@@ -1,17 +1,18 @@
-"""The verdicts the incident writer asks for: is this incident's alert muted, are its actions
-held, and by what.
+"""The mute verdicts: is this incident's alert muted, are its actions held, and by what.
 
-Three things mute an alert, checked in this order (the first one found is recorded):
+Three verdicts mute an alert; the alert path asks them in its order (``app.alerts.pipeline``)
+each time it flushes, so a mute that ended simply stops muting:
 
-- a silence whose matchers match the incident's labels and whose time range holds now;
-- a maintenance window of the incident's node or job, for the heartbeat-silence kinds (a node
-  being worked on stops reporting: that is the point of the window, not a fault);
 - inhibition: a per-GPU or per-participant incident on a node that has an open node-level
   incident (the node is lost or silent, or its GPUs failed together: its GPUs' and processes'
-  faults are symptoms, and the node incident's alert already speaks for them).
+  faults are symptoms, and the node incident's alert already speaks for them);
+- a silence whose matchers match the incident's labels and whose time range holds now;
+- a maintenance window of the incident's node or job, for the heartbeat-silence kinds (a node
+  being worked on stops reporting: that is the point of the window, not a fault).
 
 Actions are held by a silence that says so (``stops_actions``) and by any open maintenance
-window of the incident's node or job (nothing is restarted on a node being worked on).
+window of the incident's node or job (nothing is restarted on a node being worked on): the
+incident writer asks ``action_hold`` when it plans.
 
 With no silence, no window and no node-level incident, every verdict is "not muted": the
 behaviour of the incidents and alerts is unchanged.
@@ -123,31 +124,43 @@ def node_incident_for(session: Session, incident: Incident) -> Incident | None:
     return next((c for c in candidates if incident.node in incident_nodes(c)), None)
 
 
-def alert_mute(session: Session, incident: Incident, now: datetime) -> Mute | None:
-    silence = next(iter(matching_silences(session, incident, now)), None)
-    if silence is not None:
-        return Mute(
-            IncidentEventType.SILENCED,
-            _silence_text(silence),
-            {"silence_id": silence.id, "author": silence.author, "comment": silence.comment},
-        )
-    if incident.kind in SILENCE_KINDS:
-        window = open_window(session, incident, now)
-        if window is not None:
-            return Mute(
-                IncidentEventType.MAINTENANCE,
-                f"alert muted: {_window_text(window)}",
-                {"window_id": window.id},
-            )
+def inhibition(session: Session, incident: Incident, now: datetime) -> Mute | None:
+    """Muted while an open node-level incident of its node speaks for it."""
     node_incident = node_incident_for(session, incident)
-    if node_incident is not None:
-        return Mute(
-            IncidentEventType.INHIBITED,
-            f"inhibited by incident #{node_incident.id} ({node_incident.kind} on {incident.node})",
-            {"incident_id": node_incident.id, "kind": node_incident.kind},
-            inhibitor=node_incident,
-        )
-    return None
+    if node_incident is None:
+        return None
+    return Mute(
+        IncidentEventType.INHIBITED,
+        f"inhibited by incident #{node_incident.id} ({node_incident.kind} on {incident.node})",
+        {"incident_id": node_incident.id, "kind": node_incident.kind},
+        inhibitor=node_incident,
+    )
+
+
+def silencing(session: Session, incident: Incident, now: datetime) -> Mute | None:
+    """Muted by the oldest active silence whose matchers all match."""
+    silence = next(iter(matching_silences(session, incident, now)), None)
+    if silence is None:
+        return None
+    return Mute(
+        IncidentEventType.SILENCED,
+        _silence_text(silence),
+        {"silence_id": silence.id, "author": silence.author, "comment": silence.comment},
+    )
+
+
+def maintenance(session: Session, incident: Incident, now: datetime) -> Mute | None:
+    """Muted by an open maintenance window, for the heartbeat-silence kinds only."""
+    if incident.kind not in SILENCE_KINDS:
+        return None
+    window = open_window(session, incident, now)
+    if window is None:
+        return None
+    return Mute(
+        IncidentEventType.MAINTENANCE,
+        f"alert muted: {_window_text(window)}",
+        {"window_id": window.id},
+    )
 
 
 def action_hold(session: Session, incident: Incident, now: datetime) -> Mute | None:

@@ -1,5 +1,6 @@
-"""The incident service's timeline → alert rows, through its real call site (`add_event`), and
-on to the broker through the outbox dispatcher."""
+"""The incident service's timeline → alert rows: `add_event` only appends; the alert inbox's
+flush (`flush_alerts`, run by the incident writer and by each outbox dispatcher pass) builds the
+deliveries, and the dispatcher hands them to the broker."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.actions.outbox import OutboxDispatcher
+from app.alerts import pipeline
 from app.alerts import service as alert_service
 from app.alerts.events import event_from_json
 from app.alerts.grouping import AlertBatch
 from app.alerts.queue import SendPlan, claim, current_view, took_queued_rows
+from app.incidents.alert_inbox import flush_alerts
 from app.incidents.timeline import add_event
 from app.models._types import utcnow
 from app.models.action import RecoveryAction
@@ -68,6 +71,11 @@ def new_incident(session: Session, tier: str = "heavy", opened_at: datetime = AT
     return inc
 
 
+def events(engine: Engine) -> list[IncidentEvent]:
+    with Session(engine) as session:
+        return list(session.exec(select(IncidentEvent).order_by(IncidentEvent.id)).all())  # type: ignore[arg-type]
+
+
 def rows(engine: Engine) -> list[AlertDelivery]:
     with Session(engine) as session:
         return list(session.exec(select(AlertDelivery).order_by(AlertDelivery.id)).all())
@@ -101,8 +109,12 @@ def test_opened_and_approval_requested_are_queued_and_sent_after_commit(
         )
         assert enqueued == []  # nothing leaves before the commit
         session.commit()
-        assert took_queued_rows(session)  # what tells the policy tick to wake the dispatcher
+        assert not took_queued_rows(session)  # appending queues nothing: the alert path decides
+    waiting = [e.alert_state for e in events(engine)]
+    assert waiting == ["pending", "pending", None] and rows(engine) == []
+    # One dispatcher pass builds the deliveries (the entries a writer left) and sends them.
     assert dispatcher(engine, enqueued).dispatch_due().alerts_sent == 6
+    assert [e.alert_state for e in events(engine)] == ["done", "done", None]
     assert dispatcher(engine, enqueued).dispatch_due().alerts_sent == 0  # sent once
     queued = rows(engine)
     assert len(queued) == 6 and sorted(i for i, _ in enqueued) == sorted(r.id for r in queued)
@@ -159,7 +171,9 @@ def test_decisions_and_failures_carry_who_and_why(engine: Engine, enqueued: Enqu
         )
         add_event(session, incident_id=inc.id, type_=IncidentEventType.ACTION_FAILED, actor="worker:vm:1", at=AT,
                   detail={"action": "restore_checkpoint", "error": "no valid checkpoint"})  # fmt: skip
+        assert flush_alerts(session, now=AT) == 9  # 3 entries x 3 channels, in its transaction
         session.commit()
+        assert took_queued_rows(session)  # what tells the policy tick to wake the dispatcher
     events = [event_from_json(r.event) for r in rows(engine) if r.channel == "pager"]
     granted, expired, failed = events
     assert (granted.decision.value, granted.decided_by, granted.comment) == (
@@ -190,6 +204,7 @@ def test_medium_incidents_skip_heavy_only_channels(engine: Engine, enqueued: Enq
     with Session(engine) as session:
         inc = new_incident(session, tier="medium")
         add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
+        assert flush_alerts(session, now=AT) == 0
         session.commit()
     assert rows(engine) == []
 
@@ -203,10 +218,11 @@ def test_an_alerting_failure_never_blocks_the_incident(
     def broken(*_a: object, **_k: object) -> list[int]:
         raise RuntimeError("alert queue exploded")
 
-    monkeypatch.setattr(alert_service, "queue_events", broken)
+    monkeypatch.setattr(pipeline, "queue_events", broken)
     with Session(engine) as session:
         inc = new_incident(session)
         add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
+        assert flush_alerts(session, now=AT) == 0
         session.commit()
         incident_id = inc.id
     with Session(engine) as session:
@@ -244,6 +260,7 @@ def test_no_channels_means_no_work(engine: Engine) -> None:
         with Session(engine) as session:
             inc = new_incident(session)
             add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
+            assert flush_alerts(session, now=AT) == 0
             session.commit()
     finally:
         alert_service.configure(config=None)
@@ -256,6 +273,7 @@ def test_the_message_shows_the_actions_as_they_are_at_send_time(
     with Session(engine) as session:
         inc = new_incident(session)
         add_event(session, incident_id=inc.id, type_=IncidentEventType.OPENED, at=AT)
+        flush_alerts(session, now=AT)
         for n, (action, status) in enumerate(
             [
                 ("enter_safe_mode", "succeeded"),

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from app.incidents.mute_ended import resume_unmuted
+from app.incidents.alert_inbox import flush_alerts
+from app.incidents.held_plans import release_ended_holds
 from app.incidents.persist import persist_decisions, resolve_incident
 from app.models.action import RecoveryAction
 from app.models.alert import AlertDelivery
@@ -207,9 +208,11 @@ def test_one_nodes_window_does_not_cover_a_loss_of_several_nodes(engine: Engine)
 
 
 def resume(engine: Engine, now: datetime) -> list[int]:
-    """The scheduler's sweep at ``now``; the ids of the actions it planned."""
+    """The outbox dispatcher's alert flush and the scheduler's release of held plans at
+    ``now``; the ids of the actions planned."""
     with Session(engine) as s:
-        out = resume_unmuted(s, policy=default_policy(), dry_run=False, now=now)
+        flush_alerts(s, now=now)
+        out = release_ended_holds(s, policy=default_policy(), dry_run=False, now=now)
         s.commit()
     return out.new_actions
 
