@@ -41,6 +41,7 @@ from app.core.gc_tuning import FreezeOnGrowth
 from app.core.lease import HeldLease
 from app.core.wakeup import WakeThread
 from app.core.write_turns import WriteTurns
+from app.incidents.alert_inbox import ask_muted_again
 from app.incidents.approvals import expire_approvals
 from app.incidents.held_plans import release_ended_holds
 from app.incidents.queries import (
@@ -263,7 +264,11 @@ class PolicyScheduler:
         self.dispatch()
 
     def alert_maintenance(self) -> None:
-        if self.is_leader() and run_alert_maintenance(self.engine):
+        if not self.is_leader():
+            return
+        # Muted alerts asked again (app.incidents.alert_inbox), then reminders and purge.
+        queued = ask_muted_again(self.engine, now=utcnow())
+        if run_alert_maintenance(self.engine) or queued:
             self.wake_dispatcher()
 
     def expire(self) -> None:
@@ -312,7 +317,8 @@ class PolicyScheduler:
             ("expire", self.expire, 10),  # app.incidents.approvals
             ("holds", self.release_holds, 5),  # app.incidents.held_plans
             ("retention", self.retention, 6 * 3600),  # app.incidents.retention
-            # alerts: purge old deliveries, queue repeat reminders (app.alerts.service)
+            # alerts: muted alerts asked again (app.incidents.alert_inbox), repeat reminders
+            # queued and old deliveries purged (app.alerts.service)
             ("alerts", self.alert_maintenance, 5),
         ]
         if self.rollups is not None:  # app.series.rollups

@@ -164,9 +164,9 @@ class OutboxDispatcher:
 
     def _dispatch_alerts(self, report: DispatchReport, now: datetime) -> None:
         with Session(self.engine, expire_on_commit=False) as session:
-            # The timeline entries others committed (a worker, an API request), and the muted
-            # ones asked again: their deliveries are built now, and sent in this same pass.
-            flush_alerts(session, now=now)
+            # The timeline entries others committed (a worker, an API request): their
+            # deliveries are built now, and sent in this same pass.
+            flush_alerts(session, now=now, ask_muted=False)
             session.commit()
             ids = alert_queue.undispatched(session) + [
                 i for i, _ in alert_queue.due_for_dispatch(session, now=now, grace=self.alert_grace)

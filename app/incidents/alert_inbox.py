@@ -11,9 +11,10 @@ alert pipeline's mute stages once for the incident (``app.alerts.pipeline``), an
   were muted before, one ``unmuted`` entry is appended and alerted like an opening.
 
 The incident writer flushes its incident before it plans (so the timeline reads opening, why
-its alert is muted, then its plan) and once more when it is done; the outbox dispatcher flushes
-everything else on each pass, which also asks again about the muted entries. Entries are
-claimed by compare-and-set on their state, so two flushes never alert one entry twice.
+its alert is muted, then its plan) and once more when it is done; each outbox dispatcher pass
+flushes what other processes appended; the scheduler's ``alerts`` job asks again about the
+muted entries every few seconds. Entries are claimed by compare-and-set on their state, so two
+flushes never alert one entry twice.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from itertools import groupby
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from app.alerts.pipeline import first_mute, queue_entries
@@ -44,12 +46,18 @@ _WAITING = (AlertState.PENDING.value, AlertState.MUTED.value)
 
 
 def flush_alerts(
-    session: Session, *, now: datetime, incident_ids: Collection[int] | None = None
+    session: Session,
+    *,
+    now: datetime,
+    incident_ids: Collection[int] | None = None,
+    ask_muted: bool = True,
 ) -> int:
     """Decide the waiting entries (of ``incident_ids``, or of every incident); the caller
-    commits. Returns the deliveries queued."""
+    commits. Returns the deliveries queued. ``ask_muted=False``: only the entries nobody asked
+    about yet (the dispatcher's passes, which an incident storm wakes many times a second)."""
     session.flush()  # the caller's own appended entries are waiting too
-    query = select(IncidentEvent).where(col(IncidentEvent.alert_state).in_(_WAITING))
+    states = _WAITING if ask_muted else (AlertState.PENDING.value,)
+    query = select(IncidentEvent).where(col(IncidentEvent.alert_state).in_(states))
     if incident_ids is not None:
         if not incident_ids:
             return 0
@@ -64,6 +72,16 @@ def flush_alerts(
                 queued += _flush_incident(session, incident_id, list(entries), now)
         except Exception:
             log.exception("alert inbox: incident %s not flushed; asked again later", incident_id)
+    return queued
+
+
+def ask_muted_again(engine: Engine, *, now: datetime) -> int:
+    """The periodic flush (the scheduler's ``alerts`` job, every few seconds, as Alertmanager's
+    group interval): every waiting entry, the muted ones asked again. Returns the deliveries
+    queued (then: wake the dispatcher)."""
+    with Session(engine) as session:
+        queued = flush_alerts(session, now=now)
+        session.commit()
     return queued
 
 

@@ -10,9 +10,10 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from app.actions.outbox import OutboxDispatcher
 from app.alerts import pipeline
 from app.incidents import alert_inbox
-from app.incidents.alert_inbox import flush_alerts
+from app.incidents.alert_inbox import ask_muted_again, flush_alerts
 from app.incidents.persist import resolve_incident
 from app.incidents.timeline import add_event
 from app.models.incident import Incident, IncidentEvent, IncidentEventType
@@ -132,3 +133,20 @@ def test_a_failing_stage_keeps_the_entry_waiting_and_the_writer_goes_on(
     assert f"alert inbox: incident {inc} not flushed" in caplog.text
     monkeypatch.undo()
     assert flush(engine, timedelta(seconds=1)) == deliveries(engine, inc) > 0
+
+
+class Broker(list[int]):
+    def send_task(self, name: str, *, args: list[int], **_: object) -> None:
+        self.append(args[0])
+
+
+def test_dispatcher_passes_leave_muted_entries_to_the_periodic_flush(engine: Engine) -> None:
+    """An incident storm wakes the dispatcher many times a second: its passes flush only what
+    nobody asked about yet; the muted entries are asked again by the alerts job."""
+    silence(engine, AT, "node=n1")
+    muted = open_(engine, FaultKind.GPU_XID, GPU, AT + timedelta(minutes=1), act=False)
+    after = AT + timedelta(minutes=61)  # the silence has ended
+    dispatcher = OutboxDispatcher(engine=engine, celery_app=Broker())  # type: ignore[arg-type]
+    dispatcher.dispatch_due(now=after)
+    assert deliveries(engine, muted) == 0 and states(engine, muted) == [("opened", "muted")]
+    assert ask_muted_again(engine, now=after) == deliveries(engine, muted) > 0

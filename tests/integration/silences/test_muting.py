@@ -208,7 +208,7 @@ def test_one_nodes_window_does_not_cover_a_loss_of_several_nodes(engine: Engine)
 
 
 def resume(engine: Engine, now: datetime) -> list[int]:
-    """The outbox dispatcher's alert flush and the scheduler's release of held plans at
+    """The scheduler's alerts job (muted alerts asked again) and its release of held plans at
     ``now``; the ids of the actions planned."""
     with Session(engine) as s:
         flush_alerts(s, now=now)
