@@ -32,13 +32,12 @@ GPU = Subject(node="n1", gpu="3")
 
 
 def states(engine: Engine, incident_id: int) -> list[tuple[str, str | None]]:
+    """The timeline's (type, alert_state) of the entries the alert path looks at."""
+    query = select(IncidentEvent.type, IncidentEvent.alert_state).where(
+        IncidentEvent.incident_id == incident_id, col(IncidentEvent.alert_state).is_not(None)
+    )
     with Session(engine) as s:
-        rows = s.exec(
-            select(IncidentEvent)
-            .where(IncidentEvent.incident_id == incident_id)
-            .order_by(col(IncidentEvent.id))
-        ).all()
-        return [(r.type, r.alert_state) for r in rows if r.alert_state is not None]
+        return [(t, a) for t, a in s.exec(query.order_by(col(IncidentEvent.id))).all()]
 
 
 def flush(engine: Engine, at: timedelta) -> int:
@@ -146,7 +145,7 @@ def test_dispatcher_passes_leave_muted_entries_to_the_periodic_flush(engine: Eng
     silence(engine, AT, "node=n1")
     muted = open_(engine, FaultKind.GPU_XID, GPU, AT + timedelta(minutes=1), act=False)
     after = AT + timedelta(minutes=61)  # the silence has ended
-    dispatcher = OutboxDispatcher(engine=engine, celery_app=Broker())  # type: ignore[arg-type]
+    dispatcher = OutboxDispatcher(engine=engine, celery_app=Broker())
     dispatcher.dispatch_due(now=after)
     assert deliveries(engine, muted) == 0 and states(engine, muted) == [("opened", "muted")]
     assert ask_muted_again(engine, now=after) == deliveries(engine, muted) > 0

@@ -1,14 +1,13 @@
 """An alert-worthy timeline entry, once committed, is alerted even if the process that wrote it,
 or the one flushing it, is killed with ``kill -9``: the entry waits in the database
 (``alert_state``) and the next outbox dispatcher pass builds and sends its deliveries, once.
-SQLite and PostgreSQL."""
+SQLite and PostgreSQL (the ``engine`` fixture of this folder: migrated, alert channels set)."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -16,13 +15,9 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from app.actions.outbox import OutboxDispatcher
-from app.alerts import service as alert_service
-from app.core.db import make_engine
-from app.core.migrate import upgrade
 from app.models.alert import AlertDelivery
 from app.models.incident import Incident, IncidentEvent
 from tests.harness import REPO
-from tests.unit.app.alerts._factories import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 AT = datetime(2026, 12, 7, 3, 0, tzinfo=UTC)
@@ -35,8 +30,8 @@ import os, signal, sys
 from datetime import datetime, UTC
 from sqlmodel import Session
 from app.alerts import pipeline, service
-from app.incidents import alert_inbox as inbox
 from app.core.db import make_engine
+from app.incidents import alert_inbox as inbox
 from app.incidents.alert_inbox import flush_alerts
 from app.incidents.timeline import add_event
 from tests.unit.app.alerts._factories import config
@@ -66,18 +61,6 @@ class Broker(list[int]):
         self.append(args[0])
 
 
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    upgrade(database_url)
-    eng = make_engine(database_url)
-    alert_service.configure(config=config())
-    try:
-        yield eng
-    finally:
-        alert_service.configure(config=None)
-        eng.dispose()
-
-
 def _incident(engine: Engine) -> int:
     with Session(engine) as s:
         inc = Incident(key="k", open_key="k", kind="gpu_xid", tier="medium", subject={},
@@ -104,10 +87,12 @@ def test_an_entry_committed_by_a_writer_killed_at_once_is_alerted_by_the_next_pa
         [entry] = s.exec(select(IncidentEvent)).all()
         assert (entry.type, entry.alert_state) == ("action_failed", "pending")
     broker = Broker()
-    assert OutboxDispatcher(engine=engine, celery_app=broker).dispatch_due().alerts_sent == 3  # type: ignore[arg-type]
+    assert OutboxDispatcher(engine=engine, celery_app=broker).dispatch_due().alerts_sent == 3
     with Session(engine) as s:
         rows = s.exec(select(AlertDelivery)).all()
-    assert sorted(broker) == sorted(r.id for r in rows) and {r.event_id for r in rows} == {"t1"}
+    assert sorted(broker) == sorted(r.id or 0 for r in rows) and {r.event_id for r in rows} == {
+        "t1"
+    }
 
 
 def test_a_flush_killed_before_its_commit_leaves_the_entry_for_the_next_pass(
@@ -122,7 +107,7 @@ def test_a_flush_killed_before_its_commit_leaves_the_entry_for_the_next_pass(
         [entry] = s.exec(select(IncidentEvent)).all()
         assert entry.alert_state == "pending"
     broker = Broker()
-    dispatcher = OutboxDispatcher(engine=engine, celery_app=broker)  # type: ignore[arg-type]
+    dispatcher = OutboxDispatcher(engine=engine, celery_app=broker)
     assert dispatcher.dispatch_due().alerts_sent == 3
     assert dispatcher.dispatch_due().alerts_sent == 0  # once
     with Session(engine) as s:
